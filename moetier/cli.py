@@ -1,0 +1,282 @@
+"""The moetier command line: show, table, sim, trace, store, run, bench.
+
+Contract: user errors (UserError, bad arguments) print one line ``moetier: error: ...`` on stderr and exit 2, with no
+traceback. ``--json`` output is one JSON document with sorted keys. Progress goes to stderr, only on a terminal.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from moetier.errors import UserError
+
+DEFAULT_RECIPE = "glm53-rtx3090-55g-nvx4"
+REPO = Path(__file__).resolve().parent.parent
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UserError(f"{self.prog}: {message}")
+
+
+def _progress(label: str):
+    if not sys.stderr.isatty():
+        return None
+
+    def cb(i, n):
+        sys.stderr.write(f"\r{label}: step {i}/{n}")
+        sys.stderr.flush()
+        if i + 64 >= n:
+            sys.stderr.write("\r" + " " * (len(label) + 30) + "\r")
+    return cb
+
+
+def _emit(obj) -> None:
+    print(json.dumps(obj, sort_keys=True, indent=1, default=_jsonable))
+
+
+def _jsonable(x):
+    try:
+        import numpy as np
+        if isinstance(x, np.generic):
+            return x.item()
+    except ImportError:
+        pass
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+def _resolve(args):
+    from moetier import spec
+    return spec.resolve(args.recipe, spec.parse_overrides(args.set or []))
+
+
+def find_path(p: str) -> Path:
+    """A user path as given, else relative to the repository (shipped traces)."""
+    q = Path(p)
+    if q.exists() or q.is_absolute():
+        return q
+    r = REPO / q
+    return r if r.exists() else q
+
+
+def _trace(args, R):
+    from moetier.trace import load_trace
+    path = args.trace or R.trace
+    if not path:
+        raise UserError(f"recipe {R.id}: no trace given (--trace) and the recipe names none")
+    return load_trace(find_path(path), find_path(args.segments) if args.segments else None,
+                      layers=R.layers, experts=R.experts, topk=R.topk, model_id=R.model_id)
+
+
+def _sim_runs(R, tr, concs, args):
+    from moetier import sim
+    out = []
+    for c in concs:
+        kw = {}
+        if getattr(args, "window", None):
+            kw = dict(window=args.window, accept=args.accept, draft_ms=args.draft_ms)
+        out.append(sim.run(R, tr, c, max_steps=getattr(args, "steps", 0) or 0,
+                           progress=_progress(f"sim C{c}"), **kw))
+    return out
+
+
+# ---- verbs -----------------------------------------------------------------------------------------------------
+def cmd_show(args) -> int:
+    R = _resolve(args)
+    s = R.summary()
+    if args.json:
+        _emit(s)
+        return 0
+    print(f"recipe {R.id}: model {R.model_id} on {R.hardware_id}")
+    print(f"  experts: {R.layers} layers x {R.experts} (top-{R.topk}) = {R.keys} keys of {R.expert_bytes:,} B")
+    print(f"  capacity: vram {R.vram_slots:,} / ram {R.ram_slots:,} / nvme-only {R.nvme_only:,}")
+    print(f"  links: h2d {R.h2d_gbps} GB/s, nvme {R.nvme_bw_gbps} GB/s deep / {R.nvme_bw_qd1_gbps} GB/s qd1, "
+          f"latency {R.nvme_latency_ms} ms")
+    print("  lanes (ms):        per_layer  per_expert  per_extra_token  reads")
+    for ln in R.lanes.values():
+        print(f"    {ln.name:<14} {ln.per_layer_ms:>9.4f}  {ln.per_expert_ms:>10.4f}  {ln.per_extra_token_ms:>15.4f}"
+              f"  {ln.reads}")
+    print(f"  policy: {json.dumps(R.policy, sort_keys=True)}")
+    print(f"  fixed_ms: {json.dumps({str(k): v for k, v in sorted(R.fixed_ms.items())})}")
+    return 0
+
+
+def cmd_sim(args) -> int:
+    R = _resolve(args)
+    tr = _trace(args, R)
+    res = _sim_runs(R, tr, args.conc or [1, 2, 4], args)
+    if args.json:
+        _emit(res if len(res) > 1 else res[0])
+        return 0
+    _print_decode(res)
+    return 0
+
+
+def _print_decode(res) -> None:
+    print("| conc | decode tok/s | ms/step: fixed + max(gpu, cpu) | vram hit | cpu exp/tok | zc/tok | nvme/tok "
+          "| masked/tok | prefetch P/R |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for o in res:
+        pf = o["prefetch"]
+        pr = "-" if pf["precision"] is None else f"{pf['precision']:.2f} / {pf['recall']:.2f}"
+        print(f"| {o['conc']} | {o['tok_s']:.2f} | {o['ms_fixed']:.1f} + max({o['ms_gpu_moe']:.2f}, "
+              f"{o['ms_cpu_moe']:.2f}) | {o['vram_hit']:.3f} | {o['cpu_experts_per_tok']:.1f} | "
+              f"{o['zerocopy_per_tok']:.1f} | {o['nvme_per_tok']:.1f} | {o['masked_per_tok']:.1f} | {pr} |")
+
+
+def standard_table(R, tr, concs=(1, 2, 4), progress=True) -> dict:
+    from moetier import sim
+    decode = [sim.run(R, tr, c, progress=_progress(f"sim C{c}") if progress else None) for c in concs]
+    pre = {str(n): sim.prefill(R, n) for n in (8192, 32768)}
+    return {"recipe": R.id, "vram_slots": R.vram_slots, "ram_slots": R.ram_slots, "nvme_only": R.nvme_only,
+            "decode": decode, "prefill": pre}
+
+
+def cmd_table(args) -> int:
+    if args.recipe is None:
+        args.recipe = DEFAULT_RECIPE
+    R = _resolve(args)
+    tr = _trace(args, R)
+    t = standard_table(R, tr, args.conc or [1, 2, 4])
+    if args.json:
+        _emit(t)
+        return 0
+    print(f"recipe {R.id}: vram {R.vram_slots:,} / ram {R.ram_slots:,} / nvme {R.nvme_only:,} experts "
+          f"(trace {tr.meta.get('name') or args.trace or R.trace}, seed {R.policy.get('seed')})")
+    print("| prefill | conc | decode tok/s | prefill tok/s | per step ms: fixed + max(gpu, cpu) | bound |")
+    print("|---|---|---|---|---|---|")
+    p8, p32 = t["prefill"]["8192"], t["prefill"]["32768"]
+    for o in t["decode"]:
+        bound = "cpu" if o["ms_cpu_moe"] > o["ms_gpu_moe"] else "gpu"
+        pf = f"{p8['tok_s']:.1f}" if o["conc"] == 1 else ""
+        print(f"| 8k | {o['conc']} | {o['tok_s']:.2f} | {pf} | {o['ms_fixed']:.1f} + max({o['ms_gpu_moe']:.2f}, "
+              f"{o['ms_cpu_moe']:.2f}) | {bound}-moe |")
+    print(f"| 32k | 1 | (not modeled: decode cost of a long context) | {p32['tok_s']:.1f} | | "
+          f"prefill {p32['bound']}-bound |")
+    return 0
+
+
+def cmd_trace(args) -> int:
+    from moetier import trace as T
+    if args.trace_cmd == "stats":
+        from moetier.tracestats import format_stats, stats
+        kw = _model_geometry(args.model) if args.model else {}
+        tr = T.load_trace(find_path(args.path), args.segments, **kw)
+        experts = kw.get("experts") or int(tr.meta.get("experts") or int(tr.ids.max()) + 1)
+        sizes = [int(x) for x in args.cache_sizes.split(",")] if args.cache_sizes else None
+        d = stats(tr, experts, cache_sizes=sizes)
+        if args.json:
+            _emit(d)
+        else:
+            print(format_stats(d))
+        return 0
+    if args.trace_cmd == "gen":
+        from moetier.tracegen import GenParams, generate
+        geo = _model_geometry(args.model)
+        params = GenParams.from_json(json.loads(args.params)) if args.params else GenParams()
+        tr = generate(params, layers=geo["layers"], experts=geo["experts"], topk=geo["topk"], tokens=args.tokens,
+                      segments=args.segments, seed=args.seed, model_id=args.model)
+        T.save_trace(tr, args.out)
+        print(f"wrote {args.out}: {tr.ids.shape[0]} tokens x {tr.ids.shape[1]} layers x top-{tr.ids.shape[2]}, "
+              f"{tr.nseg} segments")
+        return 0
+    if args.trace_cmd == "convert":
+        tr = T.convert(find_path(args.src), args.dst, segments_path=args.segments)
+        print(f"wrote {args.dst}: {tuple(tr.ids.shape)}, {tr.nseg} segments")
+        return 0
+    raise UserError("trace: expected a subcommand: stats, gen or convert")
+
+
+def _model_geometry(model_id: str) -> dict:
+    from moetier import spec
+    m = spec.load_record("model", model_id)
+    return {"layers": m["moe"]["layers"], "experts": m["moe"]["experts"], "topk": m["moe"]["topk"],
+            "model_id": model_id}
+
+
+# ---- parser ----------------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="moetier", description="Tiered MoE expert residency: records, planner, simulator, runtime.")
+    sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
+
+    def recipe_args(sp, optional=False):
+        if optional:
+            sp.add_argument("recipe", nargs="?", default=None, help=f"recipe id (default {DEFAULT_RECIPE})")
+        else:
+            sp.add_argument("recipe", help="recipe id (registry/recipe/<id>.json)")
+        sp.add_argument("--set", nargs="+", metavar="PATH=VALUE", help="dotted recipe overrides, values as JSON")
+        sp.add_argument("--json", action="store_true", help="machine-readable output")
+
+    sp = sub.add_parser("show", help="resolved records, capacity split, lanes and costs")
+    recipe_args(sp)
+    sp.set_defaults(fn=cmd_show)
+
+    for name, fn, opt in (("sim", cmd_sim, False), ("table", cmd_table, True)):
+        sp = sub.add_parser(name, help="trace replay" if name == "sim" else "the standard table")
+        recipe_args(sp, optional=opt)
+        sp.add_argument("--trace", help="routing trace (.npz, or reference .npy); default: the recipe's")
+        sp.add_argument("--segments", help="segments .npy for a reference .npy trace")
+        sp.add_argument("--conc", type=int, nargs="+", help="concurrency levels (default 1 2 4)")
+        if name == "sim":
+            sp.add_argument("--steps", type=int, default=0, help="cap on measured steps")
+            sp.add_argument("--window", type=int, default=0, help="speculative verify window (tokens per stream)")
+            sp.add_argument("--accept", type=float, default=1.0, help="tokens accepted per stream per step")
+            sp.add_argument("--draft-ms", type=float, default=0.0, help="draft cost per step (ms)")
+        sp.set_defaults(fn=fn)
+
+    sp = sub.add_parser("trace", help="routing traces: stats, gen, convert")
+    tsub = sp.add_subparsers(dest="trace_cmd", parser_class=_Parser)
+    s = tsub.add_parser("stats", help="popularity, reuse distance, LRU/Belady curves")
+    s.add_argument("path")
+    s.add_argument("--segments")
+    s.add_argument("--model", help="model id to validate against")
+    s.add_argument("--cache-sizes", help="comma-separated slot counts for the hit-rate curves")
+    s.add_argument("--json", action="store_true")
+    g = tsub.add_parser("gen", help="synthetic trace (docs/traces.md)")
+    g.add_argument("--model", required=True)
+    g.add_argument("--out", required=True)
+    g.add_argument("--tokens", type=int, default=4000)
+    g.add_argument("--segments", type=int, default=4)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--params", help="GenParams as JSON")
+    c = tsub.add_parser("convert", help="reference .npy (+ .segments.npy) <-> .npz")
+    c.add_argument("src")
+    c.add_argument("dst")
+    c.add_argument("--segments")
+    sp.set_defaults(fn=cmd_trace)
+    _extend(sub)
+    return p
+
+
+def _extend(sub) -> None:
+    """Verbs that need the runtime extras register here (kept out of the import path of the core verbs)."""
+    try:
+        from moetier import cli_runtime
+    except ImportError:
+        return
+    cli_runtime.register(sub, _Parser)
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if not getattr(args, "fn", None):
+            parser.print_help()
+            return 2
+        return args.fn(args) or 0
+    except UserError as e:
+        print(f"moetier: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        os._exit(0)
+    except KeyboardInterrupt:
+        print("moetier: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,407 @@
+"""Host-owned expert residency: VRAM CLOCK, exclusive RAM LRU (or decayed LFU), NVMe for everything else.
+
+Contract
+--------
+Every key (= layer * experts + expert) is in exactly one state:
+
+    ABSENT  - only on NVMe (or, in all-in-RAM mode, in RAM without bookkeeping)
+    FILLING - an NVMe read is in flight (into a RAM slot, or into a staging slot for a push)
+    STAGED  - landed in a staging slot, not part of the RAM tier; the next step is a push
+    RAM     - resident in a RAM slot (the RAM tier)
+    PUSHING - a RAM -> VRAM copy is in flight (the RAM copy is still readable)
+    VRAM    - resident in a VRAM slot
+    DRAINING- evicted from VRAM; its bytes are being copied back to RAM (exclusive tier)
+
+The only way into RAM, STAGED or VRAM is ``land(ticket)`` with a ticket that ``begin_fill``, ``begin_push`` or an
+eviction (a drain) handed out and that is still outstanding. The executor (simulator with modeled arrival times, or
+the runtime on a backend's real completion) calls ``land`` only after the bytes are in place. There is no other
+setter; ``seed`` goes through the same tickets. This is the host-owned residency rule as an API.
+
+Eviction never picks a protected key (the picks of the layer being planned) nor a key with a transfer in flight.
+If no slot can be freed the admission is refused: the key simply stays where it was (RAM) or lands nowhere (a
+staged NVMe record is dropped after use) - never a silent eviction of a key the current layer computes.
+
+Pure Python, no I/O: this sits on the decode critical path, so lookups are plain dict reads.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+ABSENT, FILLING, STAGED, RAM, PUSHING, VRAM, DRAINING = 0, 1, 2, 3, 4, 5, 6
+STATE_NAMES = ("absent", "filling", "staged", "ram", "pushing", "vram", "draining")
+
+# what the planner sees: tier per state (nvme = must be read first)
+TIER_NVME, TIER_RAM, TIER_VRAM = 0, 1, 2
+_TIER_OF = (TIER_NVME, TIER_NVME, TIER_NVME, TIER_RAM, TIER_RAM, TIER_VRAM, TIER_NVME)
+
+
+class ResidencyError(RuntimeError):
+    """A residency rule was broken (landing an unknown ticket, a transition from the wrong state)."""
+
+
+class Ticket:
+    """One outstanding transfer. Only the ledger creates them; ``land`` accepts each exactly once."""
+
+    __slots__ = ("seq", "key", "kind", "staging")
+
+    def __init__(self, seq: int, key: int, kind: str, staging: bool = False):
+        self.seq, self.key, self.kind, self.staging = seq, key, kind, staging
+
+    def __repr__(self) -> str:
+        return f"Ticket(seq={self.seq}, key={self.key}, kind={self.kind})"
+
+
+class Clock:
+    """CLOCK (second chance) over a fixed number of VRAM slots."""
+
+    __slots__ = ("n", "owner", "ref", "slot_of", "hand")
+
+    def __init__(self, n: int):
+        self.n = n
+        self.owner = [-1] * n
+        self.ref = bytearray(n)
+        self.slot_of: dict[int, int] = {}
+        self.hand = 0
+
+    def touch(self, key: int) -> None:
+        s = self.slot_of.get(key)
+        if s is not None:
+            self.ref[s] = 1
+
+    def find_victim_slot(self, pinned) -> int:
+        """Slot to reuse, or -1 if every slot is pinned. ``pinned(key)`` says a key must not be evicted."""
+        n, owner, ref = self.n, self.owner, self.ref
+        h = self.hand
+        for _ in range(2 * n + 1):
+            k = owner[h]
+            if k < 0:
+                self.hand = (h + 1) % n
+                return h
+            if not pinned(k):
+                if ref[h]:
+                    ref[h] = 0
+                else:
+                    self.hand = (h + 1) % n
+                    return h
+            h = (h + 1) % n
+        return -1
+
+    def place(self, slot: int, key: int) -> int:
+        """Put key in slot (reference bit set); return the previous owner or -1."""
+        old = self.owner[slot]
+        if old >= 0:
+            del self.slot_of[old]
+        self.owner[slot] = key
+        self.slot_of[key] = slot
+        self.ref[slot] = 1
+        return old
+
+    def remove(self, key: int) -> None:
+        s = self.slot_of.pop(key)
+        self.owner[s] = -1
+        self.ref[s] = 0
+
+
+class Ledger:
+    """Residency of every key across VRAM / RAM / NVMe.
+
+    ram_policy: "lru" or "lfu[:window[:halflife]]" - among the ``window`` least recently used RAM keys evict the one
+    with the lowest decayed pick frequency (halflife in decode steps; 0 = no decay).
+    """
+
+    def __init__(self, keys: int, vram_slots: int, ram_slots: int, *, exclusive: bool = True,
+                 ram_policy: str = "lru"):
+        self.keys = keys
+        self.vram_slots = max(0, min(int(vram_slots), keys))
+        self.ram_slots = max(0, int(ram_slots))
+        self.exclusive = exclusive
+        self.all_in_ram = self.ram_slots >= keys
+        self.clock = Clock(self.vram_slots)
+        self.ram: OrderedDict[int, None] = OrderedDict()   # oldest first
+        self.state: dict[int, int] = {}                    # key -> state (ABSENT keys are not stored)
+        self._pending: dict[int, Ticket] = {}
+        self._seq = 0
+        self.drains: list[Ticket] = []                      # evictions awaiting their drain landing
+        self.step = 0
+        self.counters = {"vram_evictions": 0, "ram_evictions": 0, "refused_admissions": 0, "lfu_evictions": 0,
+                         "landed": 0}
+        self._lfu_window, self._lfu_halflife = 0, 0.0
+        self.ram_policy = ram_policy or "lru"
+        if self.ram_policy != "lru":
+            parts = self.ram_policy.split(":")
+            if parts[0] != "lfu" or len(parts) > 3:
+                raise ValueError(f"policy.ram_evict: expected 'lru' or 'lfu[:window[:halflife]]', got {ram_policy!r}")
+            self._lfu_window = int(parts[1]) if len(parts) > 1 and parts[1] else 32
+            self._lfu_halflife = float(parts[2]) if len(parts) > 2 and parts[2] else 0.0
+        self._freq: dict[int, float] = {}
+        self._freq_t: dict[int, int] = {}
+        self._protect: frozenset | set = frozenset()
+        # the planner's view, one dict read per pick
+        self._tier_default = TIER_RAM if self.all_in_ram else TIER_NVME
+
+    # ---- queries (hot path) ---------------------------------------------------------------------------------
+    def tier_of(self, key: int) -> int:
+        s = self.state.get(key)
+        return self._tier_default if s is None else _TIER_OF[s]
+
+    def tier_name(self, key: int) -> str:
+        return ("nvme", "ram", "vram")[self.tier_of(key)]
+
+    def state_of(self, key: int) -> str:
+        return STATE_NAMES[self.state.get(key, ABSENT)]
+
+    def resident(self, key: int) -> bool:
+        s = self.state.get(key)
+        return s in (RAM, PUSHING, VRAM) or (s is None and self.all_in_ram)
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    # ---- recency / frequency ------------------------------------------------------------------------------
+    def touch_vram(self, key: int) -> None:
+        self.clock.touch(key)
+
+    def touch_ram(self, key: int) -> None:
+        if key in self.ram:
+            self.ram.move_to_end(key)
+
+    def observe(self, keys, now: int) -> None:
+        """Count picks for the LFU policy (decayed by halflife)."""
+        if not self._lfu_window:
+            return
+        f, ft, hl = self._freq, self._freq_t, self._lfu_halflife
+        for k in keys:
+            v = f.get(k, 0.0)
+            if v and hl > 0:
+                v *= 0.5 ** ((now - ft[k]) / hl)
+            f[k] = v + 1.0
+            ft[k] = now
+
+    def _decayed(self, k: int) -> float:
+        v = self._freq.get(k, 0.0)
+        if v and self._lfu_halflife > 0:
+            v *= 0.5 ** ((self.step - self._freq_t[k]) / self._lfu_halflife)
+        return v
+
+    # ---- transfers ------------------------------------------------------------------------------------------
+    def _ticket(self, key: int, kind: str, staging: bool = False) -> Ticket:
+        self._seq += 1
+        t = Ticket(self._seq, key, kind, staging)
+        self._pending[self._seq] = t
+        return t
+
+    def begin_fill(self, key: int, *, staging: bool = False) -> Ticket:
+        """NVMe -> RAM slot (or -> staging slot when the record is headed for VRAM)."""
+        s = self.state.get(key, ABSENT)
+        if s != ABSENT or self.all_in_ram:
+            raise ResidencyError(f"begin_fill({key}): key is {STATE_NAMES[s]}, expected absent")
+        self.state[key] = FILLING
+        return self._ticket(key, "fill", staging)
+
+    def begin_push(self, key: int) -> Ticket:
+        """RAM (or staging) -> VRAM slot copy."""
+        s = self.state.get(key, RAM if self.all_in_ram else ABSENT)
+        if s not in (RAM, STAGED):
+            raise ResidencyError(f"begin_push({key}): key is {STATE_NAMES[s]}, expected ram or staged")
+        if self.vram_slots == 0:
+            raise ResidencyError(f"begin_push({key}): no VRAM tier")
+        self.state[key] = PUSHING
+        return self._ticket(key, "push", s == STAGED)
+
+    def abort(self, ticket: Ticket) -> None:
+        """A transfer failed (EIO, checksum): the key returns to where its bytes really are."""
+        if self._pending.get(ticket.seq) is not ticket:
+            raise ResidencyError(f"abort: {ticket!r} is not outstanding")
+        del self._pending[ticket.seq]
+        if ticket.kind == "fill":
+            self.state.pop(ticket.key, None)
+        elif ticket.kind == "push":
+            self._set_ram_or_absent(ticket.key, ticket.staging)
+        else:  # drain failed: the bytes are gone with the VRAM slot
+            self.state.pop(ticket.key, None)
+
+    def _set_ram_or_absent(self, key: int, staged: bool) -> None:
+        if staged:
+            self.state[key] = STAGED
+        elif self.all_in_ram:
+            self.state.pop(key, None)
+        else:
+            self.state[key] = RAM
+
+    def land(self, ticket: Ticket, protect=()) -> list[int]:
+        """Bytes of ``ticket`` have landed: make the key resident. Returns keys that left a tier for NVMe.
+
+        ``protect`` = keys the current layer computes; they are never chosen as victims.
+        """
+        if self._pending.get(ticket.seq) is not ticket:
+            raise ResidencyError(f"land: {ticket!r} is not outstanding (landed twice or never issued)")
+        del self._pending[ticket.seq]
+        self.counters["landed"] += 1
+        key, kind = ticket.key, ticket.kind
+        self._protect = protect
+        try:
+            if kind == "fill":
+                if ticket.staging:
+                    self.state[key] = STAGED
+                    return []
+                return self._ram_put(key)
+            if kind == "push":
+                return self._admit_vram(key, ticket.staging)
+            # drain: the evicted VRAM copy is back in a RAM slot
+            return self._ram_put(key)
+        finally:
+            self._protect = frozenset()
+
+    def adopt(self, key: int, protect=()) -> list[int]:
+        """A staged record (its bytes landed) joins the RAM tier in place; returns keys evicted to NVMe."""
+        if self.state.get(key) != STAGED:
+            raise ResidencyError(f"adopt({key}): key is {self.state_of(key)}, expected staged")
+        del self.state[key]
+        self._protect = protect
+        try:
+            return self._ram_put(key)
+        finally:
+            self._protect = frozenset()
+
+    def drop_staged(self, key: int) -> None:
+        """A staged record was used once (or wasted) and its staging slot is reused."""
+        if self.state.get(key) == STAGED:
+            del self.state[key]
+
+    # ---- tier mechanics -------------------------------------------------------------------------------------
+    def _pinned(self, key: int) -> bool:
+        return key in self._protect or self.state.get(key, ABSENT) in (FILLING, PUSHING, DRAINING)
+
+    def _ram_put(self, key: int) -> list[int]:
+        if self.all_in_ram:
+            self.state.pop(key, None)
+            return []
+        if self.ram_slots == 0:
+            self.state.pop(key, None)
+            return []
+        out = []
+        if len(self.ram) >= self.ram_slots and key not in self.ram:
+            victim = self._ram_victim()
+            if victim is None:           # everything pinned: the record is not kept
+                self.counters["refused_admissions"] += 1
+                self.state.pop(key, None)
+                return [key]
+            del self.ram[victim]
+            del self.state[victim]
+            self.counters["ram_evictions"] += 1
+            out.append(victim)
+        self.ram[key] = None
+        self.ram.move_to_end(key)
+        self.state[key] = RAM
+        return out
+
+    def _ram_victim(self):
+        pinned = self._pinned
+        if not self._lfu_window:
+            for k in self.ram:
+                if not pinned(k):
+                    return k
+            return None
+        best, best_f, seen = None, 0.0, 0
+        for k in self.ram:
+            if pinned(k):
+                continue
+            fk = self._decayed(k)
+            if best is None or fk < best_f:
+                best, best_f = k, fk
+            seen += 1
+            if seen >= self._lfu_window:
+                break
+        if best is not None and best != next(iter(self.ram)):
+            self.counters["lfu_evictions"] += 1
+        return best
+
+    def _admit_vram(self, key: int, staged: bool) -> list[int]:
+        slot = self.clock.find_victim_slot(self._pinned)
+        if slot < 0:
+            self.counters["refused_admissions"] += 1
+            self._set_ram_or_absent(key, staged)
+            if staged:
+                del self.state[key]
+                return [key]
+            return []
+        if self.exclusive and key in self.ram:
+            del self.ram[key]
+        victim = self.clock.place(slot, key)
+        self.state[key] = VRAM
+        if victim < 0:
+            return []
+        self.counters["vram_evictions"] += 1
+        if self.exclusive or self.all_in_ram:
+            # exclusive tier: the victim's bytes go back to RAM through a drain (D2H copy), landed by the executor
+            if self.all_in_ram:
+                self.state.pop(victim, None)
+                return []
+            if victim in self.ram:      # inclusive leftovers: already has a RAM copy
+                self.state[victim] = RAM
+                return []
+            self.state[victim] = DRAINING
+            self.drains.append(self._ticket(victim, "drain"))
+            return []
+        # inclusive: RAM copy still there?
+        if victim in self.ram:
+            self.state[victim] = RAM
+            return []
+        self.state.pop(victim, None)
+        return [victim]
+
+    def take_drains(self) -> list[Ticket]:
+        d, self.drains = self.drains, []
+        return d
+
+    # ---- seeding --------------------------------------------------------------------------------------------
+    def seed(self, ranked_keys) -> None:
+        """Place keys hottest-first: VRAM first, then RAM (exclusive: the next ones; inclusive: the first ones).
+
+        Hottest RAM keys end at the most-recent (protected) end of the LRU - the reference inserted them at the
+        eviction end. Goes through fill/push tickets so the residency rule holds for seeding too.
+        """
+        ranked = [int(k) for k in ranked_keys]
+        v = self.vram_slots
+        for k in ranked[:v]:
+            if not self.all_in_ram:
+                self.land(self.begin_fill(k, staging=True))
+            self.land(self.begin_push(k))
+        for t in self.take_drains():       # none expected while filling empty slots
+            self.land(t)
+        for s in range(self.clock.n):
+            self.clock.ref[s] = 0
+        if self.all_in_ram or self.ram_slots == 0:
+            return
+        ram_keys = ranked[v:v + self.ram_slots] if self.exclusive else ranked[:self.ram_slots]
+        for k in reversed(ram_keys):        # coldest first, so the hottest sits at the most-recent end
+            if self.state.get(k) == VRAM:
+                self.ram[k] = None          # inclusive copy
+                continue
+            self.land(self.begin_fill(k))
+
+    # ---- introspection --------------------------------------------------------------------------------------
+    def counts(self) -> dict:
+        out = {n: 0 for n in STATE_NAMES}
+        for s in self.state.values():
+            out[STATE_NAMES[s]] += 1
+        return out
+
+    def check(self) -> None:
+        """Invariants (for tests): tiers exclusive, capacities respected, clock map consistent."""
+        assert len(self.clock.slot_of) <= self.vram_slots
+        for k, s in self.clock.slot_of.items():
+            assert self.clock.owner[s] == k
+            assert self.state.get(k) == VRAM, (k, self.state.get(k))
+        if not self.all_in_ram:
+            assert len(self.ram) <= self.ram_slots
+        for k in self.ram:
+            st = self.state.get(k)
+            if self.exclusive:
+                assert st in (RAM, PUSHING), (k, st)
+        for k, st in self.state.items():
+            if st == RAM:
+                assert k in self.ram
+            if st == VRAM:
+                assert k in self.clock.slot_of

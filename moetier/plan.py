@@ -1,0 +1,298 @@
+"""The scheduler: plan_layer picks the lane that computes each pick of one MoE layer call.
+
+Contract
+--------
+``plan_layer(ctx, ledger, picks, t0, nvme)`` takes ``picks`` = {key: m} (m = token rows routed to that expert in
+this layer call), the layer start time ``t0`` (ms, the caller's clock) and the NVMe channel, and returns a
+``LayerPlan``: the lane of every pick, each lane's busy time and the layer cost (max over lanes when lanes overlap,
+their sum when they do not). It reads residency but never changes it: the plan's lists are residency *intents*
+that the executor carries out through ledger tickets once bytes have landed. The NVMe channel is a model of the
+read queue (time reservations), shared by demand reads and prefetch.
+
+Lanes: gpu (VRAM hit), zerocopy (GPU kernel reading the host copy), cpu (RAM in place), nvme_cpu (read -> RAM ->
+cpu), nvme_gpu (read -> push -> VRAM -> gpu), masked (NVMe picks dropped in the lossy ``mask`` mode).
+Split: greedy min-max, heaviest picks first; a pick goes to the cpu unless that raises the layer's max more than
+sending it to the GPU would (ties go to the cpu, which keeps VRAM churn down). A lane's per_layer cost (launch,
+handoff) is charged only when that lane gets work.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from moetier.ledger import _TIER_OF, TIER_NVME, TIER_RAM, TIER_VRAM
+
+INF = float("inf")
+
+
+class NvmeChannel:
+    """One NVMe read queue with two priority classes (a modeled device, times in ms).
+
+    Demand reads are served in FIFO order before any prefetch read that has not started; a prefetch read that has
+    started runs to completion. Service time per record: ``deep`` when several reads are queued (streaming
+    bandwidth), ``one`` for an isolated read, plus ``latency`` when the channel was idle at issue.
+    Prefetch reads carry the layer they were issued for; ``expire(layer, t)`` cancels those not started and counts
+    those started as wasted.
+    """
+
+    __slots__ = ("deep", "one", "lat", "record_bytes", "dfree", "pf", "reads", "pf_reads", "pf_cancelled",
+                 "pf_wasted", "busy_ms")
+
+    def __init__(self, record_bytes: int, bw_gbps: float, bw_qd1_gbps: float | None = None,
+                 latency_ms: float = 0.1):
+        self.record_bytes = record_bytes
+        self.deep = record_bytes / (bw_gbps * 1e6)
+        self.one = record_bytes / ((bw_qd1_gbps or bw_gbps) * 1e6)
+        self.lat = latency_ms
+        self.dfree = 0.0                 # when the last demand read completes
+        self.pf: dict[int, list] = {}    # key -> [start, end] (insertion order = queue order)
+        self.reads = self.pf_reads = self.pf_cancelled = self.pf_wasted = 0
+        self.busy_ms = 0.0
+
+    def _running_end(self, t: float) -> float:
+        """End of the prefetch read in service at t (t if none)."""
+        end = t
+        for s, e in self.pf.values():
+            if s < t < e and e > end:
+                end = e
+        return end
+
+    def _repack(self, t: float) -> None:
+        """Reschedule prefetch reads that have not started at t after all demand work."""
+        cur = max(t, self.dfree, self._running_end(t))
+        deep = self.deep
+        for rec in self.pf.values():
+            if rec[0] >= t:
+                rec[0] = cur
+                cur += deep
+                rec[1] = cur
+
+    def demand(self, t: float, n: int) -> list[float]:
+        """Issue n demand reads at t; returns their arrival times (ms)."""
+        if n <= 0:
+            return []
+        busy_until = max(self.dfree, self._running_end(t))
+        start = max(t, busy_until)
+        if start <= t:
+            start += self.lat      # idle channel: pay the access latency once
+        svc = self.deep if n > 1 else self.one
+        out = [start + svc * (i + 1) for i in range(n)]
+        self.dfree = out[-1]
+        self.reads += n
+        self.busy_ms += svc * n
+        if self.pf:
+            self._repack(t)
+        return out
+
+    def promote(self, key: int, t: float):
+        """A prefetched key is needed now. Returns its arrival if its read has started, else None (the caller then
+        issues it as a demand read; the queued prefetch read is withdrawn)."""
+        rec = self.pf.pop(key, None)
+        if rec is None:
+            return None
+        if rec[0] < t:
+            return rec[1]
+        self.pf_cancelled += 1
+        return None
+
+    def prefetch(self, t: float, keys) -> list[float]:
+        """Queue prefetch reads behind demand work; returns their (current) arrival times."""
+        cur = max(t, self.dfree)
+        for s, e in self.pf.values():
+            if e > cur:
+                cur = e
+        if cur <= t:
+            cur += self.lat
+        out = []
+        for k in keys:
+            s = cur
+            cur += self.deep
+            self.pf[k] = [s, cur]
+            out.append(cur)
+        self.pf_reads += len(out)
+        self.busy_ms += self.deep * len(out)
+        return out
+
+    def arrival(self, key: int):
+        rec = self.pf.get(key)
+        return None if rec is None else rec[1]
+
+    def expire(self, keys, t: float) -> tuple[list[int], list[int]]:
+        """Drop prefetches of keys no longer wanted. Returns (cancelled keys, wasted keys that were read)."""
+        cancelled, wasted = [], []
+        for k in keys:
+            rec = self.pf.pop(k, None)
+            if rec is None:
+                continue
+            if rec[0] >= t:
+                cancelled.append(k)
+                self.busy_ms -= self.deep
+            else:
+                wasted.append(k)
+        self.pf_cancelled += len(cancelled)
+        self.pf_wasted += len(wasted)
+        if cancelled:
+            self._repack(t)
+        return cancelled, wasted
+
+
+@dataclass
+class PlanContext:
+    """Recipe constants the planner needs, flattened once (attribute lookups are the planner's main cost)."""
+
+    experts: int
+    gpu: tuple | None          # (per_layer, per_expert, per_extra_token) or None if the lane is missing
+    zerocopy: tuple | None
+    cpu: tuple | None
+    push_ms: float
+    mask: bool
+    overlap: bool
+    can_admit: bool            # a VRAM tier exists (zerocopy/nvme_gpu picks are admitted)
+
+    @classmethod
+    def from_recipe(cls, R) -> "PlanContext":
+        def lane(name):
+            ln = R.lanes.get(name)
+            return None if ln is None else (ln.per_layer_ms, ln.per_expert_ms, ln.per_extra_token_ms)
+
+        gpu = lane("gpu") if R.vram_slots > 0 else None
+        zc = lane("zerocopy")
+        cpu = lane("cpu")
+        if cpu is None and zc is None and gpu is None:
+            raise ValueError(f"recipe {R.id}: no lane can compute RAM or NVMe experts (need cpu, zerocopy or gpu)")
+        return cls(experts=R.experts, gpu=gpu, zerocopy=zc, cpu=cpu,
+                   push_ms=R.nvme_expert_bytes / (R.h2d_gbps * 1e6) if R.h2d_gbps else INF,
+                   mask=R.policy.get("exact", "stall") == "mask",
+                   overlap=bool(R.policy.get("overlap", True)), can_admit=R.vram_slots > 0)
+
+
+@dataclass
+class LayerPlan:
+    gpu: list = field(default_factory=list)
+    zerocopy: list = field(default_factory=list)
+    cpu: list = field(default_factory=list)
+    nvme_cpu: list = field(default_factory=list)
+    nvme_gpu: list = field(default_factory=list)
+    masked: list = field(default_factory=list)
+    arrivals: dict = field(default_factory=dict)    # nvme key -> modeled arrival (absolute ms)
+    demand_reads: int = 0
+    gpu_ms: float = 0.0
+    cpu_ms: float = 0.0
+    nvme_wait_ms: float = 0.0      # time lanes sat waiting on NVMe arrivals
+    ms: float = 0.0
+
+    def lanes(self) -> dict:
+        return {"gpu": self.gpu, "zerocopy": self.zerocopy, "cpu": self.cpu, "nvme_cpu": self.nvme_cpu,
+                "nvme_gpu": self.nvme_gpu, "masked": self.masked}
+
+
+def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChannel | None) -> LayerPlan:
+    """Plan one layer call. See the module docstring for the contract."""
+    plan = LayerPlan()
+    sget = ledger.state.get
+    default_tier = ledger._tier_default
+    tier_of = _TIER_OF
+    vram_l, ram_l, nvme_l = plan.gpu, [], []
+    for k, m in picks.items():
+        s = sget(k)
+        t = default_tier if s is None else tier_of[s]
+        if t == TIER_VRAM:
+            vram_l.append(k)
+        elif t == TIER_RAM:
+            ram_l.append((m, k))
+        else:
+            nvme_l.append(k)
+
+    gpu, zc, cpu = ctx.gpu, ctx.zerocopy, ctx.cpu
+    g = 0.0
+    g_on = False          # gpu lane has work: its per_layer is paid
+    zc_on = False
+    if vram_l:
+        pl, pe, px = gpu
+        g = pl
+        for k in vram_l:
+            g += pe + px * (picks[k] - 1)
+        g_on = True
+    c = 0.0
+    c_on = False
+
+    if ram_l:
+        if len(ram_l) > 1:
+            ram_l.sort(key=_neg_rows)
+        cpu_list, zc_list = plan.cpu, plan.zerocopy
+        for m, k in ram_l:
+            ce = ((c if c_on else cpu[0]) + cpu[1] + cpu[2] * (m - 1)) if cpu else INF
+            ge = ((g if zc_on else g + zc[0]) + zc[1] + zc[2] * (m - 1)) if zc else INF
+            if (ce if ce > g else g) <= (c if c > ge else ge):
+                c = ce
+                c_on = True
+                cpu_list.append(k)
+            else:
+                g = ge
+                zc_on = True
+                zc_list.append(k)
+
+    if nvme_l:
+        if ctx.mask:
+            plan.masked = nvme_l
+        else:
+            _plan_nvme(ctx, plan, picks, nvme_l, t0, nvme, g, g_on, c, c_on)
+            g, c = plan.gpu_ms, plan.cpu_ms
+    plan.gpu_ms, plan.cpu_ms = g, c
+    plan.ms = (g if g > c else c) if ctx.overlap else g + c
+    return plan
+
+
+def _neg_rows(mk):
+    return (-mk[0], mk[1])
+
+
+def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):
+    gpu, cpu = ctx.gpu, ctx.cpu
+    push = ctx.push_ms
+    arr = plan.arrivals
+    fresh = []
+    for k in keys:
+        a = nvme.promote(k, t0) if nvme.pf else None
+        if a is None:
+            fresh.append(k)
+        else:
+            arr[k] = a
+    if fresh:
+        for k, a in zip(fresh, nvme.demand(t0, len(fresh))):
+            arr[k] = a
+        plan.demand_reads = len(fresh)
+    order = sorted(keys, key=arr.__getitem__) if len(keys) > 1 else keys
+    can_gpu = gpu is not None and ctx.can_admit
+    wait = 0.0
+    for k in order:
+        a = arr[k] - t0
+        if a < 0.0:
+            a = 0.0
+        m = picks[k]
+        if cpu:
+            cs = c if c_on else cpu[0]
+            ce = (cs if cs > a else a) + cpu[1] + cpu[2] * (m - 1)
+        else:
+            ce = INF
+        if can_gpu:
+            gs = g if g_on else g + gpu[0]
+            ap = a + push
+            ge = (gs if gs > ap else ap) + gpu[1] + gpu[2] * (m - 1)
+        else:
+            ge = INF
+        if ce == INF and ge == INF:
+            raise ValueError("no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier")
+        if (ce if ce > g else g) <= (c if c > ge else ge):
+            if a > cs:
+                wait += a - cs
+            c = ce
+            c_on = True
+            plan.nvme_cpu.append(k)
+        else:
+            if ap > gs:
+                wait += ap - gs
+            g = ge
+            g_on = True
+            plan.nvme_gpu.append(k)
+    plan.nvme_wait_ms = wait
+    plan.gpu_ms, plan.cpu_ms = g, c

@@ -1,0 +1,335 @@
+"""Trace-replay simulator: the same ledger and plan_layer a runtime uses, with time taken from the records.
+
+Contract
+--------
+``run(R, trace, conc)`` replays ``conc`` streams in lockstep (stream i replays segment i mod nseg; the union of the
+step's rows gives each layer's picks with their row counts m). Per step, non-MoE time ``R.fixed(rows)`` is spread
+evenly over the layers; each layer costs plan.ms; the NVMe channel, prefetch and residency carry across layers and
+steps. Transfers are executed on modeled time through ledger tickets (a read lands at its modeled arrival), so the
+residency rule holds in the simulator exactly as in the runtime.
+
+Seeding (policy.seed):
+- "warmup" (default): each stream's first ``policy.warmup_tokens`` tokens warm the tiers and are not measured; the
+  frequency seed is taken from those warm-up tokens only (held out from the measured part).
+- "oracle": the reference's semantics: frequency over the whole trace (measured part included), 200 warm steps.
+- "none": empty tiers, 200 warm steps.
+
+``prefill(R, prompt)`` is the closed-form prefill bound (compute vs PCIe vs NVMe per layer and chunk).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from moetier.ledger import Ledger
+from moetier.plan import LayerPlan, NvmeChannel, PlanContext, plan_layer
+from moetier.predict import make_predictor
+
+ORACLE_WARM_STEPS = 200
+
+
+def rank_keys(ids: np.ndarray, experts: int) -> np.ndarray:
+    """Keys ordered hottest first by pick count (ties by key) over ids [tokens, layers, topk]."""
+    L = ids.shape[1]
+    keys = (ids.astype(np.int64) + (np.arange(L, dtype=np.int64) * experts)[None, :, None]).ravel()
+    counts = np.bincount(keys, minlength=L * experts)
+    return np.lexsort((np.arange(counts.size), -counts))[: int((counts > 0).sum())]
+
+
+class Streams:
+    """Lockstep streams over trace segments; yields per step, per layer, the union of picks with row counts."""
+
+    def __init__(self, trace, conc: int, topk: int, experts: int, *, offsets: list[int], window: int = 1):
+        self.conc, self.window = conc, window
+        nseg = trace.nseg
+        L = trace.ids.shape[1]
+        base = (np.arange(L, dtype=np.int64) * experts)[None, :, None]
+        self.local, self.keys, self.offsets = [], [], []
+        cache = {}
+        for i in range(conc):
+            si = i % nseg
+            if si not in cache:
+                seg = np.ascontiguousarray(trace.segment(si)[:, :, :topk])
+                cache[si] = (seg.tolist(), (seg.astype(np.int64) + base).tolist())
+            loc, ks = cache[si]
+            self.local.append(loc)
+            self.keys.append(ks)
+            self.offsets.append(offsets[i] % len(ks))
+        self.layers = L
+
+    def rows(self, step: int):
+        """Token indices (stream, token) of this step's rows."""
+        w = self.window
+        return [(i, (self.offsets[i] + step * w + j) % len(self.keys[i])) for i in range(self.conc) for j in range(w)]
+
+    def picks(self, rows, layer: int) -> dict:
+        keys = self.keys
+        if len(rows) == 1:
+            i, t = rows[0]
+            return dict.fromkeys(keys[i][t][layer], 1)
+        out: dict = {}
+        get = out.get
+        for i, t in rows:
+            for k in keys[i][t][layer]:
+                out[k] = get(k, 0) + 1
+        return out
+
+    def local_rows(self, rows, layer: int) -> list:
+        return [self.local[i][t][layer] for i, t in rows]
+
+
+class Replay:
+    """The simulator's executor: plans each layer and carries out the plan's intents on modeled time."""
+
+    def __init__(self, R, *, predictor=None):
+        self.R = R
+        self.ctx = PlanContext.from_recipe(R)
+        self.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, exclusive=R.policy.get("ram", "exclusive")
+                             == "exclusive", ram_policy=R.policy.get("ram_evict", "lru"))
+        self.chan = NvmeChannel(R.nvme_expert_bytes, R.nvme_bw_gbps, R.nvme_bw_qd1_gbps, R.nvme_latency_ms)
+        self.predictor = predictor
+        pf = R.policy.get("prefetch") or {}
+        self.pf_depth = int(pf.get("depth") or 0)
+        self.pf_budget = int(pf.get("budget") or 8)
+        self.pf_tickets: dict = {}
+        self.pf_target: dict[int, list] = {}
+        self.pf_used = 0
+        self.pf_stale: list = []
+
+    # -- one layer ----------------------------------------------------------------------------------------------
+    def layer(self, picks: dict, t: float) -> LayerPlan:
+        plan = plan_layer(self.ctx, self.ledger, picks, t, self.chan)
+        self.commit(plan, picks)
+        return plan
+
+    def commit(self, plan: LayerPlan, picks: dict) -> None:
+        L = self.ledger
+        for k in plan.gpu:
+            L.touch_vram(k)
+        for k in plan.cpu:
+            L.touch_ram(k)
+        admit = self.ctx.can_admit
+        pft = self.pf_tickets
+        for k in plan.nvme_cpu:
+            tk = pft.pop(k, None)
+            if tk is None:
+                L.land(L.begin_fill(k), picks)
+            else:
+                self.pf_used += 1
+                L.land(tk)
+                L.adopt(k, picks)
+        if admit:
+            for k in plan.zerocopy:
+                L.land(L.begin_push(k), picks)
+        for k in plan.nvme_gpu:
+            tk = pft.pop(k, None)
+            if tk is None:
+                tk = L.begin_fill(k, staging=True)
+            else:
+                self.pf_used += 1
+            L.land(tk)
+            L.land(L.begin_push(k), picks)
+        if L.drains:
+            for tk in L.take_drains():
+                L.land(tk)
+        if L._lfu_window:
+            L.observe(picks, L.step)
+
+    # -- prefetch -----------------------------------------------------------------------------------------------
+    def prefetch(self, layer: int, rows_local, future, t: float) -> None:
+        tgt = layer + self.pf_depth
+        ranked = self.predictor.predict(layer, rows_local, future)
+        if not ranked:
+            return
+        E = self.R.experts
+        base = tgt * E
+        L = self.ledger
+        sget, default = L.state.get, L._tier_default
+        want = []
+        for e in ranked:
+            k = base + e
+            if sget(k) is None and default == 0:
+                want.append(k)
+                if len(want) >= self.pf_budget:
+                    break
+        if not want:
+            return
+        self.chan.prefetch(t, want)
+        for k in want:
+            self.pf_tickets[k] = L.begin_fill(k, staging=True)
+        self.pf_target.setdefault(tgt, []).extend(want)
+
+    def expire(self, layer: int, t: float) -> None:
+        keys = self.pf_target.pop(layer, None)
+        if not keys:
+            return
+        pft = self.pf_tickets
+        left = [k for k in keys if k in pft]
+        cancelled, wasted = self.chan.expire(left, t)
+        L = self.ledger
+        for k in cancelled:
+            L.abort(pft.pop(k))
+        for k in wasted:       # bytes were read into the landing ring; the slot is reused
+            tk = pft.pop(k)
+            L.land(tk)
+            L.drop_staged(k)
+
+
+def _segment_plan(trace, conc: int, window: int, seed_mode: str, warmup_tokens: int):
+    nseg = trace.nseg
+    lens = [int(trace.segments[i + 1] - trace.segments[i]) for i in range(nseg)]
+    used = sorted({i % nseg for i in range(conc)})
+    if seed_mode == "warmup":
+        offsets = [((i // nseg) * 997) for i in range(conc)]
+        short = min(lens[s] for s in used)
+        w = min(warmup_tokens, short // 2)
+        warm_steps = max(1, w // window)
+        measured = max(1, (short - w) // window)
+    else:
+        offsets = [i * 997 for i in range(conc)]
+        warm_steps = ORACLE_WARM_STEPS
+        measured = max(1, min(lens[s] for s in used) // window)
+        w = 0
+    return offsets, warm_steps, measured, w
+
+
+def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_ms: float = 0.0,
+        max_steps: int = 0, progress=None) -> dict:
+    """Replay ``trace`` through recipe ``R`` at ``conc`` streams; returns the report dict (see module docstring)."""
+    seed_mode = R.policy.get("seed", "warmup")
+    if seed_mode not in ("warmup", "oracle", "none"):
+        raise ValueError(f"policy.seed: expected 'warmup', 'oracle' or 'none', got {seed_mode!r}")
+    warmup_tokens = int(R.policy.get("warmup_tokens", 1000))
+    offsets, warm_steps, measured, wtok = _segment_plan(trace, conc, window, seed_mode, warmup_tokens)
+    if max_steps:
+        measured = min(measured, max_steps)
+    topk, E, L = R.topk, R.experts, R.layers
+    streams = Streams(trace, conc, topk, E, offsets=offsets, window=window)
+
+    predictor = make_predictor(R.policy, L, E)
+    rp = Replay(R, predictor=predictor)
+    if seed_mode == "oracle":
+        rp.ledger.seed(rank_keys(trace.ids[:, :, :topk], E))
+    elif seed_mode == "warmup" and wtok:
+        warm = np.concatenate([trace.segment(s)[:wtok, :, :topk] for s in range(trace.nseg)])
+        rp.ledger.seed(rank_keys(warm, E))
+
+    nrows = conc * window
+    fixed_step = R.fixed(nrows)
+    f_layer = fixed_step / L
+    depth = rp.pf_depth if predictor is not None else 0
+    learns = predictor is not None and not predictor.uses_future
+    needs_future = predictor is not None and predictor.uses_future
+
+    acc = dict(ms=0.0, fixed=0.0, gpu=0.0, cpu=0.0, wait=0.0, picks=0, vram_picks=0, cpu_exp=0, zc=0, ncpu=0,
+               ngpu=0, masked=0, demand=0, layers=0)
+    t = 0.0
+    total = warm_steps + measured
+    t_wall = time.perf_counter()
+    chan = rp.chan
+    for step in range(total):
+        meas = step >= warm_steps
+        if meas and step == warm_steps:
+            pf_used0, chan_pf0, wasted0, cancel0 = rp.pf_used, chan.pf_reads, chan.pf_wasted, chan.pf_cancelled
+        rp.ledger.step = step
+        if predictor is not None and hasattr(predictor, "salt"):
+            predictor.salt = step
+        rows = streams.rows(step)
+        t0_step = t
+        t += draft_ms
+        for layer in range(L):
+            t += f_layer
+            picks = streams.picks(rows, layer)
+            plan = plan_layer(rp.ctx, rp.ledger, picks, t, chan)
+            rp.commit(plan, picks)
+            if depth:
+                rp.expire(layer, t)
+                if layer + depth < L:
+                    fut = streams.picks(rows, layer + depth) if needs_future else None
+                    if fut is not None:
+                        fut = [k - (layer + depth) * E for k in fut]
+                    rp.prefetch(layer, streams.local_rows(rows, layer) if learns else None, fut, t)
+                if learns and layer >= depth:
+                    predictor.observe(layer - depth, streams.local_rows(rows, layer - depth),
+                                      streams.local_rows(rows, layer))
+            t += plan.ms
+            if meas:
+                acc["gpu"] += plan.gpu_ms
+                acc["cpu"] += plan.cpu_ms
+                acc["wait"] += plan.nvme_wait_ms
+                acc["picks"] += sum(picks.values())
+                acc["vram_picks"] += sum(picks[k] for k in plan.gpu)
+                acc["cpu_exp"] += len(plan.cpu)
+                acc["zc"] += len(plan.zerocopy)
+                acc["ncpu"] += len(plan.nvme_cpu)
+                acc["ngpu"] += len(plan.nvme_gpu)
+                acc["masked"] += len(plan.masked)
+                acc["demand"] += plan.demand_reads
+        if meas:
+            acc["ms"] += t - t0_step
+            acc["fixed"] += fixed_step
+        if progress is not None and step % 64 == 0:
+            progress(step, total)
+    wall = time.perf_counter() - t_wall
+
+    tokens = measured * conc * accept
+    pf_issued = chan.pf_reads - chan_pf0
+    pf_used = rp.pf_used - pf_used0
+    pf_wasted = chan.pf_wasted - wasted0
+    nvme_picks = acc["ncpu"] + acc["ngpu"]
+    out = {
+        "recipe": R.id, "conc": conc, "window": window, "accept": accept, "seed": seed_mode,
+        "steps": measured, "warm_steps": warm_steps, "tokens": tokens,
+        "tok_s": 1000.0 * tokens / acc["ms"] if acc["ms"] else 0.0,
+        "ms_per_step": acc["ms"] / measured,
+        "ms_per_token": acc["ms"] / tokens if tokens else 0.0,
+        "vram_hit": acc["vram_picks"] / acc["picks"] if acc["picks"] else 0.0,
+        "cpu_experts_per_tok": acc["cpu_exp"] / tokens,
+        "zerocopy_per_tok": acc["zc"] / tokens,
+        "nvme_per_tok": nvme_picks / tokens,
+        "nvme_cpu_per_tok": acc["ncpu"] / tokens,
+        "nvme_gpu_per_tok": acc["ngpu"] / tokens,
+        "masked_per_tok": acc["masked"] / tokens,
+        "lossy": acc["masked"] > 0,
+        "ms_fixed": acc["fixed"] / measured,
+        "ms_gpu_moe": acc["gpu"] / measured,
+        "ms_cpu_moe": acc["cpu"] / measured,
+        "ms_nvme_wait": acc["wait"] / measured,
+        "vram_slots": R.vram_slots, "ram_slots": R.ram_slots,
+        "prefetch": {
+            "predictor": getattr(predictor, "name", "none"),
+            "issued_per_tok": pf_issued / tokens,
+            "precision": pf_used / pf_issued if pf_issued else None,
+            "recall": pf_used / nvme_picks if nvme_picks else None,
+            "cancelled": chan.pf_cancelled - cancel0,
+            "wasted_reads": pf_wasted,
+            "wasted_bytes": pf_wasted * R.nvme_expert_bytes,
+        },
+        "ledger": dict(rp.ledger.counters),
+        "layer_plans": total * L, "sim_seconds": wall,
+    }
+    return out
+
+
+def prefill(R, prompt: int) -> dict:
+    """Closed-form prefill model: per layer and chunk the max of compute, PCIe staging and NVMe reads."""
+    pf = R.prefill
+    chunk = int(pf.get("chunk", 8192))
+    comp = float(pf.get("compute_ms_per_layer", 0.0))
+    first = float(pf.get("first_request_ms", 0.0))
+    E, Lr = R.experts, R.layers
+    nonvram = E - min(E, R.vram_slots // Lr)
+    denom = R.keys - R.vram_slots
+    ram_share = min(1.0, R.ram_slots / denom) if denom > 0 else 1.0
+    link = nonvram * (ram_share * R.ram_expert_bytes + (1 - ram_share) * R.nvme_expert_bytes) / (R.h2d_gbps * 1e6) \
+        if R.h2d_gbps else 0.0
+    nvme = nonvram * (1 - ram_share) * R.nvme_expert_bytes / (R.nvme_bw_gbps * 1e6) if R.nvme_bw_gbps else 0.0
+    compute = comp * min(chunk, prompt) / chunk
+    per_layer = max(compute, link, nvme)
+    chunks = math.ceil(prompt / chunk)
+    total = chunks * Lr * per_layer + first
+    bound = max((("compute", comp), ("pcie", link), ("nvme", nvme)), key=lambda x: x[1])[0]
+    return {"prompt": prompt, "ms": total, "tok_s": 1000.0 * prompt / total if total else 0.0, "bound": bound,
+            "per_layer_ms": {"compute": comp, "pcie": link, "nvme": nvme}}

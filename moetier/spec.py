@@ -1,0 +1,561 @@
+"""Records: load, validate, index, override and resolve.
+
+Contract
+--------
+* Records are JSON files under ``registry/<kind>/<id>.json`` for kind in ``KINDS``; each kind has a JSON Schema
+  (draft 2020-12) at ``registry/schema/<kind>.schema.json``. A record's ``id`` equals its file stem. There is no
+  hand-kept index: ``index()`` is derived from the files every time.
+* Every function takes ``root=None``, meaning ``REGISTRY`` (the ``registry/`` folder of this repository); pass another
+  folder with the same layout (tests use a temporary copy).
+* Anything the user can get wrong raises ``moetier.errors.UserError`` with one line naming the file, the JSON path
+  (``$.budget.ram_gb``) or the argument, and what was expected. Ids must match ``^[a-z0-9][a-z0-9._-]*$``, so an id
+  can never leave ``registry/``.
+* ``resolve(recipe_id, overrides)`` deep-copies the recipe, applies dotted overrides (``budget.ram_gb=55``; a dict
+  value replaces the sub-dict), re-validates it, checks that its model, hardware and engines exist, and joins them
+  into a ``Recipe``: capacities (VRAM/RAM slots), lanes with their costs, link speeds, the policy with every default
+  filled in, and calibration. Overrides may only walk known paths (keys in the record or declared by the schema);
+  the sub-dicts ``lane_overrides``, ``tiers`` and ``calibration.fixed_ms`` may gain new keys.
+* Capacity: ``ram_slots = clamp(floor((ram_gb - runtime_gb - other_gb) * 1e9 / ram_expert_bytes), 0, keys)``,
+  computed in decimal arithmetic on the numbers as written (48.2e9 / 9,474,048 floors to 5,087);
+  ``vram_slots = budget.vram_expert_slots`` (clamped to ``keys``).
+* Lanes: engine lanes in ``engines[]`` order (a later engine overwrites a lane of the same name), then each engine's
+  ``model_lanes[<model id>]`` costs for lanes that exist, then the recipe's ``lane_overrides`` (the lane must exist).
+* ``write_record`` validates first and writes atomically (temporary file in the same folder, then ``os.replace``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from decimal import Decimal, ROUND_FLOOR
+from pathlib import Path
+
+from moetier.errors import UserError
+
+REGISTRY = Path(__file__).resolve().parent.parent / "registry"
+KINDS = ("model", "hardware", "engine", "recipe", "runs")
+ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+# Sub-dicts of a recipe that an override may extend with new keys.
+EXTENSIBLE = ("lane_overrides", "tiers", "calibration.fixed_ms")
+
+DEFAULT_PREFETCH = {"depth": 0, "recall": 0.0, "predictor": "recall", "budget": 8}
+DEFAULT_POLICY = {
+    "vram": "clock",
+    "ram": "exclusive",
+    "ram_evict": "lru",
+    "seed": "warmup",
+    "warmup_tokens": 1000,
+    "exact": "stall",
+    "overlap": True,
+}
+LANE_COSTS = ("per_layer_ms", "per_expert_ms", "per_extra_token_ms")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# paths, ids, reading
+
+
+def _root(root) -> Path:
+    return Path(root) if root is not None else REGISTRY
+
+
+def _show(path: Path) -> str:
+    """Path as shown in messages: relative to the repository when inside it, else as given."""
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(REGISTRY.parent))
+    except ValueError:
+        return str(p)
+
+
+def _check_kind(kind) -> None:
+    if kind not in KINDS:
+        raise UserError(f"kind: unknown record kind {kind!r} (known: {', '.join(KINDS)})")
+
+
+def _check_id(kind: str, rid, root: Path) -> Path:
+    if not isinstance(rid, str) or not ID_RE.match(rid):
+        raise UserError(
+            f"{kind} id {rid!r}: not a valid record id (expected a plain name matching ^[a-z0-9][a-z0-9._-]*$; "
+            f"no '/', '\\', '..' or absolute paths)")
+    folder = (root / kind).resolve()
+    path = (folder / f"{rid}.json").resolve()
+    if path.parent != folder:  # belt and braces: the pattern above already forbids this
+        raise UserError(f"{kind} id {rid!r}: resolves outside {_show(root / kind)}/")
+    return root / kind / f"{rid}.json"
+
+
+def _ids(kind: str, root: Path) -> list[str]:
+    folder = root / kind
+    return sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
+
+
+def _read_json(path: Path):
+    shown = _show(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{shown}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise UserError(f"{shown}: cannot read ({e.strerror})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{shown}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# schema validation
+
+_SCHEMAS: dict[tuple[str, int], object] = {}
+
+
+def _validator(kind: str, root: Path):
+    import jsonschema  # deferred: keeps `import moetier.spec` cheap
+
+    path = root / "schema" / f"{kind}.schema.json"
+    if not path.is_file():  # a custom root without schemas falls back to the shipped ones
+        path = REGISTRY / "schema" / f"{kind}.schema.json"
+    key = (str(path.resolve()), path.stat().st_mtime_ns)
+    v = _SCHEMAS.get(key)
+    if v is None:
+        schema = _read_json(path)
+        jsonschema.Draft202012Validator.check_schema(schema)
+        v = jsonschema.Draft202012Validator(schema)
+        _SCHEMAS[key] = v
+    return v
+
+
+def _schema(kind: str, root=None) -> dict:
+    return _validator(kind, _root(root)).schema
+
+
+def _short(value, limit: int = 60) -> str:
+    s = repr(value) if not isinstance(value, (dict, list)) else json.dumps(value)
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def _jp(parts) -> str:
+    out = "$"
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    return out
+
+
+def _describe(err) -> tuple[str, str]:
+    """(json path, what was expected) for one jsonschema error."""
+    where = list(err.absolute_path)
+    v, inst, val = err.validator, err.instance, err.validator_value
+    if v == "type":
+        types = " or ".join(val) if isinstance(val, list) else val
+        return _jp(where), f"expected {types}, got {_short(inst)}"
+    if v == "required":
+        missing = [k for k in val if isinstance(inst, dict) and k not in inst]
+        name = missing[0] if missing else "?"
+        return _jp(where + [name]), "required field is missing"
+    if v == "additionalProperties" and isinstance(inst, dict):
+        known = list(err.schema.get("properties", {}))
+        extra = [k for k in inst if k not in known]
+        name = extra[0] if extra else "?"
+        hint = f" (known: {', '.join(known)})" if known else ""
+        return _jp(where + [name]), f"unknown field{hint}"
+    if v == "enum":
+        return _jp(where), f"expected one of {', '.join(map(repr, val))}, got {_short(inst)}"
+    if v == "const":
+        return _jp(where), f"expected {val!r}, got {_short(inst)}"
+    if v in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}[v]
+        return _jp(where), f"expected a number {op} {val}, got {_short(inst)}"
+    if v == "pattern":
+        return _jp(where), f"expected a string matching {val}, got {_short(inst)}"
+    if v == "propertyNames":
+        return _jp(where), f"bad key: {err.message}"
+    if v in ("minItems", "minProperties", "minLength"):
+        return _jp(where), f"must not be empty ({v} {val})"
+    return _jp(where), err.message
+
+
+def validate(kind: str, record, path) -> None:
+    """Check one record against its kind's schema; raise UserError "path: $.json.path: what was expected"."""
+    _check_kind(kind)
+    root = REGISTRY
+    p = Path(path)
+    # a record under <root>/<kind>/ is checked against <root>/schema/
+    if p.parent.name == kind and (p.parent.parent / "schema").is_dir():
+        root = p.parent.parent
+    _validate(kind, record, _show(p) if isinstance(path, Path) else str(path), root)
+
+
+def _validate(kind: str, record, shown: str, root: Path) -> None:
+    import jsonschema
+
+    errors = list(_validator(kind, root).iter_errors(record))
+    if not errors:
+        return
+    err = jsonschema.exceptions.best_match(errors)
+    # descend into combinators to the most specific failure
+    while err.context:
+        err = jsonschema.exceptions.best_match(err.context)
+    jp, what = _describe(err)
+    if "propertyNames" in err.absolute_schema_path and err.validator != "propertyNames":
+        what = f"bad key: {what}"
+    raise UserError(f"{shown}: {jp}: {what}")
+
+
+def _check_record(kind: str, record, path: Path, expect_id: str | None) -> None:
+    validate(kind, record, path)
+    if expect_id is not None and record["id"] != expect_id:
+        raise UserError(f"{_show(path)}: $.id: id {record['id']!r} must equal the file name {expect_id!r}")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# loading
+
+
+def load_record(kind: str, rid: str, root=None) -> dict:
+    """Load and validate registry/<kind>/<rid>.json."""
+    _check_kind(kind)
+    r = _root(root)
+    path = _check_id(kind, rid, r)
+    if not path.is_file():
+        known = _ids(kind, r)
+        raise UserError(f"unknown {kind} id {rid!r} (known: {', '.join(known) if known else 'none'})")
+    record = _read_json(path)
+    _check_record(kind, record, path, rid)
+    return record
+
+
+def load_all(root=None) -> dict[str, dict[str, dict]]:
+    """{kind: {id: record}} for every *.json of every kind, each validated; recipe references are checked."""
+    r = _root(root)
+    out: dict[str, dict[str, dict]] = {}
+    for kind in KINDS:
+        out[kind] = {}
+        for rid in _ids(kind, r):
+            path = r / kind / f"{rid}.json"
+            if not ID_RE.match(rid):
+                raise UserError(f"{_show(path)}: file name is not a valid record id (expected ^[a-z0-9][a-z0-9._-]*$)")
+            record = _read_json(path)
+            _check_record(kind, record, path, rid)
+            out[kind][rid] = record
+    for rid, rec in out["recipe"].items():
+        _check_refs(rec, r / "recipe" / f"{rid}.json", r, known=out)
+    return out
+
+
+def index(root=None) -> dict:
+    """Derived index: {kind: sorted ids, "recipes": [{id, status, model, hardware}]}."""
+    allrec = load_all(root)
+    out: dict = {kind: sorted(allrec[kind]) for kind in KINDS}
+    out["recipes"] = [
+        {"id": rid, "status": rec["status"], "model": rec["model"], "hardware": rec["hardware"]}
+        for rid, rec in sorted(allrec["recipe"].items())
+    ]
+    return out
+
+
+def _check_refs(recipe: dict, path: Path, root: Path, known=None) -> None:
+    def ids(kind):
+        return set(known[kind]) if known is not None else set(_ids(kind, root))
+
+    for field_, kind in (("model", "model"), ("hardware", "hardware")):
+        if recipe[field_] not in ids(kind):
+            raise UserError(f"{_show(path)}: $.{field_}: unknown {kind} id {recipe[field_]!r} "
+                            f"(known: {', '.join(sorted(ids(kind))) or 'none'})")
+    engines = ids("engine")
+    for i, eid in enumerate(recipe["engines"]):
+        if eid not in engines:
+            raise UserError(f"{_show(path)}: $.engines[{i}]: unknown engine id {eid!r} "
+                            f"(known: {', '.join(sorted(engines)) or 'none'})")
+
+
+def write_record(kind: str, record: dict, root=None) -> Path:
+    """Validate, then atomically write registry/<kind>/<id>.json; returns the path."""
+    _check_kind(kind)
+    r = _root(root)
+    rid = record.get("id") if isinstance(record, dict) else None
+    path = _check_id(kind, rid, r)
+    validate(kind, record, path)
+    if kind == "recipe":
+        _check_refs(record, path, r)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{rid}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=2, ensure_ascii=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# overrides
+
+
+def parse_overrides(items) -> list[tuple[str, object]]:
+    """["a.b=1", "c=x"] -> [("a.b", 1), ("c", "x")]; the value is JSON when it parses, else the raw string."""
+    out = []
+    for item in items or ():
+        if not isinstance(item, str) or "=" not in item:
+            raise UserError(f"--set {item}: expected dotted.path=value")
+        key, _, raw = item.partition("=")
+        key = key.strip()
+        parts = key.split(".")
+        if not key or any(not p for p in parts):
+            raise UserError(f"--set {item}: empty path (expected dotted.path=value)")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        out.append((key, value))
+    return out
+
+
+def _sub_schema(node: dict | None, key: str, schema: dict) -> dict | None:
+    if not isinstance(node, dict):
+        return None
+    if "$ref" in node and node["$ref"].startswith("#/$defs/"):
+        node = schema.get("$defs", {}).get(node["$ref"].split("/")[-1], {})
+    props = node.get("properties", {})
+    if key in props:
+        return props[key]
+    extra = node.get("additionalProperties")
+    return extra if isinstance(extra, dict) else None
+
+
+def _schema_keys(node: dict | None) -> list[str]:
+    return list(node.get("properties", {})) if isinstance(node, dict) else []
+
+
+def _fmt_item(path: str, value) -> str:
+    return f"{path}={value if isinstance(value, str) else json.dumps(value)}"
+
+
+def apply_overrides(recipe: dict, overrides, schema: dict | None = None) -> dict:
+    """Deep copy of `recipe` with dotted overrides applied (see module docstring)."""
+    schema = schema if schema is not None else _schema("recipe")
+    out = copy.deepcopy(recipe)
+    for path, value in overrides:
+        item = _fmt_item(path, value)
+        parts = path.split(".")
+        cur, node = out, schema
+        for i, key in enumerate(parts):
+            here = ".".join(parts[:i])
+            if not isinstance(cur, dict):
+                raise UserError(f"--set {item}: {here!r} is {_short(cur)}, not an object, so it has no key {key!r}")
+            known = _schema_keys(node) + [k for k in cur if k not in _schema_keys(node)]
+            if key not in known and here not in EXTENSIBLE:
+                where = f" at {here!r}" if here else ""
+                raise UserError(f"--set {item}: unknown path {'.'.join(parts[:i + 1])!r} "
+                                f"(known keys{where}: {', '.join(known) or 'none'})")
+            node = _sub_schema(node, key, schema)
+            if i == len(parts) - 1:
+                cur[key] = copy.deepcopy(value)
+            else:
+                if key not in cur or cur[key] is None:
+                    cur[key] = {}
+                cur = cur[key]
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# resolved recipe
+
+
+@dataclass(frozen=True)
+class Lane:
+    """A place an expert can be computed; costs in ms."""
+
+    name: str
+    reads: str  # "vram" or "ram"
+    per_layer_ms: float
+    per_expert_ms: float
+    per_extra_token_ms: float = 0.0
+
+    def cost(self, rows) -> float:
+        """rows: token rows per expert computed in this layer call (a sequence, or a mapping key -> rows)."""
+        if isinstance(rows, Mapping):
+            rows = rows.values()
+        rows = list(rows)
+        n = len(rows)
+        if n == 0:
+            return 0.0
+        extra = float(sum(rows)) - n
+        return self.per_layer_ms + n * self.per_expert_ms + self.per_extra_token_ms * extra
+
+
+@dataclass
+class Recipe:
+    id: str
+    model_id: str
+    hardware_id: str
+    layers: int
+    experts: int
+    topk: int
+    expert_bytes: int
+    ram_expert_bytes: int
+    nvme_expert_bytes: int
+    vram_slots: int
+    ram_slots: int
+    lanes: dict[str, Lane]
+    h2d_gbps: float
+    nvme_bw_gbps: float
+    nvme_bw_qd1_gbps: float
+    nvme_latency_ms: float
+    policy: dict
+    fixed_ms: dict[int, float]
+    prefill: dict
+    trace: str | None
+    raw: dict
+    model: dict = field(repr=False)
+    hardware: dict = field(repr=False)
+    engines: list[dict] = field(repr=False)
+
+    @property
+    def keys(self) -> int:
+        return self.layers * self.experts
+
+    @property
+    def nvme_only(self) -> int:
+        return max(0, self.keys - self.vram_slots - self.ram_slots)
+
+    def fixed(self, ntok: float) -> float:
+        """Non-MoE ms per step at `ntok` rows: piecewise-linear over fixed_ms, flat below, extrapolated above."""
+        pts = sorted(self.fixed_ms.items())
+        if len(pts) == 1 or ntok <= pts[0][0]:
+            return float(pts[0][1])
+        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+            if ntok <= x1:
+                return float(y0 + (y1 - y0) * (ntok - x0) / (x1 - x0))
+        (x0, y0), (x1, y1) = pts[-2], pts[-1]
+        return float(y1 + (y1 - y0) * (ntok - x1) / (x1 - x0))
+
+    def summary(self) -> dict:
+        return {
+            "recipe": self.id,
+            "model": self.model_id,
+            "hardware": self.hardware_id,
+            "engines": [e["id"] for e in self.engines],
+            "keys": self.keys,
+            "vram_slots": self.vram_slots,
+            "ram_slots": self.ram_slots,
+            "nvme_only": self.nvme_only,
+            "expert_bytes": self.expert_bytes,
+            "ram_expert_bytes": self.ram_expert_bytes,
+            "nvme_expert_bytes": self.nvme_expert_bytes,
+            "lanes": {name: asdict(lane) for name, lane in self.lanes.items()},
+            "policy": copy.deepcopy(self.policy),
+            "fixed_ms": dict(self.fixed_ms),
+            "prefill": dict(self.prefill),
+            "trace": self.trace,
+        }
+
+
+def _dec(x) -> Decimal:
+    return Decimal(repr(float(x))) if not isinstance(x, int) else Decimal(x)
+
+
+def ram_slots_for(ram_gb, runtime_gb, other_gb, expert_bytes: int, keys: int) -> int:
+    """floor((ram_gb - runtime_gb - other_gb) * 1e9 / expert_bytes), clamped to [0, keys], in decimal arithmetic."""
+    avail = (_dec(ram_gb) - _dec(runtime_gb) - _dec(other_gb)) * Decimal(10) ** 9
+    n = int((avail / Decimal(int(expert_bytes))).to_integral_value(rounding=ROUND_FLOOR))
+    return max(0, min(n, keys))
+
+
+def _policy(p: dict) -> dict:
+    out = copy.deepcopy(DEFAULT_POLICY)
+    out.update(copy.deepcopy(p))
+    pf = dict(DEFAULT_PREFETCH)
+    pf.update(p.get("prefetch") or {})
+    out["prefetch"] = pf
+    return out
+
+
+def resolve(recipe_id: str, overrides=(), root=None) -> Recipe:
+    """Load recipe `recipe_id`, apply overrides ([(path, value)] or ["path=value"]), join its records."""
+    r = _root(root)
+    base = load_record("recipe", recipe_id, r)
+    path = r / "recipe" / f"{recipe_id}.json"
+    ovr = list(overrides or ())
+    if ovr and all(isinstance(o, str) for o in ovr):
+        ovr = parse_overrides(ovr)
+    rec = apply_overrides(base, ovr, _schema("recipe", r)) if ovr else base
+    if ovr:
+        items = " ".join(_fmt_item(p, v) for p, v in ovr)
+        _validate("recipe", rec, f"{_show(path)} (with --set {items})", r)
+        if rec["id"] != recipe_id:
+            raise UserError(f"--set id: the recipe id cannot be overridden ({rec['id']!r} != {recipe_id!r})")
+    _check_refs(rec, path, r)
+    model = load_record("model", rec["model"], r)
+    hw = load_record("hardware", rec["hardware"], r)
+    engines = [load_record("engine", e, r) for e in rec["engines"]]
+
+    moe = model["moe"]
+    layers, experts = int(moe["layers"]), int(moe["experts"])
+    keys = layers * experts
+    expert_bytes = int(moe["expert_bytes"])
+    tiers = rec.get("tiers") or {}
+    ram_b = int(tiers.get("ram_expert_bytes", expert_bytes))
+    nvme_b = int(tiers.get("nvme_expert_bytes", expert_bytes))
+    b = rec["budget"]
+    ram_slots = ram_slots_for(b["ram_gb"], b["runtime_gb"], b["other_gb"], ram_b, keys)
+    vram_slots = max(0, min(int(b["vram_expert_slots"]), keys))
+
+    lanes: dict[str, dict] = {}
+    for eng in engines:
+        for name, spec in eng["lanes"].items():
+            lanes[name] = {"reads": spec["reads"], **{c: float(spec.get(c, 0.0)) for c in LANE_COSTS}}
+    for eng in engines:
+        for name, costs in (eng.get("model_lanes") or {}).get(model["id"], {}).items():
+            if name in lanes:
+                lanes[name].update({c: float(costs[c]) for c in LANE_COSTS if c in costs})
+    for name, costs in (rec.get("lane_overrides") or {}).items():
+        if name not in lanes:
+            raise UserError(f"{_show(path)}: $.lane_overrides.{name}: unknown lane {name!r} "
+                            f"(lanes: {', '.join(lanes) or 'none'})")
+        lanes[name].update({c: float(costs[c]) for c in LANE_COSTS if c in costs})
+
+    nv = hw["nvme"]
+    cal = rec["calibration"]
+    return Recipe(
+        id=rec["id"],
+        model_id=model["id"],
+        hardware_id=hw["id"],
+        layers=layers,
+        experts=experts,
+        topk=int(moe["topk"]),
+        expert_bytes=expert_bytes,
+        ram_expert_bytes=ram_b,
+        nvme_expert_bytes=nvme_b,
+        vram_slots=vram_slots,
+        ram_slots=ram_slots,
+        lanes={n: Lane(name=n, **spec) for n, spec in lanes.items()},
+        h2d_gbps=float(hw["gpu"]["h2d_gbps"]),
+        nvme_bw_gbps=float(nv["bw_gbps"]),
+        nvme_bw_qd1_gbps=float(nv.get("bw_qd1_gbps", nv["bw_gbps"])),
+        nvme_latency_ms=float(nv.get("latency_ms", 0.1)),
+        policy=_policy(rec["policy"]),
+        fixed_ms={int(k): float(v) for k, v in cal["fixed_ms"].items()},
+        prefill={"chunk": int(cal["prefill"]["chunk"]),
+                 "compute_ms_per_layer": float(cal["prefill"]["compute_ms_per_layer"]),
+                 "first_request_ms": float(cal["prefill"]["first_request_ms"])},
+        trace=rec.get("trace"),
+        raw=rec,
+        model=model,
+        hardware=hw,
+        engines=engines,
+    )

@@ -1,0 +1,81 @@
+"""Simulator: replay semantics, counters, prefetch, mask, seeding modes (small generated traces)."""
+import pytest
+
+from moetier import sim, spec
+from moetier.tracegen import GenParams, generate
+
+RECIPE = "glm53-rtx3090-55g-nvx4"
+
+
+@pytest.fixture(scope="module")
+def trace():
+    p = GenParams(zipf_s=1.1, zipf_jitter=0.1, reuse=0.3, affinity=0.2, affinity_width=8, drift=0.3)
+    return generate(p, layers=42, experts=288, topk=8, tokens=1600, segments=4, seed=3)
+
+
+def R(*sets):
+    return spec.resolve(RECIPE, list(sets))
+
+
+def test_all_in_ram_has_no_nvme_and_time_adds_up(trace):
+    o = sim.run(R("budget.ram_gb=230", "policy.seed=oracle"), trace, 1)
+    assert o["nvme_per_tok"] == 0 and o["masked_per_tok"] == 0
+    assert o["tok_s"] == pytest.approx(1000.0 / o["ms_per_step"])
+    # the step is the sum of per-layer maxima: between fixed + max(lanes) and fixed + sum(lanes)
+    lo = o["ms_fixed"] + max(o["ms_gpu_moe"], o["ms_cpu_moe"])
+    hi = o["ms_fixed"] + o["ms_gpu_moe"] + o["ms_cpu_moe"]
+    assert lo - 1e-9 <= o["ms_per_step"] <= hi + 1e-9
+    assert 0 < o["vram_hit"] < 1
+
+
+def test_nvme_tail_costs_time_and_mask_is_lossy_and_counted(trace):
+    full = sim.run(R("budget.ram_gb=230"), trace, 1)
+    tail = sim.run(R("budget.ram_gb=20"), trace, 1)
+    mask = sim.run(R("budget.ram_gb=20", "policy.exact=mask"), trace, 1)
+    assert tail["nvme_per_tok"] > 1 and tail["tok_s"] < full["tok_s"]
+    assert not tail["lossy"] and mask["lossy"] and mask["masked_per_tok"] > 1 and mask["nvme_per_tok"] == 0
+    assert mask["tok_s"] > tail["tok_s"]
+
+
+def test_recall_prefetch_helps_and_has_no_false_positives(trace):
+    base = sim.run(R("budget.ram_gb=20"), trace, 1)
+    pf = sim.run(R("budget.ram_gb=20", "policy.prefetch.recall=1.0", "policy.prefetch.budget=64"), trace, 1)
+    assert pf["tok_s"] > base["tok_s"]
+    assert pf["prefetch"]["precision"] == pytest.approx(1.0)
+    assert pf["prefetch"]["recall"] > 0.5 and pf["prefetch"]["wasted_bytes"] == 0
+
+
+def test_transition_predictor_reports_precision_recall_and_waste(trace):
+    o = sim.run(R("budget.ram_gb=20", "policy.prefetch.predictor=transition", "policy.prefetch.budget=8"), trace, 1)
+    pf = o["prefetch"]
+    assert pf["predictor"] == "transition" and pf["issued_per_tok"] > 0
+    assert 0 < pf["precision"] < 1 and 0 < pf["recall"] < 1
+    assert pf["wasted_bytes"] == pf["wasted_reads"] * 9_474_048 > 0
+
+
+def test_concurrency_unions_rows_and_scales_tokens(trace):
+    c1 = sim.run(R("budget.ram_gb=230"), trace, 1)
+    c4 = sim.run(R("budget.ram_gb=230"), trace, 4)
+    assert c4["tokens"] == 4 * c4["steps"]
+    assert c4["ms_fixed"] == pytest.approx(30.0) and c1["ms_fixed"] == pytest.approx(14.0)
+    assert c4["tok_s"] > c1["tok_s"]
+
+
+def test_speculative_window_credits_accepted_tokens(trace):
+    o = sim.run(R("budget.ram_gb=230"), trace, 1, window=3, accept=2.0, draft_ms=3.0)
+    assert o["tokens"] == pytest.approx(2.0 * o["steps"])
+    assert o["ms_fixed"] == pytest.approx(25.0 + 0 * o["steps"])  # fixed(3) interpolated 20..30
+
+
+def test_warmup_seed_is_held_out_and_oracle_is_optimistic(trace):
+    warm = sim.run(R("budget.ram_gb=55", "policy.warmup_tokens=200"), trace, 1)
+    oracle = sim.run(R("budget.ram_gb=55", "policy.seed=oracle"), trace, 1)
+    assert warm["warm_steps"] == 200 and warm["seed"] == "warmup"
+    assert oracle["vram_hit"] >= warm["vram_hit"] - 0.02
+
+
+def test_prefill_model_matches_published_55g_figures():
+    r = R()
+    assert sim.prefill(r, 8192)["tok_s"] == pytest.approx(710.1, abs=0.1)
+    assert sim.prefill(r, 32768)["tok_s"] == pytest.approx(970.7, abs=0.1)
+    assert sim.prefill(r, 8192)["bound"] == "compute"
