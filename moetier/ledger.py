@@ -68,8 +68,9 @@ class Clock:
         if s is not None:
             self.ref[s] = 1
 
-    def find_victim_slot(self, pinned) -> int:
-        """Slot to reuse, or -1 if every slot is pinned. ``pinned(key)`` says a key must not be evicted."""
+    def find_victim_slot(self, protect, state) -> int:
+        """Slot to reuse, or -1 if every slot is pinned: a protected key (this layer's picks) or a key whose state
+        is not plain VRAM (a transfer in flight)."""
         n, owner, ref = self.n, self.owner, self.ref
         h = self.hand
         for _ in range(2 * n + 1):
@@ -77,13 +78,13 @@ class Clock:
             if k < 0:
                 self.hand = (h + 1) % n
                 return h
-            if not pinned(k):
+            if k not in protect and state[k] == VRAM:
                 if ref[h]:
                     ref[h] = 0
                 else:
                     self.hand = (h + 1) % n
                     return h
-            h = (h + 1) % n
+            h = h + 1 if h + 1 < n else 0
         return -1
 
     def place(self, slot: int, key: int) -> int:
@@ -135,7 +136,6 @@ class Ledger:
             self._lfu_halflife = float(parts[2]) if len(parts) > 2 and parts[2] else 0.0
         self._freq: dict[int, float] = {}
         self._freq_t: dict[int, int] = {}
-        self._protect: frozenset | set = frozenset()
         # the planner's view, one dict read per pick
         self._tier_default = TIER_RAM if self.all_in_ram else TIER_NVME
 
@@ -197,7 +197,9 @@ class Ledger:
         if s != ABSENT or self.all_in_ram:
             raise ResidencyError(f"begin_fill({key}): key is {STATE_NAMES[s]}, expected absent")
         self.state[key] = FILLING
-        return self._ticket(key, "fill", staging)
+        self._seq = seq = self._seq + 1
+        t = self._pending[seq] = Ticket(seq, key, "fill", staging)
+        return t
 
     def begin_push(self, key: int) -> Ticket:
         """RAM (or staging) -> VRAM slot copy."""
@@ -239,30 +241,22 @@ class Ledger:
         del self._pending[ticket.seq]
         self.counters["landed"] += 1
         key, kind = ticket.key, ticket.kind
-        self._protect = protect
-        try:
-            if kind == "fill":
-                if ticket.staging:
-                    self.state[key] = STAGED
-                    return []
-                return self._ram_put(key)
-            if kind == "push":
-                return self._admit_vram(key, ticket.staging)
-            # drain: the evicted VRAM copy is back in a RAM slot
-            return self._ram_put(key)
-        finally:
-            self._protect = frozenset()
+        if kind == "fill":
+            if ticket.staging:
+                self.state[key] = STAGED
+                return []
+            return self._ram_put(key, protect)
+        if kind == "push":
+            return self._admit_vram(key, ticket.staging, protect)
+        # drain: the evicted VRAM copy is back in a RAM slot
+        return self._ram_put(key, protect)
 
     def adopt(self, key: int, protect=()) -> list[int]:
         """A staged record (its bytes landed) joins the RAM tier in place; returns keys evicted to NVMe."""
         if self.state.get(key) != STAGED:
             raise ResidencyError(f"adopt({key}): key is {self.state_of(key)}, expected staged")
         del self.state[key]
-        self._protect = protect
-        try:
-            return self._ram_put(key)
-        finally:
-            self._protect = frozenset()
+        return self._ram_put(key, protect)
 
     def drop_staged(self, key: int) -> None:
         """A staged record was used once (or wasted) and its staging slot is reused."""
@@ -270,10 +264,7 @@ class Ledger:
             del self.state[key]
 
     # ---- tier mechanics -------------------------------------------------------------------------------------
-    def _pinned(self, key: int) -> bool:
-        return key in self._protect or self.state.get(key, ABSENT) in (FILLING, PUSHING, DRAINING)
-
-    def _ram_put(self, key: int) -> list[int]:
+    def _ram_put(self, key: int, protect=()) -> list[int]:
         if self.all_in_ram:
             self.state.pop(key, None)
             return []
@@ -282,7 +273,7 @@ class Ledger:
             return []
         out = []
         if len(self.ram) >= self.ram_slots and key not in self.ram:
-            victim = self._ram_victim()
+            victim = self._ram_victim(protect)
             if victim is None:           # everything pinned: the record is not kept
                 self.counters["refused_admissions"] += 1
                 self.state.pop(key, None)
@@ -296,16 +287,17 @@ class Ledger:
         self.state[key] = RAM
         return out
 
-    def _ram_victim(self):
-        pinned = self._pinned
+    def _ram_victim(self, protect):
+        """Least recently used RAM key that is neither protected nor mid-transfer (PUSHING)."""
+        state = self.state
         if not self._lfu_window:
             for k in self.ram:
-                if not pinned(k):
+                if k not in protect and state[k] == RAM:
                     return k
             return None
         best, best_f, seen = None, 0.0, 0
         for k in self.ram:
-            if pinned(k):
+            if k in protect or state[k] != RAM:
                 continue
             fk = self._decayed(k)
             if best is None or fk < best_f:
@@ -317,8 +309,8 @@ class Ledger:
             self.counters["lfu_evictions"] += 1
         return best
 
-    def _admit_vram(self, key: int, staged: bool) -> list[int]:
-        slot = self.clock.find_victim_slot(self._pinned)
+    def _admit_vram(self, key: int, staged: bool, protect) -> list[int]:
+        slot = self.clock.find_victim_slot(protect, self.state)
         if slot < 0:
             self.counters["refused_admissions"] += 1
             self._set_ram_or_absent(key, staged)

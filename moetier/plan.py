@@ -217,7 +217,7 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
 
     if ram_l:
         if len(ram_l) > 1:
-            ram_l.sort(key=_neg_rows)
+            ram_l.sort(reverse=True)      # heaviest first; ties by key (descending) keep it deterministic
         cpu_list, zc_list = plan.cpu, plan.zerocopy
         for m, k in ram_l:
             ce = ((c if c_on else cpu[0]) + cpu[1] + cpu[2] * (m - 1)) if cpu else INF
@@ -240,10 +240,6 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
     plan.gpu_ms, plan.cpu_ms = g, c
     plan.ms = (g if g > c else c) if ctx.overlap else g + c
     return plan
-
-
-def _neg_rows(mk):
-    return (-mk[0], mk[1])
 
 
 def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):

@@ -106,10 +106,14 @@ class Replay:
 
     def commit(self, plan: LayerPlan, picks: dict) -> None:
         L = self.ledger
-        for k in plan.gpu:
-            L.touch_vram(k)
-        for k in plan.cpu:
-            L.touch_ram(k)
+        if plan.gpu:
+            ref, slot_of = L.clock.ref, L.clock.slot_of
+            for k in plan.gpu:
+                ref[slot_of[k]] = 1
+        if plan.cpu and not L.all_in_ram:
+            mte = L.ram.move_to_end
+            for k in plan.cpu:
+                mte(k)
         admit = self.ctx.can_admit
         pft = self.pf_tickets
         for k in plan.nvme_cpu:

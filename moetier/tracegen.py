@@ -348,6 +348,8 @@ def fit_olmoe(npz_path=None, *, reuse: float = 0.0, affinity_width: int = 1, tok
                   "reuse is not identifiable from aggregated counts: left as given",
                   "the consecutive-layer chain loses information fast: only affinity_width=1 reaches the data's "
                   "distance-7 NMI, and then nmi_consecutive (not measurable in the data) is an upper-bound guess",
+                  "affinity_width=1 concentrates load on the successor chain: achieved entropy is below target and "
+                  "no zipf_s refit fixes it (even uniform popularity stays below); a joint model is future work",
                   "drift at its upper bound means domain-to-domain popularity change exceeds what re-ranking alone "
                   "models (the domains also differ in skew)",
                   f"achieved statistics measured on a generated [{tokens}, 16, 8] trace, seed {seed} (entropy and "

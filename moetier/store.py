@@ -1,0 +1,314 @@
+"""The packed expert record store: ``experts.bin`` + ``manifest.json`` in one directory.
+
+Record for key ``layer * experts + expert`` lives at byte offset ``key * record_bytes``; ``record_bytes`` is a multiple
+of 4096 so every record can be read with O_DIRECT. ``manifest.json`` names the model, the geometry, the expert layout
+(``moetier.expert.ExpertLayout.to_json()``), the generator seed and one blake2b-128 digest per key. See docs/store.md.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import time
+
+from .errors import UserError
+
+FORMAT = "moetier-store/1"
+CHECKSUM = "blake2b-128"
+DIGEST_BYTES = 16
+DATA_NAME = "experts.bin"
+MANIFEST_NAME = "manifest.json"
+BATCH_BYTES = 8 * 1024 * 1024  # bytes gathered per write call
+
+
+def _digest(buf) -> bytes:
+    return hashlib.blake2b(buf, digest_size=DIGEST_BYTES).digest()
+
+
+def _write_all(fd: int, buf, offset: int) -> None:
+    """pwrite all of buf at offset (module-level so tests can simulate ENOSPC)."""
+    mv = memoryview(buf)
+    done = 0
+    while done < len(mv):
+        n = os.pwrite(fd, mv[done:], offset + done)
+        if n <= 0:
+            raise OSError(errno.EIO, "pwrite wrote 0 bytes")
+        done += n
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _geometry(model: dict, encoding=None):
+    """(model id, layers, experts, ExpertLayout) from a model record dict; UserError naming the field."""
+    from . import expert
+
+    if not isinstance(model, dict):
+        raise UserError(f"store: model must be a model record object, got {type(model).__name__}")
+    mid = model.get("id", "?")
+    moe = model.get("moe")
+    st = model.get("store")
+    if not isinstance(moe, dict):
+        raise UserError(f"model {mid}: field 'moe' missing")
+    if not isinstance(st, dict):
+        raise UserError(f"model {mid}: field 'store' missing (needs store.hidden, store.ffn, store.encoding)")
+    vals = {}
+    for sec, name, field in (("moe", moe, "layers"), ("moe", moe, "experts"), ("store", st, "hidden"),
+                             ("store", st, "ffn")):
+        v = name.get(field)
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise UserError(f"model {mid}: field '{sec}.{field}' expected a positive integer, got {v!r}")
+        vals[field] = v
+    enc = encoding if encoding is not None else st.get("encoding")
+    try:
+        lay = expert.layout(vals["hidden"], vals["ffn"], enc)
+    except ValueError as e:
+        raise UserError(f"model {mid}: store geometry: {e}") from None
+    rb = st.get("record_bytes")
+    if rb is not None and encoding is None and rb != lay.record_bytes:
+        raise UserError(f"model {mid}: field 'store.record_bytes' is {rb!r} but the layout gives {lay.record_bytes}")
+    return mid, vals["layers"], vals["experts"], lay
+
+
+def _is_store_dir(path: str) -> bool:
+    try:
+        with open(os.path.join(path, MANIFEST_NAME)) as f:
+            return json.load(f).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def pack(model: dict, out_dir, *, seed: int = 0, encoding=None, progress=None) -> dict:
+    """Generate every expert record of ``model`` with expert.make_expert and write a store at ``out_dir``.
+
+    Writes into ``out_dir + ".tmp-<pid>"`` and renames onto ``out_dir`` only when complete (file and directories
+    fsynced). An existing store at ``out_dir`` is replaced; any other existing path is refused. ``progress`` is called
+    as ``progress(done_records, total_records)``. Returns the manifest dict.
+    """
+    from . import expert
+
+    mid, L, E, lay = _geometry(model, encoding)
+    out = os.path.abspath(os.fspath(out_dir))
+    if os.path.lexists(out) and not (os.path.isdir(out) and _is_store_dir(out)):
+        raise UserError(f"pack: {out} exists and is not a moetier store; refusing to overwrite it")
+    parent = os.path.dirname(out)
+    if not os.path.isdir(parent):
+        raise UserError(f"pack: parent directory {parent} does not exist")
+    tmp = f"{out}.tmp-{os.getpid()}"
+    rb = lay.record_bytes
+    n = L * E
+    batch = max(1, BATCH_BYTES // rb)
+    digests = []
+    t0 = time.perf_counter()
+    data_path = os.path.join(tmp, DATA_NAME)
+    try:
+        if os.path.lexists(tmp):
+            shutil.rmtree(tmp)
+        os.mkdir(tmp)
+        fd = os.open(data_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            key = 0
+            while key < n:
+                stop = min(n, key + batch)
+                chunks = []
+                for k in range(key, stop):
+                    rec = expert.make_expert(lay, k, seed)
+                    if len(rec) != rb:
+                        raise RuntimeError(f"make_expert returned {len(rec)} bytes for key {k}, expected {rb}")
+                    digests.append(_digest(rec).hex())
+                    chunks.append(rec)
+                _write_all(fd, b"".join(chunks), key * rb)
+                key = stop
+                if progress is not None:
+                    progress(key, n)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        manifest = {
+            "format": FORMAT,
+            "model": mid,
+            "layers": L,
+            "experts": E,
+            "layout": lay.to_json(),
+            "seed": int(seed),
+            "record_bytes": rb,
+            "records": n,
+            "checksum": CHECKSUM,
+            "digests": digests,
+        }
+        mpath = os.path.join(tmp, MANIFEST_NAME)
+        with open(mpath, "w") as f:
+            json.dump(manifest, f, separators=(",", ":"))
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        if os.path.lexists(out):  # an existing store: move it aside, swap in the new one, then delete the old one
+            old = f"{out}.old-{os.getpid()}"
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+        _fsync_dir(parent)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        where = e.filename or data_path
+        if e.errno == errno.ENOSPC:
+            raise UserError(f"pack: no space left on device writing {where}") from None
+        raise UserError(f"pack: {e.strerror or e} writing {where}") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    manifest["seconds"] = round(time.perf_counter() - t0, 3)
+    return manifest
+
+
+class Store:
+    """An opened store. ``offset(key)`` is the byte offset of a record, ``digest(key)`` its 16-byte blake2b."""
+
+    def __init__(self, path: str, manifest: dict, layout):
+        self.path = path
+        self.manifest = manifest
+        self.layout = layout
+        self.record_bytes = int(manifest["record_bytes"])
+        self.nrecords = int(manifest["records"])
+        self.layers = int(manifest["layers"])
+        self.experts = int(manifest["experts"])
+        self.data_path = os.path.join(path, DATA_NAME)
+        self._digests = [bytes.fromhex(h) for h in manifest["digests"]]
+
+    def key(self, layer: int, expert: int) -> int:
+        return layer * self.experts + expert
+
+    def offset(self, key: int) -> int:
+        if not 0 <= key < self.nrecords:
+            raise ValueError(f"store {self.path}: key {key} out of range 0..{self.nrecords - 1}")
+        return key * self.record_bytes
+
+    def digest(self, key: int) -> bytes:
+        return self._digests[key]
+
+    def __repr__(self):
+        return f"Store({self.path!r}, records={self.nrecords}, record_bytes={self.record_bytes})"
+
+
+def open_store(path, *, model: dict | None = None) -> Store:
+    """Open and validate a store directory; with ``model`` also check it matches (layers, experts, layout)."""
+    from . import expert
+
+    p = os.path.abspath(os.fspath(path))
+    mpath = os.path.join(p, MANIFEST_NAME)
+    if not os.path.isdir(p) or not os.path.exists(mpath):
+        raise UserError(f"store {p}: not found (no {MANIFEST_NAME})")
+    try:
+        with open(mpath) as f:
+            m = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserError(f"store {mpath}: unreadable manifest: {e}") from None
+    if not isinstance(m, dict):
+        raise UserError(f"store {mpath}: manifest must be a JSON object")
+    if m.get("format") != FORMAT:
+        raise UserError(f"store {mpath}: field 'format' expected {FORMAT!r}, got {m.get('format')!r}")
+    for f in ("layers", "experts", "record_bytes", "records", "seed"):
+        v = m.get(f)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise UserError(f"store {mpath}: field '{f}' expected a non-negative integer, got {v!r}")
+    if m.get("checksum") != CHECKSUM:
+        raise UserError(f"store {mpath}: field 'checksum' expected {CHECKSUM!r}, got {m.get('checksum')!r}")
+    if m["record_bytes"] <= 0 or m["record_bytes"] % 4096:
+        raise UserError(f"store {mpath}: field 'record_bytes' must be a positive multiple of 4096, got {m['record_bytes']}")
+    if m["records"] != m["layers"] * m["experts"]:
+        raise UserError(f"store {mpath}: field 'records' is {m['records']}, expected layers*experts = "
+                        f"{m['layers'] * m['experts']}")
+    try:
+        lay = expert.ExpertLayout.from_json(m.get("layout"))
+    except ValueError as e:
+        raise UserError(f"store {mpath}: field 'layout': {e}") from None
+    if lay.record_bytes != m["record_bytes"]:
+        raise UserError(f"store {mpath}: field 'record_bytes' is {m['record_bytes']} but the layout gives "
+                        f"{lay.record_bytes}")
+    dg = m.get("digests")
+    if not isinstance(dg, list) or len(dg) != m["records"]:
+        raise UserError(f"store {mpath}: field 'digests' expected a list of {m['records']} hex strings")
+    for i, h in enumerate(dg):
+        if not isinstance(h, str) or len(h) != 2 * DIGEST_BYTES:
+            raise UserError(f"store {mpath}: field 'digests[{i}]' expected {2 * DIGEST_BYTES} hex characters")
+    dpath = os.path.join(p, DATA_NAME)
+    try:
+        size = os.path.getsize(dpath)
+    except OSError:
+        raise UserError(f"store {p}: {DATA_NAME} missing") from None
+    want = m["records"] * m["record_bytes"]
+    if size != want:
+        raise UserError(f"store {dpath}: size {size} bytes, expected records*record_bytes = {want}")
+    try:
+        st = Store(p, m, lay)
+    except ValueError as e:
+        raise UserError(f"store {mpath}: field 'digests': {e}") from None
+    if model is not None:
+        mid, L, E, mlay = _geometry(model)
+        if (L, E) != (st.layers, st.experts):
+            raise UserError(f"store {p}: holds {st.layers} layers x {st.experts} experts but model {mid} has "
+                            f"moe.layers {L} x moe.experts {E}")
+        if mlay.to_json() != lay.to_json():
+            raise UserError(f"store {p}: layout {lay.hidden}x{lay.ffn} {lay.encoding} does not match model {mid} "
+                            f"store geometry {mlay.hidden}x{mlay.ffn} {mlay.encoding}")
+    return st
+
+
+def verify(path, *, model: dict | None = None, progress=None, queue_depth: int = 16, direct: bool = True) -> dict:
+    """Re-read every record through the transport (O_DIRECT, verify_rate 1.0) and check its digest.
+
+    Returns {records, bad: [keys], bytes, seconds, direct}; raises UserError naming the first bad keys if any.
+    ``progress`` is called as ``progress(done_records, total_records)``.
+    """
+    from .transport import Reader, SlotPool, TransportError
+
+    st = open_store(path, model=model)
+    n = st.nrecords
+    qd = max(1, min(int(queue_depth), n))
+    bad = []
+    t0 = time.perf_counter()
+    with SlotPool(qd, st.record_bytes) as pool:
+        with Reader(st, pool, queue_depth=qd, verify_rate=1.0, direct=direct) as rd:
+            inflight = []  # FIFO of completions, one slot each
+            free = list(range(qd))
+            done = 0
+            key = 0
+            while done < n:
+                while key < n and free:
+                    inflight.append(rd.fill(key, free.pop()))
+                    key += 1
+                c = inflight.pop(0)
+                try:
+                    rd.wait(c)
+                except TransportError:
+                    bad.append(c.key)
+                free.append(c.slot)
+                done += 1
+                if progress is not None:
+                    progress(done, n)
+            nbytes = rd.stats["bytes"]
+            direct_used = rd.direct
+    secs = time.perf_counter() - t0
+    if bad:
+        head = ", ".join(str(k) for k in bad[:8])
+        more = f" (+{len(bad) - 8} more)" if len(bad) > 8 else ""
+        err = UserError(f"store {st.path}: {len(bad)} of {n} records failed verification: keys {head}{more}")
+        err.bad = bad
+        raise err
+    return {"records": n, "bad": bad, "bytes": nbytes, "seconds": round(secs, 3), "direct": direct_used}

@@ -1,0 +1,322 @@
+"""Routing trace statistics (``moetier trace stats``).
+
+Contract
+--------
+``stats(trace, experts, cache_sizes=None) -> dict`` (JSON-serialisable) and ``format_stats(d) -> str``.
+
+Definitions (picks = the first topk columns; key = layer * E + expert):
+
+* popularity, per layer: ``entropy_norm`` = H(selection counts) / log E (1 = uniform); ``max_over_mean`` = busiest
+  expert's picks / mean picks per expert; ``top10_share`` = share of picks taken by the busiest ceil(10% of E)
+  experts; ``slot0_*`` = the same for slot 0 only (the first choice when the trace is rank-ordered).
+* ``reuse_prev_token``: fraction of picks at token t (same layer) also picked at token t-1; the first token of each
+  segment is excluded. Random baseline: topk / E.
+* ``reuse_distance``: for each pick, tokens since the same key was last picked in the same segment, bucketed
+  <64, 64-255, 256-1023, >=1024, never (first use in its segment).
+* cross-layer, per consecutive pair (l, l+1): ``nmi_next`` = mutual information of the k-th pick at l with the k-th
+  pick at l+1 over tokens, minus the same with the pairing shuffled (plug-in bias), / log E (0 = independent); ``lift_top_pair`` = the largest lift
+  P(a at l, b at l+1) / (P(a) P(b)) over all topk x topk pairs of a token, among pairs seen at least
+  LIFT_MIN_COUNT (20) times (1 = independent).
+* ``cache``: hit rates of an LRU and of Belady's OPT cache over all keys for each size (slots over the whole model),
+  replaying one access stream in (token, layer, slot) order over all segments (the cache is not flushed between
+  segments). OPT evicts the key used farthest in the future among the cached keys and the incoming one (next-use
+  indices are precomputed with numpy; the replay is a heap loop). OPT >= LRU for every size. Sizes at or above the
+  number of distinct keys are computed in closed form (every non-first access hits).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import OrderedDict
+
+import numpy as np
+
+from moetier.errors import UserError
+from moetier.trace import Trace
+
+__all__ = ["stats", "format_stats", "lru_hits", "belady_hits", "default_cache_sizes", "next_use",
+           "REUSE_BUCKETS"]
+
+REUSE_BUCKETS = ["<64", "64-255", "256-1023", ">=1024", "never"]
+LIFT_MIN_COUNT = 20     # a pair must be seen this often to count for lift_top_pair
+
+
+def default_cache_sizes(layers: int, experts: int, n: int = 6) -> list[int]:
+    """Geometric ladder total/2^(n-1) .. total (total = layers * experts), deduplicated, >= 1."""
+    total = layers * experts
+    return sorted({max(1, int(round(total / 2 ** k))) for k in range(n)})
+
+
+def next_use(seq: np.ndarray) -> np.ndarray:
+    """For every access i, the index of the next access of the same key (len(seq) when never)."""
+    seq = np.asarray(seq)
+    n = len(seq)
+    order = np.argsort(seq, kind="stable")
+    s = seq[order]
+    nxt = np.full(n, n, dtype=np.int64)
+    same = s[1:] == s[:-1]
+    nxt[order[:-1][same]] = order[1:][same]
+    return nxt
+
+
+def lru_hits(seq, size: int) -> int:
+    """Hits of an LRU cache of ``size`` slots on the access sequence."""
+    if size <= 0:
+        return 0
+    cache: OrderedDict = OrderedDict()
+    hits = 0
+    move = cache.move_to_end
+    pop = cache.popitem
+    for k in (seq.tolist() if isinstance(seq, np.ndarray) else seq):
+        if k in cache:
+            hits += 1
+            move(k)
+        else:
+            cache[k] = None
+            if len(cache) > size:
+                pop(last=False)
+    return hits
+
+
+def belady_hits(seq, size: int, nxt: np.ndarray | None = None) -> int:
+    """Hits of Belady's OPT cache of ``size`` slots (evict the farthest next use among cached + incoming)."""
+    if size <= 0:
+        return 0
+    seq = np.asarray(seq)
+    if nxt is None:
+        nxt = next_use(seq)
+    keys = seq.tolist()
+    nx = nxt.tolist()
+    cur: dict = {}          # key -> its next use (valid heap entries have this value)
+    heap: list = []         # (-next_use, key), lazily invalidated
+    push, pop = heapq.heappush, heapq.heappop
+    hits = 0
+    for k, n in zip(keys, nx):
+        if k in cur:
+            hits += 1
+            cur[k] = n
+            push(heap, (-n, k))
+            continue
+        if len(cur) < size:
+            cur[k] = n
+            push(heap, (-n, k))
+            continue
+        # full: find the cached key with the farthest next use
+        while True:
+            nn, kk = heap[0]
+            if cur.get(kk) == -nn:
+                break
+            pop(heap)
+        if -nn > n:        # the incoming key is needed sooner: evict the farthest cached one
+            pop(heap)
+            del cur[kk]
+            cur[k] = n
+            push(heap, (-n, k))
+        # else: the incoming key itself is the farthest: it is used once and not kept (bypass)
+        if len(heap) > 4 * size + 1024:     # compact stale entries
+            heap = [(-v, kk2) for kk2, v in cur.items()]
+            heapq.heapify(heap)
+    return hits
+
+
+def _norm_entropy(c: np.ndarray) -> float:
+    c = np.asarray(c, dtype=np.float64)
+    tot = c.sum()
+    if tot <= 0 or len(c) < 2:
+        return 0.0
+    p = c[c > 0] / tot
+    return float(-(p * np.log(p)).sum() / math.log(len(c)))
+
+
+def _top_share(c: np.ndarray, frac: float = 0.1) -> float:
+    c = np.sort(np.asarray(c, dtype=np.float64))[::-1]
+    tot = c.sum()
+    return float(c[:max(1, int(math.ceil(frac * len(c))))].sum() / tot) if tot > 0 else 0.0
+
+
+def _mi(joint: np.ndarray) -> float:
+    """Plug-in mutual information (nats) of a joint count table."""
+    j = np.asarray(joint, dtype=np.float64)
+    N = j.sum()
+    if N <= 0:
+        return 0.0
+    p = j / N
+    px, py = p.sum(1), p.sum(0)
+    nz = p > 0
+    return float((p[nz] * np.log(p[nz] / np.outer(px, py)[nz])).sum())
+
+
+def nmi_pairs(a: np.ndarray, b: np.ndarray, experts: int, seed: int = 0) -> float:
+    """Normalised MI of paired samples (a[i], b[i]) in 0..E-1, minus the MI of the same samples with b shuffled
+    (an empirical estimate of the plug-in bias, which is large when samples are few against E*E cells); / log E."""
+    E = int(experts)
+    a = np.asarray(a, dtype=np.int64).ravel()
+    b = np.asarray(b, dtype=np.int64).ravel()
+    if len(a) == 0 or E < 2:
+        return 0.0
+    mi = _mi(np.bincount(a * E + b, minlength=E * E).reshape(E, E))
+    bs = np.random.default_rng(seed).permutation(b)
+    null = _mi(np.bincount(a * E + bs, minlength=E * E).reshape(E, E))
+    return (mi - null) / math.log(E)
+
+
+def nmi_counts(joint: np.ndarray, seed: int = 0) -> float:
+    """Normalised MI of a joint count table minus that of a same-size multinomial sample of the product of its
+    marginals (the same bias estimate as nmi_pairs, for aggregated counts); / log E."""
+    j = np.asarray(joint, dtype=np.int64)
+    N = int(j.sum())
+    p = j / N
+    null = np.random.default_rng(seed).multinomial(N, np.outer(p.sum(1), p.sum(0)).ravel()).reshape(j.shape)
+    return (_mi(j) - _mi(null)) / math.log(j.shape[0])
+
+
+def _r(x, nd=4):
+    return round(float(x), nd)
+
+
+def stats(trace: Trace, experts: int, cache_sizes=None, *, cache: bool = True) -> dict:
+    """Statistics of ``trace`` for a model with ``experts`` experts per layer (see module docstring)."""
+    ids = np.asarray(trace.ids).astype(np.int64)
+    if ids.ndim != 3:
+        raise UserError(f"trace stats: expected ids [tokens, layers, topk], found shape {list(ids.shape)}")
+    T, L, K = ids.shape
+    E = int(experts)
+    if ids.size and (ids.min() < 0 or ids.max() >= E):
+        raise UserError(f"trace stats: expert ids out of range 0..{E - 1} (found {ids.min()}..{ids.max()})")
+    seg = np.asarray(trace.segments, dtype=np.int64)
+    seg_of = np.repeat(np.arange(len(seg) - 1), np.diff(seg))
+    first = np.zeros(T, dtype=bool)
+    first[seg[:-1]] = True
+
+    # popularity
+    counts = np.bincount((np.arange(L)[None, :, None] * E + ids).ravel(), minlength=L * E).reshape(L, E)
+    c0 = np.bincount((np.arange(L)[None, :] * E + ids[:, :, 0]).ravel(), minlength=L * E).reshape(L, E)
+    mean_load = T * K / E
+    # token-to-token reuse, chunked to bound memory
+    rep = np.zeros(L, dtype=np.int64)
+    for a in range(1, T, 2048):
+        b = min(T, a + 2048)
+        eq = (ids[a:b, :, :, None] == ids[a - 1:b - 1, :, None, :]).any(-1)        # [n, L, K]
+        eq &= ~first[a:b, None, None]
+        rep += eq.sum(axis=(0, 2))
+    valid_prev = int((~first[1:]).sum()) if T > 1 else 0
+    reuse_l = rep / max(1, valid_prev * K)
+
+    # reuse distance within segment, per key
+    flat_t = np.repeat(np.arange(T), L * K)
+    keys = (np.arange(L)[None, :, None] * E + ids).reshape(-1)
+    group = seg_of[flat_t] * (L * E) + keys
+    order = np.argsort(group, kind="stable")
+    g, t = group[order], flat_t[order]
+    same = np.concatenate([[False], g[1:] == g[:-1]])
+    dist = np.where(same, t - np.concatenate([[0], t[:-1]]), -1)
+    bucket = np.where(dist < 0, 4, np.digitize(dist, [64, 256, 1024]))
+    rd_counts = np.bincount(bucket, minlength=5)
+    layer_of = keys[order] // E
+    rd_layer = np.bincount(layer_of * 5 + bucket, minlength=L * 5).reshape(L, 5)
+
+    # cross-layer
+    nmi, lift = [], []
+    for l in range(L - 1):
+        nmi.append(nmi_pairs(ids[:, l, :].ravel(), ids[:, l + 1, :].ravel(), E, seed=l))
+        pa = ids[:, l, :, None] * E + ids[:, l + 1, None, :]                       # all K x K pairs
+        jc = np.bincount(pa.ravel(), minlength=E * E)
+        npairs = jc.sum()
+        expect = np.outer(counts[l], counts[l + 1]).ravel() / (T * K) ** 2 * npairs
+        ok = jc >= LIFT_MIN_COUNT
+        lift.append(float((jc[ok] / expect[ok]).max()) if ok.any() else 0.0)
+
+    per_layer = []
+    for l in range(L):
+        per_layer.append({
+            "layer": l,
+            "entropy_norm": _r(_norm_entropy(counts[l])),
+            "max_over_mean": _r(counts[l].max() / mean_load, 3),
+            "top10_share": _r(_top_share(counts[l])),
+            "slot0_entropy_norm": _r(_norm_entropy(c0[l])),
+            "slot0_max_over_mean": _r(c0[l].max() / (T / E), 3),
+            "reuse_prev_token": _r(reuse_l[l]),
+            "reuse_distance": [_r(x) for x in rd_layer[l] / max(1, rd_layer[l].sum())],
+            "nmi_next": _r(nmi[l]) if l < L - 1 else None,
+            "lift_top_pair": _r(lift[l], 3) if l < L - 1 else None,
+        })
+
+    def mean(key):
+        v = [p[key] for p in per_layer if p[key] is not None]
+        return _r(np.mean(v)) if v else None
+
+    out = {
+        "tokens": int(T), "layers": int(L), "experts": E, "topk": int(K), "segments": int(len(seg) - 1),
+        "picks": int(T * L * K),
+        "summary": {k: mean(k) for k in ("entropy_norm", "max_over_mean", "top10_share", "slot0_entropy_norm",
+                                         "slot0_max_over_mean", "reuse_prev_token", "nmi_next", "lift_top_pair")},
+        "reuse_random_baseline": _r(K / E),
+        "reuse_distance": {"buckets": REUSE_BUCKETS, "count": rd_counts.tolist(),
+                           "fraction": [_r(x) for x in rd_counts / max(1, rd_counts.sum())]},
+        "per_layer": per_layer,
+    }
+    if cache:
+        out["cache"] = cache_curves(ids, E, cache_sizes)
+    return out
+
+
+def cache_curves(ids: np.ndarray, experts: int, cache_sizes=None) -> dict:
+    """LRU and OPT hit rates over all keys, one stream in (token, layer, slot) order."""
+    T, L, K = ids.shape
+    E = int(experts)
+    seq = (np.arange(L)[None, :, None] * E + np.asarray(ids, dtype=np.int64)).reshape(-1)
+    n = len(seq)
+    distinct = int(len(np.unique(seq)))
+    if cache_sizes is None:
+        sizes = default_cache_sizes(L, E)
+    else:
+        try:
+            sizes = sorted({int(s) for s in cache_sizes})
+        except (TypeError, ValueError):
+            raise UserError(f"trace stats: cache sizes must be integers, found {cache_sizes!r}") from None
+        if any(s < 1 for s in sizes):
+            raise UserError(f"trace stats: cache sizes must be >= 1 slot, found {sizes}")
+    nxt = next_use(seq)
+    lru, opt = [], []
+    for s in sizes:
+        if s >= distinct:
+            h = n - distinct
+            lru.append(h)
+            opt.append(h)
+        else:
+            lru.append(lru_hits(seq, s))
+            opt.append(belady_hits(seq, s, nxt))
+    return {"sizes": sizes, "accesses": int(n), "distinct_keys": distinct,
+            "lru": [_r(h / n) for h in lru], "belady": [_r(h / n) for h in opt],
+            "slots_fraction": [_r(s / (L * E)) for s in sizes],
+            "order": "token, layer, slot; one stream over all segments"}
+
+
+def format_stats(d: dict) -> str:
+    """A readable text report of ``stats()`` output."""
+    s = d["summary"]
+    lines = [f"trace: {d['tokens']} tokens x {d['layers']} layers x top-{d['topk']} over {d['experts']} experts, "
+             f"{d['segments']} segment(s), {d['picks']} picks",
+             "",
+             "popularity (mean over layers): entropy_norm {}  max/mean {}  top10% share {}  slot0 entropy_norm {}"
+             .format(s["entropy_norm"], s["max_over_mean"], s["top10_share"], s["slot0_entropy_norm"]),
+             f"token-to-token reuse: {s['reuse_prev_token']} (random {d['reuse_random_baseline']})",
+             f"cross-layer: nmi_next {s['nmi_next']}  lift of top pair {s['lift_top_pair']}",
+             "",
+             "reuse distance (tokens, per key within segment):",
+             "  " + "  ".join(f"{b:>9}" for b in d["reuse_distance"]["buckets"]),
+             "  " + "  ".join(f"{100 * f:>8.1f}%" for f in d["reuse_distance"]["fraction"])]
+    if "cache" in d:
+        c = d["cache"]
+        lines += ["", f"cache hit rate ({c['accesses']} accesses, {c['distinct_keys']} distinct keys; {c['order']}):",
+                  f"  {'slots':>8} {'of model':>9} {'LRU':>7} {'Belady':>7}"]
+        for sz, fr, a, b in zip(c["sizes"], c["slots_fraction"], c["lru"], c["belady"]):
+            lines.append(f"  {sz:>8} {100 * fr:>8.1f}% {100 * a:>6.1f}% {100 * b:>6.1f}%")
+    lines += ["", f"  {'layer':>5} {'ent':>6} {'max/mn':>7} {'top10%':>7} {'reuse':>6} {'nmi+1':>6} {'lift':>6}"]
+    for p in d["per_layer"]:
+        nm = "" if p["nmi_next"] is None else f"{p['nmi_next']:.3f}"
+        lf = "" if p["lift_top_pair"] is None else f"{p['lift_top_pair']:.2f}"
+        lines.append(f"  {p['layer']:>5} {p['entropy_norm']:>6.3f} {p['max_over_mean']:>7.2f} "
+                     f"{p['top10_share']:>7.3f} {p['reuse_prev_token']:>6.3f} {nm:>6} {lf:>6}")
+    return "\n".join(lines)

@@ -1,0 +1,456 @@
+"""Portable NVMe side of the transport: an O_DIRECT record reader and a 2 MiB-aligned RAM slot pool.
+
+Contract (see docs/store.md):
+
+- ``SlotPool`` carves ``n`` slots of ``slot_bytes`` (rounded up to 4 KiB) from one anonymous private mapping whose base
+  is aligned to 2 MiB and advised ``MADV_HUGEPAGE``; each slot is 4 KiB aligned, which O_DIRECT needs.
+- ``Reader.fill(key, slot)`` submits one asynchronous positional read of record ``key`` into pool slot ``slot`` and
+  returns a ``Completion`` whose ``seq`` is one more than the previous submit's.
+- ``Reader.landed(handle)`` is a non-blocking poll. It returns True only once the bytes are in the slot and, when the
+  read was sampled for verification, the digest matched. A failed read (short read, OSError, checksum mismatch) makes
+  ``landed`` raise ``TransportError``; the completion's state is then "failed" and the slot is zeroed, so its bytes
+  must never be used.
+- ``Reader.completed_seq()`` is the highest ``s`` such that every submit with ``seq <= s`` is finished (landed or
+  failed): completion polling by sequence number.
+- ``Reader.fence()`` waits for every outstanding read; it does not raise (failures surface on ``landed``/``wait``).
+
+``FaultPlan`` is a test seam, not a fake transport: the real read always happens and the plan then damages its result
+(reports it short, turns it into EIO, or flips one byte).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import mmap
+import os
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as _FutTimeout
+
+import numpy as np
+
+PAGE = 4096
+HUGE = 2 * 1024 * 1024
+
+# Paths (directories) already warned about an O_DIRECT refusal: the warning is printed once per process per folder.
+_WARNED: set = set()
+
+
+class TransportError(RuntimeError):
+    """A record read failed (short read, I/O error, checksum mismatch) or the pool/reader was misused."""
+
+
+class PoolExhausted(TransportError):
+    """SlotPool.alloc() with no free slot."""
+
+
+def _round_up(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Slot pool
+
+
+class SlotPool:
+    """``n`` RAM slots of ``slot_bytes`` (rounded up to 4096) in one 2 MiB-aligned anonymous private mapping.
+
+    ``hugepage=False`` skips madvise(MADV_HUGEPAGE) (4 KiB pages; the bench uses it as a control arm).
+    ``self.hugepage`` tells whether the advice was accepted.
+    """
+
+    def __init__(self, n: int, slot_bytes: int, *, hugepage: bool = True):
+        if int(n) < 1:
+            raise ValueError(f"SlotPool: n must be >= 1, got {n}")
+        if int(slot_bytes) < 1:
+            raise ValueError(f"SlotPool: slot_bytes must be >= 1, got {slot_bytes}")
+        self.n = int(n)
+        self.slot_bytes = _round_up(int(slot_bytes), PAGE)
+        self.nbytes = self.n * self.slot_bytes
+        flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+        total = self.nbytes + HUGE
+        if flags:
+            self._mm = mmap.mmap(-1, total, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        else:  # pragma: no cover - non-POSIX
+            self._mm = mmap.mmap(-1, total)
+        cbuf = ctypes.c_char.from_buffer(self._mm)
+        raw = ctypes.addressof(cbuf)
+        del cbuf  # release the buffer export so close() works
+        self._off = (-raw) % HUGE
+        self.base = raw + self._off
+        self.hugepage = False
+        if hugepage and hasattr(self._mm, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+            try:
+                self._mm.madvise(mmap.MADV_HUGEPAGE, self._off, _round_up(self.nbytes, HUGE))
+                self.hugepage = True
+            except (OSError, ValueError):
+                pass
+        self._free = list(range(self.n))  # kept sorted descending so pop() hands out the lowest index
+        self._free.reverse()
+        self._isfree = [True] * self.n
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # allocation ---------------------------------------------------------------------------------------------------
+    def alloc(self) -> int:
+        with self._lock:
+            self._check_open()
+            if not self._free:
+                raise PoolExhausted(f"SlotPool: all {self.n} slots are in use")
+            i = self._free.pop()
+            self._isfree[i] = False
+            return i
+
+    def free(self, i: int) -> None:
+        with self._lock:
+            self._check_open()
+            self._check_index(i)
+            if self._isfree[i]:
+                raise ValueError(f"SlotPool.free: slot {i} is already free")
+            self._isfree[i] = True
+            self._free.append(i)
+            self._free.sort(reverse=True)
+
+    @property
+    def nfree(self) -> int:
+        return len(self._free)
+
+    # addressing ---------------------------------------------------------------------------------------------------
+    def addr(self, i: int) -> int:
+        self._check_index(i)
+        return self.base + i * self.slot_bytes
+
+    def view(self, i: int) -> np.ndarray:
+        """Zero-copy uint8 view of slot ``i`` (len slot_bytes). Drop views before close()."""
+        self._check_open()
+        self._check_index(i)
+        return np.frombuffer(self._mm, dtype=np.uint8, count=self.slot_bytes, offset=self._off + i * self.slot_bytes)
+
+    def _memoryview(self, i: int, nbytes: int) -> tuple:
+        """(parent, sub) memoryviews over the first nbytes of slot i; the caller releases both."""
+        parent = memoryview(self._mm)
+        start = self._off + i * self.slot_bytes
+        return parent, parent[start:start + nbytes]
+
+    def _zero(self, i: int) -> None:
+        start = self._off + i * self.slot_bytes
+        self._mm[start:start + self.slot_bytes] = bytes(self.slot_bytes)
+
+    def _check_index(self, i) -> None:
+        if not isinstance(i, (int, np.integer)) or not 0 <= int(i) < self.n:
+            raise ValueError(f"SlotPool: slot index {i!r} out of range 0..{self.n - 1}")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError("SlotPool: closed")
+
+    # lifetime -----------------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._mm.close()
+        except BufferError:
+            # A caller still holds a view(); the mapping is unmapped when the last view is dropped.
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"SlotPool(n={self.n}, slot_bytes={self.slot_bytes}, free={self.nfree}, base=0x{self.base:x})"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Fault injection (test seam)
+
+
+class FaultPlan:
+    """Test seam consulted once per read: ``plan(key)`` -> None | "short" | "eio" | "flip".
+
+    The real read always happens first; the plan then damages the outcome: "short" reads one page less than the
+    record (so the short-read check fires), "eio" raises OSError(EIO) after the read, "flip" flips one byte of the
+    landed bytes (so the checksum check fires when the read is sampled). ``once=True`` makes each key's fault fire
+    only on its first read (so a retry succeeds). Any callable with the same signature may be passed as ``faults``.
+    """
+
+    def __init__(self, short=(), eio=(), flip=(), *, once: bool = False, flip_at: int = 0):
+        self.short = set(short)
+        self.eio = set(eio)
+        self.flip = set(flip)
+        self.once = once
+        self.flip_at = int(flip_at)
+        self.fired: list = []
+        self._lock = threading.Lock()
+
+    def __call__(self, key: int):
+        with self._lock:
+            for name, keys in (("short", self.short), ("eio", self.eio), ("flip", self.flip)):
+                if key in keys:
+                    if self.once:
+                        keys.discard(key)
+                    self.fired.append((name, key))
+                    return name
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reader
+
+
+class Completion:
+    """Handle for one fill: ``seq`` (monotonic), ``key``, ``slot``, ``state`` in pending|landed|failed, ``error``."""
+
+    __slots__ = ("seq", "key", "slot", "state", "error", "verified", "read_ms", "_future")
+
+    def __init__(self, seq: int, key: int, slot: int):
+        self.seq = seq
+        self.key = key
+        self.slot = slot
+        self.state = "pending"
+        self.error: str | None = None
+        self.verified = False
+        self.read_ms = 0.0
+        self._future = None
+
+    def __repr__(self):
+        err = f", error={self.error!r}" if self.error else ""
+        return f"Completion(seq={self.seq}, key={self.key}, slot={self.slot}, state={self.state}{err})"
+
+
+class Reader:
+    """Fill engine: asynchronous record -> slot reads with O_DIRECT on a thread pool of ``queue_depth`` workers.
+
+    ``store`` needs ``data_path``, ``record_bytes``, ``nrecords``, ``offset(key)`` and ``digest(key)`` (a
+    ``moetier.store.Store`` has them). ``verify_rate`` is the fraction of reads whose landed bytes are checked against
+    the manifest digest (deterministic: read number i is sampled when floor((i+1)*rate) > floor(i*rate)).
+    """
+
+    def __init__(self, store, pool: SlotPool, *, queue_depth: int = 16, verify_rate: float = 1.0, direct: bool = True,
+                 faults=None):
+        if int(queue_depth) < 1:
+            raise ValueError(f"Reader: queue_depth must be >= 1, got {queue_depth}")
+        if not 0.0 <= float(verify_rate) <= 1.0:
+            raise ValueError(f"Reader: verify_rate must be in [0, 1], got {verify_rate}")
+        self.store = store
+        self.pool = pool
+        self.record_bytes = int(store.record_bytes)
+        if pool.slot_bytes < self.record_bytes:
+            raise ValueError(f"Reader: pool slot_bytes {pool.slot_bytes} < record_bytes {self.record_bytes}")
+        self.queue_depth = int(queue_depth)
+        self.verify_rate = float(verify_rate)
+        self.faults = faults
+        self.path = os.fspath(store.data_path)
+        self.direct = False
+        self._fd = self._open(direct)
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._seq = 0
+        self._done_seq = 0  # completed_seq watermark
+        self._done_above: set = set()
+        self._pending: dict = {}
+        self._busy_slots: set = set()
+        self._submitted = 0
+        self.stats = {"reads": 0, "bytes": 0, "checksum_checked": 0, "checksum_failures": 0, "read_ms": 0.0,
+                      "failures": 0, "short_reads": 0, "io_errors": 0}
+        self._pool = ThreadPoolExecutor(max_workers=self.queue_depth, thread_name_prefix="moetier-fill")
+        self._closed = False
+
+    # opening ------------------------------------------------------------------------------------------------------
+    def _open(self, direct: bool) -> int:
+        flag = getattr(os, "O_DIRECT", 0)
+        if direct and flag:
+            try:
+                fd = os.open(self.path, os.O_RDONLY | flag)
+                self.direct = True
+                return fd
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                self._warn_refused()
+        elif direct and not flag:
+            self._warn_refused()
+        return os.open(self.path, os.O_RDONLY)
+
+    def _warn_refused(self) -> None:
+        where = os.path.dirname(os.path.abspath(self.path))
+        if where in _WARNED:
+            return
+        _WARNED.add(where)
+        warnings.warn(f"transport: O_DIRECT refused by {where}; using buffered reads", RuntimeWarning, stacklevel=3)
+
+    # submit / poll ------------------------------------------------------------------------------------------------
+    def fill(self, key: int, slot: int) -> Completion:
+        key = int(key)
+        slot = int(slot)
+        if not 0 <= key < int(self.store.nrecords):
+            raise ValueError(f"Reader.fill: key {key} out of range 0..{int(self.store.nrecords) - 1}")
+        self.pool._check_index(slot)
+        with self._lock:
+            if self._closed:
+                raise TransportError("Reader: closed")
+            if slot in self._busy_slots:
+                raise TransportError(f"Reader.fill: slot {slot} already has a read in flight")
+            self._busy_slots.add(slot)
+            self._seq += 1
+            c = Completion(self._seq, key, slot)
+            i = self._submitted
+            self._submitted += 1
+            sample = int((i + 1) * self.verify_rate) > int(i * self.verify_rate)
+            self._pending[c.seq] = c
+            c._future = self._pool.submit(self._run, c, sample)
+        return c
+
+    def landed(self, handle: Completion) -> bool:
+        st = handle.state
+        if st == "landed":
+            return True
+        if st == "failed":
+            raise TransportError(handle.error)
+        return False
+
+    def completed_seq(self) -> int:
+        return self._done_seq
+
+    @property
+    def submitted_seq(self) -> int:
+        return self._seq
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._pending)
+
+    def wait(self, handle: Completion, timeout: float | None = None) -> Completion:
+        """Block until the read finishes; raise TransportError if it failed, TimeoutError on timeout."""
+        fut = handle._future
+        if fut is not None:
+            try:
+                fut.result(timeout)
+            except _FutTimeout:
+                raise TimeoutError(f"transport: key {handle.key} (seq {handle.seq}) not landed after {timeout}s")
+        self.landed(handle)
+        return handle
+
+    def fence(self) -> None:
+        """Wait for every outstanding read (landed or failed). Does not raise."""
+        with self._cv:
+            while self._pending:
+                self._cv.wait()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.fence()
+        with self._lock:
+            self._closed = True
+        self._pool.shutdown(wait=True)
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # worker -------------------------------------------------------------------------------------------------------
+    def _read(self, slot: int, offset: int, nbytes: int) -> int:
+        parent, sub = self.pool._memoryview(slot, nbytes)
+        try:
+            got = 0
+            while got < nbytes:
+                n = os.preadv(self._fd, [sub[got:]], offset + got)
+                if n <= 0:
+                    break
+                got += n
+            return got
+        finally:
+            sub.release()
+            parent.release()
+
+    def _run(self, c: Completion, sample: bool) -> None:
+        rb = self.record_bytes
+        err = None
+        kind = None
+        got = 0
+        t0 = time.perf_counter()
+        try:
+            action = self.faults(c.key) if self.faults is not None else None
+            want = rb - PAGE if action == "short" and rb > PAGE else rb
+            got = self._read(c.slot, int(self.store.offset(c.key)), want)
+            if action == "eio":
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+            if action == "flip":
+                v = self.pool.view(c.slot)
+                v[0] ^= 0xFF  # noqa: the fault seam damages the landed bytes
+                del v
+            if got != rb:
+                kind = "short"
+                err = (f"transport: short read of key {c.key} from {self.path}: got {got} of {rb} bytes "
+                       f"(expected {rb})")
+        except OSError as e:
+            kind = "io"
+            err = f"transport: read of key {c.key} from {self.path} failed: {e.strerror or e}"
+        except Exception as e:  # never leave a completion pending
+            kind = "io"
+            err = f"transport: read of key {c.key} from {self.path} failed: {type(e).__name__}: {e}"
+        ms = (time.perf_counter() - t0) * 1000.0
+        verified = False
+        bad_sum = False
+        if err is None and sample:
+            want_digest = self.store.digest(c.key)
+            if want_digest is not None:
+                parent, sub = self.pool._memoryview(c.slot, rb)
+                try:
+                    have = hashlib.blake2b(sub, digest_size=len(want_digest)).digest()
+                finally:
+                    sub.release()
+                    parent.release()
+                verified = True
+                if have != want_digest:
+                    bad_sum = True
+                    err = f"transport: checksum mismatch for key {c.key} in {self.path} (blake2b-128)"
+        if err is not None:
+            try:
+                self.pool._zero(c.slot)  # failed bytes must never be used
+            except Exception:
+                pass
+        with self._cv:
+            s = self.stats
+            s["reads"] += 1
+            s["bytes"] += got
+            s["read_ms"] += ms
+            if verified:
+                s["checksum_checked"] += 1
+            if bad_sum:
+                s["checksum_failures"] += 1
+            if kind == "short":
+                s["short_reads"] += 1
+            elif kind == "io":
+                s["io_errors"] += 1
+            if err is not None:
+                s["failures"] += 1
+            c.read_ms = ms
+            c.verified = verified
+            c.error = err
+            c.state = "failed" if err is not None else "landed"
+            self._busy_slots.discard(c.slot)
+            self._pending.pop(c.seq, None)
+            if c.seq == self._done_seq + 1:
+                self._done_seq = c.seq
+                while self._done_seq + 1 in self._done_above:
+                    self._done_seq += 1
+                    self._done_above.discard(self._done_seq)
+            else:
+                self._done_above.add(c.seq)
+            self._cv.notify_all()
