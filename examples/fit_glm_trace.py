@@ -32,16 +32,18 @@ def make(p: GenParams):
 
 def evaluate(p: GenParams):
     tr = make(p)
-    got, score = {}, 0.0
+    got, worst, ss = {}, 0.0, 0.0
     for ram, want in TARGETS.items():
         R = spec.resolve(RECIPE, [f"budget.ram_gb={ram}", "policy.seed=oracle"])
         row = []
         for c, w in zip((1, 2, 4), want):
             tok = sim.run(R, tr, c)["tok_s"]
             row.append(round(tok, 2))
-            score = max(score, abs(tok / w - 1) / TOL[ram])
+            e = abs(tok / w - 1) / TOL[ram]
+            worst, ss = max(worst, e), ss + e * e
         got[ram] = row
-    return score, got, tr
+    # smooth objective for the search; the acceptance test is worst <= 1
+    return max(worst, (ss / 6) ** 0.5), got, tr
 
 
 def main(argv=None) -> int:
@@ -52,14 +54,14 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     best = GenParams(**json.loads(a.start)) if a.start else GenParams(zipf_s=1.1, zipf_jitter=0.1, reuse=0.35,
                                                                           affinity=0.2, affinity_width=8, drift=0.3)
-    bounds = {"zipf_s": (0.4, 2.0), "reuse": (0.0, 0.8), "affinity": (0.0, 0.8), "drift": (0.0, 1.0)}
+    bounds = {"zipf_s": (0.4, 2.0), "zipf_jitter": (0.0, 0.5), "reuse": (0.0, 0.8), "drift": (0.0, 1.0)}
     bs, bg, btr = evaluate(best)
     print(json.dumps({"params": best.to_json(), "score": round(bs, 3), "tok_s": bg}), flush=True)
     rng = random.Random(1)
     step = 0.15
     for i in range(a.evals):
         d = best.to_json()
-        for k in rng.sample(list(bounds), 2):
+        for k in rng.sample(list(bounds), rng.choice((1, 2))):
             lo, hi = bounds[k]
             d[k] = min(hi, max(lo, d[k] + rng.gauss(0, step) * (hi - lo)))
         p = GenParams(**d)
@@ -67,7 +69,7 @@ def main(argv=None) -> int:
         if s < bs:
             best, bs, bg, btr = p, s, g, tr
             print(json.dumps({"eval": i, "params": best.to_json(), "score": round(bs, 3), "tok_s": bg}), flush=True)
-        if bs <= 0.3:
+        if bs <= 0.25:
             break
         if i % 10 == 9:
             step *= 0.7

@@ -42,10 +42,11 @@ class ResidencyError(RuntimeError):
 class Ticket:
     """One outstanding transfer. Only the ledger creates them; ``land`` accepts each exactly once."""
 
-    __slots__ = ("seq", "key", "kind", "staging")
+    __slots__ = ("seq", "key", "kind", "staging", "slot", "victim")
 
-    def __init__(self, seq: int, key: int, kind: str, staging: bool = False):
+    def __init__(self, seq: int, key: int, kind: str, staging: bool = False, slot: int = -1, victim: int = -1):
         self.seq, self.key, self.kind, self.staging = seq, key, kind, staging
+        self.slot, self.victim = slot, victim      # push: reserved VRAM slot and the key it evicted (-1: none)
 
     def __repr__(self) -> str:
         return f"Ticket(seq={self.seq}, key={self.key}, kind={self.kind})"
@@ -185,9 +186,9 @@ class Ledger:
         return v
 
     # ---- transfers ------------------------------------------------------------------------------------------
-    def _ticket(self, key: int, kind: str, staging: bool = False) -> Ticket:
+    def _ticket(self, key: int, kind: str, staging: bool = False, slot: int = -1, victim: int = -1) -> Ticket:
         self._seq += 1
-        t = Ticket(self._seq, key, kind, staging)
+        t = Ticket(self._seq, key, kind, staging, slot, victim)
         self._pending[self._seq] = t
         return t
 
@@ -201,15 +202,38 @@ class Ledger:
         t = self._pending[seq] = Ticket(seq, key, "fill", staging)
         return t
 
-    def begin_push(self, key: int) -> Ticket:
-        """RAM (or staging) -> VRAM slot copy."""
+    def begin_push(self, key: int, protect=()):
+        """RAM (or staging) -> VRAM copy. Reserves the VRAM slot now (the copy needs its destination), evicting
+        the CLOCK victim; returns the Ticket, or None when every slot is pinned (admission refused, counted).
+
+        The victim leaves VRAM at once: exclusive tier -> DRAINING with a drain ticket (its bytes must be copied
+        to RAM before the push overwrites the slot - the executor orders drain before push); inclusive with a RAM
+        copy -> RAM; otherwise -> NVMe only. ``ticket.slot`` / ``ticket.victim`` tell the executor.
+        """
         s = self.state.get(key, RAM if self.all_in_ram else ABSENT)
         if s not in (RAM, STAGED):
             raise ResidencyError(f"begin_push({key}): key is {STATE_NAMES[s]}, expected ram or staged")
         if self.vram_slots == 0:
             raise ResidencyError(f"begin_push({key}): no VRAM tier")
-        self.state[key] = PUSHING
-        return self._ticket(key, "push", s == STAGED)
+        state = self.state
+        slot = self.clock.find_victim_slot(protect, state)
+        if slot < 0:
+            self.counters["refused_admissions"] += 1
+            return None
+        victim = self.clock.place(slot, key)
+        state[key] = PUSHING
+        if victim >= 0:
+            self.counters["vram_evictions"] += 1
+            if self.all_in_ram:
+                state.pop(victim, None)
+            elif victim in self.ram:           # inclusive copy still in RAM
+                state[victim] = RAM
+            elif self.exclusive:
+                state[victim] = DRAINING
+                self.drains.append(self._ticket(victim, "drain", slot=slot))
+            else:
+                state.pop(victim, None)
+        return self._ticket(key, "push", s == STAGED, slot, victim)
 
     def abort(self, ticket: Ticket) -> None:
         """A transfer failed (EIO, checksum): the key returns to where its bytes really are."""
@@ -219,6 +243,7 @@ class Ledger:
         if ticket.kind == "fill":
             self.state.pop(ticket.key, None)
         elif ticket.kind == "push":
+            self.clock.remove(ticket.key)
             self._set_ram_or_absent(ticket.key, ticket.staging)
         else:  # drain failed: the bytes are gone with the VRAM slot
             self.state.pop(ticket.key, None)
@@ -247,7 +272,13 @@ class Ledger:
                 return []
             return self._ram_put(key, protect)
         if kind == "push":
-            return self._admit_vram(key, ticket.staging, protect)
+            self.state[key] = VRAM
+            if ticket.staging:
+                return [key]                 # the staging slot is free again
+            if self.exclusive and key in self.ram:
+                del self.ram[key]
+                return [key]                 # exclusive tier: the RAM copy's slot is free again
+            return []
         # drain: the evicted VRAM copy is back in a RAM slot
         return self._ram_put(key, protect)
 
@@ -309,40 +340,6 @@ class Ledger:
             self.counters["lfu_evictions"] += 1
         return best
 
-    def _admit_vram(self, key: int, staged: bool, protect) -> list[int]:
-        slot = self.clock.find_victim_slot(protect, self.state)
-        if slot < 0:
-            self.counters["refused_admissions"] += 1
-            self._set_ram_or_absent(key, staged)
-            if staged:
-                del self.state[key]
-                return [key]
-            return []
-        if self.exclusive and key in self.ram:
-            del self.ram[key]
-        victim = self.clock.place(slot, key)
-        self.state[key] = VRAM
-        if victim < 0:
-            return []
-        self.counters["vram_evictions"] += 1
-        if self.exclusive or self.all_in_ram:
-            # exclusive tier: the victim's bytes go back to RAM through a drain (D2H copy), landed by the executor
-            if self.all_in_ram:
-                self.state.pop(victim, None)
-                return []
-            if victim in self.ram:      # inclusive leftovers: already has a RAM copy
-                self.state[victim] = RAM
-                return []
-            self.state[victim] = DRAINING
-            self.drains.append(self._ticket(victim, "drain"))
-            return []
-        # inclusive: RAM copy still there?
-        if victim in self.ram:
-            self.state[victim] = RAM
-            return []
-        self.state.pop(victim, None)
-        return [victim]
-
     def take_drains(self) -> list[Ticket]:
         d, self.drains = self.drains, []
         return d
@@ -359,7 +356,7 @@ class Ledger:
         for k in ranked[:v]:
             if not self.all_in_ram:
                 self.land(self.begin_fill(k, staging=True))
-            self.land(self.begin_push(k))
+            self.land(self.begin_push(k))       # free slots: never refused, no victims
         for t in self.take_drains():       # none expected while filling empty slots
             self.land(t)
         for s in range(self.clock.n):
@@ -385,7 +382,7 @@ class Ledger:
         assert len(self.clock.slot_of) <= self.vram_slots
         for k, s in self.clock.slot_of.items():
             assert self.clock.owner[s] == k
-            assert self.state.get(k) == VRAM, (k, self.state.get(k))
+            assert self.state.get(k) in (VRAM, PUSHING), (k, self.state.get(k))
         if not self.all_in_ram:
             assert len(self.ram) <= self.ram_slots
         for k in self.ram:
@@ -395,5 +392,5 @@ class Ledger:
         for k, st in self.state.items():
             if st == RAM:
                 assert k in self.ram
-            if st == VRAM:
-                assert k in self.clock.slot_of
+            if st in (VRAM, PUSHING):
+                assert k in self.clock.slot_of, (k, st)

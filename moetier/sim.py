@@ -126,7 +126,10 @@ class Replay:
                 L.adopt(k, picks)
         if admit:
             for k in plan.zerocopy:
-                L.land(L.begin_push(k), picks)
+                tp = L.begin_push(k, picks)
+                if tp is not None:
+                    self._drain(L)
+                    L.land(tp)
         for k in plan.nvme_gpu:
             tk = pft.pop(k, None)
             if tk is None:
@@ -134,12 +137,20 @@ class Replay:
             else:
                 self.pf_used += 1
             L.land(tk)
-            L.land(L.begin_push(k), picks)
+            tp = L.begin_push(k, picks)
+            if tp is None:            # no VRAM slot free of pins: computed from staging, then dropped
+                L.drop_staged(k)
+                continue
+            self._drain(L)
+            L.land(tp)
+        if L._lfu_window:
+            L.observe(picks, L.step)
+
+    @staticmethod
+    def _drain(L) -> None:
         if L.drains:
             for tk in L.take_drains():
                 L.land(tk)
-        if L._lfu_window:
-            L.observe(picks, L.step)
 
     # -- prefetch -----------------------------------------------------------------------------------------------
     def prefetch(self, layer: int, rows_local, future, t: float) -> None:

@@ -57,14 +57,17 @@ def test_abort_returns_key_to_where_its_bytes_are():
 def test_clock_never_evicts_protected_and_refuses_when_all_protected():
     L = Ledger(10, 2, 8)
     L.seed([0, 1, 2, 3])
-    t = L.begin_push(2)
-    L.land(t, protect={0, 1, 2})
+    assert L.begin_push(2, protect={0, 1, 2}) is None
     assert L.state_of(2) == "ram" and L.counters["refused_admissions"] == 1
-    L.land(L.begin_push(2), protect={0, 2})
-    assert L.state_of(2) == "vram" and L.state_of(1) == "draining" and L.state_of(0) == "vram"
-    for d in L.take_drains():
-        L.land(d)
-    assert L.state_of(1) == "ram"
+    t = L.begin_push(2, protect={0, 2})
+    assert t.victim == 1 and t.slot == L.clock.slot_of[2]
+    # the slot is reserved and the victim leaves VRAM at once; its bytes must drain before the push lands
+    assert L.state_of(2) == "pushing" and L.state_of(1) == "draining" and L.state_of(0) == "vram"
+    (d,) = L.take_drains()
+    assert d.key == 1 and d.slot == t.slot
+    L.land(d)
+    assert L.land(t) == [2]  # exclusive: the RAM copy's slot is released
+    assert L.state_of(1) == "ram" and L.state_of(2) == "vram"
     L.check()
 
 
@@ -91,7 +94,7 @@ def test_all_in_ram_mode():
     assert L.all_in_ram and L.tier_of(7) == TIER_RAM
     L.seed([5, 6])
     assert L.tier_of(5) == TIER_VRAM
-    L.land(L.begin_push(7), protect={7, 5})
+    L.land(L.begin_push(7, protect={7, 5}))
     assert L.tier_of(7) == TIER_VRAM and L.tier_of(6) == TIER_RAM
 
 
@@ -112,7 +115,10 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(k=st.integers(0, 11))
     def push(self, k):
         if self.L.state_of(k) in ("ram", "staged"):
-            self.tickets.append(self.L.begin_push(k))
+            t = self.L.begin_push(k)
+            if t is not None:
+                self.tickets.append(t)
+                self.tickets.extend(self.L.take_drains())
 
     @precondition(lambda self: self.tickets)
     @rule(i=st.integers(0, 100), protect=st.sets(st.integers(0, 11), max_size=4), fail=st.booleans())
