@@ -544,7 +544,7 @@ def resolve(recipe_id: str, overrides=(), root=None) -> Recipe:
         vram_slots=vram_slots,
         ram_slots=ram_slots,
         lanes={n: Lane(name=n, **spec) for n, spec in lanes.items()},
-        h2d_gbps=float(hw["gpu"]["h2d_gbps"]),
+        h2d_gbps=float((hw.get("gpu") or {}).get("h2d_gbps", 0.0)),
         nvme_bw_gbps=float(nv["bw_gbps"]),
         nvme_bw_qd1_gbps=float(nv.get("bw_qd1_gbps", nv["bw_gbps"])),
         nvme_latency_ms=float(nv.get("latency_ms", 0.1)),

@@ -1,0 +1,1 @@
+"""moetier compute backends (one package per lane kind)."""

@@ -1,0 +1,85 @@
+"""The CPU backend (Numba): RAM slots in a 2 MiB-aligned pool, fills by the O_DIRECT reader, the cpu lane in place.
+
+Contract: see moetier.contract. It has one compute lane (cpu) and no VRAM tier, so push/drain are refused; a
+recipe for it sets zero VRAM slots. compute() reads the record bytes where they landed (no copy) and is
+bit-deterministic: the kernels fix every reduction order (backends/cpu/kernels.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from moetier.contract import BackendUnavailable, Capabilities
+from moetier.transport import Reader, SlotPool
+
+try:
+    from backends.cpu import kernels
+except ImportError as e:  # numba is the `cpu` extra
+    kernels = None
+    _WHY = f"numba is not installed ({e}); install the cpu extra: pip install 'moetier[cpu]'"
+
+
+class CpuBackend:
+    def __init__(self, store, *, ram_slots: int, queue_depth: int = 16, verify_rate: float = 1.0, faults=None,
+                 direct: bool = True):
+        if kernels is None:
+            raise BackendUnavailable(f"--backend cpu: {_WHY}")
+        self.store = store
+        self.layout = store.layout
+        self.pool = SlotPool(max(1, ram_slots), store.record_bytes)
+        self.reader = Reader(store, self.pool, queue_depth=queue_depth, verify_rate=verify_rate, direct=direct,
+                             faults=faults)
+        self.capabilities = Capabilities(name="cpu", device="host CPU (Numba)", lanes=frozenset({"cpu"}),
+                                         encodings=frozenset({"int8", "int4g32"}), vram_slots=0)
+        kernels.warmup(self.layout)
+
+    @property
+    def ram_slot_count(self) -> int:
+        return self.pool.n
+
+    # -- compute ----------------------------------------------------------------------------------------------
+    def ram_view(self, slot: int) -> np.ndarray:
+        return self.pool.view(slot)
+
+    def compute(self, lane: str, jobs, x: np.ndarray) -> dict:
+        """jobs = [(key, ram_slot, row_indices)]; returns {key: float32 [len(rows), H]}."""
+        if lane != "cpu":
+            raise BackendUnavailable(f"cpu backend: no {lane!r} lane")
+        if not jobs:
+            return {}
+        bufs = [self.pool.view(slot) for _, slot, _ in jobs]
+        xs = [np.ascontiguousarray(x[rows]) for _, _, rows in jobs]
+        outs = kernels.experts_forward(self.layout, bufs, xs)
+        return {k: y for (k, _, _), y in zip(jobs, outs)}
+
+    # -- transfers --------------------------------------------------------------------------------------------
+    def fill(self, key: int, slot: int):
+        return self.reader.fill(key, slot)
+
+    def push(self, key: int, src_slot: int, vram_slot: int):
+        raise BackendUnavailable("cpu backend: no VRAM tier (push)")
+
+    def drain(self, key: int, vram_slot: int, ram_slot: int):
+        raise BackendUnavailable("cpu backend: no VRAM tier (drain)")
+
+    def victims(self) -> list:
+        return []
+
+    def landed(self, handle) -> bool:
+        return self.reader.landed(handle)
+
+    def wait(self, handle):
+        return self.reader.wait(handle)
+
+    def fence(self) -> None:
+        self.reader.fence()
+
+    def completed_seq(self) -> int:
+        return self.reader.completed_seq()
+
+    @property
+    def stats(self) -> dict:
+        return dict(self.reader.stats)
+
+    def close(self) -> None:
+        self.reader.close()
+        self.pool.close()

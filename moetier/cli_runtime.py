@@ -1,0 +1,124 @@
+"""CLI verbs that touch real bytes and devices: store pack/verify, run, bench.
+
+Contract: same as moetier.cli (one-line errors, exit 2). A run writes a run record under registry/runs/ with the
+measured figures and, side by side, the simulator's prediction for the same recipe, trace and concurrency.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import sys
+
+from moetier.errors import UserError
+
+
+def register(sub, parser_class) -> None:
+    sp = sub.add_parser("store", help="the packed expert record store")
+    ssub = sp.add_subparsers(dest="store_cmd", parser_class=parser_class)
+    p = ssub.add_parser("pack", help="write a store of deterministic seeded experts for a model record")
+    p.add_argument("model")
+    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    v = ssub.add_parser("verify", help="re-read every record and check its checksum")
+    v.add_argument("dir")
+    v.add_argument("--model")
+    sp.set_defaults(fn=cmd_store)
+
+    r = sub.add_parser("run", help="run a recipe for real on a backend (real reads, real kernels)")
+    r.add_argument("recipe")
+    r.add_argument("--store", required=True)
+    r.add_argument("--trace")
+    r.add_argument("--segments")
+    r.add_argument("--backend", default="cpu", help="cpu, sycl or cuda")
+    r.add_argument("--conc", type=int, nargs="+", default=[1, 2, 4])
+    r.add_argument("--steps", type=int, default=0, help="cap on measured steps per concurrency")
+    r.add_argument("--set", nargs="+", metavar="PATH=VALUE")
+    r.add_argument("--verify-rate", type=float, default=1.0, help="fraction of reads checksum-checked on landing")
+    r.add_argument("--record", help="run record id (default: <recipe>-run-<utc time>)")
+    r.add_argument("--no-record", action="store_true", help="do not write a run record")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(fn=cmd_run)
+
+
+def cmd_store(args) -> int:
+    from moetier import spec, store
+    if args.store_cmd == "pack":
+        model = spec.load_record("model", args.model)
+        m = store.pack(model, args.out, seed=args.seed)
+        print(f"packed {m['records']} records of {m['record_bytes']:,} B into {args.out} "
+              f"({m['records'] * m['record_bytes'] / 1e9:.2f} GB, {m.get('seconds', 0):.1f} s)")
+        return 0
+    if args.store_cmd == "verify":
+        model = spec.load_record("model", args.model) if args.model else None
+        res = store.verify(args.dir, model=model)
+        print(f"verified {res['records']} records, {res['bytes'] / 1e9:.2f} GB in {res['seconds']:.1f} s "
+              f"({'O_DIRECT' if res.get('direct') else 'buffered'}): 0 bad")
+        return 0
+    raise UserError("store: expected a subcommand: pack or verify")
+
+
+def _make_backend(name, st, R, conc, verify_rate):
+    from moetier.contract import BackendUnavailable, get_backend
+    headroom = 2 * conc * R.topk + 2 * int(R.policy["prefetch"].get("budget", 8)) + 8
+    ram_slots = min(R.keys, R.ram_slots) + headroom
+    try:
+        return get_backend(name, st, ram_slots=ram_slots, vram_slots=R.vram_slots, verify_rate=verify_rate)
+    except BackendUnavailable as e:
+        raise UserError(str(e)) from None
+
+
+def cmd_run(args) -> int:
+    from moetier import runtime, sim, spec, store
+    from moetier.cli import _progress, _trace, _emit
+    R = spec.resolve(args.recipe, spec.parse_overrides(args.set or []))
+    st = store.open_store(args.store, model=R.model)
+    tr = _trace(args, R)
+    rows, preds = [], []
+    for c in args.conc:
+        be = _make_backend(args.backend, st, R, c, args.verify_rate)
+        try:
+            res = runtime.run(R, st, be, tr, c, max_steps=args.steps, progress=_progress(f"run C{c}"))
+        finally:
+            be.close()
+        res.pop("outputs")
+        res["digest_last"] = res.pop("digests")[-1]
+        rows.append(res)
+        p = sim.run(R, tr, c, max_steps=args.steps)
+        preds.append({k: p[k] for k in ("conc", "tok_s", "ms_per_token", "nvme_per_tok", "cpu_experts_per_tok",
+                                         "ms_fixed", "ms_cpu_moe", "ms_gpu_moe", "ms_nvme_wait", "masked_per_tok")})
+    table = []
+    for r, p in zip(rows, preds):
+        err = (p["tok_s"] / r["tok_s"] - 1) * 100 if r["tok_s"] else None
+        table.append({"conc": r["conc"], "measured_tok_s": r["tok_s"], "sim_tok_s": p["tok_s"],
+                      "sim_error_pct": err, "reads_per_token": r["reads_per_token"],
+                      "sim_nvme_per_tok": p["nvme_per_tok"], "checksum_failures": r["checksum_failures"]})
+    now = _dt.datetime.now(_dt.timezone.utc)
+    record = {
+        "id": args.record or f"{R.id}-run-{now:%Y%m%dt%H%M%S}".lower(),
+        "kind": "runtime", "recipe": R.id, "measured": now.isoformat(timespec="seconds"),
+        "backend": args.backend, "machine": f"{platform.node()} {platform.machine()}", "store": str(args.store),
+        "trace": args.trace or R.trace, "overrides": args.set or [], "lossy": any(r["lossy"] for r in rows),
+        "table": table, "measured_runs": rows, "sim": preds,
+        "note": "sim_error_pct = simulator prediction vs measured decode tok/s, same recipe, trace and steps",
+    }
+    if not args.no_record:
+        path = spec.write_record("runs", record)
+        print(f"wrote {path}", file=sys.stderr)
+    if args.json:
+        _emit(record)
+        return 0
+    print(f"run {record['id']}: recipe {R.id} on backend {args.backend} ({'lossy' if record['lossy'] else 'exact'})")
+    print("| conc | measured tok/s | sim tok/s | sim error | reads/tok (sim) | cpu ms/tok | nvme wait ms/tok "
+          "| checksum failures |")
+    print("|---|---|---|---|---|---|---|---|")
+    for t, r in zip(table, rows):
+        ln = r["lanes_ms_per_token"]
+        print(f"| {t['conc']} | {t['measured_tok_s']:.2f} | {t['sim_tok_s']:.2f} | {t['sim_error_pct']:+.1f}% | "
+              f"{t['reads_per_token']:.2f} ({t['sim_nvme_per_tok']:.2f}) | {ln['cpu']:.2f} | {ln['nvme_wait']:.2f} "
+              f"| {t['checksum_failures']} |")
+    return 0
+
+
+def _json(o):
+    return json.dumps(o, sort_keys=True)

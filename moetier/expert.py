@@ -1,0 +1,270 @@
+"""The byte layout of one routed SwiGLU expert record, and a NumPy float64 reference for its math.
+
+An expert of geometry hidden H x ffn F computes, for each token row x (length H)::
+
+    y = W_down @ (silu(W_gate @ x) * (W_up @ x))      W_gate, W_up: [F, H]   W_down: [H, F]
+
+A record holds the quantized weights and their scales as six sections, in this order, each starting at a
+64-byte aligned offset; the record is zero-padded up to a multiple of 4096 bytes (see docs/expert-format.md):
+
+    gate_q, up_q, down_q, gate_s, up_s, down_s
+
+Encodings (all multi-byte values little-endian):
+
+* ``int8``: ``*_q`` int8 [rows, cols]; ``*_s`` float32 [rows]; w[r, c] = q[r, c] * s[r].
+* ``int4g32``: ``*_q`` uint8 [rows, cols // 2], two signed 4-bit values per byte,
+  byte = (q[2j] + 8) | ((q[2j + 1] + 8) << 4) (low nibble = even column); ``*_s`` float32 [rows, cols // 32];
+  w[r, c] = q[r, c] * s[r, c // 32], q in [-8, 7].
+
+Everything here is plain NumPy; it is the ground truth the backends are checked against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+ENCODINGS = ("int8", "int4g32")
+SECTION_ORDER = ("gate_q", "up_q", "down_q", "gate_s", "up_s", "down_s")
+SECTION_ALIGN = 64
+RECORD_ALIGN = 4096
+GROUP = 32
+FORMAT = "moetier.expert/1"
+
+_QMAX = {"int8": 127, "int4g32": 7}
+
+
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """Where each section of one expert record lives. Build with layout() or ExpertLayout.from_json()."""
+
+    hidden: int
+    ffn: int
+    encoding: str
+    sections: dict  # name -> (offset, nbytes, dtype str, shape tuple)
+    record_bytes: int  # multiple of 4096
+    weight_bytes: int  # bytes of quantized weights + scales read per expert compute
+
+    def __hash__(self) -> int:  # sections is a dict; the geometry determines everything else
+        return hash((self.hidden, self.ffn, self.encoding))
+
+    def to_json(self) -> dict:
+        """JSON-ready dict for the model record's "store" section."""
+        return {
+            "format": FORMAT,
+            "hidden": self.hidden,
+            "ffn": self.ffn,
+            "encoding": self.encoding,
+            "section_align": SECTION_ALIGN,
+            "record_bytes": self.record_bytes,
+            "weight_bytes": self.weight_bytes,
+            "sections": {
+                name: {"offset": off, "nbytes": nb, "dtype": dt, "shape": list(shape)}
+                for name, (off, nb, dt, shape) in self.sections.items()
+            },
+        }
+
+    @classmethod
+    def from_json(cls, d) -> "ExpertLayout":
+        """Validate a to_json() dict; raises ValueError naming the first bad field."""
+        if not isinstance(d, dict):
+            raise ValueError(f"expert layout: expected an object, got {type(d).__name__}")
+        if "format" in d and d["format"] != FORMAT:
+            raise ValueError(f"expert layout field 'format': expected {FORMAT!r}, got {d['format']!r}")
+        for f in ("hidden", "ffn", "encoding"):
+            if f not in d:
+                raise ValueError(f"expert layout field {f!r}: missing")
+        for f in ("hidden", "ffn"):
+            if not isinstance(d[f], int) or isinstance(d[f], bool):
+                raise ValueError(f"expert layout field {f!r}: expected an integer, got {d[f]!r}")
+        try:
+            lay = layout(d["hidden"], d["ffn"], d["encoding"])
+        except ValueError as e:
+            raise ValueError(f"expert layout: {e}") from None
+        for f in ("record_bytes", "weight_bytes"):
+            if f in d and d[f] != getattr(lay, f):
+                raise ValueError(f"expert layout field {f!r}: expected {getattr(lay, f)}, got {d[f]!r}")
+        if "section_align" in d and d["section_align"] != SECTION_ALIGN:
+            raise ValueError(f"expert layout field 'section_align': expected {SECTION_ALIGN}, got {d['section_align']!r}")
+        if "sections" in d:
+            secs = d["sections"]
+            if not isinstance(secs, dict) or set(secs) != set(SECTION_ORDER):
+                raise ValueError(f"expert layout field 'sections': expected exactly {list(SECTION_ORDER)}")
+            for name, (off, nb, dt, shape) in lay.sections.items():
+                s = secs[name]
+                want = {"offset": off, "nbytes": nb, "dtype": dt, "shape": list(shape)}
+                for k, v in want.items():
+                    got = s.get(k) if isinstance(s, dict) else None
+                    if k == "shape" and isinstance(got, (list, tuple)):
+                        got = list(got)
+                    if got != v:
+                        raise ValueError(f"expert layout field 'sections.{name}.{k}': expected {v!r}, got {got!r}")
+        return lay
+
+
+def layout(hidden: int, ffn: int, encoding: str) -> ExpertLayout:
+    """The record layout for one expert of this geometry; hidden and ffn must be positive multiples of 32."""
+    if encoding not in ENCODINGS:
+        raise ValueError(f"encoding: expected one of {list(ENCODINGS)}, got {encoding!r}")
+    for name, v in (("hidden", hidden), ("ffn", ffn)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0 or v % GROUP:
+            raise ValueError(f"{name}: expected a positive multiple of {GROUP}, got {v!r}")
+    H, F = int(hidden), int(ffn)
+    if encoding == "int8":
+        q = {"gate_q": ("int8", (F, H)), "up_q": ("int8", (F, H)), "down_q": ("int8", (H, F))}
+        s = {"gate_s": ("float32", (F,)), "up_s": ("float32", (F,)), "down_s": ("float32", (H,))}
+    else:
+        q = {"gate_q": ("uint8", (F, H // 2)), "up_q": ("uint8", (F, H // 2)), "down_q": ("uint8", (H, F // 2))}
+        s = {"gate_s": ("float32", (F, H // GROUP)), "up_s": ("float32", (F, H // GROUP)),
+             "down_s": ("float32", (H, F // GROUP))}
+    spec = {**q, **s}
+    sections = {}
+    off = 0
+    total = 0
+    for name in SECTION_ORDER:
+        dt, shape = spec[name]
+        nb = int(np.prod(shape)) * np.dtype(dt).itemsize
+        off = _align(off, SECTION_ALIGN)
+        sections[name] = (off, nb, dt, tuple(int(x) for x in shape))
+        off += nb
+        total += nb
+    return ExpertLayout(H, F, encoding, sections, _align(off, RECORD_ALIGN), total)
+
+
+def _as_u8(lay: ExpertLayout, buf) -> np.ndarray:
+    if isinstance(buf, np.ndarray):
+        a = buf if buf.dtype == np.uint8 else buf.view(np.uint8)
+        a = a.reshape(-1)  # a view for contiguous arrays
+    else:
+        a = np.frombuffer(buf, dtype=np.uint8)
+    if a.size < lay.record_bytes:
+        raise ValueError(f"expert buffer: expected at least {lay.record_bytes} bytes, got {a.size}")
+    return a
+
+
+def views(lay: ExpertLayout, buf) -> dict:
+    """Zero-copy numpy views of each section over buf (bytes, bytearray, memoryview, mmap or a uint8 array)."""
+    a = _as_u8(lay, buf)
+    out = {}
+    for name, (off, nb, dt, shape) in lay.sections.items():
+        out[name] = a[off:off + nb].view(np.dtype(dt).newbyteorder("<")).reshape(shape)
+    return out
+
+
+def _unpack_int4(p: np.ndarray) -> np.ndarray:
+    """uint8 [rows, cols/2] -> int8 [rows, cols] with values in [-8, 7]."""
+    lo = (p & 0x0F).astype(np.int8) - 8
+    hi = (p >> 4).astype(np.int8) - 8
+    out = np.empty((p.shape[0], p.shape[1] * 2), dtype=np.int8)
+    out[:, 0::2] = lo
+    out[:, 1::2] = hi
+    return out
+
+
+def _pack_int4(q: np.ndarray) -> np.ndarray:
+    u = (q.astype(np.int16) + 8).astype(np.uint8)
+    return (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8)
+
+
+def quantize_matrix(w: np.ndarray, encoding: str):
+    """Round-to-nearest quantization of one [rows, cols] matrix -> (q, scales) in the record's section form."""
+    w = np.asarray(w, dtype=np.float64)
+    qmax = _QMAX[encoding]
+    if encoding == "int8":
+        amax = np.abs(w).max(axis=1)
+        scale = (amax / qmax).astype(np.float32)
+        s = scale.astype(np.float64)[:, None]
+    else:
+        r, c = w.shape
+        amax = np.abs(w.reshape(r, c // GROUP, GROUP)).max(axis=2)
+        scale = (amax / qmax).astype(np.float32)
+        s = np.repeat(scale.astype(np.float64), GROUP, axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(s > 0, np.rint(w / np.where(s > 0, s, 1.0)), 0.0)
+    q = np.clip(q, -qmax - (1 if encoding == "int4g32" else 0), qmax).astype(np.int8)
+    if encoding == "int4g32":
+        return _pack_int4(q), scale
+    return q, scale
+
+
+def pack_expert(lay: ExpertLayout, gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> bytes:
+    """Quantize dense float weights (gate, up: [F, H]; down: [H, F]) into one record (len == record_bytes)."""
+    H, F = lay.hidden, lay.ffn
+    for name, w, shape in (("gate", gate, (F, H)), ("up", up, (F, H)), ("down", down, (H, F))):
+        if np.shape(w) != shape:
+            raise ValueError(f"{name}: expected shape {shape}, got {np.shape(w)}")
+    buf = np.zeros(lay.record_bytes, dtype=np.uint8)
+    v = views(lay, buf)
+    for name, w in (("gate", gate), ("up", up), ("down", down)):
+        q, s = quantize_matrix(w, lay.encoding)
+        v[name + "_q"][...] = q.view(v[name + "_q"].dtype)
+        v[name + "_s"][...] = s
+    return buf.tobytes()
+
+
+def make_weights(lay: ExpertLayout, key: int, seed: int) -> dict:
+    """The unquantized float64 weights behind make_expert(lay, key, seed): N(0, 1/sqrt(fan_in)) each."""
+    rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, int(key) & 0xFFFFFFFF, lay.hidden, lay.ffn])
+    H, F = lay.hidden, lay.ffn
+    return {
+        "gate": rng.standard_normal((F, H)) / np.sqrt(H),
+        "up": rng.standard_normal((F, H)) / np.sqrt(H),
+        "down": rng.standard_normal((H, F)) / np.sqrt(F),
+    }
+
+
+def make_expert(lay: ExpertLayout, key: int, seed: int) -> bytes:
+    """A deterministic synthetic expert record (len == record_bytes, padding zero) for tests and benchmarks."""
+    w = make_weights(lay, key, seed)
+    return pack_expert(lay, w["gate"], w["up"], w["down"])
+
+
+def dequant(lay: ExpertLayout, buf) -> dict:
+    """Dense float64 gate, up ([F, H]) and down ([H, F]) matrices of one record."""
+    v = views(lay, buf)
+    out = {}
+    for name in ("gate", "up", "down"):
+        q, s = v[name + "_q"], v[name + "_s"].astype(np.float64)
+        if lay.encoding == "int8":
+            out[name] = q.astype(np.float64) * s[:, None]
+        else:
+            out[name] = _unpack_int4(q).astype(np.float64) * np.repeat(s, GROUP, axis=1)
+    return out
+
+
+def silu(z):
+    return z / (1.0 + np.exp(-z))
+
+
+def reference(lay: ExpertLayout, buf, x) -> np.ndarray:
+    """Float64 expert output for token rows x [rows, H] (or [H]) -> [rows, H]."""
+    x = np.atleast_2d(np.asarray(x, dtype=np.float64))
+    if x.shape[1] != lay.hidden:
+        raise ValueError(f"x: expected [rows, {lay.hidden}], got {list(x.shape)}")
+    w = dequant(lay, buf)
+    g = x @ w["gate"].T
+    u = x @ w["up"].T
+    return (silu(g) * u) @ w["down"].T
+
+
+def moe_reference(lays_bufs_by_key: dict, picks, x) -> np.ndarray:
+    """Routed MoE output: row i = sum over picks[i] of router_weight * expert_key(x[i]).
+
+    lays_bufs_by_key: key -> (ExpertLayout, buffer); picks: per row an iterable of (key, router_weight).
+    """
+    x = np.atleast_2d(np.asarray(x, dtype=np.float64))
+    if len(picks) != x.shape[0]:
+        raise ValueError(f"picks: expected {x.shape[0]} rows, got {len(picks)}")
+    out = np.zeros_like(x)
+    for i, row in enumerate(picks):
+        for key, wt in row:
+            if key not in lays_bufs_by_key:
+                raise ValueError(f"picks[{i}]: unknown expert key {key!r}")
+            lay, buf = lays_bufs_by_key[key]
+            out[i] += float(wt) * reference(lay, buf, x[i:i + 1])[0]
+    return out

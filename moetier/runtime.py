@@ -1,0 +1,387 @@
+"""The runtime: the simulator's ledger and plan_layer, executed with real bytes and real kernels on a backend.
+
+Contract
+--------
+``Runtime(R, store, backend, trace, conc)`` replays routing from a trace (the same lockstep streams as the
+simulator) and, per layer, calls ``plan_layer`` on the *modeled* clock - so its plan decisions are exactly the
+simulator's (plan parity) - then carries the plan out for real:
+
+1. demand NVMe reads are issued (``begin_fill`` ticket + ``backend.fill`` handle) before any compute;
+2. the resident lanes compute (cpu in place from RAM slots; gpu from VRAM slots; zerocopy from RAM slots);
+3. the plan's residency intents run in the simulator's order, each ``Ledger.land`` only after
+   ``backend.landed`` reported the bytes readable (``wait`` in stall mode); NVMe picks compute from where they
+   landed; a failed transfer aborts its ticket and stops the run with a one-line error - unverified bytes are never
+   computed;
+4. the router-weighted sum over each row's picks (fixed order: trace slot order) updates the hidden state:
+   ``h = rmsnorm(h + moe(h))``; the next layer reads this layer's output.
+
+Slot frees are deferred to the end of the layer so a slot is never reused while this layer may still read it.
+Per step it records the output digest (bit-exactness checks) and per-lane wall time (lane busy, NVMe wait, plan,
+bookkeeping).
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+
+import numpy as np
+
+from moetier.errors import UserError
+from moetier.plan import plan_layer
+from moetier.predict import make_predictor
+from moetier.sim import Replay, Streams, _segment_plan, rank_keys
+from moetier.transport import TransportError
+
+EPS = 1e-6
+
+
+def rmsnorm(h: np.ndarray) -> np.ndarray:
+    return (h / np.sqrt(np.mean(h * h, axis=1, keepdims=True) + EPS)).astype(np.float32)
+
+
+def token_state(hidden: int, stream: int, token: int, seed: int = 0) -> np.ndarray:
+    """Deterministic input hidden state of one token (an embedding stand-in)."""
+    rng = np.random.default_rng([seed, stream, token])
+    return rmsnorm(rng.standard_normal((1, hidden)).astype(np.float32))[0]
+
+
+class SlotAllocator:
+    """Integer slots 0..n-1 of one backend arena; frees are deferred until the layer that used them ends."""
+
+    def __init__(self, n: int, what: str):
+        self.free = list(range(n - 1, -1, -1))
+        self.later: list[int] = []
+        self.what = what
+
+    def alloc(self) -> int:
+        if not self.free:
+            raise RuntimeError(f"{self.what} arena exhausted (raise the headroom)")
+        return self.free.pop()
+
+    def release_later(self, slot: int) -> None:
+        self.later.append(slot)
+
+    def end_layer(self) -> None:
+        self.free.extend(self.later)
+        self.later.clear()
+
+
+class Runtime:
+    def __init__(self, R, store, backend, trace, conc: int = 1, *, seed: int = 0):
+        self.R, self.store, self.be, self.trace, self.conc = R, store, backend, trace, conc
+        caps = backend.capabilities
+        if store.layout.encoding not in caps.encodings:
+            raise UserError(f"backend {caps.name}: encoding {store.layout.encoding!r} not supported "
+                            f"(has {sorted(caps.encodings)})")
+        if R.vram_slots > caps.vram_slots:
+            raise UserError(f"recipe {R.id}: budget.vram_expert_slots={R.vram_slots} but backend {caps.name} has "
+                            f"{caps.vram_slots} VRAM slots")
+        for lane in ("gpu", "zerocopy", "cpu"):
+            if lane in R.lanes and not caps.has(lane) and not (lane == "gpu" and R.vram_slots == 0):
+                raise UserError(f"recipe {R.id}: engine lane {lane!r} but backend {caps.name} lacks it")
+        self.predictor = make_predictor(R.policy, R.layers, R.experts)
+        self.rp = Replay(R, predictor=self.predictor)
+        self.L = self.rp.ledger
+        self.ram = SlotAllocator(backend.ram_slot_count, "RAM slot")
+        self.vram = SlotAllocator(caps.vram_slots, "VRAM slot")
+        self.ram_slot: dict[int, int] = {}    # key -> RAM (or staging) slot holding its bytes
+        self.vram_slot: dict[int, int] = {}
+        self.inflight: dict[int, tuple] = {}   # key -> (ticket, handle, slot) for fills in flight
+        self.seed = seed
+        self.stats = dict(plan_s=0.0, book_s=0.0, lane_cpu_s=0.0, lane_gpu_s=0.0, lane_zc_s=0.0, nvme_wait_s=0.0,
+                          copy_s=0.0, combine_s=0.0, reads=0, masked=0, picks=0, layer_calls=0)
+
+    # -- setup --------------------------------------------------------------------------------------------------
+    def seed_tiers(self, ranked) -> None:
+        """Place the hottest keys like Ledger.seed, but with real fills (and pushes), landed one by one."""
+        L, be = self.L, self.be
+        ranked = [int(k) for k in ranked]
+        v = L.vram_slots
+        for k in ranked[:v]:
+            self._fill_now(k, staging=True)
+            tp = L.begin_push(k)
+            self._push_now(k, tp)
+        L.clock.ref[:] = bytes(L.clock.n)
+        if L.all_in_ram:
+            rest = [k for k in range(L.keys) if L.state.get(k) is None]
+        else:
+            rest = ranked[v:v + L.ram_slots]
+        hs = []
+        for k in reversed(rest):               # coldest first: the hottest ends at the LRU's protected end
+            slot = self.ram.alloc()
+            hs.append((k, L.begin_fill(k) if not L.all_in_ram else None, be.fill(k, slot), slot))
+        for k, tk, h, slot in hs:
+            self._wait(h)
+            if tk is not None:
+                for ev in L.land(tk):
+                    self._release_ram(ev)
+            self.ram_slot[k] = slot
+        self.ram.end_layer()
+
+    def _fill_now(self, k, staging=False):
+        tk = self.L.begin_fill(k, staging=staging)
+        slot = self.ram.alloc()
+        h = self.be.fill(k, slot)
+        self._wait(h, tk)
+        self.L.land(tk)
+        self.ram_slot[k] = slot
+        return slot
+
+    def _push_now(self, k, tp):
+        """tp = a push ticket: drain its victim first (same copy queue), then push, then land both."""
+        be, L = self.be, self.L
+        self._drains()
+        h = be.push(k, self.ram_slot[k], tp.slot)
+        self._wait(h, tp)
+        for freed in L.land(tp):
+            self._release_ram(freed)
+        self.vram_slot[k] = tp.slot
+
+    def _drains(self):
+        L, be = self.L, self.be
+        for td in L.take_drains():
+            slot = self.ram.alloc()
+            h = be.drain(td.key, td.slot, slot)
+            self._wait(h, td)
+            self.vram_slot.pop(td.key, None)
+            self.ram_slot[td.key] = slot
+            for ev in L.land(td):
+                self._release_ram(ev)
+
+    def _release_ram(self, k):
+        s = self.ram_slot.pop(k, None)
+        if s is not None:
+            self.ram.release_later(s)
+
+    def _wait(self, h, ticket=None):
+        t0 = time.perf_counter()
+        try:
+            self.be.wait(h)
+        except (TransportError, OSError) as e:
+            if ticket is not None:
+                self.L.abort(ticket)
+            raise UserError(f"transfer of key {getattr(h, 'key', '?')} failed: {e}") from None
+        finally:
+            self.stats["nvme_wait_s"] += time.perf_counter() - t0
+
+    # -- one layer ----------------------------------------------------------------------------------------------
+    def layer(self, layer: int, rows_keys, rows_w, x: np.ndarray, t_model: float):
+        """rows_keys: per row the global keys of this layer (trace slot order); returns (y, plan)."""
+        R, L, be, rp, st = self.R, self.L, self.be, self.rp, self.stats
+        rows_of: dict[int, list] = {}
+        for r, ks in enumerate(rows_keys):
+            for k in ks:
+                rows_of.setdefault(k, []).append(r)
+        picks = {k: len(v) for k, v in rows_of.items()}
+        c0 = time.perf_counter()
+        plan = plan_layer(rp.ctx, L, picks, t_model, rp.chan)
+        c1 = time.perf_counter()
+        st["plan_s"] += c1 - c0
+        # 1. demand reads first, so the disk works while the lanes compute
+        nv_gpu = set(plan.nvme_gpu)
+        for k in plan.nvme_cpu + plan.nvme_gpu:
+            if k not in self.inflight:
+                tk = rp.pf_tickets.pop(k, None)
+                if tk is None:
+                    tk = L.begin_fill(k, staging=k in nv_gpu)
+                slot = self.ram.alloc()
+                self.inflight[k] = (tk, be.fill(k, slot), slot)
+                st["reads"] += 1
+        st["book_s"] += time.perf_counter() - c1
+        # 2. resident lanes
+        out: dict[int, np.ndarray] = {}
+        if plan.cpu:
+            t = time.perf_counter()
+            out.update(be.compute("cpu", [(k, self.ram_slot[k], rows_of[k]) for k in plan.cpu], x))
+            st["lane_cpu_s"] += time.perf_counter() - t
+        if plan.gpu:
+            t = time.perf_counter()
+            out.update(be.compute("gpu", [(k, self.vram_slot[k], rows_of[k]) for k in plan.gpu], x))
+            st["lane_gpu_s"] += time.perf_counter() - t
+        if plan.zerocopy:
+            t = time.perf_counter()
+            out.update(be.compute("zerocopy", [(k, self.ram_slot[k], rows_of[k]) for k in plan.zerocopy], x))
+            st["lane_zc_s"] += time.perf_counter() - t
+        # 3. residency intents, in the simulator's order (Replay.commit), each landing after its bytes did
+        b0 = time.perf_counter()
+        if plan.gpu:
+            ref, slot_of = L.clock.ref, L.clock.slot_of
+            for k in plan.gpu:
+                ref[slot_of[k]] = 1
+        if plan.cpu and not L.all_in_ram:
+            for k in plan.cpu:
+                L.ram.move_to_end(k)
+        for k in plan.nvme_cpu:
+            tk, h, slot = self.inflight.pop(k)
+            rp.pf_tickets.pop(k, None)
+            self._wait(h, tk)
+            self.ram_slot[k] = slot
+            if tk.staging:                   # a prefetch landed in the landing ring: adopt it into RAM
+                L.land(tk)
+                rp.pf_used += 1
+                evicted = L.adopt(k, picks)
+            else:
+                evicted = L.land(tk, picks)
+            for ev in evicted:
+                self._release_ram(ev)
+            t = time.perf_counter()
+            out.update(be.compute("cpu", [(k, slot, rows_of[k])], x))
+            st["lane_cpu_s"] += time.perf_counter() - t
+        if rp.ctx.can_admit:
+            for k in plan.zerocopy:
+                tp = L.begin_push(k, picks)
+                if tp is not None:
+                    self._push_now(k, tp)
+        for k in plan.nvme_gpu:
+            tk, h, slot = self.inflight.pop(k)
+            self._wait(h, tk)
+            if k in rp.pf_tickets:
+                rp.pf_tickets.pop(k)
+            L.land(tk)
+            self.ram_slot[k] = slot
+            tp = L.begin_push(k, picks)
+            t = time.perf_counter()
+            if tp is None:                    # no unpinned VRAM slot: compute from the staging slot, drop it
+                out.update(be.compute("zerocopy" if be.capabilities.has("zerocopy") else "cpu",
+                                      [(k, slot, rows_of[k])], x))
+                L.drop_staged(k)
+                self._release_ram(k)
+            else:
+                self._push_now(k, tp)
+                out.update(be.compute("gpu", [(k, self.vram_slot[k], rows_of[k])], x))
+            st["lane_gpu_s"] += time.perf_counter() - t
+        self._drains()
+        st["book_s"] += time.perf_counter() - b0
+        st["masked"] += len(plan.masked)
+        st["picks"] += len(picks)
+        st["layer_calls"] += 1
+        # 4. combine in trace slot order (the same order whatever lane computed each pick)
+        t = time.perf_counter()
+        masked = set(plan.masked)
+        pos = {k: {r: i for i, r in enumerate(v)} for k, v in rows_of.items()}
+        y = np.zeros_like(x)
+        K = len(rows_keys[0]) if rows_keys else 0
+        for j in range(K):
+            for r, ks in enumerate(rows_keys):
+                k = ks[j]
+                if k in masked:
+                    continue
+                y[r] += rows_w[r][j] * out[k][pos[k][r]]
+        st["combine_s"] += time.perf_counter() - t
+        return y, plan
+
+    # -- prefetch (real reads into the landing ring) -------------------------------------------------------------
+    def prefetch(self, layer: int, streams, rows, future, t_model: float) -> None:
+        rp = self.rp
+        before = set(rp.pf_tickets)
+        rp.prefetch(layer, streams.local_rows(rows, layer) if not rp.predictor.uses_future else None, future, t_model)
+        for k, tk in rp.pf_tickets.items():
+            if k not in before:
+                slot = self.ram.alloc()
+                self.inflight[k] = (tk, self.be.fill(k, slot), slot)
+                self.stats["reads"] += 1
+
+    def expire(self, layer: int, t_model: float) -> None:
+        """Unused prefetches for this layer: their reads finish (real bytes cannot be un-read), then the landing
+        slots are reused; the model channel and ledger account them as the simulator does."""
+        rp = self.rp
+        for k in rp.pf_target.get(layer, ()):
+            if k in rp.pf_tickets and k in self.inflight:
+                _, h, slot = self.inflight.pop(k)
+                try:
+                    self.be.wait(h)
+                except (TransportError, OSError):
+                    pass                      # a wasted read that failed: nothing was going to use it
+                self.ram.release_later(slot)
+        rp.expire(layer, t_model)
+
+    def end_layer(self) -> None:
+        self.ram.end_layer()
+        self.vram.end_layer()
+
+    def close(self) -> None:
+        self.be.fence()
+
+
+def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: int = 0, keep_outputs: bool = False,
+        layer_hook=None, progress=None) -> dict:
+    """Run ``conc`` streams for the simulator's warm + measured steps (measured capped at max_steps)."""
+    seed_mode = R.policy.get("seed", "warmup")
+    warmup_tokens = int(R.policy.get("warmup_tokens", 1000))
+    offsets, warm_steps, measured, wtok = _segment_plan(trace, conc, 1, seed_mode, warmup_tokens)
+    if max_steps:
+        measured = min(measured, max_steps)
+    E, Lr, K, H = R.experts, R.layers, R.topk, store.layout.hidden
+    streams = Streams(trace, conc, K, E, offsets=offsets)
+    rt = Runtime(R, store, backend, trace, conc, seed=seed)
+    if seed_mode == "oracle":
+        rt.seed_tiers(rank_keys(trace.ids[:, :, :K], E))
+    elif seed_mode == "warmup" and wtok:
+        rt.seed_tiers(rank_keys(np.concatenate([trace.segment(s)[:wtok, :, :K] for s in range(trace.nseg)]), E))
+    elif R.ram_slots >= R.keys:
+        rt.seed_tiers([])
+    rp, L = rt.rp, rt.L
+    fixed_layer = R.fixed(conc) / Lr
+    weights = trace.weights
+    digests, outputs = [], []
+    t_model = 0.0
+    wall_meas = 0.0
+    st0 = None
+    depth = rp.pf_depth if rt.predictor is not None else 0
+    for step in range(warm_steps + measured):
+        meas = step >= warm_steps
+        if meas and st0 is None:
+            st0 = dict(rt.stats)
+        L.step = step
+        rows = streams.rows(step)
+        x = np.stack([token_state(H, i, t, seed) for i, t in rows])
+        w0 = time.perf_counter()
+        for layer in range(Lr):
+            t_model += fixed_layer
+            rows_keys = [streams.keys[i][t][layer] for i, t in rows]
+            if weights is not None:
+                rows_w = [weights[int(trace.segments[i % trace.nseg]) + t, layer, :K].tolist() for i, t in rows]
+            else:
+                rows_w = [[1.0 / K] * K for _ in rows]
+            xin = x
+            y, plan = rt.layer(layer, rows_keys, rows_w, x, t_model)
+            x = rmsnorm(x + y)
+            if layer_hook is not None:
+                layer_hook(step, layer, xin, y, rows_keys, rows_w, rt)
+            if depth:
+                rt.expire(layer, t_model)
+                if layer + depth < Lr:
+                    fut = None
+                    if rt.predictor.uses_future:
+                        fut = [k - (layer + depth) * E for k in streams.picks(rows, layer + depth)]
+                    rt.prefetch(layer, streams, rows, fut, t_model)
+            t_model += plan.ms
+            rt.end_layer()
+        if meas:
+            wall_meas += time.perf_counter() - w0
+        digests.append(hashlib.blake2b(x.tobytes(), digest_size=8).hexdigest())
+        if keep_outputs:
+            outputs.append(x.copy())
+        if progress is not None:
+            progress(step, warm_steps + measured)
+    rt.close()
+    st = {k: rt.stats[k] - st0[k] for k in rt.stats}
+    tokens = measured * conc
+    per_tok = lambda s: 1000.0 * s / tokens  # noqa: E731
+    return {
+        "conc": conc, "steps": measured, "warm_steps": warm_steps, "tokens": tokens,
+        "tok_s": tokens / wall_meas if wall_meas else 0.0,
+        "ms_per_token": 1000.0 * wall_meas / tokens,
+        "lanes_ms_per_token": {"cpu": per_tok(st["lane_cpu_s"]), "gpu": per_tok(st["lane_gpu_s"]),
+                               "zerocopy": per_tok(st["lane_zc_s"]), "nvme_wait": per_tok(st["nvme_wait_s"]),
+                               "plan": per_tok(st["plan_s"]), "bookkeeping": per_tok(st["book_s"]),
+                               "combine": per_tok(st["combine_s"])},
+        "reads_per_token": st["reads"] / tokens,
+        "masked_per_token": st["masked"] / tokens,
+        "lossy": st["masked"] > 0,
+        "checksum_failures": int(getattr(rt.be, "stats", {}).get("checksum_failures", 0)),
+        "checksum_checked": int(getattr(rt.be, "stats", {}).get("checksum_checked", 0)),
+        "digests": digests,
+        "outputs": outputs if keep_outputs else None,
+        "ledger": dict(L.counters),
+    }
