@@ -304,7 +304,7 @@ class Runtime:
 
 
 def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: int = 0, keep_outputs: bool = False,
-        layer_hook=None, progress=None) -> dict:
+        layer_hook=None, plan_hook=None, progress=None) -> dict:
     """Run ``conc`` streams for the simulator's warm + measured steps (measured capped at max_steps)."""
     seed_mode = R.policy.get("seed", "warmup")
     warmup_tokens = int(R.policy.get("warmup_tokens", 1000))
@@ -346,6 +346,8 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
             xin = x
             y, plan = rt.layer(layer, rows_keys, rows_w, x, t_model)
             x = rmsnorm(x + y)
+            if plan_hook is not None:
+                plan_hook(step, layer, plan)
             if layer_hook is not None:
                 layer_hook(step, layer, xin, y, rows_keys, rows_w, rt)
             if depth:

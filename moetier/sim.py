@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from moetier.ledger import Ledger
-from moetier.plan import LayerPlan, NvmeChannel, PlanContext, plan_layer
+from moetier.plan import LayerPlan, NvmeChannel, PlanContext, plan_layer  # noqa: F401
 from moetier.predict import make_predictor
 
 ORACLE_WARM_STEPS = 200
@@ -97,12 +97,6 @@ class Replay:
         self.pf_target: dict[int, list] = {}
         self.pf_used = 0
         self.pf_stale: list = []
-
-    # -- one layer ----------------------------------------------------------------------------------------------
-    def layer(self, picks: dict, t: float) -> LayerPlan:
-        plan = plan_layer(self.ctx, self.ledger, picks, t, self.chan)
-        self.commit(plan, picks)
-        return plan
 
     def commit(self, plan: LayerPlan, picks: dict) -> None:
         L = self.ledger
@@ -211,7 +205,7 @@ def _segment_plan(trace, conc: int, window: int, seed_mode: str, warmup_tokens: 
 
 
 def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_ms: float = 0.0,
-        max_steps: int = 0, progress=None) -> dict:
+        max_steps: int = 0, progress=None, plan_hook=None) -> dict:
     """Replay ``trace`` through recipe ``R`` at ``conc`` streams; returns the report dict (see module docstring)."""
     seed_mode = R.policy.get("seed", "warmup")
     if seed_mode not in ("warmup", "oracle", "none"):
@@ -259,6 +253,8 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
             picks = streams.picks(rows, layer)
             plan = plan_layer(rp.ctx, rp.ledger, picks, t, chan)
             rp.commit(plan, picks)
+            if plan_hook is not None:
+                plan_hook(step, layer, plan)
             if depth:
                 rp.expire(layer, t)
                 if layer + depth < L:
