@@ -40,6 +40,15 @@ def register(sub, parser_class) -> None:
     r.add_argument("--json", action="store_true")
     r.set_defaults(fn=cmd_run)
 
+    b = sub.add_parser("bench", help="measure this machine; write its hardware and engine records")
+    b.add_argument("--store", required=True, help="a packed store (its record size is what gets measured)")
+    b.add_argument("--hardware", default="local-cpu", help="hardware record id to write")
+    b.add_argument("--engine", default="numba-cpu", help="engine record id to write")
+    b.add_argument("--records", type=int, default=256, help="records read per bandwidth pass")
+    b.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(fn=cmd_bench)
+
 
 def cmd_store(args) -> int:
     from moetier import spec, store
@@ -120,5 +129,27 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _json(o):
-    return json.dumps(o, sort_keys=True)
+def cmd_bench(args) -> int:
+    from moetier import bench, spec, store
+    from moetier.cli import _emit
+    st = store.open_store(args.store)
+    m = bench.measure(st, nrec=args.records)
+    when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    hw, eng = bench.records(m, args.hardware, args.engine, when)
+    if not args.dry_run:
+        for kind, rec in (("hardware", hw), ("engine", eng)):
+            print(f"wrote {spec.write_record(kind, rec)}", file=sys.stderr)
+    if args.json:
+        _emit({"measured": m, "hardware": hw, "engine": eng})
+        return 0
+    lane = m["cpu_lane"]
+    print("| measure | value |\n|---|---|")
+    print(f"| memory read bandwidth, all cores | {m['membw_read_gbps']:.2f} GB/s |")
+    for q in (m["nvme_qd1"], m["nvme_qd16"]):
+        print(f"| {'O_DIRECT' if q['direct'] else 'buffered'} read QD{q['qd']}, {m['record_bytes']:,} B records | "
+              f"{q['gbps']:.2f} GB/s, latency p50 {q['latency_ms_p50']:.2f} ms / p90 {q['latency_ms_p90']:.2f} ms |")
+    print(f"| cpu lane ({lane['encoding']}) | per_layer {lane['per_layer_ms']:.4f} ms, per_expert "
+          f"{lane['per_expert_ms']:.4f} ms, per_extra_token {lane['per_extra_token_ms']:.4f} ms |")
+    print(f"| cpu lane weight bytes/s, 1 row | {lane['weight_gbps_1row']:.2f} GB/s "
+          f"({lane['weight_gbps_1row'] / m['membw_read_gbps']:.2f} of memory bandwidth) |")
+    return 0

@@ -101,6 +101,7 @@ class Runtime:
             self._fill_now(k, staging=True)
             tp = L.begin_push(k)
             self._push_now(k, tp)
+        self.ram.end_layer()                   # the seeded pushes landed: their staging slots are free again
         L.clock.ref[:] = bytes(L.clock.n)
         if L.all_in_ram:
             rest = [k for k in range(L.keys) if L.state.get(k) is None]
@@ -127,17 +128,17 @@ class Runtime:
         self.ram_slot[k] = slot
         return slot
 
-    def _push_now(self, k, tp):
+    def _push_now(self, k, tp, protect=()):
         """tp = a push ticket: drain its victim first (same copy queue), then push, then land both."""
         be, L = self.be, self.L
-        self._drains()
+        self._drains(protect)
         h = be.push(k, self.ram_slot[k], tp.slot)
         self._wait(h, tp)
         for freed in L.land(tp):
             self._release_ram(freed)
         self.vram_slot[k] = tp.slot
 
-    def _drains(self):
+    def _drains(self, protect=()):
         L, be = self.L, self.be
         for td in L.take_drains():
             slot = self.ram.alloc()
@@ -145,7 +146,7 @@ class Runtime:
             self._wait(h, td)
             self.vram_slot.pop(td.key, None)
             self.ram_slot[td.key] = slot
-            for ev in L.land(td):
+            for ev in L.land(td, protect):
                 self._release_ram(ev)
 
     def _release_ram(self, k):
@@ -231,7 +232,7 @@ class Runtime:
             for k in plan.zerocopy:
                 tp = L.begin_push(k, picks)
                 if tp is not None:
-                    self._push_now(k, tp)
+                    self._push_now(k, tp, picks)
         for k in plan.nvme_gpu:
             tk, h, slot = self.inflight.pop(k)
             self._wait(h, tk)
@@ -247,10 +248,10 @@ class Runtime:
                 L.drop_staged(k)
                 self._release_ram(k)
             else:
-                self._push_now(k, tp)
+                self._push_now(k, tp, picks)
                 out.update(be.compute("gpu", [(k, self.vram_slot[k], rows_of[k])], x))
             st["lane_gpu_s"] += time.perf_counter() - t
-        self._drains()
+        self._drains(picks)
         st["book_s"] += time.perf_counter() - b0
         st["masked"] += len(plan.masked)
         st["picks"] += len(picks)

@@ -122,7 +122,7 @@ class Replay:
             for k in plan.zerocopy:
                 tp = L.begin_push(k, picks)
                 if tp is not None:
-                    self._drain(L)
+                    self._drain(L, picks)
                     L.land(tp)
         for k in plan.nvme_gpu:
             tk = pft.pop(k, None)
@@ -135,16 +135,16 @@ class Replay:
             if tp is None:            # no VRAM slot free of pins: computed from staging, then dropped
                 L.drop_staged(k)
                 continue
-            self._drain(L)
+            self._drain(L, picks)
             L.land(tp)
         if L._lfu_window:
             L.observe(picks, L.step)
 
     @staticmethod
-    def _drain(L) -> None:
+    def _drain(L, protect) -> None:
         if L.drains:
             for tk in L.take_drains():
-                L.land(tk)
+                L.land(tk, protect)
 
     # -- prefetch -----------------------------------------------------------------------------------------------
     def prefetch(self, layer: int, rows_local, future, t: float) -> None:
