@@ -55,7 +55,13 @@ def test_every_shipped_record_validates_and_ids_match_files():
         for rid, rec in recs.items():
             assert rec["id"] == rid
             assert spec.load_record(kind, rid) == rec
-    assert len(allrec["recipe"]) == 5 and len(allrec["engine"]) == 3 and len(allrec["hardware"]) == 3
+    published = {"recipe": {"glm53-rtx3090-55g-nvx4", "glm53-rtx3090-55g-nvx4-cold2b", "glm53-rtx5070-20g-nvme1",
+                            "qwen38fn-arcb70-32g-nvx4", "qwen38fn-arcb70-16g-nvx4"},
+                 "engine": {"exllamav3-cuda", "avx2-exl3-cpu", "exl3xpu-arc"},
+                 "hardware": {"omarchy-rtx3090-nvx4", "omarchy-arcb70-nvx4", "omarchy-rtx5070-ddr5-nvme1"},
+                 "model": {"glm-5.3-flash-exl3-3.05bpw", "qwen3.8-flash-next-exl3-3.05bpw"}}
+    for kind, ids in published.items():
+        assert ids <= set(allrec[kind]), (kind, ids - set(allrec[kind]))
 
 
 def test_every_shipped_recipe_resolves_with_full_policy():
@@ -65,8 +71,8 @@ def test_every_shipped_recipe_resolves_with_full_policy():
         for key in ("vram", "ram", "ram_evict", "seed", "warmup_tokens", "exact", "overlap", "prefetch"):
             assert key in p, (rid, key)
         assert set(p["prefetch"]) == {"depth", "recall", "predictor", "budget"}
-        assert R.policy["ram"] == "exclusive" and R.policy["seed"] == "warmup" and R.policy["warmup_tokens"] == 1000
-        assert R.trace in ("traces/glm53-synth.npz", "traces/qwen38-synth.npz")
+        assert R.policy["ram"] == "exclusive" and R.policy["seed"] == "warmup" and R.policy["warmup_tokens"] >= 1
+        assert (spec.REGISTRY.parent / R.trace).exists(), (rid, R.trace)
         json.dumps(R.summary(), default=str)
 
 
