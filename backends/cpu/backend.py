@@ -6,6 +6,9 @@ bit-deterministic: the kernels fix every reduction order (backends/cpu/kernels.p
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from moetier.contract import BackendUnavailable, Capabilities
@@ -31,6 +34,12 @@ class CpuBackend:
         self.capabilities = Capabilities(name="cpu", device="host CPU (Numba)", lanes=frozenset({"cpu"}),
                                          encodings=frozenset({"int8", "int4g32"}), vram_slots=0)
         kernels.warmup(self.layout)
+        # one persistent worker per core, each running the kernel single-threaded on whole experts: a parallel
+        # (OpenMP/TBB) call stalls a full scheduler slice whenever another process holds a core, and an expert's
+        # output still comes from exactly one thread, so the bits do not depend on the split
+        self.workers = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="moetier-cpu-lane") if self.workers > 1 \
+            else None
 
     @property
     def ram_slot_count(self) -> int:
@@ -46,10 +55,20 @@ class CpuBackend:
             raise BackendUnavailable(f"cpu backend: no {lane!r} lane")
         if not jobs:
             return {}
-        bufs = [self.pool.view(slot) for _, slot, _ in jobs]
-        xs = [np.ascontiguousarray(x[rows]) for _, _, rows in jobs]
-        outs = kernels.experts_forward(self.layout, bufs, xs)
-        return {k: y for (k, _, _), y in zip(jobs, outs)}
+        lay, view = self.layout, self.pool.view
+
+        def part(js):
+            outs = kernels.experts_forward(lay, [view(s) for _, s, _ in js],
+                                           [np.ascontiguousarray(x[rows]) for _, _, rows in js], parallel=False)
+            return [(k, y) for (k, _, _), y in zip(js, outs)]
+
+        if self._pool is None or len(jobs) == 1:
+            return dict(part(jobs))
+        n = min(self.workers, len(jobs))
+        out = {}
+        for res in self._pool.map(part, [jobs[i::n] for i in range(n)]):
+            out.update(res)
+        return out
 
     # -- transfers --------------------------------------------------------------------------------------------
     def fill(self, key: int, slot: int):
@@ -81,5 +100,7 @@ class CpuBackend:
         return dict(self.reader.stats)
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
         self.reader.close()
         self.pool.close()

@@ -4,7 +4,7 @@ Strategy (the one llama.cpp uses for q8_0 x q8 activations, widened to int16 act
 
 * activations are quantized on the fly per token row to int16 with one float32 scale per row;
 * each weight row is dotted with the quantized activations in exact int32 arithmetic (LLVM turns the
-  int8/int16 x int16 -> int32 reduction into vpmaddwd / vpdpwssd on AVX-512 machines), then scaled once;
+  int8 x int16 -> int32 reduction into vpmovsxbw + vpmaddwd), then scaled once;
 * int8: one int32 sum per output element, so there is no float reduction at all;
   int4g32: an exact int32 product per weight byte (two columns), scaled by its group scale and summed in
   float32 (one flat loop over the row; the "-8" nibble offset is folded out per group).
@@ -14,18 +14,22 @@ Strategy (the one llama.cpp uses for q8_0 x q8 activations, widened to int16 act
 Determinism: every output element is computed by one thread with a fixed reduction order (parallel loops run
 over (expert, output-row block) work items, never over a reduction), so results are bit-identical across runs
 and independent of the thread count. The record is read in place from the uint8 buffer it lives in.
+
+Shared cores: a numba parallel region waits for its slowest thread, so when another process holds a core a call
+can stall for a scheduler time slice (~16 ms measured). expert_forward(..., parallel=False) runs the same compiled
+kernel on a one-thread team for the calling thread (GIL released), so a lane can run one Python worker thread per
+core instead; see docs/expert-format.md for measured figures of both modes.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import time
 
 import numpy as np
 from numba import get_num_threads, njit, prange, set_num_threads
 
-from moetier.expert import ExpertLayout, views
+from moetier.expert import ExpertLayout
 
 _JIT = dict(fastmath=True, cache=True, nogil=True)
 _I32MAX = 2**31 - 1
@@ -81,50 +85,63 @@ def _dot_i8(w, x):
     return s
 
 
+@njit(**_JIT)
+def _int8_prep(x, A):
+    q = np.empty(x.shape, np.int16)
+    s = np.empty(x.shape[0], np.float32)
+    for r in range(x.shape[0]):  # serial: a few rows, cheaper than another parallel region
+        s[r] = _quant_row(x[r], A, q[r])
+    return q, s
+
+
+@njit(**_JIT)
+def _int8_gate_up_item(slab, recs, offs, H, F, xq, sx, rp, h, it):
+    """Work item it = (expert e, block of BLOCK ffn rows): h[rows of e, block] = silu(gate) * up."""
+    nb = (F + BLOCK - 1) // BLOCK
+    e = it // nb
+    f0 = (it % nb) * BLOCK
+    f1 = min(F, f0 + BLOCK)
+    b = recs[e]
+    gq = slab[b + offs[0]:b + offs[0] + F * H].view(np.int8).reshape((F, H))
+    uq = slab[b + offs[1]:b + offs[1] + F * H].view(np.int8).reshape((F, H))
+    gs = slab[b + offs[3]:b + offs[3] + 4 * F].view(np.float32)
+    us = slab[b + offs[4]:b + offs[4] + 4 * F].view(np.float32)
+    for f in range(f0, f1):
+        gw = gq[f]
+        uw = uq[f]
+        for r in range(rp[e], rp[e + 1]):
+            g = np.float32(_dot_i8(gw, xq[r])) * (gs[f] * sx[r])
+            u = np.float32(_dot_i8(uw, xq[r])) * (us[f] * sx[r])
+            h[r, f] = _silu_mul(g, u)
+
+
+@njit(**_JIT)
+def _int8_down_item(slab, recs, offs, H, F, hq, sh, rp, out, it):
+    """Work item it = (expert e, block of BLOCK hidden rows): out[rows of e, block] = down @ h."""
+    nb = (H + BLOCK - 1) // BLOCK
+    e = it // nb
+    o0 = (it % nb) * BLOCK
+    o1 = min(H, o0 + BLOCK)
+    b = recs[e]
+    dq = slab[b + offs[2]:b + offs[2] + H * F].view(np.int8).reshape((H, F))
+    ds = slab[b + offs[5]:b + offs[5] + 4 * H].view(np.float32)
+    for o in range(o0, o1):
+        dw = dq[o]
+        for r in range(rp[e], rp[e + 1]):
+            out[r, o] = np.float32(_dot_i8(dw, hq[r])) * (ds[o] * sh[r])
+
+
 @njit(parallel=True, **_JIT)
 def _int8_forward(slab, recs, offs, H, F, x, rp, out, Ax, Ah):
     """recs[e]: byte offset of expert e's record in slab; rows rp[e]:rp[e+1] of x/out belong to expert e."""
     n = recs.shape[0]
-    nrow = x.shape[0]
-    xq = np.empty((nrow, H), np.int16)
-    sx = np.empty(nrow, np.float32)
-    for r in range(nrow):  # serial: a few rows, cheaper than another parallel region
-        sx[r] = _quant_row(x[r], Ax, xq[r])
-    h = np.empty((nrow, F), np.float32)
-    nbf = (F + BLOCK - 1) // BLOCK
-    for it in prange(n * nbf):
-        e = it // nbf
-        f0 = (it % nbf) * BLOCK
-        f1 = min(F, f0 + BLOCK)
-        b = recs[e]
-        gq = slab[b + offs[0]:b + offs[0] + F * H].view(np.int8).reshape((F, H))
-        uq = slab[b + offs[1]:b + offs[1] + F * H].view(np.int8).reshape((F, H))
-        gs = slab[b + offs[3]:b + offs[3] + 4 * F].view(np.float32)
-        us = slab[b + offs[4]:b + offs[4] + 4 * F].view(np.float32)
-        for f in range(f0, f1):
-            gw = gq[f]
-            uw = uq[f]
-            for r in range(rp[e], rp[e + 1]):
-                g = np.float32(_dot_i8(gw, xq[r])) * (gs[f] * sx[r])
-                u = np.float32(_dot_i8(uw, xq[r])) * (us[f] * sx[r])
-                h[r, f] = _silu_mul(g, u)
-    hq = np.empty((nrow, F), np.int16)
-    sh = np.empty(nrow, np.float32)
-    for r in range(nrow):  # serial: a few rows, cheaper than another parallel region
-        sh[r] = _quant_row(h[r], Ah, hq[r])
-    nbh = (H + BLOCK - 1) // BLOCK
-    for it in prange(n * nbh):
-        e = it // nbh
-        o0 = (it % nbh) * BLOCK
-        o1 = min(H, o0 + BLOCK)
-        b = recs[e]
-        dq = slab[b + offs[2]:b + offs[2] + H * F].view(np.int8).reshape((H, F))
-        ds = slab[b + offs[5]:b + offs[5] + 4 * H].view(np.float32)
-        for o in range(o0, o1):
-            dw = dq[o]
-            for r in range(rp[e], rp[e + 1]):
-                acc = _dot_i8(dw, hq[r])
-                out[r, o] = np.float32(acc) * (ds[o] * sh[r])
+    xq, sx = _int8_prep(x, Ax)
+    h = np.empty((x.shape[0], F), np.float32)
+    for it in prange(n * ((F + BLOCK - 1) // BLOCK)):
+        _int8_gate_up_item(slab, recs, offs, H, F, xq, sx, rp, h, it)
+    hq, sh = _int8_prep(h, Ah)
+    for it in prange(n * ((H + BLOCK - 1) // BLOCK)):
+        _int8_down_item(slab, recs, offs, H, F, hq, sh, rp, out, it)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -164,55 +181,65 @@ def _dot_int4g32(wq, ws, xe, xo, gsum):
     return acc
 
 
+@njit(**_JIT)
+def _int4_prep(x, A):
+    """Per row: int16 quantization split into even/odd columns, group offsets, and the row scale."""
+    nrow, n = x.shape
+    xe = np.empty((nrow, n // 2), np.int16)
+    xo = np.empty((nrow, n // 2), np.int16)
+    xg = np.empty((nrow, n // 32), np.int32)
+    sx = np.empty(nrow, np.float32)
+    tmp = np.empty(n, np.int16)
+    for r in range(nrow):  # serial: a few rows, cheaper than another parallel region
+        sx[r] = _quant_row(x[r], A, tmp)
+        _split_even_odd(tmp, xe[r], xo[r], xg[r])
+    return xe, xo, xg, sx
+
+
+@njit(**_JIT)
+def _int4_gate_up_item(slab, recs, offs, H, F, xe, xo, xg, sx, rp, h, it):
+    nb = (F + BLOCK - 1) // BLOCK
+    e = it // nb
+    f0 = (it % nb) * BLOCK
+    f1 = min(F, f0 + BLOCK)
+    b = recs[e]
+    GH = H // 32
+    gq = slab[b + offs[0]:b + offs[0] + F * H // 2].reshape((F, H // 2))
+    uq = slab[b + offs[1]:b + offs[1] + F * H // 2].reshape((F, H // 2))
+    gs = slab[b + offs[3]:b + offs[3] + 4 * F * GH].view(np.float32).reshape((F, GH))
+    us = slab[b + offs[4]:b + offs[4] + 4 * F * GH].view(np.float32).reshape((F, GH))
+    for f in range(f0, f1):
+        for r in range(rp[e], rp[e + 1]):
+            g = _dot_int4g32(gq[f], gs[f], xe[r], xo[r], xg[r]) * sx[r]
+            u = _dot_int4g32(uq[f], us[f], xe[r], xo[r], xg[r]) * sx[r]
+            h[r, f] = _silu_mul(g, u)
+
+
+@njit(**_JIT)
+def _int4_down_item(slab, recs, offs, H, F, he, ho, hg, sh, rp, out, it):
+    nb = (H + BLOCK - 1) // BLOCK
+    e = it // nb
+    o0 = (it % nb) * BLOCK
+    o1 = min(H, o0 + BLOCK)
+    b = recs[e]
+    GF = F // 32
+    dq = slab[b + offs[2]:b + offs[2] + H * F // 2].reshape((H, F // 2))
+    ds = slab[b + offs[5]:b + offs[5] + 4 * H * GF].view(np.float32).reshape((H, GF))
+    for o in range(o0, o1):
+        for r in range(rp[e], rp[e + 1]):
+            out[r, o] = _dot_int4g32(dq[o], ds[o], he[r], ho[r], hg[r]) * sh[r]
+
+
 @njit(parallel=True, **_JIT)
 def _int4_forward(slab, recs, offs, H, F, x, rp, out, Ax, Ah):
     n = recs.shape[0]
-    nrow = x.shape[0]
-    GH = H // 32
-    GF = F // 32
-    xe = np.empty((nrow, H // 2), np.int16)
-    xo = np.empty((nrow, H // 2), np.int16)
-    xg = np.empty((nrow, GH), np.int32)
-    sx = np.empty(nrow, np.float32)
-    for r in range(nrow):  # serial: a few rows, cheaper than another parallel region
-        tmp = np.empty(H, np.int16)
-        sx[r] = _quant_row(x[r], Ax, tmp)
-        _split_even_odd(tmp, xe[r], xo[r], xg[r])
-    h = np.empty((nrow, F), np.float32)
-    nbf = (F + BLOCK - 1) // BLOCK
-    for it in prange(n * nbf):
-        e = it // nbf
-        f0 = (it % nbf) * BLOCK
-        f1 = min(F, f0 + BLOCK)
-        b = recs[e]
-        gq = slab[b + offs[0]:b + offs[0] + F * H // 2].reshape((F, H // 2))
-        uq = slab[b + offs[1]:b + offs[1] + F * H // 2].reshape((F, H // 2))
-        gs = slab[b + offs[3]:b + offs[3] + 4 * F * GH].view(np.float32).reshape((F, GH))
-        us = slab[b + offs[4]:b + offs[4] + 4 * F * GH].view(np.float32).reshape((F, GH))
-        for f in range(f0, f1):
-            for r in range(rp[e], rp[e + 1]):
-                g = _dot_int4g32(gq[f], gs[f], xe[r], xo[r], xg[r]) * sx[r]
-                u = _dot_int4g32(uq[f], us[f], xe[r], xo[r], xg[r]) * sx[r]
-                h[r, f] = _silu_mul(g, u)
-    he = np.empty((nrow, F // 2), np.int16)
-    ho = np.empty((nrow, F // 2), np.int16)
-    hg = np.empty((nrow, GF), np.int32)
-    sh = np.empty(nrow, np.float32)
-    for r in range(nrow):  # serial: a few rows, cheaper than another parallel region
-        tmp = np.empty(F, np.int16)
-        sh[r] = _quant_row(h[r], Ah, tmp)
-        _split_even_odd(tmp, he[r], ho[r], hg[r])
-    nbh = (H + BLOCK - 1) // BLOCK
-    for it in prange(n * nbh):
-        e = it // nbh
-        o0 = (it % nbh) * BLOCK
-        o1 = min(H, o0 + BLOCK)
-        b = recs[e]
-        dq = slab[b + offs[2]:b + offs[2] + H * F // 2].reshape((H, F // 2))
-        ds = slab[b + offs[5]:b + offs[5] + 4 * H * GF].view(np.float32).reshape((H, GF))
-        for o in range(o0, o1):
-            for r in range(rp[e], rp[e + 1]):
-                out[r, o] = _dot_int4g32(dq[o], ds[o], he[r], ho[r], hg[r]) * sh[r]
+    xe, xo, xg, sx = _int4_prep(x, Ax)
+    h = np.empty((x.shape[0], F), np.float32)
+    for it in prange(n * ((F + BLOCK - 1) // BLOCK)):
+        _int4_gate_up_item(slab, recs, offs, H, F, xe, xo, xg, sx, rp, h, it)
+    he, ho, hg, sh = _int4_prep(h, Ah)
+    for it in prange(n * ((H + BLOCK - 1) // BLOCK)):
+        _int4_down_item(slab, recs, offs, H, F, he, ho, hg, sh, rp, out, it)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -232,19 +259,30 @@ def _offsets(lay: ExpertLayout) -> np.ndarray:
 
 def _as_u8(buf) -> np.ndarray:
     if isinstance(buf, np.ndarray):
-        a = buf if buf.dtype == np.uint8 else buf.view(np.uint8)
-        if a.ndim != 1:
-            a = a.reshape(-1)
-        return a
+        if not buf.flags.c_contiguous:
+            raise ValueError("expert buffer: expected a contiguous array (the record is read in place, never copied)")
+        return buf.reshape(-1).view(np.uint8)
     return np.frombuffer(buf, dtype=np.uint8)
 
 
-def _run(lay, slab, recs, x, rp, out):
+def _run(lay, slab, recs, x, rp, out, parallel=True):
     if recs.size and (recs.min() < 0 or recs.max() + lay.record_bytes > slab.size):
         raise ValueError(f"expert record out of bounds of its buffer ({slab.size} bytes)")
     H, F = lay.hidden, lay.ffn
     kern = _int8_forward if lay.encoding == "int8" else _int4_forward
-    kern(slab, recs, _offsets(lay), H, F, x, rp, out, _act_range(H), _act_range(F))
+    args = (slab, recs, _offsets(lay), H, F, x, rp, out, _act_range(H), _act_range(F))
+    if parallel:
+        kern(*args)
+    else:
+        # The same compiled kernel with a one-thread team for this calling thread (numba's thread count is
+        # thread-local): bit-identical results, no barrier with other cores. (A separately compiled serial kernel
+        # was measured 2x slower for int4: LLVM vectorised the inlined int4 dot differently.)
+        old = get_num_threads()
+        set_num_threads(1)
+        try:
+            kern(*args)
+        finally:
+            set_num_threads(old)
     return out
 
 
@@ -257,8 +295,12 @@ def _check_x(lay, x):
     return x
 
 
-def expert_forward(lay: ExpertLayout, buf_u8, x_f32, out_f32=None) -> np.ndarray:
-    """One expert on token rows x [rows, H] -> float32 [rows, H]; the record is read in place from buf_u8."""
+def expert_forward(lay: ExpertLayout, buf_u8, x_f32, out_f32=None, parallel: bool = True) -> np.ndarray:
+    """One expert on token rows x [rows, H] -> float32 [rows, H]; the record is read in place from buf_u8.
+
+    parallel=False runs on the calling thread only (GIL released): use it from several Python threads when the
+    cores are shared, since a numba parallel region waits for its slowest thread. Results are bit-identical.
+    """
     slab = _as_u8(buf_u8)
     x = _check_x(lay, x_f32)
     rows = x.shape[0]
@@ -266,7 +308,7 @@ def expert_forward(lay: ExpertLayout, buf_u8, x_f32, out_f32=None) -> np.ndarray
         out_f32 = np.empty((rows, lay.hidden), np.float32)
     elif out_f32.shape != (rows, lay.hidden) or out_f32.dtype != np.float32 or not out_f32.flags.c_contiguous:
         raise ValueError(f"out_f32: expected contiguous float32 [{rows}, {lay.hidden}]")
-    return _run(lay, slab, np.zeros(1, np.int64), x, np.array([0, rows], np.int64), out_f32)
+    return _run(lay, slab, np.zeros(1, np.int64), x, np.array([0, rows], np.int64), out_f32, parallel)
 
 
 def _root(a: np.ndarray) -> np.ndarray:
@@ -275,7 +317,7 @@ def _root(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def experts_forward(lay: ExpertLayout, bufs, xs, outs=None):
+def experts_forward(lay: ExpertLayout, bufs, xs, outs=None, parallel: bool = True):
     """Several experts in one parallel call (work items are (expert, output-row block) pairs).
 
     bufs: list of records (uint8 arrays, best all views into one slab; otherwise one call per expert).
@@ -299,18 +341,22 @@ def experts_forward(lay: ExpertLayout, bufs, xs, outs=None):
     rp[1:] = np.cumsum(rows)
     out = np.empty((int(rp[-1]), lay.hidden), np.float32)
     u8 = [_as_u8(b) for b in bufs]
-    slab = _root(u8[0]) if n else None
-    shared = n > 0 and slab.dtype == np.uint8 and slab.ndim == 1 and slab.flags.c_contiguous
-    if shared:
+    for i, b in enumerate(u8):
+        if b.size < lay.record_bytes:
+            raise ValueError(f"bufs[{i}]: expected at least {lay.record_bytes} bytes, got {b.size}")
+    root = _root(u8[0]) if n else None
+    shared = n > 0 and root.flags.c_contiguous and all(_root(b) is root for b in u8)
+    if shared:  # all records are views into one contiguous array: address them as offsets into it
+        slab = root.reshape(-1).view(np.uint8)
         base = slab.__array_interface__["data"][0]
         recs = np.array([b.__array_interface__["data"][0] - base for b in u8], np.int64)
-        shared = all(_root(b) is slab for b in u8)
+        shared = bool((recs >= 0).all() and (recs + lay.record_bytes <= slab.size).all())
     if shared:
-        _run(lay, slab, recs, xcat, rp, out)
+        _run(lay, slab, recs, xcat, rp, out, parallel)
     else:
         for e in range(n):
             _run(lay, u8[e], np.zeros(1, np.int64), xcat[rp[e]:rp[e + 1]], np.array([0, rows[e]], np.int64),
-                 out[rp[e]:rp[e + 1]])
+                 out[rp[e]:rp[e + 1]], parallel)
     if as_array:
         res = out.reshape(n, xs.shape[1], lay.hidden)
         if outs is not None:
@@ -333,10 +379,10 @@ def warmup(lay: ExpertLayout) -> None:
     """
     buf = np.zeros(lay.record_bytes, np.uint8)
     x = np.zeros((1, lay.hidden), np.float32)
-    expert_forward(lay, buf, x)
     ro = buf.view()
     ro.flags.writeable = False
-    expert_forward(lay, ro, x)
+    for b in (buf, ro):
+        expert_forward(lay, b, x)
 
 
 # --------------------------------------------------------------------------------------------------------------------
