@@ -57,41 +57,39 @@ def read_bandwidth(st, qd: int, nrec: int, seed: int = 0) -> dict:
             "direct": direct}
 
 
-def cpu_lane_costs(st, *, experts=(1, 4, 16), rows=(1, 2, 4, 8), repeats=5) -> dict:
-    """Fit ms = per_layer + n * per_expert + n * (m - 1) * per_extra_token over a grid (n experts, m rows)."""
-    from backends.cpu import kernels
+def cpu_lane_costs(st, *, experts=(1, 2, 4, 8, 16), rows=(1, 2, 4, 8), repeats=7) -> dict:
+    """Fit ms = per_layer + n * per_expert + n * (m - 1) * per_extra_token over a grid (n experts, m rows),
+    timing the cpu backend's compute() exactly as the runtime calls it."""
+    from backends.cpu.backend import CpuBackend
     lay = st.layout
-    nslots = max(experts) * 8
-    pool = SlotPool(nslots, st.record_bytes)
-    rd = Reader(st, pool, queue_depth=16, verify_rate=1.0)
+    nslots = min(st.nrecords, max(experts) * 8)
+    be = CpuBackend(st, ram_slots=nslots, verify_rate=1.0)
     try:
         for i in range(nslots):
-            rd.wait(rd.fill(i % st.nrecords, i))
-        kernels.warmup(lay)
+            be.wait(be.fill(i, i))
         rng = np.random.default_rng(0)
         A, y, samples = [], [], []
         rot = 0
         for n in experts:
             for m in rows:
-                best = float("inf")
+                x = rng.standard_normal((m, lay.hidden)).astype(np.float32)
+                times = []
                 for _ in range(repeats):
-                    slots = [(rot + j) % nslots for j in range(n)]   # rotate so weights come from DRAM, not cache
+                    jobs = [(j, (rot + j) % nslots, list(range(m))) for j in range(n)]  # rotate: weights from DRAM
                     rot += n
-                    bufs = [pool.view(s) for s in slots]
-                    xs = [rng.standard_normal((m, lay.hidden)).astype(np.float32) for _ in slots]
                     t0 = time.perf_counter()
-                    kernels.experts_forward(lay, bufs, xs)
-                    best = min(best, (time.perf_counter() - t0) * 1e3)
+                    be.compute("cpu", jobs, x)
+                    times.append((time.perf_counter() - t0) * 1e3)
+                ms = float(np.median(times))
                 A.append([1.0, n, n * (m - 1)])
-                y.append(best)
-                samples.append({"experts": n, "rows": m, "ms": best})
+                y.append(ms)
+                samples.append({"experts": n, "rows": m, "ms": ms})
         coef, *_ = np.linalg.lstsq(np.array(A), np.array(y), rcond=None)
         per_layer, per_expert, per_extra = (max(0.0, float(c)) for c in coef)
         one = [s["ms"] for s in samples if s["rows"] == 1 and s["experts"] == max(experts)][0]
         gbps = max(experts) * lay.weight_bytes / (one / 1e3) / 1e9
     finally:
-        rd.close()
-        pool.close()
+        be.close()
     return {"per_layer_ms": per_layer, "per_expert_ms": per_expert, "per_extra_token_ms": per_extra,
             "weight_gbps_1row": gbps, "samples": samples, "encoding": lay.encoding}
 

@@ -37,6 +37,8 @@ def register(sub, parser_class) -> None:
     r.add_argument("--verify-rate", type=float, default=1.0, help="fraction of reads checksum-checked on landing")
     r.add_argument("--record", help="run record id (default: <recipe>-run-<utc time>)")
     r.add_argument("--no-record", action="store_true", help="do not write a run record")
+    r.add_argument("--probe", metavar="FILE", help="sample the host at 100 ms and the runtime's counters per step "
+                   "into FILE (JSON lines; see `moetier probe`)")
     r.add_argument("--json", action="store_true")
     r.set_defaults(fn=cmd_run)
 
@@ -84,15 +86,29 @@ def cmd_run(args) -> int:
     st = store.open_store(args.store, model=R.model)
     tr = _trace(args, R)
     rows, preds = [], []
-    for c in args.conc:
-        be = _make_backend(args.backend, st, R, c, args.verify_rate)
-        try:
-            res = runtime.run(R, st, be, tr, c, max_steps=args.steps, progress=_progress(f"run C{c}"))
-        finally:
-            be.close()
+    sampler = None
+    if args.probe:
+        from moetier.probe import Sampler
+        sampler = Sampler(args.probe)
+        sampler.start()
+    try:
+        for c in args.conc:
+            be = _make_backend(args.backend, st, R, c, args.verify_rate)
+            try:
+                if sampler is not None:
+                    sampler.mark(f"decode_C{c}")
+                res = runtime.run(R, st, be, tr, c, max_steps=args.steps, progress=_progress(f"run C{c}"),
+                                  step_hook=sampler.counters if sampler is not None else None)
+            finally:
+                be.close()
+            rows.append(res)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+    for res in rows:
+        c = res["conc"]
         res.pop("outputs")
         res["digest_last"] = res.pop("digests")[-1]
-        rows.append(res)
         p = sim.run(R, tr, c, max_steps=args.steps)
         preds.append({k: p[k] for k in ("conc", "tok_s", "ms_per_token", "nvme_per_tok", "cpu_experts_per_tok",
                                          "ms_fixed", "ms_cpu_moe", "ms_gpu_moe", "ms_nvme_wait", "masked_per_tok")})

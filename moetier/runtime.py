@@ -305,7 +305,7 @@ class Runtime:
 
 
 def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: int = 0, keep_outputs: bool = False,
-        layer_hook=None, plan_hook=None, progress=None) -> dict:
+        layer_hook=None, plan_hook=None, step_hook=None, progress=None) -> dict:
     """Run ``conc`` streams for the simulator's warm + measured steps (measured capped at max_steps)."""
     seed_mode = R.policy.get("seed", "warmup")
     warmup_tokens = int(R.policy.get("warmup_tokens", 1000))
@@ -363,6 +363,9 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
         if meas:
             wall_meas += time.perf_counter() - w0
         digests.append(hashlib.blake2b(x.tobytes(), digest_size=8).hexdigest())
+        if step_hook is not None:
+            step_hook({"kind": "counters", "t": time.time(), "step": step, "measured": meas, "conc": conc,
+                       "tokens": conc, "step_wall_s": time.perf_counter() - w0, **rt.stats})
         if keep_outputs:
             outputs.append(x.copy())
         if progress is not None:
