@@ -233,7 +233,9 @@ class Ledger:
                 self.drains.append(self._ticket(victim, "drain", slot=slot))
             else:
                 state.pop(victim, None)
-        return self._ticket(key, "push", s == STAGED, slot, victim)
+        self._seq = seq = self._seq + 1
+        t = self._pending[seq] = Ticket(seq, key, "push", s == STAGED, slot, victim)
+        return t
 
     def abort(self, ticket: Ticket) -> None:
         """A transfer failed (EIO, checksum): the key returns to where its bytes really are."""
@@ -296,25 +298,26 @@ class Ledger:
 
     # ---- tier mechanics -------------------------------------------------------------------------------------
     def _ram_put(self, key: int, protect=()) -> list[int]:
-        if self.all_in_ram:
+        ram = self.ram
+        if self.all_in_ram or self.ram_slots == 0:
             self.state.pop(key, None)
             return []
-        if self.ram_slots == 0:
-            self.state.pop(key, None)
+        if key in ram:
+            ram.move_to_end(key)
+            self.state[key] = RAM
             return []
         out = []
-        if len(self.ram) >= self.ram_slots and key not in self.ram:
+        if len(ram) >= self.ram_slots:
             victim = self._ram_victim(protect)
             if victim is None:           # everything pinned: the record is not kept
                 self.counters["refused_admissions"] += 1
                 self.state.pop(key, None)
                 return [key]
-            del self.ram[victim]
+            del ram[victim]
             del self.state[victim]
             self.counters["ram_evictions"] += 1
             out.append(victim)
-        self.ram[key] = None
-        self.ram.move_to_end(key)
+        ram[key] = None                  # a new key enters at the most-recent end
         self.state[key] = RAM
         return out
 

@@ -205,6 +205,7 @@ class Runtime:
             st["lane_zc_s"] += time.perf_counter() - t
         # 3. residency intents, in the simulator's order (Replay.commit), each landing after its bytes did
         b0 = time.perf_counter()
+        inner0 = st["nvme_wait_s"] + st["lane_cpu_s"] + st["lane_gpu_s"] + st["lane_zc_s"]
         if plan.gpu:
             ref, slot_of = L.clock.ref, L.clock.slot_of
             for k in plan.gpu:
@@ -252,7 +253,8 @@ class Runtime:
                 out.update(be.compute("gpu", [(k, self.vram_slot[k], rows_of[k])], x))
             st["lane_gpu_s"] += time.perf_counter() - t
         self._drains(picks)
-        st["book_s"] += time.perf_counter() - b0
+        inner = st["nvme_wait_s"] + st["lane_cpu_s"] + st["lane_gpu_s"] + st["lane_zc_s"] - inner0
+        st["book_s"] += time.perf_counter() - b0 - inner      # waits and lane work inside are booked to them
         st["masked"] += len(plan.masked)
         st["picks"] += len(picks)
         st["layer_calls"] += 1

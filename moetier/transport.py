@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import hashlib
 import mmap
 import os
 import threading
@@ -32,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as _FutTimeout
 
 import numpy as np
+from xxhash import xxh3_128_digest as record_digest
 
 PAGE = 4096
 HUGE = 2 * 1024 * 1024
@@ -412,14 +412,14 @@ class Reader:
             if want_digest is not None:
                 parent, sub = self.pool._memoryview(c.slot, rb)
                 try:
-                    have = hashlib.blake2b(sub, digest_size=len(want_digest)).digest()
+                    have = record_digest(sub)
                 finally:
                     sub.release()
                     parent.release()
                 verified = True
                 if have != want_digest:
                     bad_sum = True
-                    err = f"transport: checksum mismatch for key {c.key} in {self.path} (blake2b-128)"
+                    err = f"transport: checksum mismatch for key {c.key} in {self.path} (xxh3-128)"
         if err is not None:
             try:
                 self.pool._zero(c.slot)  # failed bytes must never be used

@@ -25,7 +25,7 @@ def test_pack_verify_round_trip(packed):
     assert man["format"] == "moetier-store/1"
     assert man["records"] == 8 and man["record_bytes"] == lay.record_bytes
     assert man["record_bytes"] % 4096 == 0
-    assert len(man["digests"]) == 8 and man["checksum"] == "blake2b-128"
+    assert len(man["digests"]) == 8 and man["checksum"] == "xxh3-128"
     data = (out / "experts.bin").read_bytes()
     assert len(data) == 8 * lay.record_bytes
     for key in range(8):

@@ -1,0 +1,146 @@
+"""CLI verb ``moetier probe``: ``record`` (sample the host while a command runs) and ``report`` (utilization and
+chokepoints for a run record or a probe file; ``--write`` stores them in the run record).
+
+Contract: same as moetier.cli (one-line errors, exit 2). ``record`` exits with the command's exit status.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from moetier.errors import UserError
+
+
+def register(sub, parser_class) -> None:
+    sp = sub.add_parser("probe", help="host sampler and utilization / chokepoint report (docs/utilization.md)")
+    psub = sp.add_subparsers(dest="probe_cmd", parser_class=parser_class)
+    r = psub.add_parser("record", help="sample the host (JSON lines) while COMMAND runs")
+    r.add_argument("--out", required=True, help="probe file to append to")
+    r.add_argument("--interval", type=float, default=0.1, help="seconds between samples (default 0.1)")
+    r.add_argument("--duration", type=float, default=0.0, help="stop sampling after S seconds (0: when COMMAND exits)")
+    r.add_argument("command", nargs="*", help="the command, after --")
+    p = psub.add_parser("report", help="utilization + chokepoints of a run record or a probe file")
+    p.add_argument("target", metavar="RUN_OR_PROBE", help="run record id (registry/runs/<id>.json), a run record "
+                   "file, or a probe file")
+    p.add_argument("--probe", help="probe file (default: the run record's 'probe' field)")
+    p.add_argument("--hardware", help="hardware record id for the ceilings (default: the run record's, or its "
+                   "recipe's)")
+    p.add_argument("--md", action="store_true", help="markdown tables instead of JSON")
+    p.add_argument("--write", action="store_true", help="store utilization and chokepoints in the run record")
+    sp.set_defaults(fn=cmd_probe)
+
+
+def cmd_probe(args) -> int:
+    if args.probe_cmd == "record":
+        return _record(args)
+    if args.probe_cmd == "report":
+        return _report(args)
+    raise UserError("probe: expected a subcommand: record or report")
+
+
+def _record(args) -> int:
+    from moetier import probe
+    if not (math.isfinite(args.interval) and args.interval > 0):
+        raise UserError(f"probe record: --interval must be a positive number of seconds, got {args.interval}")
+    if not (math.isfinite(args.duration) and args.duration >= 0):
+        raise UserError(f"probe record: --duration must be >= 0 seconds, got {args.duration}")
+    cmd = list(args.command or [])
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    return probe.record(args.out, cmd, interval=args.interval, duration=args.duration)
+
+
+def _is_probe_file(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(1 << 16).decode("utf-8", errors="replace")
+    except OSError:
+        return False
+    try:
+        d = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(d, dict) and d.get("kind") in ("header", "sample", "counters", "mark")
+
+
+def _load_run(target: str):
+    """(run record, path or None) for a run id or a run-record file; (None, None) when target is a probe file."""
+    from moetier import spec
+    p = Path(target)
+    if p.is_file():
+        if _is_probe_file(p):
+            return None, None
+        try:
+            rec = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise UserError(f"{target}: neither a probe file (JSON lines) nor a run record (JSON): {e}") from None
+        if not isinstance(rec, dict) or "id" not in rec:
+            raise UserError(f"{target}: not a run record (expected a JSON object with an 'id')")
+        return rec, p
+    if not spec.ID_RE.match(target):
+        raise UserError(f"{target}: no such file, and not a run record id")
+    return spec.load_record("runs", target), spec.REGISTRY / "runs" / f"{target}.json"
+
+
+def _resolve_probe(p: str, rec_path: Path | None) -> Path:
+    q = Path(p)
+    if q.is_file() or q.is_absolute():
+        return q
+    from moetier.cli import REPO
+    for base in ([rec_path.parent] if rec_path is not None else []) + [REPO]:
+        if (base / q).is_file():
+            return base / q
+    return q
+
+
+def _hardware_for(args, rec):
+    from moetier import spec
+    if args.hardware:
+        return spec.load_record("hardware", args.hardware)
+    if rec is None:
+        return None
+    hid = rec.get("hardware") if isinstance(rec.get("hardware"), str) else None
+    if hid is None and isinstance(rec.get("recipe"), str):
+        try:
+            hid = spec.load_record("recipe", rec["recipe"]).get("hardware")
+        except UserError:
+            hid = None
+    if hid is None:
+        return None
+    try:
+        return spec.load_record("hardware", hid)
+    except UserError:
+        return None
+
+
+def _report(args) -> int:
+    from moetier import probe, spec
+    from moetier.cli import _emit
+    rec, rec_path = _load_run(args.target)
+    if rec is None:
+        if args.write:
+            raise UserError("probe report: --write needs a run record (give the run id, with --probe FILE)")
+        probe_path = Path(args.probe) if args.probe else Path(args.target)
+    else:
+        src = args.probe or rec.get("probe")
+        if not isinstance(src, str) or not src:
+            raise UserError(f"run record {rec.get('id')}: no 'probe' field naming its probe file; give --probe FILE")
+        probe_path = _resolve_probe(src, rec_path)
+    if not probe_path.is_file():
+        raise UserError(f"{probe_path}: probe file not found")
+    hw = _hardware_for(args, rec)
+    rep = probe.report(probe_path, hw, run_record=rec)
+    if args.write:
+        rec = dict(rec)
+        rec["utilization"] = rep["utilization"]
+        rec["chokepoints"] = rep["chokepoints"]
+        if "probe" not in rec:
+            rec["probe"] = str(probe_path)
+        print(f"wrote {spec.write_record('runs', rec)}", file=sys.stderr)
+    if args.md:
+        print(probe.to_markdown(rep), end="")
+    else:
+        _emit(rep)
+    return 0
