@@ -258,6 +258,8 @@ def _extend(sub) -> None:
     except ImportError:
         return
     cli_runtime.register(sub, _Parser)
+    from moetier import cli_conformance
+    cli_conformance.register(sub, _Parser)
     from moetier import cli_probe
     cli_probe.register(sub, _Parser)
 

@@ -96,23 +96,24 @@ def _resolve_probe(p: str, rec_path: Path | None) -> Path:
 
 
 def _hardware_for(args, rec):
+    """(hardware record or None, why it is None)."""
     from moetier import spec
     if args.hardware:
-        return spec.load_record("hardware", args.hardware)
+        return spec.load_record("hardware", args.hardware), None
     if rec is None:
-        return None
+        return None, None
     hid = rec.get("hardware") if isinstance(rec.get("hardware"), str) else None
     if hid is None and isinstance(rec.get("recipe"), str):
         try:
             hid = spec.load_record("recipe", rec["recipe"]).get("hardware")
-        except UserError:
-            hid = None
+        except UserError as e:
+            return None, f"hardware: the run record's recipe could not be loaded ({e})"
     if hid is None:
-        return None
+        return None, None
     try:
-        return spec.load_record("hardware", hid)
-    except UserError:
-        return None
+        return spec.load_record("hardware", hid), None
+    except UserError as e:
+        return None, f"hardware: {e}"
 
 
 def _report(args) -> int:
@@ -130,8 +131,10 @@ def _report(args) -> int:
         probe_path = _resolve_probe(src, rec_path)
     if not probe_path.is_file():
         raise UserError(f"{probe_path}: probe file not found")
-    hw = _hardware_for(args, rec)
+    hw, why = _hardware_for(args, rec)
     rep = probe.report(probe_path, hw, run_record=rec)
+    if why:
+        rep["utilization"]["missing"] = sorted(set(rep["utilization"]["missing"]) | {why})
     if args.write:
         rec = dict(rec)
         rec["utilization"] = rep["utilization"]

@@ -121,10 +121,10 @@ def cmd_run(args) -> int:
     now = _dt.datetime.now(_dt.timezone.utc)
     record = {
         "id": args.record or f"{R.id}-run-{now:%Y%m%dt%H%M%S}".lower(),
-        "kind": "runtime", "recipe": R.id, "measured": now.isoformat(timespec="seconds"),
+        "kind": "run", "recipe": R.id, "measured": now.isoformat(timespec="seconds"),
         "backend": args.backend, "machine": f"{platform.node()} {platform.machine()}", "store": str(args.store),
         "trace": args.trace or R.trace, "overrides": args.set or [], "lossy": any(r["lossy"] for r in rows),
-        "table": table, "measured_runs": rows, "sim": preds,
+        "table": table, "measured_runs": rows, "sim": preds, "probe": args.probe,
         "note": "sim_error_pct = simulator prediction vs measured decode tok/s, same recipe, trace and steps",
     }
     if not args.no_record:

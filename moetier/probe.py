@@ -507,6 +507,9 @@ def _ceilings(hardware) -> tuple[dict, list[str]]:
     if not isinstance(c, dict):
         return {}, [f"hardware {hardware.get('id', '?')}: no ceilings section: pct_of_ceiling omitted"]
     good = {k: float(v) for k, v in c.items() if _finite(v) and v > 0}
+    if not good:
+        missing.append(f"hardware {hardware.get('id', '?')}: ceilings hold no positive numbers: "
+                       "pct_of_ceiling omitted")
     return good, missing
 
 
@@ -576,7 +579,8 @@ def _intervals(P: dict, interval: float) -> list[dict]:
         g = s.get("gpu")
         if isinstance(g, dict):
             for src, dst, f in (("util", "gpu_util_pct", 1.0), ("mem_busy", "vram_busy_pct", 1.0),
-                                ("pcie_rx_kbs", "pcie_h2d_gbps", 1024 / 1e9), ("pcie_tx_kbs", "pcie_d2h_gbps", 1024 / 1e9),
+                                ("pcie_rx_kbs", "pcie_h2d_gbps", 1024 / 1e9),
+                                ("pcie_tx_kbs", "pcie_d2h_gbps", 1024 / 1e9),
                                 ("power_mw", "gpu_power_w", 1e-3), ("vram_used", "vram_gib", 1 / 2 ** 30)):
                 if _finite(g.get(src)):
                     v[dst] = float(g[src]) * f
@@ -604,7 +608,7 @@ def _utilization_kind(ivs: list[dict], cpus: list, ceil: dict, missing: set) -> 
     res = {}
     for n in names:
         c, key = _resource_ceiling(n, ceil)
-        if c is None and key is not None:
+        if c is None and key is not None and ceil:
             missing.add(f"{n}: hardware.ceilings.{key} not given: pct_of_ceiling omitted")
         st = stats([iv["values"][n] for iv in ivs if n in iv["values"]], c)
         if st is not None:
@@ -622,12 +626,13 @@ def _utilization_kind(ivs: list[dict], cpus: list, ceil: dict, missing: set) -> 
 # ---------------------------------------------------------------------------------------------------------------
 # report: chokepoints (decode critical-path attribution from the runtime's cumulative counters)
 
-def _steps(counters: list[dict]) -> tuple[list[dict], int]:
-    """Per-step deltas: (steps, excluded) - the first line of every runtime instance has no predecessor."""
+def _steps(counters: list[dict]) -> tuple[list[dict], list[float]]:
+    """Per-step deltas, and the times of the steps left out: the first line of every runtime instance (its
+    counters restart) has no predecessor, so its step is the baseline, not a measured delta."""
     cum = _Cum(counters)
-    out, excluded = [], 0
+    out, excluded = [], []
     for seg in cum.segments:
-        excluded += 1
+        excluded.append(seg[0]["t"])
         for a, b in zip(seg, seg[1:]):
             d = {k: max(0.0, _num(b.get(k), 0.0) - _num(a.get(k), 0.0)) for k in CUMULATIVE}
             d["wall"] = max(0.0, _num(b.get("step_wall_s"), 0.0))
@@ -752,7 +757,7 @@ def report(probe_path, hardware: dict | None = None, *, run_record: dict | None 
     ivs = _intervals(P, interval)
     cpus = (hdr or {}).get("cpus") if isinstance((hdr or {}).get("cpus"), list) else []
 
-    steps, excluded = _steps(P["counters"]) if P["counters"] else ([], 0)
+    steps, excluded_t = _steps(P["counters"]) if P["counters"] else ([], [])
     fields_missing = sorted({k for c in P["counters"] for k in CUMULATIVE + ("step_wall_s", "tokens")
                              if not _finite(c.get(k))})
     if fields_missing:
@@ -790,6 +795,7 @@ def report(probe_path, hardware: dict | None = None, *, run_record: dict | None 
         else:
             concs = {s["conc"] for s in use}
             rms = run_ms.get(next(iter(concs))) if len(concs) == 1 else None
+            excluded = sum(1 for t in excluded_t if a < t <= b)
             att = _attribution(use, excluded, fields_missing, rms)
             if note:
                 att["quality"]["note"] = note
@@ -883,12 +889,14 @@ def to_markdown(rep: dict) -> str:
                        f"of wall); resource nearest its ceiling: {near_s}")
             out.append("")
         elif cp is not None or C == {}:
-            out.append(f"decode critical path: not available ({(cp or {}).get('reason') or U.get('chokepoints_reason')})")
+            why = (cp or {}).get("reason") or U.get("chokepoints_reason")
+            out.append(f"decode critical path: not available ({why})")
             out.append("")
     q = U.get("quality") or {}
     if q:
         out.append(f"quality: {q.get('samples')} samples, {q.get('gaps')} gaps, ~{q.get('lost')} lost, "
-                   f"{q.get('bad_lines')} bad lines" + (", truncated last line" if q.get("truncated_last_line") else ""))
+                   f"{q.get('bad_lines')} bad lines"
+                   + (", truncated last line" if q.get("truncated_last_line") else ""))
     for m in U.get("missing") or []:
         out.append(f"- missing: {m}")
     return "\n".join(out).rstrip() + "\n"

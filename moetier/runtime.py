@@ -89,7 +89,8 @@ class Runtime:
         self.inflight: dict[int, tuple] = {}   # key -> (ticket, handle, slot) for fills in flight
         self.seed = seed
         self.stats = dict(plan_s=0.0, book_s=0.0, lane_cpu_s=0.0, lane_gpu_s=0.0, lane_zc_s=0.0, nvme_wait_s=0.0,
-                          copy_s=0.0, combine_s=0.0, reads=0, masked=0, picks=0, layer_calls=0)
+                          copy_s=0.0, combine_s=0.0, reads=0, masked=0, picks=0, layer_calls=0,
+                          cpu_bytes=0)
 
     # -- setup --------------------------------------------------------------------------------------------------
     def seed_tiers(self, ranked) -> None:
@@ -133,7 +134,7 @@ class Runtime:
         be, L = self.be, self.L
         self._drains(protect)
         h = be.push(k, self.ram_slot[k], tp.slot)
-        self._wait(h, tp)
+        self._wait(h, tp, "copy_s")
         for freed in L.land(tp):
             self._release_ram(freed)
         self.vram_slot[k] = tp.slot
@@ -143,7 +144,7 @@ class Runtime:
         for td in L.take_drains():
             slot = self.ram.alloc()
             h = be.drain(td.key, td.slot, slot)
-            self._wait(h, td)
+            self._wait(h, td, "copy_s")
             self.vram_slot.pop(td.key, None)
             self.ram_slot[td.key] = slot
             for ev in L.land(td, protect):
@@ -154,7 +155,7 @@ class Runtime:
         if s is not None:
             self.ram.release_later(s)
 
-    def _wait(self, h, ticket=None):
+    def _wait(self, h, ticket=None, bucket="nvme_wait_s"):
         t0 = time.perf_counter()
         try:
             self.be.wait(h)
@@ -163,7 +164,7 @@ class Runtime:
                 self.L.abort(ticket)
             raise UserError(f"transfer of key {getattr(h, 'key', '?')} failed: {e}") from None
         finally:
-            self.stats["nvme_wait_s"] += time.perf_counter() - t0
+            self.stats[bucket] += time.perf_counter() - t0
 
     # -- one layer ----------------------------------------------------------------------------------------------
     def layer(self, layer: int, rows_keys, rows_w, x: np.ndarray, t_model: float):
@@ -205,7 +206,7 @@ class Runtime:
             st["lane_zc_s"] += time.perf_counter() - t
         # 3. residency intents, in the simulator's order (Replay.commit), each landing after its bytes did
         b0 = time.perf_counter()
-        inner0 = st["nvme_wait_s"] + st["lane_cpu_s"] + st["lane_gpu_s"] + st["lane_zc_s"]
+        inner0 = st["nvme_wait_s"] + st["copy_s"] + st["lane_cpu_s"] + st["lane_gpu_s"] + st["lane_zc_s"]
         if plan.gpu:
             ref, slot_of = L.clock.ref, L.clock.slot_of
             for k in plan.gpu:
@@ -253,8 +254,9 @@ class Runtime:
                 out.update(be.compute("gpu", [(k, self.vram_slot[k], rows_of[k])], x))
             st["lane_gpu_s"] += time.perf_counter() - t
         self._drains(picks)
-        inner = st["nvme_wait_s"] + st["lane_cpu_s"] + st["lane_gpu_s"] + st["lane_zc_s"] - inner0
+        inner = st["nvme_wait_s"] + st["copy_s"] + st["lane_cpu_s"] + st["lane_gpu_s"] + st["lane_zc_s"] - inner0
         st["book_s"] += time.perf_counter() - b0 - inner      # waits and lane work inside are booked to them
+        st["cpu_bytes"] += (len(plan.cpu) + len(plan.nvme_cpu)) * self.store.layout.weight_bytes
         st["masked"] += len(plan.masked)
         st["picks"] += len(picks)
         st["layer_calls"] += 1
@@ -382,6 +384,7 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
         "ms_per_token": 1000.0 * wall_meas / tokens,
         "lanes_ms_per_token": {"cpu": per_tok(st["lane_cpu_s"]), "gpu": per_tok(st["lane_gpu_s"]),
                                "zerocopy": per_tok(st["lane_zc_s"]), "nvme_wait": per_tok(st["nvme_wait_s"]),
+                               "copy": per_tok(st["copy_s"]),
                                "plan": per_tok(st["plan_s"]), "bookkeeping": per_tok(st["book_s"]),
                                "combine": per_tok(st["combine_s"])},
         "reads_per_token": st["reads"] / tokens,

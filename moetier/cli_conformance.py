@@ -1,0 +1,76 @@
+"""`moetier conformance`: run the backend conformance suite (the `conformance` package) against one backend.
+
+Contract: ``moetier conformance --backend NAME [--report PATH] [--write-engine ID] [-k EXPR] [-x] [-v]`` runs
+``pytest -p conformance.report <the conformance package dir> --backend NAME -rs`` in this process and exits
+
+  0  every check that ran passed (NOT_SUPPORTED checks are skipped with their reason),
+  1  at least one check failed,
+  2  a user error: an unknown backend name, or NOTHING could run because the backend's runtime or device is
+     missing (the one-line BackendUnavailable reason is printed, e.g. "no CUDA device"); the report is still
+     written with every check skipped.
+
+The summary table (check | pass/fail/skip | reason) is printed at the end; the JSON report goes to --report
+(default conformance-report-<backend>.json in the current directory) with the measured engine record beside it.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from moetier.errors import UserError
+
+
+def register(sub, parser_class) -> None:
+    p = sub.add_parser("conformance", help="run the backend conformance suite against one backend")
+    p.add_argument("--backend", required=True, help="cpu, sycl or cuda")
+    p.add_argument("--report", help="JSON report path (default conformance-report-<backend>.json)")
+    p.add_argument("--write-engine", metavar="ID", help="also write the measured engine record to "
+                   "registry/engine/<ID>.json")
+    p.add_argument("-k", dest="select", metavar="EXPR", help="pytest -k expression selecting checks")
+    p.add_argument("-x", dest="exitfirst", action="store_true", help="stop at the first failure")
+    p.add_argument("-v", dest="verbose", action="store_true", help="verbose pytest output")
+    p.set_defaults(fn=cmd_conformance)
+
+
+def pytest_args(backend: str, report: str, *, write_engine=None, select=None, exitfirst=False,
+                verbose=False) -> list:
+    from conformance import capabilities
+    pkg = os.path.dirname(os.path.abspath(capabilities.__file__))   # a path, not --pyargs: works from any cwd even
+    args = ["-p", "conformance.report", pkg, "--backend", backend, "--report", report,  # under an old editable install
+            "-rs", "-p", "no:cacheprovider", "-o", "addopts=", "-o", "testpaths=", "-q"]
+    if write_engine:
+        args += ["--write-engine", write_engine]
+    if select:
+        args += ["-k", select]
+    if exitfirst:
+        args.append("-x")
+    if verbose:
+        args.append("-v")
+    return args
+
+
+def cmd_conformance(args) -> int:
+    from conformance import capabilities
+    capabilities.check_name(args.backend)               # UserError -> one line, exit 2
+    try:
+        import pytest
+    except ImportError:
+        raise UserError("conformance: pytest is not installed (pip install 'moetier[test]')") from None
+    report = os.path.abspath(args.report or f"conformance-report-{args.backend}.json")
+    if os.path.exists(report):
+        os.unlink(report)
+    rc = pytest.main(pytest_args(args.backend, report, write_engine=args.write_engine, select=args.select,
+                                 exitfirst=args.exitfirst, verbose=args.verbose))
+    try:
+        with open(report, encoding="utf-8") as f:
+            rep = json.load(f)
+    except (OSError, ValueError):
+        rep = None
+    if rep is not None:
+        n = rep["counts"]
+        if rep.get("unavailable") and n["pass"] == 0 and n["fail"] == 0:
+            raise UserError(f"conformance: nothing could run: {rep['unavailable']} (report: {report})")
+        return 1 if n["fail"] else 0
+    if int(rc) == 5:                                   # no tests collected / selected
+        raise UserError(f"conformance: no check selected{f' by -k {args.select!r}' if args.select else ''}")
+    return 1 if int(rc) else 0
