@@ -125,8 +125,7 @@ class Ledger:
         self._seq = 0
         self.drains: list[Ticket] = []                      # evictions awaiting their drain landing
         self.step = 0
-        self.counters = {"vram_evictions": 0, "ram_evictions": 0, "refused_admissions": 0, "lfu_evictions": 0,
-                         "landed": 0}
+        self.counters = {"vram_evictions": 0, "ram_evictions": 0, "refused_admissions": 0, "lfu_evictions": 0}
         self._lfu_window, self._lfu_halflife = 0, 0.0
         self.ram_policy = ram_policy or "lru"
         if self.ram_policy != "lru":
@@ -259,14 +258,17 @@ class Ledger:
             self.state[key] = RAM
 
     def land(self, ticket: Ticket, protect=()) -> list[int]:
-        """Bytes of ``ticket`` have landed: make the key resident. Returns keys that left a tier for NVMe.
+        """Bytes of ``ticket`` have landed: make the key resident. Returns the keys whose host slot (RAM or
+        staging) is free again: RAM victims, and a pushed key's RAM copy in an exclusive tier.
 
         ``protect`` = keys the current layer computes; they are never chosen as victims.
         """
-        if self._pending.get(ticket.seq) is not ticket:
+        pending = self._pending
+        t = pending.pop(ticket.seq, None)
+        if t is not ticket:
+            if t is not None:              # a forged ticket must not cancel the real one
+                pending[ticket.seq] = t
             raise ResidencyError(f"land: {ticket!r} is not outstanding (landed twice or never issued)")
-        del self._pending[ticket.seq]
-        self.counters["landed"] += 1
         key, kind = ticket.key, ticket.kind
         if kind == "fill":
             if ticket.staging:

@@ -17,7 +17,7 @@ handoff) is charged only when that lane gets work.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from moetier.ledger import _TIER_OF, TIER_NVME, TIER_RAM, TIER_VRAM
 
@@ -165,20 +165,17 @@ class PlanContext:
                    overlap=bool(R.policy.get("overlap", True)), can_admit=R.vram_slots > 0)
 
 
-@dataclass
 class LayerPlan:
-    gpu: list = field(default_factory=list)
-    zerocopy: list = field(default_factory=list)
-    cpu: list = field(default_factory=list)
-    nvme_cpu: list = field(default_factory=list)
-    nvme_gpu: list = field(default_factory=list)
-    masked: list = field(default_factory=list)
-    arrivals: dict = field(default_factory=dict)    # nvme key -> modeled arrival (absolute ms)
-    demand_reads: int = 0
-    gpu_ms: float = 0.0
-    cpu_ms: float = 0.0
-    nvme_wait_ms: float = 0.0      # time lanes sat waiting on NVMe arrivals
-    ms: float = 0.0
+    """The lane of every pick (lists of keys), modeled NVMe arrivals, lane busy times and the layer cost (ms)."""
+
+    __slots__ = ("gpu", "zerocopy", "cpu", "nvme_cpu", "nvme_gpu", "masked", "arrivals", "demand_reads", "gpu_ms",
+                 "cpu_ms", "nvme_wait_ms", "ms")
+
+    def __init__(self):
+        self.gpu, self.zerocopy, self.cpu, self.nvme_cpu, self.nvme_gpu, self.masked = [], [], [], [], [], []
+        self.arrivals: dict = {}
+        self.demand_reads = 0
+        self.gpu_ms = self.cpu_ms = self.nvme_wait_ms = self.ms = 0.0
 
     def lanes(self) -> dict:
         return {"gpu": self.gpu, "zerocopy": self.zerocopy, "cpu": self.cpu, "nvme_cpu": self.nvme_cpu,
@@ -195,10 +192,10 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
     for k, m in picks.items():
         s = sget(k)
         t = default_tier if s is None else tier_of[s]
-        if t == TIER_VRAM:
-            vram_l.append(k)
-        elif t == TIER_RAM:
+        if t == TIER_RAM:
             ram_l.append((m, k))
+        elif t == TIER_VRAM:
+            vram_l.append(k)
         else:
             nvme_l.append(k)
 
@@ -219,9 +216,14 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
         if len(ram_l) > 1:
             ram_l.sort(reverse=True)      # heaviest first; ties by key (descending) keep it deterministic
         cpu_list, zc_list = plan.cpu, plan.zerocopy
+        cpl, cpe, cpx = cpu if cpu else (INF, INF, 0.0)
+        zpl, zpe, zpx = zc if zc else (INF, INF, 0.0)
         for m, k in ram_l:
-            ce = ((c if c_on else cpu[0]) + cpu[1] + cpu[2] * (m - 1)) if cpu else INF
-            ge = ((g if zc_on else g + zc[0]) + zc[1] + zc[2] * (m - 1)) if zc else INF
+            ce = (c if c_on else cpl) + cpe
+            ge = (g if zc_on else g + zpl) + zpe
+            if m > 1:
+                ce += cpx * (m - 1)
+                ge += zpx * (m - 1)
             if (ce if ce > g else g) <= (c if c > ge else ge):
                 c = ce
                 c_on = True
