@@ -1,0 +1,106 @@
+"""Backend selection and the capability table that decides every conformance skip.
+
+Contract
+--------
+``known()`` lists every name ``--backend`` accepts: the real backends (``moetier.contract.get_backend``: cpu, sycl,
+cuda) and the deliberately broken test-only ones (``conformance.broken.BROKEN``, names ``broken-*``).
+``open_backend(name, store, ram_slots=, vram_slots=)`` constructs one (``BackendUnavailable`` with the backend's own
+one-line reason when its runtime or device is missing). ``table(be)`` is the capability table of a constructed
+backend: what it declares (``capabilities``: lanes, encodings, VRAM slots) plus the optional test hooks it offers
+(``ram_view`` for reading a RAM slot, ``device_bytes``/``read_vram`` for reading a VRAM slot). Tests ask
+``lane_skip`` / ``encoding_skip`` / ``vram_skip`` for a reason string and skip with it (NOT_SUPPORTED: ...) - no
+test names a backend.
+"""
+from __future__ import annotations
+
+from moetier.contract import LANES, BackendUnavailable, get_backend
+from moetier.errors import UserError
+
+REAL = ("cpu", "sycl", "cuda")
+ENCODINGS = ("int8", "int4g32")
+
+
+def known() -> tuple:
+    from conformance.broken import BROKEN
+    return REAL + tuple(BROKEN)
+
+
+def check_name(name: str) -> str:
+    """The name, or UserError (one line) when no such backend exists."""
+    if name not in known():
+        raise UserError(f"--backend {name!r}: unknown backend (known: {', '.join(REAL)}; test-only: "
+                        f"{', '.join(k for k in known() if k not in REAL)})")
+    return name
+
+
+def recipe_id(name: str) -> str:
+    """The CI recipe a backend's runtime checks use: tiny-ci-<name> when it exists, else tiny-ci-cpu."""
+    from moetier import spec
+    rid = f"tiny-ci-{name}"
+    return rid if (spec.REGISTRY / "recipe" / f"{rid}.json").is_file() else "tiny-ci-cpu"
+
+
+def open_backend(name: str, store, *, ram_slots: int, vram_slots: int = 0, **kw):
+    """Construct backend ``name``; raises BackendUnavailable with the reason when it cannot run here."""
+    from conformance.broken import BROKEN
+    if name in BROKEN:
+        return BROKEN[name](get_backend("cpu", store, ram_slots=ram_slots, **kw))
+    check_name(name)
+    return get_backend(name, store, ram_slots=ram_slots, vram_slots=vram_slots, **kw)
+
+
+def table(be) -> dict:
+    """The capability table of one constructed backend (printed in the report, drives the skips)."""
+    c = be.capabilities
+    return {
+        "name": c.name, "device": c.device,
+        "lanes": sorted(c.lanes), "encodings": sorted(c.encodings), "vram_slots": int(c.vram_slots),
+        "push_drain": int(c.vram_slots) > 0,
+        "ram_readback": callable(getattr(be, "ram_view", None)),
+        "vram_readback": vram_reader(be) is not None,
+        "notes": list(c.notes),
+    }
+
+
+def lane_skip(be, lane: str):
+    c = be.capabilities
+    if lane not in LANES:
+        return f"NOT_SUPPORTED: {lane!r} is not a contract lane"
+    if not c.has(lane):
+        return f"NOT_SUPPORTED: backend {c.name} capabilities.lanes={sorted(c.lanes)} lacks {lane!r}"
+    if lane == "gpu" and not c.vram_slots:
+        return f"NOT_SUPPORTED: backend {c.name} has a gpu lane but 0 VRAM slots"
+    return None
+
+
+def encoding_skip(be, enc: str):
+    c = be.capabilities
+    if enc not in c.encodings:
+        return f"NOT_SUPPORTED: backend {c.name} capabilities.encodings={sorted(c.encodings)} lacks {enc!r}"
+    return None
+
+
+def vram_skip(be, need: int = 1):
+    c = be.capabilities
+    if c.vram_slots < need:
+        return (f"NOT_SUPPORTED: backend {c.name} has {c.vram_slots} VRAM slots (no VRAM tier: push/drain "
+                f"need >= {need})")
+    return None
+
+
+def ram_reader(be):
+    """slot -> uint8 view of a RAM slot (a test hook: ram_view), or None."""
+    return getattr(be, "ram_view", None)
+
+
+def vram_reader(be):
+    """slot -> host copy of a VRAM slot's bytes (optional test hook: device_bytes or read_vram), or None."""
+    for name in ("device_bytes", "read_vram"):
+        f = getattr(be, name, None)
+        if callable(f):
+            return f
+    return None
+
+
+__all__ = ["REAL", "ENCODINGS", "known", "check_name", "recipe_id", "open_backend", "table", "lane_skip",
+           "encoding_skip", "vram_skip", "ram_reader", "vram_reader", "BackendUnavailable"]

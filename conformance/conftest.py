@@ -1,0 +1,182 @@
+"""Fixtures of the conformance suite: the backend under test on small packed stores (both encodings), and the CI
+recipe's store for the runtime checks.
+
+Slot map of a kit (one backend instance per encoding, shared by the whole session):
+  RAM slots  0..NK-1   key k filled from NVMe into slot k (never modified by a test)
+  RAM slots  NK..      scratch (tests fill/drain into these)
+  VRAM slots 0..NK-1   key k pushed from RAM slot k (when the backend has a VRAM tier; never modified)
+  VRAM slots NK..      scratch
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from conformance import capabilities as caps
+from conformance import report
+from moetier.contract import BackendUnavailable
+
+# the OpenCL CPU runtime of the venv, before dpctl's first device enumeration (same rule as backends.sycl)
+if not os.environ.get("OCL_ICD_FILENAMES") and os.path.exists(sys.prefix + "/lib/libintelocl.so"):
+    os.environ["OCL_ICD_FILENAMES"] = sys.prefix + "/lib/libintelocl.so"
+
+SEED = 7
+H, F = 256, 128
+LAYERS, EXPERTS = 2, 8
+NK = LAYERS * EXPERTS            # keys in a kit's store
+RAM_SCRATCH = 16
+VRAM_SCRATCH = 6
+
+
+def pytest_addoption(parser, pluginmanager):
+    if not pluginmanager.has_plugin("conformance.report"):
+        pluginmanager.register(report, "conformance.report")
+
+
+def small_model(enc: str) -> dict:
+    return {"id": f"conformance-{enc}", "moe": {"layers": LAYERS, "experts": EXPERTS, "topk": 2},
+            "store": {"hidden": H, "ffn": F, "encoding": enc}}
+
+
+def unavailable_skip():
+    why = report.STATE.get("unavailable")
+    if why:
+        pytest.skip(f"UNAVAILABLE: {why}")
+
+
+class Kit:
+    """One backend instance over a small store of one encoding, with the canonical keys loaded."""
+
+    def __init__(self, name: str, enc: str, root):
+        from moetier import store
+        self.enc = enc
+        out = os.path.join(root, f"store-{enc}")
+        store.pack(small_model(enc), out, seed=SEED)
+        self.store = st = store.open_store(out, model=small_model(enc))
+        self.layout = st.layout
+        self.rb = int(st.record_bytes)
+        self.be = caps.open_backend(name, st, ram_slots=NK + RAM_SCRATCH, vram_slots=NK + VRAM_SCRATCH)
+        self.vram = int(self.be.capabilities.vram_slots)
+        self._recs: dict = {}
+        self._refs: dict = {}
+
+    def load(self):
+        be = self.be
+        for h in [be.fill(k, k) for k in range(NK)]:
+            be.wait(h)
+        if self.vram >= NK:
+            for h in [be.push(k, k, k) for k in range(NK)]:
+                be.wait(h)
+        be.fence()
+
+    def rec(self, k: int) -> np.ndarray:
+        """The record bytes of key k as the store holds them (read from the data file)."""
+        r = self._recs.get(k)
+        if r is None:
+            with open(self.store.data_path, "rb") as f:
+                f.seek(self.store.offset(k))
+                r = self._recs[k] = np.frombuffer(f.read(self.rb), np.uint8)
+        return r
+
+    def ref(self, k: int, x: np.ndarray) -> np.ndarray:
+        """float64 reference output of key k (moetier.expert.reference) for x."""
+        from moetier import expert
+        ck = (k, x.shape, x.tobytes()[:64])
+        r = self._refs.get(ck)
+        if r is None:
+            r = self._refs[ck] = expert.reference(self.layout, self.rec(k), x)
+        return r
+
+    def slot_for(self, lane: str, k: int) -> int:
+        return k                                     # canonical: RAM slot k and VRAM slot k hold key k
+
+    def close(self):
+        self.be.close()
+
+
+@pytest.fixture(scope="session")
+def backend_name():
+    return report.STATE["backend"]
+
+
+@pytest.fixture(scope="session")
+def kits(tmp_path_factory, backend_name):
+    """kits(enc) -> a loaded Kit, or a skip (UNAVAILABLE: the backend's reason / NOT_SUPPORTED: the encoding)."""
+    made: dict = {}
+    root = str(tmp_path_factory.mktemp("kits"))
+
+    def get(enc: str) -> Kit:
+        unavailable_skip()
+        if enc not in made:
+            try:
+                kit = Kit(backend_name, enc, root)
+            except BackendUnavailable as e:
+                report.STATE["unavailable"] = str(e)
+                made[enc] = e
+            else:
+                if report.STATE.get("capabilities") is None:
+                    report.STATE["capabilities"] = caps.table(kit.be)
+                why = caps.encoding_skip(kit.be, enc)
+                if why:
+                    kit.close()
+                    made[enc] = why
+                else:
+                    try:
+                        kit.load()
+                    except Exception as e:  # a failed load fails every check that needs it, with the reason
+                        made[enc] = RuntimeError(f"loading the canonical keys failed: {type(e).__name__}: {e}")
+                    else:
+                        made[enc] = kit
+        got = made[enc]
+        if isinstance(got, BackendUnavailable):
+            pytest.skip(f"UNAVAILABLE: {got}")
+        if isinstance(got, str):
+            pytest.skip(got)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    yield get
+    for v in made.values():
+        if isinstance(v, Kit):
+            v.close()
+
+
+@pytest.fixture(scope="session")
+def recipe_env(tmp_path_factory, backend_name):
+    """(recipe id, Recipe, Store, Trace) of the backend's CI recipe (tiny-ci-<backend>, else tiny-ci-cpu)."""
+    from moetier import spec, store
+    from moetier.trace import load_trace
+    rid = caps.recipe_id(backend_name)
+    R = spec.resolve(rid)
+    out = tmp_path_factory.mktemp("recipe") / "store"
+    store.pack(R.model, str(out))
+    st = store.open_store(str(out), model=R.model)
+    tr = load_trace(spec.REGISTRY.parent / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
+    return rid, R, st, tr
+
+
+def runtime_backend(name: str, R, st, conc: int = 2):
+    """A fresh backend sized for a runtime run of recipe R (the headroom rule of `moetier run`)."""
+    unavailable_skip()
+    headroom = 2 * conc * R.topk + 2 * int(R.policy["prefetch"].get("budget", 8)) + 8
+    try:
+        be = caps.open_backend(name, st, ram_slots=min(R.keys, R.ram_slots) + headroom, vram_slots=R.vram_slots)
+    except BackendUnavailable as e:
+        report.STATE["unavailable"] = str(e)
+        pytest.skip(f"UNAVAILABLE: {e}")
+    if report.STATE.get("capabilities") is None:
+        report.STATE["capabilities"] = caps.table(be)
+    return be
+
+
+def nmse(y, ref) -> float:
+    y = np.asarray(y, np.float64)
+    return float(((y - ref) ** 2).sum() / max((ref ** 2).sum(), 1e-30))
+
+
+def xrows(rows: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng([SEED, seed, rows]).standard_normal((rows, H)).astype(np.float32)

@@ -1,0 +1,144 @@
+"""The conformance pytest plugin: options, per-check outcomes, the summary table and the JSON report.
+
+Options (group "moetier conformance"):
+  --backend NAME       cpu, sycl, cuda, or a test-only broken-* backend (default: $MOETIER_CONFORMANCE_BACKEND or cpu)
+  --report PATH        JSON report (default: conformance-report-<backend>.json in the current directory)
+  --write-engine ID    also write the measured engine record to registry/engine/<ID>.json
+
+pytest parses options before it imports a conftest found through ``--pyargs``, so the options exist only when this
+module is loaded as a plugin up front: ``pytest -p conformance.report --pyargs conformance --backend sycl`` (what
+``moetier conformance`` runs). ``pytest conformance/`` (a path) works too: the conftest registers this plugin. With a
+late registration the environment variables MOETIER_CONFORMANCE_BACKEND / _REPORT / _WRITE_ENGINE stand in.
+
+The report: {"backend", "capabilities" (the table, or null), "unavailable" (the BackendUnavailable reason, or
+null), "counts" {passed, failed, skipped}, "checks" [{"check", "outcome", "reason", "seconds"}], "costs" (measured
+lane costs and push GB/s), "engine" (the validated engine record), "engine_path"}.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+STATE: dict = {}
+_ENV = {"backend": "MOETIER_CONFORMANCE_BACKEND", "report": "MOETIER_CONFORMANCE_REPORT",
+        "write_engine": "MOETIER_CONFORMANCE_WRITE_ENGINE"}
+
+
+def pytest_addoption(parser):
+    g = parser.getgroup("moetier conformance")
+    g.addoption("--backend", default=None, help="backend under test: cpu, sycl, cuda (or a test-only broken-*)")
+    g.addoption("--report", default=None, help="JSON report path (default conformance-report-<backend>.json)")
+    g.addoption("--write-engine", default=None, metavar="ID",
+                help="also write the measured engine record to registry/engine/<ID>.json")
+
+
+def option(config, name: str):
+    try:
+        v = config.getoption(name)
+    except ValueError:                      # registered after parsing (conftest found via --pyargs)
+        v = None
+    if v is None:
+        v = os.environ.get(_ENV[name])
+    if name == "backend" and not v:
+        v = "cpu"
+    return v
+
+
+def pytest_configure(config):
+    from conformance import capabilities
+    from moetier.errors import UserError
+    name = option(config, "backend")
+    try:
+        capabilities.check_name(name)
+    except UserError as e:
+        raise pytest.UsageError(str(e)) from None
+    STATE.clear()
+    STATE.update(backend=name, report=option(config, "report") or f"conformance-report-{name}.json",
+                 write_engine=option(config, "write_engine"), unavailable=None, capabilities=None, checks={},
+                 costs={}, engine=None, engine_path=None, t0=time.time())
+
+
+def _check_name(report) -> str:
+    nodeid = report.nodeid
+    return nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
+
+
+def _reason(report) -> str:
+    lr = report.longrepr
+    if report.skipped and isinstance(lr, tuple) and len(lr) == 3:
+        r = str(lr[2])
+        return r[len("Skipped: "):] if r.startswith("Skipped: ") else r
+    crash = getattr(lr, "reprcrash", None)
+    msg = crash.message if crash is not None else str(lr or "")
+    msg = " ".join(msg.split())
+    return msg[:200]
+
+
+def pytest_runtest_logreport(report):
+    if not STATE or "conformance" not in report.nodeid.split("::")[0]:
+        return
+    checks = STATE["checks"]
+    name = _check_name(report)
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        outcome = "pass" if report.passed else ("skip" if report.skipped else "fail")
+        checks[name] = {"check": name, "outcome": outcome, "reason": "" if report.passed else _reason(report),
+                        "seconds": round(report.duration, 3)}
+    elif report.when == "teardown" and report.failed and name in checks:
+        checks[name].update(outcome="fail", reason="teardown: " + _reason(report))
+
+
+def build_report() -> dict:
+    checks = list(STATE.get("checks", {}).values())
+    counts = {k: sum(c["outcome"] == k for c in checks) for k in ("pass", "fail", "skip")}
+    return {"backend": STATE.get("backend"), "capabilities": STATE.get("capabilities"),
+            "unavailable": STATE.get("unavailable"), "counts": counts, "checks": checks,
+            "costs": STATE.get("costs"), "engine": STATE.get("engine"), "engine_path": STATE.get("engine_path"),
+            "seconds": round(time.time() - STATE.get("t0", time.time()), 2)}
+
+
+def write_report(path=None) -> str:
+    path = path or STATE["report"]
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(build_report(), f, indent=1, sort_keys=True, default=str)
+        f.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not STATE or not STATE.get("checks"):
+        return
+    rep = build_report()
+    tw = terminalreporter
+    cap = rep["capabilities"]
+    tw.section(f"moetier conformance: backend {rep['backend']}")
+    if cap:
+        tw.line(f"device: {cap['device']}")
+        tw.line(f"capabilities: lanes={','.join(cap['lanes'])} encodings={','.join(cap['encodings'])} "
+                f"vram_slots={cap['vram_slots']} ram_readback={cap['ram_readback']} "
+                f"vram_readback={cap['vram_readback']}")
+    if rep["unavailable"]:
+        tw.line(f"UNAVAILABLE: {rep['unavailable']}")
+    w = max(len(c["check"]) for c in rep["checks"])
+    w = min(max(w, 5), 60)
+    tw.line(f"{'check':<{w}} | {'result':<6} | reason")
+    tw.line(f"{'-' * w}-+-{'-' * 6}-+-{'-' * 30}")
+    for c in rep["checks"]:
+        tw.line(f"{c['check'][:w]:<{w}} | {c['outcome']:<6} | {c['reason']}")
+    n = rep["counts"]
+    tw.line(f"{n['pass']} pass, {n['fail']} fail, {n['skip']} skip")
+    for lane, fit in sorted((rep["costs"] or {}).get("lanes", {}).items()):
+        tw.line(f"cost {lane}: per_layer {fit['per_layer_ms']:.4f} ms, per_expert {fit['per_expert_ms']:.4f} ms, "
+                f"per_extra_token {fit['per_extra_token_ms']:.4f} ms")
+    for what in ("fill", "push"):
+        v = (rep["costs"] or {}).get(f"{what}_gbps")
+        if v is not None:
+            tw.line(f"{what}: {v:.3f} GB/s")
+    path = write_report()
+    tw.line(f"report: {path}" + (f"; engine record: {rep['engine_path']}" if rep["engine_path"] else ""))

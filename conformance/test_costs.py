@@ -1,0 +1,129 @@
+"""Measured costs: per lane per_layer / per_expert / per_extra_token (least squares over experts x rows, as
+moetier.bench.cpu_lane_costs), fill and push GB/s, written as a validated engine record into the report directory
+(and to registry/engine/<ID>.json only with --write-engine ID)."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import time
+
+import numpy as np
+import pytest
+
+from conformance import capabilities as caps
+from conformance import report
+from conformance.conftest import NK, RAM_SCRATCH, VRAM_SCRATCH
+from moetier.contract import LANES
+
+EXPERTS = (1, 2, 4, 8, 16)
+ROWS = (1, 2, 4, 8)
+REPEATS = 5
+ENC = "int8"
+
+
+def _costs() -> dict:
+    return report.STATE.setdefault("costs", {})
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_lane_cost_fit(kits, lane):
+    kit = kits(ENC)
+    why = caps.lane_skip(kit.be, lane)
+    if why:
+        pytest.skip(why)
+    be, lay = kit.be, kit.layout
+    rng = np.random.default_rng(0)
+    A, y, samples = [], [], []
+    be.compute(lane, [(k, k, [0]) for k in range(NK)], rng.standard_normal((1, lay.hidden)).astype(np.float32))
+    for n in EXPERTS:
+        for m in ROWS:
+            x = rng.standard_normal((m, lay.hidden)).astype(np.float32)
+            jobs = [(k % NK, k % NK, list(range(m))) for k in range(n)]
+            times = []
+            for _ in range(REPEATS):
+                t0 = time.perf_counter()
+                be.compute(lane, jobs, x)
+                times.append((time.perf_counter() - t0) * 1e3)
+            ms = float(np.median(times))
+            A.append([1.0, n, n * (m - 1)])
+            y.append(ms)
+            samples.append({"experts": n, "rows": m, "ms": round(ms, 5)})
+    coef, *_ = np.linalg.lstsq(np.array(A), np.array(y), rcond=None)
+    assert np.isfinite(coef).all(), coef
+    per_layer, per_expert, per_extra = (max(0.0, float(c)) for c in coef)
+    _costs().setdefault("lanes", {})[lane] = {
+        "reads": "vram" if lane == "gpu" else "ram", "per_layer_ms": per_layer, "per_expert_ms": per_expert,
+        "per_extra_token_ms": per_extra, "samples": samples}
+
+
+def _gbps(be, issue, n, rb):
+    t0 = time.perf_counter()
+    hs = [issue(i) for i in range(n)]
+    for h in hs:
+        be.wait(h)
+    be.fence()
+    return n * rb / (time.perf_counter() - t0) / 1e9
+
+
+def test_fill_bandwidth(kits):
+    kit = kits(ENC)
+    be, rb = kit.be, kit.rb
+    c = _costs()
+    c["record_bytes"] = rb
+    c["fill_gbps"] = max(_gbps(be, lambda i: be.fill(i % NK, NK + i % RAM_SCRATCH), RAM_SCRATCH, rb)
+                         for _ in range(3))
+
+
+def test_push_bandwidth(kits):
+    kit = kits(ENC)
+    be, rb = kit.be, kit.rb
+    why = caps.vram_skip(be, NK + VRAM_SCRATCH)
+    if why:
+        pytest.skip(why)
+    _costs()["push_gbps"] = max(_gbps(be, lambda i: be.push(i % NK, i % NK, NK + i % VRAM_SCRATCH),
+                                      4 * VRAM_SCRATCH, rb) for _ in range(3))
+
+
+def engine_record(eid: str, costs: dict, backend: str, device: str) -> dict:
+    lanes = {}
+    for lane, f in sorted(costs.get("lanes", {}).items()):
+        lanes[lane] = {"reads": f["reads"], "per_layer_ms": round(f["per_layer_ms"], 5),
+                       "per_expert_ms": round(f["per_expert_ms"], 5),
+                       "per_extra_token_ms": round(f["per_extra_token_ms"], 5),
+                       "note": f"measured by moetier conformance ({ENC}, tiny H256 F128 experts)"}
+    ov = {"fill_gbps": round(costs["fill_gbps"], 3)} if costs.get("fill_gbps") else {}
+    if costs.get("push_gbps"):
+        ov["push_gbps"] = round(costs["push_gbps"], 3)
+    when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    rec = {"id": eid, "lanes": lanes,
+           "source": f"moetier conformance --backend {backend} {when} on {platform.node()} ({device}): least-squares "
+                     f"fit over experts {list(EXPERTS)} x rows {list(ROWS)}, median of {REPEATS}, "
+                     f"{costs.get('record_bytes', 0)} B records"}
+    if ov:
+        rec["overheads"] = ov
+    return rec
+
+
+def test_engine_record(kits, backend_name):
+    """The measured costs as an engine record: validated by moetier.spec; written next to the report."""
+    from moetier import spec
+    kits(ENC)                                          # skips with the reason when the backend is unavailable
+    c = _costs()
+    if not c.get("lanes"):
+        pytest.skip("no lane cost was measured (run without -k filtering out test_lane_cost_fit)")
+    eid = report.STATE.get("write_engine") or f"conformance-{backend_name}"
+    dev = (report.STATE.get("capabilities") or {}).get("device", "?")
+    rec = engine_record(eid, c, backend_name, dev)
+    out_dir = os.path.dirname(os.path.abspath(report.STATE["report"]))
+    path = os.path.join(out_dir, f"engine-{eid}.json")
+    spec.validate("engine", rec, path)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(rec, f, indent=2)
+        f.write("\n")
+    report.STATE["engine"] = rec
+    report.STATE["engine_path"] = path
+    if report.STATE.get("write_engine"):
+        report.STATE["engine_path"] = str(spec.write_record("engine", rec))

@@ -1,0 +1,286 @@
+"""Transfers: fill/push land exactly the manifest bytes, drain returns what was pushed, landed() is never early,
+fence() leaves nothing pending, seq is monotonic."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from conformance import capabilities as caps
+from conformance.conftest import NK, RAM_SCRATCH, VRAM_SCRATCH, xrows
+from moetier import store as _store
+
+ENC = caps.ENCODINGS
+
+
+def _need(why):
+    if why:
+        pytest.skip(why)
+
+
+def _ram_bytes(kit, slot):
+    return np.asarray(caps.ram_reader(kit.be)(slot))[:kit.rb]
+
+
+def _digest_ok(kit, k, buf) -> bool:
+    """The manifest checksum (moetier.store.digest, whatever hash the store format uses) of the landed bytes."""
+    return _store.digest(np.ascontiguousarray(buf).tobytes()) == kit.store.digest(k)
+
+
+def _need_ram_readback(kit):
+    if caps.ram_reader(kit.be) is None:
+        pytest.skip(f"NOT_SUPPORTED: backend {kit.be.capabilities.name} offers no ram_view(slot) test hook")
+
+
+@pytest.mark.parametrize("enc", ENC)
+def test_fill_lands_manifest_bytes(kits, enc):
+    """NVMe -> RAM fills into zeroed slots: exactly the record bytes, matching the manifest checksum."""
+    kit = kits(enc)
+    _need_ram_readback(kit)
+    be = kit.be
+    slots = [NK + i for i in range(RAM_SCRATCH)]
+    keys = [(3 * i + 1) % NK for i in range(len(slots))]
+    for s in slots:
+        be.ram_view(s)[:] = 0
+    hs = [be.fill(k, s) for k, s in zip(keys, slots)]
+    for h in hs:
+        be.wait(h)
+    for k, s in zip(keys, slots):
+        got = _ram_bytes(kit, s)
+        assert np.array_equal(got, kit.rec(k)), f"fill key {k} -> slot {s}: bytes differ from the store"
+        assert _digest_ok(kit, k, got), f"fill key {k} -> slot {s}: checksum differs from the manifest"
+
+
+@pytest.mark.parametrize("enc", ENC)
+def test_push_lands_manifest_bytes(kits, enc):
+    """RAM -> VRAM pushes land the record bytes (read back through the VRAM hook when offered, else through a
+    drain into a zeroed RAM slot)."""
+    kit = kits(enc)
+    _need(caps.vram_skip(kit.be, NK + 1))
+    be = kit.be
+    keys = [2, 5, 11, NK - 1][:VRAM_SCRATCH]
+    for i, k in enumerate(keys):
+        be.wait(be.push(k, k, NK + i))
+    rd = caps.vram_reader(be)
+    for i, k in enumerate(keys):
+        if rd is not None:
+            got = np.asarray(rd(NK + i))[:kit.rb]
+            assert np.array_equal(got, kit.rec(k)), f"push key {k} -> VRAM slot {NK + i}: bytes differ"
+        if caps.ram_reader(be) is not None:
+            be.ram_view(NK + i)[:] = 0
+            be.wait(be.drain(k, NK + i, NK + i))
+            got = _ram_bytes(kit, NK + i)
+            assert _digest_ok(kit, k, got), f"push key {k} -> VRAM slot {NK + i}: drained bytes fail the checksum"
+
+
+@pytest.mark.parametrize("enc", ENC)
+def test_drain_returns_pushed_bytes(kits, enc):
+    """drain(VRAM slot -> zeroed RAM slot) returns exactly the bytes that were pushed there, and the drained copy
+    computes the same bits as the VRAM copy it came from."""
+    kit = kits(enc)
+    _need(caps.vram_skip(kit.be, NK + 1))
+    _need_ram_readback(kit)
+    be = kit.be
+    for i, k in enumerate((4, 9)):
+        s = NK + 8 + i
+        be.ram_view(s)[:] = 0
+        h = be.drain(k, k, s)
+        be.wait(h)
+        assert be.landed(h)
+        assert np.array_equal(_ram_bytes(kit, s), kit.rec(k)), f"drain key {k}: bytes differ from what was pushed"
+
+
+def _poll(be, hs, check, deadline_s=30.0):
+    """Poll landed() over handles in random order; run check(h) the moment each first reports True."""
+    rng = np.random.default_rng(1)
+    left = list(hs)
+    t_end = time.monotonic() + deadline_s
+    while left:
+        for j in rng.permutation(len(left)):
+            h = left[j]
+            if be.landed(h):
+                check(h)
+                left[j] = None
+        left = [h for h in left if h is not None]
+        assert time.monotonic() < t_end, f"{len(left)} handles never reported landed within {deadline_s} s"
+
+
+@pytest.mark.parametrize("enc", ENC)
+def test_landed_never_before_readable(kits, enc):
+    """The first time landed(h) is True the destination already holds the bytes: fills into zeroed RAM slots
+    (checked byte for byte) and, with a VRAM tier, pushes over another key's bytes (checked by computing on the
+    gpu lane the moment landed() says so)."""
+    kit = kits(enc)
+    _need_ram_readback(kit)
+    be = kit.be
+    slots = [NK + i for i in range(RAM_SCRATCH)]
+    keys = [(5 * i + 2) % NK for i in range(len(slots))]
+    for s in slots:
+        be.ram_view(s)[:] = 0
+    where = {}
+
+    def check_fill(h):
+        k, s = where[id(h)]
+        assert np.array_equal(_ram_bytes(kit, s), kit.rec(k)), \
+            f"landed() was True for fill key {k} -> slot {s} before its bytes were readable"
+
+    hs = []
+    for k, s in zip(keys, slots):
+        h = be.fill(k, s)
+        where[id(h)] = (k, s)
+        hs.append(h)
+    _poll(be, hs, check_fill)
+    if kit.vram >= NK + 2 and caps.lane_skip(be, "gpu") is None:
+        x = xrows(2, seed=4)
+        pairs = [(3, NK), (12, NK + 1)]
+        want = be.compute("gpu", [(k, k, [0, 1]) for k, _ in pairs], x)
+        for k, vs in pairs:                              # put another key's bytes there first
+            be.wait(be.push((k + 1) % NK, (k + 1) % NK, vs))
+
+        def check_push(h):
+            k, vs = where[id(h)]
+            got = be.compute("gpu", [(k, vs, [0, 1])], x)[k]
+            assert got.tobytes() == want[k].tobytes(), \
+                f"landed() was True for push key {k} -> VRAM slot {vs} before its bytes were readable"
+
+        hs = []
+        for k, vs in pairs:
+            h = be.push(k, k, vs)
+            where[id(h)] = (k, vs)
+            hs.append(h)
+        _poll(be, hs, check_push)
+
+
+@pytest.mark.parametrize("enc", ENC)
+def test_fence_leaves_nothing_pending(kits, enc):
+    """After fence() every handle issued before it reports landed and completed_seq() covers the last seq."""
+    kit = kits(enc)
+    be = kit.be
+    hs = [be.fill((7 * i) % NK, NK + i) for i in range(RAM_SCRATCH)]
+    if kit.vram >= NK + VRAM_SCRATCH:
+        hs += [be.push(i, i, NK + i) for i in range(VRAM_SCRATCH)]
+    be.fence()
+    late = [h for h in hs if not be.landed(h)]
+    assert not late, f"{len(late)} handles not landed after fence(): {late[:3]}"
+    top = max(h.seq for h in hs)
+    assert be.completed_seq() >= top, f"completed_seq() {be.completed_seq()} < last seq {top} after fence()"
+    if hasattr(be, "outstanding"):
+        assert be.outstanding == 0, f"outstanding {be.outstanding} after fence()"
+
+
+@pytest.mark.parametrize("enc", ENC)
+def test_seq_monotonic(kits, enc):
+    """Handles carry strictly increasing seq across kinds in issue order; completed_seq() never goes back and
+    every handle at or below it has landed."""
+    kit = kits(enc)
+    be = kit.be
+    hs = []
+    for i in range(8):
+        hs.append(be.fill((i * 3) % NK, NK + i))
+        if kit.vram >= NK + VRAM_SCRATCH and i < VRAM_SCRATCH:
+            hs.append(be.push(i, i, NK + i))
+    if kit.vram >= NK + VRAM_SCRATCH:
+        hs.append(be.drain(0, NK, NK + 9))
+    seqs = [h.seq for h in hs]
+    assert all(b > a for a, b in zip(seqs, seqs[1:])), f"seq not strictly increasing in issue order: {seqs}"
+    assert all(hasattr(h, "key") for h in hs)
+    last = -1
+    t_end = time.monotonic() + 10
+    while True:
+        c = be.completed_seq()
+        assert c >= last, f"completed_seq() went back: {last} -> {c}"
+        last = c
+        below = [h for h in hs if h.seq <= c]
+        assert all(be.landed(h) for h in below), f"a handle with seq <= completed_seq() {c} has not landed"
+        if c >= seqs[-1] or time.monotonic() > t_end:
+            break
+        time.sleep(0.001)
+    be.fence()
+    assert be.completed_seq() >= max(last, seqs[-1])
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# random interleavings (hypothesis): fills, pushes, drains, polls and computes in any order a host may issue them
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as hst  # noqa: E402
+
+_NR, _NV = 6, 4                                        # scratch slots used: RAM NK..NK+5, VRAM NK..NK+3
+_OPS = hst.lists(hst.one_of(
+    hst.tuples(hst.just("fill"), hst.integers(0, NK - 1), hst.integers(0, _NR - 1)),
+    hst.tuples(hst.just("push"), hst.integers(0, _NR - 1), hst.integers(0, _NV - 1)),
+    hst.tuples(hst.just("drain"), hst.integers(0, _NV - 1), hst.integers(0, _NR - 1)),
+    hst.tuples(hst.just("poll"), hst.integers(0, 7), hst.just(0)),
+    hst.tuples(hst.just("compute"), hst.integers(0, _NR + _NV - 1), hst.just(0)),
+), min_size=4, max_size=40)
+
+
+@settings(max_examples=12, deadline=None, database=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(ops=_OPS)
+def test_landed_truthful_under_random_interleaving(kits, ops):
+    """A host that only trusts landed(): whatever the interleaving, the moment landed(h) says True the destination
+    computes the key's canonical bits (and holds its bytes); fence() then lands everything."""
+    kit = kits("int8")
+    be = kit.be
+    ram_lane = next((ln for ln in ("cpu", "zerocopy") if caps.lane_skip(be, ln) is None), None)
+    gpu = kit.vram >= NK + _NV and caps.lane_skip(be, "gpu") is None
+    x = xrows(2, seed=9)
+    want = {}
+
+    def expect(lane, k):
+        if (lane, k) not in want:
+            want[(lane, k)] = be.compute(lane, [(k, k, [0, 1])], x)[k].tobytes()
+        return want[(lane, k)]
+
+    holds = {}                                           # ("r"|"v", slot) -> key whose bytes landed there
+    busy: dict = {}                                      # ("r"|"v", slot) -> outstanding handle touching it
+    out = []                                             # [(handle, dst, key, touched)]
+
+    def verify(dst, k):
+        arena, s = dst
+        if arena == "r":
+            if caps.ram_reader(be) is not None:
+                assert np.array_equal(_ram_bytes(kit, s), kit.rec(k)), f"RAM slot {s}: not key {k}'s bytes"
+            if ram_lane:
+                assert be.compute(ram_lane, [(k, s, [0, 1])], x)[k].tobytes() == expect(ram_lane, k)
+        elif gpu:
+            assert be.compute("gpu", [(k, s, [0, 1])], x)[k].tobytes() == expect("gpu", k), \
+                f"VRAM slot {s}: not key {k}'s bits although landed() said so"
+
+    def issue(h, dst, k, touched):
+        out.append((h, dst, k, touched))
+        for t in touched:
+            busy[t] = h
+        holds.pop(dst, None)
+
+    for op, a, b in ops:
+        if op == "fill":
+            dst = ("r", NK + b)
+            if dst not in busy:
+                issue(be.fill(a, NK + b), dst, a, [dst])
+        elif op == "push" and gpu:
+            src, dst = ("r", NK + a), ("v", NK + b)
+            if src in holds and src not in busy and dst not in busy:
+                issue(be.push(holds[src], NK + a, NK + b), dst, holds[src], [src, dst])
+        elif op == "drain" and gpu:
+            src, dst = ("v", NK + a), ("r", NK + b)
+            if src in holds and src not in busy and dst not in busy:
+                issue(be.drain(holds[src], NK + a, NK + b), dst, holds[src], [src, dst])
+        elif op == "poll" and out:
+            h, dst, k, touched = out[a % len(out)]
+            if be.landed(h):
+                verify(dst, k)
+                holds[dst] = k
+                for t in touched:
+                    busy.pop(t, None)
+                out.remove((h, dst, k, touched))
+        elif op == "compute":
+            slot = ("r", NK + a) if a < _NR else ("v", NK + a - _NR)
+            if slot in holds and slot not in busy:
+                verify(slot, holds[slot])
+    be.fence()
+    for h, dst, k, _ in out:
+        assert be.landed(h), f"{h!r} not landed after fence()"
+        verify(dst, k)
