@@ -42,6 +42,21 @@ def register(sub, parser_class) -> None:
     r.add_argument("--json", action="store_true")
     r.set_defaults(fn=cmd_run)
 
+    c = sub.add_parser("calibrate", help="run a matrix of configurations for real, fit the simulator's cost terms "
+                       "from the runtime's counters, and report prediction errors")
+    c.add_argument("recipe")
+    c.add_argument("--store", required=True)
+    c.add_argument("--trace")
+    c.add_argument("--segments")
+    c.add_argument("--backend", default="cpu")
+    c.add_argument("--steps", type=int, default=200, help="measured steps per arm and repeat")
+    c.add_argument("--repeats", type=int, default=2, help="interleaved repeats of the whole matrix (A B .. A B ..)")
+    c.add_argument("--verify-rate", type=float, default=1.0)
+    c.add_argument("--no-write", action="store_true", help="do not write the fitted terms or the run record")
+    c.add_argument("--record", help="run record id (default calibration-<recipe>-<utc time>)")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(fn=cmd_calibrate)
+
     b = sub.add_parser("bench", help="measure this machine; write its hardware and engine records")
     b.add_argument("--store", required=True, help="a packed store (its record size is what gets measured)")
     b.add_argument("--hardware", default="local-cpu", help="hardware record id to write")
@@ -71,7 +86,7 @@ def cmd_store(args) -> int:
 
 def _make_backend(name, st, R, conc, verify_rate):
     from moetier.contract import BackendUnavailable, get_backend
-    headroom = 2 * conc * R.topk + 2 * int(R.policy["prefetch"].get("budget", 8)) + 8
+    headroom = 2 * conc * R.topk + 4 * int(R.policy["prefetch"].get("budget", 8)) + 8
     ram_slots = min(R.keys, R.ram_slots) + headroom
     try:
         return get_backend(name, st, ram_slots=ram_slots, vram_slots=R.vram_slots, verify_rate=verify_rate)
@@ -142,6 +157,43 @@ def cmd_run(args) -> int:
         print(f"| {t['conc']} | {t['measured_tok_s']:.2f} | {t['sim_tok_s']:.2f} | {t['sim_error_pct']:+.1f}% | "
               f"{t['reads_per_token']:.2f} ({t['sim_nvme_per_tok']:.2f}) | {ln['cpu']:.2f} | {ln['nvme_wait']:.2f} "
               f"| {t['checksum_failures']} |")
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    from moetier import calibrate, spec, store
+    from moetier.cli import _emit, _trace
+    R = spec.resolve(args.recipe)
+    st = store.open_store(args.store, model=R.model)
+    tr = _trace(args, R)
+    prog = (lambda msg: print(f"calibrate: {msg}", file=sys.stderr)) if sys.stderr.isatty() else None
+    res = calibrate.calibrate(args.recipe, st, tr, steps=args.steps, repeats=args.repeats, backend=args.backend,
+                              verify_rate=args.verify_rate, write=not args.no_write, progress=prog)
+    now = _dt.datetime.now(_dt.timezone.utc)
+    record = {"id": args.record or f"calibration-{R.id}-{now:%Y%m%dt%H%M%S}".lower(), "kind": "run",
+              "title": f"calibration matrix for {R.id}", "recipe": R.id, "measured": res["when"],
+              "backend": args.backend, "machine": f"{platform.node()} {platform.machine()}",
+              "calibration": res, "note": "arms interleaved A B .. A B ..; fit arms set the cost terms, the others "
+                                          "are held out; errors are simulator vs measured decode tok/s"}
+    if not args.no_write:
+        print(f"wrote {spec.write_record('runs', record)}", file=sys.stderr)
+    if args.json:
+        _emit(record)
+        return 0
+    t = res["terms"]
+    print(f"fitted: cpu lane {json.dumps({k: round(v, 4) for k, v in t['cpu'].items()})}; host "
+          f"{json.dumps({k: round(v, 4) for k, v in t['host'].items()})}; fixed_ms {json.dumps(t['fixed_ms'])}")
+    print("| arm | conc | fit/held-out | measured tok/s | sim tok/s | error | ms/tok cpu (sim) | nvme (sim) "
+          "| host (sim) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in res["rows"]:
+        m, p = r["ms_per_token"]["measured"], r["ms_per_token"]["sim"]
+        print(f"| {r['arm']} | {r['conc']} | {'fit' if r['fit'] else 'held-out'} | {r['measured_tok_s']:.1f} | "
+              f"{r['sim_tok_s']:.1f} | {r['error_pct']:+.1f}% | {m['cpu_moe']:.2f} ({p['cpu_moe']:.2f}) | "
+              f"{m['nvme_stall']:.2f} ({p['nvme_stall']:.2f}) | {m['host']:.2f} ({p['host']:.2f}) |")
+    s = res["summary"]
+    print(f"median |error| {s['median_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}%, held-out max "
+          f"{s['held_out_max_abs_error_pct']:.1f}% over {s['arms']} arms")
     return 0
 
 

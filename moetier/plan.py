@@ -147,6 +147,9 @@ class PlanContext:
     mask: bool
     overlap: bool
     can_admit: bool            # a VRAM tier exists (zerocopy/nvme_gpu picks are admitted)
+    cpu_call: float = 0.0      # cpu lane: each further dispatch in a layer (an NVMe pick computed as it lands)
+    host_layer: float = 0.0    # serial host time per layer call outside the lanes (plan, bookkeeping, combine)
+    host_pick: float = 0.0     # ... and per pick
 
     @classmethod
     def from_recipe(cls, R) -> "PlanContext":
@@ -159,10 +162,13 @@ class PlanContext:
         cpu = lane("cpu")
         if cpu is None and zc is None and gpu is None:
             raise ValueError(f"recipe {R.id}: no lane can compute RAM or NVMe experts (need cpu, zerocopy or gpu)")
+        host = getattr(R, "host", None) or {}
         return cls(experts=R.experts, gpu=gpu, zerocopy=zc, cpu=cpu,
                    push_ms=R.nvme_expert_bytes / (R.h2d_gbps * 1e6) if R.h2d_gbps else INF,
                    mask=R.policy.get("exact", "stall") == "mask",
-                   overlap=bool(R.policy.get("overlap", True)), can_admit=R.vram_slots > 0)
+                   overlap=bool(R.policy.get("overlap", True)), can_admit=R.vram_slots > 0,
+                   cpu_call=R.lanes["cpu"].per_call_ms if "cpu" in R.lanes else 0.0,
+                   host_layer=float(host.get("per_layer_ms", 0.0)), host_pick=float(host.get("per_pick_ms", 0.0)))
 
 
 class LayerPlan:
@@ -240,7 +246,7 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
             _plan_nvme(ctx, plan, picks, nvme_l, t0, nvme, g, g_on, c, c_on)
             g, c = plan.gpu_ms, plan.cpu_ms
     plan.gpu_ms, plan.cpu_ms = g, c
-    plan.ms = (g if g > c else c) if ctx.overlap else g + c
+    plan.ms = ((g if g > c else c) if ctx.overlap else g + c) + ctx.host_layer + ctx.host_pick * len(picks)
     return plan
 
 
@@ -268,7 +274,7 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):
             a = 0.0
         m = picks[k]
         if cpu:
-            cs = c if c_on else cpu[0]
+            cs = c + ctx.cpu_call if c_on else cpu[0]
             ce = (cs if cs > a else a) + cpu[1] + cpu[2] * (m - 1)
         else:
             ce = INF

@@ -87,10 +87,11 @@ class Runtime:
         self.ram_slot: dict[int, int] = {}    # key -> RAM (or staging) slot holding its bytes
         self.vram_slot: dict[int, int] = {}
         self.inflight: dict[int, tuple] = {}   # key -> (ticket, handle, slot) for fills in flight
+        self.wasted: list[tuple] = []          # (handle, slot) of unused prefetch reads still in flight
         self.seed = seed
         self.stats = dict(plan_s=0.0, book_s=0.0, lane_cpu_s=0.0, lane_gpu_s=0.0, lane_zc_s=0.0, nvme_wait_s=0.0,
                           copy_s=0.0, combine_s=0.0, reads=0, masked=0, picks=0, layer_calls=0,
-                          cpu_bytes=0)
+                          cpu_bytes=0, cpu_layers=0, cpu_calls=0, cpu_experts=0, cpu_extra_rows=0)
 
     # -- setup --------------------------------------------------------------------------------------------------
     def seed_tiers(self, ranked) -> None:
@@ -110,7 +111,7 @@ class Runtime:
             rest = ranked[v:v + L.ram_slots]
         hs = []
         for k in reversed(rest):               # coldest first: the hottest ends at the LRU's protected end
-            slot = self.ram.alloc()
+            slot = self._alloc_ram()
             hs.append((k, L.begin_fill(k) if not L.all_in_ram else None, be.fill(k, slot), slot))
         for k, tk, h, slot in hs:
             self._wait(h)
@@ -122,7 +123,7 @@ class Runtime:
 
     def _fill_now(self, k, staging=False):
         tk = self.L.begin_fill(k, staging=staging)
-        slot = self.ram.alloc()
+        slot = self._alloc_ram()
         h = self.be.fill(k, slot)
         self._wait(h, tk)
         self.L.land(tk)
@@ -142,13 +143,24 @@ class Runtime:
     def _drains(self, protect=()):
         L, be = self.L, self.be
         for td in L.take_drains():
-            slot = self.ram.alloc()
+            slot = self._alloc_ram()
             h = be.drain(td.key, td.slot, slot)
             self._wait(h, td, "copy_s")
             self.vram_slot.pop(td.key, None)
             self.ram_slot[td.key] = slot
             for ev in L.land(td, protect):
                 self._release_ram(ev)
+
+    def _alloc_ram(self) -> int:
+        """A free RAM slot; if none, reclaim the oldest wasted prefetch read's slot (waiting for it if needed)."""
+        if not self.ram.free and self.wasted:
+            h, slot = self.wasted.pop(0)
+            try:
+                self.be.wait(h)
+            except (TransportError, OSError):
+                pass
+            self.ram.free.append(slot)
+        return self.ram.alloc()
 
     def _release_ram(self, k):
         s = self.ram_slot.pop(k, None)
@@ -186,7 +198,7 @@ class Runtime:
                 tk = rp.pf_tickets.pop(k, None)
                 if tk is None:
                     tk = L.begin_fill(k, staging=k in nv_gpu)
-                slot = self.ram.alloc()
+                slot = self._alloc_ram()
                 self.inflight[k] = (tk, be.fill(k, slot), slot)
                 st["reads"] += 1
         st["book_s"] += time.perf_counter() - c1
@@ -196,6 +208,11 @@ class Runtime:
             t = time.perf_counter()
             out.update(be.compute("cpu", [(k, self.ram_slot[k], rows_of[k]) for k in plan.cpu], x))
             st["lane_cpu_s"] += time.perf_counter() - t
+            st["cpu_calls"] += 1
+        if plan.cpu or plan.nvme_cpu:
+            st["cpu_layers"] += 1
+            st["cpu_experts"] += len(plan.cpu) + len(plan.nvme_cpu)
+            st["cpu_extra_rows"] += sum(picks[k] - 1 for k in plan.cpu) + sum(picks[k] - 1 for k in plan.nvme_cpu)
         if plan.gpu:
             t = time.perf_counter()
             out.update(be.compute("gpu", [(k, self.vram_slot[k], rows_of[k]) for k in plan.gpu], x))
@@ -230,6 +247,7 @@ class Runtime:
             t = time.perf_counter()
             out.update(be.compute("cpu", [(k, slot, rows_of[k])], x))
             st["lane_cpu_s"] += time.perf_counter() - t
+            st["cpu_calls"] += 1
         if rp.ctx.can_admit:
             for k in plan.zerocopy:
                 tp = L.begin_push(k, picks)
@@ -282,7 +300,7 @@ class Runtime:
         rp.prefetch(layer, streams.local_rows(rows, layer) if not rp.predictor.uses_future else None, future, t_model)
         for k, tk in rp.pf_tickets.items():
             if k not in before:
-                slot = self.ram.alloc()
+                slot = self._alloc_ram()
                 self.inflight[k] = (tk, self.be.fill(k, slot), slot)
                 self.stats["reads"] += 1
 
@@ -293,11 +311,18 @@ class Runtime:
         for k in rp.pf_target.get(layer, ()):
             if k in rp.pf_tickets and k in self.inflight:
                 _, h, slot = self.inflight.pop(k)
-                try:
-                    self.be.wait(h)
-                except (TransportError, OSError):
-                    pass                      # a wasted read that failed: nothing was going to use it
+                self.wasted.append((h, slot))   # its slot is reused once the read is done; never block on it
+        still = []
+        for h, slot in self.wasted:
+            try:
+                done = self.be.landed(h)
+            except (TransportError, OSError):
+                done = True                     # a wasted read that failed: nothing was going to use it
+            if done:
                 self.ram.release_later(slot)
+            else:
+                still.append((h, slot))
+        self.wasted = still
         rp.expire(layer, t_model)
 
     def end_layer(self) -> None:
@@ -306,6 +331,9 @@ class Runtime:
 
     def close(self) -> None:
         self.be.fence()
+        for _, slot in self.wasted:
+            self.ram.release_later(slot)
+        self.wasted.clear()
 
 
 def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: int = 0, keep_outputs: bool = False,
@@ -395,4 +423,6 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
         "digests": digests,
         "outputs": outputs if keep_outputs else None,
         "ledger": dict(L.counters),
+        "counters": st,
+        "wall_s": wall_meas,
     }

@@ -54,7 +54,7 @@ DEFAULT_POLICY = {
     "exact": "stall",
     "overlap": True,
 }
-LANE_COSTS = ("per_layer_ms", "per_expert_ms", "per_extra_token_ms")
+LANE_COSTS = ("per_layer_ms", "per_expert_ms", "per_extra_token_ms", "per_call_ms")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -385,6 +385,7 @@ class Lane:
     per_layer_ms: float
     per_expert_ms: float
     per_extra_token_ms: float = 0.0
+    per_call_ms: float = 0.0      # each further dispatch in the same layer (picks computed one by one as they land)
 
     def cost(self, rows) -> float:
         """rows: token rows per expert computed in this layer call (a sequence, or a mapping key -> rows)."""
@@ -424,6 +425,7 @@ class Recipe:
     model: dict = field(repr=False)
     hardware: dict = field(repr=False)
     engines: list[dict] = field(repr=False)
+    host: dict = field(default_factory=lambda: {"per_layer_ms": 0.0, "per_pick_ms": 0.0})
 
     @property
     def keys(self) -> int:
@@ -554,6 +556,8 @@ def resolve(recipe_id: str, overrides=(), root=None) -> Recipe:
                  "compute_ms_per_layer": float(cal["prefill"]["compute_ms_per_layer"]),
                  "first_request_ms": float(cal["prefill"]["first_request_ms"])},
         trace=rec.get("trace"),
+        host={"per_layer_ms": float(cal.get("host", {}).get("per_layer_ms", 0.0)),
+              "per_pick_ms": float(cal.get("host", {}).get("per_pick_ms", 0.0))},
         raw=rec,
         model=model,
         hardware=hw,

@@ -1,0 +1,160 @@
+"""`moetier calibrate`: close the loop between the runtime and the simulator on this machine.
+
+Contract
+--------
+``calibrate(R_id, store, arms, ...)`` runs every arm (recipe overrides + concurrency) with the real runtime, twice,
+interleaved (A B C ... A B C ...) so drift cancels, then sets the simulator's cost terms *from the runtime's own
+counters on the fit arms only*:
+
+- cpu lane (engine record): ``lane_cpu_s = per_layer * layers_with_cpu_work + per_call * further_calls
+  + per_expert * experts + per_extra_token * extra_rows`` (least squares, clipped at 0);
+- host time per layer call (recipe ``calibration.host``): ``plan + bookkeeping + combine = per_layer * layer_calls
+  + per_pick * picks``;
+- non-MoE time per step (recipe ``calibration.fixed_ms``): measured step wall minus everything booked to layers,
+  per concurrency (rows); concurrencies without a fit arm are interpolated by the simulator;
+- NVMe bandwidth and latency come from the hardware record written by `moetier bench` (not refitted here).
+
+Then the simulator predicts every arm (held-out arms included) with the written records, and the error table
+(predicted vs measured tok/s and per-token ms per bucket) goes to the terminal and into a run record.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import statistics
+
+import numpy as np
+
+from moetier import runtime, sim, spec
+
+BUCKETS = ("cpu_moe", "nvme_stall", "host")
+
+
+def default_arms(R) -> list[dict]:
+    """At least 8 configurations of a cpu-backend recipe: all-in-RAM, two NVMe-tail budgets, prefetch, mask,
+    C1/C2/C4. ``fit`` arms set cost terms; the others are held out."""
+    ram = float(R.raw["budget"]["ram_gb"])
+    allram = round(R.keys * R.ram_expert_bytes / 1e9 * 1.05 + 0.01, 3)
+    mid = round(ram * 0.8, 3)
+    return [
+        {"name": "allram-C1", "set": [f"budget.ram_gb={allram}"], "conc": 1, "fit": True},
+        {"name": "allram-C4", "set": [f"budget.ram_gb={allram}"], "conc": 4, "fit": True},
+        {"name": "tail-C1", "set": [], "conc": 1, "fit": True},
+        {"name": "tail-C4", "set": [], "conc": 4, "fit": True},
+        {"name": "allram-C2", "set": [f"budget.ram_gb={allram}"], "conc": 2, "fit": False},
+        {"name": "tail-C2", "set": [], "conc": 2, "fit": False},
+        {"name": f"tail{mid}g-C2", "set": [f"budget.ram_gb={mid}"], "conc": 2, "fit": False},
+        {"name": "tail-prefetch-C2", "set": ["policy.prefetch.depth=1", "policy.prefetch.predictor=transition"],
+         "conc": 2, "fit": False},
+        {"name": "tail-mask-C1", "set": ["policy.exact=mask"], "conc": 1, "fit": False},
+    ]
+
+
+def _measure(recipe_id, st, tr, arm, steps, backend_name, verify_rate):
+    from moetier.cli_runtime import _make_backend
+    R = spec.resolve(recipe_id, arm["set"])
+    be = _make_backend(backend_name, st, R, arm["conc"], verify_rate)
+    try:
+        return runtime.run(R, st, be, tr, arm["conc"], max_steps=steps)
+    finally:
+        be.close()
+
+
+def _merge(runs):
+    """Sum counters and walls of repeated runs of one arm."""
+    c = {k: sum(r["counters"][k] for r in runs) for k in runs[0]["counters"]}
+    return {"counters": c, "wall_s": sum(r["wall_s"] for r in runs), "tokens": sum(r["tokens"] for r in runs),
+            "steps": sum(r["steps"] for r in runs), "tok_s_each": [r["tok_s"] for r in runs],
+            "conc": runs[0]["conc"], "layer_calls": c["layer_calls"]}
+
+
+def _lstsq(A, y):
+    coef, *_ = np.linalg.lstsq(np.asarray(A, float), np.asarray(y, float), rcond=None)
+    return [max(0.0, float(v)) for v in coef]
+
+
+def fit_terms(measured: dict, arms: list[dict]) -> dict:
+    fit = [a for a in arms if a["fit"]]
+    A, y, Ah, yh = [], [], [], []
+    step_fixed: dict[int, list] = {}
+    for a in fit:
+        m = measured[a["name"]]
+        c = m["counters"]
+        A.append([c["cpu_layers"], c["cpu_calls"] - c["cpu_layers"], c["cpu_experts"], c["cpu_extra_rows"]])
+        y.append(c["lane_cpu_s"] * 1e3)
+        Ah.append([c["layer_calls"], c["picks"]])
+        yh.append((c["plan_s"] + c["book_s"] + c["combine_s"]) * 1e3)
+        booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["plan_s"]
+                  + c["book_s"] + c["combine_s"])
+        step_fixed.setdefault(a["conc"], []).append(max(0.0, (m["wall_s"] - booked) * 1e3 / m["steps"]))
+    pl, pc, pe, px = _lstsq(A, y)
+    hl, hp = _lstsq(Ah, yh)
+    fixed = {str(k): round(statistics.mean(v), 4) for k, v in sorted(step_fixed.items())}
+    return {"cpu": {"per_layer_ms": pl, "per_call_ms": pc, "per_expert_ms": pe, "per_extra_token_ms": px},
+            "host": {"per_layer_ms": hl, "per_pick_ms": hp}, "fixed_ms": fixed}
+
+
+def write_terms(recipe_id: str, terms: dict, when: str) -> None:
+    """Write the fitted terms into the recipe's engine (cpu lane) and calibration block (validated, atomic)."""
+    rec = spec.load_record("recipe", recipe_id)
+    eng_id = [e for e in rec["engines"] if "cpu" in spec.load_record("engine", e)["lanes"]][-1]
+    eng = spec.load_record("engine", eng_id)
+    eng["lanes"]["cpu"].update({k: round(v, 6) for k, v in terms["cpu"].items()})
+    eng["source"] = f"moetier calibrate {when}: cpu lane fitted in situ from runtime counters ({recipe_id} fit arms)"
+    spec.write_record("engine", eng)
+    rec["calibration"]["fixed_ms"] = terms["fixed_ms"]
+    rec["calibration"]["host"] = {**{k: round(v, 6) for k, v in terms["host"].items()},
+                                  "source": f"moetier calibrate {when}"}
+    rec["calibration"]["source"] = f"moetier calibrate {when}: fixed_ms = measured step wall outside the layers"
+    spec.write_record("recipe", rec)
+
+
+def predict_and_compare(recipe_id, tr, arms, measured, steps) -> list[dict]:
+    rows = []
+    for a in arms:
+        R = spec.resolve(recipe_id, a["set"])
+        p = sim.run(R, tr, a["conc"], max_steps=steps)
+        m = measured[a["name"]]
+        c, tok = m["counters"], m["tokens"]
+        meas_tok_s = tok / m["wall_s"]
+        meas = {"cpu_moe": c["lane_cpu_s"] * 1e3 / tok, "nvme_stall": c["nvme_wait_s"] * 1e3 / tok,
+                "host": (m["wall_s"] - c["lane_cpu_s"] - c["nvme_wait_s"]) * 1e3 / tok}
+        # the simulator's buckets per token: cpu lane busy net of NVMe waits, NVMe waits, serial host time
+        ptok = p["tokens"] / p["steps"]
+        pred_nvme = p["ms_nvme_wait"] / ptok
+        pred = {"cpu_moe": p["ms_cpu_moe"] / ptok - pred_nvme, "nvme_stall": pred_nvme,
+                "host": p["ms_per_token"] - p["ms_cpu_moe"] / ptok}
+        rows.append({"arm": a["name"], "conc": a["conc"], "fit": a["fit"], "set": a["set"],
+                     "measured_tok_s": meas_tok_s, "measured_each": m["tok_s_each"], "sim_tok_s": p["tok_s"],
+                     "error_pct": (p["tok_s"] / meas_tok_s - 1) * 100,
+                     "ms_per_token": {"measured": meas, "sim": pred},
+                     "bucket_error_pct": {b: ((pred[b] / meas[b] - 1) * 100 if meas[b] > 0.05 else None)
+                                          for b in BUCKETS},
+                     "reads_per_token": c["reads"] / tok, "sim_nvme_per_tok": p["nvme_per_tok"]})
+    return rows
+
+
+def summary(rows) -> dict:
+    errs = [abs(r["error_pct"]) for r in rows]
+    held = [abs(r["error_pct"]) for r in rows if not r["fit"]]
+    return {"median_abs_error_pct": statistics.median(errs), "max_abs_error_pct": max(errs),
+            "held_out_max_abs_error_pct": max(held) if held else None, "arms": len(rows)}
+
+
+def calibrate(recipe_id, st, tr, *, arms=None, steps=200, repeats=2, backend="cpu", verify_rate=1.0,
+              write=True, progress=None) -> dict:
+    R = spec.resolve(recipe_id)
+    arms = arms or default_arms(R)
+    runs: dict[str, list] = {a["name"]: [] for a in arms}
+    for rep in range(repeats):                      # A B C ... A B C ...: drift cancels across arms
+        for a in arms:
+            if progress:
+                progress(f"rep {rep + 1}/{repeats} {a['name']}")
+            runs[a["name"]].append(_measure(recipe_id, st, tr, a, steps, backend, verify_rate))
+    measured = {k: _merge(v) for k, v in runs.items()}
+    when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    terms = fit_terms(measured, arms)
+    if write:
+        write_terms(recipe_id, terms, when)
+    rows = predict_and_compare(recipe_id, tr, arms, measured, steps)
+    return {"when": when, "terms": terms, "rows": rows, "summary": summary(rows), "steps": steps,
+            "repeats": repeats, "backend": backend}
