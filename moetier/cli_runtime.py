@@ -173,6 +173,8 @@ def cmd_calibrate(args) -> int:
     record = {"id": args.record or f"calibration-{R.id}-{now:%Y%m%dt%H%M%S}".lower(), "kind": "run",
               "title": f"calibration matrix for {R.id}", "recipe": R.id, "measured": res["when"],
               "backend": args.backend, "machine": f"{platform.node()} {platform.machine()}",
+              "table": [{"arm": r["arm"], "conc": r["conc"], "decode": r["measured_tok_s"], "sim_decode": r["sim_tok_s"],
+                         "error_pct": r["error_pct"], "fit": r["fit"]} for r in res["rows"]],
               "calibration": res, "note": "arms interleaved A B .. A B ..; fit arms set the cost terms, the others "
                                           "are held out; errors are simulator vs measured decode tok/s"}
     if not args.no_write:
