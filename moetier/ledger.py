@@ -236,6 +236,43 @@ class Ledger:
         t = self._pending[seq] = Ticket(seq, key, "push", s == STAGED, slot, victim)
         return t
 
+    # ---- modeled executors ---------------------------------------------------------------------------------------
+    # The simulator's clock says a transfer's bytes have landed by the time it commits the plan, so issue and landing
+    # coincide. These do exactly begin_* + land (+ the drain landing) without allocating tickets; the runtime, whose
+    # landings are real events, always goes through tickets. tests/test_runtime.py checks both paths plan the same.
+    def fill_landed(self, key: int, protect=()) -> list[int]:
+        if key in self.state or self.all_in_ram:
+            raise ResidencyError(f"fill_landed({key}): key is {self.state_of(key)}, expected absent")
+        return self._ram_put(key, protect)
+
+    def push_landed(self, key: int, protect=(), staged: bool = False) -> bool:
+        """RAM (or staged) -> VRAM including the victim's drain; False if admission was refused."""
+        state = self.state
+        if self.vram_slots == 0:
+            raise ResidencyError(f"push_landed({key}): no VRAM tier")
+        slot = self.clock.find_victim_slot(protect, state)
+        if slot < 0:
+            self.counters["refused_admissions"] += 1
+            return False
+        victim = self.clock.place(slot, key)
+        ram = self.ram
+        if victim >= 0:
+            # the victim drains into RAM while the pushed key's RAM copy is still held (the ticket path's order)
+            self.counters["vram_evictions"] += 1
+            if self.all_in_ram:
+                state.pop(victim, None)
+            elif victim in ram:
+                state[victim] = RAM
+            elif self.exclusive:
+                del state[victim]
+                self._ram_put(victim, protect)
+            else:
+                del state[victim]
+        state[key] = VRAM
+        if not staged and self.exclusive and key in ram:
+            del ram[key]
+        return True
+
     def abort(self, ticket: Ticket) -> None:
         """A transfer failed (EIO, checksum): the key returns to where its bytes really are."""
         if self._pending.get(ticket.seq) is not ticket:

@@ -113,38 +113,24 @@ class Replay:
         for k in plan.nvme_cpu:
             tk = pft.pop(k, None)
             if tk is None:
-                L.land(L.begin_fill(k), picks)
+                L.fill_landed(k, picks)
             else:
                 self.pf_used += 1
                 L.land(tk)
                 L.adopt(k, picks)
         if admit:
+            push = L.push_landed
             for k in plan.zerocopy:
-                tp = L.begin_push(k, picks)
-                if tp is not None:
-                    self._drain(L, picks)
-                    L.land(tp)
+                push(k, picks)
         for k in plan.nvme_gpu:
             tk = pft.pop(k, None)
-            if tk is None:
-                tk = L.begin_fill(k, staging=True)
-            else:
+            if tk is not None:
                 self.pf_used += 1
-            L.land(tk)
-            tp = L.begin_push(k, picks)
-            if tp is None:            # no VRAM slot free of pins: computed from staging, then dropped
-                L.drop_staged(k)
-                continue
-            self._drain(L, picks)
-            L.land(tp)
+                L.land(tk)
+                L.drop_staged(k)      # landed in the ring; the push below takes it from there
+            L.push_landed(k, picks, staged=True)   # refused (all slots pinned): computed from staging, dropped
         if L._lfu_window:
             L.observe(picks, L.step)
-
-    @staticmethod
-    def _drain(L, protect) -> None:
-        if L.drains:
-            for tk in L.take_drains():
-                L.land(tk, protect)
 
     # -- prefetch -----------------------------------------------------------------------------------------------
     def prefetch(self, layer: int, rows_local, future, t: float) -> None:
