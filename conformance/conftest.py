@@ -32,7 +32,7 @@ VRAM_SCRATCH = 6
 
 
 def pytest_addoption(parser, pluginmanager):
-    if not pluginmanager.has_plugin("conformance.report"):
+    if not pluginmanager.is_registered(report) and not pluginmanager.has_plugin("conformance.report"):
         pluginmanager.register(report, "conformance.report")
 
 
