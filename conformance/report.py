@@ -78,8 +78,8 @@ def _reason(report) -> str:
 
 
 def pytest_runtest_logreport(report):
-    if not STATE or "conformance" not in report.nodeid.split("::")[0]:
-        return
+    if not STATE or "conformance" not in report.nodeid.split("::")[0].replace("\\", "/").split("/")[:-1]:
+        return                              # only checks of the conformance package (not tests/test_conformance_*)
     checks = STATE["checks"]
     name = _check_name(report)
     if report.when == "call" or (report.when == "setup" and not report.passed):
