@@ -26,8 +26,8 @@ class _Wrap:
     def compute(self, lane, jobs, x):
         return self._inner.compute(lane, jobs, x)
 
-    def fill(self, key, slot):
-        return self._inner.fill(key, slot)
+    def fill(self, key, slot, *, prefetch=False):
+        return self._inner.fill(key, slot, prefetch=prefetch)
 
     def push(self, key, src_slot, vram_slot):
         return self._inner.push(key, src_slot, vram_slot)
@@ -71,7 +71,7 @@ class BrokenLandedEarly(_Wrap):
         self._seq = 0
         self._deferred: list[_H] = []
 
-    def fill(self, key, slot):
+    def fill(self, key, slot, *, prefetch=False):
         self._inner.ram_view(slot)[:] = 0
         self._seq += 1
         h = _H(self._seq, int(key), slot=int(slot))
@@ -148,8 +148,8 @@ class BrokenSeq(_Wrap):
     def _wrap(self, h):
         return _H(1_000_000 - h.seq, h.key, h, getattr(h, "slot", -1))
 
-    def fill(self, key, slot):
-        return self._wrap(self._inner.fill(key, slot))
+    def fill(self, key, slot, *, prefetch=False):
+        return self._wrap(self._inner.fill(key, slot, prefetch=prefetch))
 
     def push(self, key, src_slot, vram_slot):
         return self._wrap(self._inner.push(key, src_slot, vram_slot))

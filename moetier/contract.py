@@ -11,7 +11,9 @@ backend hands out from its arenas: a RAM slot (host memory the cpu and zerocopy 
                                      a real engine asks its router)
     compute(lane, jobs, x)        -> {key: y [len(rows), H] float32}; jobs = [(key, slot, rows)]; lane in
                                      {"cpu", "zerocopy", "gpu"}; pure: same bytes + same rows -> same bits
-    fill(key, slot)               -> Handle   async NVMe record -> RAM slot (the transport's O_DIRECT reader)
+    fill(key, slot, prefetch=False) -> Handle async NVMe record -> RAM slot (the transport's O_DIRECT reader);
+                                     prefetch reads yield to demand reads
+    cancel(handle)                -> bool (optional) withdraw a prefetch read that has not started
     push(key, src_ram_slot, vram_slot) -> Handle   async RAM -> VRAM copy (copy queue / stream)
     drain(key, vram_slot, ram_slot)    -> Handle   async VRAM -> RAM copy of an evicted expert, off the critical path
     victims()                     -> [(key, vram_slot)] evictions the device reported (devices with device-side
@@ -72,7 +74,7 @@ class Backend(Protocol):
     capabilities: Capabilities
 
     def compute(self, lane: str, jobs, x): ...
-    def fill(self, key: int, slot: int): ...
+    def fill(self, key: int, slot: int, *, prefetch: bool = False): ...
     def push(self, key: int, src_slot: int, vram_slot: int): ...
     def drain(self, key: int, vram_slot: int, ram_slot: int): ...
     def victims(self) -> list: ...

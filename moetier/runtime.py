@@ -151,6 +151,13 @@ class Runtime:
             for ev in L.land(td, protect):
                 self._release_ram(ev)
 
+    def _cancel(self, h) -> bool:
+        cancel = getattr(self.be, "cancel", None)
+        return bool(cancel(h)) if cancel is not None and getattr(h, "prefetch", False) else False
+
+    def _fill_prefetch(self, k, slot):
+        return self.be.fill(k, slot, prefetch=True)
+
     def _alloc_ram(self) -> int:
         """A free RAM slot; if none, reclaim the oldest wasted prefetch read's slot (waiting for it if needed)."""
         if not self.ram.free and self.wasted:
@@ -194,7 +201,10 @@ class Runtime:
         # 1. demand reads first, so the disk works while the lanes compute
         nv_gpu = set(plan.nvme_gpu)
         for k in plan.nvme_cpu + plan.nvme_gpu:
-            if k not in self.inflight:
+            if k in self.inflight and self._cancel(self.inflight[k][1]):
+                tk, _, slot = self.inflight[k]            # a queued prefetch is needed now: re-issue as demand
+                self.inflight[k] = (tk, be.fill(k, slot), slot)
+            elif k not in self.inflight:
                 tk = rp.pf_tickets.pop(k, None)
                 if tk is None:
                     tk = L.begin_fill(k, staging=k in nv_gpu)
@@ -301,7 +311,7 @@ class Runtime:
         for k, tk in rp.pf_tickets.items():
             if k not in before:
                 slot = self._alloc_ram()
-                self.inflight[k] = (tk, self.be.fill(k, slot), slot)
+                self.inflight[k] = (tk, self._fill_prefetch(k, slot), slot)
                 self.stats["reads"] += 1
 
     def expire(self, layer: int, t_model: float) -> None:
@@ -311,7 +321,10 @@ class Runtime:
         for k in rp.pf_target.get(layer, ()):
             if k in rp.pf_tickets and k in self.inflight:
                 _, h, slot = self.inflight.pop(k)
-                self.wasted.append((h, slot))   # its slot is reused once the read is done; never block on it
+                if self._cancel(h):
+                    self.ram.release_later(slot)    # never started: no bandwidth spent
+                else:
+                    self.wasted.append((h, slot))   # its slot is reused once the read is done; never block on it
         still = []
         for h, slot in self.wasted:
             try:

@@ -209,7 +209,7 @@ class FaultPlan:
 class Completion:
     """Handle for one fill: ``seq`` (monotonic), ``key``, ``slot``, ``state`` in pending|landed|failed, ``error``."""
 
-    __slots__ = ("seq", "key", "slot", "state", "error", "verified", "read_ms", "_future")
+    __slots__ = ("seq", "key", "slot", "state", "error", "verified", "read_ms", "_future", "prefetch", "started")
 
     def __init__(self, seq: int, key: int, slot: int):
         self.seq = seq
@@ -220,6 +220,8 @@ class Completion:
         self.verified = False
         self.read_ms = 0.0
         self._future = None
+        self.prefetch = False
+        self.started = False
 
     def __repr__(self):
         err = f", error={self.error!r}" if self.error else ""
@@ -262,6 +264,10 @@ class Reader:
         self.stats = {"reads": 0, "bytes": 0, "checksum_checked": 0, "checksum_failures": 0, "read_ms": 0.0,
                       "failures": 0, "short_reads": 0, "io_errors": 0}
         self._pool = ThreadPoolExecutor(max_workers=self.queue_depth, thread_name_prefix="moetier-fill")
+        # prefetch reads: one low-priority worker that starts a read only while no demand read is outstanding
+        self._pf_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moetier-prefetch")
+        self._demand = 0
+        self.stats["cancelled"] = 0
         self._closed = False
 
     # opening ------------------------------------------------------------------------------------------------------
@@ -288,7 +294,9 @@ class Reader:
         warnings.warn(f"transport: O_DIRECT refused by {where}; using buffered reads", RuntimeWarning, stacklevel=3)
 
     # submit / poll ------------------------------------------------------------------------------------------------
-    def fill(self, key: int, slot: int) -> Completion:
+    def fill(self, key: int, slot: int, *, prefetch: bool = False) -> Completion:
+        """Read record ``key`` into ``slot``. ``prefetch=True``: low priority - the read waits while any demand read
+        is outstanding and can be cancelled until it starts."""
         key = int(key)
         slot = int(slot)
         if not 0 <= key < int(self.store.nrecords):
@@ -306,14 +314,29 @@ class Reader:
             self._submitted += 1
             sample = int((i + 1) * self.verify_rate) > int(i * self.verify_rate)
             self._pending[c.seq] = c
-            c._future = self._pool.submit(self._run, c, sample)
+            c.prefetch = bool(prefetch)
+            if not prefetch:
+                self._demand += 1
+            c._future = (self._pf_pool if prefetch else self._pool).submit(self._run, c, sample)
         return c
+
+    def cancel(self, handle: Completion) -> bool:
+        """Withdraw a read that has not started (a prefetch nobody needs any more). True if it was withdrawn; its
+        slot is free again and it never lands."""
+        with self._cv:
+            if handle.state != "pending" or handle.started:
+                return False
+            handle.state = "cancelled"
+            handle.error = f"transport: read of key {handle.key} cancelled"
+            self.stats["cancelled"] += 1
+            self._finish_locked(handle)
+            return True
 
     def landed(self, handle: Completion) -> bool:
         st = handle.state
         if st == "landed":
             return True
-        if st == "failed":
+        if st in ("failed", "cancelled"):
             raise TransportError(handle.error)
         return False
 
@@ -352,6 +375,7 @@ class Reader:
         with self._lock:
             self._closed = True
         self._pool.shutdown(wait=True)
+        self._pf_pool.shutdown(wait=True)
         try:
             os.close(self._fd)
         except OSError:
@@ -378,7 +402,29 @@ class Reader:
             sub.release()
             parent.release()
 
+    def _finish_locked(self, c: Completion) -> None:
+        """Bookkeeping when a read finished (landed, failed, cancelled); caller holds the lock."""
+        if not c.prefetch and c.state != "cancelled":
+            self._demand -= 1
+        self._busy_slots.discard(c.slot)
+        self._pending.pop(c.seq, None)
+        if c.seq == self._done_seq + 1:
+            self._done_seq = c.seq
+            while self._done_seq + 1 in self._done_above:
+                self._done_seq += 1
+                self._done_above.discard(self._done_seq)
+        else:
+            self._done_above.add(c.seq)
+        self._cv.notify_all()
+
     def _run(self, c: Completion, sample: bool) -> None:
+        with self._cv:
+            if c.prefetch:
+                while self._demand > 0 and c.state == "pending" and not self._closed:
+                    self._cv.wait(0.05)
+            if c.state != "pending":        # cancelled before it started
+                return
+            c.started = True
         rb = self.record_bytes
         err = None
         kind = None
@@ -444,13 +490,4 @@ class Reader:
             c.verified = verified
             c.error = err
             c.state = "failed" if err is not None else "landed"
-            self._busy_slots.discard(c.slot)
-            self._pending.pop(c.seq, None)
-            if c.seq == self._done_seq + 1:
-                self._done_seq = c.seq
-                while self._done_seq + 1 in self._done_above:
-                    self._done_seq += 1
-                    self._done_above.discard(self._done_seq)
-            else:
-                self._done_above.add(c.seq)
-            self._cv.notify_all()
+            self._finish_locked(c)

@@ -235,3 +235,35 @@ def test_slot_pool_hugepage_advice_and_4k_control(st):
         assert pool.hugepage is False and pool.addr(0) % (2 * 1024 * 1024) == 0
         rd.wait(rd.fill(1, 1))
         assert bytes(pool.view(1)[:st.record_bytes]) == expert.make_expert(st.layout, 1, SEED)
+
+
+def test_prefetch_yields_to_demand_and_cancels_until_started(st, monkeypatch):
+    """A prefetch read does not start while a demand read is outstanding; until it starts it can be withdrawn."""
+    import threading
+    gate = threading.Event()
+    real_read = Reader._read
+
+    def slow_read(self, slot, offset, nbytes):
+        if slot == 0:                      # the demand read holds the disk until the test opens the gate
+            gate.wait(5)
+        return real_read(self, slot, offset, nbytes)
+
+    monkeypatch.setattr(Reader, "_read", slow_read)
+    pool = SlotPool(4, st.record_bytes)
+    rd = Reader(st, pool, queue_depth=4)
+    try:
+        d = rd.fill(0, 0)
+        p1 = rd.fill(1, 1, prefetch=True)
+        p2 = rd.fill(2, 2, prefetch=True)
+        assert not p1.started and rd.cancel(p1)          # still queued behind the demand read: withdrawn
+        with pytest.raises(TransportError, match="cancelled"):
+            rd.landed(p1)
+        gate.set()
+        rd.wait(d)
+        rd.wait(p2)
+        assert d.state == "landed" and p2.state == "landed" and not rd.cancel(p2)
+        assert rd.stats["cancelled"] == 1 and rd.completed_seq() == 3
+        rd.fence()
+    finally:
+        rd.close()
+        pool.close()

@@ -71,8 +71,11 @@ class CpuBackend:
         return out
 
     # -- transfers --------------------------------------------------------------------------------------------
-    def fill(self, key: int, slot: int):
-        return self.reader.fill(key, slot)
+    def fill(self, key: int, slot: int, *, prefetch: bool = False):
+        return self.reader.fill(key, slot, prefetch=prefetch)
+
+    def cancel(self, handle) -> bool:
+        return self.reader.cancel(handle)
 
     def push(self, key: int, src_slot: int, vram_slot: int):
         raise BackendUnavailable("cpu backend: no VRAM tier (push)")

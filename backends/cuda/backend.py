@@ -325,8 +325,8 @@ class CudaBackend:
         return out
 
     # -- transfers ----------------------------------------------------------------------------------------------
-    def fill(self, key: int, slot: int):
-        comp = self.reader.fill(key, slot)
+    def fill(self, key: int, slot: int, *, prefetch: bool = False):
+        comp = self.reader.fill(key, slot, prefetch=prefetch)
         h = FillHandle(self._next_seq(), int(key), int(slot), comp)
         self._pending[h.seq] = h
         return h

@@ -401,11 +401,11 @@ class SyclBackend:
             self._pending[h.seq] = h
             return h
 
-    def fill(self, key: int, slot: int):
+    def fill(self, key: int, slot: int, *, prefetch: bool = False):
         with self._lock:
             if self._closed:
                 raise TransportError("sycl backend: closed")
-            c = self.reader.fill(key, slot)
+            c = self.reader.fill(key, slot, prefetch=prefetch)
             self._seq += 1
             h = FillHandle(self._seq, c)
             self._pending[h.seq] = h
