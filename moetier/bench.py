@@ -97,10 +97,11 @@ def cpu_lane_costs(st, *, experts=(1, 2, 4, 8, 16), rows=(1, 2, 4, 8), repeats=7
 def measure(st, *, nrec: int = 256) -> dict:
     from backends.cpu import kernels
     membw = kernels.membw_read_gbps(nbytes=512 << 20)
-    qd1 = read_bandwidth(st, 1, max(16, nrec // 4))
-    qd16 = read_bandwidth(st, 16, nrec)
+    by_qd = {q: read_bandwidth(st, q, max(16 * q, nrec // 4), seed=q) for q in (1, 2, 4, 8, 16)}
+    qd1, qd16 = by_qd[1], by_qd[16]
     lane = cpu_lane_costs(st)
     return {"membw_read_gbps": membw, "nvme_qd1": qd1, "nvme_qd16": qd16, "cpu_lane": lane,
+            "nvme_latency_by_qd_ms": {str(q): r["latency_ms_p50"] for q, r in by_qd.items()},
             "record_bytes": st.record_bytes, "cores": os.cpu_count(), "machine": platform.node()}
 
 
@@ -112,7 +113,8 @@ def records(m: dict, hardware_id: str, engine_id: str, when: str) -> tuple[dict,
         "cpu": {"name": platform.processor() or platform.machine(), "cores": m["cores"]},
         "nvme": {"name": "store filesystem (O_DIRECT)", "bw_gbps": round(qd16["gbps"], 3),
                  "bw_qd1_gbps": round(qd1["gbps"], 3),
-                 "latency_ms": round(max(0.0, qd1["latency_ms_p50"] - service_qd1), 4)},
+                 "latency_ms": round(max(0.0, qd1["latency_ms_p50"] - service_qd1), 4),
+                 "latency_by_qd_ms": {q: round(v, 4) for q, v in m["nvme_latency_by_qd_ms"].items()}},
         "ceilings": {"ddr_practical_gbps": round(m["membw_read_gbps"], 2), "nvme_read_gbps": round(qd16["gbps"], 3),
                      "cores": m["cores"], "threads": m["cores"],
                      "nvme_latency_ms_p50": round(qd1["latency_ms_p50"], 4),

@@ -9,10 +9,13 @@ counters on the fit arms only*:
 - cpu lane (engine record): ``lane_cpu_s = per_layer * layers_with_cpu_work + per_call * further_calls
   + per_expert * experts + per_extra_token * extra_rows`` (least squares, clipped at 0);
 - host time per layer call (recipe ``calibration.host``): ``plan + bookkeeping + combine = per_layer * layer_calls
-  + per_pick * picks``;
+  + per_pick * picks + per_read * NVMe reads``;
 - non-MoE time per step (recipe ``calibration.fixed_ms``): measured step wall minus everything booked to layers,
   per concurrency (rows); concurrencies without a fit arm are interpolated by the simulator;
-- NVMe bandwidth and latency come from the hardware record written by `moetier bench` (not refitted here).
+- NVMe queueing model: the latency-vs-queue-depth table of the hardware record (`moetier bench`, idle disk). The
+  runtime's own submit-to-landed latencies by queue depth are reported beside it (``nvme_latency_by_qd_ms``) but not
+  written back: seen from Python they include GIL hand-off delays that overlap the compute thread's work, and using
+  them over-predicts the stall (measured: median error 17% vs 14%).
 
 Then the simulator predicts every arm (held-out arms included) with the written records, and the error table
 (predicted vs measured tok/s and per-token ms per bucket) goes to the terminal and into a run record.
@@ -54,7 +57,10 @@ def _measure(recipe_id, st, tr, arm, steps, backend_name, verify_rate):
     R = spec.resolve(recipe_id, arm["set"])
     be = _make_backend(backend_name, st, R, arm["conc"], verify_rate)
     try:
-        return runtime.run(R, st, be, tr, arm["conc"], max_steps=steps)
+        res = runtime.run(R, st, be, tr, arm["conc"], max_steps=steps)
+        reader = getattr(be, "reader", None)
+        res["latency_by_qd"] = {q: list(v) for q, v in getattr(reader, "latency_by_qd", {}).items()}
+        return res
     finally:
         be.close()
 
@@ -62,13 +68,21 @@ def _measure(recipe_id, st, tr, arm, steps, backend_name, verify_rate):
 def _merge(runs):
     """Sum counters and walls of repeated runs of one arm."""
     c = {k: sum(r["counters"][k] for r in runs) for k in runs[0]["counters"]}
-    return {"counters": c, "wall_s": sum(r["wall_s"] for r in runs), "tokens": sum(r["tokens"] for r in runs),
+    lat: dict[int, list] = {}
+    for r in runs:
+        for q, v in r.get("latency_by_qd", {}).items():
+            lat.setdefault(int(q), []).extend(v)
+    return {"counters": c, "latency_by_qd": lat, "wall_s": sum(r["wall_s"] for r in runs),
+            "tokens": sum(r["tokens"] for r in runs),
             "steps": sum(r["steps"] for r in runs), "tok_s_each": [r["tok_s"] for r in runs],
             "conc": runs[0]["conc"], "layer_calls": c["layer_calls"]}
 
 
 def _lstsq(A, y):
-    coef, *_ = np.linalg.lstsq(np.asarray(A, float), np.asarray(y, float), rcond=None)
+    """Least squares on relative residuals (each arm weighs the same whatever its length), clipped at 0."""
+    A, y = np.asarray(A, float), np.asarray(y, float)
+    w = 1.0 / np.maximum(y, 1e-9)
+    coef, *_ = np.linalg.lstsq(A * w[:, None], y * w, rcond=None)
     return [max(0.0, float(v)) for v in coef]
 
 
@@ -81,16 +95,22 @@ def fit_terms(measured: dict, arms: list[dict]) -> dict:
         c = m["counters"]
         A.append([c["cpu_layers"], c["cpu_calls"] - c["cpu_layers"], c["cpu_experts"], c["cpu_extra_rows"]])
         y.append(c["lane_cpu_s"] * 1e3)
-        Ah.append([c["layer_calls"], c["picks"]])
+        Ah.append([c["layer_calls"], c["picks"], c["reads"]])
         yh.append((c["plan_s"] + c["book_s"] + c["combine_s"]) * 1e3)
         booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["plan_s"]
                   + c["book_s"] + c["combine_s"])
         step_fixed.setdefault(a["conc"], []).append(max(0.0, (m["wall_s"] - booked) * 1e3 / m["steps"]))
     pl, pc, pe, px = _lstsq(A, y)
-    hl, hp = _lstsq(Ah, yh)
+    hl, hp, hr = _lstsq(Ah, yh)
     fixed = {str(k): round(statistics.mean(v), 4) for k, v in sorted(step_fixed.items())}
+    lat: dict[int, list] = {}
+    for a in fit:
+        for q, v in measured[a["name"]].get("latency_by_qd", {}).items():
+            lat.setdefault(q, []).extend(v)
+    latency = {str(q): round(float(np.median(v)), 4) for q, v in sorted(lat.items()) if len(v) >= 8}
     return {"cpu": {"per_layer_ms": pl, "per_call_ms": pc, "per_expert_ms": pe, "per_extra_token_ms": px},
-            "host": {"per_layer_ms": hl, "per_pick_ms": hp}, "fixed_ms": fixed}
+            "host": {"per_layer_ms": hl, "per_pick_ms": hp, "per_read_ms": hr}, "fixed_ms": fixed,
+            "nvme_latency_by_qd_ms": latency}
 
 
 def write_terms(recipe_id: str, terms: dict, when: str) -> None:
@@ -106,6 +126,7 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
                                   "source": f"moetier calibrate {when}"}
     rec["calibration"]["source"] = f"moetier calibrate {when}: fixed_ms = measured step wall outside the layers"
     spec.write_record("recipe", rec)
+
 
 
 def predict_and_compare(recipe_id, tr, arms, measured, steps) -> list[dict]:

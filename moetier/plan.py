@@ -35,10 +35,10 @@ class NvmeChannel:
     """
 
     __slots__ = ("deep", "one", "lat", "record_bytes", "dfree", "pf", "reads", "pf_reads", "pf_cancelled",
-                 "pf_wasted", "busy_ms")
+                 "pf_wasted", "busy_ms", "qd_table", "outstanding")
 
     def __init__(self, record_bytes: int, bw_gbps: float, bw_qd1_gbps: float | None = None,
-                 latency_ms: float = 0.1):
+                 latency_ms: float = 0.1, latency_by_qd: dict | None = None):
         self.record_bytes = record_bytes
         self.deep = record_bytes / (bw_gbps * 1e6)
         self.one = record_bytes / ((bw_qd1_gbps or bw_gbps) * 1e6)
@@ -47,6 +47,9 @@ class NvmeChannel:
         self.pf: dict[int, list] = {}    # key -> [start, end] (insertion order = queue order)
         self.reads = self.pf_reads = self.pf_cancelled = self.pf_wasted = 0
         self.busy_ms = 0.0
+        # queueing model (measured): completion time of a read that joins q outstanding reads
+        self.qd_table = sorted((int(q), float(v)) for q, v in (latency_by_qd or {}).items())
+        self.outstanding: list[float] = []     # arrival times of demand reads in flight (queueing model)
 
     def _running_end(self, t: float) -> float:
         """End of the prefetch read in service at t (t if none)."""
@@ -66,10 +69,34 @@ class NvmeChannel:
                 cur += deep
                 rec[1] = cur
 
+    def latency_at(self, q: int) -> float:
+        """Measured completion time at queue depth q: piecewise linear; beyond the table, linear in q (bandwidth)."""
+        tab = self.qd_table
+        if q <= tab[0][0]:
+            return tab[0][1]
+        for (q0, v0), (q1, v1) in zip(tab, tab[1:]):
+            if q <= q1:
+                return v0 + (v1 - v0) * (q - q0) / (q1 - q0)
+        return tab[-1][1] * q / tab[-1][0]
+
     def demand(self, t: float, n: int) -> list[float]:
         """Issue n demand reads at t; returns their arrival times (ms)."""
         if n <= 0:
             return []
+        if self.qd_table:
+            # reads run concurrently: each new read completes after the measured latency at the queue depth it
+            # joins (in-flight demand reads + in-service prefetch + these n)
+            busy = [a for a in self.outstanding if a > t]
+            q = len(busy) + n + sum(1 for s, e in self.pf.values() if s <= t < e)
+            a = t + self.latency_at(q)
+            busy.extend([a] * n)
+            self.outstanding = busy
+            self.dfree = max(self.dfree, a)
+            self.reads += n
+            self.busy_ms += self.deep * n
+            if self.pf:
+                self._repack(t)
+            return [a] * n
         busy_until = max(self.dfree, self._running_end(t))
         start = max(t, busy_until)
         if start <= t:
@@ -149,7 +176,8 @@ class PlanContext:
     can_admit: bool            # a VRAM tier exists (zerocopy/nvme_gpu picks are admitted)
     cpu_call: float = 0.0      # cpu lane: each further dispatch in a layer (an NVMe pick computed as it lands)
     host_layer: float = 0.0    # serial host time per layer call outside the lanes (plan, bookkeeping, combine)
-    host_pick: float = 0.0     # ... and per pick
+    host_pick: float = 0.0     # ... per pick
+    host_read: float = 0.0     # ... and per NVMe pick (issue, slot, landing bookkeeping)
 
     @classmethod
     def from_recipe(cls, R) -> "PlanContext":
@@ -168,7 +196,8 @@ class PlanContext:
                    mask=R.policy.get("exact", "stall") == "mask",
                    overlap=bool(R.policy.get("overlap", True)), can_admit=R.vram_slots > 0,
                    cpu_call=R.lanes["cpu"].per_call_ms if "cpu" in R.lanes else 0.0,
-                   host_layer=float(host.get("per_layer_ms", 0.0)), host_pick=float(host.get("per_pick_ms", 0.0)))
+                   host_layer=float(host.get("per_layer_ms", 0.0)), host_pick=float(host.get("per_pick_ms", 0.0)),
+                   host_read=float(host.get("per_read_ms", 0.0)))
 
 
 class LayerPlan:
@@ -246,7 +275,8 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
             _plan_nvme(ctx, plan, picks, nvme_l, t0, nvme, g, g_on, c, c_on)
             g, c = plan.gpu_ms, plan.cpu_ms
     plan.gpu_ms, plan.cpu_ms = g, c
-    plan.ms = ((g if g > c else c) if ctx.overlap else g + c) + ctx.host_layer + ctx.host_pick * len(picks)
+    plan.ms = ((g if g > c else c) if ctx.overlap else g + c) + ctx.host_layer + ctx.host_pick * len(picks) \
+        + ctx.host_read * len(nvme_l)
     return plan
 
 

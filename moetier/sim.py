@@ -88,7 +88,8 @@ class Replay:
         self.ctx = PlanContext.from_recipe(R)
         self.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, exclusive=R.policy.get("ram", "exclusive")
                              == "exclusive", ram_policy=R.policy.get("ram_evict", "lru"))
-        self.chan = NvmeChannel(R.nvme_expert_bytes, R.nvme_bw_gbps, R.nvme_bw_qd1_gbps, R.nvme_latency_ms)
+        self.chan = NvmeChannel(R.nvme_expert_bytes, R.nvme_bw_gbps, R.nvme_bw_qd1_gbps, R.nvme_latency_ms,
+                                R.hardware.get("nvme", {}).get("latency_by_qd_ms"))
         self.predictor = predictor
         pf = R.policy.get("prefetch") or {}
         self.pf_depth = int(pf.get("depth") or 0)

@@ -209,7 +209,8 @@ class FaultPlan:
 class Completion:
     """Handle for one fill: ``seq`` (monotonic), ``key``, ``slot``, ``state`` in pending|landed|failed, ``error``."""
 
-    __slots__ = ("seq", "key", "slot", "state", "error", "verified", "read_ms", "_future", "prefetch", "started")
+    __slots__ = ("seq", "key", "slot", "state", "error", "verified", "read_ms", "_future", "prefetch", "started",
+                 "t_submit", "qd")
 
     def __init__(self, seq: int, key: int, slot: int):
         self.seq = seq
@@ -222,6 +223,8 @@ class Completion:
         self._future = None
         self.prefetch = False
         self.started = False
+        self.t_submit = 0.0
+        self.qd = 0            # demand reads outstanding when this one was submitted (itself included)
 
     def __repr__(self):
         err = f", error={self.error!r}" if self.error else ""
@@ -268,6 +271,8 @@ class Reader:
         self._pf_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moetier-prefetch")
         self._demand = 0
         self.stats["cancelled"] = 0
+        # submit-to-landed ms of demand reads by the queue depth they joined: the channel model's measured input
+        self.latency_by_qd: dict[int, list] = {}
         self._closed = False
 
     # opening ------------------------------------------------------------------------------------------------------
@@ -315,8 +320,10 @@ class Reader:
             sample = int((i + 1) * self.verify_rate) > int(i * self.verify_rate)
             self._pending[c.seq] = c
             c.prefetch = bool(prefetch)
+            c.t_submit = time.perf_counter()
             if not prefetch:
                 self._demand += 1
+                c.qd = self._demand
             c._future = (self._pf_pool if prefetch else self._pool).submit(self._run, c, sample)
         return c
 
@@ -490,4 +497,8 @@ class Reader:
             c.verified = verified
             c.error = err
             c.state = "failed" if err is not None else "landed"
+            if err is None and not c.prefetch:
+                samples = self.latency_by_qd.setdefault(c.qd, [])
+                if len(samples) < 4096:
+                    samples.append((time.perf_counter() - c.t_submit) * 1000.0)
             self._finish_locked(c)

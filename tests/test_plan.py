@@ -100,3 +100,12 @@ def test_promote_started_prefetch_keeps_arrival_unstarted_becomes_demand():
     ch.prefetch(0.0, [1, 2])
     assert ch.promote(1, 0.5) == pytest.approx(1.0)
     assert ch.promote(2, 0.5) is None and ch.pf_cancelled == 1
+
+
+def test_channel_queueing_model_uses_measured_latency_by_queue_depth():
+    ch = NvmeChannel(1_000_000, 1.0, 1.0, 0.0, latency_by_qd={"1": 1.0, "4": 2.0, "16": 6.0})
+    assert ch.latency_at(1) == 1.0 and ch.latency_at(2) == pytest.approx(1 + 1 / 3)
+    assert ch.latency_at(32) == pytest.approx(12.0)          # beyond the table: bandwidth-bound, linear in q
+    assert ch.demand(0.0, 1) == [1.0]
+    assert ch.demand(0.5, 3) == [pytest.approx(0.5 + 2.0)] * 3   # joins one read still in flight: q = 4
+    assert ch.demand(10.0, 1) == [11.0]                          # all earlier reads done: q = 1
