@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moetier.ledger import _TIER_OF, TIER_NVME, TIER_RAM, TIER_VRAM
+from moetier.ledger import _TIER_OF, TIER_RAM, TIER_VRAM
 
 INF = float("inf")
 

@@ -188,7 +188,7 @@ class Runtime:
     # -- one layer ----------------------------------------------------------------------------------------------
     def layer(self, layer: int, rows_keys, rows_w, x: np.ndarray, t_model: float):
         """rows_keys: per row the global keys of this layer (trace slot order); returns (y, plan)."""
-        R, L, be, rp, st = self.R, self.L, self.be, self.rp, self.stats
+        L, be, rp, st = self.L, self.be, self.rp, self.stats
         rows_of: dict[int, list] = {}
         for r, ks in enumerate(rows_keys):
             for k in ks:

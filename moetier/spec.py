@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
-import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal, ROUND_FLOOR
 from pathlib import Path
 
+from moetier.atomic import atomic_write
 from moetier.errors import UserError
 
 REGISTRY = Path(__file__).resolve().parent.parent / "registry"
@@ -284,22 +283,8 @@ def write_record(kind: str, record: dict, root=None) -> Path:
     validate(kind, record, path)
     if kind == "recipe":
         _check_refs(record, path, r)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{rid}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=2, ensure_ascii=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    text = json.dumps(record, indent=2, ensure_ascii=False) + "\n"
+    return atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from moetier.atomic import atomic_write
 from moetier.errors import UserError
 
 __all__ = ["Trace", "load_trace", "save_trace", "validate", "convert", "segments_sibling", "ids_dtype"]
@@ -270,24 +270,6 @@ def load_trace(path, segments_path=None, *, layers: int | None = None, experts: 
     return tr
 
 
-def _atomic_write(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)   # mkstemp makes 0600; a trace is a shareable data file
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def save_trace(trace: Trace, path) -> None:
     """Write ``trace`` atomically. ``.npz``: our format (ids, segments, [weights], meta JSON).
     ``.npy``: the reference format (ids array + ``<stem>.segments.npy``; weights and meta are dropped)."""
@@ -304,10 +286,10 @@ def save_trace(trace: Trace, path) -> None:
         arrays = {"ids": ids, "segments": seg, "meta": np.array(meta_json)}
         if trace.weights is not None:
             arrays["weights"] = np.ascontiguousarray(trace.weights, dtype=np.float32)
-        _atomic_write(p, lambda f: np.savez_compressed(f, **arrays))
+        atomic_write(p, lambda f: np.savez_compressed(f, **arrays))
     elif suffix == ".npy":
-        _atomic_write(p, lambda f: np.save(f, ids, allow_pickle=False))
-        _atomic_write(segments_sibling(p), lambda f: np.save(f, seg, allow_pickle=False))
+        atomic_write(p, lambda f: np.save(f, ids, allow_pickle=False))
+        atomic_write(segments_sibling(p), lambda f: np.save(f, seg, allow_pickle=False))
     else:
         raise UserError(f"trace {p}: unknown trace format '{p.suffix}'; expected .npz or .npy")
 

@@ -445,7 +445,7 @@ class Reader:
                 raise OSError(errno.EIO, os.strerror(errno.EIO))
             if action == "flip":
                 v = self.pool.view(c.slot)
-                v[0] ^= 0xFF  # noqa: the fault seam damages the landed bytes
+                v[0] ^= 0xFF  # the fault seam damages the landed bytes
                 del v
             if got != rb:
                 kind = "short"

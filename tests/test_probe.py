@@ -260,7 +260,7 @@ def test_cli_report_write_fills_run_record(tmp_path, capsys, monkeypatch):
     reg = tmp_path / "registry"
     shutil.copytree(spec.REGISTRY / "schema", reg / "schema")
     (reg / "runs").mkdir()
-    p = write(tmp_path / "p.jsonl", good_lines())
+    write(tmp_path / "p.jsonl", good_lines())
     rec = {"id": "t-run", "kind": "run", "recipe": "tiny-ci-cpu", "table": [{"conc": 1}], "probe": "p.jsonl",
            "hardware": "hw-test"}
     (reg / "runs" / "t-run.json").write_text(json.dumps(rec))

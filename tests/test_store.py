@@ -55,7 +55,7 @@ def test_verify_names_corrupt_key(packed):
 
 def test_pack_replaces_existing_store(packed):
     out, _ = packed
-    man = store.pack(MODEL, out, seed=8)
+    store.pack(MODEL, out, seed=8)
     assert store.open_store(out).manifest["seed"] == 8
     assert sorted(os.listdir(out.parent)) == ["store"]
 
