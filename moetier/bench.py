@@ -57,6 +57,24 @@ def read_bandwidth(st, qd: int, nrec: int, seed: int = 0) -> dict:
             "direct": direct}
 
 
+def read_cpu_ms(st, nrec: int = 256, qd: int = 16) -> float:
+    """Process CPU time per O_DIRECT read with checksum verification (syscall, page pinning, virtio, xxh3): the core
+    time a read takes away from the cpu lane."""
+    keys = random.Random(5).sample(range(st.nrecords), min(nrec, st.nrecords))
+    pool = SlotPool(qd, st.record_bytes)
+    rd = Reader(st, pool, queue_depth=qd, verify_rate=1.0)
+    _drop_cache(st.data_path)
+    try:
+        c0 = time.process_time()
+        for b in range(0, len(keys), qd):
+            for h in [rd.fill(k, j) for j, k in enumerate(keys[b:b + qd])]:
+                rd.wait(h)
+        return (time.process_time() - c0) * 1e3 / len(keys)
+    finally:
+        rd.close()
+        pool.close()
+
+
 def cpu_lane_costs(st, *, experts=(1, 2, 4, 8, 16), rows=(1, 2, 4, 8), repeats=7) -> dict:
     """Fit ms = per_layer + n * per_expert + n * (m - 1) * per_extra_token over a grid (n experts, m rows),
     timing the cpu backend's compute() exactly as the runtime calls it."""
@@ -100,8 +118,10 @@ def measure(st, *, nrec: int = 256) -> dict:
     by_qd = {q: read_bandwidth(st, q, max(16 * q, nrec // 4), seed=q) for q in (1, 2, 4, 8, 16)}
     qd1, qd16 = by_qd[1], by_qd[16]
     lane = cpu_lane_costs(st)
+    read_cpu = read_cpu_ms(st, nrec)
     return {"membw_read_gbps": membw, "nvme_qd1": qd1, "nvme_qd16": qd16, "cpu_lane": lane,
             "nvme_latency_by_qd_ms": {str(q): r["latency_ms_p50"] for q, r in by_qd.items()},
+            "nvme_cpu_ms_per_read": read_cpu,
             "record_bytes": st.record_bytes, "cores": os.cpu_count(), "machine": platform.node()}
 
 
@@ -114,7 +134,8 @@ def records(m: dict, hardware_id: str, engine_id: str, when: str) -> tuple[dict,
         "nvme": {"name": "store filesystem (O_DIRECT)", "bw_gbps": round(qd16["gbps"], 3),
                  "bw_qd1_gbps": round(qd1["gbps"], 3),
                  "latency_ms": round(max(0.0, qd1["latency_ms_p50"] - service_qd1), 4),
-                 "latency_by_qd_ms": {q: round(v, 4) for q, v in m["nvme_latency_by_qd_ms"].items()}},
+                 "latency_by_qd_ms": {q: round(v, 4) for q, v in m["nvme_latency_by_qd_ms"].items()},
+                 "cpu_ms_per_read": round(m["nvme_cpu_ms_per_read"], 4)},
         "ceilings": {"ddr_practical_gbps": round(m["membw_read_gbps"], 2), "nvme_read_gbps": round(qd16["gbps"], 3),
                      "cores": m["cores"], "threads": m["cores"],
                      "nvme_latency_ms_p50": round(qd1["latency_ms_p50"], 4),

@@ -2,12 +2,14 @@
 
 Contract
 --------
-``calibrate(R_id, store, arms, ...)`` runs every arm (recipe overrides + concurrency) with the real runtime, twice,
-interleaved (A B C ... A B C ...) so drift cancels, then sets the simulator's cost terms *from the runtime's own
+``calibrate(recipe_id, store, trace, arms=None, repeats=2, ...)`` runs every arm (recipe overrides + concurrency)
+with the real runtime ``repeats`` times, interleaved (A B C ... A B C ...) so drift cancels, then sets the simulator's cost terms *from the runtime's own
 counters on the fit arms only*:
 
-- cpu lane (engine record): ``lane_cpu_s = per_layer * layers_with_cpu_work + per_call * further_calls
-  + per_expert * experts + per_extra_token * extra_rows`` (least squares, clipped at 0);
+- cpu lane (engine record): ``lane_cpu_s - contention = per_layer * layers_with_cpu_work + per_call * further_calls
+  + per_expert * experts + per_extra_token * extra_rows`` (relative least squares, clipped at 0), where contention =
+  reads in flight during the lane's batch x the CPU time of one read per core (hardware ``nvme.cpu_ms_per_read``,
+  measured by `moetier bench`);
 - host time per layer call (recipe ``calibration.host``): ``plan + bookkeeping + combine = per_layer * layer_calls
   + per_pick * picks + per_read * NVMe reads``;
 - non-MoE time per step (recipe ``calibration.fixed_ms``): measured step wall minus everything booked to layers,
@@ -23,11 +25,13 @@ Then the simulator predicts every arm (held-out arms included) with the written 
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import statistics
 
 import numpy as np
 
 from moetier import runtime, sim, spec
+from moetier.errors import UserError
 
 BUCKETS = ("cpu_moe", "nvme_stall", "host")
 
@@ -86,7 +90,9 @@ def _lstsq(A, y):
     return [max(0.0, float(v)) for v in coef]
 
 
-def fit_terms(measured: dict, arms: list[dict]) -> dict:
+def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0) -> dict:
+    """read_cpu: the core time per read the cpu lane loses (hardware record, `moetier bench`), taken out of the
+    lane's measured time before fitting its own costs."""
     fit = [a for a in arms if a["fit"]]
     A, y, Ah, yh = [], [], [], []
     step_fixed: dict[int, list] = {}
@@ -94,7 +100,7 @@ def fit_terms(measured: dict, arms: list[dict]) -> dict:
         m = measured[a["name"]]
         c = m["counters"]
         A.append([c["cpu_layers"], c["cpu_calls"] - c["cpu_layers"], c["cpu_experts"], c["cpu_extra_rows"]])
-        y.append(c["lane_cpu_s"] * 1e3)
+        y.append(c["lane_cpu_s"] * 1e3 - read_cpu * c.get("cpu_contended_reads", 0))
         Ah.append([c["layer_calls"], c["picks"], c["reads"]])
         yh.append((c["plan_s"] + c["book_s"] + c["combine_s"]) * 1e3)
         booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["plan_s"]
@@ -116,7 +122,10 @@ def fit_terms(measured: dict, arms: list[dict]) -> dict:
 def write_terms(recipe_id: str, terms: dict, when: str) -> None:
     """Write the fitted terms into the recipe's engine (cpu lane) and calibration block (validated, atomic)."""
     rec = spec.load_record("recipe", recipe_id)
-    eng_id = [e for e in rec["engines"] if "cpu" in spec.load_record("engine", e)["lanes"]][-1]
+    with_cpu = [e for e in rec["engines"] if "cpu" in spec.load_record("engine", e)["lanes"]]
+    if not with_cpu:
+        raise UserError(f"calibrate {recipe_id}: no engine of the recipe has a cpu lane to calibrate")
+    eng_id = with_cpu[-1]
     eng = spec.load_record("engine", eng_id)
     eng["lanes"]["cpu"].update({k: round(v, 6) for k, v in terms["cpu"].items()})
     eng["source"] = f"moetier calibrate {when}: cpu lane fitted in situ from runtime counters ({recipe_id} fit arms)"
@@ -129,10 +138,18 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
 
 
 
-def predict_and_compare(recipe_id, tr, arms, measured, steps) -> list[dict]:
+def term_overrides(terms: dict) -> list[str]:
+    """The fitted terms as recipe overrides, so predictions use exactly them whether or not they were written."""
+    host = {k: round(v, 6) for k, v in terms["host"].items()}
+    return ([f"lane_overrides.cpu.{k}={round(v, 6)}" for k, v in terms["cpu"].items()]
+            + [f"calibration.host={json.dumps(host)}", f"calibration.fixed_ms={json.dumps(terms['fixed_ms'])}"])
+
+
+def predict_and_compare(recipe_id, tr, arms, measured, steps, terms) -> list[dict]:
     rows = []
+    fitted = term_overrides(terms)
     for a in arms:
-        R = spec.resolve(recipe_id, a["set"])
+        R = spec.resolve(recipe_id, fitted + a["set"])
         p = sim.run(R, tr, a["conc"], max_steps=steps)
         m = measured[a["name"]]
         c, tok = m["counters"], m["tokens"]
@@ -173,9 +190,10 @@ def calibrate(recipe_id, st, tr, *, arms=None, steps=200, repeats=2, backend="cp
             runs[a["name"]].append(_measure(recipe_id, st, tr, a, steps, backend, verify_rate))
     measured = {k: _merge(v) for k, v in runs.items()}
     when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    terms = fit_terms(measured, arms)
+    from moetier.plan import _read_cpu
+    terms = fit_terms(measured, arms, _read_cpu(R))
     if write:
         write_terms(recipe_id, terms, when)
-    rows = predict_and_compare(recipe_id, tr, arms, measured, steps)
+    rows = predict_and_compare(recipe_id, tr, arms, measured, steps, terms)
     return {"when": when, "terms": terms, "rows": rows, "summary": summary(rows), "steps": steps,
             "repeats": repeats, "backend": backend}

@@ -17,6 +17,56 @@ DEFAULT_RECIPE = "glm53-rtx3090-55g-nvx4"
 REPO = Path(__file__).resolve().parent.parent
 
 
+def positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return v
+
+
+def count(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}")
+    return v
+
+
+def count_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}")
+    return v
+
+
+def fraction(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {s!r}") from None
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {s!r}")
+    return v
+
+
+def positive_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
+    return v
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         raise UserError(f"{self.prog}: {message}")
@@ -219,12 +269,13 @@ def build_parser() -> argparse.ArgumentParser:
         recipe_args(sp, optional=opt)
         sp.add_argument("--trace", help="routing trace (.npz, or reference .npy); default: the recipe's")
         sp.add_argument("--segments", help="segments .npy for a reference .npy trace")
-        sp.add_argument("--conc", type=int, nargs="+", help="concurrency levels (default 1 2 4)")
+        sp.add_argument("--conc", type=positive_int, nargs="+", help="concurrency levels (default 1 2 4)")
         if name == "sim":
-            sp.add_argument("--steps", type=int, default=0, help="cap on measured steps")
-            sp.add_argument("--window", type=int, default=0, help="speculative verify window (tokens per stream)")
-            sp.add_argument("--accept", type=float, default=1.0, help="tokens accepted per stream per step")
-            sp.add_argument("--draft-ms", type=float, default=0.0, help="draft cost per step (ms)")
+            sp.add_argument("--steps", type=count, default=0, help="cap on measured steps (0 = the trace's)")
+            sp.add_argument("--window", type=positive_int, default=None,
+                            help="speculative verify window (tokens per stream)")
+            sp.add_argument("--accept", type=positive_float, default=1.0, help="tokens accepted per stream per step")
+            sp.add_argument("--draft-ms", type=count_float, default=0.0, help="draft cost per step (ms)")
         sp.set_defaults(fn=fn)
 
     sp = sub.add_parser("trace", help="routing traces: stats, gen, convert")
@@ -238,8 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = tsub.add_parser("gen", help="synthetic trace (docs/traces.md)")
     g.add_argument("--model", required=True)
     g.add_argument("--out", required=True)
-    g.add_argument("--tokens", type=int, default=4000)
-    g.add_argument("--segments", type=int, default=4)
+    g.add_argument("--tokens", type=positive_int, default=4000)
+    g.add_argument("--segments", type=positive_int, default=4)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--params", help="GenParams as JSON")
     c = tsub.add_parser("convert", help="reference .npy (+ .segments.npy) <-> .npz")

@@ -10,6 +10,7 @@ import json
 import platform
 import sys
 
+from moetier.cli import count, fraction, positive_int
 from moetier.errors import UserError
 
 
@@ -31,10 +32,10 @@ def register(sub, parser_class) -> None:
     r.add_argument("--trace")
     r.add_argument("--segments")
     r.add_argument("--backend", default="cpu", help="cpu, sycl or cuda")
-    r.add_argument("--conc", type=int, nargs="+", default=[1, 2, 4])
-    r.add_argument("--steps", type=int, default=0, help="cap on measured steps per concurrency")
+    r.add_argument("--conc", type=positive_int, nargs="+", default=[1, 2, 4])
+    r.add_argument("--steps", type=count, default=0, help="cap on measured steps per concurrency (0 = the trace's)")
     r.add_argument("--set", nargs="+", metavar="PATH=VALUE")
-    r.add_argument("--verify-rate", type=float, default=1.0, help="fraction of reads checksum-checked on landing")
+    r.add_argument("--verify-rate", type=fraction, default=1.0, help="fraction of reads checksum-checked on landing")
     r.add_argument("--record", help="run record id (default: <recipe>-run-<utc time>)")
     r.add_argument("--no-record", action="store_true", help="do not write a run record")
     r.add_argument("--probe", metavar="FILE", help="sample the host at 100 ms and the runtime's counters per step "
@@ -49,9 +50,10 @@ def register(sub, parser_class) -> None:
     c.add_argument("--trace")
     c.add_argument("--segments")
     c.add_argument("--backend", default="cpu")
-    c.add_argument("--steps", type=int, default=200, help="measured steps per arm and repeat")
-    c.add_argument("--repeats", type=int, default=2, help="interleaved repeats of the whole matrix (A B .. A B ..)")
-    c.add_argument("--verify-rate", type=float, default=1.0)
+    c.add_argument("--steps", type=positive_int, default=200, help="measured steps per arm and repeat")
+    c.add_argument("--repeats", type=positive_int, default=2,
+                   help="interleaved repeats of the whole matrix (A B .. A B ..)")
+    c.add_argument("--verify-rate", type=fraction, default=1.0)
     c.add_argument("--no-write", action="store_true", help="do not write the fitted terms or the run record")
     c.add_argument("--record", help="run record id (default calibration-<recipe>-<utc time>)")
     c.add_argument("--json", action="store_true")
@@ -61,7 +63,7 @@ def register(sub, parser_class) -> None:
     b.add_argument("--store", required=True, help="a packed store (its record size is what gets measured)")
     b.add_argument("--hardware", default="local-cpu", help="hardware record id to write")
     b.add_argument("--engine", default="numba-cpu", help="engine record id to write")
-    b.add_argument("--records", type=int, default=256, help="records read per bandwidth pass")
+    b.add_argument("--records", type=positive_int, default=256, help="records read per bandwidth pass")
     b.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
     b.add_argument("--json", action="store_true")
     b.set_defaults(fn=cmd_bench)
@@ -154,7 +156,8 @@ def cmd_run(args) -> int:
     print("|---|---|---|---|---|---|---|---|")
     for t, r in zip(table, rows):
         ln = r["lanes_ms_per_token"]
-        print(f"| {t['conc']} | {t['measured_tok_s']:.2f} | {t['sim_tok_s']:.2f} | {t['sim_error_pct']:+.1f}% | "
+        err = "n/a" if t["sim_error_pct"] is None else f"{t['sim_error_pct']:+.1f}%"
+        print(f"| {t['conc']} | {t['measured_tok_s']:.2f} | {t['sim_tok_s']:.2f} | {err} | "
               f"{t['reads_per_token']:.2f} ({t['sim_nvme_per_tok']:.2f}) | {ln['cpu']:.2f} | {ln['nvme_wait']:.2f} "
               f"| {t['checksum_failures']} |")
     return 0
@@ -214,6 +217,7 @@ def cmd_bench(args) -> int:
         return 0
     lane = m["cpu_lane"]
     print("| measure | value |\n|---|---|")
+    print(f"| CPU time per O_DIRECT read (checksummed) | {m['nvme_cpu_ms_per_read']:.3f} ms |")
     print(f"| memory read bandwidth, all cores | {m['membw_read_gbps']:.2f} GB/s |")
     for q in (m["nvme_qd1"], m["nvme_qd16"]):
         print(f"| {'O_DIRECT' if q['direct'] else 'buffered'} read QD{q['qd']}, {m['record_bytes']:,} B records | "

@@ -12,10 +12,13 @@ Every key (= layer * experts + expert) is in exactly one state:
     VRAM    - resident in a VRAM slot
     DRAINING- evicted from VRAM; its bytes are being copied back to RAM (exclusive tier)
 
-The only way into RAM, STAGED or VRAM is ``land(ticket)`` with a ticket that ``begin_fill``, ``begin_push`` or an
-eviction (a drain) handed out and that is still outstanding. The executor (simulator with modeled arrival times, or
-the runtime on a backend's real completion) calls ``land`` only after the bytes are in place. There is no other
-setter; ``seed`` goes through the same tickets. This is the host-owned residency rule as an API.
+The way into RAM, STAGED or VRAM is ``land(ticket)`` with a ticket that ``begin_fill``, ``begin_push`` or an
+eviction (a drain) handed out and that is still outstanding; the runtime calls ``land`` only after the backend
+reported the bytes readable. This is the host-owned residency rule as an API. Two narrower doors exist: ``adopt``
+(a landed STAGED record joins RAM in place) and, for the simulator only, ``fill_landed`` / ``push_landed``, which do
+begin + land at one modeled instant (its clock already says the bytes arrived) without allocating tickets.
+``begin_push`` reserves the destination VRAM slot at once; the CLOCK victim drains (its own ticket) before the push
+lands.
 
 Eviction never picks a protected key (the picks of the layer being planned) nor a key with a transfer in flight.
 If no slot can be freed the admission is refused: the key simply stays where it was (RAM) or lands nowhere (a
@@ -143,9 +146,6 @@ class Ledger:
     def tier_of(self, key: int) -> int:
         s = self.state.get(key)
         return self._tier_default if s is None else _TIER_OF[s]
-
-    def tier_name(self, key: int) -> str:
-        return ("nvme", "ram", "vram")[self.tier_of(key)]
 
     def state_of(self, key: int) -> str:
         return STATE_NAMES[self.state.get(key, ABSENT)]
@@ -353,7 +353,8 @@ class Ledger:
                 self.state.pop(key, None)
                 return [key]
             del ram[victim]
-            del self.state[victim]
+            if self.state[victim] == RAM:        # an inclusive copy's key stays in VRAM
+                del self.state[victim]
             self.counters["ram_evictions"] += 1
             out.append(victim)
         ram[key] = None                  # a new key enters at the most-recent end
@@ -363,14 +364,15 @@ class Ledger:
     def _ram_victim(self, protect):
         """Least recently used RAM key that is neither protected nor mid-transfer (PUSHING)."""
         state = self.state
+        evictable = (RAM,) if self.exclusive else (RAM, VRAM)   # inclusive: a VRAM key's RAM copy may go
         if not self._lfu_window:
             for k in self.ram:
-                if k not in protect and state[k] == RAM:
+                if k not in protect and state[k] in evictable:
                     return k
             return None
         best, best_f, seen = None, 0.0, 0
         for k in self.ram:
-            if k in protect or state[k] != RAM:
+            if k in protect or state[k] not in evictable:
                 continue
             fk = self._decayed(k)
             if best is None or fk < best_f:

@@ -29,7 +29,9 @@ class NvmeChannel:
 
     Demand reads are served in FIFO order before any prefetch read that has not started; a prefetch read that has
     started runs to completion. Service time per record: ``deep`` when several reads are queued (streaming
-    bandwidth), ``one`` for an isolated read, plus ``latency`` when the channel was idle at issue.
+    bandwidth), ``one`` for an isolated read, plus ``latency`` when the channel was idle at issue. With a measured
+    latency-vs-queue-depth table (hardware ``nvme.latency_by_qd_ms``), demand reads instead complete after the
+    table's latency at the depth they join (reads run concurrently, as on a real multi-queue device).
     Prefetch reads carry the layer they were issued for; ``expire(layer, t)`` cancels those not started and counts
     those started as wasted.
     """
@@ -118,7 +120,8 @@ class NvmeChannel:
             return None
         if rec[0] < t:
             return rec[1]
-        self.pf_cancelled += 1
+        self.pf_cancelled += 1          # withdrawn before it started: it becomes a demand read
+        self.busy_ms -= self.deep
         return None
 
     def prefetch(self, t: float, keys) -> list[float]:
@@ -178,6 +181,7 @@ class PlanContext:
     host_layer: float = 0.0    # serial host time per layer call outside the lanes (plan, bookkeeping, combine)
     host_pick: float = 0.0     # ... per pick
     host_read: float = 0.0     # ... and per NVMe pick (issue, slot, landing bookkeeping)
+    read_cpu: float = 0.0      # core time one NVMe read takes from the cpu lane (O_DIRECT + checksum), per lane ms
 
     @classmethod
     def from_recipe(cls, R) -> "PlanContext":
@@ -186,6 +190,10 @@ class PlanContext:
             return None if ln is None else (ln.per_layer_ms, ln.per_expert_ms, ln.per_extra_token_ms)
 
         gpu = lane("gpu") if R.vram_slots > 0 else None
+        if R.vram_slots > 0 and gpu is None:
+            from moetier.errors import UserError
+            raise UserError(f"recipe {R.id}: budget.vram_expert_slots={R.vram_slots} but no engine provides a "
+                            f"gpu lane to compute VRAM-resident experts")
         zc = lane("zerocopy")
         cpu = lane("cpu")
         if cpu is None and zc is None and gpu is None:
@@ -197,7 +205,17 @@ class PlanContext:
                    overlap=bool(R.policy.get("overlap", True)), can_admit=R.vram_slots > 0,
                    cpu_call=R.lanes["cpu"].per_call_ms if "cpu" in R.lanes else 0.0,
                    host_layer=float(host.get("per_layer_ms", 0.0)), host_pick=float(host.get("per_pick_ms", 0.0)),
-                   host_read=float(host.get("per_read_ms", 0.0)))
+                   host_read=float(host.get("per_read_ms", 0.0)),
+                   read_cpu=_read_cpu(R))
+
+
+def _read_cpu(R) -> float:
+    """Contention between the NVMe reader and the cpu lane on shared cores: the measured CPU time of one read
+    (hardware nvme.cpu_ms_per_read, from `moetier bench`) spread over the cores the lane runs on."""
+    hw = getattr(R, "hardware", None) or {}
+    per_read = float((hw.get("nvme") or {}).get("cpu_ms_per_read", 0.0))
+    cores = int((hw.get("cpu") or {}).get("cores") or 1)
+    return per_read / max(1, cores)
 
 
 class LayerPlan:
@@ -272,11 +290,14 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
         if ctx.mask:
             plan.masked = nvme_l
         else:
+            if c_on and ctx.read_cpu:
+                c += ctx.read_cpu * len(nvme_l)      # the reads' CPU work lands while the cpu lane computes
             _plan_nvme(ctx, plan, picks, nvme_l, t0, nvme, g, g_on, c, c_on)
             g, c = plan.gpu_ms, plan.cpu_ms
     plan.gpu_ms, plan.cpu_ms = g, c
-    plan.ms = ((g if g > c else c) if ctx.overlap else g + c) + ctx.host_layer + ctx.host_pick * len(picks) \
-        + ctx.host_read * len(nvme_l)
+    plan.ms = ((g if g > c else c) if ctx.overlap else g + c) + ctx.host_layer + ctx.host_pick * len(picks)
+    if nvme_l and not ctx.mask:
+        plan.ms += ctx.host_read * len(nvme_l)
     return plan
 
 

@@ -79,11 +79,13 @@ class Runtime:
         for lane in ("gpu", "zerocopy", "cpu"):
             if lane in R.lanes and not caps.has(lane) and not (lane == "gpu" and R.vram_slots == 0):
                 raise UserError(f"recipe {R.id}: engine lane {lane!r} but backend {caps.name} lacks it")
+        if R.policy.get("ram", "exclusive") != "exclusive":
+            raise UserError(f"recipe {R.id}: policy.ram={R.policy['ram']!r} is simulated only; the runtime keeps an "
+                            f"exclusive RAM tier (policy.ram=exclusive)")
         self.predictor = make_predictor(R.policy, R.layers, R.experts)
         self.rp = Replay(R, predictor=self.predictor)
         self.L = self.rp.ledger
         self.ram = SlotAllocator(backend.ram_slot_count, "RAM slot")
-        self.vram = SlotAllocator(caps.vram_slots, "VRAM slot")
         self.ram_slot: dict[int, int] = {}    # key -> RAM (or staging) slot holding its bytes
         self.vram_slot: dict[int, int] = {}
         self.inflight: dict[int, tuple] = {}   # key -> (ticket, handle, slot) for fills in flight
@@ -91,28 +93,35 @@ class Runtime:
         self.seed = seed
         self.stats = dict(plan_s=0.0, book_s=0.0, lane_cpu_s=0.0, lane_gpu_s=0.0, lane_zc_s=0.0, nvme_wait_s=0.0,
                           copy_s=0.0, combine_s=0.0, reads=0, masked=0, picks=0, layer_calls=0,
-                          cpu_bytes=0, cpu_layers=0, cpu_calls=0, cpu_experts=0, cpu_extra_rows=0)
+                          cpu_bytes=0, cpu_layers=0, cpu_calls=0, cpu_experts=0, cpu_extra_rows=0,
+                          cpu_contended_reads=0, nvme_picks=0, prefetch_reads=0)
 
     # -- setup --------------------------------------------------------------------------------------------------
     def seed_tiers(self, ranked) -> None:
         """Place the hottest keys like Ledger.seed, but with real fills (and pushes), landed one by one."""
-        L, be = self.L, self.be
+        L = self.L
         ranked = [int(k) for k in ranked]
         v = L.vram_slots
-        for k in ranked[:v]:
-            self._fill_now(k, staging=True)
-            tp = L.begin_push(k)
-            self._push_now(k, tp)
-        self.ram.end_layer()                   # the seeded pushes landed: their staging slots are free again
-        L.clock.ref[:] = bytes(L.clock.n)
         if L.all_in_ram:
-            rest = [k for k in range(L.keys) if L.state.get(k) is None]
+            # every key gets a RAM slot first; VRAM copies are pushed from there and the RAM copy stays
+            self._fill_ram(list(range(L.keys)), tickets=False)
+            for k in ranked[:v]:
+                self._push_now(k, L.begin_push(k))
         else:
-            rest = ranked[v:v + L.ram_slots]
+            for k in ranked[:v]:
+                self._fill_now(k, staging=True)
+                self._push_now(k, L.begin_push(k))
+            self.ram.end_layer()               # the seeded pushes landed: their staging slots are free again
+            self._fill_ram(ranked[v:v + L.ram_slots], tickets=True)
+        L.clock.ref[:] = bytes(L.clock.n)
+
+    def _fill_ram(self, keys, *, tickets: bool) -> None:
+        """Fill keys into RAM slots at queue depth, coldest first so the hottest ends at the LRU's protected end."""
+        L, be = self.L, self.be
         hs = []
-        for k in reversed(rest):               # coldest first: the hottest ends at the LRU's protected end
+        for k in reversed(keys):
             slot = self._alloc_ram()
-            hs.append((k, L.begin_fill(k) if not L.all_in_ram else None, be.fill(k, slot), slot))
+            hs.append((k, L.begin_fill(k) if tickets else None, be.fill(k, slot), slot))
         for k, tk, h, slot in hs:
             self._wait(h)
             if tk is not None:
@@ -154,9 +163,6 @@ class Runtime:
     def _cancel(self, h) -> bool:
         cancel = getattr(self.be, "cancel", None)
         return bool(cancel(h)) if cancel is not None and getattr(h, "prefetch", False) else False
-
-    def _fill_prefetch(self, k, slot):
-        return self.be.fill(k, slot, prefetch=True)
 
     def _alloc_ram(self) -> int:
         """A free RAM slot; if none, reclaim the oldest wasted prefetch read's slot (waiting for it if needed)."""
@@ -219,6 +225,7 @@ class Runtime:
             out.update(be.compute("cpu", [(k, self.ram_slot[k], rows_of[k]) for k in plan.cpu], x))
             st["lane_cpu_s"] += time.perf_counter() - t
             st["cpu_calls"] += 1
+            st["cpu_contended_reads"] += len(plan.nvme_cpu) + len(plan.nvme_gpu)   # reads in flight meanwhile
         if plan.cpu or plan.nvme_cpu:
             st["cpu_layers"] += 1
             st["cpu_experts"] += len(plan.cpu) + len(plan.nvme_cpu)
@@ -234,13 +241,7 @@ class Runtime:
         # 3. residency intents, in the simulator's order (Replay.commit), each landing after its bytes did
         b0 = time.perf_counter()
         inner0 = st["nvme_wait_s"] + st["copy_s"] + st["lane_cpu_s"] + st["lane_gpu_s"] + st["lane_zc_s"]
-        if plan.gpu:
-            ref, slot_of = L.clock.ref, L.clock.slot_of
-            for k in plan.gpu:
-                ref[slot_of[k]] = 1
-        if plan.cpu and not L.all_in_ram:
-            for k in plan.cpu:
-                L.ram.move_to_end(k)
+        rp.touch(plan)
         for k in plan.nvme_cpu:
             tk, h, slot = self.inflight.pop(k)
             rp.pf_tickets.pop(k, None)
@@ -266,26 +267,29 @@ class Runtime:
         for k in plan.nvme_gpu:
             tk, h, slot = self.inflight.pop(k)
             self._wait(h, tk)
-            if k in rp.pf_tickets:
-                rp.pf_tickets.pop(k)
+            if rp.pf_tickets.pop(k, None) is not None:
+                rp.pf_used += 1
             L.land(tk)
             self.ram_slot[k] = slot
             tp = L.begin_push(k, picks)
-            t = time.perf_counter()
             if tp is None:                    # no unpinned VRAM slot: compute from the staging slot, drop it
-                out.update(be.compute("zerocopy" if be.capabilities.has("zerocopy") else "cpu",
-                                      [(k, slot, rows_of[k])], x))
+                lane = "zerocopy" if be.capabilities.has("zerocopy") else "cpu"
+                t = time.perf_counter()
+                out.update(be.compute(lane, [(k, slot, rows_of[k])], x))
+                st["lane_zc_s" if lane == "zerocopy" else "lane_cpu_s"] += time.perf_counter() - t
                 L.drop_staged(k)
                 self._release_ram(k)
             else:
                 self._push_now(k, tp, picks)
+                t = time.perf_counter()
                 out.update(be.compute("gpu", [(k, self.vram_slot[k], rows_of[k])], x))
-            st["lane_gpu_s"] += time.perf_counter() - t
+                st["lane_gpu_s"] += time.perf_counter() - t
         self._drains(picks)
         inner = st["nvme_wait_s"] + st["copy_s"] + st["lane_cpu_s"] + st["lane_gpu_s"] + st["lane_zc_s"] - inner0
         st["book_s"] += time.perf_counter() - b0 - inner      # waits and lane work inside are booked to them
         st["cpu_bytes"] += (len(plan.cpu) + len(plan.nvme_cpu)) * self.store.layout.weight_bytes
         st["masked"] += len(plan.masked)
+        st["nvme_picks"] += len(plan.nvme_cpu) + len(plan.nvme_gpu)
         st["picks"] += len(picks)
         st["layer_calls"] += 1
         # 4. combine in trace slot order (the same order whatever lane computed each pick)
@@ -304,19 +308,14 @@ class Runtime:
         return y, plan
 
     # -- prefetch (real reads into the landing ring) -------------------------------------------------------------
-    def prefetch(self, layer: int, streams, rows, future, t_model: float) -> None:
-        rp = self.rp
-        before = set(rp.pf_tickets)
-        rp.prefetch(layer, streams.local_rows(rows, layer) if not rp.predictor.uses_future else None, future, t_model)
-        for k, tk in rp.pf_tickets.items():
-            if k not in before:
-                slot = self._alloc_ram()
-                self.inflight[k] = (tk, self._fill_prefetch(k, slot), slot)
-                self.stats["reads"] += 1
+    def issue_prefetch(self, k: int, ticket) -> None:
+        slot = self._alloc_ram()
+        self.inflight[k] = (ticket, self.be.fill(k, slot, prefetch=True), slot)
+        self.stats["prefetch_reads"] += 1
 
-    def expire(self, layer: int, t_model: float) -> None:
-        """Unused prefetches for this layer: their reads finish (real bytes cannot be un-read), then the landing
-        slots are reused; the model channel and ledger account them as the simulator does."""
+    def expire_real(self, layer: int) -> None:
+        """Unused prefetches for this layer: withdrawn if not started, else their slots are reused once the read is
+        done (never blocking); the model channel and ledger then account them as the simulator does."""
         rp = self.rp
         for k in rp.pf_target.get(layer, ()):
             if k in rp.pf_tickets and k in self.inflight:
@@ -324,23 +323,21 @@ class Runtime:
                 if self._cancel(h):
                     self.ram.release_later(slot)    # never started: no bandwidth spent
                 else:
-                    self.wasted.append((h, slot))   # its slot is reused once the read is done; never block on it
+                    self.wasted.append((h, slot))
         still = []
         for h, slot in self.wasted:
             try:
                 done = self.be.landed(h)
             except (TransportError, OSError):
-                done = True                     # a wasted read that failed: nothing was going to use it
+                done = True                         # a wasted read that failed: nothing was going to use it
             if done:
                 self.ram.release_later(slot)
             else:
                 still.append((h, slot))
         self.wasted = still
-        rp.expire(layer, t_model)
 
     def end_layer(self) -> None:
         self.ram.end_layer()
-        self.vram.end_layer()
 
     def close(self) -> None:
         self.be.fence()
@@ -373,12 +370,11 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
     t_model = 0.0
     wall_meas = 0.0
     st0 = None
-    depth = rp.pf_depth if rt.predictor is not None else 0
     for step in range(warm_steps + measured):
         meas = step >= warm_steps
         if meas and st0 is None:
             st0 = dict(rt.stats)
-        L.step = step
+        rp.begin_step(step)
         rows = streams.rows(step)
         x = np.stack([token_state(H, i, t, seed) for i, t in rows])
         w0 = time.perf_counter()
@@ -396,13 +392,8 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
                 plan_hook(step, layer, plan)
             if layer_hook is not None:
                 layer_hook(step, layer, xin, y, rows_keys, rows_w, rt)
-            if depth:
-                rt.expire(layer, t_model)
-                if layer + depth < Lr:
-                    fut = None
-                    if rt.predictor.uses_future:
-                        fut = [k - (layer + depth) * E for k in streams.picks(rows, layer + depth)]
-                    rt.prefetch(layer, streams, rows, fut, t_model)
+            rp.after_layer(layer, {k: 1 for ks in rows_keys for k in ks}, streams, rows, t_model,
+                           on_expire=rt.expire_real, on_issue=rt.issue_prefetch)
             t_model += plan.ms
             rt.end_layer()
         if meas:
@@ -428,7 +419,8 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
                                "copy": per_tok(st["copy_s"]),
                                "plan": per_tok(st["plan_s"]), "bookkeeping": per_tok(st["book_s"]),
                                "combine": per_tok(st["combine_s"])},
-        "reads_per_token": st["reads"] / tokens,
+        "reads_per_token": st["nvme_picks"] / tokens,            # picks served from NVMe (the sim's nvme_per_tok)
+        "prefetch_reads_per_token": st["prefetch_reads"] / tokens,
         "masked_per_token": st["masked"] / tokens,
         "lossy": st["masked"] > 0,
         "checksum_failures": int(getattr(rt.be, "stats", {}).get("checksum_failures", 0)),

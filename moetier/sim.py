@@ -99,7 +99,8 @@ class Replay:
         self.pf_used = 0
         self.pf_stale: list = []
 
-    def commit(self, plan: LayerPlan, picks: dict) -> None:
+    def touch(self, plan: LayerPlan) -> None:
+        """Recency of the picks computed in place (shared by the simulator's and the runtime's commit)."""
         L = self.ledger
         if plan.gpu:
             ref, slot_of = L.clock.ref, L.clock.slot_of
@@ -109,6 +110,43 @@ class Replay:
             mte = L.ram.move_to_end
             for k in plan.cpu:
                 mte(k)
+
+    def begin_step(self, step: int) -> None:
+        self.ledger.step = step
+        if self.predictor is not None and hasattr(self.predictor, "salt"):
+            self.predictor.salt = step
+
+    def after_layer(self, layer: int, picks: dict, streams, rows, t: float, *, on_expire=None, on_issue=None):
+        """Everything after a layer's commit, shared by the simulator and the runtime: LFU counts, expiry of this
+        layer's unused prefetches, prediction + prefetch for layer + depth, predictor learning. The runtime's
+        hooks move real bytes: ``on_expire(layer)`` before the model expires, ``on_issue(key, ticket)`` per read."""
+        L = self.ledger
+        if L._lfu_window:
+            L.observe(picks, L.step)
+        pred = self.predictor
+        depth = self.pf_depth if pred is not None else 0
+        if not depth:
+            return
+        if on_expire is not None:
+            on_expire(layer)
+        self.expire(layer, t)
+        if layer + depth < self.R.layers:
+            fut = None
+            if pred.uses_future:
+                base = (layer + depth) * self.R.experts
+                fut = [k - base for k in streams.picks(rows, layer + depth)]
+            before = set(self.pf_tickets) if on_issue is not None else None
+            self.prefetch(layer, None if pred.uses_future else streams.local_rows(rows, layer), fut, t)
+            if on_issue is not None:
+                for k, tk in self.pf_tickets.items():
+                    if k not in before:
+                        on_issue(k, tk)
+        if not pred.uses_future and layer >= depth:
+            pred.observe(layer - depth, streams.local_rows(rows, layer - depth), streams.local_rows(rows, layer))
+
+    def commit(self, plan: LayerPlan, picks: dict) -> None:
+        L = self.ledger
+        self.touch(plan)
         admit = self.ctx.can_admit
         pft = self.pf_tickets
         for k in plan.nvme_cpu:
@@ -130,8 +168,6 @@ class Replay:
                 L.land(tk)
                 L.drop_staged(k)      # landed in the ring; the push below takes it from there
             L.push_landed(k, picks, staged=True)   # refused (all slots pinned): computed from staging, dropped
-        if L._lfu_window:
-            L.observe(picks, L.step)
 
     # -- prefetch -----------------------------------------------------------------------------------------------
     def prefetch(self, layer: int, rows_local, future, t: float) -> None:
@@ -215,9 +251,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
     nrows = conc * window
     fixed_step = R.fixed(nrows)
     f_layer = fixed_step / L
-    depth = rp.pf_depth if predictor is not None else 0
-    learns = predictor is not None and not predictor.uses_future
-    needs_future = predictor is not None and predictor.uses_future
+    after = bool(rp.ledger._lfu_window) or (predictor is not None and rp.pf_depth > 0)
 
     acc = dict(ms=0.0, fixed=0.0, gpu=0.0, cpu=0.0, wait=0.0, picks=0, vram_picks=0, cpu_exp=0, zc=0, ncpu=0,
                ngpu=0, masked=0, demand=0, layers=0)
@@ -229,9 +263,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
         meas = step >= warm_steps
         if meas and step == warm_steps:
             pf_used0, chan_pf0, wasted0, cancel0 = rp.pf_used, chan.pf_reads, chan.pf_wasted, chan.pf_cancelled
-        rp.ledger.step = step
-        if predictor is not None and hasattr(predictor, "salt"):
-            predictor.salt = step
+        rp.begin_step(step)
         rows = streams.rows(step)
         t0_step = t
         t += draft_ms
@@ -242,16 +274,8 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
             rp.commit(plan, picks)
             if plan_hook is not None:
                 plan_hook(step, layer, plan)
-            if depth:
-                rp.expire(layer, t)
-                if layer + depth < L:
-                    fut = streams.picks(rows, layer + depth) if needs_future else None
-                    if fut is not None:
-                        fut = [k - (layer + depth) * E for k in fut]
-                    rp.prefetch(layer, streams.local_rows(rows, layer) if learns else None, fut, t)
-                if learns and layer >= depth:
-                    predictor.observe(layer - depth, streams.local_rows(rows, layer - depth),
-                                      streams.local_rows(rows, layer))
+            if after:
+                rp.after_layer(layer, picks, streams, rows, t)
             t += plan.ms
             if meas:
                 acc["gpu"] += plan.gpu_ms

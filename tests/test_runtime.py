@@ -68,12 +68,26 @@ def test_layer_outputs_match_float64_reference(packed):
     assert worst and max(worst) < 5e-4
 
 
-def test_plan_parity_with_simulator(packed):
+@pytest.mark.parametrize("sets", [
+    [],
+    ["policy.ram_evict=lfu:8:10"],
+    ["policy.prefetch.depth=1", "policy.prefetch.predictor=transition"],
+    ["policy.prefetch.depth=1", "policy.prefetch.predictor=recall", "policy.prefetch.recall=0.6"],
+    ["policy.seed=oracle"],
+], ids=["lru", "lfu", "transition-prefetch", "recall-prefetch", "oracle-seed"])
+def test_plan_parity_with_simulator(packed, sets):
+    """The runtime (real reads, tickets) makes exactly the simulator's decisions (modeled clock, fast paths)."""
     got, want = [], []
-    R, tr, res = _run(packed, conc=2, plan_hook=lambda s, l, p: got.append((s, l, {k: sorted(v) for k, v in p.lanes().items()})))
-    sim.run(R, tr, 2, max_steps=STEPS, plan_hook=lambda s, l, p: want.append((s, l, {k: sorted(v) for k, v in p.lanes().items()})))
+
+    def rec(out):
+        return lambda s, l, p: out.append((s, l, {k: sorted(v) for k, v in p.lanes().items()}))
+
+    R, tr, res = _run(packed, *sets, conc=2, plan_hook=rec(got))
+    o = sim.run(R, tr, 2, max_steps=STEPS, plan_hook=rec(want))
     assert got == want
     assert any(p["nvme_cpu"] for _, _, p in got) and any(p["cpu"] for _, _, p in got)
+    assert res["ledger"] == o["ledger"]
+    assert res["reads_per_token"] == pytest.approx(o["nvme_per_tok"])
 
 
 def test_mask_is_lossy_and_counted(packed):
