@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from moetier.errors import UserError
 from moetier.ledger import _TIER_OF, TIER_RAM, TIER_VRAM
 
 INF = float("inf")
@@ -191,13 +192,12 @@ class PlanContext:
 
         gpu = lane("gpu") if R.vram_slots > 0 else None
         if R.vram_slots > 0 and gpu is None:
-            from moetier.errors import UserError
             raise UserError(f"recipe {R.id}: budget.vram_expert_slots={R.vram_slots} but no engine provides a "
                             f"gpu lane to compute VRAM-resident experts")
         zc = lane("zerocopy")
         cpu = lane("cpu")
         if cpu is None and zc is None and gpu is None:
-            raise ValueError(f"recipe {R.id}: no lane can compute RAM or NVMe experts (need cpu, zerocopy or gpu)")
+            raise UserError(f"recipe {R.id}: no lane can compute RAM or NVMe experts (need cpu, zerocopy or gpu)")
         host = getattr(R, "host", None) or {}
         return cls(experts=R.experts, gpu=gpu, zerocopy=zc, cpu=cpu,
                    push_ms=R.nvme_expert_bytes / (R.h2d_gbps * 1e6) if R.h2d_gbps else INF,

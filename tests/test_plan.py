@@ -79,9 +79,12 @@ def test_nvme_without_cpu_lane_goes_to_gpu_with_push():
     assert p.nvme_gpu == [500] and p.gpu_ms == pytest.approx(ch.one + push + 0.023)
 
 
-def test_no_lane_for_ram_is_an_error():
-    with pytest.raises(ValueError, match="no lane"):
-        ctx(lanes={"cpu": None, "zerocopy": None, "gpu": None})
+def test_missing_lanes_are_user_errors():
+    from moetier.errors import UserError
+    with pytest.raises(UserError, match="no lane"):
+        ctx(lanes={"cpu": None, "zerocopy": None, "gpu": None}, vram_slots=0)
+    with pytest.raises(UserError, match="no engine provides a gpu lane"):
+        ctx(lanes={"gpu": None})
 
 
 def test_channel_demand_preempts_queued_prefetch():
