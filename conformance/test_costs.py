@@ -74,6 +74,7 @@ def test_fill_bandwidth(kits):
     c["record_bytes"] = rb
     c["fill_gbps"] = max(_gbps(be, lambda i: be.fill(i % NK, NK + i % RAM_SCRATCH), RAM_SCRATCH, rb)
                          for _ in range(3))
+    assert 0 < c["fill_gbps"] < 1e4, c["fill_gbps"]     # finite, positive: the handles really completed
 
 
 def test_push_bandwidth(kits):
@@ -84,6 +85,7 @@ def test_push_bandwidth(kits):
         pytest.skip(why)
     _costs()["push_gbps"] = max(_gbps(be, lambda i: be.push(i % NK, i % NK, NK + i % VRAM_SCRATCH),
                                       4 * VRAM_SCRATCH, rb) for _ in range(3))
+    assert 0 < _costs()["push_gbps"] < 1e4
 
 
 def engine_record(eid: str, costs: dict, backend: str, device: str) -> dict:

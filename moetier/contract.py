@@ -26,11 +26,11 @@ backend hands out from its arenas: a RAM slot (host memory the cpu and zerocopy 
 
 Handles carry a monotonic ``seq`` per backend. The host marks a key resident (``Ledger.land``) only after
 ``landed(handle)`` returned True for the transfer that ``Ledger.begin_fill`` / ``begin_push`` ticketed - the
-runtime pairs each ticket with its handle (``Transfer``). Nothing in a backend may change residency.
+runtime pairs each ticket with its handle. Nothing in a backend may change residency.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 LANES = ("cpu", "zerocopy", "gpu")
@@ -57,17 +57,6 @@ class Capabilities:
 class Handle(Protocol):
     seq: int
     key: int
-
-
-@dataclass
-class Transfer:
-    """A ledger ticket paired with the backend handle that moves its bytes."""
-
-    ticket: object
-    handle: object
-    kind: str
-    dst_slot: int
-    extra: dict = field(default_factory=dict)
 
 
 class Backend(Protocol):

@@ -38,7 +38,7 @@ class NvmeChannel:
     """
 
     __slots__ = ("deep", "one", "lat", "record_bytes", "dfree", "pf", "reads", "pf_reads", "pf_cancelled",
-                 "pf_wasted", "busy_ms", "qd_table", "outstanding")
+                 "pf_wasted", "qd_table", "outstanding")
 
     def __init__(self, record_bytes: int, bw_gbps: float, bw_qd1_gbps: float | None = None,
                  latency_ms: float = 0.1, latency_by_qd: dict | None = None):
@@ -49,7 +49,6 @@ class NvmeChannel:
         self.dfree = 0.0                 # when the last demand read completes
         self.pf: dict[int, list] = {}    # key -> [start, end] (insertion order = queue order)
         self.reads = self.pf_reads = self.pf_cancelled = self.pf_wasted = 0
-        self.busy_ms = 0.0
         # queueing model (measured): completion time of a read that joins q outstanding reads
         self.qd_table = sorted((int(q), float(v)) for q, v in (latency_by_qd or {}).items())
         self.outstanding: list[float] = []     # arrival times of demand reads in flight (queueing model)
@@ -96,7 +95,6 @@ class NvmeChannel:
             self.outstanding = busy
             self.dfree = max(self.dfree, a)
             self.reads += n
-            self.busy_ms += self.deep * n
             if self.pf:
                 self._repack(t)
             return [a] * n
@@ -108,7 +106,6 @@ class NvmeChannel:
         out = [start + svc * (i + 1) for i in range(n)]
         self.dfree = out[-1]
         self.reads += n
-        self.busy_ms += svc * n
         if self.pf:
             self._repack(t)
         return out
@@ -122,7 +119,6 @@ class NvmeChannel:
         if rec[0] < t:
             return rec[1]
         self.pf_cancelled += 1          # withdrawn before it started: it becomes a demand read
-        self.busy_ms -= self.deep
         return None
 
     def prefetch(self, t: float, keys) -> list[float]:
@@ -140,7 +136,6 @@ class NvmeChannel:
             self.pf[k] = [s, cur]
             out.append(cur)
         self.pf_reads += len(out)
-        self.busy_ms += self.deep * len(out)
         return out
 
     def arrival(self, key: int):
@@ -156,7 +151,6 @@ class NvmeChannel:
                 continue
             if rec[0] >= t:
                 cancelled.append(k)
-                self.busy_ms -= self.deep
             else:
                 wasted.append(k)
         self.pf_cancelled += len(cancelled)

@@ -76,6 +76,15 @@ def test_ram_eviction_skips_protected_and_in_flight():
     L.land(L.begin_fill(1))
     L.land(L.begin_fill(2))
     assert L.land(L.begin_fill(3), protect={1}) == [2]
+    # a key mid-push (its RAM copy is being read by the copy engine) is never the victim
+    L2 = Ledger(20, 2, 2)
+    L2.land(L2.begin_fill(1))
+    L2.land(L2.begin_fill(2))
+    t = L2.begin_push(1)
+    assert L2.state_of(1) == "pushing"
+    assert L2.land(L2.begin_fill(3)) == [2]
+    L2.land(t)
+    assert L2.state_of(1) == "vram"
 
 
 def test_lfu_evicts_least_frequent_in_window():
