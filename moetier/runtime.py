@@ -55,7 +55,8 @@ class SlotAllocator:
 
     def alloc(self) -> int:
         if not self.free:
-            raise RuntimeError(f"{self.what} arena exhausted (raise the headroom)")
+            raise UserError(f"{self.what} arena exhausted: more transfers in flight than the backend's arena holds "
+                            f"(ram slots + headroom); lower --conc or policy.prefetch.budget")
         return self.free.pop()
 
     def release_later(self, slot: int) -> None:
@@ -111,7 +112,7 @@ class Runtime:
             for k in ranked[:v]:
                 self._fill_now(k, staging=True)
                 self._push_now(k, L.begin_push(k))
-            self.ram.end_layer()               # the seeded pushes landed: their staging slots are free again
+                self.ram.end_layer()           # the push landed and nothing computes yet: its staging slot is free
             self._fill_ram(ranked[v:v + L.ram_slots], tickets=True)
         L.clock.ref[:] = bytes(L.clock.n)
 
