@@ -121,6 +121,7 @@ class Ledger:
         self.ram_slots = max(0, int(ram_slots))
         self.exclusive = exclusive
         self.all_in_ram = self.ram_slots >= keys
+        self._no_ram_lru = self.all_in_ram or self.ram_slots == 0   # nothing to track in the RAM LRU
         self.clock = Clock(self.vram_slots)
         self.ram: OrderedDict[int, None] = OrderedDict()   # oldest first
         self.state: dict[int, int] = {}                    # key -> state (ABSENT keys are not stored)
@@ -338,7 +339,7 @@ class Ledger:
     # ---- tier mechanics -------------------------------------------------------------------------------------
     def _ram_put(self, key: int, protect=()) -> list[int]:
         ram = self.ram
-        if self.all_in_ram or self.ram_slots == 0:
+        if self._no_ram_lru:
             self.state.pop(key, None)
             return []
         if key in ram:

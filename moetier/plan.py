@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moetier.errors import UserError
-from moetier.ledger import _TIER_OF, TIER_RAM, TIER_VRAM
+from moetier.ledger import ABSENT, PUSHING, RAM, VRAM
 
 INF = float("inf")
 
@@ -98,8 +98,8 @@ class NvmeChannel:
             if self.pf:
                 self._repack(t)
             return [a] * n
-        busy_until = max(self.dfree, self._running_end(t))
-        start = max(t, busy_until)
+        busy_until = max(self.dfree, self._running_end(t)) if self.pf else self.dfree
+        start = t if t > busy_until else busy_until
         if start <= t:
             start += self.lat      # idle channel: pay the access latency once
         svc = self.deep if n > 1 else self.one
@@ -233,15 +233,13 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
     """Plan one layer call. See the module docstring for the contract."""
     plan = LayerPlan()
     sget = ledger.state.get
-    default_tier = ledger._tier_default
-    tier_of = _TIER_OF
+    absent = RAM if ledger.all_in_ram else ABSENT    # state of a key the ledger does not track
     vram_l, ram_l, nvme_l = plan.gpu, [], []
     for k, m in picks.items():
-        s = sget(k)
-        t = default_tier if s is None else tier_of[s]
-        if t == TIER_RAM:
+        s = sget(k, absent)
+        if s == RAM or s == PUSHING:                 # tiers as the planner sees them (ledger._TIER_OF)
             ram_l.append((m, k))
-        elif t == TIER_VRAM:
+        elif s == VRAM:
             vram_l.append(k)
         else:
             nvme_l.append(k)
@@ -310,7 +308,8 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):
         for k, a in zip(fresh, nvme.demand(t0, len(fresh))):
             arr[k] = a
         plan.demand_reads = len(fresh)
-    order = sorted(keys, key=arr.__getitem__) if len(keys) > 1 else keys
+    # arrival order; demand reads come back in issue order, so only promoted prefetches need a sort
+    order = sorted(keys, key=arr.__getitem__) if len(keys) > 1 and len(fresh) < len(keys) else keys
     can_gpu = gpu is not None and ctx.can_admit
     wait = 0.0
     for k in order:

@@ -112,3 +112,10 @@ def test_channel_queueing_model_uses_measured_latency_by_queue_depth():
     assert ch.demand(0.0, 1) == [1.0]
     assert ch.demand(0.5, 3) == [pytest.approx(0.5 + 2.0)] * 3   # joins one read still in flight: q = 4
     assert ch.demand(10.0, 1) == [11.0]                          # all earlier reads done: q = 1
+
+
+def test_nvme_pick_served_by_a_started_prefetch_is_planned():
+    ch = NvmeChannel(1_000_000, 1.0, 1.0, 0.0)
+    ch.prefetch(0.0, [500])                     # read in service from t=0, lands at 1.0
+    p = plan_layer(ctx(), ledger(), {500: 1}, 0.5, ch)
+    assert p.nvme_cpu + p.nvme_gpu == [500] and p.demand_reads == 0 and p.arrivals[500] == pytest.approx(1.0)
