@@ -75,9 +75,34 @@ def read_cpu_ms(st, nrec: int = 256, qd: int = 16) -> float:
         pool.close()
 
 
+def fit_cpu_lane(rows, workers: int, read_cpu: float = 0.0) -> dict:
+    """Fit the cpu lane's costs from timed calls, split by how the backend ran them.
+
+    rows: {"cls": "inline" | "split", "calls", "experts", "extra", "ms", "contended"} (aggregates or single calls).
+    Model (spec.Lane.batch_ms): inline call = per_call + work; split call = per_layer + work / workers, with
+    work = per_expert * experts + per_extra_token * extra_rows (one-thread costs). ``contended`` reads landing during
+    a call cost ``read_cpu`` ms each (the measured reader CPU time per core) and are taken out first.
+    Relative least squares (every row weighs the same), clipped at 0.
+    """
+    A, y = [], []
+    for r in rows:
+        if not r["calls"]:
+            continue
+        if r["cls"] == "inline":
+            A.append([r["calls"], 0.0, r["experts"], r["extra"]])
+        else:
+            A.append([0.0, r["calls"], r["experts"] / workers, r["extra"] / workers])
+        y.append(max(1e-6, r["ms"] - read_cpu * r.get("contended", 0)))
+    A, y = np.asarray(A, float), np.asarray(y, float)
+    w = 1.0 / y
+    coef, *_ = np.linalg.lstsq(A * w[:, None], y * w, rcond=None)
+    pc, pl, pe, px = (max(0.0, float(v)) for v in coef)
+    return {"per_call_ms": pc, "per_layer_ms": pl, "per_expert_ms": pe, "per_extra_token_ms": px}
+
+
 def cpu_lane_costs(st, *, experts=(1, 2, 4, 8, 16), rows=(1, 2, 4, 8), repeats=7) -> dict:
-    """Fit ms = per_layer + n * per_expert + n * (m - 1) * per_extra_token over a grid (n experts, m rows),
-    timing the cpu backend's compute() exactly as the runtime calls it."""
+    """Time the cpu backend's compute() exactly as the runtime calls it over a grid (n experts, m rows) and fit
+    fit_cpu_lane; also reports weight bytes/s of the largest one-row batch."""
     from backends.cpu.backend import CpuBackend
     lay = st.layout
     nslots = min(st.nrecords, max(experts) * 8)
@@ -86,8 +111,9 @@ def cpu_lane_costs(st, *, experts=(1, 2, 4, 8, 16), rows=(1, 2, 4, 8), repeats=7
         for i in range(nslots):
             be.wait(be.fill(i, i))
         rng = np.random.default_rng(0)
-        A, y, samples = [], [], []
+        samples = []
         rot = 0
+        pmin = max(2, be.parallel_min)
         for n in experts:
             for m in rows:
                 x = rng.standard_normal((m, lay.hidden)).astype(np.float32)
@@ -98,18 +124,15 @@ def cpu_lane_costs(st, *, experts=(1, 2, 4, 8, 16), rows=(1, 2, 4, 8), repeats=7
                     t0 = time.perf_counter()
                     be.compute("cpu", jobs, x)
                     times.append((time.perf_counter() - t0) * 1e3)
-                ms = float(np.median(times))
-                A.append([1.0, n, n * (m - 1)])
-                y.append(ms)
-                samples.append({"experts": n, "rows": m, "ms": ms})
-        coef, *_ = np.linalg.lstsq(np.array(A), np.array(y), rcond=None)
-        per_layer, per_expert, per_extra = (max(0.0, float(c)) for c in coef)
+                samples.append({"cls": "inline" if n < pmin else "split", "calls": 1, "experts": n,
+                                "extra": n * (m - 1), "ms": float(np.median(times)), "rows": m})
+        fit = fit_cpu_lane(samples, be.workers)
         one = [s["ms"] for s in samples if s["rows"] == 1 and s["experts"] == max(experts)][0]
         gbps = max(experts) * lay.weight_bytes / (one / 1e3) / 1e9
+        shape = {"workers": be.workers, "parallel_min": be.parallel_min}
     finally:
         be.close()
-    return {"per_layer_ms": per_layer, "per_expert_ms": per_expert, "per_extra_token_ms": per_extra,
-            "weight_gbps_1row": gbps, "samples": samples, "encoding": lay.encoding}
+    return {**fit, **shape, "weight_gbps_1row": gbps, "samples": samples, "encoding": lay.encoding}
 
 
 def measure(st, *, nrec: int = 256) -> dict:
@@ -145,11 +168,11 @@ def records(m: dict, hardware_id: str, engine_id: str, when: str) -> tuple[dict,
     }
     eng = {
         "id": engine_id,
-        "lanes": {"cpu": {"reads": "ram", "per_layer_ms": round(lane["per_layer_ms"], 5),
-                          "per_expert_ms": round(lane["per_expert_ms"], 5),
-                          "per_extra_token_ms": round(lane["per_extra_token_ms"], 5)}},
+        "lanes": {"cpu": {"reads": "ram", **{k: round(lane[k], 5) for k in
+                                             ("per_layer_ms", "per_call_ms", "per_expert_ms", "per_extra_token_ms")},
+                          "workers": lane["workers"], "parallel_min": lane["parallel_min"]}},
         "overheads": {"weight_gbps_1row": round(lane["weight_gbps_1row"], 3)},
-        "source": f"moetier bench {when} on {m['machine']}: least-squares fit over experts x rows "
+        "source": f"moetier bench {when} on {m['machine']}: fit_cpu_lane over experts x rows "
                   f"({lane['encoding']} records of {m['record_bytes']} B)",
     }
     return hw, eng

@@ -6,18 +6,16 @@ Contract
 with the real runtime ``repeats`` times, interleaved (A B C ... A B C ...) so drift cancels, then sets the simulator's cost terms *from the runtime's own
 counters on the fit arms only*:
 
-- cpu lane (engine record): ``lane_cpu_s - contention = per_layer * layers_with_cpu_work + per_call * further_calls
-  + per_expert * experts + per_extra_token * extra_rows`` (relative least squares, clipped at 0), where contention =
-  reads in flight during the lane's batch x the CPU time of one read per core (hardware ``nvme.cpu_ms_per_read``,
-  measured by `moetier bench`);
+- cpu lane (engine record): ``moetier.bench.fit_cpu_lane`` on the runtime's calls split by how the backend ran them
+  (inline: per_call + work; split over workers: per_layer + work / workers), after taking out the contention of
+  reads landing during a call (hardware ``nvme.cpu_ms_per_read``, measured by `moetier bench`);
 - host time per layer call (recipe ``calibration.host``): ``plan + bookkeeping + combine = per_layer * layer_calls
   + per_pick * picks + per_read * NVMe reads``;
 - non-MoE time per step (recipe ``calibration.fixed_ms``): measured step wall minus everything booked to layers,
   per concurrency (rows); concurrencies without a fit arm are interpolated by the simulator;
-- NVMe queueing model: the latency-vs-queue-depth table of the hardware record (`moetier bench`, idle disk). The
-  runtime's own submit-to-landed latencies by queue depth are reported beside it (``nvme_latency_by_qd_ms``) but not
-  written back: seen from Python they include GIL hand-off delays that overlap the compute thread's work, and using
-  them over-predicts the stall (measured: median error 17% vs 14%).
+- NVMe queueing model (hardware ``nvme.latency_by_qd_ms``): the p50 submit-to-landed time of the runtime's own
+  demand reads (measured steps of the fit arms) by the queue depth they joined; depths the runtime did not reach keep
+  the `moetier bench` figures, which an idle disk gives (here reads under the runtime's load took 2-3x longer).
 
 Then the simulator predicts every arm (held-out arms included) with the written records, and the error table
 (predicted vs measured tok/s and per-token ms per bucket) goes to the terminal and into a run record.
@@ -90,23 +88,25 @@ def _lstsq(A, y):
     return [max(0.0, float(v)) for v in coef]
 
 
-def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0) -> dict:
-    """read_cpu: the core time per read the cpu lane loses (hardware record, `moetier bench`), taken out of the
-    lane's measured time before fitting its own costs."""
+def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0, workers: int = 1) -> dict:
+    """Cost terms from the fit arms' runtime counters. read_cpu: core time per read the cpu lane loses (hardware
+    record, `moetier bench`), taken out of the lane's measured time before fitting its own costs."""
+    from moetier.bench import fit_cpu_lane
     fit = [a for a in arms if a["fit"]]
-    A, y, Ah, yh = [], [], [], []
+    lane_rows, Ah, yh = [], [], []
     step_fixed: dict[int, list] = {}
     for a in fit:
         m = measured[a["name"]]
         c = m["counters"]
-        A.append([c["cpu_layers"], c["cpu_calls"] - c["cpu_layers"], c["cpu_experts"], c["cpu_extra_rows"]])
-        y.append(c["lane_cpu_s"] * 1e3 - read_cpu * c.get("cpu_contended_reads", 0))
+        for cls in ("inline", "split"):
+            lane_rows.append({"cls": cls, "calls": c[f"cpu_{cls}_calls"], "experts": c[f"cpu_{cls}_experts"],
+                              "extra": c[f"cpu_{cls}_extra"], "ms": c[f"cpu_{cls}_s"] * 1e3,
+                              "contended": c[f"cpu_{cls}_contended"]})
         Ah.append([c["layer_calls"], c["picks"], c["reads"]])
         yh.append((c["plan_s"] + c["book_s"] + c["combine_s"]) * 1e3)
         booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["plan_s"]
                   + c["book_s"] + c["combine_s"])
         step_fixed.setdefault(a["conc"], []).append(max(0.0, (m["wall_s"] - booked) * 1e3 / m["steps"]))
-    pl, pc, pe, px = _lstsq(A, y)
     hl, hp, hr = _lstsq(Ah, yh)
     fixed = {str(k): round(statistics.mean(v), 4) for k, v in sorted(step_fixed.items())}
     lat: dict[int, list] = {}
@@ -114,7 +114,7 @@ def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0) -> dict:
         for q, v in measured[a["name"]].get("latency_by_qd", {}).items():
             lat.setdefault(q, []).extend(v)
     latency = {str(q): round(float(np.median(v)), 4) for q, v in sorted(lat.items()) if len(v) >= 8}
-    return {"cpu": {"per_layer_ms": pl, "per_call_ms": pc, "per_expert_ms": pe, "per_extra_token_ms": px},
+    return {"cpu": fit_cpu_lane(lane_rows, workers, read_cpu),
             "host": {"per_layer_ms": hl, "per_pick_ms": hp, "per_read_ms": hr}, "fixed_ms": fixed,
             "nvme_latency_by_qd_ms": latency}
 
@@ -135,6 +135,15 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
                                   "source": f"moetier calibrate {when}"}
     rec["calibration"]["source"] = f"moetier calibrate {when}: fixed_ms = measured step wall outside the layers"
     spec.write_record("recipe", rec)
+    if terms["nvme_latency_by_qd_ms"]:
+        hw = spec.load_record("hardware", rec["hardware"])
+        table = dict(hw["nvme"].get("latency_by_qd_ms") or {})
+        table.update(terms["nvme_latency_by_qd_ms"])      # depths the runtime reached: measured under its load
+        hw["nvme"]["latency_by_qd_ms"] = dict(sorted(table.items(), key=lambda kv: int(kv[0])))
+        hw["nvme"]["latency_note"] = (f"moetier calibrate {when}: p50 submit-to-landed of the runtime's demand reads "
+                                      f"by the queue depth they joined (fit arms, measured steps); other depths from "
+                                      f"moetier bench (idle disk)")
+        spec.write_record("hardware", hw)
 
 
 
@@ -191,7 +200,8 @@ def calibrate(recipe_id, st, tr, *, arms=None, steps=200, repeats=2, backend="cp
     measured = {k: _merge(v) for k, v in runs.items()}
     when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     from moetier.plan import _read_cpu
-    terms = fit_terms(measured, arms, _read_cpu(R))
+    cpu = R.lanes.get("cpu")
+    terms = fit_terms(measured, arms, _read_cpu(R), cpu.workers if cpu else 1)
     if write:
         write_terms(recipe_id, terms, when)
     rows = predict_and_compare(recipe_id, tr, arms, measured, steps, terms)

@@ -172,7 +172,9 @@ class PlanContext:
     mask: bool
     overlap: bool
     can_admit: bool            # a VRAM tier exists (zerocopy/nvme_gpu picks are admitted)
-    cpu_call: float = 0.0      # cpu lane: each further dispatch in a layer (an NVMe pick computed as it lands)
+    cpu_call: float = 0.0      # cpu lane: an inline one-thread call (an NVMe pick computed as it lands)
+    cpu_workers: int = 1       # cpu lane: threads a batch is split over ...
+    cpu_pmin: int = 0          # ... once it has at least this many experts
     host_layer: float = 0.0    # serial host time per layer call outside the lanes (plan, bookkeeping, combine)
     host_pick: float = 0.0     # ... per pick
     host_read: float = 0.0     # ... and per NVMe pick (issue, slot, landing bookkeeping)
@@ -198,6 +200,8 @@ class PlanContext:
                    mask=R.policy.get("exact", "stall") == "mask",
                    overlap=bool(R.policy.get("overlap", True)), can_admit=R.vram_slots > 0,
                    cpu_call=R.lanes["cpu"].per_call_ms if "cpu" in R.lanes else 0.0,
+                   cpu_workers=R.lanes["cpu"].workers if "cpu" in R.lanes else 1,
+                   cpu_pmin=R.lanes["cpu"].parallel_min if "cpu" in R.lanes else 0,
                    host_layer=float(host.get("per_layer_ms", 0.0)), host_pick=float(host.get("per_pick_ms", 0.0)),
                    host_read=float(host.get("per_read_ms", 0.0)),
                    read_cpu=_read_cpu(R))
@@ -263,15 +267,23 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
         cpu_list, zc_list = plan.cpu, plan.zerocopy
         cpl, cpe, cpx = cpu if cpu else (INF, INF, 0.0)
         zpl, zpe, zpx = zc if zc else (INF, INF, 0.0)
+        W, pmin, cpc = ctx.cpu_workers, ctx.cpu_pmin, ctx.cpu_call
+        n_c, work_c = 0, 0.0          # the cpu batch so far: experts and summed one-thread work
         for m, k in ram_l:
-            ce = (c if c_on else cpl) + cpe
+            w = cpe + cpx * (m - 1) if m > 1 else cpe
+            work1 = work_c + w
+            n1 = n_c + 1
+            if n1 < pmin:
+                ce = cpc + work1
+            else:
+                ce = cpl + work1 / (W if W < n1 else n1)
             ge = (g if zc_on else g + zpl) + zpe
             if m > 1:
-                ce += cpx * (m - 1)
                 ge += zpx * (m - 1)
             if (ce if ce > g else g) <= (c if c > ge else ge):
                 c = ce
                 c_on = True
+                n_c, work_c = n1, work1
                 cpu_list.append(k)
             else:
                 g = ge
@@ -318,7 +330,7 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):
             a = 0.0
         m = picks[k]
         if cpu:
-            cs = c + ctx.cpu_call if c_on else cpu[0]
+            cs = c + ctx.cpu_call if c_on else (ctx.cpu_call if ctx.cpu_pmin > 1 else cpu[0])
             ce = (cs if cs > a else a) + cpu[1] + cpu[2] * (m - 1)
         else:
             ce = INF

@@ -95,7 +95,11 @@ class Runtime:
         self.stats = dict(plan_s=0.0, book_s=0.0, lane_cpu_s=0.0, lane_gpu_s=0.0, lane_zc_s=0.0, nvme_wait_s=0.0,
                           copy_s=0.0, combine_s=0.0, reads=0, masked=0, picks=0, layer_calls=0,
                           cpu_bytes=0, cpu_layers=0, cpu_calls=0, cpu_experts=0, cpu_extra_rows=0,
-                          cpu_contended_reads=0, nvme_picks=0, prefetch_reads=0)
+                          cpu_contended_reads=0, nvme_picks=0, prefetch_reads=0,
+                          cpu_inline_calls=0, cpu_inline_experts=0, cpu_inline_extra=0, cpu_inline_s=0.0,
+                          cpu_inline_contended=0, cpu_split_calls=0, cpu_split_experts=0, cpu_split_extra=0,
+                          cpu_split_s=0.0, cpu_split_contended=0)
+        self.cpu_pmin = int(getattr(backend, "parallel_min", 0) or 0)
 
     # -- setup --------------------------------------------------------------------------------------------------
     def seed_tiers(self, ranked) -> None:
@@ -161,6 +165,20 @@ class Runtime:
             for ev in L.land(td, protect):
                 self._release_ram(ev)
 
+    def _book_cpu_call(self, keys, picks, seconds: float, contended: int = 0) -> None:
+        """cpu lane accounting per call, split by how the backend ran it (inline vs split over workers): the
+        inputs of the lane cost fit in moetier.bench.fit_cpu_lane."""
+        st = self.stats
+        cls = "inline" if len(keys) < max(2, self.cpu_pmin) else "split"
+        st["lane_cpu_s"] += seconds
+        st["cpu_calls"] += 1
+        st["cpu_contended_reads"] += contended
+        st[f"cpu_{cls}_calls"] += 1
+        st[f"cpu_{cls}_experts"] += len(keys)
+        st[f"cpu_{cls}_extra"] += sum(picks[k] - 1 for k in keys)
+        st[f"cpu_{cls}_s"] += seconds
+        st[f"cpu_{cls}_contended"] += contended
+
     def _cancel(self, h) -> bool:
         cancel = getattr(self.be, "cancel", None)
         return bool(cancel(h)) if cancel is not None and getattr(h, "prefetch", False) else False
@@ -224,9 +242,8 @@ class Runtime:
         if plan.cpu:
             t = time.perf_counter()
             out.update(be.compute("cpu", [(k, self.ram_slot[k], rows_of[k]) for k in plan.cpu], x))
-            st["lane_cpu_s"] += time.perf_counter() - t
-            st["cpu_calls"] += 1
-            st["cpu_contended_reads"] += len(plan.nvme_cpu) + len(plan.nvme_gpu)   # reads in flight meanwhile
+            self._book_cpu_call(plan.cpu, picks, time.perf_counter() - t,
+                                contended=len(plan.nvme_cpu) + len(plan.nvme_gpu))   # reads in flight meanwhile
         if plan.cpu or plan.nvme_cpu:
             st["cpu_layers"] += 1
             st["cpu_experts"] += len(plan.cpu) + len(plan.nvme_cpu)
@@ -258,8 +275,7 @@ class Runtime:
                 self._release_ram(ev)
             t = time.perf_counter()
             out.update(be.compute("cpu", [(k, slot, rows_of[k])], x))
-            st["lane_cpu_s"] += time.perf_counter() - t
-            st["cpu_calls"] += 1
+            self._book_cpu_call([k], picks, time.perf_counter() - t)
         if rp.ctx.can_admit:
             for k in plan.zerocopy:
                 tp = L.begin_push(k, picks)
@@ -277,7 +293,10 @@ class Runtime:
                 lane = "zerocopy" if be.capabilities.has("zerocopy") else "cpu"
                 t = time.perf_counter()
                 out.update(be.compute(lane, [(k, slot, rows_of[k])], x))
-                st["lane_zc_s" if lane == "zerocopy" else "lane_cpu_s"] += time.perf_counter() - t
+                if lane == "cpu":
+                    self._book_cpu_call([k], picks, time.perf_counter() - t)
+                else:
+                    st["lane_zc_s"] += time.perf_counter() - t
                 L.drop_staged(k)
                 self._release_ram(k)
             else:
@@ -375,6 +394,9 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
         meas = step >= warm_steps
         if meas and st0 is None:
             st0 = dict(rt.stats)
+            lat = getattr(getattr(backend, "reader", None), "latency_by_qd", None)
+            if lat is not None:
+                lat.clear()          # read latencies of the measured steps only (not seeding's deep queue)
         rp.begin_step(step)
         rows = streams.rows(step)
         x = np.stack([token_state(H, i, t, seed) for i, t in rows])

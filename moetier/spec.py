@@ -54,6 +54,7 @@ DEFAULT_POLICY = {
     "overlap": True,
 }
 LANE_COSTS = ("per_layer_ms", "per_expert_ms", "per_extra_token_ms", "per_call_ms")
+LANE_SHAPE = ("workers", "parallel_min")     # integers: how a batch call is executed
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -370,7 +371,17 @@ class Lane:
     per_layer_ms: float
     per_expert_ms: float
     per_extra_token_ms: float = 0.0
-    per_call_ms: float = 0.0      # each further dispatch in the same layer (picks computed one by one as they land)
+    per_call_ms: float = 0.0      # an inline (one-thread) call: NVMe picks computed one by one as they land
+    workers: int = 1              # a batch of >= parallel_min experts is split over this many threads
+    parallel_min: int = 0
+
+    def batch_ms(self, n: int, work: float) -> float:
+        """One call computing n experts whose summed single-thread work is ``work`` ms."""
+        if n <= 0:
+            return 0.0
+        if n < self.parallel_min:
+            return self.per_call_ms + work
+        return self.per_layer_ms + work / min(self.workers, n)
 
     def cost(self, rows) -> float:
         """rows: token rows per expert computed in this layer call (a sequence, or a mapping key -> rows)."""
@@ -381,7 +392,7 @@ class Lane:
         if n == 0:
             return 0.0
         extra = float(sum(rows)) - n
-        return self.per_layer_ms + n * self.per_expert_ms + self.per_extra_token_ms * extra
+        return self.batch_ms(n, n * self.per_expert_ms + self.per_extra_token_ms * extra)
 
 
 @dataclass
@@ -505,16 +516,19 @@ def resolve(recipe_id: str, overrides=(), root=None) -> Recipe:
     lanes: dict[str, dict] = {}
     for eng in engines:
         for name, spec in eng["lanes"].items():
-            lanes[name] = {"reads": spec["reads"], **{c: float(spec.get(c, 0.0)) for c in LANE_COSTS}}
+            lanes[name] = {"reads": spec["reads"], **{c: float(spec.get(c, 0.0)) for c in LANE_COSTS},
+                           **{c: int(spec[c]) for c in LANE_SHAPE if c in spec}}
     for eng in engines:
         for name, costs in (eng.get("model_lanes") or {}).get(model["id"], {}).items():
             if name in lanes:
                 lanes[name].update({c: float(costs[c]) for c in LANE_COSTS if c in costs})
+                lanes[name].update({c: int(costs[c]) for c in LANE_SHAPE if c in costs})
     for name, costs in (rec.get("lane_overrides") or {}).items():
         if name not in lanes:
             raise UserError(f"{_show(path)}: $.lane_overrides.{name}: unknown lane {name!r} "
                             f"(lanes: {', '.join(lanes) or 'none'})")
         lanes[name].update({c: float(costs[c]) for c in LANE_COSTS if c in costs})
+        lanes[name].update({c: int(costs[c]) for c in LANE_SHAPE if c in costs})
 
     nv = hw["nvme"]
     cal = rec["calibration"]

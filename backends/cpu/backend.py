@@ -40,6 +40,9 @@ class CpuBackend:
         self.workers = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="moetier-cpu-lane") if self.workers > 1 \
             else None
+        # waking a worker costs ~0.2 ms here (measured: 1 expert 0.09 ms inline, 2 experts 0.33 ms split), so a batch
+        # is split only once each worker gets at least two experts
+        self.parallel_min = 2 * self.workers if self.workers > 1 else 0
 
     @property
     def ram_slot_count(self) -> int:
@@ -62,12 +65,14 @@ class CpuBackend:
                                            [np.ascontiguousarray(x[rows]) for _, _, rows in js], parallel=False)
             return [(k, y) for (k, _, _), y in zip(js, outs)]
 
-        if self._pool is None or len(jobs) == 1:
+        if self._pool is None or len(jobs) < max(2, self.parallel_min):
             return dict(part(jobs))
         n = min(self.workers, len(jobs))
-        out = {}
-        for res in self._pool.map(part, [jobs[i::n] for i in range(n)]):
-            out.update(res)
+        # the calling thread takes one share itself: one wake-up fewer, and it would only wait otherwise
+        futs = [self._pool.submit(part, jobs[i::n]) for i in range(1, n)]
+        out = dict(part(jobs[0::n]))
+        for f in futs:
+            out.update(f.result())
         return out
 
     # -- transfers --------------------------------------------------------------------------------------------
