@@ -9,13 +9,14 @@ counters on the fit arms only*:
 - cpu lane (engine record): ``moetier.bench.fit_cpu_lane`` on the runtime's calls split by how the backend ran them
   (inline: per_call + work; split over workers: per_layer + work / workers), after taking out the contention of
   reads landing during a call (hardware ``nvme.cpu_ms_per_read``, measured by `moetier bench`);
-- host time per layer call (recipe ``calibration.host``): ``plan + bookkeeping + combine = per_layer * layer_calls
-  + per_pick * picks + per_read * NVMe reads``;
+- host time per layer call (recipe ``calibration.host``): ``plan + bookkeeping + combine + prediction =
+  per_layer * layer_calls + per_pick * picks + per_read * NVMe reads + per_predict * layers with a predictor``;
 - non-MoE time per step (recipe ``calibration.fixed_ms``): measured step wall minus everything booked to layers,
   per concurrency (rows); concurrencies without a fit arm are interpolated by the simulator;
-- NVMe queueing model (hardware ``nvme.latency_by_qd_ms``): the p50 submit-to-landed time of the runtime's own
-  demand reads (measured steps of the fit arms) by the queue depth they joined; depths the runtime did not reach keep
-  the `moetier bench` figures, which an idle disk gives (here reads under the runtime's load took 2-3x longer).
+- NVMe queueing model (hardware ``nvme.latency_by_rows_qd_ms``): the p50 submit-to-landed time of the runtime's
+  own demand reads (measured steps of the fit arms) by rows per step and the queue depth they joined - reads complete
+  later while the lanes keep the cores busy (measured here: 0.78 ms at C1, 1.56 ms at C4 for one read, 0.43 ms on an
+  idle disk); depths the runtime did not reach keep the `moetier bench` figures.
 
 Then the simulator predicts every arm (held-out arms included) with the written records, and the error table
 (predicted vs measured tok/s and per-token ms per bucket) goes to the terminal and into a run record.
@@ -45,6 +46,8 @@ def default_arms(R) -> list[dict]:
         {"name": "allram-C4", "set": [f"budget.ram_gb={allram}"], "conc": 4, "fit": True},
         {"name": "tail-C1", "set": [], "conc": 1, "fit": True},
         {"name": "tail-C4", "set": [], "conc": 4, "fit": True},
+        {"name": "tail-prefetch-C1", "set": ["policy.prefetch.depth=1", "policy.prefetch.predictor=transition"],
+         "conc": 1, "fit": True},
         {"name": "allram-C2", "set": [f"budget.ram_gb={allram}"], "conc": 2, "fit": False},
         {"name": "tail-C2", "set": [], "conc": 2, "fit": False},
         {"name": f"tail{mid}g-C2", "set": [f"budget.ram_gb={mid}"], "conc": 2, "fit": False},
@@ -102,21 +105,23 @@ def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0, workers: 
             lane_rows.append({"cls": cls, "calls": c[f"cpu_{cls}_calls"], "experts": c[f"cpu_{cls}_experts"],
                               "extra": c[f"cpu_{cls}_extra"], "ms": c[f"cpu_{cls}_s"] * 1e3,
                               "contended": c[f"cpu_{cls}_contended"]})
-        Ah.append([c["layer_calls"], c["picks"], c["reads"]])
-        yh.append((c["plan_s"] + c["book_s"] + c["combine_s"]) * 1e3)
+        Ah.append([c["layer_calls"], c["picks"], c["reads"], c["predict_layers"]])
+        yh.append((c["plan_s"] + c["book_s"] + c["combine_s"] + c["predict_s"]) * 1e3)
         booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["plan_s"]
-                  + c["book_s"] + c["combine_s"])
+                  + c["book_s"] + c["combine_s"] + c["predict_s"])
         step_fixed.setdefault(a["conc"], []).append(max(0.0, (m["wall_s"] - booked) * 1e3 / m["steps"]))
-    hl, hp, hr = _lstsq(Ah, yh)
+    hl, hp, hr, hpred = _lstsq(Ah, yh) if any(r[3] for r in Ah) else (*_lstsq([r[:3] for r in Ah], yh), 0.0)
     fixed = {str(k): round(statistics.mean(v), 4) for k, v in sorted(step_fixed.items())}
-    lat: dict[int, list] = {}
+    lat: dict[int, dict] = {}                      # rows per step -> q -> samples
     for a in fit:
         for q, v in measured[a["name"]].get("latency_by_qd", {}).items():
-            lat.setdefault(q, []).extend(v)
-    latency = {str(q): round(float(np.median(v)), 4) for q, v in sorted(lat.items()) if len(v) >= 8}
+            lat.setdefault(a["conc"], {}).setdefault(q, []).extend(v)
+    latency = {str(r): {str(q): round(float(np.median(v)), 4) for q, v in sorted(tab.items()) if len(v) >= 8}
+               for r, tab in sorted(lat.items())}
     return {"cpu": fit_cpu_lane(lane_rows, workers, read_cpu),
-            "host": {"per_layer_ms": hl, "per_pick_ms": hp, "per_read_ms": hr}, "fixed_ms": fixed,
-            "nvme_latency_by_qd_ms": latency}
+            "host": {"per_layer_ms": hl, "per_pick_ms": hp, "per_read_ms": hr, "per_predict_ms": hpred},
+            "fixed_ms": fixed,
+            "nvme_latency_by_rows_qd_ms": latency}
 
 
 def write_terms(recipe_id: str, terms: dict, when: str) -> None:
@@ -135,14 +140,16 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
                                   "source": f"moetier calibrate {when}"}
     rec["calibration"]["source"] = f"moetier calibrate {when}: fixed_ms = measured step wall outside the layers"
     spec.write_record("recipe", rec)
-    if terms["nvme_latency_by_qd_ms"]:
+    if any(terms["nvme_latency_by_rows_qd_ms"].values()):
         hw = spec.load_record("hardware", rec["hardware"])
-        table = dict(hw["nvme"].get("latency_by_qd_ms") or {})
-        table.update(terms["nvme_latency_by_qd_ms"])      # depths the runtime reached: measured under its load
-        hw["nvme"]["latency_by_qd_ms"] = dict(sorted(table.items(), key=lambda kv: int(kv[0])))
-        hw["nvme"]["latency_note"] = (f"moetier calibrate {when}: p50 submit-to-landed of the runtime's demand reads "
-                                      f"by the queue depth they joined (fit arms, measured steps); other depths from "
-                                      f"moetier bench (idle disk)")
+        idle = hw["nvme"].get("latency_by_qd_ms") or {}
+        # depths the runtime reached are measured under its load; deeper ones keep the idle-disk bench figures
+        hw["nvme"]["latency_by_rows_qd_ms"] = {
+            r: dict(sorted({**idle, **tab}.items(), key=lambda kv: int(kv[0])))
+            for r, tab in terms["nvme_latency_by_rows_qd_ms"].items() if tab}
+        hw["nvme"]["latency_note"] = (f"moetier calibrate {when}: latency_by_rows_qd_ms = p50 submit-to-landed of the "
+                                      f"runtime's demand reads by rows per step and queue depth (fit arms, measured "
+                                      f"steps); latency_by_qd_ms = moetier bench on an idle disk")
         spec.write_record("hardware", hw)
 
 

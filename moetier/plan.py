@@ -42,6 +42,7 @@ class NvmeChannel:
 
     def __init__(self, record_bytes: int, bw_gbps: float, bw_qd1_gbps: float | None = None,
                  latency_ms: float = 0.1, latency_by_qd: dict | None = None):
+        # latency_by_qd: {q: ms}; see also latency_table_for_rows() (tables measured under the runtime's load)
         self.record_bytes = record_bytes
         self.deep = record_bytes / (bw_gbps * 1e6)
         self.one = record_bytes / ((bw_qd1_gbps or bw_gbps) * 1e6)
@@ -71,6 +72,10 @@ class NvmeChannel:
                 cur += deep
                 rec[1] = cur
 
+    def use_table(self, table: dict | None) -> None:
+        """Switch the queueing model's latency-vs-queue-depth table (e.g. the one measured at this many rows)."""
+        self.qd_table = sorted((int(q), float(v)) for q, v in (table or {}).items())
+
     def latency_at(self, q: int) -> float:
         """Measured completion time at queue depth q: piecewise linear; beyond the table, linear in q (bandwidth)."""
         tab = self.qd_table
@@ -86,18 +91,19 @@ class NvmeChannel:
         if n <= 0:
             return []
         if self.qd_table:
-            # reads run concurrently: each new read completes after the measured latency at the queue depth it
-            # joins (in-flight demand reads + in-service prefetch + these n)
+            # reads run concurrently; the i-th read of this batch joins a queue of depth (reads still in flight + i)
+            # and completes after the measured latency at that depth - the table is keyed the same way (the depth a
+            # read joined when it was submitted)
             busy = [a for a in self.outstanding if a > t]
-            q = len(busy) + n + sum(1 for s, e in self.pf.values() if s <= t < e)
-            a = t + self.latency_at(q)
-            busy.extend([a] * n)
+            q0 = len(busy) + sum(1 for s, e in self.pf.values() if s <= t < e)
+            out = [t + self.latency_at(q0 + i + 1) for i in range(n)]
+            busy.extend(out)
             self.outstanding = busy
-            self.dfree = max(self.dfree, a)
+            self.dfree = max(self.dfree, out[-1])
             self.reads += n
             if self.pf:
                 self._repack(t)
-            return [a] * n
+            return out
         busy_until = max(self.dfree, self._running_end(t)) if self.pf else self.dfree
         start = t if t > busy_until else busy_until
         if start <= t:
@@ -160,6 +166,27 @@ class NvmeChannel:
         return cancelled, wasted
 
 
+def latency_table_for_rows(nvme: dict, rows: int) -> dict | None:
+    """The channel's latency-vs-queue-depth table for a step of ``rows`` token rows.
+
+    ``nvme.latency_by_rows_qd_ms`` ({rows: {q: ms}}, written by `moetier calibrate` from the runtime's own reads)
+    captures that reads complete later while the lanes keep the cores busy (more rows, more work per layer);
+    rows between measured ones interpolate linearly, outside they take the nearest. Without it: the idle-disk
+    ``latency_by_qd_ms`` of `moetier bench`, or None (the reference's FIFO model)."""
+    by_rows = {int(r): {int(q): float(v) for q, v in tab.items()}
+               for r, tab in (nvme.get("latency_by_rows_qd_ms") or {}).items() if tab}
+    if not by_rows:
+        return nvme.get("latency_by_qd_ms")
+    keys = sorted(by_rows)
+    lo = max([r for r in keys if r <= rows], default=keys[0])
+    hi = min([r for r in keys if r >= rows], default=keys[-1])
+    if lo == hi:
+        return by_rows[lo]
+    f = (rows - lo) / (hi - lo)
+    common = sorted(set(by_rows[lo]) & set(by_rows[hi]))
+    return {q: by_rows[lo][q] * (1 - f) + by_rows[hi][q] * f for q in common}
+
+
 @dataclass
 class PlanContext:
     """Recipe constants the planner needs, flattened once (attribute lookups are the planner's main cost)."""
@@ -179,6 +206,7 @@ class PlanContext:
     host_pick: float = 0.0     # ... per pick
     host_read: float = 0.0     # ... and per NVMe pick (issue, slot, landing bookkeeping)
     read_cpu: float = 0.0      # core time one NVMe read takes from the cpu lane (O_DIRECT + checksum), per lane ms
+    host_predict: float = 0.0  # serial host time per layer of a prefetch predictor (when prefetch is on)
 
     @classmethod
     def from_recipe(cls, R) -> "PlanContext":
@@ -204,7 +232,14 @@ class PlanContext:
                    cpu_pmin=R.lanes["cpu"].parallel_min if "cpu" in R.lanes else 0,
                    host_layer=float(host.get("per_layer_ms", 0.0)), host_pick=float(host.get("per_pick_ms", 0.0)),
                    host_read=float(host.get("per_read_ms", 0.0)),
-                   read_cpu=_read_cpu(R))
+                   read_cpu=_read_cpu(R),
+                   host_predict=float(host.get("per_predict_ms", 0.0)) if _prefetching(R.policy) else 0.0)
+
+
+def _prefetching(policy: dict) -> bool:
+    pf = policy.get("prefetch") or {}
+    return int(pf.get("depth") or 0) > 0 and pf.get("predictor", "recall") not in (None, "none") and \
+        (pf.get("predictor") != "recall" or float(pf.get("recall") or 0) > 0)
 
 
 def _read_cpu(R) -> float:
@@ -299,7 +334,8 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
             _plan_nvme(ctx, plan, picks, nvme_l, t0, nvme, g, g_on, c, c_on)
             g, c = plan.gpu_ms, plan.cpu_ms
     plan.gpu_ms, plan.cpu_ms = g, c
-    plan.ms = ((g if g > c else c) if ctx.overlap else g + c) + ctx.host_layer + ctx.host_pick * len(picks)
+    plan.ms = ((g if g > c else c) if ctx.overlap else g + c) + ctx.host_layer + ctx.host_pick * len(picks) \
+        + ctx.host_predict
     if nvme_l and not ctx.mask:
         plan.ms += ctx.host_read * len(nvme_l)
     return plan

@@ -84,7 +84,7 @@ class Runtime:
             raise UserError(f"recipe {R.id}: policy.ram={R.policy['ram']!r} is simulated only; the runtime keeps an "
                             f"exclusive RAM tier (policy.ram=exclusive)")
         self.predictor = make_predictor(R.policy, R.layers, R.experts)
-        self.rp = Replay(R, predictor=self.predictor)
+        self.rp = Replay(R, predictor=self.predictor, rows=conc)
         self.L = self.rp.ledger
         self.ram = SlotAllocator(backend.ram_slot_count, "RAM slot")
         self.ram_slot: dict[int, int] = {}    # key -> RAM (or staging) slot holding its bytes
@@ -98,7 +98,7 @@ class Runtime:
                           cpu_contended_reads=0, nvme_picks=0, prefetch_reads=0,
                           cpu_inline_calls=0, cpu_inline_experts=0, cpu_inline_extra=0, cpu_inline_s=0.0,
                           cpu_inline_contended=0, cpu_split_calls=0, cpu_split_experts=0, cpu_split_extra=0,
-                          cpu_split_s=0.0, cpu_split_contended=0)
+                          cpu_split_s=0.0, cpu_split_contended=0, predict_s=0.0, predict_layers=0)
         self.cpu_pmin = int(getattr(backend, "parallel_min", 0) or 0)
 
     # -- setup --------------------------------------------------------------------------------------------------
@@ -415,8 +415,12 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
                 plan_hook(step, layer, plan)
             if layer_hook is not None:
                 layer_hook(step, layer, xin, y, rows_keys, rows_w, rt)
+            t_pred = time.perf_counter()
             rp.after_layer(layer, {k: 1 for ks in rows_keys for k in ks}, streams, rows, t_model,
                            on_expire=rt.expire_real, on_issue=rt.issue_prefetch)
+            if rt.predictor is not None:
+                rt.stats["predict_s"] += time.perf_counter() - t_pred   # prediction + prefetch issue: host time
+                rt.stats["predict_layers"] += 1
             t_model += plan.ms
             rt.end_layer()
         if meas:
@@ -440,7 +444,8 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
         "lanes_ms_per_token": {"cpu": per_tok(st["lane_cpu_s"]), "gpu": per_tok(st["lane_gpu_s"]),
                                "zerocopy": per_tok(st["lane_zc_s"]), "nvme_wait": per_tok(st["nvme_wait_s"]),
                                "copy": per_tok(st["copy_s"]),
-                               "plan": per_tok(st["plan_s"]), "bookkeeping": per_tok(st["book_s"]),
+                               "plan": per_tok(st["plan_s"] + st["predict_s"]),
+                               "bookkeeping": per_tok(st["book_s"]),
                                "combine": per_tok(st["combine_s"])},
         "reads_per_token": st["nvme_picks"] / tokens,            # picks served from NVMe (the sim's nvme_per_tok)
         "prefetch_reads_per_token": st["prefetch_reads"] / tokens,

@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from moetier.ledger import Ledger
-from moetier.plan import LayerPlan, NvmeChannel, PlanContext, plan_layer  # noqa: F401
+from moetier.plan import LayerPlan, NvmeChannel, PlanContext, latency_table_for_rows, plan_layer
 from moetier.predict import make_predictor
 
 ORACLE_WARM_STEPS = 200
@@ -83,13 +83,13 @@ class Streams:
 class Replay:
     """The simulator's executor: plans each layer and carries out the plan's intents on modeled time."""
 
-    def __init__(self, R, *, predictor=None):
+    def __init__(self, R, *, predictor=None, rows: int = 1):
         self.R = R
         self.ctx = PlanContext.from_recipe(R)
         self.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, exclusive=R.policy.get("ram", "exclusive")
                              == "exclusive", ram_policy=R.policy.get("ram_evict", "lru"))
         self.chan = NvmeChannel(R.nvme_expert_bytes, R.nvme_bw_gbps, R.nvme_bw_qd1_gbps, R.nvme_latency_ms,
-                                R.hardware.get("nvme", {}).get("latency_by_qd_ms"))
+                                latency_table_for_rows(R.hardware.get("nvme", {}), rows))
         self.predictor = predictor
         pf = R.policy.get("prefetch") or {}
         self.pf_depth = int(pf.get("depth") or 0)
@@ -241,7 +241,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
     streams = Streams(trace, conc, topk, E, offsets=offsets, window=window)
 
     predictor = make_predictor(R.policy, L, E)
-    rp = Replay(R, predictor=predictor)
+    rp = Replay(R, predictor=predictor, rows=conc * window)
     if seed_mode == "oracle":
         rp.ledger.seed(rank_keys(trace.ids[:, :, :topk], E))
     elif seed_mode == "warmup" and wtok:

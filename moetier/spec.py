@@ -555,7 +555,8 @@ def resolve(recipe_id: str, overrides=(), root=None) -> Recipe:
                  "compute_ms_per_layer": float(cal["prefill"]["compute_ms_per_layer"]),
                  "first_request_ms": float(cal["prefill"]["first_request_ms"])},
         trace=rec.get("trace"),
-        host={k: float(cal.get("host", {}).get(k, 0.0)) for k in ("per_layer_ms", "per_pick_ms", "per_read_ms")},
+        host={k: float(cal.get("host", {}).get(k, 0.0))
+              for k in ("per_layer_ms", "per_pick_ms", "per_read_ms", "per_predict_ms")},
         raw=rec,
         model=model,
         hardware=hw,

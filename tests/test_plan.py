@@ -110,7 +110,8 @@ def test_channel_queueing_model_uses_measured_latency_by_queue_depth():
     assert ch.latency_at(1) == 1.0 and ch.latency_at(2) == pytest.approx(1 + 1 / 3)
     assert ch.latency_at(32) == pytest.approx(12.0)          # beyond the table: bandwidth-bound, linear in q
     assert ch.demand(0.0, 1) == [1.0]
-    assert ch.demand(0.5, 3) == [pytest.approx(0.5 + 2.0)] * 3   # joins one read still in flight: q = 4
+    # joins one read still in flight: the three new reads are the 2nd, 3rd and 4th in the queue
+    assert ch.demand(0.5, 3) == [pytest.approx(0.5 + 1 + 1 / 3), pytest.approx(0.5 + 1 + 2 / 3), pytest.approx(2.5)]
     assert ch.demand(10.0, 1) == [11.0]                          # all earlier reads done: q = 1
 
 
