@@ -101,7 +101,9 @@ def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0, workers: 
     for a in fit:
         m = measured[a["name"]]
         c = m["counters"]
-        for cls in ("inline", "split"):
+        # the lane's own costs come from arms without prefetch: prefetch reads landing during a batch add contention
+        # the lane model does not carry (the prefetch arm sets the host prediction term)
+        for cls in (() if c["predict_layers"] else ("inline", "split")):
             lane_rows.append({"cls": cls, "calls": c[f"cpu_{cls}_calls"], "experts": c[f"cpu_{cls}_experts"],
                               "extra": c[f"cpu_{cls}_extra"], "ms": c[f"cpu_{cls}_s"] * 1e3,
                               "contended": c[f"cpu_{cls}_contended"]})
