@@ -17,54 +17,25 @@ DEFAULT_RECIPE = "glm53-rtx3090-55g-nvx4"
 REPO = Path(__file__).resolve().parent.parent
 
 
-def positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
-    return v
+def _number(cast, ok, expected: str):
+    """An argparse type: ``cast`` the text, then require ``ok(value)``; the error names what was expected."""
+    def parse(s: str):
+        try:
+            v = cast(s)
+        except ValueError:
+            v = None
+        if v is None or not ok(v):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {s!r}")
+        return v
+    parse.__name__ = expected
+    return parse
 
 
-def count(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}")
-    return v
-
-
-def count_float(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}") from None
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}")
-    return v
-
-
-def fraction(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {s!r}") from None
-    if not 0.0 <= v <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {s!r}")
-    return v
-
-
-def positive_float(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
-    return v
+positive_int = _number(int, lambda v: v >= 1, "a positive integer")
+count = _number(int, lambda v: v >= 0, "an integer >= 0")
+positive_float = _number(float, lambda v: v > 0, "a positive number")
+count_float = _number(float, lambda v: v >= 0, "a number >= 0")
+fraction = _number(float, lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]")
 
 
 class _Parser(argparse.ArgumentParser):

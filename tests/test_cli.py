@@ -54,6 +54,12 @@ def test_sim_json(capsys):
     (["frobnicate"], ["frobnicate"]),
     (["run", "tiny-ci-cpu", "--store", "/nonexistent/store"], ["/nonexistent/store"]),
     (["run", "tiny-ci-cpu", "--store", "/tmp", "--backend", "nope"], []),
+    (["sim", "tiny-ci-cpu", "--conc", "0"], ["--conc", "positive integer"]),
+    (["sim", "tiny-ci-cpu", "--steps", "-3"], ["--steps"]),
+    (["sim", "tiny-ci-cpu", "--window", "2", "--accept", "0"], ["--accept"]),
+    (["run", "tiny-ci-cpu", "--store", "/tmp", "--verify-rate", "5"], ["--verify-rate", "[0, 1]"]),
+    (["calibrate", "tiny-ci-cpu", "--store", "/tmp", "--repeats", "0"], ["--repeats"]),
+    (["sim", "tiny-ci-cpu", "--set", "budget.vram_expert_slots=10"], ["gpu lane"]),
 ])
 def test_bad_input_is_one_line_exit_2(capsys, argv, needles):
     rc, _, err = run(capsys, *argv)
