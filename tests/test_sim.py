@@ -88,7 +88,7 @@ def test_warmup_seed_uses_only_the_held_out_warmup_tokens():
     import numpy as np
     from moetier.trace import Trace
     R0 = spec.resolve("tiny-ci-cpu")
-    L, E, K, T, W = R0.layers, R0.experts, R0.topk, 400, 100
+    L, K, T, W = R0.layers, R0.topk, 400, 100
     ids = np.empty((T, L, K), np.int16)
     ids[:W] = np.arange(K)                       # warm-up: experts 0..3 in every layer
     ids[W:] = np.arange(K) + 16                  # measured: experts 16..19
