@@ -251,11 +251,17 @@ class Ledger:
         state = self.state
         if self.vram_slots == 0:
             raise ResidencyError(f"push_landed({key}): no VRAM tier")
-        slot = self.clock.find_victim_slot(protect, state)
+        clock = self.clock
+        slot = clock.find_victim_slot(protect, state)
         if slot < 0:
             self.counters["refused_admissions"] += 1
             return False
-        victim = self.clock.place(slot, key)
+        victim = clock.owner[slot]               # Clock.place, inlined: this runs per admission in the simulator
+        if victim >= 0:
+            del clock.slot_of[victim]
+        clock.owner[slot] = key
+        clock.slot_of[key] = slot
+        clock.ref[slot] = 1
         ram = self.ram
         if victim >= 0:
             # the victim drains into RAM while the pushed key's RAM copy is still held (the ticket path's order)

@@ -146,7 +146,8 @@ class Replay:
 
     def commit(self, plan: LayerPlan, picks: dict) -> None:
         L = self.ledger
-        self.touch(plan)
+        if plan.gpu or plan.cpu:
+            self.touch(plan)
         admit = self.ctx.can_admit
         pft = self.pf_tickets
         for k in plan.nvme_cpu:
