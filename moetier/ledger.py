@@ -241,7 +241,7 @@ class Ledger:
     # The simulator's clock says a transfer's bytes have landed by the time it commits the plan, so issue and landing
     # coincide. These do exactly begin_* + land (+ the drain landing) without allocating tickets; the runtime, whose
     # landings are real events, always goes through tickets. tests/test_runtime.py checks both paths plan the same.
-    def fill_landed(self, key: int, protect=()) -> list[int]:
+    def fill_landed(self, key: int, protect=()) -> tuple:
         if key in self.state or self.all_in_ram:
             raise ResidencyError(f"fill_landed({key}): key is {self.state_of(key)}, expected absent")
         return self._ram_put(key, protect)
@@ -249,9 +249,9 @@ class Ledger:
     def push_landed(self, key: int, protect=(), staged: bool = False) -> bool:
         """RAM (or staged) -> VRAM including the victim's drain; False if admission was refused."""
         state = self.state
-        if self.vram_slots == 0:
-            raise ResidencyError(f"push_landed({key}): no VRAM tier")
         clock = self.clock
+        if not clock.n:
+            raise ResidencyError(f"push_landed({key}): no VRAM tier")
         slot = clock.find_victim_slot(protect, state)
         if slot < 0:
             self.counters["refused_admissions"] += 1
@@ -301,7 +301,7 @@ class Ledger:
         else:
             self.state[key] = RAM
 
-    def land(self, ticket: Ticket, protect=()) -> list[int]:
+    def land(self, ticket: Ticket, protect=()) -> tuple:
         """Bytes of ``ticket`` have landed: make the key resident. Returns the keys whose host slot (RAM or
         staging) is free again: RAM victims, and a pushed key's RAM copy in an exclusive tier.
 
@@ -317,20 +317,20 @@ class Ledger:
         if kind == "fill":
             if ticket.staging:
                 self.state[key] = STAGED
-                return []
+                return ()
             return self._ram_put(key, protect)
         if kind == "push":
             self.state[key] = VRAM
             if ticket.staging:
-                return [key]                 # the staging slot is free again
+                return (key,)                # the staging slot is free again
             if self.exclusive and key in self.ram:
                 del self.ram[key]
-                return [key]                 # exclusive tier: the RAM copy's slot is free again
-            return []
+                return (key,)                # exclusive tier: the RAM copy's slot is free again
+            return ()
         # drain: the evicted VRAM copy is back in a RAM slot
         return self._ram_put(key, protect)
 
-    def adopt(self, key: int, protect=()) -> list[int]:
+    def adopt(self, key: int, protect=()) -> tuple:
         """A staged record (its bytes landed) joins the RAM tier in place; returns keys evicted to NVMe."""
         if self.state.get(key) != STAGED:
             raise ResidencyError(f"adopt({key}): key is {self.state_of(key)}, expected staged")
@@ -343,29 +343,37 @@ class Ledger:
             del self.state[key]
 
     # ---- tier mechanics -------------------------------------------------------------------------------------
-    def _ram_put(self, key: int, protect=()) -> list[int]:
-        ram = self.ram
+    def _ram_put(self, key: int, protect=()):
+        """Put key at the most-recent end of the RAM LRU; returns the keys whose RAM slot is free (a tuple)."""
+        ram, state = self.ram, self.state
         if self._no_ram_lru:
-            self.state.pop(key, None)
-            return []
+            state.pop(key, None)
+            return ()
         if key in ram:
             ram.move_to_end(key)
-            self.state[key] = RAM
-            return []
-        out = []
+            state[key] = RAM
+            return ()
+        out = ()
         if len(ram) >= self.ram_slots:
-            victim = self._ram_victim(protect)
+            victim = None
+            if not self._lfu_window and self.exclusive:
+                for k in ram:            # LRU, inlined (the simulator's hottest path): oldest unpinned RAM key
+                    if k not in protect and state[k] == RAM:
+                        victim = k
+                        break
+            else:
+                victim = self._ram_victim(protect)
             if victim is None:           # everything pinned: the record is not kept
                 self.counters["refused_admissions"] += 1
-                self.state.pop(key, None)
-                return [key]
+                state.pop(key, None)
+                return (key,)
             del ram[victim]
-            if self.state[victim] == RAM:        # an inclusive copy's key stays in VRAM
-                del self.state[victim]
+            if state[victim] == RAM:     # an inclusive copy's key stays in VRAM
+                del state[victim]
             self.counters["ram_evictions"] += 1
-            out.append(victim)
+            out = (victim,)
         ram[key] = None                  # a new key enters at the most-recent end
-        self.state[key] = RAM
+        state[key] = RAM
         return out
 
     def _ram_victim(self, protect):

@@ -13,9 +13,9 @@ def test_seed_places_hottest_in_vram_then_ram_with_hottest_at_protected_end():
     assert [L.tier_of(k) for k in (12, 13, 14)] == [TIER_RAM] * 3
     assert L.tier_of(15) == TIER_NVME
     # the coldest seeded RAM key (14) is the first evicted, the hottest (12) the last
-    assert L.land(L.begin_fill(50)) == [14]
-    assert L.land(L.begin_fill(51)) == [13]
-    assert L.land(L.begin_fill(52)) == [12]
+    assert L.land(L.begin_fill(50)) == (14,)
+    assert L.land(L.begin_fill(51)) == (13,)
+    assert L.land(L.begin_fill(52)) == (12,)
     L.check()
 
 
@@ -66,7 +66,7 @@ def test_clock_never_evicts_protected_and_refuses_when_all_protected():
     (d,) = L.take_drains()
     assert d.key == 1 and d.slot == t.slot
     L.land(d)
-    assert L.land(t) == [2]  # exclusive: the RAM copy's slot is released
+    assert L.land(t) == (2,)  # exclusive: the RAM copy's slot is released
     assert L.state_of(1) == "ram" and L.state_of(2) == "vram"
     L.check()
 
@@ -75,14 +75,14 @@ def test_ram_eviction_skips_protected_and_in_flight():
     L = Ledger(20, 0, 2)
     L.land(L.begin_fill(1))
     L.land(L.begin_fill(2))
-    assert L.land(L.begin_fill(3), protect={1}) == [2]
+    assert L.land(L.begin_fill(3), protect={1}) == (2,)
     # a key mid-push (its RAM copy is being read by the copy engine) is never the victim
     L2 = Ledger(20, 2, 2)
     L2.land(L2.begin_fill(1))
     L2.land(L2.begin_fill(2))
     t = L2.begin_push(1)
     assert L2.state_of(1) == "pushing"
-    assert L2.land(L2.begin_fill(3)) == [2]
+    assert L2.land(L2.begin_fill(3)) == (2,)
     L2.land(t)
     assert L2.state_of(1) == "vram"
 
@@ -93,7 +93,7 @@ def test_lfu_evicts_least_frequent_in_window():
         L.land(L.begin_fill(k))
     L.observe([1, 1, 2, 3, 3], now=0)
     L.observe([1, 3], now=1)
-    assert L.land(L.begin_fill(4)) == [2]
+    assert L.land(L.begin_fill(4)) == (2,)
     with pytest.raises(ValueError, match="ram_evict"):
         Ledger(5, 0, 1, ram_policy="mru")
 
