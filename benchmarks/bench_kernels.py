@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -23,16 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from backends.cpu import kernels as K  # noqa: E402
+from moetier.bench import best_seconds  # noqa: E402
 from moetier import expert as E  # noqa: E402
-
-
-def _best(fn, repeats):
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def _slab(lay, n):
@@ -73,9 +64,9 @@ def bench_geometry(H, F, mib, repeats, membw):
             outs = [np.empty((xr.shape[0], H), np.float32) for _ in range(nt)]
             list(pool.map(serial_share, shares, [xr] * nt, outs))
 
-        t_call = _best(per_call, repeats)
-        t_batch = _best(batched, repeats)
-        t_thr = _best(threads_serial, repeats)
+        t_call = best_seconds(per_call, repeats)
+        t_batch = best_seconds(batched, repeats)
+        t_thr = best_seconds(threads_serial, repeats)
         gb = n * lay.weight_bytes / 1e9
         ms_rows, ms_rows_thr = {}, {}
         for rows in (1, 2, 4, 8):
@@ -86,8 +77,8 @@ def bench_geometry(H, F, mib, repeats, membw):
                 for b in bufs:
                     K.expert_forward(lay, b, xr, o)
 
-            ms_rows[rows] = _best(go, repeats) / n * 1e3
-            ms_rows_thr[rows] = _best(lambda: threads_serial(xr), repeats) / n * 1e3
+            ms_rows[rows] = best_seconds(go, repeats) / n * 1e3
+            ms_rows_thr[rows] = best_seconds(lambda: threads_serial(xr), repeats) / n * 1e3
         pool.shutdown()
         r = np.array(list(ms_rows)) - 1.0
         m = np.array(list(ms_rows.values()))
@@ -118,7 +109,7 @@ def bench_geometry(H, F, mib, repeats, membw):
             u = Wu[i] @ x
             Wd[i] @ (g / (1 + np.exp(-g)) * u)
 
-    t = _best(np_expert, repeats)
+    t = best_seconds(np_expert, repeats)
     gb = nf * 3 * H * F * 4 / 1e9
     res["numpy_f32_gemv"] = {"experts": nf, "gbps": gb / t, "ratio": gb / t / membw, "ms_per_expert": t / nf * 1e3}
     return res

@@ -18,23 +18,14 @@ import json
 import os
 import sys
 import tempfile
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from backends.sycl.backend import SyclBackend, import_dpctl  # noqa: E402
+from moetier.bench import best_seconds  # noqa: E402
 from moetier import store  # noqa: E402
-
-
-def best(fn, repeats):
-    t = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        t = min(t, time.perf_counter() - t0)
-    return t
 
 
 def main(argv=None):
@@ -69,7 +60,7 @@ def main(argv=None):
             be.wait(h)
 
     pushes()
-    t_push = best(pushes, a.repeats)
+    t_push = best_seconds(pushes, a.repeats)
 
     nb = a.memcpy_mib << 20
     q = be.cq
@@ -77,14 +68,14 @@ def main(argv=None):
     dst = dm.MemoryUSMDevice(nb, queue=q)
     np.frombuffer(src, np.uint8)[:] = 1
     q.memcpy(dst, src, nb)
-    t_cpy = best(lambda: q.memcpy(dst, src, nb), a.repeats)
+    t_cpy = best_seconds(lambda: q.memcpy(dst, src, nb), a.repeats)
 
     x = np.random.default_rng(0).standard_normal((1, lay.hidden)).astype(np.float32)
     jobs = [(k, k, [0]) for k in range(n)]
     lane_t = {}
     for lane in ("gpu", "zerocopy", "cpu"):
         be.compute(lane, jobs, x)
-        lane_t[lane] = best(lambda: be.compute(lane, jobs, x), a.repeats)
+        lane_t[lane] = best_seconds(lambda: be.compute(lane, jobs, x), a.repeats)
     bw = membw_read_gbps()
     wb = lay.weight_bytes * n
     res = {

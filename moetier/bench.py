@@ -75,6 +75,24 @@ def read_cpu_ms(st, nrec: int = 256, qd: int = 16) -> float:
         pool.close()
 
 
+def best_seconds(fn, repeats: int) -> float:
+    """Best wall time of ``repeats`` calls of fn (the benchmarks' noise filter on a shared machine)."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def relative_lstsq(A, y) -> list[float]:
+    """Least squares on relative residuals (each row weighs the same whatever its size), coefficients clipped at 0."""
+    A, y = np.asarray(A, float), np.asarray(y, float)
+    w = 1.0 / np.maximum(y, 1e-9)
+    coef, *_ = np.linalg.lstsq(A * w[:, None], y * w, rcond=None)
+    return [max(0.0, float(v)) for v in coef]
+
+
 def fit_cpu_lane(rows, workers: int, read_cpu: float = 0.0) -> dict:
     """Fit the cpu lane's costs from timed calls, split by how the backend ran them.
 
@@ -93,10 +111,7 @@ def fit_cpu_lane(rows, workers: int, read_cpu: float = 0.0) -> dict:
         else:
             A.append([0.0, r["calls"], r["experts"] / workers, r["extra"] / workers])
         y.append(max(1e-6, r["ms"] - read_cpu * r.get("contended", 0)))
-    A, y = np.asarray(A, float), np.asarray(y, float)
-    w = 1.0 / y
-    coef, *_ = np.linalg.lstsq(A * w[:, None], y * w, rcond=None)
-    pc, pl, pe, px = (max(0.0, float(v)) for v in coef)
+    pc, pl, pe, px = relative_lstsq(A, y)
     return {"per_call_ms": pc, "per_layer_ms": pl, "per_expert_ms": pe, "per_extra_token_ms": px}
 
 

@@ -83,18 +83,10 @@ def _merge(runs):
             "conc": runs[0]["conc"], "layer_calls": c["layer_calls"]}
 
 
-def _lstsq(A, y):
-    """Least squares on relative residuals (each arm weighs the same whatever its length), clipped at 0."""
-    A, y = np.asarray(A, float), np.asarray(y, float)
-    w = 1.0 / np.maximum(y, 1e-9)
-    coef, *_ = np.linalg.lstsq(A * w[:, None], y * w, rcond=None)
-    return [max(0.0, float(v)) for v in coef]
-
-
 def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0, workers: int = 1) -> dict:
     """Cost terms from the fit arms' runtime counters. read_cpu: core time per read the cpu lane loses (hardware
     record, `moetier bench`), taken out of the lane's measured time before fitting its own costs."""
-    from moetier.bench import fit_cpu_lane
+    from moetier.bench import fit_cpu_lane, relative_lstsq
     fit = [a for a in arms if a["fit"]]
     lane_rows, Ah, yh = [], [], []
     step_fixed: dict[int, list] = {}
@@ -112,7 +104,10 @@ def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0, workers: 
         booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["plan_s"]
                   + c["book_s"] + c["combine_s"] + c["predict_s"])
         step_fixed.setdefault(a["conc"], []).append(max(0.0, (m["wall_s"] - booked) * 1e3 / m["steps"]))
-    hl, hp, hr, hpred = _lstsq(Ah, yh) if any(r[3] for r in Ah) else (*_lstsq([r[:3] for r in Ah], yh), 0.0)
+    if any(r[3] for r in Ah):
+        hl, hp, hr, hpred = relative_lstsq(Ah, yh)
+    else:                           # no fit arm predicts: the term is not identifiable
+        (hl, hp, hr), hpred = relative_lstsq([r[:3] for r in Ah], yh), 0.0
     fixed = {str(k): round(statistics.mean(v), 4) for k, v in sorted(step_fixed.items())}
     lat: dict[int, dict] = {}                      # rows per step -> q -> samples
     for a in fit:

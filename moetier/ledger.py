@@ -198,9 +198,7 @@ class Ledger:
         if s != ABSENT or self.all_in_ram:
             raise ResidencyError(f"begin_fill({key}): key is {STATE_NAMES[s]}, expected absent")
         self.state[key] = FILLING
-        self._seq = seq = self._seq + 1
-        t = self._pending[seq] = Ticket(seq, key, "fill", staging)
-        return t
+        return self._ticket(key, "fill", staging)
 
     def begin_push(self, key: int, protect=()):
         """RAM (or staging) -> VRAM copy. Reserves the VRAM slot now (the copy needs its destination), evicting
@@ -233,9 +231,7 @@ class Ledger:
                 self.drains.append(self._ticket(victim, "drain", slot=slot))
             else:
                 state.pop(victim, None)
-        self._seq = seq = self._seq + 1
-        t = self._pending[seq] = Ticket(seq, key, "push", s == STAGED, slot, victim)
-        return t
+        return self._ticket(key, "push", s == STAGED, slot, victim)
 
     # ---- modeled executors ---------------------------------------------------------------------------------------
     # The simulator's clock says a transfer's bytes have landed by the time it commits the plan, so issue and landing
