@@ -34,11 +34,14 @@ class NvmeChannel:
     latency-vs-queue-depth table (hardware ``nvme.latency_by_qd_ms``), demand reads instead complete after the
     table's latency at the depth they join (reads run concurrently, as on a real multi-queue device).
     Prefetch reads carry the layer they were issued for; ``expire(layer, t)`` cancels those not started and counts
-    those started as wasted.
+    those started as wasted. They run one at a time and start only while no demand read is in flight (the runtime's
+    reader has one low-priority worker that waits for demand reads); with a measured table each takes the table's
+    queue-depth-1 latency, else ``deep``. In the table model a prefetch read in service does not add to a demand
+    read's depth (measured: one low-priority read in service did not slow demand reads, docs/calibration.md).
     """
 
     __slots__ = ("deep", "one", "lat", "record_bytes", "dfree", "pf", "reads", "pf_reads", "pf_cancelled",
-                 "pf_wasted", "qd_table", "outstanding")
+                 "pf_wasted", "qd_table", "outstanding", "pf_svc", "pf_lat", "pf_done")
 
     def __init__(self, record_bytes: int, bw_gbps: float, bw_qd1_gbps: float | None = None,
                  latency_ms: float = 0.1, latency_by_qd: dict | None = None):
@@ -50,9 +53,9 @@ class NvmeChannel:
         self.dfree = 0.0                 # when the last demand read completes
         self.pf: dict[int, list] = {}    # key -> [start, end] (insertion order = queue order)
         self.reads = self.pf_reads = self.pf_cancelled = self.pf_wasted = 0
-        # queueing model (measured): completion time of a read that joins q outstanding reads
-        self.qd_table = sorted((int(q), float(v)) for q, v in (latency_by_qd or {}).items())
+        self.pf_done = 0                 # prefetch reads that ran (used or wasted) whose CPU work is not yet charged
         self.outstanding: list[float] = []     # arrival times of demand reads in flight (queueing model)
+        self.use_table(latency_by_qd)
 
     def _running_end(self, t: float) -> float:
         """End of the prefetch read in service at t (t if none)."""
@@ -65,16 +68,21 @@ class NvmeChannel:
     def _repack(self, t: float) -> None:
         """Reschedule prefetch reads that have not started at t after all demand work."""
         cur = max(t, self.dfree, self._running_end(t))
-        deep = self.deep
+        svc = self.pf_svc
         for rec in self.pf.values():
             if rec[0] >= t:
                 rec[0] = cur
-                cur += deep
+                cur += svc
                 rec[1] = cur
 
     def use_table(self, table: dict | None) -> None:
         """Switch the queueing model's latency-vs-queue-depth table (e.g. the one measured at this many rows)."""
+        # queueing model (measured): completion time of a read that joins q outstanding reads
         self.qd_table = sorted((int(q), float(v)) for q, v in (table or {}).items())
+        if self.qd_table:
+            self.pf_svc, self.pf_lat = self.latency_at(1), 0.0
+        else:
+            self.pf_svc, self.pf_lat = self.deep, self.lat
 
     def latency_at(self, q: int) -> float:
         """Measured completion time at queue depth q: piecewise linear; beyond the table, linear in q (bandwidth)."""
@@ -95,7 +103,7 @@ class NvmeChannel:
             # and completes after the measured latency at that depth - the table is keyed the same way (the depth a
             # read joined when it was submitted)
             busy = [a for a in self.outstanding if a > t]
-            q0 = len(busy) + sum(1 for s, e in self.pf.values() if s <= t < e)
+            q0 = len(busy)
             out = [t + self.latency_at(q0 + i + 1) for i in range(n)]
             busy.extend(out)
             self.outstanding = busy
@@ -123,6 +131,7 @@ class NvmeChannel:
         if rec is None:
             return None
         if rec[0] < t:
+            self.pf_done += 1
             return rec[1]
         self.pf_cancelled += 1          # withdrawn before it started: it becomes a demand read
         return None
@@ -134,11 +143,12 @@ class NvmeChannel:
             if e > cur:
                 cur = e
         if cur <= t:
-            cur += self.lat
+            cur += self.pf_lat
         out = []
+        svc = self.pf_svc
         for k in keys:
             s = cur
-            cur += self.deep
+            cur += svc
             self.pf[k] = [s, cur]
             out.append(cur)
         self.pf_reads += len(out)
@@ -161,6 +171,7 @@ class NvmeChannel:
                 wasted.append(k)
         self.pf_cancelled += len(cancelled)
         self.pf_wasted += len(wasted)
+        self.pf_done += len(wasted)
         if cancelled:
             self._repack(t)
         return cancelled, wasted
@@ -333,9 +344,16 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
                 c += ctx.read_cpu * len(nvme_l)      # the reads' CPU work lands while the cpu lane computes
             _plan_nvme(ctx, plan, picks, nvme_l, t0, nvme, g, g_on, c, c_on)
             g, c = plan.gpu_ms, plan.cpu_ms
+    serial = ctx.host_layer + ctx.host_pick * len(picks) + ctx.host_predict
+    if ctx.read_cpu and nvme is not None and nvme.pf_done:
+        # the CPU work of prefetch reads that ran since the last layer, on the cores the cpu lane (or the host) uses
+        if c_on:
+            c += ctx.read_cpu * nvme.pf_done
+        else:
+            serial += ctx.read_cpu * nvme.pf_done
+        nvme.pf_done = 0
     plan.gpu_ms, plan.cpu_ms = g, c
-    plan.ms = ((g if g > c else c) if ctx.overlap else g + c) + ctx.host_layer + ctx.host_pick * len(picks) \
-        + ctx.host_predict
+    plan.ms = ((g if g > c else c) if ctx.overlap else g + c) + serial
     if nvme_l and not ctx.mask:
         plan.ms += ctx.host_read * len(nvme_l)
     return plan

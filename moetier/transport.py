@@ -271,7 +271,9 @@ class Reader:
         self._pf_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moetier-prefetch")
         self._demand = 0
         self.stats["cancelled"] = 0
-        # submit-to-landed ms of demand reads by the queue depth they joined: the channel model's measured input
+        # submit-to-landed ms of demand reads by the demand queue depth they joined: the channel model's measured
+        # input. A prefetch read in service is not counted: demand reads that found one completed as fast as those
+        # that did not (measured, docs/calibration.md)
         self.latency_by_qd: dict[int, list] = {}
         self._closed = False
 

@@ -115,6 +115,26 @@ def test_channel_queueing_model_uses_measured_latency_by_queue_depth():
     assert ch.demand(10.0, 1) == [11.0]                          # all earlier reads done: q = 1
 
 
+def test_table_model_prefetch_runs_one_at_a_time_at_qd1_latency_and_adds_no_demand_depth():
+    ch = NvmeChannel(1_000_000, 1.0, 1.0, 0.5, latency_by_qd={"1": 0.8, "2": 1.2})
+    assert ch.prefetch(0.0, [1, 2]) == [pytest.approx(0.8), pytest.approx(1.6)]   # no idle latency on top
+    assert ch.demand(0.4, 1) == [pytest.approx(1.2)]      # prefetch 1 in service: the demand read still joins at q=1
+    assert ch.arrival(2) == pytest.approx(2.0)            # the queued prefetch waits for the demand read
+
+
+def test_prefetch_reads_that_ran_cost_the_cpu_lane_their_read_cpu_once():
+    c = ctx()
+    c.read_cpu = 0.1
+    L = ledger(vram=[90, 91, 92, 93], ram=[7])
+    base = plan_layer(ctx(), L, {7: 1}, 2.0, None).cpu_ms
+    ch = NvmeChannel(1_000_000, 1.0, 1.0, 0.0)
+    ch.prefetch(0.0, [500, 501, 502])
+    assert ch.promote(500, 0.5) is not None      # ran, used
+    ch.expire([501, 502], 1.5)                  # 501 ran (wasted), 502 never started (cancelled): no CPU work
+    assert plan_layer(c, L, {7: 1}, 2.0, ch).cpu_ms == pytest.approx(base + 0.2)
+    assert plan_layer(c, L, {7: 1}, 3.0, ch).cpu_ms == pytest.approx(base)      # charged once
+
+
 def test_nvme_pick_served_by_a_started_prefetch_is_planned():
     ch = NvmeChannel(1_000_000, 1.0, 1.0, 0.0)
     ch.prefetch(0.0, [500])                     # read in service from t=0, lands at 1.0
