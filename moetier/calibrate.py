@@ -32,16 +32,39 @@ import numpy as np
 from moetier import runtime, sim, spec
 from moetier.errors import UserError
 
-BUCKETS = ("cpu_moe", "nvme_stall", "host")
+BUCKETS = ("cpu_moe", "gpu_moe", "nvme_stall", "copy", "host")
+# a VRAM tier on this machine: the SYCL backend's device slots (on the OpenCL CPU device, the same cores), whose
+# engine runs its lanes and copies one after another (policy.overlap false)
+VRAM_ENGINE = "sycl-opencl-cpu"
 
 
-def default_arms(R) -> list[dict]:
+def vram_arms(R, slots: int | None = None) -> list[dict]:
+    """Arms with a VRAM tier (SYCL device slots) on top of the recipe's RAM budget and NVMe tail."""
+    slots = slots or max(8, R.keys // 10)
+    vram = [f'engines=["{VRAM_ENGINE}"]', f"budget.vram_expert_slots={slots}", "policy.overlap=false"]
+    return [{"name": f"vram{slots}-C1", "set": vram, "conc": 1, "fit": True, "backend": "sycl"},
+            {"name": f"vram{slots}-C4", "set": vram, "conc": 4, "fit": True, "backend": "sycl"},
+            {"name": f"vram{slots}-C2", "set": vram, "conc": 2, "fit": False, "backend": "sycl"}]
+
+
+def sycl_available() -> str | None:
+    """None if the SYCL backend can run here, else why not."""
+    try:
+        from backends.sycl.backend import import_dpctl, select_device
+        import_dpctl()
+        select_device(None)
+        return None
+    except Exception as e:          # noqa: BLE001 - any failure means: no VRAM arms, said in the output
+        return f"{type(e).__name__}: {e}"
+
+
+def default_arms(R, *, vram: bool = True) -> list[dict]:
     """At least 8 configurations of a cpu-backend recipe: all-in-RAM, two NVMe-tail budgets, prefetch, mask,
-    C1/C2/C4. ``fit`` arms set cost terms; the others are held out."""
+    C1/C2/C4, and (``vram``) the same tail with a VRAM tier. ``fit`` arms set cost terms; the others are held out."""
     ram = float(R.raw["budget"]["ram_gb"])
     allram = round(R.keys * R.ram_expert_bytes / 1e9 * 1.05 + 0.01, 3)
     mid = round(ram * 0.8, 3)
-    return [
+    return (vram_arms(R) if vram else []) + [
         {"name": "allram-C1", "set": [f"budget.ram_gb={allram}"], "conc": 1, "fit": True},
         {"name": "allram-C4", "set": [f"budget.ram_gb={allram}"], "conc": 4, "fit": True},
         {"name": "tail-C1", "set": [], "conc": 1, "fit": True},
@@ -57,10 +80,21 @@ def default_arms(R) -> list[dict]:
     ]
 
 
-def _measure(recipe_id, st, tr, arm, steps, backend_name, verify_rate):
+def arm_recipe(recipe_id: str, arm: dict, terms: dict | None = None):
+    """The arm's recipe; with ``terms``, the fitted terms apply (lanes the arm's engines have, host, fixed, link)."""
+    if not terms:
+        return spec.resolve(recipe_id, arm["set"])
+    lanes = spec.resolve(recipe_id, arm["set"]).lanes
+    R = spec.resolve(recipe_id, term_overrides(terms, tuple(lanes)) + arm["set"])
+    if terms.get("copy_ms"):
+        R.h2d_gbps = _copy_gbps(recipe_id, terms["copy_ms"])
+    return R
+
+
+def _measure(recipe_id, st, tr, arm, steps, backend_name, verify_rate, terms=None):
     from moetier.cli_runtime import _make_backend
-    R = spec.resolve(recipe_id, arm["set"])
-    be = _make_backend(backend_name, st, R, arm["conc"], verify_rate)
+    R = arm_recipe(recipe_id, arm, terms)
+    be = _make_backend(arm.get("backend", backend_name), st, R, arm["conc"], verify_rate)
     try:
         res = runtime.run(R, st, be, tr, arm["conc"], max_steps=steps)
         reader = getattr(be, "reader", None)
@@ -77,7 +111,14 @@ def _merge(runs):
     for r in runs:
         for q, v in r.get("latency_by_qd", {}).items():
             lat.setdefault(int(q), []).extend(v)
+    calls: dict[tuple, list] = {}
+    for r in runs:
+        for p, e, x, n, sec in r.get("device_calls", ()):
+            g = calls.setdefault((p, e, x), [0, 0.0])
+            g[0] += n
+            g[1] += sec
     return {"counters": c, "latency_by_qd": lat, "wall_s": sum(r["wall_s"] for r in runs),
+            "device_calls": [[p, e, x, n, sec] for (p, e, x), (n, sec) in sorted(calls.items())],
             "tokens": sum(r["tokens"] for r in runs),
             "steps": sum(r["steps"] for r in runs), "tok_s_each": [r["tok_s"] for r in runs],
             "conc": runs[0]["conc"], "layer_calls": c["layer_calls"]}
@@ -99,15 +140,15 @@ def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0, workers: 
             lane_rows.append({"cls": cls, "calls": c[f"cpu_{cls}_calls"], "experts": c[f"cpu_{cls}_experts"],
                               "extra": c[f"cpu_{cls}_extra"], "ms": c[f"cpu_{cls}_s"] * 1e3,
                               "contended": c[f"cpu_{cls}_contended"]})
-        Ah.append([c["layer_calls"], c["picks"], c["reads"], c["predict_layers"]])
+        Ah.append([c["layer_calls"], c["picks"], c["reads"], c["predict_layers"], c.get("copies", 0)])
         yh.append((c["plan_s"] + c["book_s"] + c["combine_s"] + c["predict_s"]) * 1e3)
-        booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["plan_s"]
-                  + c["book_s"] + c["combine_s"] + c["predict_s"])
+        booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["stage_s"]
+                  + c["plan_s"] + c["book_s"] + c["combine_s"] + c["predict_s"])
         step_fixed.setdefault(a["conc"], []).append(max(0.0, (m["wall_s"] - booked) * 1e3 / m["steps"]))
-    if any(r[3] for r in Ah):
-        hl, hp, hr, hpred = relative_lstsq(Ah, yh)
-    else:                           # no fit arm predicts: the term is not identifiable
-        (hl, hp, hr), hpred = relative_lstsq([r[:3] for r in Ah], yh), 0.0
+    # a term no fit arm exercises (no prediction, no copies) is not identifiable: left out, set to 0
+    used = [j for j in range(5) if j < 3 or any(r[j] for r in Ah)]
+    coef = dict(zip(used, relative_lstsq([[r[j] for j in used] for r in Ah], yh)))
+    hl, hp, hr, hpred, hcopy = (coef.get(j, 0.0) for j in range(5))
     fixed = {str(k): round(statistics.mean(v), 4) for k, v in sorted(step_fixed.items())}
     lat: dict[int, dict] = {}                      # rows per step -> q -> samples
     for a in fit:
@@ -115,30 +156,74 @@ def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0, workers: 
             lat.setdefault(a["conc"], {}).setdefault(q, []).extend(v)
     latency = {str(r): {str(q): round(float(np.median(v)), 4) for q, v in sorted(tab.items()) if len(v) >= 8}
                for r, tab in sorted(lat.items())}
-    return {"cpu": fit_cpu_lane(lane_rows, workers, read_cpu),
-            "host": {"per_layer_ms": hl, "per_pick_ms": hp, "per_read_ms": hr, "per_predict_ms": hpred},
-            "fixed_ms": fixed,
-            "nvme_latency_by_rows_qd_ms": latency}
+    out = {"cpu": fit_cpu_lane(lane_rows, workers, read_cpu),
+           "host": {"per_layer_ms": hl, "per_pick_ms": hp, "per_read_ms": hr, "per_predict_ms": hpred,
+                    "per_copy_ms": hcopy},
+           "fixed_ms": fixed,
+           "nvme_latency_by_rows_qd_ms": latency}
+    out.update(fit_device_terms([measured[a["name"]] for a in fit]))
+    return out
+
+
+def fit_device_terms(fit_runs: list[dict]) -> dict:
+    """The VRAM tier's terms from the fit arms that had one: the gpu and zerocopy lanes (per call = per_layer +
+    per_expert x experts + per_extra_token x extra rows, over the runtime's calls grouped by shape) and the time of
+    one record copy (pushes and drains: copy + stage time over copies), as ``copy_ms``."""
+    from moetier.bench import relative_lstsq
+    groups: dict[str, list] = {}
+    for m in fit_runs:
+        for p, e, x, n, sec in m.get("device_calls", ()):
+            groups.setdefault(p, []).append((n, e, x, sec * 1e3))
+    out = {}
+    for p, rows in sorted(groups.items()):
+        A = [[n, n * e, n * x] for n, e, x, _ in rows]
+        y = [ms for *_, ms in rows]
+        shapes_e, shapes_x = {e for _, e, _, _ in rows}, {x for _, _, x, _ in rows}
+        if len(shapes_e) > 1 and len(shapes_x) > 1:
+            pl, pe, px = relative_lstsq(A, y)
+        elif len(shapes_e) > 1:
+            (pl, pe), px = relative_lstsq([r[:2] for r in A], y), 0.0
+        else:
+            # one shape (e.g. the zerocopy lane's single-expert calls): launch and expert cost are one number here;
+            # it is booked per expert so batches of several experts are not charged one launch each
+            pl, (pe,), px = 0.0, relative_lstsq([[r[1]] for r in A], y), 0.0
+        out[{"gpu": "gpu", "zc": "zerocopy"}[p]] = {"per_layer_ms": pl, "per_expert_ms": pe, "per_extra_token_ms": px}
+    copies = sum(m["counters"].get("copies", 0) for m in fit_runs)
+    if copies:
+        secs = sum(m["counters"]["copy_s"] + m["counters"]["stage_s"] for m in fit_runs)
+        out["copy_ms"] = secs * 1e3 / copies
+    return out
 
 
 def write_terms(recipe_id: str, terms: dict, when: str) -> None:
-    """Write the fitted terms into the recipe's engine (cpu lane) and calibration block (validated, atomic)."""
+    """Write the fitted terms into the engines (cpu lane: the recipe's engine and, with VRAM arms, the VRAM engine,
+    which runs the same cpu lane; gpu/zerocopy lanes: the VRAM engine), the hardware record (NVMe latency table,
+    gpu.h2d_gbps from the copy time) and the recipe's calibration block (validated, atomic)."""
     rec = spec.load_record("recipe", recipe_id)
     with_cpu = [e for e in rec["engines"] if "cpu" in spec.load_record("engine", e)["lanes"]]
     if not with_cpu:
         raise UserError(f"calibrate {recipe_id}: no engine of the recipe has a cpu lane to calibrate")
-    eng_id = with_cpu[-1]
-    eng = spec.load_record("engine", eng_id)
-    eng["lanes"]["cpu"].update({k: round(v, 6) for k, v in terms["cpu"].items()})
-    eng["source"] = f"moetier calibrate {when}: cpu lane fitted in situ from runtime counters ({recipe_id} fit arms)"
-    spec.write_record("engine", eng)
+    src = f"moetier calibrate {when}: lanes fitted in situ from runtime counters ({recipe_id} fit arms)"
+    device = {ln: terms[ln] for ln in ("gpu", "zerocopy") if ln in terms}
+    for eng_id in dict.fromkeys([with_cpu[-1]] + ([VRAM_ENGINE] if device else [])):
+        eng = spec.load_record("engine", eng_id)
+        for ln, vals in [("cpu", terms["cpu"])] + (list(device.items()) if eng_id == VRAM_ENGINE else []):
+            if ln in eng["lanes"]:
+                eng["lanes"][ln].update({k: round(v, 6) for k, v in vals.items()})
+        eng["source"] = src
+        spec.write_record("engine", eng)
     rec["calibration"]["fixed_ms"] = terms["fixed_ms"]
     rec["calibration"]["host"] = {**{k: round(v, 6) for k, v in terms["host"].items()},
                                   "source": f"moetier calibrate {when}"}
     rec["calibration"]["source"] = f"moetier calibrate {when}: fixed_ms = measured step wall outside the layers"
     spec.write_record("recipe", rec)
+    hw = spec.load_record("hardware", rec["hardware"])
+    if terms.get("copy_ms") and hw.get("gpu"):
+        hw["gpu"]["h2d_gbps"] = round(_copy_gbps(recipe_id, terms["copy_ms"]), 4)
+        hw["gpu"]["note"] = (f"h2d_gbps: moetier calibrate {when}: one record pushed or drained by the runtime "
+                             f"(copy + stage time over copies, VRAM fit arms)")
+        spec.write_record("hardware", hw)
     if any(terms["nvme_latency_by_rows_qd_ms"].values()):
-        hw = spec.load_record("hardware", rec["hardware"])
         idle = hw["nvme"].get("latency_by_qd_ms") or {}
         # depths the runtime reached are measured under its load; deeper ones keep the idle-disk bench figures
         hw["nvme"]["latency_by_rows_qd_ms"] = {
@@ -151,31 +236,40 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
 
 
 
-def term_overrides(terms: dict) -> list[str]:
-    """The fitted terms as recipe overrides, so predictions use exactly them whether or not they were written."""
+def _copy_gbps(recipe_id, copy_ms: float) -> float:
+    return spec.resolve(recipe_id).nvme_expert_bytes / (copy_ms * 1e6)
+
+
+def term_overrides(terms: dict, lanes=("cpu",)) -> list[str]:
+    """The fitted terms as recipe overrides, so predictions use exactly them whether or not they were written.
+    lanes: the arm's lanes that get fitted values (gpu/zerocopy only where its engine has them)."""
     host = {k: round(v, 6) for k, v in terms["host"].items()}
-    return ([f"lane_overrides.cpu.{k}={round(v, 6)}" for k, v in terms["cpu"].items()]
+    return ([f"lane_overrides.{ln}.{k}={round(v, 6)}" for ln in lanes if ln in terms for k, v in terms[ln].items()]
             + [f"calibration.host={json.dumps(host)}", f"calibration.fixed_ms={json.dumps(terms['fixed_ms'])}"])
 
 
 def predict_and_compare(recipe_id, tr, arms, measured, steps, terms) -> list[dict]:
     rows = []
-    fitted = term_overrides(terms)
     for a in arms:
-        R = spec.resolve(recipe_id, fitted + a["set"])
+        R = arm_recipe(recipe_id, a, terms)
         p = sim.run(R, tr, a["conc"], max_steps=steps)
         m = measured[a["name"]]
         c, tok = m["counters"], m["tokens"]
         # the median over interleaved repeats: this VM's noise is heavy-tailed (a repeat can lose a scheduler slice
         # per layer); the cost fits above use the summed counters of all repeats
         meas_tok_s = statistics.median(m["tok_s_each"])
-        meas = {"cpu_moe": c["lane_cpu_s"] * 1e3 / tok, "nvme_stall": c["nvme_wait_s"] * 1e3 / tok,
-                "host": (m["wall_s"] - c["lane_cpu_s"] - c["nvme_wait_s"]) * 1e3 / tok}
-        # the simulator's buckets per token: cpu lane busy net of NVMe waits, NVMe waits, serial host time
+        meas = {"cpu_moe": c["lane_cpu_s"], "gpu_moe": c["lane_gpu_s"] + c["lane_zc_s"],
+                "nvme_stall": c["nvme_wait_s"] + c["stage_s"], "copy": c["copy_s"]}
+        meas["host"] = m["wall_s"] - sum(meas.values())
+        meas = {k: v * 1e3 / tok for k, v in meas.items()}
+        # the simulator's buckets per token: lane busy net of the NVMe waits inside it, NVMe waits (with the push of
+        # an NVMe -> VRAM pick), admission/drain copies, and the rest (serial host time)
         ptok = p["tokens"] / p["steps"]
-        pred_nvme = p["ms_nvme_wait"] / ptok
-        pred = {"cpu_moe": p["ms_cpu_moe"] / ptok - pred_nvme, "nvme_stall": pred_nvme,
-                "host": p["ms_per_token"] - p["ms_cpu_moe"] / ptok}
+        wait, gwait = p["ms_nvme_wait"] / ptok, p["ms_nvme_wait_gpu"] / ptok
+        pred = {"cpu_moe": p["ms_cpu_moe"] / ptok - (wait - gwait), "gpu_moe": p["ms_gpu_moe"] / ptok - gwait,
+                "nvme_stall": wait, "copy": p["ms_copy"] / ptok}
+        lanes_ms = (p["ms_cpu_moe"] + p["ms_gpu_moe"] if R.policy.get("overlap") is False else p["ms_cpu_moe"]) / ptok
+        pred["host"] = p["ms_per_token"] - lanes_ms - pred["copy"]
         rows.append({"arm": a["name"], "conc": a["conc"], "fit": a["fit"], "set": a["set"],
                      "measured_tok_s": meas_tok_s, "measured_each": m["tok_s_each"], "sim_tok_s": p["tok_s"],
                      "error_pct": (p["tok_s"] / meas_tok_s - 1) * 100,
@@ -189,27 +283,45 @@ def predict_and_compare(recipe_id, tr, arms, measured, steps, terms) -> list[dic
 def summary(rows) -> dict:
     errs = [abs(r["error_pct"]) for r in rows]
     held = [abs(r["error_pct"]) for r in rows if not r["fit"]]
+    # per-bucket check: buckets of at least 0.25 ms/token (smaller ones are within timer noise either way)
+    checked = [(r["arm"], b, e) for r in rows for b, e in r["bucket_error_pct"].items()
+               if e is not None and r["ms_per_token"]["measured"][b] >= 0.25]
+    misses = [f"{a}:{b} {e:+.0f}%" for a, b, e in checked if abs(e) > 15]
     return {"median_abs_error_pct": statistics.median(errs), "max_abs_error_pct": max(errs),
-            "held_out_max_abs_error_pct": max(held) if held else None, "arms": len(rows)}
+            "held_out_max_abs_error_pct": max(held) if held else None, "arms": len(rows),
+            "buckets_checked": len(checked), "buckets_within_15pct": len(checked) - len(misses),
+            "bucket_misses": misses}
 
 
 def calibrate(recipe_id, st, tr, *, arms=None, steps=200, repeats=2, backend="cpu", verify_rate=1.0,
               write=True, progress=None) -> dict:
     R = spec.resolve(recipe_id)
-    arms = arms or default_arms(R)
-    runs: dict[str, list] = {a["name"]: [] for a in arms}
-    for rep in range(repeats):                      # A B C ... A B C ...: drift cancels across arms
-        for a in arms:
-            if progress:
-                progress(f"rep {rep + 1}/{repeats} {a['name']}")
-            runs[a["name"]].append(_measure(recipe_id, st, tr, a, steps, backend, verify_rate))
-    measured = {k: _merge(v) for k, v in runs.items()}
+    notes = []
+    if arms is None:
+        why = sycl_available() if R.vram_slots == 0 else "the recipe has a VRAM tier of its own"
+        if why:
+            notes.append(f"no VRAM-tier arms: {why}")
+        arms = default_arms(R, vram=why is None)
+    def measure(which, terms, label):
+        runs: dict[str, list] = {a["name"]: [] for a in which}
+        for rep in range(repeats):                      # A B C ... A B C ...: drift cancels across arms
+            for a in which:
+                if progress:
+                    progress(f"{label} rep {rep + 1}/{repeats} {a['name']}")
+                runs[a["name"]].append(_measure(recipe_id, st, tr, a, steps, backend, verify_rate, terms))
+        return {k: _merge(v) for k, v in runs.items()}
+
+    # pass 1 measures the fit arms and sets the terms; pass 2 measures every arm with the runtime planning on those
+    # terms, so the runtime and the simulator make the same plan (lane choices depend on the costs) and the error
+    # table compares like with like
+    fit_arms = [a for a in arms if a["fit"]]
+    measured = measure(fit_arms, None, "fit")
     when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     from moetier.plan import _read_cpu
     cpu = R.lanes.get("cpu")
-    terms = fit_terms(measured, arms, _read_cpu(R), cpu.workers if cpu else 1)
+    terms = fit_terms(measured, fit_arms, _read_cpu(R), cpu.workers if cpu else 1)
     if write:
         write_terms(recipe_id, terms, when)
-    rows = predict_and_compare(recipe_id, tr, arms, measured, steps, terms)
+    rows = predict_and_compare(recipe_id, tr, arms, measure(arms, terms, "check"), steps, terms)
     return {"when": when, "terms": terms, "rows": rows, "summary": summary(rows), "steps": steps,
-            "repeats": repeats, "backend": backend}
+            "repeats": repeats, "backend": backend, "notes": notes}

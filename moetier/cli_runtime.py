@@ -188,17 +188,20 @@ def cmd_calibrate(args) -> int:
     t = res["terms"]
     print(f"fitted: cpu lane {json.dumps({k: round(v, 4) for k, v in t['cpu'].items()})}; host "
           f"{json.dumps({k: round(v, 4) for k, v in t['host'].items()})}; fixed_ms {json.dumps(t['fixed_ms'])}")
-    print("| arm | conc | fit/held-out | measured tok/s | sim tok/s | error | ms/tok cpu (sim) | nvme (sim) "
-          "| host (sim) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    for n in res.get("notes", ()):
+        print(f"note: {n}")
+    print("| arm | conc | fit/held-out | measured tok/s | sim tok/s | error | "
+          + " | ".join(f"ms/tok {b} (sim)" for b in calibrate.BUCKETS) + " |")
+    print("|---|---|---|---|---|---|" + "---|" * len(calibrate.BUCKETS))
     for r in res["rows"]:
         m, p = r["ms_per_token"]["measured"], r["ms_per_token"]["sim"]
         print(f"| {r['arm']} | {r['conc']} | {'fit' if r['fit'] else 'held-out'} | {r['measured_tok_s']:.1f} | "
-              f"{r['sim_tok_s']:.1f} | {r['error_pct']:+.1f}% | {m['cpu_moe']:.2f} ({p['cpu_moe']:.2f}) | "
-              f"{m['nvme_stall']:.2f} ({p['nvme_stall']:.2f}) | {m['host']:.2f} ({p['host']:.2f}) |")
+              f"{r['sim_tok_s']:.1f} | {r['error_pct']:+.1f}% | "
+              + " | ".join(f"{m[b]:.2f} ({p[b]:.2f})" for b in calibrate.BUCKETS) + " |")
     s = res["summary"]
     print(f"median |error| {s['median_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}%, held-out max "
-          f"{s['held_out_max_abs_error_pct']:.1f}% over {s['arms']} arms")
+          f"{s['held_out_max_abs_error_pct']:.1f}% over {s['arms']} arms; buckets within 15%: "
+          f"{s['buckets_within_15pct']}/{s['buckets_checked']} (misses: {', '.join(s['bucket_misses']) or 'none'})")
     return 0
 
 

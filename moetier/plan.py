@@ -218,6 +218,8 @@ class PlanContext:
     host_read: float = 0.0     # ... and per NVMe pick (issue, slot, landing bookkeeping)
     read_cpu: float = 0.0      # core time one NVMe read takes from the cpu lane (O_DIRECT + checksum), per lane ms
     host_predict: float = 0.0  # serial host time per layer of a prefetch predictor (when prefetch is on)
+    copy_serial: bool = False  # admission pushes and drains run after the lanes, one after another (no overlap)
+    host_copy: float = 0.0     # serial host time per admission push or drain (submit, wait, landing bookkeeping)
 
     @classmethod
     def from_recipe(cls, R) -> "PlanContext":
@@ -244,7 +246,9 @@ class PlanContext:
                    host_layer=float(host.get("per_layer_ms", 0.0)), host_pick=float(host.get("per_pick_ms", 0.0)),
                    host_read=float(host.get("per_read_ms", 0.0)),
                    read_cpu=_read_cpu(R),
-                   host_predict=float(host.get("per_predict_ms", 0.0)) if _prefetching(R.policy) else 0.0)
+                   host_predict=float(host.get("per_predict_ms", 0.0)) if _prefetching(R.policy) else 0.0,
+                   copy_serial=R.vram_slots > 0 and not bool(R.policy.get("overlap", True)),
+                   host_copy=float(host.get("per_copy_ms", 0.0)))
 
 
 def _prefetching(policy: dict) -> bool:
@@ -266,13 +270,14 @@ class LayerPlan:
     """The lane of every pick (lists of keys), modeled NVMe arrivals, lane busy times and the layer cost (ms)."""
 
     __slots__ = ("gpu", "zerocopy", "cpu", "nvme_cpu", "nvme_gpu", "masked", "arrivals", "demand_reads", "gpu_ms",
-                 "cpu_ms", "nvme_wait_ms", "ms")
+                 "cpu_ms", "nvme_wait_ms", "gpu_wait_ms", "ms")
 
     def __init__(self):
         self.gpu, self.zerocopy, self.cpu, self.nvme_cpu, self.nvme_gpu, self.masked = [], [], [], [], [], []
         self.arrivals: dict = {}
         self.demand_reads = 0
-        self.gpu_ms = self.cpu_ms = self.nvme_wait_ms = self.ms = 0.0
+        self.gpu_ms = self.cpu_ms = self.nvme_wait_ms = self.gpu_wait_ms = self.ms = 0.0   # gpu_wait: part of
+        # nvme_wait on the gpu lane (read + push of NVMe -> VRAM picks)
 
     def lanes(self) -> dict:
         return {"gpu": self.gpu, "zerocopy": self.zerocopy, "cpu": self.cpu, "nvme_cpu": self.nvme_cpu,
@@ -377,7 +382,10 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):
     # arrival order; demand reads come back in issue order, so only promoted prefetches need a sort
     order = sorted(keys, key=arr.__getitem__) if len(keys) > 1 and len(fresh) < len(keys) else keys
     can_gpu = gpu is not None and ctx.can_admit
-    wait = 0.0
+    wait = gwait = 0.0
+    if not ctx.overlap:
+        _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu)
+        return
     for k in order:
         a = arr[k] - t0
         if a < 0.0:
@@ -405,8 +413,52 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):
         else:
             if ap > gs:
                 wait += ap - gs
+                gwait += ap - gs
             g = ge
             g_on = True
             plan.nvme_gpu.append(k)
     plan.nvme_wait_ms = wait
+    plan.gpu_wait_ms = gwait
+    plan.gpu_ms, plan.cpu_ms = g, c
+
+
+def _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu):
+    """NVMe picks when lanes do not overlap (policy.overlap false): one timeline after the resident lanes (c + g);
+    each pick, in arrival order, waits for its bytes and runs on the lane that ends it sooner. Its work is added to
+    that lane's busy time, so the layer's g + c is the timeline's end. A push to VRAM follows its read on the same
+    timeline and is booked as stall (read + stage), as the serial runtime spends it."""
+    gpu, cpu, push = ctx.gpu, ctx.cpu, ctx.push_ms
+    wait = gwait = 0.0
+    for k in order:
+        a = arr[k] - t0
+        if a < 0.0:
+            a = 0.0
+        m = picks[k]
+        now = g + c
+        cw = ge = INF
+        if cpu:
+            cw = (ctx.cpu_call if c_on or ctx.cpu_pmin > 1 else cpu[0]) + cpu[1] + cpu[2] * (m - 1)
+            ce = (now if now > a else a) + cw
+        else:
+            ce = INF
+        if can_gpu:
+            gw = (0.0 if g_on else gpu[0]) + gpu[1] + gpu[2] * (m - 1)
+            ge = (now if now > a else a) + push + gw
+        if ce == INF and ge == INF:
+            raise ValueError("no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier")
+        if ce <= ge:
+            if a > now:
+                wait += a - now
+            c = ce - g
+            c_on = True
+            plan.nvme_cpu.append(k)
+        else:
+            stall = (a - now if a > now else 0.0) + push
+            wait += stall
+            gwait += stall
+            g = ge - c
+            g_on = True
+            plan.nvme_gpu.append(k)
+    plan.nvme_wait_ms = wait
+    plan.gpu_wait_ms = gwait
     plan.gpu_ms, plan.cpu_ms = g, c

@@ -40,6 +40,8 @@ DECODE_COVER = 0.5               # an interval is decode when runtime steps cove
 BUCKETS = ("fixed", "gpu_moe", "cpu_moe", "nvme_stall", "copy", "overhead")
 CUMULATIVE = ("plan_s", "book_s", "lane_cpu_s", "lane_gpu_s", "lane_zc_s", "nvme_wait_s", "copy_s", "combine_s",
               "reads", "masked", "picks", "layer_calls")
+# counters newer runtimes add; absent in older probe files, where they read as 0 without a "missing" note
+LATER = ("stage_s",)
 # binding.resource_nearest_ceiling ignores these: busy-% readings that spinning workers or clocks inflate
 NOT_NEAREST = ("cpu_cores_busy_pct", "gpu_util_pct", "gpu_power_w")
 
@@ -634,7 +636,7 @@ def _steps(counters: list[dict]) -> tuple[list[dict], list[float]]:
     for seg in cum.segments:
         excluded.append(seg[0]["t"])
         for a, b in zip(seg, seg[1:]):
-            d = {k: max(0.0, _num(b.get(k), 0.0) - _num(a.get(k), 0.0)) for k in CUMULATIVE}
+            d = {k: max(0.0, _num(b.get(k), 0.0) - _num(a.get(k), 0.0)) for k in CUMULATIVE + LATER}
             d["wall"] = max(0.0, _num(b.get("step_wall_s"), 0.0))
             d["tokens"] = max(0.0, _num(b.get("tokens"), 0.0))
             d["t"], d["measured"], d["conc"] = b["t"], bool(b.get("measured", True)), b.get("conc")
@@ -646,7 +648,8 @@ def _attribution(steps: list[dict], excluded: int, fields_missing: list[str], ru
     n = len(steps)
     tokens = sum(s["tokens"] for s in steps)
     wall = sum(s["wall"] for s in steps)
-    tot = {k: sum(s[k] for s in steps) for k in CUMULATIVE}
+    tot = {k: sum(s[k] for s in steps) for k in CUMULATIVE + LATER}
+    tot["copy_s"] += tot["stage_s"]          # NVMe -> VRAM pushes are copies too
     raw = {"gpu_moe": tot["lane_gpu_s"] + tot["lane_zc_s"], "cpu_moe": tot["lane_cpu_s"],
            "nvme_stall": tot["nvme_wait_s"], "copy": tot["copy_s"],
            "overhead": tot["plan_s"] + tot["book_s"] + tot["combine_s"]}

@@ -98,8 +98,10 @@ class Runtime:
                           cpu_contended_reads=0, nvme_picks=0, prefetch_reads=0,
                           cpu_inline_calls=0, cpu_inline_experts=0, cpu_inline_extra=0, cpu_inline_s=0.0,
                           cpu_inline_contended=0, cpu_split_calls=0, cpu_split_experts=0, cpu_split_extra=0,
-                          cpu_split_s=0.0, cpu_split_contended=0, predict_s=0.0, predict_layers=0)
+                          cpu_split_s=0.0, cpu_split_contended=0, predict_s=0.0, predict_layers=0,
+                          gpu_calls=0, gpu_experts=0, gpu_extra=0, zc_calls=0, zc_experts=0, zc_extra=0, copies=0, stage_s=0.0)
         self.cpu_pmin = int(getattr(backend, "parallel_min", 0) or 0)
+        self.device_calls: dict[tuple, list] = {}     # (gpu|zc, experts, extra rows) -> [calls, seconds]
 
     # -- setup --------------------------------------------------------------------------------------------------
     def seed_tiers(self, ranked) -> None:
@@ -144,12 +146,14 @@ class Runtime:
         self.ram_slot[k] = slot
         return slot
 
-    def _push_now(self, k, tp, protect=()):
-        """tp = a push ticket: drain its victim first (same copy queue), then push, then land both."""
+    def _push_now(self, k, tp, protect=(), bucket="copy_s"):
+        """tp = a push ticket: drain its victim first (same copy queue), then push, then land both. bucket: where
+        the push's time is booked (stage_s for an NVMe pick's push, which the simulator counts as its stall)."""
         be, L = self.be, self.L
         self._drains(protect)
         h = be.push(k, self.ram_slot[k], tp.slot)
-        self._wait(h, tp, "copy_s")
+        self._wait(h, tp, bucket)
+        self.stats["copies"] += 1
         for freed in L.land(tp):
             self._release_ram(freed)
         self.vram_slot[k] = tp.slot
@@ -160,6 +164,7 @@ class Runtime:
             slot = self._alloc_ram()
             h = be.drain(td.key, td.slot, slot)
             self._wait(h, td, "copy_s")
+            self.stats["copies"] += 1
             self.vram_slot.pop(td.key, None)
             self.ram_slot[td.key] = slot
             for ev in L.land(td, protect):
@@ -178,6 +183,24 @@ class Runtime:
         st[f"cpu_{cls}_extra"] += sum(picks[k] - 1 for k in keys)
         st[f"cpu_{cls}_s"] += seconds
         st[f"cpu_{cls}_contended"] += contended
+
+    def _book_device_call(self, lane, keys, picks, seconds: float) -> None:
+        """gpu / zerocopy lane accounting per call: the inputs of the lane cost fit (moetier.calibrate)."""
+        st = self.stats
+        p = "gpu" if lane == "gpu" else "zc"
+        st[f"lane_{p}_s"] += seconds
+        st[f"{p}_calls"] += 1
+        st[f"{p}_experts"] += len(keys)
+        extra = sum(picks[k] - 1 for k in keys)
+        st[f"{p}_extra"] += extra
+        g = self.device_calls.setdefault((p, len(keys), extra), [0, 0.0])   # by shape: the lane fit's rows
+        g[0] += 1
+        g[1] += seconds
+
+    def _device(self, lane, keys, slot_of, rows_of, picks, x, out) -> None:
+        t = time.perf_counter()
+        out.update(self.be.compute(lane, [(k, slot_of[k], rows_of[k]) for k in keys], x))
+        self._book_device_call(lane, keys, picks, time.perf_counter() - t)
 
     def _cancel(self, h) -> bool:
         cancel = getattr(self.be, "cancel", None)
@@ -249,16 +272,12 @@ class Runtime:
             st["cpu_experts"] += len(plan.cpu) + len(plan.nvme_cpu)
             st["cpu_extra_rows"] += sum(picks[k] - 1 for k in plan.cpu) + sum(picks[k] - 1 for k in plan.nvme_cpu)
         if plan.gpu:
-            t = time.perf_counter()
-            out.update(be.compute("gpu", [(k, self.vram_slot[k], rows_of[k]) for k in plan.gpu], x))
-            st["lane_gpu_s"] += time.perf_counter() - t
+            self._device("gpu", plan.gpu, self.vram_slot, rows_of, picks, x, out)
         if plan.zerocopy:
-            t = time.perf_counter()
-            out.update(be.compute("zerocopy", [(k, self.ram_slot[k], rows_of[k]) for k in plan.zerocopy], x))
-            st["lane_zc_s"] += time.perf_counter() - t
+            self._device("zerocopy", plan.zerocopy, self.ram_slot, rows_of, picks, x, out)
         # 3. residency intents, in the simulator's order (Replay.commit), each landing after its bytes did
         b0 = time.perf_counter()
-        inner0 = st["nvme_wait_s"] + st["copy_s"] + st["lane_cpu_s"] + st["lane_gpu_s"] + st["lane_zc_s"]
+        inner0 = st["nvme_wait_s"] + st["copy_s"] + st["stage_s"] + st["lane_cpu_s"] + st["lane_gpu_s"] + st["lane_zc_s"]
         rp.touch(plan)
         for k in plan.nvme_cpu:
             tk, h, slot = self.inflight.pop(k)
@@ -290,22 +309,20 @@ class Runtime:
             self.ram_slot[k] = slot
             tp = L.begin_push(k, picks)
             if tp is None:                    # no unpinned VRAM slot: compute from the staging slot, drop it
-                lane = "zerocopy" if be.capabilities.has("zerocopy") else "cpu"
-                t = time.perf_counter()
-                out.update(be.compute(lane, [(k, slot, rows_of[k])], x))
-                if lane == "cpu":
-                    self._book_cpu_call([k], picks, time.perf_counter() - t)
+                if be.capabilities.has("zerocopy"):
+                    self._device("zerocopy", [k], self.ram_slot, rows_of, picks, x, out)
                 else:
-                    st["lane_zc_s"] += time.perf_counter() - t
+                    t = time.perf_counter()
+                    out.update(be.compute("cpu", [(k, slot, rows_of[k])], x))
+                    self._book_cpu_call([k], picks, time.perf_counter() - t)
                 L.drop_staged(k)
                 self._release_ram(k)
             else:
-                self._push_now(k, tp, picks)
-                t = time.perf_counter()
-                out.update(be.compute("gpu", [(k, self.vram_slot[k], rows_of[k])], x))
-                st["lane_gpu_s"] += time.perf_counter() - t
+                self._push_now(k, tp, picks, "stage_s")
+                self._device("gpu", [k], self.vram_slot, rows_of, picks, x, out)
         self._drains(picks)
-        inner = st["nvme_wait_s"] + st["copy_s"] + st["lane_cpu_s"] + st["lane_gpu_s"] + st["lane_zc_s"] - inner0
+        inner = (st["nvme_wait_s"] + st["copy_s"] + st["stage_s"] + st["lane_cpu_s"] + st["lane_gpu_s"] + st["lane_zc_s"]
+                 - inner0)
         st["book_s"] += time.perf_counter() - b0 - inner      # waits and lane work inside are booked to them
         st["cpu_bytes"] += (len(plan.cpu) + len(plan.nvme_cpu)) * self.store.layout.weight_bytes
         st["masked"] += len(plan.masked)
@@ -384,6 +401,7 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
     elif R.ram_slots >= R.keys:
         rt.seed_tiers([])
     rp, L = rt.rp, rt.L
+    rp.settle()                       # seeding's pushes are not decode traffic
     fixed_layer = R.fixed(conc) / Lr
     weights = trace.weights
     digests, outputs = [], []
@@ -394,6 +412,7 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
         meas = step >= warm_steps
         if meas and st0 is None:
             st0 = dict(rt.stats)
+            rt.device_calls.clear()
             lat = getattr(getattr(backend, "reader", None), "latency_by_qd", None)
             if lat is not None:
                 lat.clear()          # read latencies of the measured steps only (not seeding's deep queue)
@@ -421,7 +440,7 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
             if rt.predictor is not None:
                 rt.stats["predict_s"] += time.perf_counter() - t_pred   # prediction + prefetch issue: host time
                 rt.stats["predict_layers"] += 1
-            t_model += plan.ms
+            t_model += plan.ms + rp.settle()
             rt.end_layer()
         if meas:
             wall_meas += time.perf_counter() - w0
@@ -443,7 +462,7 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
         "ms_per_token": 1000.0 * wall_meas / tokens,
         "lanes_ms_per_token": {"cpu": per_tok(st["lane_cpu_s"]), "gpu": per_tok(st["lane_gpu_s"]),
                                "zerocopy": per_tok(st["lane_zc_s"]), "nvme_wait": per_tok(st["nvme_wait_s"]),
-                               "copy": per_tok(st["copy_s"]),
+                               "copy": per_tok(st["copy_s"] + st["stage_s"]),
                                "plan": per_tok(st["plan_s"] + st["predict_s"]),
                                "bookkeeping": per_tok(st["book_s"]),
                                "combine": per_tok(st["combine_s"])},
@@ -457,5 +476,6 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
         "outputs": outputs if keep_outputs else None,
         "ledger": dict(L.counters),
         "counters": st,
+        "device_calls": [[p, e, x, n, sec] for (p, e, x), (n, sec) in sorted(rt.device_calls.items())],
         "wall_s": wall_meas,
     }

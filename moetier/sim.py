@@ -98,6 +98,17 @@ class Replay:
         self.pf_target: dict[int, list] = {}
         self.pf_used = 0
         self.pf_stale: list = []
+        self._copies = 0
+
+    def settle(self) -> float:
+        """Copy time of the admissions and drains since the last call (ms) when the engine runs them after the
+        lanes, one after another (ctx.copy_serial, i.e. policy.overlap false): each costs one record over the link
+        (push_ms, hardware gpu.h2d_gbps) plus its host time (recipe calibration.host.per_copy_ms). NVMe -> VRAM pushes
+        are in the plan already (they gate the gpu lane)."""
+        c = self.ledger.counters
+        n = c["admissions"] + c["drains"]
+        new, self._copies = n - self._copies, n
+        return new * (self.ctx.push_ms + self.ctx.host_copy) if self.ctx.copy_serial else 0.0
 
     def touch(self, plan: LayerPlan) -> None:
         """Recency of the picks computed in place (shared by the simulator's and the runtime's commit)."""
@@ -254,7 +265,9 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
     f_layer = fixed_step / L
     after = bool(rp.ledger._lfu_window) or (predictor is not None and rp.pf_depth > 0)
 
-    acc = dict(ms=0.0, fixed=0.0, gpu=0.0, cpu=0.0, wait=0.0, picks=0, vram_picks=0, cpu_exp=0, zc=0, ncpu=0,
+    rp.settle()                       # seeding's pushes are not decode traffic
+    copy_serial = rp.ctx.copy_serial
+    acc = dict(ms=0.0, fixed=0.0, gpu=0.0, cpu=0.0, wait=0.0, gwait=0.0, copy=0.0, picks=0, vram_picks=0, cpu_exp=0, zc=0, ncpu=0,
                ngpu=0, masked=0, demand=0, layers=0)
     t = 0.0
     total = warm_steps + measured
@@ -278,10 +291,15 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
             if after:
                 rp.after_layer(layer, picks, streams, rows, t)
             t += plan.ms
+            if copy_serial:
+                cp = rp.settle()
+                t += cp
+                acc["copy"] += cp if meas else 0.0
             if meas:
                 acc["gpu"] += plan.gpu_ms
                 acc["cpu"] += plan.cpu_ms
                 acc["wait"] += plan.nvme_wait_ms
+                acc["gwait"] += plan.gpu_wait_ms
                 acc["picks"] += sum(picks.values())
                 acc["vram_picks"] += sum(picks[k] for k in plan.gpu)
                 acc["cpu_exp"] += len(plan.cpu)
@@ -320,6 +338,8 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
         "ms_gpu_moe": acc["gpu"] / measured,
         "ms_cpu_moe": acc["cpu"] / measured,
         "ms_nvme_wait": acc["wait"] / measured,
+        "ms_nvme_wait_gpu": acc["gwait"] / measured,
+        "ms_copy": acc["copy"] / measured,
         "vram_slots": R.vram_slots, "ram_slots": R.ram_slots,
         "prefetch": {
             "predictor": getattr(predictor, "name", "none"),

@@ -556,7 +556,7 @@ def resolve(recipe_id: str, overrides=(), root=None) -> Recipe:
                  "first_request_ms": float(cal["prefill"]["first_request_ms"])},
         trace=rec.get("trace"),
         host={k: float(cal.get("host", {}).get(k, 0.0))
-              for k in ("per_layer_ms", "per_pick_ms", "per_read_ms", "per_predict_ms")},
+              for k in ("per_layer_ms", "per_pick_ms", "per_read_ms", "per_predict_ms", "per_copy_ms")},
         raw=rec,
         model=model,
         hardware=hw,

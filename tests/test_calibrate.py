@@ -45,3 +45,15 @@ def test_small_matrix_fits_terms_writes_records_and_predicts(scratch):
     assert R.fixed_ms[1] == pytest.approx(t["fixed_ms"]["1"])
     s = calibrate.summary(res["rows"])
     assert s["arms"] == 4 and s["held_out_max_abs_error_pct"] is not None
+
+
+def test_device_lane_and_copy_terms_recover_known_costs():
+    pl, pe, px, copy = 0.12, 0.05, 0.03, 0.09
+    calls = [["gpu", e, x, 10, 10 * (pl + pe * e + px * x) / 1e3] for e in (1, 2, 4) for x in (0, 1, 3)]
+    calls += [["zc", 1, 0, 7, 7 * 0.2 / 1e3]]             # one shape only: booked per expert, no launch term
+    run = {"device_calls": calls, "counters": {"copies": 40, "copy_s": 30 * copy / 1e3, "stage_s": 10 * copy / 1e3}}
+    t = calibrate.fit_device_terms([run])
+    assert t["gpu"] == pytest.approx({"per_layer_ms": pl, "per_expert_ms": pe, "per_extra_token_ms": px}, rel=1e-6)
+    assert t["zerocopy"] == pytest.approx({"per_layer_ms": 0.0, "per_expert_ms": 0.2, "per_extra_token_ms": 0.0})
+    assert t["copy_ms"] == pytest.approx(copy)
+    assert calibrate.fit_device_terms([{"device_calls": [], "counters": {"copies": 0}}]) == {}

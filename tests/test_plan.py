@@ -140,3 +140,15 @@ def test_nvme_pick_served_by_a_started_prefetch_is_planned():
     ch.prefetch(0.0, [500])                     # read in service from t=0, lands at 1.0
     p = plan_layer(ctx(), ledger(), {500: 1}, 0.5, ch)
     assert p.nvme_cpu + p.nvme_gpu == [500] and p.demand_reads == 0 and p.arrivals[500] == pytest.approx(1.0)
+
+
+def test_serial_engine_runs_nvme_picks_after_both_resident_lanes():
+    c = ctx(overlap=False)
+    L = ledger(vram=[1, 2, 3, 4], ram=[7])
+    ch = NvmeChannel(1_000_000, 1.0, 1.0, 0.0)            # the NVMe pick lands at 1.0
+    p = plan_layer(c, L, {1: 1, 7: 1, 500: 1}, 0.0, ch)
+    resident = (0.17 + 0.023) + (0.145 + 0.104)           # gpu lane, then the cpu lane, one after the other
+    assert p.gpu == [1] and p.cpu == [7] and p.nvme_cpu == [500]
+    # the pick waits from the end of both lanes to its arrival, then runs inline on the cpu lane
+    assert p.nvme_wait_ms == pytest.approx(1.0 - resident)
+    assert p.gpu_ms + p.cpu_ms == pytest.approx(1.0 + c.cpu_call + 0.104) and p.ms == pytest.approx(p.gpu_ms + p.cpu_ms)

@@ -97,3 +97,15 @@ def test_warmup_seed_uses_only_the_held_out_warmup_tokens():
     warm = sim.run(spec.resolve("tiny-ci-cpu", [f"budget.ram_gb={slots}", f"policy.warmup_tokens={W}"]), tr, 1)
     assert warm["warm_steps"] == W and warm["steps"] == T - W
     assert warm["nvme_per_tok"] == pytest.approx(L * K / (T - W))
+
+
+def test_serial_engine_pays_admission_and_drain_copies_in_the_step(trace):
+    base = ("budget.ram_gb=20", "policy.overlap=false")
+    o = sim.run(R(*base), trace, 1)
+    c = o["ledger"]
+    assert c["admissions"] > 0 and c["drains"] > 0 and o["ms_copy"] > 0
+    # overlapping engines hide copies on a copy engine: no copy term
+    assert sim.run(R("budget.ram_gb=20"), trace, 1)["ms_copy"] == 0
+    # the term scales with the per-copy host time it is fed
+    more = sim.run(R(*base, 'calibration.host={"per_copy_ms": 1.0}'), trace, 1)
+    assert more["ms_copy"] > o["ms_copy"] + 0.5 * o["ms_copy"] and more["tok_s"] < o["tok_s"]

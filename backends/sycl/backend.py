@@ -31,9 +31,9 @@ from moetier.contract import BackendUnavailable, Capabilities
 from moetier.transport import HUGE, PAGE, Reader, SlotPool, TransportError, _round_up
 
 try:
-    from backends.cpu import kernels as cpu_kernels
+    from backends.cpu.lane import CpuLane
 except ImportError:  # numba is the `cpu` extra; the cpu lane is then missing
-    cpu_kernels = None
+    CpuLane = None
 
 _I32MAX = 2**31 - 1
 _SRC = Path(__file__).with_name("kernels.cl")
@@ -254,7 +254,7 @@ class SyclBackend:
         self._dev_sub = [None] * vram_slots
         self.reader = Reader(store, self.pool, queue_depth=queue_depth, verify_rate=verify_rate, direct=direct,
                              faults=faults)
-        lanes = {"gpu", "zerocopy"} | ({"cpu"} if cpu_kernels is not None else set())
+        lanes = {"gpu", "zerocopy"} | ({"cpu"} if CpuLane is not None else set())
         notes = ["RAM tier is USM host memory: fills land there by O_DIRECT and the zerocopy lane reads it in place"
                  if self.odirect_note is None else f"O_DIRECT into USM host refused ({self.odirect_note}); "
                                                    "fills are buffered reads into the USM host pool"]
@@ -270,8 +270,10 @@ class SyclBackend:
         self._closed = False
         o = lay.sections
         self._offs = [int(o[s][0]) for s in ("gate_q", "up_q", "down_q", "gate_s", "up_s", "down_s")]
-        if cpu_kernels is not None:
-            cpu_kernels.warmup(lay)
+        # the cpu lane is the cpu backend's runner (same call classes, so one engine cost model for both)
+        self.lane = CpuLane(lay) if CpuLane is not None else None
+        self.workers = self.lane.workers if self.lane else 1
+        self.parallel_min = self.lane.parallel_min if self.lane else 0
         self.compute("gpu" if vram_slots else "zerocopy", [(0, 0, [0])], np.zeros((1, lay.hidden), np.float32))
 
     # -- sizes ------------------------------------------------------------------------------------------------
@@ -323,16 +325,11 @@ class SyclBackend:
         if not jobs:
             return {}
         if lane == "cpu":
-            if cpu_kernels is None:
+            if self.lane is None:
                 raise BackendUnavailable("sycl backend: cpu lane needs numba: pip install 'moetier[cpu]'")
-            u8 = self.pool.u8
-            sb, rb = self.slot_bytes, self.record_bytes
             for _, s, _ in jobs:
                 self.pool._check_index(s)
-            bufs = [u8[s * sb:s * sb + rb] for _, s, _ in jobs]
-            xs = [np.ascontiguousarray(x[rows]) for _, _, rows in jobs]
-            outs = cpu_kernels.experts_forward(self.layout, bufs, xs)
-            return {k: y for (k, _, _), y in zip(jobs, outs)}
+            return self.lane.run(jobs, x, self.pool.view)
         if lane == "gpu":
             base = self.dev_mem
             for _, s, _ in jobs:
@@ -509,6 +506,8 @@ class SyclBackend:
             return
         self.fence()
         self._closed = True
+        if self.lane is not None:
+            self.lane.close()
         self.reader.close()
         self._ram_sub = []
         self._dev_sub = []
