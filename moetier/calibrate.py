@@ -2,24 +2,27 @@
 
 Contract
 --------
-``calibrate(recipe_id, store, trace, arms=None, repeats=2, ...)`` runs every arm (recipe overrides + concurrency)
-with the real runtime ``repeats`` times, interleaved (A B C ... A B C ...) so drift cancels, then sets the simulator's cost terms *from the runtime's own
-counters on the fit arms only*:
+``calibrate(recipe_id, store, trace, arms=None, repeats=2, ...)`` runs in two passes, each interleaving its arms
+(A B C ... A B C ..., ``repeats`` times) so drift cancels:
 
-- cpu lane (engine record): ``moetier.bench.fit_cpu_lane`` on the runtime's calls split by how the backend ran them
-  (inline: per_call + work; split over workers: per_layer + work / workers), after taking out the contention of
-  reads landing during a call (hardware ``nvme.cpu_ms_per_read``, measured by `moetier bench`);
-- host time per layer call (recipe ``calibration.host``): ``plan + bookkeeping + combine + prediction =
-  per_layer * layer_calls + per_pick * picks + per_read * NVMe reads + per_predict * layers with a predictor``;
-- non-MoE time per step (recipe ``calibration.fixed_ms``): measured step wall minus everything booked to layers,
-  per concurrency (rows); concurrencies without a fit arm are interpolated by the simulator;
-- NVMe queueing model (hardware ``nvme.latency_by_rows_qd_ms``): the p50 submit-to-landed time of the runtime's
-  own demand reads (measured steps of the fit arms) by rows per step and the queue depth they joined - reads complete
-  later while the lanes keep the cores busy (measured here: 0.78 ms at C1, 1.56 ms at C4 for one read, 0.43 ms on an
-  idle disk); depths the runtime did not reach keep the `moetier bench` figures.
+1. the *fit* arms with the recipe as written; their runtime counters set the simulator's cost terms:
+   - cpu lane (engine record): ``moetier.bench.fit_cpu_lane`` on the runtime's calls split by how the lane ran them
+     (inline: per_call + work; split over workers: per_layer + work / workers), after taking out the contention of
+     reads landing during a call (hardware ``nvme.cpu_ms_per_read``, measured by `moetier bench`);
+   - gpu / zerocopy lanes (the VRAM engine's record): per call = per_layer + per_expert x experts + per_extra_token
+     x extra rows, over the runtime's calls grouped by shape (``fit_device_terms``);
+   - one record copy (push or drain) -> hardware ``gpu.h2d_gbps``;
+   - host time (recipe ``calibration.host``): ``plan + bookkeeping + combine + prediction = per_layer * layer_calls
+     + per_pick * picks + per_read * NVMe reads + per_predict * predicted layers + per_copy * copies``;
+   - non-MoE time per step (recipe ``calibration.fixed_ms``): step wall minus everything booked to layers, per
+     concurrency; concurrencies without a fit arm are interpolated by the simulator;
+   - NVMe queueing model (hardware ``nvme.latency_by_rows_qd_ms``): p50 submit-to-landed of the runtime's demand
+     reads by rows per step and the demand queue depth they joined; depths not reached keep the bench figures;
+2. *every* arm again, with the runtime planning on the fitted terms - lane choices depend on the costs, so this is
+   what makes the runtime's plan and the simulator's prediction the same plan. Held-out arms never set a term.
 
-Then the simulator predicts every arm (held-out arms included) with the written records, and the error table
-(predicted vs measured tok/s and per-token ms per bucket) goes to the terminal and into a run record.
+The simulator then predicts every arm and the error table (predicted vs measured tok/s and per-token ms per bucket:
+cpu_moe, gpu_moe, nvme_stall, copy, host) goes to the terminal and into a run record.
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ BUCKETS = ("cpu_moe", "gpu_moe", "nvme_stall", "copy", "host")
 # a VRAM tier on this machine: the SYCL backend's device slots (on the OpenCL CPU device, the same cores), whose
 # engine runs its lanes and copies one after another (policy.overlap false)
 VRAM_ENGINE = "sycl-opencl-cpu"
+MIN_CALLS = 5          # device-lane call shapes seen fewer times are too noisy to fit on
 
 
 def vram_arms(R, slots: int | None = None) -> list[dict]:
@@ -105,28 +109,26 @@ def _measure(recipe_id, st, tr, arm, steps, backend_name, verify_rate, terms=Non
 
 
 def _merge(runs):
-    """Sum counters and walls of repeated runs of one arm."""
-    c = {k: sum(r["counters"][k] for r in runs) for k in runs[0]["counters"]}
+    """One arm's repeats -> the median repeat (by tok/s): its counters feed both the fits and the error table, so
+    the terms and the figure they are checked against describe the same run. This VM's noise is heavy-tailed (a
+    repeat can lose a scheduler slice per layer); a sum over repeats would fit the outliers and compare them with
+    the median. Read latencies (their p50 is taken later) are pooled over all repeats."""
+    med = sorted(runs, key=lambda r: r["tok_s"])[len(runs) // 2]
     lat: dict[int, list] = {}
     for r in runs:
         for q, v in r.get("latency_by_qd", {}).items():
             lat.setdefault(int(q), []).extend(v)
-    calls: dict[tuple, list] = {}
-    for r in runs:
-        for p, e, x, n, sec in r.get("device_calls", ()):
-            g = calls.setdefault((p, e, x), [0, 0.0])
-            g[0] += n
-            g[1] += sec
-    return {"counters": c, "latency_by_qd": lat, "wall_s": sum(r["wall_s"] for r in runs),
-            "device_calls": [[p, e, x, n, sec] for (p, e, x), (n, sec) in sorted(calls.items())],
-            "tokens": sum(r["tokens"] for r in runs),
-            "steps": sum(r["steps"] for r in runs), "tok_s_each": [r["tok_s"] for r in runs],
-            "conc": runs[0]["conc"], "layer_calls": c["layer_calls"]}
+    return {"counters": med["counters"], "latency_by_qd": lat, "wall_s": med["wall_s"],
+            "device_calls": med.get("device_calls", []), "tokens": med["tokens"], "steps": med["steps"],
+            "tok_s_each": [r["tok_s"] for r in runs], "conc": med["conc"]}
 
 
-def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0, workers: int = 1) -> dict:
+def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0, workers: int = 1,
+              parallel_min: int = 0) -> dict:
     """Cost terms from the fit arms' runtime counters. read_cpu: core time per read the cpu lane loses (hardware
-    record, `moetier bench`), taken out of the lane's measured time before fitting its own costs."""
+    record, `moetier bench`), taken out of the lane's measured time before fitting its own costs. workers and
+    parallel_min (how the lane splits a batch, measured by `moetier bench`) travel with the cpu lane's terms: every
+    engine running this lane gets the same call classes."""
     from moetier.bench import fit_cpu_lane, relative_lstsq
     fit = [a for a in arms if a["fit"]]
     lane_rows, Ah, yh = [], [], []
@@ -156,7 +158,7 @@ def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0, workers: 
             lat.setdefault(a["conc"], {}).setdefault(q, []).extend(v)
     latency = {str(r): {str(q): round(float(np.median(v)), 4) for q, v in sorted(tab.items()) if len(v) >= 8}
                for r, tab in sorted(lat.items())}
-    out = {"cpu": fit_cpu_lane(lane_rows, workers, read_cpu),
+    out = {"cpu": {**fit_cpu_lane(lane_rows, workers, read_cpu), "workers": workers, "parallel_min": parallel_min},
            "host": {"per_layer_ms": hl, "per_pick_ms": hp, "per_read_ms": hr, "per_predict_ms": hpred,
                     "per_copy_ms": hcopy},
            "fixed_ms": fixed,
@@ -169,24 +171,30 @@ def fit_device_terms(fit_runs: list[dict]) -> dict:
     """The VRAM tier's terms from the fit arms that had one: the gpu and zerocopy lanes (per call = per_layer +
     per_expert x experts + per_extra_token x extra rows, over the runtime's calls grouped by shape) and the time of
     one record copy (pushes and drains: copy + stage time over copies), as ``copy_ms``."""
-    from moetier.bench import relative_lstsq
-    groups: dict[str, list] = {}
+    groups: dict[str, dict] = {}
     for m in fit_runs:
         for p, e, x, n, sec in m.get("device_calls", ()):
-            groups.setdefault(p, []).append((n, e, x, sec * 1e3))
+            g = groups.setdefault(p, {}).setdefault((e, x), [0, 0.0])
+            g[0] += n
+            g[1] += sec * 1e3
     out = {}
-    for p, rows in sorted(groups.items()):
-        A = [[n, n * e, n * x] for n, e, x, _ in rows]
-        y = [ms for *_, ms in rows]
-        shapes_e, shapes_x = {e for _, e, _, _ in rows}, {x for _, _, x, _ in rows}
-        if len(shapes_e) > 1 and len(shapes_x) > 1:
-            pl, pe, px = relative_lstsq(A, y)
-        elif len(shapes_e) > 1:
-            (pl, pe), px = relative_lstsq([r[:2] for r in A], y), 0.0
-        else:
-            # one shape (e.g. the zerocopy lane's single-expert calls): launch and expert cost are one number here;
-            # it is booked per expert so batches of several experts are not charged one launch each
-            pl, (pe,), px = 0.0, relative_lstsq([[r[1]] for r in A], y), 0.0
+    for p, shapes in sorted(groups.items()):
+        # per-call means by shape; relative residuals weighted by sqrt(calls): a shape seen thrice does not pull
+        # the fit as hard as one seen a thousand times
+        rows = [(e, x, n, ms / n) for (e, x), (n, ms) in sorted(shapes.items()) if n >= MIN_CALLS] or \
+               [(e, x, n, ms / n) for (e, x), (n, ms) in sorted(shapes.items())]
+        cols = [0, 1, 2]
+        if len({e for e, *_ in rows}) < 2:
+            # one expert count (e.g. the zerocopy lane's single-expert calls): launch and expert cost are one
+            # number; it is booked per expert so batches of several experts are not charged one launch each
+            cols.remove(0)
+        if len({x for _, x, *_ in rows}) < 2:
+            cols.remove(2)
+        w = np.array([np.sqrt(n) / mean for *_, n, mean in rows])
+        A = np.array([[1.0, e, x] for e, x, *_ in rows])[:, cols] * w[:, None]
+        coef, *_ = np.linalg.lstsq(A, np.array([np.sqrt(n) for *_, n, _ in rows]), rcond=None)
+        full = dict(zip(cols, (max(0.0, float(v)) for v in coef)))
+        pl, pe, px = (full.get(j, 0.0) for j in range(3))
         out[{"gpu": "gpu", "zc": "zerocopy"}[p]] = {"per_layer_ms": pl, "per_expert_ms": pe, "per_extra_token_ms": px}
     copies = sum(m["counters"].get("copies", 0) for m in fit_runs)
     if copies:
@@ -255,9 +263,7 @@ def predict_and_compare(recipe_id, tr, arms, measured, steps, terms) -> list[dic
         p = sim.run(R, tr, a["conc"], max_steps=steps)
         m = measured[a["name"]]
         c, tok = m["counters"], m["tokens"]
-        # the median over interleaved repeats: this VM's noise is heavy-tailed (a repeat can lose a scheduler slice
-        # per layer); the cost fits above use the summed counters of all repeats
-        meas_tok_s = statistics.median(m["tok_s_each"])
+        meas_tok_s = m["tokens"] / m["wall_s"]          # the median repeat (_merge)
         meas = {"cpu_moe": c["lane_cpu_s"], "gpu_moe": c["lane_gpu_s"] + c["lane_zc_s"],
                 "nvme_stall": c["nvme_wait_s"] + c["stage_s"], "copy": c["copy_s"]}
         meas["host"] = m["wall_s"] - sum(meas.values())
@@ -319,7 +325,7 @@ def calibrate(recipe_id, st, tr, *, arms=None, steps=200, repeats=2, backend="cp
     when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     from moetier.plan import _read_cpu
     cpu = R.lanes.get("cpu")
-    terms = fit_terms(measured, fit_arms, _read_cpu(R), cpu.workers if cpu else 1)
+    terms = fit_terms(measured, fit_arms, _read_cpu(R), cpu.workers if cpu else 1, cpu.parallel_min if cpu else 0)
     if write:
         write_terms(recipe_id, terms, when)
     rows = predict_and_compare(recipe_id, tr, arms, measure(arms, terms, "check"), steps, terms)

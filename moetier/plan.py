@@ -276,8 +276,8 @@ class LayerPlan:
         self.gpu, self.zerocopy, self.cpu, self.nvme_cpu, self.nvme_gpu, self.masked = [], [], [], [], [], []
         self.arrivals: dict = {}
         self.demand_reads = 0
-        self.gpu_ms = self.cpu_ms = self.nvme_wait_ms = self.gpu_wait_ms = self.ms = 0.0   # gpu_wait: part of
-        # nvme_wait on the gpu lane (read + push of NVMe -> VRAM picks)
+        # gpu_wait_ms: the part of nvme_wait_ms spent on the gpu lane (read + push of NVMe -> VRAM picks)
+        self.gpu_ms = self.cpu_ms = self.nvme_wait_ms = self.gpu_wait_ms = self.ms = 0.0
 
     def lanes(self) -> dict:
         return {"gpu": self.gpu, "zerocopy": self.zerocopy, "cpu": self.cpu, "nvme_cpu": self.nvme_cpu,

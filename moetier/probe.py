@@ -139,6 +139,10 @@ class Sampler:
         self._f = None
         self._closed = False
         self.samples = 0
+        # the probe's own cost, for the overhead check: sampler thread CPU time, and time spent in the step hook on
+        # the decode thread
+        self.sampler_cpu_s = 0.0
+        self.hook_s = 0.0
 
     # -- output ---------------------------------------------------------------------------------------------------
     def _write(self, obj: dict, flush: bool = False) -> None:
@@ -155,10 +159,12 @@ class Sampler:
 
     def counters(self, d: dict) -> None:
         """The runtime's step hook: one counters line per step (non-finite numbers written as null)."""
+        t0 = time.perf_counter()
         rec = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in d.items()}
         rec["kind"] = "counters"
         rec.setdefault("t", time.time())
         self._write(rec)
+        self.hook_s += time.perf_counter() - t0
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
     def start(self) -> "Sampler":
@@ -256,7 +262,9 @@ class Sampler:
             if self._stop.is_set():
                 break
             try:
+                c0 = time.thread_time()
                 self._sample()
+                self.sampler_cpu_s += time.thread_time() - c0
             except Exception as e:  # never take the host process down; say why once and stop sampling
                 self._write({"kind": "error", "t": time.time(), "error": f"{type(e).__name__}: {e}"}, flush=True)
                 break

@@ -100,15 +100,16 @@ class Replay:
         self.pf_stale: list = []
         self._copies = 0
 
-    def settle(self) -> float:
-        """Copy time of the admissions and drains since the last call (ms) when the engine runs them after the
+    def settle(self) -> tuple[float, float]:
+        """(link ms, host ms) of the admissions and drains since the last call when the engine runs them after the
         lanes, one after another (ctx.copy_serial, i.e. policy.overlap false): each costs one record over the link
         (push_ms, hardware gpu.h2d_gbps) plus its host time (recipe calibration.host.per_copy_ms). NVMe -> VRAM pushes
         are in the plan already (they gate the gpu lane)."""
         c = self.ledger.counters
         n = c["admissions"] + c["drains"]
         new, self._copies = n - self._copies, n
-        return new * (self.ctx.push_ms + self.ctx.host_copy) if self.ctx.copy_serial else 0.0
+        ctx = self.ctx
+        return (new * ctx.push_ms, new * ctx.host_copy) if ctx.copy_serial else (0.0, 0.0)
 
     def touch(self, plan: LayerPlan) -> None:
         """Recency of the picks computed in place (shared by the simulator's and the runtime's commit)."""
@@ -267,8 +268,8 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
 
     rp.settle()                       # seeding's pushes are not decode traffic
     copy_serial = rp.ctx.copy_serial
-    acc = dict(ms=0.0, fixed=0.0, gpu=0.0, cpu=0.0, wait=0.0, gwait=0.0, copy=0.0, picks=0, vram_picks=0, cpu_exp=0, zc=0, ncpu=0,
-               ngpu=0, masked=0, demand=0, layers=0)
+    acc = dict(ms=0.0, fixed=0.0, gpu=0.0, cpu=0.0, wait=0.0, gwait=0.0, copy=0.0, picks=0, vram_picks=0, cpu_exp=0,
+               zc=0, ncpu=0, ngpu=0, masked=0, demand=0, layers=0)
     t = 0.0
     total = warm_steps + measured
     t_wall = time.perf_counter()
@@ -292,9 +293,10 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
                 rp.after_layer(layer, picks, streams, rows, t)
             t += plan.ms
             if copy_serial:
-                cp = rp.settle()
-                t += cp
-                acc["copy"] += cp if meas else 0.0
+                link, host = rp.settle()
+                t += link + host
+                if meas:
+                    acc["copy"] += link
             if meas:
                 acc["gpu"] += plan.gpu_ms
                 acc["cpu"] += plan.cpu_ms
