@@ -16,8 +16,9 @@ Contract
      + per_pick * picks + per_read * NVMe reads + per_predict * predicted layers + per_copy * copies``;
    - non-MoE time per step (recipe ``calibration.fixed_ms``): step wall minus everything booked to layers, per
      concurrency; concurrencies without a fit arm are interpolated by the simulator;
-   - NVMe queueing model (hardware ``nvme.latency_by_rows_qd_ms``): p50 submit-to-landed of the runtime's demand
-     reads by rows per step and the demand queue depth they joined; depths not reached keep the bench figures;
+   - NVMe queueing model (engine ``nvme_latency_by_rows_qd_ms``, per engine: its lanes load the cores the reader
+     needs): p50 submit-to-landed of the runtime's demand reads by rows per step and the demand queue depth they
+     joined; depths not reached keep the hardware's idle-disk bench figures;
 2. *every* arm again, with the runtime planning on the fitted terms - lane choices depend on the costs, so this is
    what makes the runtime's plan and the simulator's prediction the same plan. Held-out arms never set a term.
 
@@ -92,6 +93,9 @@ def arm_recipe(recipe_id: str, arm: dict, terms: dict | None = None):
     R = spec.resolve(recipe_id, term_overrides(terms, tuple(lanes)) + arm["set"])
     if terms.get("copy_ms"):
         R.h2d_gbps = _copy_gbps(recipe_id, terms["copy_ms"])
+    tab = terms.get("nvme_latency_by_rows_qd_ms", {}).get(R.engines[-1]["id"])
+    if tab:
+        R.engines = [*R.engines[:-1], {**R.engines[-1], "nvme_latency_by_rows_qd_ms": tab}]
     return R
 
 
@@ -103,6 +107,7 @@ def _measure(recipe_id, st, tr, arm, steps, backend_name, verify_rate, terms=Non
         res = runtime.run(R, st, be, tr, arm["conc"], max_steps=steps)
         reader = getattr(be, "reader", None)
         res["latency_by_qd"] = {q: list(v) for q, v in getattr(reader, "latency_by_qd", {}).items()}
+        res["engine"] = R.engines[-1]["id"]
         return res
     finally:
         be.close()
@@ -120,11 +125,11 @@ def _merge(runs):
             lat.setdefault(int(q), []).extend(v)
     return {"counters": med["counters"], "latency_by_qd": lat, "wall_s": med["wall_s"],
             "device_calls": med.get("device_calls", []), "tokens": med["tokens"], "steps": med["steps"],
-            "tok_s_each": [r["tok_s"] for r in runs], "conc": med["conc"]}
+            "tok_s_each": [r["tok_s"] for r in runs], "conc": med["conc"], "engine": med.get("engine")}
 
 
 def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0, workers: int = 1,
-              parallel_min: int = 0) -> dict:
+              parallel_min: int = 0, idle_latency: dict | None = None) -> dict:
     """Cost terms from the fit arms' runtime counters. read_cpu: core time per read the cpu lane loses (hardware
     record, `moetier bench`), taken out of the lane's measured time before fitting its own costs. workers and
     parallel_min (how the lane splits a batch, measured by `moetier bench`) travel with the cpu lane's terms: every
@@ -152,17 +157,25 @@ def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0, workers: 
     coef = dict(zip(used, relative_lstsq([[r[j] for j in used] for r in Ah], yh)))
     hl, hp, hr, hpred, hcopy = (coef.get(j, 0.0) for j in range(5))
     fixed = {str(k): round(statistics.mean(v), 4) for k, v in sorted(step_fixed.items())}
-    lat: dict[int, dict] = {}                      # rows per step -> q -> samples
+    lat: dict[str, dict] = {}                      # engine -> rows per step -> q -> samples
     for a in fit:
-        for q, v in measured[a["name"]].get("latency_by_qd", {}).items():
-            lat.setdefault(a["conc"], {}).setdefault(q, []).extend(v)
-    latency = {str(r): {str(q): round(float(np.median(v)), 4) for q, v in sorted(tab.items()) if len(v) >= 8}
-               for r, tab in sorted(lat.items())}
+        m = measured[a["name"]]
+        for q, v in m.get("latency_by_qd", {}).items():
+            lat.setdefault(m.get("engine"), {}).setdefault(a["conc"], {}).setdefault(q, []).extend(v)
+    # depths the runtime reached are measured under its load; deeper ones keep the idle-disk bench figures
+    idle = {int(q): float(v) for q, v in (idle_latency or {}).items()}
+    latency = {}
+    for eng, by_rows in sorted(lat.items(), key=lambda kv: str(kv[0])):
+        tabs = {str(r): {str(q): round(v, 4) for q, v in sorted({**idle, **{
+                    q: float(np.median(v)) for q, v in tab.items() if len(v) >= 8}}.items())}
+                for r, tab in sorted(by_rows.items())}
+        if eng and any(tabs.values()):
+            latency[eng] = tabs
     out = {"cpu": {**fit_cpu_lane(lane_rows, workers, read_cpu), "workers": workers, "parallel_min": parallel_min},
            "host": {"per_layer_ms": hl, "per_pick_ms": hp, "per_read_ms": hr, "per_predict_ms": hpred,
                     "per_copy_ms": hcopy},
            "fixed_ms": fixed,
-           "nvme_latency_by_rows_qd_ms": latency}
+           "nvme_latency_by_rows_qd_ms": latency}      # {engine: {rows: {q: ms}}}
     out.update(fit_device_terms([measured[a["name"]] for a in fit]))
     return out
 
@@ -213,11 +226,17 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
         raise UserError(f"calibrate {recipe_id}: no engine of the recipe has a cpu lane to calibrate")
     src = f"moetier calibrate {when}: lanes fitted in situ from runtime counters ({recipe_id} fit arms)"
     device = {ln: terms[ln] for ln in ("gpu", "zerocopy") if ln in terms}
-    for eng_id in dict.fromkeys([with_cpu[-1]] + ([VRAM_ENGINE] if device else [])):
+    tables = terms["nvme_latency_by_rows_qd_ms"]
+    for eng_id in dict.fromkeys([with_cpu[-1]] + ([VRAM_ENGINE] if device else []) + list(tables)):
         eng = spec.load_record("engine", eng_id)
         for ln, vals in [("cpu", terms["cpu"])] + (list(device.items()) if eng_id == VRAM_ENGINE else []):
             if ln in eng["lanes"]:
                 eng["lanes"][ln].update({k: round(v, 6) for k, v in vals.items()})
+        if eng_id in tables:
+            eng["nvme_latency_by_rows_qd_ms"] = tables[eng_id]
+            eng["nvme_latency_note"] = (f"moetier calibrate {when}: p50 submit-to-landed of the runtime's demand reads "
+                                        f"by rows per step and demand queue depth, under this engine's load (fit "
+                                        f"arms, measured steps); deeper queues: the hardware's idle-disk figures")
         eng["source"] = src
         spec.write_record("engine", eng)
     rec["calibration"]["fixed_ms"] = terms["fixed_ms"]
@@ -231,17 +250,10 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
         hw["gpu"]["note"] = (f"h2d_gbps: moetier calibrate {when}: one record pushed or drained by the runtime "
                              f"(copy + stage time over copies, VRAM fit arms)")
         spec.write_record("hardware", hw)
-    if any(terms["nvme_latency_by_rows_qd_ms"].values()):
-        idle = hw["nvme"].get("latency_by_qd_ms") or {}
-        # depths the runtime reached are measured under its load; deeper ones keep the idle-disk bench figures
-        hw["nvme"]["latency_by_rows_qd_ms"] = {
-            r: dict(sorted({**idle, **tab}.items(), key=lambda kv: int(kv[0])))
-            for r, tab in terms["nvme_latency_by_rows_qd_ms"].items() if tab}
-        hw["nvme"]["latency_note"] = (f"moetier calibrate {when}: latency_by_rows_qd_ms = p50 submit-to-landed of the "
-                                      f"runtime's demand reads by rows per step and queue depth (fit arms, measured "
-                                      f"steps); latency_by_qd_ms = moetier bench on an idle disk")
+    if tables and hw["nvme"].pop("latency_by_rows_qd_ms", None) is not None:
+        # the tables under load now live with the engines that produced the load
+        hw["nvme"]["latency_note"] = "latency_by_qd_ms: moetier bench on an idle disk"
         spec.write_record("hardware", hw)
-
 
 
 def _copy_gbps(recipe_id, copy_ms: float) -> float:
@@ -325,7 +337,8 @@ def calibrate(recipe_id, st, tr, *, arms=None, steps=200, repeats=2, backend="cp
     when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     from moetier.plan import _read_cpu
     cpu = R.lanes.get("cpu")
-    terms = fit_terms(measured, fit_arms, _read_cpu(R), cpu.workers if cpu else 1, cpu.parallel_min if cpu else 0)
+    terms = fit_terms(measured, fit_arms, _read_cpu(R), cpu.workers if cpu else 1, cpu.parallel_min if cpu else 0,
+                      R.hardware.get("nvme", {}).get("latency_by_qd_ms"))
     if write:
         write_terms(recipe_id, terms, when)
     rows = predict_and_compare(recipe_id, tr, arms, measure(arms, terms, "check"), steps, terms)

@@ -89,7 +89,8 @@ class Replay:
         self.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, exclusive=R.policy.get("ram", "exclusive")
                              == "exclusive", ram_policy=R.policy.get("ram_evict", "lru"))
         self.chan = NvmeChannel(R.nvme_expert_bytes, R.nvme_bw_gbps, R.nvme_bw_qd1_gbps, R.nvme_latency_ms,
-                                latency_table_for_rows(R.hardware.get("nvme", {}), rows))
+                                latency_table_for_rows(R.hardware.get("nvme", {}), rows,
+                                                       getattr(R, "engines", ())))
         self.predictor = predictor
         pf = R.policy.get("prefetch") or {}
         self.pf_depth = int(pf.get("depth") or 0)

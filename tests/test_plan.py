@@ -152,3 +152,14 @@ def test_serial_engine_runs_nvme_picks_after_both_resident_lanes():
     # the pick waits from the end of both lanes to its arrival, then runs inline on the cpu lane
     assert p.nvme_wait_ms == pytest.approx(1.0 - resident)
     assert p.gpu_ms + p.cpu_ms == pytest.approx(1.0 + c.cpu_call + 0.104) and p.ms == pytest.approx(p.gpu_ms + p.cpu_ms)
+
+
+def test_latency_table_under_an_engines_load_wins_over_the_hardwares():
+    from moetier.plan import latency_table_for_rows
+    nvme = {"latency_by_qd_ms": {"1": 0.4}, "latency_by_rows_qd_ms": {"1": {"1": 0.8}, "3": {"1": 1.2}}}
+    assert latency_table_for_rows(nvme, 2) == {1: pytest.approx(1.0)}          # between measured rows: linear
+    assert latency_table_for_rows(nvme, 8) == {1: 1.2}                          # outside: the nearest
+    eng = [{"id": "a"}, {"id": "b", "nvme_latency_by_rows_qd_ms": {"1": {"1": 0.6}}}]
+    assert latency_table_for_rows(nvme, 1, eng) == {1: 0.6}
+    assert latency_table_for_rows({"latency_by_qd_ms": {"1": 0.4}}, 4) == {"1": 0.4}   # idle bench table
+    assert latency_table_for_rows({}, 4) is None                                 # FIFO model
