@@ -57,3 +57,29 @@ def test_device_lane_and_copy_terms_recover_known_costs():
     assert t["zerocopy"] == pytest.approx({"per_layer_ms": 0.0, "per_expert_ms": 0.2, "per_extra_token_ms": 0.0})
     assert t["copy_ms"] == pytest.approx(copy)
     assert calibrate.fit_device_terms([{"device_calls": [], "counters": {"copies": 0}}]) == {}
+
+
+def test_vram_arms_fit_device_lanes_copies_and_per_engine_latency(scratch):
+    why = calibrate.sycl_available()
+    if why:
+        pytest.skip(f"the VRAM arms need the SYCL backend: {why}")
+    root, st, tr = scratch
+    R = spec.resolve("tiny-ci-cpu")
+    vram = calibrate.vram_arms(R, slots=24)
+    arms = [{"name": "tail-C1", "set": [], "conc": 1, "fit": True}, vram[0], vram[1],
+            {**vram[2], "fit": False}]
+    res = calibrate.calibrate("tiny-ci-cpu", st, tr, arms=arms, steps=12, repeats=1, write=True)
+    t = res["terms"]
+    assert t["gpu"]["per_expert_ms"] > 0 and t["copy_ms"] > 0
+    assert set(t["nvme_latency_by_rows_qd_ms"]) <= {"numba-cpu", calibrate.VRAM_ENGINE}
+    rows = {r["arm"]: r for r in res["rows"]}
+    v = rows[vram[0]["name"]]
+    assert v["ms_per_token"]["measured"]["gpu_moe"] > 0 and v["ms_per_token"]["sim"]["gpu_moe"] > 0
+    assert all(math.isfinite(r["error_pct"]) for r in res["rows"])
+    json.dumps(res, allow_nan=False)
+    # written: the VRAM engine's lanes and the link speed the copies measured
+    eng = spec.load_record("engine", calibrate.VRAM_ENGINE)
+    assert eng["lanes"]["gpu"]["per_expert_ms"] == pytest.approx(round(t["gpu"]["per_expert_ms"], 6))
+    assert eng["lanes"]["cpu"]["workers"] == t["cpu"]["workers"]
+    assert spec.resolve("tiny-ci-cpu").h2d_gbps == pytest.approx(calibrate._copy_gbps("tiny-ci-cpu", t["copy_ms"]),
+                                                                 rel=1e-3)
