@@ -85,10 +85,13 @@ def best_seconds(fn, repeats: int) -> float:
     return best
 
 
-def relative_lstsq(A, y) -> list[float]:
-    """Least squares on relative residuals (each row weighs the same whatever its size), coefficients clipped at 0."""
+def relative_lstsq(A, y, weights=None) -> list[float]:
+    """Least squares on relative residuals (each row weighs the same whatever its size, times ``weights`` when
+    given), coefficients clipped at 0."""
     A, y = np.asarray(A, float), np.asarray(y, float)
     w = 1.0 / np.maximum(y, 1e-9)
+    if weights is not None:
+        w = w * np.asarray(weights, float)
     coef, *_ = np.linalg.lstsq(A * w[:, None], y * w, rcond=None)
     return [max(0.0, float(v)) for v in coef]
 
@@ -96,13 +99,14 @@ def relative_lstsq(A, y) -> list[float]:
 def fit_cpu_lane(rows, workers: int, read_cpu: float = 0.0) -> dict:
     """Fit the cpu lane's costs from timed calls, split by how the backend ran them.
 
-    rows: {"cls": "inline" | "split", "calls", "experts", "extra", "ms", "contended"} (aggregates or single calls).
+    rows: {"cls": "inline" | "split", "calls", "experts", "extra", "ms", "contended"} (aggregates or single calls;
+    an optional "weight" scales the row's relative residual, e.g. sqrt(calls) for a group of same-shape calls).
     Model (spec.Lane.batch_ms): inline call = per_call + work; split call = per_layer + work / workers, with
     work = per_expert * experts + per_extra_token * extra_rows (one-thread costs). ``contended`` reads landing during
     a call cost ``read_cpu`` ms each (the measured reader CPU time per core) and are taken out first.
     Relative least squares (every row weighs the same), clipped at 0.
     """
-    A, y = [], []
+    A, y, w = [], [], []
     for r in rows:
         if not r["calls"]:
             continue
@@ -111,7 +115,8 @@ def fit_cpu_lane(rows, workers: int, read_cpu: float = 0.0) -> dict:
         else:
             A.append([0.0, r["calls"], r["experts"] / workers, r["extra"] / workers])
         y.append(max(1e-6, r["ms"] - read_cpu * r.get("contended", 0)))
-    pc, pl, pe, px = relative_lstsq(A, y)
+        w.append(r.get("weight", 1.0))
+    pc, pl, pe, px = relative_lstsq(A, y, w)
     return {"per_call_ms": pc, "per_layer_ms": pl, "per_expert_ms": pe, "per_extra_token_ms": px}
 
 

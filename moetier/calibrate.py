@@ -126,7 +126,7 @@ def _merge(runs):
         for q, v in r.get("latency_by_qd", {}).items():
             lat.setdefault(int(q), []).extend(v)
     return {"counters": med["counters"], "latency_by_qd": lat, "wall_s": med["wall_s"],
-            "device_calls": med.get("device_calls", []), "tokens": med["tokens"], "steps": med["steps"],
+            "call_groups": med.get("call_groups", []), "tokens": med["tokens"], "steps": med["steps"],
             "tok_s_each": [r["tok_s"] for r in runs], "conc": med["conc"], "engine": med.get("engine")}
 
 
@@ -145,10 +145,11 @@ def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0, workers: 
         c = m["counters"]
         # the lane's own costs come from arms without prefetch: prefetch reads landing during a batch add contention
         # the lane model does not carry (the prefetch arm sets the host prediction term)
-        for cls in (() if c["predict_layers"] else ("inline", "split")):
-            lane_rows.append({"cls": cls, "calls": c[f"cpu_{cls}_calls"], "experts": c[f"cpu_{cls}_experts"],
-                              "extra": c[f"cpu_{cls}_extra"], "ms": c[f"cpu_{cls}_s"] * 1e3,
-                              "contended": c[f"cpu_{cls}_contended"]})
+        # one row per call shape, weighted by sqrt(calls): distinct shapes separate per-call from per-expert cost
+        for lane, e, x, cont, n, sec in (() if c["predict_layers"] else m.get("call_groups", ())):
+            if lane.startswith("cpu_"):
+                lane_rows.append({"cls": lane[4:], "calls": n, "experts": n * e, "extra": n * x, "ms": sec * 1e3,
+                                  "contended": n * cont, "weight": n ** 0.5})
         Ah.append([c["layer_calls"], c["picks"], c["reads"], c["predict_layers"], c.get("copies", 0)])
         yh.append((c["plan_s"] + c["book_s"] + c["combine_s"] + c["predict_s"]) * 1e3)
         booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["stage_s"]
@@ -188,7 +189,9 @@ def fit_device_terms(fit_runs: list[dict]) -> dict:
     one record copy (pushes and drains: copy + stage time over copies), as ``copy_ms``."""
     groups: dict[str, dict] = {}
     for m in fit_runs:
-        for p, e, x, n, sec in m.get("device_calls", ()):
+        for p, e, x, _, n, sec in m.get("call_groups", ()):
+            if p not in ("gpu", "zc"):
+                continue
             g = groups.setdefault(p, {}).setdefault((e, x), [0, 0.0])
             g[0] += n
             g[1] += sec * 1e3

@@ -108,7 +108,7 @@ class Runtime:
                           gpu_calls=0, gpu_experts=0, gpu_extra=0, zc_calls=0, zc_experts=0, zc_extra=0, copies=0,
                           stage_s=0.0)
         self.cpu_pmin = int(getattr(backend, "parallel_min", 0) or 0)
-        self.device_calls: dict[tuple, list] = {}     # (gpu|zc, experts, extra rows) -> [calls, seconds]
+        self.call_groups: dict[tuple, list] = {}      # (lane, experts, extra rows, contended) -> [calls, seconds]
 
     # -- setup --------------------------------------------------------------------------------------------------
     def seed_tiers(self, ranked) -> None:
@@ -186,10 +186,18 @@ class Runtime:
         st["cpu_calls"] += 1
         st["cpu_contended_reads"] += contended
         st[f"cpu_{cls}_calls"] += 1
+        extra = sum(picks[k] - 1 for k in keys)
         st[f"cpu_{cls}_experts"] += len(keys)
-        st[f"cpu_{cls}_extra"] += sum(picks[k] - 1 for k in keys)
+        st[f"cpu_{cls}_extra"] += extra
         st[f"cpu_{cls}_s"] += seconds
         st[f"cpu_{cls}_contended"] += contended
+        self._group(f"cpu_{cls}", len(keys), extra, contended, seconds)
+
+    def _group(self, lane, experts, extra, contended, seconds) -> None:
+        """Calls by shape (lane or cpu class, experts, extra rows, reads in flight): the lane fits' rows."""
+        g = self.call_groups.setdefault((lane, experts, extra, contended), [0, 0.0])
+        g[0] += 1
+        g[1] += seconds
 
     def _book_device_call(self, lane, keys, picks, seconds: float) -> None:
         """gpu / zerocopy lane accounting per call: the inputs of the lane cost fit (moetier.calibrate)."""
@@ -200,9 +208,7 @@ class Runtime:
         st[f"{p}_experts"] += len(keys)
         extra = sum(picks[k] - 1 for k in keys)
         st[f"{p}_extra"] += extra
-        g = self.device_calls.setdefault((p, len(keys), extra), [0, 0.0])   # by shape: the lane fit's rows
-        g[0] += 1
-        g[1] += seconds
+        self._group(p, len(keys), extra, 0, seconds)
 
     def _device(self, lane, keys, slot_of, rows_of, picks, x, out) -> None:
         t = time.perf_counter()
@@ -417,7 +423,7 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
         meas = step >= warm_steps
         if meas and st0 is None:
             st0 = dict(rt.stats)
-            rt.device_calls.clear()
+            rt.call_groups.clear()
             lat = getattr(getattr(backend, "reader", None), "latency_by_qd", None)
             if lat is not None:
                 lat.clear()          # read latencies of the measured steps only (not seeding's deep queue)
@@ -481,6 +487,6 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
         "outputs": outputs if keep_outputs else None,
         "ledger": dict(L.counters),
         "counters": st,
-        "device_calls": [[p, e, x, n, sec] for (p, e, x), (n, sec) in sorted(rt.device_calls.items())],
+        "call_groups": [[*k, n, sec] for k, (n, sec) in sorted(rt.call_groups.items())],
         "wall_s": wall_meas,
     }

@@ -49,14 +49,15 @@ def test_small_matrix_fits_terms_writes_records_and_predicts(scratch):
 
 def test_device_lane_and_copy_terms_recover_known_costs():
     pl, pe, px, copy = 0.12, 0.05, 0.03, 0.09
-    calls = [["gpu", e, x, 10, 10 * (pl + pe * e + px * x) / 1e3] for e in (1, 2, 4) for x in (0, 1, 3)]
-    calls += [["zc", 1, 0, 7, 7 * 0.2 / 1e3]]             # one shape only: booked per expert, no launch term
-    run = {"device_calls": calls, "counters": {"copies": 40, "copy_s": 30 * copy / 1e3, "stage_s": 10 * copy / 1e3}}
+    calls = [["gpu", e, x, 0, 10, 10 * (pl + pe * e + px * x) / 1e3] for e in (1, 2, 4) for x in (0, 1, 3)]
+    calls += [["zc", 1, 0, 0, 7, 7 * 0.2 / 1e3]]           # one shape only: booked per expert, no launch term
+    calls += [["cpu_inline", 1, 0, 0, 50, 1.0]]             # not a device lane: ignored here
+    run = {"call_groups": calls, "counters": {"copies": 40, "copy_s": 30 * copy / 1e3, "stage_s": 10 * copy / 1e3}}
     t = calibrate.fit_device_terms([run])
     assert t["gpu"] == pytest.approx({"per_layer_ms": pl, "per_expert_ms": pe, "per_extra_token_ms": px}, rel=1e-6)
     assert t["zerocopy"] == pytest.approx({"per_layer_ms": 0.0, "per_expert_ms": 0.2, "per_extra_token_ms": 0.0})
     assert t["copy_ms"] == pytest.approx(copy)
-    assert calibrate.fit_device_terms([{"device_calls": [], "counters": {"copies": 0}}]) == {}
+    assert calibrate.fit_device_terms([{"call_groups": [], "counters": {"copies": 0}}]) == {}
 
 
 def test_vram_arms_fit_device_lanes_copies_and_per_engine_latency(scratch):
@@ -83,3 +84,20 @@ def test_vram_arms_fit_device_lanes_copies_and_per_engine_latency(scratch):
     assert eng["lanes"]["cpu"]["workers"] == t["cpu"]["workers"]
     assert spec.resolve("tiny-ci-cpu").h2d_gbps == pytest.approx(calibrate._copy_gbps("tiny-ci-cpu", t["copy_ms"]),
                                                                  rel=1e-3)
+
+
+def test_cpu_lane_fit_recovers_both_call_classes_from_shape_groups():
+    from moetier.bench import fit_cpu_lane
+    pc, pl, pe, px, W, rc = 0.03, 0.2, 0.06, 0.02, 2, 0.05
+    rows = []
+    for e in (1, 2, 3, 4, 6, 8):
+        for x in (0, 2):
+            for cont in (0, 1):
+                cls = "inline" if e < 4 else "split"
+                ms = (pc + pe * e + px * x) if cls == "inline" else (pl + (pe * e + px * x) / W)
+                n = 5 + 40 * (e == 1)                  # frequent and rare shapes: both fit exactly here
+                rows.append({"cls": cls, "calls": n, "experts": n * e, "extra": n * x,
+                             "ms": n * (ms + rc * cont), "contended": n * cont, "weight": n ** 0.5})
+    got = fit_cpu_lane(rows, W, rc)
+    assert got == pytest.approx({"per_call_ms": pc, "per_layer_ms": pl, "per_expert_ms": pe,
+                                 "per_extra_token_ms": px}, rel=1e-6)
