@@ -97,7 +97,8 @@ def arm_recipe(recipe_id: str, arm: dict, terms: dict | None = None):
         R.h2d_gbps = _copy_gbps(recipe_id, terms["copy_ms"])
     tab = terms.get("nvme_latency_by_rows_qd_ms", {}).get(R.engines[-1]["id"])
     if tab:
-        R.engines = [*R.engines[:-1], {**R.engines[-1], "nvme_latency_by_rows_qd_ms": tab}]
+        R.engines = [*R.engines[:-1], {**R.engines[-1], "nvme_latency_by_rows_qd_ms": tab,
+                                       "nvme_latency_record_bytes": R.nvme_expert_bytes}]
     return R
 
 
@@ -239,6 +240,7 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
                 eng["lanes"][ln].update({k: round(v, 6) for k, v in vals.items()})
         if eng_id in tables:
             eng["nvme_latency_by_rows_qd_ms"] = tables[eng_id]
+            eng["nvme_latency_record_bytes"] = spec.resolve(recipe_id).nvme_expert_bytes
             eng["nvme_latency_note"] = (f"moetier calibrate {when}: p50 submit-to-landed of the runtime's demand reads "
                                         f"by rows per step and demand queue depth, under this engine's load (fit "
                                         f"arms, measured steps); deeper queues: the hardware's idle-disk figures")

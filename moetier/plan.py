@@ -177,17 +177,20 @@ class NvmeChannel:
         return cancelled, wasted
 
 
-def latency_table_for_rows(nvme: dict, rows: int, engines=()) -> dict | None:
+def latency_table_for_rows(nvme: dict, rows: int, engines=(), record_bytes: int | None = None) -> dict | None:
     """The channel's latency-vs-queue-depth table for a step of ``rows`` token rows.
 
     A table by rows ({rows: {q: ms}}, written by `moetier calibrate` from the runtime's own reads) captures that
     reads complete later while the lanes keep the cores busy (more rows, more work per layer), and how much later
-    depends on the engine: the last of ``engines`` with ``nvme_latency_by_rows_qd_ms`` (measured under its load)
-    wins, else the hardware's ``nvme.latency_by_rows_qd_ms``. Rows between measured ones interpolate linearly,
+    depends on the engine: the last of ``engines`` with ``nvme_latency_by_rows_qd_ms`` (measured under its load,
+    with records of ``nvme_latency_record_bytes``: a table for other record sizes does not apply) wins, else the
+    hardware's ``nvme.latency_by_rows_qd_ms``. Rows between measured ones interpolate linearly,
     outside they take the nearest. Without any: the idle-disk ``latency_by_qd_ms`` of `moetier bench`, or None
     (the reference's FIFO model)."""
     src = next((e["nvme_latency_by_rows_qd_ms"] for e in reversed(list(engines))
-                if e.get("nvme_latency_by_rows_qd_ms")), None) or nvme.get("latency_by_rows_qd_ms") or {}
+                if e.get("nvme_latency_by_rows_qd_ms")
+                and e.get("nvme_latency_record_bytes", record_bytes) == record_bytes), None) \
+        or nvme.get("latency_by_rows_qd_ms") or {}
     by_rows = {int(r): {int(q): float(v) for q, v in tab.items()} for r, tab in src.items() if tab}
     if not by_rows:
         return nvme.get("latency_by_qd_ms")

@@ -90,7 +90,7 @@ class Replay:
                              == "exclusive", ram_policy=R.policy.get("ram_evict", "lru"))
         self.chan = NvmeChannel(R.nvme_expert_bytes, R.nvme_bw_gbps, R.nvme_bw_qd1_gbps, R.nvme_latency_ms,
                                 latency_table_for_rows(R.hardware.get("nvme", {}), rows,
-                                                       getattr(R, "engines", ())))
+                                                       getattr(R, "engines", ()), R.nvme_expert_bytes))
         self.predictor = predictor
         pf = R.policy.get("prefetch") or {}
         self.pf_depth = int(pf.get("depth") or 0)

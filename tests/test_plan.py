@@ -161,5 +161,8 @@ def test_latency_table_under_an_engines_load_wins_over_the_hardwares():
     assert latency_table_for_rows(nvme, 8) == {1: 1.2}                          # outside: the nearest
     eng = [{"id": "a"}, {"id": "b", "nvme_latency_by_rows_qd_ms": {"1": {"1": 0.6}}}]
     assert latency_table_for_rows(nvme, 1, eng) == {1: 0.6}
+    eng[1]["nvme_latency_record_bytes"] = 4096                                   # measured with other records
+    assert latency_table_for_rows(nvme, 1, eng, 4096) == {1: 0.6}
+    assert latency_table_for_rows(nvme, 1, eng, 1 << 20) == {1: 0.8}
     assert latency_table_for_rows({"latency_by_qd_ms": {"1": 0.4}}, 4) == {"1": 0.4}   # idle bench table
     assert latency_table_for_rows({}, 4) is None                                 # FIFO model
