@@ -99,14 +99,13 @@ def relative_lstsq(A, y, weights=None) -> list[float]:
 def fit_cpu_lane(rows, workers: int, read_cpu: float = 0.0) -> dict:
     """Fit the cpu lane's costs from timed calls, split by how the backend ran them.
 
-    rows: {"cls": "inline" | "split", "calls", "experts", "extra", "ms", "contended"} (aggregates or single calls;
-    an optional "weight" scales the row's relative residual, e.g. sqrt(calls) for a group of same-shape calls).
+    rows: {"cls": "inline" | "split", "calls", "experts", "extra", "ms", "contended"} (aggregates or single calls).
     Model (spec.Lane.batch_ms): inline call = per_call + work; split call = per_layer + work / workers, with
     work = per_expert * experts + per_extra_token * extra_rows (one-thread costs). ``contended`` reads landing during
     a call cost ``read_cpu`` ms each (the measured reader CPU time per core) and are taken out first.
     Relative least squares (every row weighs the same), clipped at 0.
     """
-    A, y, w = [], [], []
+    A, y = [], []
     for r in rows:
         if not r["calls"]:
             continue
@@ -115,8 +114,7 @@ def fit_cpu_lane(rows, workers: int, read_cpu: float = 0.0) -> dict:
         else:
             A.append([0.0, r["calls"], r["experts"] / workers, r["extra"] / workers])
         y.append(max(1e-6, r["ms"] - read_cpu * r.get("contended", 0)))
-        w.append(r.get("weight", 1.0))
-    pc, pl, pe, px = relative_lstsq(A, y, w)
+    pc, pl, pe, px = relative_lstsq(A, y)
     return {"per_call_ms": pc, "per_layer_ms": pl, "per_expert_ms": pe, "per_extra_token_ms": px}
 
 

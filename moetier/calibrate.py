@@ -146,11 +146,12 @@ def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0, workers: 
         c = m["counters"]
         # the lane's own costs come from arms without prefetch: prefetch reads landing during a batch add contention
         # the lane model does not carry (the prefetch arm sets the host prediction term)
-        # one row per call shape, weighted by sqrt(calls): distinct shapes separate per-call from per-expert cost
-        for lane, e, x, cont, n, sec in (() if c["predict_layers"] else m.get("call_groups", ())):
-            if lane.startswith("cpu_"):
-                lane_rows.append({"cls": lane[4:], "calls": n, "experts": n * e, "extra": n * x, "ms": sec * 1e3,
-                                  "contended": n * cont, "weight": n ** 0.5})
+        # per arm and call class (aggregates): a fit on per-shape means was tried and is unstable here - single-expert
+        # calls are mostly NVMe picks computed cold right after their wait, and dominate by count
+        for cls in (() if c["predict_layers"] else ("inline", "split")):
+            lane_rows.append({"cls": cls, "calls": c[f"cpu_{cls}_calls"], "experts": c[f"cpu_{cls}_experts"],
+                              "extra": c[f"cpu_{cls}_extra"], "ms": c[f"cpu_{cls}_s"] * 1e3,
+                              "contended": c[f"cpu_{cls}_contended"]})
         Ah.append([c["layer_calls"], c["picks"], c["reads"], c["predict_layers"], c.get("copies", 0)])
         yh.append((c["plan_s"] + c["book_s"] + c["combine_s"] + c["predict_s"]) * 1e3)
         booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["stage_s"]
@@ -188,6 +189,7 @@ def fit_device_terms(fit_runs: list[dict]) -> dict:
     """The VRAM tier's terms from the fit arms that had one: the gpu and zerocopy lanes (per call = per_layer +
     per_expert x experts + per_extra_token x extra rows, over the runtime's calls grouped by shape) and the time of
     one record copy (pushes and drains: copy + stage time over copies), as ``copy_ms``."""
+    from moetier.bench import relative_lstsq
     groups: dict[str, dict] = {}
     for m in fit_runs:
         for p, e, x, _, n, sec in m.get("call_groups", ()):
@@ -209,10 +211,9 @@ def fit_device_terms(fit_runs: list[dict]) -> dict:
             cols.remove(0)
         if len({x for _, x, *_ in rows}) < 2:
             cols.remove(2)
-        w = np.array([np.sqrt(n) / mean for *_, n, mean in rows])
-        A = np.array([[1.0, e, x] for e, x, *_ in rows])[:, cols] * w[:, None]
-        coef, *_ = np.linalg.lstsq(A, np.array([np.sqrt(n) for *_, n, _ in rows]), rcond=None)
-        full = dict(zip(cols, (max(0.0, float(v)) for v in coef)))
+        coef = relative_lstsq([[(1.0, e, x)[j] for j in cols] for e, x, *_ in rows], [mean for *_, mean in rows],
+                              [n ** 0.5 for *_, n, _ in rows])
+        full = dict(zip(cols, coef))
         pl, pe, px = (full.get(j, 0.0) for j in range(3))
         out[{"gpu": "gpu", "zc": "zerocopy"}[p]] = {"per_layer_ms": pl, "per_expert_ms": pe, "per_extra_token_ms": px}
     copies = sum(m["counters"].get("copies", 0) for m in fit_runs)
