@@ -140,7 +140,7 @@ def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0, workers: 
     from moetier.bench import fit_cpu_lane, relative_lstsq
     fit = [a for a in arms if a["fit"]]
     lane_rows, Ah, yh = [], [], []
-    step_fixed: dict[int, list] = {}
+    unbooked = []                                  # (conc, demand reads per step, ms per step outside the timers)
     for a in fit:
         m = measured[a["name"]]
         c = m["counters"]
@@ -156,12 +156,13 @@ def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0, workers: 
         yh.append((c["plan_s"] + c["book_s"] + c["combine_s"] + c["predict_s"]) * 1e3)
         booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["stage_s"]
                   + c["plan_s"] + c["book_s"] + c["combine_s"] + c["predict_s"])
-        step_fixed.setdefault(a["conc"], []).append(max(0.0, (m["wall_s"] - booked) * 1e3 / m["steps"]))
+        unbooked.append((a["conc"], c["reads"] / m["steps"], max(0.0, (m["wall_s"] - booked) * 1e3 / m["steps"])))
     # a term no fit arm exercises (no prediction, no copies) is not identifiable: left out, set to 0
     used = [j for j in range(5) if j < 3 or any(r[j] for r in Ah)]
     coef = dict(zip(used, relative_lstsq([[r[j] for j in used] for r in Ah], yh)))
     hl, hp, hr, hpred, hcopy = (coef.get(j, 0.0) for j in range(5))
-    fixed = {str(k): round(statistics.mean(v), 4) for k, v in sorted(step_fixed.items())}
+    fixed, per_read_unbooked = fit_fixed(unbooked)
+    hr += per_read_unbooked
     lat: dict[str, dict] = {}                      # engine -> rows per step -> q -> samples
     for a in fit:
         m = measured[a["name"]]
@@ -183,6 +184,24 @@ def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0, workers: 
            "nvme_latency_by_rows_qd_ms": latency}      # {engine: {rows: {q: ms}}}
     out.update(fit_device_terms([measured[a["name"]] for a in fit]))
     return out
+
+
+def fit_fixed(unbooked) -> tuple[dict, float]:
+    """Non-MoE time per step by concurrency, and the part of it that grows with NVMe reads.
+
+    unbooked: (conc, demand reads per step, ms per step outside every timer). That time is not constant: reader
+    threads finishing reads take the interpreter from the decode thread between the timed sections (measured here:
+    allram arms 0.1-0.2 ms per step below the tail arms at the same concurrency). Model: ms = fixed[conc] + u x
+    reads, least squares over the fit arms; u is then charged per read (it joins host per_read_ms). Without two
+    arms at one concurrency differing in reads, u is not identifiable: per-conc means, u = 0."""
+    from moetier.bench import relative_lstsq
+    concs = sorted({c for c, _, _ in unbooked})
+    by = {c: [(r, y) for cc, r, y in unbooked if cc == c] for c in concs}
+    if not any(len({r for r, _ in v}) > 1 for v in by.values()):
+        return {str(c): round(statistics.mean(y for _, y in v), 4) for c, v in by.items()}, 0.0
+    A = [[1.0 if c == cc else 0.0 for cc in concs] + [r] for c, r, _ in unbooked]
+    coef = relative_lstsq(A, [max(y, 1e-6) for *_, y in unbooked])
+    return {str(c): round(v, 4) for c, v in zip(concs, coef)}, coef[-1]
 
 
 def fit_device_terms(fit_runs: list[dict]) -> dict:

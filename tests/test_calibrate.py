@@ -101,3 +101,14 @@ def test_cpu_lane_fit_recovers_both_call_classes_and_takes_out_contention():
     got = fit_cpu_lane(rows, W, rc)
     assert got == pytest.approx({"per_call_ms": pc, "per_layer_ms": pl, "per_expert_ms": pe,
                                  "per_extra_token_ms": px}, rel=1e-6)
+
+
+def test_fixed_time_splits_into_per_concurrency_and_per_read_parts():
+    truth = {1: 0.4, 4: 0.9}
+    u = 0.02
+    arms = [(c, r, truth[c] + u * r) for c in (1, 4) for r in (0.0, 8.0, 20.0)]
+    fixed, per_read = calibrate.fit_fixed(arms)
+    assert fixed == {"1": pytest.approx(0.4, abs=1e-4), "4": pytest.approx(0.9, abs=1e-4)}
+    assert per_read == pytest.approx(u)
+    # reads never vary at one concurrency: not identifiable, plain means
+    assert calibrate.fit_fixed([(1, 5.0, 0.5), (1, 5.0, 0.7), (2, 0.0, 0.6)]) == ({"1": 0.6, "2": 0.6}, 0.0)
