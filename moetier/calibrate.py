@@ -14,8 +14,9 @@ Contract
    - one record copy (push or drain) -> hardware ``gpu.h2d_gbps``;
    - host time (recipe ``calibration.host``): ``plan + bookkeeping + combine + prediction = per_layer * layer_calls
      + per_pick * picks + per_read * NVMe reads + per_predict * predicted layers + per_copy * copies``;
-   - non-MoE time per step (recipe ``calibration.fixed_ms``): step wall minus everything booked to layers, per
-     concurrency; concurrencies without a fit arm are interpolated by the simulator;
+   - non-MoE time per step (recipe ``calibration.fixed_ms``): step wall minus everything booked to layers, split by
+     least squares into a part per concurrency and a part per NVMe read that joins ``per_read`` (``fit_fixed``);
+     concurrencies without a fit arm are interpolated by the simulator;
    - NVMe queueing model (engine ``nvme_latency_by_rows_qd_ms``, per engine: its lanes load the cores the reader
      needs): p50 submit-to-landed of the runtime's demand reads by rows per step and the demand queue depth they
      joined; depths not reached keep the hardware's idle-disk bench figures;
