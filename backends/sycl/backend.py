@@ -19,7 +19,6 @@ Contract: see moetier.contract. Memory -> tiers:
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 import threading
@@ -90,8 +89,10 @@ class _Sub:
 
 
 def _madvise_huge(addr: int, n: int) -> bool:
+    # the process's own symbols (libc is loaded): ctypes.util.find_library would run `ldconfig -p` in a child
+    # process on every call, forking while the device runtime's worker threads are alive
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)
         return libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(n), 14) == 0  # MADV_HUGEPAGE
     except Exception:
         return False
@@ -208,6 +209,29 @@ class CopyHandle:
 # --------------------------------------------------------------------------------------------------------------------
 # Backend
 
+_KERNELS = ("quant_rows", "i8_gate_up", "i8_down", "i4_gate_up", "i4_down")
+_BUILT: dict = {}     # device filter string -> (context, program, kernels): one build per device and process
+
+
+def _built(dpctl, dp, dev):
+    """The kernels built once per device and process: every backend on it shares the context and the program
+    (building per backend cost an OpenCL compile at every backend start)."""
+    key = dev.filter_string
+    hit = _BUILT.get(key)
+    if hit is not None:
+        return hit
+    try:
+        q = dpctl.SyclQueue(dev, property="in_order")
+    except Exception as e:
+        raise BackendUnavailable(f"--backend sycl: cannot create a queue on {dev.name}: {e}") from None
+    try:
+        prog = dp.create_program_from_source(q, _SRC.read_text(), "-cl-fp32-correctly-rounded-divide-sqrt")
+    except Exception as e:
+        raise BackendUnavailable(f"--backend sycl: OpenCL C kernels did not build on {dev.name} "
+                                 f"({dev.backend}; dpctl builds OpenCL C only for OpenCL devices): {e}") from None
+    hit = _BUILT[key] = (q.sycl_context, prog, {n: prog.get_sycl_kernel(n) for n in _KERNELS})
+    return hit
+
 
 class SyclBackend:
     def __init__(self, store, *, ram_slots: int, vram_slots: int, queue_depth: int = 16, verify_rate: float = 1.0,
@@ -231,19 +255,12 @@ class SyclBackend:
         if need > amax:
             raise BackendUnavailable(f"--backend sycl: VRAM arena {vram_slots} x {self.slot_bytes} B = {need:,} B "
                                      f"exceeds the device's max allocation {amax:,} B ({dev.name})")
+        ctx, self.prog, self.k = _built(dpctl, dp, dev)
         try:
-            self.q = dpctl.SyclQueue(dev, property="in_order")                      # compute
-            self.cq = dpctl.SyclQueue(self.q.sycl_context, dev, property="in_order")  # copies (push/drain)
+            self.q = dpctl.SyclQueue(ctx, dev, property="in_order")     # compute
+            self.cq = dpctl.SyclQueue(ctx, dev, property="in_order")    # copies (push/drain)
         except Exception as e:
             raise BackendUnavailable(f"--backend sycl: cannot create a queue on {dev.name}: {e}") from None
-        try:
-            self.prog = dp.create_program_from_source(self.q, _SRC.read_text(),
-                                                      "-cl-fp32-correctly-rounded-divide-sqrt")
-        except Exception as e:
-            raise BackendUnavailable(f"--backend sycl: OpenCL C kernels did not build on {dev.name} "
-                                     f"({dev.backend}; dpctl builds OpenCL C only for OpenCL devices): {e}") from None
-        self.k = {n: self.prog.get_sycl_kernel(n) for n in ("quant_rows", "i8_gate_up", "i8_down", "i4_gate_up",
-                                                             "i4_down")}
         # tiers
         self.pool = UsmSlotPool(max(1, int(ram_slots)), self.slot_bytes, self.q)
         self.odirect_note = odirect_into(os.fspath(store.data_path), self.pool.mem, min(self.record_bytes, PAGE))
