@@ -129,10 +129,7 @@ class Ledger:
         self._seq = 0
         self.drains: list[Ticket] = []                      # evictions awaiting their drain landing
         self.step = 0
-        # admissions: RAM -> VRAM pushes of resident keys; drains: VRAM -> RAM copies of exclusive victims (the copy
-        # traffic a serial engine pays outside the lanes, Replay.settle)
-        self.counters = {"vram_evictions": 0, "ram_evictions": 0, "refused_admissions": 0, "lfu_evictions": 0,
-                         "admissions": 0, "drains": 0}
+        self.counters = {"vram_evictions": 0, "ram_evictions": 0, "refused_admissions": 0, "lfu_evictions": 0}
         self._lfu_window, self._lfu_halflife = 0, 0.0
         self.ram_policy = ram_policy or "lru"
         if self.ram_policy != "lru":
@@ -223,8 +220,6 @@ class Ledger:
             return None
         victim = self.clock.place(slot, key)
         state[key] = PUSHING
-        if s == RAM:
-            self.counters["admissions"] += 1
         if victim >= 0:
             self.counters["vram_evictions"] += 1
             if self.all_in_ram:
@@ -233,7 +228,6 @@ class Ledger:
                 state[victim] = RAM
             elif self.exclusive:
                 state[victim] = DRAINING
-                self.counters["drains"] += 1
                 self.drains.append(self._ticket(victim, "drain", slot=slot))
             else:
                 state.pop(victim, None)
@@ -265,8 +259,6 @@ class Ledger:
         clock.slot_of[key] = slot
         clock.ref[slot] = 1
         ram = self.ram
-        if not staged:
-            self.counters["admissions"] += 1
         if victim >= 0:
             # the victim drains into RAM while the pushed key's RAM copy is still held (the ticket path's order)
             self.counters["vram_evictions"] += 1
@@ -275,7 +267,6 @@ class Ledger:
             elif victim in ram:
                 state[victim] = RAM
             elif self.exclusive:
-                self.counters["drains"] += 1
                 del state[victim]
                 self._ram_put(victim, protect)
             else:

@@ -312,6 +312,7 @@ class Runtime:
             for k in plan.zerocopy:
                 tp = L.begin_push(k, picks)
                 if tp is not None:
+                    rp.admissions += 1
                     self._push_now(k, tp, picks)
         for k in plan.nvme_gpu:
             tk, h, slot = self.inflight.pop(k)

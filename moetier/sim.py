@@ -99,15 +99,17 @@ class Replay:
         self.pf_target: dict[int, list] = {}
         self.pf_used = 0
         self.pf_stale: list = []
+        self.admissions = 0       # RAM -> VRAM pushes of resident (zerocopy) picks, counted by the executors
         self._copies = 0
 
     def settle(self) -> tuple[float, float]:
         """(link ms, host ms) of the admissions and drains since the last call when the engine runs them after the
         lanes, one after another (ctx.copy_serial, i.e. policy.overlap false): each costs one record over the link
         (push_ms, hardware gpu.h2d_gbps) plus its host time (recipe calibration.host.per_copy_ms). NVMe -> VRAM pushes
-        are in the plan already (they gate the gpu lane)."""
-        c = self.ledger.counters
-        n = c["admissions"] + c["drains"]
+        are in the plan already (they gate the gpu lane). In an exclusive ledger every VRAM eviction is a drain (a
+        VRAM key has no RAM copy); counted here rather than on the ledger's hot path."""
+        L = self.ledger
+        n = self.admissions + (L.counters["vram_evictions"] if L.exclusive and not L.all_in_ram else 0)
         new, self._copies = n - self._copies, n
         ctx = self.ctx
         return (new * ctx.push_ms, new * ctx.host_copy) if ctx.copy_serial else (0.0, 0.0)
@@ -173,8 +175,10 @@ class Replay:
                 L.adopt(k, picks)
         if admit:
             push = L.push_landed
+            n = 0
             for k in plan.zerocopy:
-                push(k, picks)
+                n += push(k, picks)
+            self.admissions += n
         for k in plan.nvme_gpu:
             tk = pft.pop(k, None)
             if tk is not None:

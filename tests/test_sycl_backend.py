@@ -245,3 +245,28 @@ def test_runtime_tiny_ci_sycl_all_lanes(tmp_path):
     r2, c2, _ = _run_counting(st, R, tr, 30)
     assert r1["digests"] == r2["digests"]
     assert c1 == c2
+
+
+def test_serial_engine_plan_parity_and_copy_time(tmp_path):
+    """policy.overlap false (lanes and copies one after another): the runtime makes the simulator's decisions on
+    the same modeled clock, which now includes the admissions' and drains' copy time."""
+    from moetier import runtime, sim, spec
+    from moetier.trace import load_trace
+    R = spec.resolve("tiny-ci-sycl", ["policy.overlap=false"])
+    out = tmp_path / "store"
+    store.pack(R.model, out, seed=0)
+    st = store.open_store(out, model=R.model)
+    tr = load_trace(spec.REGISTRY.parent / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
+    got, want = [], []
+
+    def rec(dst):
+        return lambda s, l, p: dst.append((s, l, {k: sorted(v) for k, v in p.lanes().items()}, round(p.ms, 9)))
+
+    be = get_backend("sycl", st, ram_slots=min(R.keys, R.ram_slots) + 2 * R.topk + 16, vram_slots=R.vram_slots)
+    try:
+        res = runtime.run(R, st, be, tr, 1, max_steps=30, plan_hook=rec(got))
+    finally:
+        be.close()
+    o = sim.run(R, tr, 1, max_steps=30, plan_hook=rec(want))
+    assert got == want and res["ledger"] == o["ledger"]
+    assert o["ms_copy"] > 0 and any(p["zerocopy"] for *_, p, _ in got)
