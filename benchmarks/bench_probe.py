@@ -20,13 +20,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from moetier import runtime, spec, store  # noqa: E402
-from moetier.cli_runtime import _make_backend  # noqa: E402
 from moetier.probe import Sampler  # noqa: E402
 from moetier.trace import load_trace  # noqa: E402
 
 
 def one(R, st, tr, steps, probe_path, cost=None):
-    be = _make_backend("cpu", st, R, 1, 1.0)
+    be = runtime.make_backend("cpu", st, R, 1, 1.0)
     s = None
     try:
         if probe_path:

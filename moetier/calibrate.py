@@ -104,9 +104,8 @@ def arm_recipe(recipe_id: str, arm: dict, terms: dict | None = None):
 
 
 def _measure(recipe_id, st, tr, arm, steps, backend_name, verify_rate, terms=None):
-    from moetier.cli_runtime import _make_backend
     R = arm_recipe(recipe_id, arm, terms)
-    be = _make_backend(arm.get("backend", backend_name), st, R, arm["conc"], verify_rate)
+    be = runtime.make_backend(arm.get("backend", backend_name), st, R, arm["conc"], verify_rate)
     try:
         res = runtime.run(R, st, be, tr, arm["conc"], max_steps=steps)
         reader = getattr(be, "reader", None)

@@ -148,9 +148,9 @@ def _print_decode(res) -> None:
               f"{o['zerocopy_per_tok']:.1f} | {o['nvme_per_tok']:.1f} | {o['masked_per_tok']:.1f} | {pr} |")
 
 
-def standard_table(R, tr, concs=(1, 2, 4), progress=True) -> dict:
+def standard_table(R, tr, concs) -> dict:
     from moetier import sim
-    decode = [sim.run(R, tr, c, progress=_progress(f"sim C{c}") if progress else None) for c in concs]
+    decode = [sim.run(R, tr, c, progress=_progress(f"sim C{c}")) for c in concs]
     pre = {str(n): sim.prefill(R, n) for n in (8192, 32768)}
     return {"recipe": R.id, "vram_slots": R.vram_slots, "ram_slots": R.ram_slots, "nvme_only": R.nvme_only,
             "decode": decode, "prefill": pre}

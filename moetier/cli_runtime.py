@@ -86,20 +86,23 @@ def cmd_store(args) -> int:
     raise UserError("store: expected a subcommand: pack or verify")
 
 
-def _make_backend(name, st, R, conc, verify_rate):
-    from moetier.contract import BackendUnavailable, get_backend
-    headroom = 2 * conc * R.topk + 4 * int(R.policy["prefetch"].get("budget", 8)) + 8
-    ram_slots = min(R.keys, R.ram_slots) + headroom
-    try:
-        return get_backend(name, st, ram_slots=ram_slots, vram_slots=R.vram_slots, verify_rate=verify_rate)
-    except BackendUnavailable as e:
-        raise UserError(str(e)) from None
+def _run_record(rid, prefix: str, recipe: str, backend: str, when: str | None = None) -> dict:
+    """The common head of a run record; the id defaults to prefix + the measurement time."""
+    when = when or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    stamp = _dt.datetime.fromisoformat(when).strftime("%Y%m%dt%H%M%S")
+    return {"id": rid or f"{prefix}-{stamp}".lower(), "kind": "run", "recipe": recipe, "measured": when,
+            "backend": backend, "machine": f"{platform.node()} {platform.machine()}"}
+
+
+def _write(kind: str, rec: dict) -> None:
+    from moetier import spec
+    print(f"wrote {spec.write_record(kind, rec)}", file=sys.stderr)
 
 
 def cmd_run(args) -> int:
-    from moetier import runtime, sim, spec, store
-    from moetier.cli import _progress, _trace, _emit
-    R = spec.resolve(args.recipe, spec.parse_overrides(args.set or []))
+    from moetier import runtime, sim, store
+    from moetier.cli import _emit, _progress, _resolve, _trace
+    R = _resolve(args)
     st = store.open_store(args.store, model=R.model)
     tr = _trace(args, R)
     rows, preds = [], []
@@ -110,7 +113,7 @@ def cmd_run(args) -> int:
         sampler.start()
     try:
         for c in args.conc:
-            be = _make_backend(args.backend, st, R, c, args.verify_rate)
+            be = runtime.make_backend(args.backend, st, R, c, args.verify_rate)
             try:
                 if sampler is not None:
                     sampler.mark(f"decode_C{c}")
@@ -135,18 +138,14 @@ def cmd_run(args) -> int:
         table.append({"conc": r["conc"], "measured_tok_s": r["tok_s"], "sim_tok_s": p["tok_s"],
                       "sim_error_pct": err, "reads_per_token": r["reads_per_token"],
                       "sim_nvme_per_tok": p["nvme_per_tok"], "checksum_failures": r["checksum_failures"]})
-    now = _dt.datetime.now(_dt.timezone.utc)
     record = {
-        "id": args.record or f"{R.id}-run-{now:%Y%m%dt%H%M%S}".lower(),
-        "kind": "run", "recipe": R.id, "measured": now.isoformat(timespec="seconds"),
-        "backend": args.backend, "machine": f"{platform.node()} {platform.machine()}", "store": str(args.store),
+        **_run_record(args.record, f"{R.id}-run", R.id, args.backend), "store": str(args.store),
         "trace": args.trace or R.trace, "overrides": args.set or [], "lossy": any(r["lossy"] for r in rows),
         "table": table, "measured_runs": rows, "sim": preds, "probe": args.probe,
         "note": "sim_error_pct = simulator prediction vs measured decode tok/s, same recipe, trace and steps",
     }
     if not args.no_record:
-        path = spec.write_record("runs", record)
-        print(f"wrote {path}", file=sys.stderr)
+        _write("runs", record)
     if args.json:
         _emit(record)
         return 0
@@ -172,16 +171,14 @@ def cmd_calibrate(args) -> int:
     prog = (lambda msg: print(f"calibrate: {msg}", file=sys.stderr)) if sys.stderr.isatty() else None
     res = calibrate.calibrate(args.recipe, st, tr, steps=args.steps, repeats=args.repeats, backend=args.backend,
                               verify_rate=args.verify_rate, write=not args.no_write, progress=prog)
-    now = _dt.datetime.now(_dt.timezone.utc)
-    record = {"id": args.record or f"calibration-{R.id}-{now:%Y%m%dt%H%M%S}".lower(), "kind": "run",
-              "title": f"calibration matrix for {R.id}", "recipe": R.id, "measured": res["when"],
-              "backend": args.backend, "machine": f"{platform.node()} {platform.machine()}",
+    record = {**_run_record(args.record, f"calibration-{R.id}", R.id, args.backend, res["when"]),
+              "title": f"calibration matrix for {R.id}",
               "table": [{"arm": r["arm"], "conc": r["conc"], "decode": r["measured_tok_s"], "sim_decode": r["sim_tok_s"],
                          "error_pct": r["error_pct"], "fit": r["fit"]} for r in res["rows"]],
               "calibration": res, "note": "arms interleaved A B .. A B ..; fit arms set the cost terms, the others "
                                           "are held out; errors are simulator vs measured decode tok/s"}
     if not args.no_write:
-        print(f"wrote {spec.write_record('runs', record)}", file=sys.stderr)
+        _write("runs", record)
     if args.json:
         _emit(record)
         return 0
@@ -206,7 +203,7 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from moetier import bench, spec, store
+    from moetier import bench, store
     from moetier.cli import _emit
     st = store.open_store(args.store)
     m = bench.measure(st, nrec=args.records)
@@ -214,7 +211,7 @@ def cmd_bench(args) -> int:
     hw, eng = bench.records(m, args.hardware, args.engine, when)
     if not args.dry_run:
         for kind, rec in (("hardware", hw), ("engine", eng)):
-            print(f"wrote {spec.write_record(kind, rec)}", file=sys.stderr)
+            _write(kind, rec)
     if args.json:
         _emit({"measured": m, "hardware": hw, "engine": eng})
         return 0

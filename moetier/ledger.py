@@ -67,11 +67,6 @@ class Clock:
         self.slot_of: dict[int, int] = {}
         self.hand = 0
 
-    def touch(self, key: int) -> None:
-        s = self.slot_of.get(key)
-        if s is not None:
-            self.ref[s] = 1
-
     def find_victim_slot(self, protect, state) -> int:
         """Slot to reuse, or -1 if every slot is pinned: a protected key (this layer's picks) or a key whose state
         is not plain VRAM (a transfer in flight)."""
@@ -155,18 +150,7 @@ class Ledger:
         s = self.state.get(key)
         return s in (RAM, PUSHING, VRAM) or (s is None and self.all_in_ram)
 
-    @property
-    def pending(self) -> int:
-        return len(self._pending)
-
     # ---- recency / frequency ------------------------------------------------------------------------------
-    def touch_vram(self, key: int) -> None:
-        self.clock.touch(key)
-
-    def touch_ram(self, key: int) -> None:
-        if key in self.ram:
-            self.ram.move_to_end(key)
-
     def observe(self, keys, now: int) -> None:
         """Count picks for the LFU policy (decayed by halflife)."""
         if not self._lfu_window:
@@ -426,12 +410,6 @@ class Ledger:
             self.land(self.begin_fill(k))
 
     # ---- introspection --------------------------------------------------------------------------------------
-    def counts(self) -> dict:
-        out = {n: 0 for n in STATE_NAMES}
-        for s in self.state.values():
-            out[STATE_NAMES[s]] += 1
-        return out
-
     def check(self) -> None:
         """Invariants (for tests): tiers exclusive, capacities respected, clock map consistent."""
         assert len(self.clock.slot_of) <= self.vram_slots

@@ -37,16 +37,16 @@ class NvmeChannel:
     those started as wasted. They run one at a time and start only while no demand read is in flight (the runtime's
     reader has one low-priority worker that waits for demand reads); with a measured table each takes the table's
     queue-depth-1 latency, else ``deep``. In the table model a prefetch read in service does not add to a demand
-    read's depth (measured: one low-priority read in service did not slow demand reads, docs/calibration.md).
+    read's depth (measured: one low-priority read in service costs a demand read ~5%, not a queue slot;
+    benchmarks/bench_read_latency.py, docs/calibration.md).
     """
 
-    __slots__ = ("deep", "one", "lat", "record_bytes", "dfree", "pf", "reads", "pf_reads", "pf_cancelled",
+    __slots__ = ("deep", "one", "lat", "dfree", "pf", "reads", "pf_reads", "pf_cancelled",
                  "pf_wasted", "qd_table", "outstanding", "pf_svc", "pf_lat", "pf_done")
 
     def __init__(self, record_bytes: int, bw_gbps: float, bw_qd1_gbps: float | None = None,
                  latency_ms: float = 0.1, latency_by_qd: dict | None = None):
         # latency_by_qd: {q: ms}; see also latency_table_for_rows() (tables measured under the runtime's load)
-        self.record_bytes = record_bytes
         self.deep = record_bytes / (bw_gbps * 1e6)
         self.one = record_bytes / ((bw_qd1_gbps or bw_gbps) * 1e6)
         self.lat = latency_ms
@@ -239,21 +239,22 @@ class PlanContext:
                             f"gpu lane to compute VRAM-resident experts")
         zc = lane("zerocopy")
         cpu = lane("cpu")
+        cl = R.lanes.get("cpu")
+        overlap = bool(R.policy.get("overlap", True))
         if cpu is None and zc is None and gpu is None:
             raise UserError(f"recipe {R.id}: no lane can compute RAM or NVMe experts (need cpu, zerocopy or gpu)")
         host = getattr(R, "host", None) or {}
         return cls(experts=R.experts, gpu=gpu, zerocopy=zc, cpu=cpu,
                    push_ms=R.nvme_expert_bytes / (R.h2d_gbps * 1e6) if R.h2d_gbps else INF,
                    mask=R.policy.get("exact", "stall") == "mask",
-                   overlap=bool(R.policy.get("overlap", True)), can_admit=R.vram_slots > 0,
-                   cpu_call=R.lanes["cpu"].per_call_ms if "cpu" in R.lanes else 0.0,
-                   cpu_workers=R.lanes["cpu"].workers if "cpu" in R.lanes else 1,
-                   cpu_pmin=R.lanes["cpu"].parallel_min if "cpu" in R.lanes else 0,
+                   overlap=overlap, can_admit=gpu is not None,
+                   cpu_call=cl.per_call_ms if cl else 0.0, cpu_workers=cl.workers if cl else 1,
+                   cpu_pmin=cl.parallel_min if cl else 0,
                    host_layer=float(host.get("per_layer_ms", 0.0)), host_pick=float(host.get("per_pick_ms", 0.0)),
                    host_read=float(host.get("per_read_ms", 0.0)),
                    read_cpu=_read_cpu(R),
                    host_predict=float(host.get("per_predict_ms", 0.0)) if _prefetching(R.policy) else 0.0,
-                   copy_serial=R.vram_slots > 0 and not bool(R.policy.get("overlap", True)),
+                   copy_serial=gpu is not None and not overlap,
                    host_copy=float(host.get("per_copy_ms", 0.0)))
 
 
@@ -387,7 +388,7 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):
         plan.demand_reads = len(fresh)
     # arrival order; demand reads come back in issue order, so only promoted prefetches need a sort
     order = sorted(keys, key=arr.__getitem__) if len(keys) > 1 and len(fresh) < len(keys) else keys
-    can_gpu = gpu is not None and ctx.can_admit
+    can_gpu = gpu is not None      # a gpu lane exists only with a VRAM tier (from_recipe)
     wait = gwait = 0.0
     if not ctx.overlap:
         _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu)

@@ -138,7 +138,6 @@ class Sampler:
         self._thread = None
         self._f = None
         self._closed = False
-        self.samples = 0
         # the probe's own cost, for the overhead check: sampler thread CPU time, and time spent in the step hook on
         # the decode thread
         self.sampler_cpu_s = 0.0
@@ -250,7 +249,6 @@ class Sampler:
             s["gpu"] = self._nvml.sample()
         self._base, self._t_last = (cpu1, disk1), now
         self._write(s, flush=True)
-        self.samples += 1
 
     def _loop(self) -> None:
         t0 = time.monotonic()
@@ -543,7 +541,7 @@ def _resource_ceiling(name: str, ceil: dict) -> tuple[float | None, str | None]:
 # ---------------------------------------------------------------------------------------------------------------
 # report: utilization
 
-def _nvme_disks(header: dict | None, samples: list[dict]) -> list[str]:
+def _nvme_disks(samples: list[dict]) -> list[str]:
     names = set()
     for s in samples:
         if isinstance(s.get("disk"), dict):
@@ -552,13 +550,13 @@ def _nvme_disks(header: dict | None, samples: list[dict]) -> list[str]:
     return md or sorted(names)
 
 
-def _intervals(P: dict, interval: float) -> list[dict]:
+def _intervals(P: dict) -> list[dict]:
     """One interval per sample: [t - dt, t] with its resource values."""
     out = []
     cum = _Cum(P["counters"]) if P["counters"] else None
     spans = _step_spans(P["counters"])
     starts = [a for a, _ in spans]
-    disks = _nvme_disks(P["header"], P["samples"])
+    disks = _nvme_disks(P["samples"])
     for s in P["samples"]:
         dt = _num(s.get("dt"))
         if dt is None or dt <= 0:
@@ -765,7 +763,7 @@ def report(probe_path, hardware: dict | None = None, *, run_record: dict | None 
     times = [s["t"] for s in P["samples"]] + [c["t"] for c in P["counters"]] + [m_["t"] for m_ in P["marks"]]
     t_lo, t_hi = (min(times), max(times)) if times else (0.0, 0.0)
     phases = _phases(P["marks"], t_lo - 1e-9, t_hi + 1e-9)
-    ivs = _intervals(P, interval)
+    ivs = _intervals(P)
     cpus = (hdr or {}).get("cpus") if isinstance((hdr or {}).get("cpus"), list) else []
 
     steps, excluded_t = _steps(P["counters"]) if P["counters"] else ([], [])

@@ -2,8 +2,8 @@
 
 Contract
 --------
-``Runtime(R, store, backend, trace, conc)`` replays routing from a trace (the same lockstep streams as the
-simulator) and, per layer, calls ``plan_layer`` on the *modeled* clock - so its plan decisions are exactly the
+``run(R, store, backend, trace, conc)`` replays routing from a trace (the same lockstep streams as the
+simulator); its ``Runtime``, per layer, calls ``plan_layer`` on the *modeled* clock - so its plan decisions are exactly the
 simulator's (plan parity) - then carries the plan out for real:
 
 1. demand NVMe reads are issued (``begin_fill`` ticket + ``backend.fill`` handle) before any compute;
@@ -74,8 +74,8 @@ class SlotAllocator:
 
 
 class Runtime:
-    def __init__(self, R, store, backend, trace, conc: int = 1, *, seed: int = 0):
-        self.R, self.store, self.be, self.trace, self.conc = R, store, backend, trace, conc
+    def __init__(self, R, store, backend, conc: int = 1):
+        self.R, self.store, self.be = R, store, backend
         caps = backend.capabilities
         if store.layout.encoding not in caps.encodings:
             raise UserError(f"backend {caps.name}: encoding {store.layout.encoding!r} not supported "
@@ -97,7 +97,6 @@ class Runtime:
         self.vram_slot: dict[int, int] = {}
         self.inflight: dict[int, tuple] = {}   # key -> (ticket, handle, slot) for fills in flight
         self.wasted: list[tuple] = []          # (handle, slot) of unused prefetch reads still in flight
-        self.seed = seed
         self.stats = dict(plan_s=0.0, book_s=0.0, lane_cpu_s=0.0, lane_gpu_s=0.0, lane_zc_s=0.0, nvme_wait_s=0.0,
                           copy_s=0.0, combine_s=0.0, reads=0, masked=0, picks=0, layer_calls=0,
                           cpu_bytes=0, cpu_layers=0, cpu_calls=0, cpu_experts=0, cpu_extra_rows=0,
@@ -210,10 +209,15 @@ class Runtime:
         st[f"{p}_extra"] += extra
         self._group(p, len(keys), extra, 0, seconds)
 
-    def _device(self, lane, keys, slot_of, rows_of, picks, x, out) -> None:
+    def _compute(self, lane, keys, rows_of, picks, x, out, contended: int = 0) -> None:
+        """One timed lane call over keys (from VRAM slots for gpu, RAM slots otherwise), booked for the fits."""
+        slot_of = self.vram_slot if lane == "gpu" else self.ram_slot
         t = time.perf_counter()
         out.update(self.be.compute(lane, [(k, slot_of[k], rows_of[k]) for k in keys], x))
-        self._book_device_call(lane, keys, picks, time.perf_counter() - t)
+        if lane == "cpu":
+            self._book_cpu_call(keys, picks, time.perf_counter() - t, contended)
+        else:
+            self._book_device_call(lane, keys, picks, time.perf_counter() - t)
 
     def _cancel(self, h) -> bool:
         cancel = getattr(self.be, "cancel", None)
@@ -275,19 +279,16 @@ class Runtime:
         st["book_s"] += time.perf_counter() - c1
         # 2. resident lanes
         out: dict[int, np.ndarray] = {}
-        if plan.cpu:
-            t = time.perf_counter()
-            out.update(be.compute("cpu", [(k, self.ram_slot[k], rows_of[k]) for k in plan.cpu], x))
-            self._book_cpu_call(plan.cpu, picks, time.perf_counter() - t,
-                                contended=len(plan.nvme_cpu) + len(plan.nvme_gpu))   # reads in flight meanwhile
+        if plan.cpu:   # the reads in flight meanwhile contend for the cores
+            self._compute("cpu", plan.cpu, rows_of, picks, x, out, len(plan.nvme_cpu) + len(plan.nvme_gpu))
         if plan.cpu or plan.nvme_cpu:
             st["cpu_layers"] += 1
             st["cpu_experts"] += len(plan.cpu) + len(plan.nvme_cpu)
             st["cpu_extra_rows"] += sum(picks[k] - 1 for k in plan.cpu) + sum(picks[k] - 1 for k in plan.nvme_cpu)
         if plan.gpu:
-            self._device("gpu", plan.gpu, self.vram_slot, rows_of, picks, x, out)
+            self._compute("gpu", plan.gpu, rows_of, picks, x, out)
         if plan.zerocopy:
-            self._device("zerocopy", plan.zerocopy, self.ram_slot, rows_of, picks, x, out)
+            self._compute("zerocopy", plan.zerocopy, rows_of, picks, x, out)
         # 3. residency intents, in the simulator's order (Replay.commit), each landing after its bytes did
         b0 = time.perf_counter()
         inner0 = _inner(st)
@@ -305,9 +306,7 @@ class Runtime:
                 evicted = L.land(tk, picks)
             for ev in evicted:
                 self._release_ram(ev)
-            t = time.perf_counter()
-            out.update(be.compute("cpu", [(k, slot, rows_of[k])], x))
-            self._book_cpu_call([k], picks, time.perf_counter() - t)
+            self._compute("cpu", [k], rows_of, picks, x, out)
         if rp.ctx.can_admit:
             for k in plan.zerocopy:
                 tp = L.begin_push(k, picks)
@@ -323,17 +322,12 @@ class Runtime:
             self.ram_slot[k] = slot
             tp = L.begin_push(k, picks)
             if tp is None:                    # no unpinned VRAM slot: compute from the staging slot, drop it
-                if be.capabilities.has("zerocopy"):
-                    self._device("zerocopy", [k], self.ram_slot, rows_of, picks, x, out)
-                else:
-                    t = time.perf_counter()
-                    out.update(be.compute("cpu", [(k, slot, rows_of[k])], x))
-                    self._book_cpu_call([k], picks, time.perf_counter() - t)
+                self._compute("zerocopy" if be.capabilities.has("zerocopy") else "cpu", [k], rows_of, picks, x, out)
                 L.drop_staged(k)
                 self._release_ram(k)
             else:
                 self._push_now(k, tp, picks, "stage_s")
-                self._device("gpu", [k], self.vram_slot, rows_of, picks, x, out)
+                self._compute("gpu", [k], rows_of, picks, x, out)
         self._drains(picks)
         st["book_s"] += time.perf_counter() - b0 - (_inner(st) - inner0)   # waits and lane work inside: booked to them
         st["cpu_bytes"] += (len(plan.cpu) + len(plan.nvme_cpu)) * self.store.layout.weight_bytes
@@ -354,7 +348,7 @@ class Runtime:
                     continue
                 y[r] += rows_w[r][j] * out[k][pos[k][r]]
         st["combine_s"] += time.perf_counter() - t
-        return y, plan
+        return y, plan, picks
 
     # -- prefetch (real reads into the landing ring) -------------------------------------------------------------
     def issue_prefetch(self, k: int, ticket) -> None:
@@ -395,6 +389,18 @@ class Runtime:
         self.wasted.clear()
 
 
+def make_backend(name: str, st, R, conc: int, verify_rate: float = 1.0):
+    """The backend ``name`` sized for recipe R at ``conc`` streams: the RAM tier plus headroom for the fills a layer
+    can have in flight (demand picks of every row, prefetch budget, a few spare); unavailable -> one-line UserError."""
+    from moetier.contract import BackendUnavailable, get_backend
+    headroom = 2 * conc * R.topk + 4 * int(R.policy["prefetch"].get("budget", 8)) + 8
+    ram_slots = min(R.keys, R.ram_slots) + headroom
+    try:
+        return get_backend(name, st, ram_slots=ram_slots, vram_slots=R.vram_slots, verify_rate=verify_rate)
+    except BackendUnavailable as e:
+        raise UserError(str(e)) from None
+
+
 def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: int = 0, keep_outputs: bool = False,
         layer_hook=None, plan_hook=None, step_hook=None, progress=None) -> dict:
     """Run ``conc`` streams for the simulator's warm + measured steps (measured capped at max_steps)."""
@@ -405,7 +411,7 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
         measured = min(measured, max_steps)
     E, Lr, K, H = R.experts, R.layers, R.topk, store.layout.hidden
     streams = Streams(trace, conc, K, E, offsets=offsets)
-    rt = Runtime(R, store, backend, trace, conc, seed=seed)
+    rt = Runtime(R, store, backend, conc)
     if seed_mode == "oracle":
         rt.seed_tiers(rank_keys(trace.ids[:, :, :K], E))
     elif seed_mode == "warmup" and wtok:
@@ -440,14 +446,14 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
             else:
                 rows_w = [[1.0 / K] * K for _ in rows]
             xin = x
-            y, plan = rt.layer(layer, rows_keys, rows_w, x, t_model)
+            y, plan, picks = rt.layer(layer, rows_keys, rows_w, x, t_model)
             x = rmsnorm(x + y)
             if plan_hook is not None:
                 plan_hook(step, layer, plan)
             if layer_hook is not None:
                 layer_hook(step, layer, xin, y, rows_keys, rows_w, rt)
             t_pred = time.perf_counter()
-            rp.after_layer(layer, {k: 1 for ks in rows_keys for k in ks}, streams, rows, t_model,
+            rp.after_layer(layer, picks, streams, rows, t_model,
                            on_expire=rt.expire_real, on_issue=rt.issue_prefetch)
             if rt.predictor is not None:
                 rt.stats["predict_s"] += time.perf_counter() - t_pred   # prediction + prefetch issue: host time

@@ -98,7 +98,6 @@ class Replay:
         self.pf_tickets: dict = {}
         self.pf_target: dict[int, list] = {}
         self.pf_used = 0
-        self.pf_stale: list = []
         self.admissions = 0       # RAM -> VRAM pushes of resident (zerocopy) picks, counted by the executors
         self._copies = 0
 
@@ -150,12 +149,10 @@ class Replay:
             if pred.uses_future:
                 base = (layer + depth) * self.R.experts
                 fut = [k - base for k in streams.picks(rows, layer + depth)]
-            before = set(self.pf_tickets) if on_issue is not None else None
-            self.prefetch(layer, None if pred.uses_future else streams.local_rows(rows, layer), fut, t)
+            issued = self.prefetch(layer, None if pred.uses_future else streams.local_rows(rows, layer), fut, t)
             if on_issue is not None:
-                for k, tk in self.pf_tickets.items():
-                    if k not in before:
-                        on_issue(k, tk)
+                for k in issued:
+                    on_issue(k, self.pf_tickets[k])
         if not pred.uses_future and layer >= depth:
             pred.observe(layer - depth, streams.local_rows(rows, layer - depth), streams.local_rows(rows, layer))
 
@@ -188,28 +185,29 @@ class Replay:
             L.push_landed(k, picks, staged=True)   # refused (all slots pinned): computed from staging, dropped
 
     # -- prefetch -----------------------------------------------------------------------------------------------
-    def prefetch(self, layer: int, rows_local, future, t: float) -> None:
+    def prefetch(self, layer: int, rows_local, future, t: float) -> list:
+        """Issue prefetch reads of layer + depth's predicted experts that are on NVMe only; returns their keys."""
+        L = self.ledger
+        if L.all_in_ram:
+            return []
         tgt = layer + self.pf_depth
         ranked = self.predictor.predict(layer, rows_local, future)
-        if not ranked:
-            return
-        E = self.R.experts
-        base = tgt * E
-        L = self.ledger
-        sget, default = L.state.get, L._tier_default
+        base = tgt * self.R.experts
+        state = L.state
         want = []
-        for e in ranked:
+        for e in ranked or ():
             k = base + e
-            if sget(k) is None and default == 0:
+            if k not in state:
                 want.append(k)
                 if len(want) >= self.pf_budget:
                     break
         if not want:
-            return
+            return want
         self.chan.prefetch(t, want)
         for k in want:
             self.pf_tickets[k] = L.begin_fill(k, staging=True)
         self.pf_target.setdefault(tgt, []).extend(want)
+        return want
 
     def expire(self, layer: int, t: float) -> None:
         keys = self.pf_target.pop(layer, None)
