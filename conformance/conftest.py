@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -180,3 +181,18 @@ def nmse(y, ref) -> float:
 
 def xrows(rows: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng([SEED, seed, rows]).standard_normal((rows, H)).astype(np.float32)
+
+
+def poll_landed(be, hs, check, deadline_s=30.0):
+    """Poll landed() over handles in random order; run check(h) the moment each first reports True."""
+    rng = np.random.default_rng(1)
+    left = list(hs)
+    t_end = time.monotonic() + deadline_s
+    while left:
+        for j in rng.permutation(len(left)):
+            h = left[j]
+            if be.landed(h):
+                check(h)
+                left[j] = None
+        left = [h for h in left if h is not None]
+        assert time.monotonic() < t_end, f"{len(left)} handles never reported landed within {deadline_s} s"

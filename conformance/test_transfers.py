@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conformance import capabilities as caps
-from conformance.conftest import NK, RAM_SCRATCH, VRAM_SCRATCH, xrows
+from conformance.conftest import NK, RAM_SCRATCH, VRAM_SCRATCH, poll_landed, xrows
 from moetier import store as _store
 
 ENC = caps.ENCODINGS
@@ -91,21 +91,6 @@ def test_drain_returns_pushed_bytes(kits, enc):
         assert np.array_equal(_ram_bytes(kit, s), kit.rec(k)), f"drain key {k}: bytes differ from what was pushed"
 
 
-def _poll(be, hs, check, deadline_s=30.0):
-    """Poll landed() over handles in random order; run check(h) the moment each first reports True."""
-    rng = np.random.default_rng(1)
-    left = list(hs)
-    t_end = time.monotonic() + deadline_s
-    while left:
-        for j in rng.permutation(len(left)):
-            h = left[j]
-            if be.landed(h):
-                check(h)
-                left[j] = None
-        left = [h for h in left if h is not None]
-        assert time.monotonic() < t_end, f"{len(left)} handles never reported landed within {deadline_s} s"
-
-
 @pytest.mark.parametrize("enc", ENC)
 def test_landed_never_before_readable(kits, enc):
     """The first time landed(h) is True the destination already holds the bytes: fills into zeroed RAM slots
@@ -130,7 +115,7 @@ def test_landed_never_before_readable(kits, enc):
         h = be.fill(k, s)
         where[id(h)] = (k, s)
         hs.append(h)
-    _poll(be, hs, check_fill)
+    poll_landed(be, hs, check_fill)
     if kit.vram >= NK + 2 and caps.lane_skip(be, "gpu") is None:
         x = xrows(2, seed=4)
         pairs = [(3, NK), (12, NK + 1)]
@@ -149,7 +134,7 @@ def test_landed_never_before_readable(kits, enc):
             h = be.push(k, k, vs)
             where[id(h)] = (k, vs)
             hs.append(h)
-        _poll(be, hs, check_push)
+        poll_landed(be, hs, check_push)
 
 
 @pytest.mark.parametrize("enc", ENC)

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-pytest.importorskip("numba", reason="the cpu backend needs the cpu extra (numba)")
+import numba  # noqa: E402,F401  (the cpu extra: a missing install fails, it does not skip)
 
 from moetier import calibrate, spec, store  # noqa: E402
 from moetier.cli import REPO  # noqa: E402
@@ -62,8 +62,7 @@ def test_device_lane_and_copy_terms_recover_known_costs():
 
 def test_vram_arms_fit_device_lanes_copies_and_per_engine_latency(scratch):
     why = calibrate.sycl_available()
-    if why:
-        pytest.skip(f"the VRAM arms need the SYCL backend: {why}")
+    assert why is None, f"the VRAM arms need the SYCL backend (the sycl extra is part of the test set-up): {why}"
     root, st, tr = scratch
     R = spec.resolve("tiny-ci-cpu")
     vram = calibrate.vram_arms(R, slots=24)

@@ -20,19 +20,21 @@ from moetier.contract import BackendUnavailable, get_backend
 from moetier.expert import moe_reference, reference
 from moetier.transport import FaultPlan, TransportError
 
-NO_GPU = "no CUDA device: cupy.cuda.is_available() is False"
-
-
-def _gpu_available() -> bool:
+def _why_no_gpu() -> str | None:
+    """None with a usable CUDA device, else the reason (cupy is the cuda12/cuda13 extra, not part of CI)."""
     try:
         import cupy
-        return bool(cupy.cuda.is_available())
-    except Exception:
-        return False
+    except ImportError as e:
+        return f"cupy not installed (pip install 'moetier[cuda12]'): {e}"
+    try:
+        return None if cupy.cuda.is_available() else "no CUDA device: cupy.cuda.is_available() is False"
+    except Exception as e:
+        return f"no CUDA device: {type(e).__name__}: {e}"
 
 
-HAVE_GPU = _gpu_available()
-needs_gpu = pytest.mark.skipif(not HAVE_GPU, reason=NO_GPU)
+NO_GPU = _why_no_gpu()
+HAVE_GPU = NO_GPU is None
+needs_gpu = pytest.mark.skipif(not HAVE_GPU, reason=NO_GPU or "")
 
 RECIPE = "tiny-ci-cuda"
 
