@@ -39,6 +39,18 @@ def _align(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
 
+def act_range(n: int) -> int:
+    """The kernels' activation quantization range for a dot of n terms: int32 sums of |q_w| <= 128 times n
+    activations in [-range, range] cannot overflow. Every lane (cpu, cuda, sycl) uses this one value, which is what
+    keeps their results bit-identical."""
+    return int(min(32767, (2**31 - 1) // (128 * n)))
+
+
+def section_offsets(lay) -> list[int]:
+    """Byte offsets of the record's sections in SECTION_ORDER (the kernels' argument order)."""
+    return [int(lay.sections[s][0]) for s in SECTION_ORDER]
+
+
 @dataclass(frozen=True)
 class ExpertLayout:
     """Where each section of one expert record lives. Build with layout() or ExpertLayout.from_json()."""

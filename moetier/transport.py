@@ -31,7 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as _FutTimeout
 
 import numpy as np
-from xxhash import xxh3_128_digest as record_digest
+
+from moetier.store import digest as record_digest   # the store format owns its checksum
 
 PAGE = 4096
 HUGE = 2 * 1024 * 1024
@@ -351,10 +352,6 @@ class Reader:
 
     def completed_seq(self) -> int:
         return self._done_seq
-
-    @property
-    def submitted_seq(self) -> int:
-        return self._seq
 
     @property
     def outstanding(self) -> int:

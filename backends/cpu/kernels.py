@@ -29,15 +29,11 @@ import time
 import numpy as np
 from numba import get_num_threads, njit, prange, set_num_threads
 
-from moetier.expert import ExpertLayout
+from moetier.expert import ExpertLayout, act_range, section_offsets
 
 _JIT = dict(fastmath=True, cache=True, nogil=True)
-_I32MAX = 2**31 - 1
 BLOCK = 16  # output rows per parallel work item
 
-
-def _act_range(n: int) -> int:
-    return int(min(32767, _I32MAX // (128 * n)))
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -252,7 +248,7 @@ def _offsets(lay: ExpertLayout) -> np.ndarray:
     k = (lay.hidden, lay.ffn, lay.encoding)
     o = _OFFS.get(k)
     if o is None:
-        o = np.array([lay.sections[s][0] for s in ("gate_q", "up_q", "down_q", "gate_s", "up_s", "down_s")], np.int64)
+        o = np.array(section_offsets(lay), np.int64)
         _OFFS[k] = o
     return o
 
@@ -270,7 +266,7 @@ def _run(lay, slab, recs, x, rp, out, parallel=True):
         raise ValueError(f"expert record out of bounds of its buffer ({slab.size} bytes)")
     H, F = lay.hidden, lay.ffn
     kern = _int8_forward if lay.encoding == "int8" else _int4_forward
-    args = (slab, recs, _offsets(lay), H, F, x, rp, out, _act_range(H), _act_range(F))
+    args = (slab, recs, _offsets(lay), H, F, x, rp, out, act_range(H), act_range(F))
     if parallel:
         kern(*args)
     else:

@@ -26,24 +26,20 @@ from collections import OrderedDict
 import numpy as np
 
 from moetier.contract import BackendUnavailable, Capabilities
+from moetier.expert import act_range, section_offsets
 from moetier.transport import Reader, SlotPool, TransportError
 
 from backends.cuda import kernels as K
 
 try:
-    from backends.cpu import kernels as cpu_kernels
+    from backends.cpu.lane import CpuLane
 except ImportError:  # numba is the `cpu` extra; without it the cuda backend has no cpu lane
-    cpu_kernels = None
+    CpuLane = None
 
 HOST_REGISTER_PORTABLE = 0x01   # cudaHostRegisterPortable
 HOST_REGISTER_MAPPED = 0x02     # cudaHostRegisterMapped
-_I32MAX = 2**31 - 1
 INSTALL_HINT = "pip install 'moetier[cuda12]' (or 'moetier[cuda13]' for a CUDA 13 driver)"
 
-
-def _act_range(n: int) -> int:
-    """The CPU lane's activation range: int32 sums of |q_w| <= 128 times n activations cannot overflow."""
-    return int(min(32767, _I32MAX // (128 * n)))
 
 
 def _import_cupy():
@@ -171,21 +167,23 @@ class CudaBackend:
         except BaseException:
             self._teardown()
             raise
-        lanes = {"gpu", "zerocopy"} | ({"cpu"} if cpu_kernels is not None else set())
+        lanes = {"gpu", "zerocopy"} | ({"cpu"} if CpuLane is not None else set())
         notes = ("zerocopy reads pinned mapped host slots (cudaHostRegisterMapped)",)
-        if cpu_kernels is None:
+        if CpuLane is None:
             notes += ("no cpu lane: numba is not installed (pip install 'moetier[cpu]')",)
         self.capabilities = Capabilities(name="cuda", device=f"{self.device_name} (sm_{self.cc[0]}{self.cc[1]}, CuPy)",
                                          lanes=frozenset(lanes), encodings=frozenset({"int8", "int4g32"}),
                                          vram_slots=self.nvram, notes=notes)
-        self._offs = [int(lay.sections[s][0]) for s in ("gate_q", "up_q", "down_q", "gate_s", "up_s", "down_s")]
+        self._offs = section_offsets(lay)
         self._seq = 0
         self._pending: OrderedDict = OrderedDict()     # seq -> handle, not yet seen finished
         self._slot_event: dict = {}                    # vram slot -> event of the last copy touching it
         self._stats = {"pushes": 0, "drains": 0, "push_bytes": 0, "drain_bytes": 0, "copy_failures": 0}
         self._closed = False
-        if cpu_kernels is not None:
-            cpu_kernels.warmup(lay)
+        # the cpu lane is the cpu backend's runner (same call classes, so one engine cost model for every backend)
+        self.lane = CpuLane(lay) if CpuLane is not None else None
+        self.workers = self.lane.workers if self.lane else 1
+        self.parallel_min = self.lane.parallel_min if self.lane else 0
 
     # -- helpers ------------------------------------------------------------------------------------------------
     def _teardown(self):
@@ -254,10 +252,7 @@ class CudaBackend:
         if not jobs:
             return {}
         if lane == "cpu":
-            bufs = [self.pool.view(slot) for _, slot, _ in jobs]
-            xs = [np.ascontiguousarray(x[rows]) for _, _, rows in jobs]
-            outs = cpu_kernels.experts_forward(self.layout, bufs, xs)
-            return {k: y for (k, _, _), y in zip(jobs, outs)}
+            return self.lane.run(jobs, x, self.pool.view)
         if lane == "gpu" and self.nvram == 0:
             raise BackendUnavailable("cuda backend: gpu lane with zero VRAM slots")
         ptrs = [self._vram_ptr(s) if lane == "gpu" else self._ram_dptr(s) for _, s, _ in jobs]
@@ -316,11 +311,11 @@ class CudaBackend:
         sh = cp.empty(R, cp.float32)
         out = cp.empty((R, H), cp.float32)
         T = K.QUANT_THREADS
-        fn["quant_rows"]((R,), (T,), (d_x, np.int32(H), np.int32(_act_range(H)), np.int32(q4), xq, sx))
+        fn["quant_rows"]((R,), (T,), (d_x, np.int32(H), np.int32(act_range(H)), np.int32(q4), xq, sx))
         blk = (32 * K.WARPS,)
         gu, dn = (fn["gate_up_q4"], fn["down_q4"]) if q4 else (fn["gate_up_i8"], fn["down_i8"])
         gu(((F + K.WARPS - 1) // K.WARPS, nj), blk, (d_jobs, np.int32(H), np.int32(F), og, ou, ogs, ous, xq, sx, h))
-        fn["quant_rows"]((R,), (T,), (h, np.int32(F), np.int32(_act_range(F)), np.int32(q4), hq, sh))
+        fn["quant_rows"]((R,), (T,), (h, np.int32(F), np.int32(act_range(F)), np.int32(q4), hq, sh))
         dn(((H + K.WARPS - 1) // K.WARPS, nj), blk, (d_jobs, np.int32(H), np.int32(F), od, ods, hq, sh, out))
         return out
 
@@ -433,6 +428,8 @@ class CudaBackend:
             self.fence()
         finally:
             self._closed = True
+            if self.lane is not None:
+                self.lane.close()
             self.reader.close()
             self._slot_event.clear()
             self._pending.clear()

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from moetier.contract import BackendUnavailable, Capabilities
+from moetier.expert import act_range, section_offsets
 from moetier.transport import HUGE, PAGE, Reader, SlotPool, TransportError, _round_up
 
 try:
@@ -34,12 +35,8 @@ try:
 except ImportError:  # numba is the `cpu` extra; the cpu lane is then missing
     CpuLane = None
 
-_I32MAX = 2**31 - 1
 _SRC = Path(__file__).with_name("kernels.cl")
 
-
-def _act_range(n: int) -> int:
-    return int(min(32767, _I32MAX // (128 * n)))
 
 
 def _icd_path() -> str:
@@ -285,8 +282,7 @@ class SyclBackend:
         self._copy_stats = {"pushes": 0, "drains": 0, "push_bytes": 0, "drain_bytes": 0, "kernel_calls": 0}
         self._scratch: dict = {}
         self._closed = False
-        o = lay.sections
-        self._offs = [int(o[s][0]) for s in ("gate_q", "up_q", "down_q", "gate_s", "up_s", "down_s")]
+        self._offs = section_offsets(lay)
         # the cpu lane is the cpu backend's runner (same call classes, so one engine cost model for both)
         self.lane = CpuLane(lay) if CpuLane is not None else None
         self.workers = self.lane.workers if self.lane else 1
@@ -387,17 +383,17 @@ class SyclBackend:
         o = self._offs
         q, k = self.q, self.k
         i32, i64 = C.c_int32, C.c_int64
-        q.submit_async(k["quant_rows"], [mx, i32(H), i32(_act_range(H)), mxq, msx, mxg], [R])
+        q.submit_async(k["quant_rows"], [mx, i32(H), i32(act_range(H)), mxq, msx, mxg], [R])
         if enc == "int8":
             q.submit_async(k["i8_gate_up"], [base, mrecs, mrp, i32(H), i32(F), i64(o[0]), i64(o[1]), i64(o[3]),
                                              i64(o[4]), mxq, msx, mh], [n * F])
-            q.submit_async(k["quant_rows"], [mh, i32(F), i32(_act_range(F)), mhq, msh, mhg], [R])
+            q.submit_async(k["quant_rows"], [mh, i32(F), i32(act_range(F)), mhq, msh, mhg], [R])
             ev = q.submit_async(k["i8_down"], [base, mrecs, mrp, i32(H), i32(F), i64(o[2]), i64(o[5]), mhq, msh,
                                                mout], [n * H])
         else:
             q.submit_async(k["i4_gate_up"], [base, mrecs, mrp, i32(H), i32(F), i64(o[0]), i64(o[1]), i64(o[3]),
                                              i64(o[4]), mxq, msx, mxg, mh], [n * F])
-            q.submit_async(k["quant_rows"], [mh, i32(F), i32(_act_range(F)), mhq, msh, mhg], [R])
+            q.submit_async(k["quant_rows"], [mh, i32(F), i32(act_range(F)), mhq, msh, mhg], [R])
             ev = q.submit_async(k["i4_down"], [base, mrecs, mrp, i32(H), i32(F), i64(o[2]), i64(o[5]), mhq, msh,
                                                mhg, mout], [n * H])
         ev.wait()
@@ -407,46 +403,30 @@ class SyclBackend:
 
     # -- transfers --------------------------------------------------------------------------------------------
     def _track(self, make):
+        """Issue under the lock: ``make(seq)`` builds the handle; the seq is taken only if it succeeds."""
         with self._lock:
             if self._closed:
                 raise TransportError("sycl backend: closed")
-            self._seq += 1
-            h = make(self._seq)
+            h = make(self._seq + 1)
+            self._seq = h.seq
             self._pending[h.seq] = h
             return h
 
     def fill(self, key: int, slot: int, *, prefetch: bool = False):
-        with self._lock:
-            if self._closed:
-                raise TransportError("sycl backend: closed")
-            c = self.reader.fill(key, slot, prefetch=prefetch)
-            self._seq += 1
-            h = FillHandle(self._seq, c)
-            self._pending[h.seq] = h
-            return h
+        return self._track(lambda seq: FillHandle(seq, self.reader.fill(key, slot, prefetch=prefetch)))
 
     def push(self, key: int, src_slot: int, vram_slot: int):
-        src, dst = self._ram(src_slot), self._dev(vram_slot)
-        rb = self.record_bytes
-
-        def make(seq):
-            return CopyHandle(seq, int(key), "push", int(src_slot), int(vram_slot), self.cq.memcpy_async(dst, src, rb))
-
-        h = self._track(make)
-        self._copy_stats["pushes"] += 1
-        self._copy_stats["push_bytes"] += rb
-        return h
+        return self._copy("push", key, src_slot, vram_slot, self._ram(src_slot), self._dev(vram_slot))
 
     def drain(self, key: int, vram_slot: int, ram_slot: int):
-        src, dst = self._dev(vram_slot), self._ram(ram_slot)
+        return self._copy("drain", key, vram_slot, ram_slot, self._dev(vram_slot), self._ram(ram_slot))
+
+    def _copy(self, kind, key, src_slot, dst_slot, src, dst):
         rb = self.record_bytes
-
-        def make(seq):
-            return CopyHandle(seq, int(key), "drain", int(vram_slot), int(ram_slot), self.cq.memcpy_async(dst, src, rb))
-
-        h = self._track(make)
-        self._copy_stats["drains"] += 1
-        self._copy_stats["drain_bytes"] += rb
+        h = self._track(lambda seq: CopyHandle(seq, int(key), kind, int(src_slot), int(dst_slot),
+                                               self.cq.memcpy_async(dst, src, rb)))
+        self._copy_stats[{"push": "pushes", "drain": "drains"}[kind]] += 1
+        self._copy_stats[f"{kind}_bytes"] += rb
         return h
 
     def victims(self) -> list:
