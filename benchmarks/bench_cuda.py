@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from moetier import expert, spec, store  # noqa: E402
+from moetier.bench import best_seconds  # noqa: E402
 
 TARGET_GPU_FRACTION = 0.6
 
@@ -167,13 +168,8 @@ def bench_geometry(cp, name, hidden, ffn, encoding, *, distinct, nvram, nram, re
         # lane wall times through compute() (what the runtime sees)
         def wall_ms(lane, n, rows):
             jobs = [(i, i, list(range(rows))) for i in range(n)]
-            be.compute(lane, jobs, x1)
-            best = float("inf")
-            for _ in range(reps):
-                t = time.perf_counter()
-                be.compute(lane, jobs, x1)
-                best = min(best, time.perf_counter() - t)
-            return best * 1e3
+            be.compute(lane, jobs, x1)                 # warm
+            return best_seconds(lambda: be.compute(lane, jobs, x1), reps) * 1e3
 
         lane_ms = {}
         for lane in sorted(be.capabilities.lanes):

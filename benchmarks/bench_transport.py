@@ -33,6 +33,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from moetier.bench import drop_cache  # noqa: E402
 from moetier.transport import Reader, SlotPool  # noqa: E402
 
 FALLBACK_RECORD = 1_863_680  # Qwen3.8-Flash-Next record (registry/model/qwen3.8-flash-next-exl3-3.05bpw.json)
@@ -93,15 +94,6 @@ def make_file(path: str, nbytes: int) -> None:
             done += n
             i += 1
         os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def drop_cache(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
 

@@ -18,9 +18,11 @@ import numpy as np
 from moetier.transport import Reader, SlotPool
 
 
-def _drop_cache(path: str) -> None:
+def drop_cache(path: str) -> None:
+    """Evict a file from the page cache (written pages are flushed first, so they can be dropped too)."""
     fd = os.open(path, os.O_RDONLY)
     try:
+        os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
@@ -31,7 +33,7 @@ def read_bandwidth(st, qd: int, nrec: int, seed: int = 0) -> dict:
     keys = random.Random(seed).sample(range(st.nrecords), min(nrec, st.nrecords))
     pool = SlotPool(min(len(keys), max(qd * 2, 1)), st.record_bytes)
     rd = Reader(st, pool, queue_depth=qd, verify_rate=0.0)
-    _drop_cache(st.data_path)
+    drop_cache(st.data_path)
     lat = []
     try:
         t0 = time.perf_counter()
@@ -63,7 +65,7 @@ def read_cpu_ms(st, nrec: int = 256, qd: int = 16) -> float:
     keys = random.Random(5).sample(range(st.nrecords), min(nrec, st.nrecords))
     pool = SlotPool(qd, st.record_bytes)
     rd = Reader(st, pool, queue_depth=qd, verify_rate=1.0)
-    _drop_cache(st.data_path)
+    drop_cache(st.data_path)
     try:
         c0 = time.process_time()
         for b in range(0, len(keys), qd):

@@ -92,10 +92,10 @@ def arm_recipe(recipe_id: str, arm: dict, terms: dict | None = None):
     """The arm's recipe; with ``terms``, the fitted terms apply (lanes the arm's engines have, host, fixed, link)."""
     if not terms:
         return spec.resolve(recipe_id, arm["set"])
-    lanes = spec.resolve(recipe_id, arm["set"]).lanes
+    lanes = spec.resolve(recipe_id, arm["set"]).lanes        # the arm's engines decide which lanes get terms
     R = spec.resolve(recipe_id, term_overrides(terms, tuple(lanes)) + arm["set"])
     if terms.get("copy_ms"):
-        R.h2d_gbps = _copy_gbps(recipe_id, terms["copy_ms"])
+        R.h2d_gbps = copy_gbps(R.nvme_expert_bytes, terms["copy_ms"])
     tab = terms.get("nvme_latency_by_rows_qd_ms", {}).get(R.engines[-1]["id"])
     if tab:
         R.engines = [*R.engines[:-1], {**R.engines[-1], "nvme_latency_by_rows_qd_ms": tab,
@@ -247,6 +247,7 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
     which runs the same cpu lane; gpu/zerocopy lanes: the VRAM engine), the hardware record (NVMe latency table,
     gpu.h2d_gbps from the copy time) and the recipe's calibration block (validated, atomic)."""
     rec = spec.load_record("recipe", recipe_id)
+    record_bytes = spec.resolve(recipe_id).nvme_expert_bytes
     with_cpu = [e for e in rec["engines"] if "cpu" in spec.load_record("engine", e)["lanes"]]
     if not with_cpu:
         raise UserError(f"calibrate {recipe_id}: no engine of the recipe has a cpu lane to calibrate")
@@ -260,7 +261,7 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
                 eng["lanes"][ln].update({k: round(v, 6) for k, v in vals.items()})
         if eng_id in tables:
             eng["nvme_latency_by_rows_qd_ms"] = tables[eng_id]
-            eng["nvme_latency_record_bytes"] = spec.resolve(recipe_id).nvme_expert_bytes
+            eng["nvme_latency_record_bytes"] = record_bytes
             eng["nvme_latency_note"] = (f"moetier calibrate {when}: p50 submit-to-landed of the runtime's demand reads "
                                         f"by rows per step and demand queue depth, under this engine's load (fit "
                                         f"arms, measured steps); deeper queues: the hardware's idle-disk figures")
@@ -273,7 +274,7 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
     spec.write_record("recipe", rec)
     hw = spec.load_record("hardware", rec["hardware"])
     if terms.get("copy_ms") and hw.get("gpu"):
-        hw["gpu"]["h2d_gbps"] = round(_copy_gbps(recipe_id, terms["copy_ms"]), 4)
+        hw["gpu"]["h2d_gbps"] = round(copy_gbps(record_bytes, terms["copy_ms"]), 4)
         hw["gpu"]["note"] = (f"h2d_gbps: moetier calibrate {when}: one record pushed or drained by the runtime "
                              f"(copy + stage time over copies, VRAM fit arms)")
         spec.write_record("hardware", hw)
@@ -283,8 +284,9 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
         spec.write_record("hardware", hw)
 
 
-def _copy_gbps(recipe_id, copy_ms: float) -> float:
-    return spec.resolve(recipe_id).nvme_expert_bytes / (copy_ms * 1e6)
+def copy_gbps(record_bytes: int, copy_ms: float) -> float:
+    """The link speed that moves one record in copy_ms."""
+    return record_bytes / (copy_ms * 1e6)
 
 
 def term_overrides(terms: dict, lanes=("cpu",)) -> list[str]:

@@ -81,8 +81,8 @@ def test_vram_arms_fit_device_lanes_copies_and_per_engine_latency(scratch):
     eng = spec.load_record("engine", calibrate.VRAM_ENGINE)
     assert eng["lanes"]["gpu"]["per_expert_ms"] == pytest.approx(round(t["gpu"]["per_expert_ms"], 6))
     assert eng["lanes"]["cpu"]["workers"] == t["cpu"]["workers"]
-    assert spec.resolve("tiny-ci-cpu").h2d_gbps == pytest.approx(calibrate._copy_gbps("tiny-ci-cpu", t["copy_ms"]),
-                                                                 rel=1e-3)
+    R = spec.resolve("tiny-ci-cpu")
+    assert R.h2d_gbps == pytest.approx(calibrate.copy_gbps(R.nvme_expert_bytes, t["copy_ms"]), rel=1e-3)
 
 
 def test_cpu_lane_fit_recovers_both_call_classes_and_takes_out_contention():
