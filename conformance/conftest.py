@@ -196,3 +196,23 @@ def poll_landed(be, hs, check, deadline_s=30.0):
                 left[j] = None
         left = [h for h in left if h is not None]
         assert time.monotonic() < t_end, f"{len(left)} handles never reported landed within {deadline_s} s"
+
+
+def reference_hook(worst: list, every: int):
+    """A runtime layer_hook that, every ``every`` steps, checks the layer output against the float64 reference MoE
+    of the records as stored on disk, appending each NMSE to ``worst``."""
+    from moetier.expert import moe_reference
+
+    def hook(step, layer, xin, y, rows_keys, rows_w, rt):
+        if step % every:
+            return
+        bufs = {}
+        with open(rt.store.data_path, "rb") as f:
+            for ks in rows_keys:
+                for k in ks:
+                    f.seek(rt.store.offset(k))
+                    bufs[k] = (rt.store.layout, np.frombuffer(f.read(rt.store.record_bytes), np.uint8))
+        picks = [list(zip(ks, w)) for ks, w in zip(rows_keys, rows_w)]
+        worst.append(nmse(y, moe_reference(bufs, picks, xin.astype(np.float64))))
+
+    return hook

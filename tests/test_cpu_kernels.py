@@ -8,11 +8,9 @@ import numba  # noqa: E402,F401  (the cpu extra: a missing install fails, it doe
 from backends.cpu import kernels as K  # noqa: E402
 from moetier import expert as E  # noqa: E402
 
+from conformance.conftest import nmse  # noqa: E402
+
 GEOMS = [(256, 128), (1024, 512)]
-
-
-def nmse(y, ref):
-    return float(((y - ref) ** 2).sum() / (ref ** 2).sum())
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,11 @@ import pytest
 
 from moetier import expert, spec, store
 from moetier.contract import BackendUnavailable, get_backend
-from moetier.expert import moe_reference, reference
+from moetier.expert import reference
 from moetier.transport import FaultPlan, TransportError
+
+from conformance.conftest import nmse, reference_hook
+
 
 def _why_no_gpu() -> str | None:
     """None with a usable CUDA device, else the reason (cupy is the cuda12/cuda13 extra, not part of CI)."""
@@ -117,10 +120,6 @@ def _load(be, keys):
     return {k: be.ram_view(i)[:be.record_bytes].copy() for i, k in enumerate(keys)}
 
 
-def _nmse(y, ref):
-    return float(((y - ref) ** 2).sum() / (ref ** 2).sum())
-
-
 @needs_gpu
 def test_numerics_per_lane_vs_reference(enc_store):
     st = enc_store
@@ -137,7 +136,7 @@ def test_numerics_per_lane_vs_reference(enc_store):
                 for k, _, rows in jobs:
                     ref = reference(lay, recs[k], x[rows].astype(np.float64))
                     assert out[k].shape == (n, lay.hidden) and out[k].dtype == np.float32
-                    e = _nmse(out[k], ref)
+                    e = nmse(out[k], ref)
                     assert e < 5e-4, f"{lane} {lay.encoding} rows={n} key={k}: NMSE {e:.2e}"
     finally:
         be.close()
@@ -160,7 +159,7 @@ def test_glm_geometry_int4g32_one_expert():
             x = np.random.default_rng(2).standard_normal((3, 4096)).astype(np.float32)
             for lane in ("gpu", "zerocopy"):
                 y = be.compute(lane, [(0, 0, [0, 1, 2])], x)[0]
-                assert _nmse(y, reference(lay, recs[0], x.astype(np.float64))) < 5e-4
+                assert nmse(y, reference(lay, recs[0], x.astype(np.float64))) < 5e-4
             d_rec = cupy.asarray(recs[0])
             y2 = be.forward_ptrs([int(d_rec.data.ptr)], [np.arange(3)], x)
             assert np.array_equal(y2, be.compute("gpu", [(0, 0, [0, 1, 2])], x)[0])
@@ -188,7 +187,7 @@ def test_deterministic_and_tier_and_batch_invariant(enc_store):
         if be.capabilities.has("cpu"):
             c = be.compute("cpu", jobs, x)
             for k, _, _ in jobs:
-                assert _nmse(c[k], a[k].astype(np.float64)) < 1e-4
+                assert nmse(c[k], a[k].astype(np.float64)) < 1e-4
     finally:
         be.close()
 
@@ -269,24 +268,11 @@ def test_runtime_run_uses_every_lane(tiny_store):
     tr = load_trace(spec.REGISTRY.parent / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
     worst = []
 
-    def hook(step, layer, xin, y, rows_keys, rows_w, rt):
-        if step % 4:
-            return
-        bufs = {}
-        with open(rt.store.data_path, "rb") as f:
-            for ks in rows_keys:
-                for k in ks:
-                    f.seek(rt.store.offset(k))
-                    bufs[k] = (rt.store.layout, np.frombuffer(f.read(rt.store.record_bytes), np.uint8))
-        picks = [list(zip(ks, w)) for ks, w in zip(rows_keys, rows_w)]
-        ref = moe_reference(bufs, picks, xin.astype(np.float64))
-        worst.append(_nmse(y, ref))
-
     digests = []
     for rep in range(2):
         be = get_backend("cuda", st, ram_slots=min(R.keys, R.ram_slots) + 64, vram_slots=R.vram_slots)
         try:
-            res = runtime.run(R, st, be, tr, 2, max_steps=10, layer_hook=hook if rep == 0 else None)
+            res = runtime.run(R, st, be, tr, 2, max_steps=10, layer_hook=reference_hook(worst, every=4) if rep == 0 else None)
             stats = be.stats
         finally:
             be.close()

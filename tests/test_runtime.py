@@ -3,7 +3,6 @@
 Checks: tiering does not change the math (bit-identical to all-in-RAM), per-layer NMSE vs the float64 reference,
 plan parity with the simulator, mask is the only lossy mode, transport faults stop the run with one line.
 """
-import numpy as np
 import pytest
 
 import numba  # noqa: E402,F401  (the cpu extra: a missing install fails, it does not skip)
@@ -11,7 +10,7 @@ import numba  # noqa: E402,F401  (the cpu extra: a missing install fails, it doe
 from moetier import runtime, sim, spec, store  # noqa: E402
 from moetier.contract import get_backend  # noqa: E402
 from moetier.errors import UserError  # noqa: E402
-from moetier.expert import moe_reference  # noqa: E402
+from conformance.conftest import reference_hook  # noqa: E402
 from moetier.trace import load_trace  # noqa: E402
 from moetier.transport import FaultPlan  # noqa: E402
 
@@ -50,21 +49,7 @@ def test_tiering_is_bit_identical_to_all_in_ram(packed):
 def test_layer_outputs_match_float64_reference(packed):
     worst = []
 
-    def hook(step, layer, xin, y, rows_keys, rows_w, rt):
-        if step % 5:
-            return
-        lay = rt.store.layout
-        bufs = {}
-        for ks in rows_keys:
-            for k in ks:
-                with open(rt.store.data_path, "rb") as f:
-                    f.seek(rt.store.offset(k))
-                    bufs[k] = (lay, np.frombuffer(f.read(rt.store.record_bytes), np.uint8))
-        picks = [list(zip(ks, w)) for ks, w in zip(rows_keys, rows_w)]
-        ref = moe_reference(bufs, picks, xin.astype(np.float64))
-        worst.append(float(((y - ref) ** 2).sum() / (ref ** 2).sum()))
-
-    _run(packed, conc=2, layer_hook=hook)
+    _run(packed, conc=2, layer_hook=reference_hook(worst, every=5))
     assert worst and max(worst) < 5e-4
 
 

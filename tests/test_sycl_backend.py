@@ -21,7 +21,7 @@ from moetier import expert, store  # noqa: E402
 from moetier.contract import BackendUnavailable, get_backend  # noqa: E402
 
 from backends.sycl.backend import SyclBackend  # noqa: E402
-from conformance.conftest import poll_landed  # noqa: E402
+from conformance.conftest import nmse, poll_landed  # noqa: E402
 
 SEED = 5
 H, F = 256, 128
@@ -52,10 +52,6 @@ def _rec(b, k):
     return np.frombuffer(expert.make_expert(b.layout, k, SEED), np.uint8)
 
 
-def _nmse(y, ref):
-    return float(((y - ref) ** 2).sum() / (ref ** 2).sum())
-
-
 def _x(rows, seed=0):
     return np.random.default_rng([seed, rows]).standard_normal((rows, H)).astype(np.float32)
 
@@ -69,7 +65,7 @@ def test_numerics_vs_reference(be, lane, rows):
     for k in range(NKEYS):
         ref = expert.reference(be.layout, _rec(be, k), x)
         assert out[k].dtype == np.float32 and out[k].shape == (rows, H)
-        assert _nmse(out[k], ref) < 5e-4, (lane, rows, k)
+        assert nmse(out[k], ref) < 5e-4, (lane, rows, k)
 
 
 def test_device_lanes_match_cpu_lane(be):
