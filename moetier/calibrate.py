@@ -18,8 +18,10 @@ Contract
      least squares into a part per concurrency and a part per NVMe read that joins ``per_read`` (``fit_fixed``);
      concurrencies without a fit arm are interpolated by the simulator;
    - NVMe queueing model (engine ``nvme_latency_by_rows_qd_ms``, per engine: its lanes load the cores the reader
-     needs): p50 submit-to-landed of the runtime's demand reads by rows per step and the demand queue depth they
+     needs): mean submit-to-landed of the runtime's demand reads by rows per step and the demand queue depth they
      joined; depths not reached keep the hardware's idle-disk bench figures;
+   - wake-up (engine ``nvme_wake_ms_by_rows``): mean delay from a read landing to the decode thread that was
+     blocked on it resuming, by rows per step; the planner adds it to every pick whose lane waited for its bytes;
 2. *every* arm again, with the runtime planning on the fitted terms - lane choices depend on the costs, so this is
    what makes the runtime's plan and the simulator's prediction the same plan. Held-out arms never set a term.
 
@@ -96,9 +98,11 @@ def arm_recipe(recipe_id: str, arm: dict, terms: dict | None = None):
     R = spec.resolve(recipe_id, term_overrides(terms, tuple(lanes)) + arm["set"])
     if terms.get("copy_ms"):
         R.h2d_gbps = copy_gbps(R.nvme_expert_bytes, terms["copy_ms"])
-    tab = terms.get("nvme_latency_by_rows_qd_ms", {}).get(R.engines[-1]["id"])
+    eng = R.engines[-1]["id"]
+    tab = terms.get("nvme_latency_by_rows_qd_ms", {}).get(eng)
     if tab:
         R.engines = [*R.engines[:-1], {**R.engines[-1], "nvme_latency_by_rows_qd_ms": tab,
+                                       "nvme_wake_ms_by_rows": terms.get("nvme_wake_ms_by_rows", {}).get(eng, {}),
                                        "nvme_latency_record_bytes": R.nvme_expert_bytes}]
     return R
 
@@ -110,6 +114,7 @@ def _measure(recipe_id, st, tr, arm, steps, backend_name, verify_rate, terms=Non
         res = runtime.run(R, st, be, tr, arm["conc"], max_steps=steps)
         reader = getattr(be, "reader", None)
         res["latency_by_qd"] = {q: list(v) for q, v in getattr(reader, "latency_by_qd", {}).items()}
+        res["wake_ms"] = list(getattr(reader, "wake_ms", ()))
         res["engine"] = R.engines[-1]["id"]
         return res
     finally:
@@ -120,13 +125,14 @@ def _merge(runs):
     """One arm's repeats -> the median repeat (by tok/s): its counters feed both the fits and the error table, so
     the terms and the figure they are checked against describe the same run. This VM's noise is heavy-tailed (a
     repeat can lose a scheduler slice per layer); a sum over repeats would fit the outliers and compare them with
-    the median. Read latencies (their p50 is taken later) are pooled over all repeats."""
+    the median. Read latencies and wake-ups (their means are taken later) are pooled over all repeats."""
     med = sorted(runs, key=lambda r: r["tok_s"])[len(runs) // 2]
     lat: dict[int, list] = {}
     for r in runs:
         for q, v in r.get("latency_by_qd", {}).items():
             lat.setdefault(int(q), []).extend(v)
     return {"counters": med["counters"], "latency_by_qd": lat, "wall_s": med["wall_s"],
+            "wake_ms": [w for r in runs for w in r.get("wake_ms", ())],
             "call_groups": med.get("call_groups", []), "tokens": med["tokens"], "steps": med["steps"],
             "tok_s_each": [r["tok_s"] for r in runs], "conc": med["conc"], "engine": med.get("engine")}
 
@@ -163,27 +169,42 @@ def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0, workers: 
     hl, hp, hr, hpred, hcopy = (coef.get(j, 0.0) for j in range(5))
     fixed, per_read_unbooked = fit_fixed(unbooked)
     hr += per_read_unbooked
-    lat: dict[str, dict] = {}                      # engine -> rows per step -> q -> samples
-    for a in fit:
-        m = measured[a["name"]]
-        for q, v in m.get("latency_by_qd", {}).items():
-            lat.setdefault(m.get("engine"), {}).setdefault(a["conc"], {}).setdefault(q, []).extend(v)
-    # depths the runtime reached are measured under its load; deeper ones keep the idle-disk bench figures
-    idle = {int(q): float(v) for q, v in (idle_latency or {}).items()}
-    latency = {}
-    for eng, by_rows in sorted(lat.items(), key=lambda kv: str(kv[0])):
-        tabs = {str(r): {str(q): round(v, 4) for q, v in sorted({**idle, **{
-                    q: float(np.median(v)) for q, v in tab.items() if len(v) >= 8}}.items())}
-                for r, tab in sorted(by_rows.items())}
-        if eng and any(tabs.values()):
-            latency[eng] = tabs
+    latency, wake_ms = fit_channel([measured[a["name"]] for a in fit], idle_latency)
     out = {"cpu": {**fit_cpu_lane(lane_rows, workers, read_cpu), "workers": workers, "parallel_min": parallel_min},
            "host": {"per_layer_ms": hl, "per_pick_ms": hp, "per_read_ms": hr, "per_predict_ms": hpred,
                     "per_copy_ms": hcopy},
            "fixed_ms": fixed,
-           "nvme_latency_by_rows_qd_ms": latency}      # {engine: {rows: {q: ms}}}
+           "nvme_latency_by_rows_qd_ms": latency,      # {engine: {rows: {q: ms}}}
+           "nvme_wake_ms_by_rows": wake_ms}            # {engine: {rows: ms}}
     out.update(fit_device_terms([measured[a["name"]] for a in fit]))
     return out
+
+
+def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> tuple[dict, dict]:
+    """The NVMe channel's terms per engine from the fit arms' reads: ({engine: {rows: {q: ms}}}, {engine: {rows:
+    ms}}) - mean submit-to-landed by rows per step and the demand queue depth a read joined, and the mean wake-up
+    (landed to the blocked waiter resuming). Means, not medians: the planner adds both into stalls, and the median
+    of a right-skewed latency understates their sum. Depths the runtime reached are measured under its load;
+    deeper ones keep the idle-disk bench figures. Fewer than 8 samples make no entry."""
+    lat: dict[str, dict] = {}                      # engine -> rows per step -> q -> samples
+    wake: dict[str, dict] = {}                     # engine -> rows per step -> samples
+    for m in fit_runs:
+        eng, rows = m.get("engine"), m["conc"]
+        for q, v in m.get("latency_by_qd", {}).items():
+            lat.setdefault(eng, {}).setdefault(rows, {}).setdefault(int(q), []).extend(v)
+        wake.setdefault(eng, {}).setdefault(rows, []).extend(m.get("wake_ms", ()))
+    idle = {int(q): float(v) for q, v in (idle_latency or {}).items()}
+    latency, wake_ms = {}, {}
+    for eng, by_rows in sorted(lat.items(), key=lambda kv: str(kv[0])):
+        tabs = {str(r): {str(q): round(v, 4) for q, v in sorted({**idle, **{
+                    q: float(np.mean(v)) for q, v in tab.items() if len(v) >= 8}}.items())}
+                for r, tab in sorted(by_rows.items())}
+        if eng and any(tabs.values()):
+            latency[eng] = tabs
+            w = {str(r): round(float(np.mean(v)), 4) for r, v in sorted(wake.get(eng, {}).items()) if len(v) >= 8}
+            if w:
+                wake_ms[eng] = w
+    return latency, wake_ms
 
 
 def fit_fixed(unbooked) -> tuple[dict, float]:
@@ -262,9 +283,16 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
         if eng_id in tables:
             eng["nvme_latency_by_rows_qd_ms"] = tables[eng_id]
             eng["nvme_latency_record_bytes"] = record_bytes
-            eng["nvme_latency_note"] = (f"moetier calibrate {when}: p50 submit-to-landed of the runtime's demand reads "
-                                        f"by rows per step and demand queue depth, under this engine's load (fit "
-                                        f"arms, measured steps); deeper queues: the hardware's idle-disk figures")
+            wake = terms.get("nvme_wake_ms_by_rows", {}).get(eng_id)
+            if wake:
+                eng["nvme_wake_ms_by_rows"] = wake
+            else:
+                eng.pop("nvme_wake_ms_by_rows", None)
+            eng["nvme_latency_note"] = (f"moetier calibrate {when}: mean submit-to-landed of the runtime's demand "
+                                        f"reads by rows per step and demand queue depth, under this engine's load "
+                                        f"(fit arms, measured steps); deeper queues: the hardware's idle-disk "
+                                        f"figures. nvme_wake_ms_by_rows: mean delay from a read landing to the "
+                                        f"blocked waiter resuming")
         eng["source"] = src
         spec.write_record("engine", eng)
     rec["calibration"]["fixed_ms"] = terms["fixed_ms"]
@@ -323,8 +351,20 @@ def predict_and_compare(recipe_id, tr, arms, measured, steps, terms) -> list[dic
                      "ms_per_token": {"measured": meas, "sim": pred},
                      "bucket_error_pct": {b: ((pred[b] / meas[b] - 1) * 100 if meas[b] > 0.05 else None)
                                           for b in BUCKETS},
-                     "reads_per_token": c["reads"] / tok, "sim_nvme_per_tok": p["nvme_per_tok"]})
+                     "reads_per_token": c["reads"] / tok, "sim_nvme_per_tok": p["nvme_per_tok"],
+                     "read_ms": _distribution(m)})
     return rows
+
+
+def _distribution(m) -> dict:
+    """The arm's demand-read latency by queue depth and its wake-ups as distributions (n, p50, mean, p90, ms): the
+    evidence behind the channel model's means."""
+    def d(v):
+        return {"n": len(v), "p50": float(np.median(v)), "mean": float(np.mean(v)), "p90": float(np.percentile(v, 90))}
+    out = {f"qd{q}": d(v) for q, v in sorted(m.get("latency_by_qd", {}).items()) if len(v) >= 8}
+    if len(m.get("wake_ms", ())) >= 8:
+        out["wake"] = d(m["wake_ms"])
+    return out
 
 
 def summary(rows) -> dict:

@@ -38,15 +38,19 @@ class NvmeChannel:
     reader has one low-priority worker that waits for demand reads); with a measured table each takes the table's
     queue-depth-1 latency, else ``deep``. In the table model a prefetch read in service does not add to a demand
     read's depth (measured: one low-priority read in service costs a demand read ~5%, not a queue slot;
-    benchmarks/bench_read_latency.py, docs/calibration.md).
+    benchmarks/bench_read_latency.py, docs/calibration.md). ``wake`` is the measured delay from a read landing to
+    the thread blocked on it resuming; the planner adds it to a pick whose lane had to wait for the bytes.
     """
 
     __slots__ = ("deep", "one", "lat", "dfree", "pf", "reads", "pf_reads", "pf_cancelled",
-                 "pf_wasted", "qd_table", "outstanding", "pf_svc", "pf_lat", "pf_done")
+                 "pf_wasted", "qd_table", "outstanding", "pf_svc", "pf_lat", "pf_done", "wake")
 
     def __init__(self, record_bytes: int, bw_gbps: float, bw_qd1_gbps: float | None = None,
-                 latency_ms: float = 0.1, latency_by_qd: dict | None = None):
+                 latency_ms: float = 0.1, latency_by_qd: dict | None = None, wake_ms: float = 0.0):
         # latency_by_qd: {q: ms}; see also latency_table_for_rows() (tables measured under the runtime's load)
+        # wake_ms: from a read landing to the lane blocked on it resuming (engine nvme_wake_ms_by_rows); paid only
+        # by a lane that had to wait, so it is the planner's to add, not part of the arrival
+        self.wake = float(wake_ms)
         self.deep = record_bytes / (bw_gbps * 1e6)
         self.one = record_bytes / ((bw_qd1_gbps or bw_gbps) * 1e6)
         self.lat = latency_ms
@@ -177,31 +181,44 @@ class NvmeChannel:
         return cancelled, wasted
 
 
+def _engine_tables(engines, record_bytes) -> dict:
+    """The engine record whose NVMe tables apply: the last of ``engines`` with ``nvme_latency_by_rows_qd_ms``
+    measured under its load with records of ``record_bytes`` (a table for other record sizes does not apply)."""
+    return next((e for e in reversed(list(engines)) if e.get("nvme_latency_by_rows_qd_ms")
+                 and e.get("nvme_latency_record_bytes", record_bytes) == record_bytes), {})
+
+
+def _at_rows(by_rows: dict, rows: int, mix):
+    """A per-rows measurement ({rows: value}) at ``rows``: linear between measured rows (``mix(lo, hi, f)``),
+    the nearest outside."""
+    keys = sorted(by_rows)
+    lo = max([r for r in keys if r <= rows], default=keys[0])
+    hi = min([r for r in keys if r >= rows], default=keys[-1])
+    return by_rows[lo] if lo == hi else mix(by_rows[lo], by_rows[hi], (rows - lo) / (hi - lo))
+
+
 def latency_table_for_rows(nvme: dict, rows: int, engines=(), record_bytes: int | None = None) -> dict | None:
     """The channel's latency-vs-queue-depth table for a step of ``rows`` token rows.
 
     A table by rows ({rows: {q: ms}}, written by `moetier calibrate` from the runtime's own reads) captures that
     reads complete later while the lanes keep the cores busy (more rows, more work per layer), and how much later
-    depends on the engine: the last of ``engines`` with ``nvme_latency_by_rows_qd_ms`` (measured under its load,
-    with records of ``nvme_latency_record_bytes``: a table for other record sizes does not apply) wins, else the
-    hardware's ``nvme.latency_by_rows_qd_ms``. Rows between measured ones interpolate linearly,
-    outside they take the nearest. Without any: the idle-disk ``latency_by_qd_ms`` of `moetier bench`, or None
-    (the reference's FIFO model)."""
-    src = next((e["nvme_latency_by_rows_qd_ms"] for e in reversed(list(engines))
-                if e.get("nvme_latency_by_rows_qd_ms")
-                and e.get("nvme_latency_record_bytes", record_bytes) == record_bytes), None) \
-        or nvme.get("latency_by_rows_qd_ms") or {}
+    depends on the engine (``_engine_tables``: the engine's table measured under its load wins, else the hardware's
+    ``nvme.latency_by_rows_qd_ms``); rows between measured ones interpolate linearly, outside they take the
+    nearest. Without any: the idle-disk ``latency_by_qd_ms`` of `moetier bench`, or None (the reference's FIFO
+    model)."""
+    src = _engine_tables(engines, record_bytes).get("nvme_latency_by_rows_qd_ms") or nvme.get("latency_by_rows_qd_ms") \
+        or {}
     by_rows = {int(r): {int(q): float(v) for q, v in tab.items()} for r, tab in src.items() if tab}
     if not by_rows:
         return nvme.get("latency_by_qd_ms")
-    keys = sorted(by_rows)
-    lo = max([r for r in keys if r <= rows], default=keys[0])
-    hi = min([r for r in keys if r >= rows], default=keys[-1])
-    if lo == hi:
-        return by_rows[lo]
-    f = (rows - lo) / (hi - lo)
-    common = sorted(set(by_rows[lo]) & set(by_rows[hi]))
-    return {q: by_rows[lo][q] * (1 - f) + by_rows[hi][q] * f for q in common}
+    return _at_rows(by_rows, rows, lambda a, b, f: {q: a[q] * (1 - f) + b[q] * f for q in sorted(set(a) & set(b))})
+
+
+def wake_for_rows(rows: int, engines=(), record_bytes: int | None = None) -> float:
+    """The wake-up delay (ms) at ``rows`` token rows, from the engine whose latency table applies; 0 if unmeasured."""
+    src = _engine_tables(engines, record_bytes).get("nvme_wake_ms_by_rows") or {}
+    by_rows = {int(r): float(v) for r, v in src.items()}
+    return _at_rows(by_rows, rows, lambda a, b, f: a * (1 - f) + b * f) if by_rows else 0.0
 
 
 @dataclass
@@ -389,9 +406,10 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):
     # arrival order; demand reads come back in issue order, so only promoted prefetches need a sort
     order = sorted(keys, key=arr.__getitem__) if len(keys) > 1 and len(fresh) < len(keys) else keys
     can_gpu = gpu is not None      # a gpu lane exists only with a VRAM tier (from_recipe)
+    wake = nvme.wake
     wait = gwait = 0.0
     if not ctx.overlap:
-        _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu)
+        _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wake)
         return
     for k in order:
         a = arr[k] - t0
@@ -400,12 +418,12 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):
         m = picks[k]
         if cpu:
             cs = c + ctx.cpu_call if c_on else (ctx.cpu_call if ctx.cpu_pmin > 1 else cpu[0])
-            ce = (cs if cs > a else a) + cpu[1] + cpu[2] * (m - 1)
+            ce = (cs if cs > a else a + wake) + cpu[1] + cpu[2] * (m - 1)
         else:
             ce = INF
         if can_gpu:
             gs = g if g_on else g + gpu[0]
-            ap = a + push
+            ap = a + push if gs > a else a + wake + push
             ge = (gs if gs > ap else ap) + gpu[1] + gpu[2] * (m - 1)
         else:
             ge = INF
@@ -413,7 +431,7 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):
             raise ValueError("no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier")
         if (ce if ce > g else g) <= (c if c > ge else ge):
             if a > cs:
-                wait += a - cs
+                wait += a + wake - cs
             c = ce
             c_on = True
             plan.nvme_cpu.append(k)
@@ -429,11 +447,12 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):
     plan.gpu_ms, plan.cpu_ms = g, c
 
 
-def _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu):
+def _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wake):
     """NVMe picks when lanes do not overlap (policy.overlap false): one timeline after the resident lanes (c + g);
-    each pick, in arrival order, waits for its bytes and runs on the lane that ends it sooner. Its work is added to
-    that lane's busy time, so the layer's g + c is the timeline's end. A push to VRAM follows its read on the same
-    timeline and is booked as stall (read + stage), as the serial runtime spends it."""
+    each pick, in arrival order, waits for its bytes (and the wake-up, if it had to wait) and runs on the lane that
+    ends it sooner. Its work is added to that lane's busy time, so the layer's g + c is the timeline's end. A push to
+    VRAM follows its read on the same timeline and is booked as stall (read + stage), as the serial runtime spends
+    it."""
     gpu, cpu, push = ctx.gpu, ctx.cpu, ctx.push_ms
     wait = gwait = 0.0
     for k in order:
@@ -442,6 +461,8 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu):
             a = 0.0
         m = picks[k]
         now = g + c
+        if a > now:
+            a += wake
         cw = ge = INF
         if cpu:
             cw = (ctx.cpu_call if c_on or ctx.cpu_pmin > 1 else cpu[0]) + cpu[1] + cpu[2] * (m - 1)

@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from moetier.ledger import Ledger
-from moetier.plan import LayerPlan, NvmeChannel, PlanContext, latency_table_for_rows, plan_layer
+from moetier.plan import LayerPlan, NvmeChannel, PlanContext, latency_table_for_rows, plan_layer, wake_for_rows
 from moetier.predict import make_predictor
 
 ORACLE_WARM_STEPS = 200
@@ -88,9 +88,10 @@ class Replay:
         self.ctx = PlanContext.from_recipe(R)
         self.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, exclusive=R.policy.get("ram", "exclusive")
                              == "exclusive", ram_policy=R.policy.get("ram_evict", "lru"))
+        nvme, engines = R.hardware.get("nvme", {}), getattr(R, "engines", ())
         self.chan = NvmeChannel(R.nvme_expert_bytes, R.nvme_bw_gbps, R.nvme_bw_qd1_gbps, R.nvme_latency_ms,
-                                latency_table_for_rows(R.hardware.get("nvme", {}), rows,
-                                                       getattr(R, "engines", ()), R.nvme_expert_bytes))
+                                latency_table_for_rows(nvme, rows, engines, R.nvme_expert_bytes),
+                                wake_for_rows(rows, engines, R.nvme_expert_bytes))
         self.predictor = predictor
         pf = R.policy.get("prefetch") or {}
         self.pf_depth = int(pf.get("depth") or 0)

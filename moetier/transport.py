@@ -211,7 +211,7 @@ class Completion:
     """Handle for one fill: ``seq`` (monotonic), ``key``, ``slot``, ``state`` in pending|landed|failed, ``error``."""
 
     __slots__ = ("seq", "key", "slot", "state", "error", "verified", "read_ms", "_future", "prefetch", "started",
-                 "t_submit", "qd")
+                 "t_submit", "qd", "t_landed")
 
     def __init__(self, seq: int, key: int, slot: int):
         self.seq = seq
@@ -226,6 +226,7 @@ class Completion:
         self.started = False
         self.t_submit = 0.0
         self.qd = 0            # demand reads outstanding when this one was submitted (itself included)
+        self.t_landed = 0.0    # perf_counter when the worker marked it landed
 
     def __repr__(self):
         err = f", error={self.error!r}" if self.error else ""
@@ -276,6 +277,9 @@ class Reader:
         # input. A prefetch read in service is not counted: demand reads that found one completed as fast as those
         # that did not (measured, docs/calibration.md)
         self.latency_by_qd: dict[int, list] = {}
+        # ms from a read landing to the thread blocked in wait() resuming (the GIL and the scheduler hand it back
+        # later than the bytes arrived): the channel model's wake-up term, sampled only where wait() really blocked
+        self.wake_ms: list = []
         self._closed = False
 
     # opening ------------------------------------------------------------------------------------------------------
@@ -361,10 +365,13 @@ class Reader:
         """Block until the read finishes; raise TransportError if it failed, TimeoutError on timeout."""
         fut = handle._future
         if fut is not None:
+            blocked = handle.state == "pending"
             try:
                 fut.result(timeout)
             except _FutTimeout:
                 raise TimeoutError(f"transport: key {handle.key} (seq {handle.seq}) not landed after {timeout}s")
+            if blocked and handle.t_landed and len(self.wake_ms) < 4096:
+                self.wake_ms.append((time.perf_counter() - handle.t_landed) * 1000.0)
         self.landed(handle)
         return handle
 
@@ -496,8 +503,9 @@ class Reader:
             c.verified = verified
             c.error = err
             c.state = "failed" if err is not None else "landed"
+            c.t_landed = time.perf_counter()
             if err is None and not c.prefetch:
                 samples = self.latency_by_qd.setdefault(c.qd, [])
                 if len(samples) < 4096:
-                    samples.append((time.perf_counter() - c.t_submit) * 1000.0)
+                    samples.append((c.t_landed - c.t_submit) * 1000.0)
             self._finish_locked(c)

@@ -71,6 +71,7 @@ def test_vram_arms_fit_device_lanes_copies_and_per_engine_latency(scratch):
     res = calibrate.calibrate("tiny-ci-cpu", st, tr, arms=arms, steps=12, repeats=1, write=True)
     t = res["terms"]
     assert t["gpu"]["per_expert_ms"] > 0 and t["copy_ms"] > 0
+    assert all(w >= 0 for tab in t["nvme_wake_ms_by_rows"].values() for w in tab.values())
     assert set(t["nvme_latency_by_rows_qd_ms"]) <= {"numba-cpu", calibrate.VRAM_ENGINE}
     rows = {r["arm"]: r for r in res["rows"]}
     v = rows[vram[0]["name"]]
@@ -111,3 +112,14 @@ def test_fixed_time_splits_into_per_concurrency_and_per_read_parts():
     assert per_read == pytest.approx(u)
     # reads never vary at one concurrency: not identifiable, plain means
     assert calibrate.fit_fixed([(1, 5.0, 0.5), (1, 5.0, 0.7), (2, 0.0, 0.6)]) == ({"1": 0.6, "2": 0.6}, 0.0)
+
+
+def test_channel_terms_are_means_by_engine_and_rows_with_idle_figures_beyond():
+    skewed = [1.0] * 9 + [3.0]                      # p50 1.0, mean 1.2: the mean is what stalls add up to
+    runs = [{"engine": "e", "conc": 1, "latency_by_qd": {1: skewed, 2: [2.0] * 3}, "wake_ms": [0.1] * 7 + [0.8]},
+            {"engine": "e", "conc": 4, "latency_by_qd": {1: [2.0] * 8}, "wake_ms": [0.2] * 4},
+            {"engine": "f", "conc": 1, "latency_by_qd": {}, "wake_ms": []}]
+    latency, wake = calibrate.fit_channel(runs, {"1": 0.5, "2": 0.9, "8": 4.0})
+    # depth 2 had 3 samples (< 8): the idle-disk figure stays; depth 8 never reached: idle too
+    assert latency == {"e": {"1": {"1": 1.2, "2": 0.9, "8": 4.0}, "4": {"1": 2.0, "2": 0.9, "8": 4.0}}}
+    assert wake == {"e": {"1": pytest.approx(0.1875)}}   # rows 4: 4 samples, no entry

@@ -166,3 +166,33 @@ def test_latency_table_under_an_engines_load_wins_over_the_hardwares():
     assert latency_table_for_rows(nvme, 1, eng, 1 << 20) == {1: 0.8}
     assert latency_table_for_rows({"latency_by_qd_ms": {"1": 0.4}}, 4) == {"1": 0.4}   # idle bench table
     assert latency_table_for_rows({}, 4) is None                                 # FIFO model
+
+
+def test_wake_up_is_paid_only_by_a_lane_that_waited_for_its_bytes():
+    cpu_only = ctx(vram_slots=0, lanes={"zerocopy": None})
+    L = Ledger(1000, 0, 8)
+    L.seed(range(10, 18))
+    waited = plan_layer(cpu_only, L, {500: 1}, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0, wake_ms=0.25))
+    # the read lands at 1.0; the idle cpu lane (started at its per_layer) waits, resumes 0.25 ms later, runs it
+    assert waited.nvme_wait_ms == pytest.approx(1.0 + 0.25 - 0.145)
+    assert waited.cpu_ms == pytest.approx(1.0 + 0.25 + 0.104)
+    # a lane still busy when the bytes land (8 resident picks of 3 rows: 0.145 + 8 x 0.184 > 1.0) finds them there
+    picks = {k: 3 for k in range(10, 18)} | {500: 1}
+    p = plan_layer(cpu_only, L, picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0, wake_ms=0.25))
+    q = plan_layer(cpu_only, L, picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0))
+    assert p.nvme_wait_ms == q.nvme_wait_ms == 0.0 and p.cpu_ms == pytest.approx(q.cpu_ms)
+
+
+def test_serial_engine_adds_the_wake_up_to_a_pick_that_waited():
+    c = ctx(overlap=False)
+    L = ledger(vram=[1, 2, 3, 4], ram=[7])
+    p = plan_layer(c, L, {1: 1, 7: 1, 500: 1}, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0, wake_ms=0.1))
+    resident = (0.17 + 0.023) + (0.145 + 0.104)
+    assert p.nvme_wait_ms == pytest.approx(1.0 + 0.1 - resident)
+
+
+def test_wake_up_comes_from_the_engine_whose_latency_table_applies():
+    from moetier.plan import wake_for_rows
+    eng = [{"id": "b", "nvme_latency_by_rows_qd_ms": {"1": {"1": 0.6}}, "nvme_wake_ms_by_rows": {"1": 0.1, "4": 0.4}}]
+    assert wake_for_rows(2, eng) == pytest.approx(0.2) and wake_for_rows(8, eng) == 0.4
+    assert wake_for_rows(1, [{"id": "a"}]) == 0.0                               # unmeasured: no term
