@@ -12,6 +12,7 @@ import os
 import platform
 import random
 import time
+from itertools import combinations
 
 import numpy as np
 
@@ -88,14 +89,31 @@ def best_seconds(fn, repeats: int) -> float:
 
 
 def relative_lstsq(A, y, weights=None) -> list[float]:
-    """Least squares on relative residuals (each row weighs the same whatever its size, times ``weights`` when
-    given), coefficients clipped at 0."""
+    """Non-negative least squares on relative residuals (each row weighs the same whatever its size, times
+    ``weights`` when given).
+
+    Costs cannot be negative, and clipping a negative coefficient of the unconstrained fit at 0 leaves the others
+    fitted for the value it was clipped from (docs/calibration.md: a clipped cpu-lane fit 14% high on all-in-RAM
+    C1). So every subset of columns is fitted and the best one whose coefficients are all >= 0 wins: exact for the
+    few columns these fits have (at most 6), where scipy's nnls would be a new dependency for 2^6 small solves."""
     A, y = np.asarray(A, float), np.asarray(y, float)
     w = 1.0 / np.maximum(y, 1e-9)
     if weights is not None:
         w = w * np.asarray(weights, float)
-    coef, *_ = np.linalg.lstsq(A * w[:, None], y * w, rcond=None)
-    return [max(0.0, float(v)) for v in coef]
+    Aw, yw = A * w[:, None], y * w
+    n = A.shape[1]
+    best, best_res = np.zeros(n), float(yw @ yw)
+    for k in range(n, 0, -1):
+        for cols in combinations(range(n), k):
+            c, *_ = np.linalg.lstsq(Aw[:, cols], yw, rcond=None)
+            if (c < 0).any():
+                continue
+            r = yw - Aw[:, cols] @ c
+            res = float(r @ r)
+            if res < best_res - 1e-12 * max(1.0, best_res):
+                best, best_res = np.zeros(n), res
+                best[list(cols)] = c
+    return [float(v) for v in best]
 
 
 def fit_cpu_lane(rows, workers: int, read_cpu: float = 0.0) -> dict:
@@ -168,7 +186,10 @@ def measure(st, *, nrec: int = 256) -> dict:
             "record_bytes": st.record_bytes, "cores": os.cpu_count(), "machine": platform.node()}
 
 
-def records(m: dict, hardware_id: str, engine_id: str, when: str) -> tuple[dict, dict]:
+def records(m: dict, hardware_id: str, engine_id: str, when: str, previous_hw: dict | None = None) -> tuple[dict, dict]:
+    """The hardware and engine records of measurement ``m``. Sections of ``previous_hw`` (the record this one
+    replaces) that the bench does not measure - the VRAM tier's ``gpu`` description and link - are kept: a bench
+    re-run must not drop them."""
     qd1, qd16, lane = m["nvme_qd1"], m["nvme_qd16"], m["cpu_lane"]
     service_qd1 = m["record_bytes"] / (qd1["gbps"] * 1e6)
     hw = {
@@ -186,6 +207,7 @@ def records(m: dict, hardware_id: str, engine_id: str, when: str) -> tuple[dict,
                      "measured_by": f"moetier bench {when} on {m['machine']}, records of {m['record_bytes']} B"},
         "source": f"moetier bench {when}",
     }
+    hw = {**{k: v for k, v in (previous_hw or {}).items() if k not in hw}, **hw}
     eng = {
         "id": engine_id,
         "lanes": {"cpu": {"reads": "ram", **{k: round(lane[k], 5) for k in

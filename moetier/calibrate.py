@@ -345,12 +345,18 @@ def predict_and_compare(recipe_id, tr, arms, measured, steps, terms) -> list[dic
                 "nvme_stall": wait, "copy": p["ms_copy"] / ptok}
         lanes_ms = (p["ms_cpu_moe"] + p["ms_gpu_moe"] if R.policy.get("overlap") is False else p["ms_cpu_moe"]) / ptok
         pred["host"] = p["ms_per_token"] - lanes_ms - pred["copy"]
+        # the host bucket split: timed host work (plan, bookkeeping, combine, prediction) against the simulator's
+        # host terms, and the time outside every timer against its non-MoE fixed time
+        timed = (c["plan_s"] + c["book_s"] + c["combine_s"] + c["predict_s"]) * 1e3 / tok
+        fixed = p["ms_fixed"] / ptok
         rows.append({"arm": a["name"], "conc": a["conc"], "fit": a["fit"], "set": a["set"],
                      "measured_tok_s": meas_tok_s, "measured_each": m["tok_s_each"], "sim_tok_s": p["tok_s"],
                      "error_pct": (p["tok_s"] / meas_tok_s - 1) * 100,
                      "ms_per_token": {"measured": meas, "sim": pred},
                      "bucket_error_pct": {b: ((pred[b] / meas[b] - 1) * 100 if meas[b] > 0.05 else None)
                                           for b in BUCKETS},
+                     "host_split": {"measured": {"timed": timed, "outside": meas["host"] - timed},
+                                    "sim": {"terms": pred["host"] - fixed, "fixed": fixed}},
                      "reads_per_token": c["reads"] / tok, "sim_nvme_per_tok": p["nvme_per_tok"],
                      "read_ms": _distribution(m)})
     return rows

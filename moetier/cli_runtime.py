@@ -99,6 +99,12 @@ def _write(kind: str, rec: dict) -> None:
     print(f"wrote {spec.write_record(kind, rec)}", file=sys.stderr)
 
 
+def _existing(kind: str, rid: str) -> dict | None:
+    """The record a write would replace, if there is one."""
+    from moetier import spec
+    return spec.load_record(kind, rid) if rid in spec._ids(kind, spec._root(None)) else None
+
+
 def cmd_run(args) -> int:
     from moetier import runtime, sim, store
     from moetier.cli import _emit, _progress, _resolve, _trace
@@ -208,7 +214,7 @@ def cmd_bench(args) -> int:
     st = store.open_store(args.store)
     m = bench.measure(st, nrec=args.records)
     when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    hw, eng = bench.records(m, args.hardware, args.engine, when)
+    hw, eng = bench.records(m, args.hardware, args.engine, when, _existing("hardware", args.hardware))
     if not args.dry_run:
         for kind, rec in (("hardware", hw), ("engine", eng)):
             _write(kind, rec)

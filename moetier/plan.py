@@ -418,12 +418,12 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):
         m = picks[k]
         if cpu:
             cs = c + ctx.cpu_call if c_on else (ctx.cpu_call if ctx.cpu_pmin > 1 else cpu[0])
-            ce = (cs if cs > a else a + wake) + cpu[1] + cpu[2] * (m - 1)
+            ce = (cs if cs >= a else a + wake) + cpu[1] + cpu[2] * (m - 1)
         else:
             ce = INF
         if can_gpu:
             gs = g if g_on else g + gpu[0]
-            ap = a + push if gs > a else a + wake + push
+            ap = a + push if gs >= a else a + wake + push
             ge = (gs if gs > ap else ap) + gpu[1] + gpu[2] * (m - 1)
         else:
             ge = INF
