@@ -93,9 +93,9 @@ def relative_lstsq(A, y, weights=None) -> list[float]:
     ``weights`` when given).
 
     Costs cannot be negative, and clipping a negative coefficient of the unconstrained fit at 0 leaves the others
-    fitted for the value it was clipped from (docs/calibration.md: a clipped cpu-lane fit 14% high on all-in-RAM
-    C1). So every subset of columns is fitted and the best one whose coefficients are all >= 0 wins: exact for the
-    few columns these fits have (at most 6), where scipy's nnls would be a new dependency for 2^6 small solves."""
+    fitted for the value it was clipped from. So every subset of columns is fitted and the best one whose
+    coefficients are all >= 0 wins: exact for the few columns these fits have (at most 6), where scipy's nnls would
+    be a new dependency for 2^6 small solves."""
     A, y = np.asarray(A, float), np.asarray(y, float)
     w = 1.0 / np.maximum(y, 1e-9)
     if weights is not None:

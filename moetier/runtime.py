@@ -105,7 +105,7 @@ class Runtime:
                           cpu_inline_contended=0, cpu_split_calls=0, cpu_split_experts=0, cpu_split_extra=0,
                           cpu_split_s=0.0, cpu_split_contended=0, predict_s=0.0, predict_layers=0,
                           gpu_calls=0, gpu_experts=0, gpu_extra=0, zc_calls=0, zc_experts=0, zc_extra=0, copies=0,
-                          stage_s=0.0, stage_copies=0)
+                          stage_s=0.0)
         self.cpu_pmin = int(getattr(backend, "parallel_min", 0) or 0)
         self.call_groups: dict[tuple, list] = {}      # (lane, experts, extra rows, contended) -> [calls, seconds]
 
@@ -160,8 +160,6 @@ class Runtime:
         h = be.push(k, self.ram_slot[k], tp.slot)
         self._wait(h, tp, bucket)
         self.stats["copies"] += 1
-        if bucket == "stage_s":
-            self.stats["stage_copies"] += 1
         for freed in L.land(tp):
             self._release_ram(freed)
         self.vram_slot[k] = tp.slot
