@@ -102,7 +102,7 @@ def _write(kind: str, rec: dict) -> None:
 def _existing(kind: str, rid: str) -> dict | None:
     """The record a write would replace, if there is one."""
     from moetier import spec
-    return spec.load_record(kind, rid) if rid in spec._ids(kind, spec._root(None)) else None
+    return spec.load_record(kind, rid) if rid in spec.record_ids(kind) else None
 
 
 def cmd_run(args) -> int:

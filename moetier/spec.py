@@ -96,6 +96,12 @@ def _ids(kind: str, root: Path) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
 
 
+def record_ids(kind: str, root=None) -> list[str]:
+    """The ids of the records of one kind under the registry."""
+    _check_kind(kind)
+    return _ids(kind, _root(root))
+
+
 def _read_json(path: Path):
     shown = _show(path)
     try:
