@@ -416,6 +416,18 @@ def calibrate(recipe_id, st, tr, *, arms=None, steps=200, repeats=2, backend="cp
                       R.hardware.get("nvme", {}).get("latency_by_qd_ms"))
     if write:
         write_terms(recipe_id, terms, when)
-    rows = predict_and_compare(recipe_id, tr, arms, measure(arms, terms, "check"), steps, terms)
-    return {"when": when, "terms": terms, "rows": rows, "summary": summary(rows), "steps": steps,
-            "repeats": repeats, "backend": backend, "notes": notes}
+    checked = measure(arms, terms, "check")
+    rows = predict_and_compare(recipe_id, tr, arms, checked, steps, terms)
+    return {"when": when, "terms": terms, "rows": rows,
+            "summary": {**summary(rows), "pass_drift_pct": pass_drift(fit_arms, measured, checked)},
+            "steps": steps, "repeats": repeats, "backend": backend, "notes": notes}
+
+
+def pass_drift(fit_arms, first: dict, second: dict) -> float | None:
+    """How much faster (+) the machine ran the fit arms in pass 2 than in pass 1, in % (median over the arms whose
+    plan cannot depend on the fitted costs: one compute lane, no VRAM tier). The terms come from pass 1 and are
+    checked against pass 2, so a drift of this size shows up in every arm's error (measured on a 2 vCPU VM: ~15%
+    between passes 10-25 minutes apart)."""
+    d = [(second[a["name"]]["tokens"] / second[a["name"]]["wall_s"])
+         / (first[a["name"]]["tokens"] / first[a["name"]]["wall_s"]) - 1 for a in fit_arms if "backend" not in a]
+    return statistics.median(d) * 100 if d else None

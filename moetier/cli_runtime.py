@@ -205,6 +205,9 @@ def cmd_calibrate(args) -> int:
     print(f"median |error| {s['median_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}%, held-out max "
           f"{s['held_out_max_abs_error_pct']:.1f}% over {s['arms']} arms; buckets within 15%: "
           f"{s['buckets_within_15pct']}/{s['buckets_checked']} (misses: {', '.join(s['bucket_misses']) or 'none'})")
+    if s.get("pass_drift_pct") is not None:
+        print(f"machine drift between the fit pass and the checked pass (cpu-only fit arms, median): "
+              f"{s['pass_drift_pct']:+.1f}%")
     return 0
 
 

@@ -45,6 +45,17 @@ def test_small_matrix_fits_terms_writes_records_and_predicts(scratch):
     assert R.fixed_ms[1] == pytest.approx(t["fixed_ms"]["1"])
     s = calibrate.summary(res["rows"])
     assert s["arms"] == 4 and s["held_out_max_abs_error_pct"] is not None
+    assert math.isfinite(res["summary"]["pass_drift_pct"])
+
+
+def test_pass_drift_is_the_median_speed_change_of_the_cpu_only_fit_arms():
+    arms = [{"name": "a", "fit": True}, {"name": "b", "fit": True}, {"name": "c", "fit": True},
+            {"name": "v", "fit": True, "backend": "sycl"}]
+    first = {n: {"tokens": 100, "wall_s": 1.0} for n in "abcv"}
+    second = {"a": {"tokens": 100, "wall_s": 1.25}, "b": {"tokens": 100, "wall_s": 0.8},
+              "c": {"tokens": 100, "wall_s": 1.0}, "v": {"tokens": 100, "wall_s": 0.1}}
+    assert calibrate.pass_drift(arms, first, second) == pytest.approx(0.0)     # -20%, +25%, 0%: median 0
+    assert calibrate.pass_drift(arms[3:], first, second) is None               # VRAM arms plan on the costs
 
 
 def test_device_lane_and_copy_terms_recover_known_costs():
