@@ -159,9 +159,9 @@ def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0, workers: 
                               "extra": c[f"cpu_{cls}_extra"], "ms": c[f"cpu_{cls}_s"] * 1e3,
                               "contended": c[f"cpu_{cls}_contended"]})
         Ah.append([c["layer_calls"], c["picks"], c["reads"], c["predict_layers"], c.get("copies", 0)])
-        yh.append((c["plan_s"] + c["book_s"] + c["combine_s"] + c["predict_s"]) * 1e3)
+        yh.append(host_timed_s(c) * 1e3)
         booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["stage_s"]
-                  + c["plan_s"] + c["book_s"] + c["combine_s"] + c["predict_s"])
+                  + host_timed_s(c))
         unbooked.append((a["conc"], c["reads"] / m["steps"], max(0.0, (m["wall_s"] - booked) * 1e3 / m["steps"])))
     # a term no fit arm exercises (no prediction, no copies) is not identifiable: left out, set to 0
     used = [j for j in range(5) if j < 3 or any(r[j] for r in Ah)]
@@ -205,6 +205,11 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> tuple
             if w:
                 wake_ms[eng] = w
     return latency, wake_ms
+
+
+def host_timed_s(c: dict) -> float:
+    """The runtime's timed host work (plan, bookkeeping, combine, prediction) in seconds: what the host terms model."""
+    return c["plan_s"] + c["book_s"] + c["combine_s"] + c["predict_s"]
 
 
 def fit_fixed(unbooked) -> tuple[dict, float]:
@@ -283,11 +288,9 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
         if eng_id in tables:
             eng["nvme_latency_by_rows_qd_ms"] = tables[eng_id]
             eng["nvme_latency_record_bytes"] = record_bytes
-            wake = terms.get("nvme_wake_ms_by_rows", {}).get(eng_id)
-            if wake:
-                eng["nvme_wake_ms_by_rows"] = wake
-            else:
-                eng.pop("nvme_wake_ms_by_rows", None)
+            eng.pop("nvme_wake_ms_by_rows", None)          # a table from an earlier run must not outlive its own
+            if terms.get("nvme_wake_ms_by_rows", {}).get(eng_id):
+                eng["nvme_wake_ms_by_rows"] = terms["nvme_wake_ms_by_rows"][eng_id]
             eng["nvme_latency_note"] = (f"moetier calibrate {when}: mean submit-to-landed of the runtime's demand "
                                         f"reads by rows per step and demand queue depth, under this engine's load "
                                         f"(fit arms, measured steps); deeper queues: the hardware's idle-disk "
@@ -347,7 +350,7 @@ def predict_and_compare(recipe_id, tr, arms, measured, steps, terms) -> list[dic
         pred["host"] = p["ms_per_token"] - lanes_ms - pred["copy"]
         # the host bucket split: timed host work (plan, bookkeeping, combine, prediction) against the simulator's
         # host terms, and the time outside every timer against its non-MoE fixed time
-        timed = (c["plan_s"] + c["book_s"] + c["combine_s"] + c["predict_s"]) * 1e3 / tok
+        timed = host_timed_s(c) * 1e3 / tok
         fixed = p["ms_fixed"] / ptok
         rows.append({"arm": a["name"], "conc": a["conc"], "fit": a["fit"], "set": a["set"],
                      "measured_tok_s": meas_tok_s, "measured_each": m["tok_s_each"], "sim_tok_s": p["tok_s"],

@@ -370,7 +370,7 @@ class Reader:
                 fut.result(timeout)
             except _FutTimeout:
                 raise TimeoutError(f"transport: key {handle.key} (seq {handle.seq}) not landed after {timeout}s")
-            if blocked and handle.t_landed and len(self.wake_ms) < 4096:
+            if blocked and handle.state == "landed" and len(self.wake_ms) < 4096:
                 self.wake_ms.append((time.perf_counter() - handle.t_landed) * 1000.0)
         self.landed(handle)
         return handle
