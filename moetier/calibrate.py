@@ -3,9 +3,16 @@
 Contract
 --------
 ``calibrate(recipe_id, store, trace, arms=None, repeats=2, ...)`` runs in two passes, each interleaving its arms
-(A B C ... A B C ..., ``repeats`` times) so drift cancels:
+(A B C ... A B C ...) so drift cancels:
 
-1. the *fit* arms with the recipe as written; their runtime counters set the simulator's cost terms:
+1. a *plan* pass: the fit arms with the recipe as written (``plan_repeats`` times), fitted as below. Its terms only
+   make the runtime of pass 2 plan on this machine's costs - lane choices depend on them;
+2. the *checked* pass: every arm, fit and held-out interleaved (``repeats`` times), the runtime planning on the plan
+   pass's terms. The fit arms of this pass set the simulator's cost terms, and the simulator predicts every arm of
+   the same pass with them: the terms and the figures they are checked against were measured minutes apart, not a
+   pass apart (this 2 vCPU VM drifted ~15% between passes 10-25 minutes apart). Held-out arms never set a term.
+
+The fits, from the fit arms' runtime counters:
    - cpu lane (engine record): ``moetier.bench.fit_cpu_lane`` on the runtime's calls split by how the lane ran them
      (inline: per_call + work; split over workers: per_layer + work / workers), after taking out the contention of
      reads landing during a call (hardware ``nvme.cpu_ms_per_read``, measured by `moetier bench`);
@@ -21,9 +28,7 @@ Contract
      needs): mean submit-to-landed of the runtime's demand reads by rows per step and the demand queue depth they
      joined; depths not reached keep the hardware's idle-disk bench figures;
    - wake-up (engine ``nvme_wake_ms_by_rows``): mean delay from a read landing to the decode thread that was
-     blocked on it resuming, by rows per step; the planner adds it to every pick whose lane waited for its bytes;
-2. *every* arm again, with the runtime planning on the fitted terms - lane choices depend on the costs, so this is
-   what makes the runtime's plan and the simulator's prediction the same plan. Held-out arms never set a term.
+     blocked on it resuming, by rows per step; the planner adds it to every pick whose lane waited for its bytes.
 
 The simulator then predicts every arm and the error table (predicted vs measured tok/s and per-token ms per bucket:
 cpu_moe, gpu_moe, nvme_stall, copy, host) goes to the terminal and into a run record.
@@ -361,6 +366,14 @@ def predict_and_compare(recipe_id, tr, arms, measured, steps, terms) -> list[dic
                      "host_split": {"measured": {"timed": timed, "outside": meas["host"] - timed},
                                     "sim": {"terms": pred["host"] - fixed, "fixed": fixed}},
                      "reads_per_token": c["reads"] / tok, "sim_nvme_per_tok": p["nvme_per_tok"],
+                     # expert computes per token by lane: the runtime planned on the plan pass's terms and the
+                     # simulator on the checked pass's, so this shows whether they made the same lane choices
+                     "lane_experts_per_token": {
+                         "measured": {"gpu": c["gpu_experts"] / tok, "zerocopy": c["zc_experts"] / tok,
+                                      "cpu": c["cpu_experts"] / tok},
+                         "sim": {"gpu": p["gpu_experts_per_tok"] + p["nvme_gpu_per_tok"],
+                                 "zerocopy": p["zerocopy_per_tok"],
+                                 "cpu": p["cpu_experts_per_tok"] + p["nvme_cpu_per_tok"]}},
                      "read_ms": _distribution(m)})
     return rows
 
@@ -389,8 +402,8 @@ def summary(rows) -> dict:
             "bucket_misses": misses}
 
 
-def calibrate(recipe_id, st, tr, *, arms=None, steps=200, repeats=2, backend="cpu", verify_rate=1.0,
-              write=True, progress=None) -> dict:
+def calibrate(recipe_id, st, tr, *, arms=None, steps=200, repeats=2, plan_repeats=None, backend="cpu",
+              verify_rate=1.0, write=True, progress=None) -> dict:
     R = spec.resolve(recipe_id)
     notes = []
     if arms is None:
@@ -398,39 +411,38 @@ def calibrate(recipe_id, st, tr, *, arms=None, steps=200, repeats=2, backend="cp
         if why:
             notes.append(f"no VRAM-tier arms: {why}")
         arms = default_arms(R, vram=why is None)
-    def measure(which, terms, label):
+    def measure(which, terms, label, reps):
         runs: dict[str, list] = {a["name"]: [] for a in which}
-        for rep in range(repeats):                      # A B C ... A B C ...: drift cancels across arms
+        for rep in range(reps):                      # A B C ... A B C ...: drift cancels across arms
             for a in which:
                 if progress:
-                    progress(f"{label} rep {rep + 1}/{repeats} {a['name']}")
+                    progress(f"{label} rep {rep + 1}/{reps} {a['name']}")
                 runs[a["name"]].append(_measure(recipe_id, st, tr, a, steps, backend, verify_rate, terms))
         return {k: _merge(v) for k, v in runs.items()}
 
-    # pass 1 measures the fit arms and sets the terms; pass 2 measures every arm with the runtime planning on those
-    # terms, so the runtime and the simulator make the same plan (lane choices depend on the costs) and the error
-    # table compares like with like
     fit_arms = [a for a in arms if a["fit"]]
-    measured = measure(fit_arms, None, "fit")
-    when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     from moetier.plan import _read_cpu
     cpu = R.lanes.get("cpu")
-    terms = fit_terms(measured, fit_arms, _read_cpu(R), cpu.workers if cpu else 1, cpu.parallel_min if cpu else 0,
-                      R.hardware.get("nvme", {}).get("latency_by_qd_ms"))
+    def fit(measured):
+        return fit_terms(measured, fit_arms, _read_cpu(R), cpu.workers if cpu else 1, cpu.parallel_min if cpu else 0,
+                         R.hardware.get("nvme", {}).get("latency_by_qd_ms"))
+    planned = measure(fit_arms, None, "plan", plan_repeats or max(1, repeats // 2))
+    plan_terms = fit(planned)
+    checked = measure(arms, plan_terms, "check", repeats)
+    terms = fit(checked)
+    when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     if write:
         write_terms(recipe_id, terms, when)
-    checked = measure(arms, terms, "check")
     rows = predict_and_compare(recipe_id, tr, arms, checked, steps, terms)
-    return {"when": when, "terms": terms, "rows": rows,
-            "summary": {**summary(rows), "pass_drift_pct": pass_drift(fit_arms, measured, checked)},
+    return {"when": when, "terms": terms, "plan_terms": plan_terms, "rows": rows,
+            "summary": {**summary(rows), "pass_drift_pct": pass_drift(fit_arms, planned, checked)},
             "steps": steps, "repeats": repeats, "backend": backend, "notes": notes}
 
 
 def pass_drift(fit_arms, first: dict, second: dict) -> float | None:
-    """How much faster (+) the machine ran the fit arms in pass 2 than in pass 1, in % (median over the arms whose
-    plan cannot depend on the fitted costs: one compute lane, no VRAM tier). The terms come from pass 1 and are
-    checked against pass 2, so a drift of this size shows up in every arm's error (measured on a 2 vCPU VM: ~15%
-    between passes 10-25 minutes apart)."""
+    """How much faster (+) the machine ran the fit arms in the checked pass than in the plan pass, in % (median over
+    the arms whose plan cannot depend on the costs: one compute lane, no VRAM tier): the error a fit on one pass
+    checked against the other would have carried, and why the terms come from the checked pass."""
     d = [(second[a["name"]]["tokens"] / second[a["name"]]["wall_s"])
          / (first[a["name"]]["tokens"] / first[a["name"]]["wall_s"]) - 1 for a in fit_arms if "backend" not in a]
     return statistics.median(d) * 100 if d else None

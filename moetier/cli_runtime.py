@@ -181,8 +181,9 @@ def cmd_calibrate(args) -> int:
               "title": f"calibration matrix for {R.id}",
               "table": [{"arm": r["arm"], "conc": r["conc"], "decode": r["measured_tok_s"], "sim_decode": r["sim_tok_s"],
                          "error_pct": r["error_pct"], "fit": r["fit"]} for r in res["rows"]],
-              "calibration": res, "note": "arms interleaved A B .. A B ..; fit arms set the cost terms, the others "
-                                          "are held out; errors are simulator vs measured decode tok/s"}
+              "calibration": res,
+              "note": "arms interleaved A B .. A B ..; the fit arms of the checked pass set the cost terms, the others "
+                      "are held out; errors are simulator vs measured decode tok/s"}
     if not args.no_write:
         _write("runs", record)
     if args.json:
@@ -206,7 +207,8 @@ def cmd_calibrate(args) -> int:
           f"{s['held_out_max_abs_error_pct']:.1f}% over {s['arms']} arms; buckets within 15%: "
           f"{s['buckets_within_15pct']}/{s['buckets_checked']} (misses: {', '.join(s['bucket_misses']) or 'none'})")
     if s.get("pass_drift_pct") is not None:
-        print(f"machine drift between the fit pass and the checked pass (cpu-only fit arms, median): "
+        print(f"machine drift between the plan pass and the checked pass (cpu-only fit arms, median; the terms "
+              f"come from the checked pass): "
               f"{s['pass_drift_pct']:+.1f}%")
     return 0
 

@@ -272,8 +272,8 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
 
     rp.settle()                       # seeding's pushes are not decode traffic
     copy_serial = rp.ctx.copy_serial
-    acc = dict(ms=0.0, fixed=0.0, gpu=0.0, cpu=0.0, wait=0.0, gwait=0.0, copy=0.0, picks=0, vram_picks=0, cpu_exp=0,
-               zc=0, ncpu=0, ngpu=0, masked=0, demand=0, layers=0)
+    acc = dict(ms=0.0, fixed=0.0, gpu=0.0, cpu=0.0, wait=0.0, gwait=0.0, copy=0.0, picks=0, vram_picks=0,
+               gpu_exp=0, cpu_exp=0, zc=0, ncpu=0, ngpu=0, masked=0, demand=0, layers=0)
     t = 0.0
     total = warm_steps + measured
     t_wall = time.perf_counter()
@@ -308,6 +308,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
                 acc["gwait"] += plan.gpu_wait_ms
                 acc["picks"] += sum(picks.values())
                 acc["vram_picks"] += sum(picks[k] for k in plan.gpu)
+                acc["gpu_exp"] += len(plan.gpu)
                 acc["cpu_exp"] += len(plan.cpu)
                 acc["zc"] += len(plan.zerocopy)
                 acc["ncpu"] += len(plan.nvme_cpu)
@@ -333,6 +334,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
         "ms_per_step": acc["ms"] / measured,
         "ms_per_token": acc["ms"] / tokens if tokens else 0.0,
         "vram_hit": acc["vram_picks"] / acc["picks"] if acc["picks"] else 0.0,
+        "gpu_experts_per_tok": acc["gpu_exp"] / tokens,
         "cpu_experts_per_tok": acc["cpu_exp"] / tokens,
         "zerocopy_per_tok": acc["zc"] / tokens,
         "nvme_per_tok": nvme_picks / tokens,

@@ -38,6 +38,13 @@ def test_small_matrix_fits_terms_writes_records_and_predicts(scratch):
     assert t["cpu"]["per_expert_ms"] >= 0 and set(t["fixed_ms"]) == {"1", "2"}
     assert all(math.isfinite(r["error_pct"]) and r["measured_tok_s"] > 0 and r["sim_tok_s"] > 0 for r in res["rows"])
     assert [r["fit"] for r in res["rows"]] == [True, True, True, False]
+    # cpu-only arms: the runtime and the simulator replay one ledger, so they compute the same experts per token
+    for r in res["rows"]:
+        lanes = r["lane_experts_per_token"]
+        assert lanes["measured"]["cpu"] > 0 and lanes["measured"]["gpu"] == lanes["sim"]["gpu"] == 0
+        assert lanes["sim"]["cpu"] == pytest.approx(lanes["measured"]["cpu"], rel=1e-9)
+    # the plan pass only steers the runtime: the reported terms are fitted on the checked pass
+    assert res["plan_terms"]["cpu"] != t["cpu"]
     json.dumps(res, allow_nan=False)
     # the fitted terms were written (validated) into the scratch registry and the simulator now uses them
     R = spec.resolve("tiny-ci-cpu")
