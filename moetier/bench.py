@@ -3,7 +3,8 @@
 Contract: ``measure(store, ...)`` returns a dict of measured figures; ``records(...)`` turns them into a hardware
 record (memory read bandwidth, O_DIRECT bandwidth at QD1 / QD16 for the store's record size, read latency, ceilings)
 and an engine record (cpu lane per_layer / per_expert / per_extra_token, fitted by least squares over a grid of
-experts x rows). Both are validated and written atomically by spec.write_record; the simulator and the runtime
+experts x rows), plus the host cache: its size (sysfs) and the cpu lane's reuse curve (``reuse_curve``: the cost
+of an expert against the bytes streamed since its last use, moetier.llc). Both are validated and written atomically by spec.write_record; the simulator and the runtime
 then use them through the recipe.
 """
 from __future__ import annotations
@@ -116,26 +117,37 @@ def relative_lstsq(A, y, weights=None) -> list[float]:
     return [float(v) for v in best]
 
 
-def fit_cpu_lane(rows, workers: int, read_cpu: float = 0.0) -> dict:
+def fit_cpu_lane(rows, workers: int, read_cpu: float | None = 0.0) -> dict:
     """Fit the cpu lane's costs from timed calls, split by how the backend ran them.
 
-    rows: {"cls": "inline" | "split", "calls", "experts", "extra", "ms", "contended"} (aggregates or single calls).
-    Model (spec.Lane.batch_ms): inline call = per_call + work; split call = per_layer + work / workers, with
-    work = per_expert * experts + per_extra_token * extra_rows (one-thread costs). ``contended`` reads landing during
-    a call cost ``read_cpu`` ms each (the measured reader CPU time per core) and are taken out first.
-    Relative least squares (every row weighs the same), clipped at 0.
+    rows: {"cls": "inline" | "split", "calls", "experts", "extra", "ms", "contended", "cold"} (aggregates or single
+    calls). Model (spec.Lane.batch_ms): inline call = per_call + work; split call = per_layer + work / workers, with
+    work = per_expert * cold + per_extra_token * extra_rows (one-thread costs; ``cold``: the experts in cold-expert
+    equivalents under the host cache model, moetier.llc - the expert count without one), plus ``per_read`` for
+    each NVMe read of the layer (``contended``). ``read_cpu``: a known per_read (the bench's reader CPU time per
+    core, taken out first); None: per_read is fitted too and returned as ``per_read_ms`` - the in-situ cost,
+    which also carries what a read does to the cache. Non-negative relative least squares (every row weighs the
+    same).
     """
     A, y = [], []
+    # with no read during any call, per_read is not identifiable: left out (the planner keeps the hardware figure)
+    fit_read = read_cpu is None and any(r.get("contended", 0) for r in rows if r["calls"])
+    read_cpu = read_cpu or 0.0
     for r in rows:
         if not r["calls"]:
             continue
+        e, n = r.get("cold", r["experts"]), r.get("contended", 0)
         if r["cls"] == "inline":
-            A.append([r["calls"], 0.0, r["experts"], r["extra"]])
+            a = [r["calls"], 0.0, e, r["extra"]]
         else:
-            A.append([0.0, r["calls"], r["experts"] / workers, r["extra"] / workers])
-        y.append(max(1e-6, r["ms"] - read_cpu * r.get("contended", 0)))
-    pc, pl, pe, px = relative_lstsq(A, y)
-    return {"per_call_ms": pc, "per_layer_ms": pl, "per_expert_ms": pe, "per_extra_token_ms": px}
+            a = [0.0, r["calls"], e / workers, r["extra"] / workers]
+        A.append(a + [n] if fit_read else a)
+        y.append(max(1e-6, r["ms"] - (0.0 if fit_read else read_cpu * n)))
+    coef = relative_lstsq(A, y)
+    out = dict(zip(("per_call_ms", "per_layer_ms", "per_expert_ms", "per_extra_token_ms"), coef))
+    if fit_read:
+        out["per_read_ms"] = coef[4]
+    return out
 
 
 def cpu_lane_costs(st, *, experts=(1, 2, 4, 8, 16), rows=(1, 2, 4, 8), repeats=7) -> dict:
@@ -173,14 +185,85 @@ def cpu_lane_costs(st, *, experts=(1, 2, 4, 8, 16), rows=(1, 2, 4, 8), repeats=7
     return {**fit, **shape, "weight_gbps_1row": gbps, "samples": samples, "encoding": lay.encoding}
 
 
+def llc_bytes() -> int:
+    """Size of the host's last-level cache from sysfs (0 where it is not reported)."""
+    best = (0, 0)
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        entries = os.listdir(base)
+    except OSError:
+        return 0
+    for e in entries:
+        try:
+            with open(f"{base}/{e}/level") as f:
+                level = int(f.read())
+            with open(f"{base}/{e}/size") as f:
+                txt = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(txt[-1:], 1)
+        try:
+            size = int(txt.rstrip("KMG")) * mult
+        except ValueError:
+            continue
+        best = max(best, (level, size))
+    return best[1]
+
+
+def reuse_curve(st, lane: dict, *, llc: int = 0, max_bytes: int | None = None) -> dict:
+    """The cpu lane's cost of one expert against the bytes streamed since it was last computed (moetier.llc), as a
+    factor of a cold expert's: cpu calls of a fixed batch cycling over working sets of growing size (the reuse
+    distance of a cyclic walk is its working set). Per-call overhead (the fitted per_layer / per_call) is taken
+    out, so the factor applies to per_expert_ms. Cold: the working sets of at least twice the last-level cache
+    (``llc`` bytes), else the largest one. Returns {"curve": {bytes: factor}, "samples": [...]}."""
+    from backends.cpu.backend import CpuBackend
+    import psutil
+    rb = st.record_bytes
+    cap = max_bytes if max_bytes is not None else psutil.virtual_memory().available // 3
+    nmax = int(min(st.nrecords, max(8, cap // rb)))
+    sizes = sorted({n for n in (4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 256, 384, 512, 768, 1024, 2048)
+                    if n <= nmax} | {nmax})
+    be = CpuBackend(st, ram_slots=nmax, verify_rate=0.0)
+    try:
+        for i in range(nmax):
+            be.wait(be.fill(i, i))
+        batch = max(4, int(be.parallel_min), 2 * int(be.workers))
+        overhead = lane["per_layer_ms"] if batch >= max(2, int(be.parallel_min)) else lane["per_call_ms"]
+        x = np.random.default_rng(1).standard_normal((1, st.layout.hidden)).astype(np.float32)
+        samples = []
+        for n in sizes:
+            b = min(batch, n)
+            calls = max(40, 2 * n // b)
+            rot, times = 0, []
+            for i in range(calls + n // b + 1):          # one untimed cycle first: every record seen once
+                jobs = [(j, (rot + j) % n, [0]) for j in range(b)]
+                rot += b
+                t0 = time.perf_counter()
+                be.compute("cpu", jobs, x)
+                if i > n // b:
+                    times.append((time.perf_counter() - t0) * 1e3)
+            samples.append({"records": n, "bytes": n * rb, "batch": b,
+                            "per_expert_ms": max(1e-6, (float(np.median(times)) - overhead) / b)})
+    finally:
+        be.close()
+    full = [s for s in samples if s["batch"] == batch] or samples
+    cold_set = [s["per_expert_ms"] for s in full if llc and s["bytes"] >= 2 * llc] or [full[-1]["per_expert_ms"]]
+    cold = float(np.median(cold_set))
+    curve = {str(s["bytes"]): round(min(2.0, max(0.05, s["per_expert_ms"] / cold)), 4) for s in full}
+    return {"curve": curve, "samples": samples, "cold_per_expert_ms": cold, "batch": batch}
+
+
 def measure(st, *, nrec: int = 256) -> dict:
     from backends.cpu import kernels
     membw = kernels.membw_read_gbps(nbytes=512 << 20)
     by_qd = {q: read_bandwidth(st, q, max(16 * q, nrec // 4), seed=q) for q in (1, 2, 4, 8, 16)}
     qd1, qd16 = by_qd[1], by_qd[16]
     lane = cpu_lane_costs(st)
+    llc = llc_bytes()
+    reuse = reuse_curve(st, lane, llc=llc)
     read_cpu = read_cpu_ms(st, nrec)
     return {"membw_read_gbps": membw, "nvme_qd1": qd1, "nvme_qd16": qd16, "cpu_lane": lane,
+            "llc_bytes": llc, "reuse": reuse,
             "nvme_latency_by_qd_ms": {str(q): r["latency_ms_p50"] for q, r in by_qd.items()},
             "nvme_cpu_ms_per_read": read_cpu,
             "record_bytes": st.record_bytes, "cores": os.cpu_count(), "machine": platform.node()}
@@ -194,7 +277,9 @@ def records(m: dict, hardware_id: str, engine_id: str, when: str, previous_hw: d
     service_qd1 = m["record_bytes"] / (qd1["gbps"] * 1e6)
     hw = {
         "id": hardware_id,
-        "cpu": {"name": platform.processor() or platform.machine(), "cores": m["cores"]},
+        "cpu": {"name": platform.processor() or platform.machine(), "cores": m["cores"],
+                "llc_bytes": int(m.get("llc_bytes", 0)),
+                **({"reuse_curve": m["reuse"]["curve"]} if m.get("reuse") else {})},
         "nvme": {"name": "store filesystem (O_DIRECT)", "bw_gbps": round(qd16["gbps"], 3),
                  "bw_qd1_gbps": round(qd1["gbps"], 3),
                  "latency_ms": round(max(0.0, qd1["latency_ms_p50"] - service_qd1), 4),

@@ -14,8 +14,9 @@ Contract
 
 The fits, from the fit arms' runtime counters:
    - cpu lane (engine record): ``moetier.bench.fit_cpu_lane`` on the runtime's calls split by how the lane ran them
-     (inline: per_call + work; split over workers: per_layer + work / workers), after taking out the contention of
-     reads landing during a call (hardware ``nvme.cpu_ms_per_read``, measured by `moetier bench`);
+     (inline: per_call + work; split over workers: per_layer + work / workers), work in cold-expert equivalents
+     under the host cache model (hardware ``cpu.reuse_curve``, `moetier bench`; moetier.llc), plus ``per_read_ms``
+     per NVMe read of the layer (the reader's CPU work and the cache it streams through);
    - gpu / zerocopy lanes (the VRAM engine's record): per call = per_layer + per_expert x experts + per_extra_token
      x extra rows, over the runtime's calls grouped by shape (``fit_device_terms``);
    - one record copy (push or drain) -> hardware ``gpu.h2d_gbps``;
@@ -142,11 +143,12 @@ def _merge(runs):
             "tok_s_each": [r["tok_s"] for r in runs], "conc": med["conc"], "engine": med.get("engine")}
 
 
-def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0, workers: int = 1,
-              parallel_min: int = 0, idle_latency: dict | None = None) -> dict:
-    """Cost terms from the fit arms' runtime counters. read_cpu: core time per read the cpu lane loses (hardware
-    record, `moetier bench`), taken out of the lane's measured time before fitting its own costs. workers and
-    parallel_min (how the lane splits a batch, measured by `moetier bench`) travel with the cpu lane's terms: every
+def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: int = 0,
+              idle_latency: dict | None = None) -> dict:
+    """Cost terms from the fit arms' runtime counters. The cpu lane's cost per NVMe read of the layer
+    (``per_read_ms``) is fitted with its other costs: the bench's reader CPU time per core (0.14 ms here) left out
+    what a read does to the cache the lane computes from (uncontended calls of one shape cost ~20% more in a tail
+    arm than in an all-in-RAM one on the 2026-12-01 VM). workers and parallel_min (how the lane splits a batch, measured by `moetier bench`) travel with the cpu lane's terms: every
     engine running this lane gets the same call classes."""
     from moetier.bench import fit_cpu_lane, relative_lstsq
     fit = [a for a in arms if a["fit"]]
@@ -162,7 +164,7 @@ def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0, workers: 
         for cls in (() if c["predict_layers"] else ("inline", "split")):
             lane_rows.append({"cls": cls, "calls": c[f"cpu_{cls}_calls"], "experts": c[f"cpu_{cls}_experts"],
                               "extra": c[f"cpu_{cls}_extra"], "ms": c[f"cpu_{cls}_s"] * 1e3,
-                              "contended": c[f"cpu_{cls}_contended"]})
+                              "contended": c[f"cpu_{cls}_contended"], "cold": c.get(f"cpu_{cls}_cold", c[f"cpu_{cls}_experts"])})
         Ah.append([c["layer_calls"], c["picks"], c["reads"], c["predict_layers"], c.get("copies", 0)])
         yh.append(host_timed_s(c) * 1e3)
         booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["stage_s"]
@@ -175,7 +177,7 @@ def fit_terms(measured: dict, arms: list[dict], read_cpu: float = 0.0, workers: 
     fixed, per_read_unbooked = fit_fixed(unbooked)
     hr += per_read_unbooked
     latency, wake_ms = fit_channel([measured[a["name"]] for a in fit], idle_latency)
-    out = {"cpu": {**fit_cpu_lane(lane_rows, workers, read_cpu), "workers": workers, "parallel_min": parallel_min},
+    out = {"cpu": {**fit_cpu_lane(lane_rows, workers, None), "workers": workers, "parallel_min": parallel_min},
            "host": {"per_layer_ms": hl, "per_pick_ms": hp, "per_read_ms": hr, "per_predict_ms": hpred,
                     "per_copy_ms": hcopy},
            "fixed_ms": fixed,
@@ -289,6 +291,7 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
         eng = spec.load_record("engine", eng_id)
         for ln, vals in [("cpu", terms["cpu"])] + (list(device.items()) if eng_id == VRAM_ENGINE else []):
             if ln in eng["lanes"]:
+                eng["lanes"][ln].pop("per_read_ms", None)       # one fitted by an earlier run must not outlive it
                 eng["lanes"][ln].update({k: round(v, 6) for k, v in vals.items()})
         if eng_id in tables:
             eng["nvme_latency_by_rows_qd_ms"] = tables[eng_id]
@@ -421,10 +424,9 @@ def calibrate(recipe_id, st, tr, *, arms=None, steps=200, repeats=2, plan_repeat
         return {k: _merge(v) for k, v in runs.items()}
 
     fit_arms = [a for a in arms if a["fit"]]
-    from moetier.plan import _read_cpu
     cpu = R.lanes.get("cpu")
     def fit(measured):
-        return fit_terms(measured, fit_arms, _read_cpu(R), cpu.workers if cpu else 1, cpu.parallel_min if cpu else 0,
+        return fit_terms(measured, fit_arms, cpu.workers if cpu else 1, cpu.parallel_min if cpu else 0,
                          R.hardware.get("nvme", {}).get("latency_by_qd_ms"))
     planned = measure(fit_arms, None, "plan", plan_repeats or max(1, repeats // 2))
     plan_terms = fit(planned)

@@ -282,8 +282,12 @@ def _prefetching(policy: dict) -> bool:
 
 
 def _read_cpu(R) -> float:
-    """Contention between the NVMe reader and the cpu lane on shared cores: the measured CPU time of one read
-    (hardware nvme.cpu_ms_per_read, from `moetier bench`) spread over the cores the lane runs on."""
+    """Contention between the NVMe reader and the cpu lane on shared cores: the cpu lane's own per_read_ms where
+    `moetier calibrate` fitted one, else the measured CPU time of one read (hardware nvme.cpu_ms_per_read, from
+    `moetier bench`) spread over the cores the lane runs on."""
+    cl = (getattr(R, "lanes", None) or {}).get("cpu")
+    if cl is not None and cl.per_read_ms is not None:
+        return cl.per_read_ms
     hw = getattr(R, "hardware", None) or {}
     per_read = float((hw.get("nvme") or {}).get("cpu_ms_per_read", 0.0))
     cores = int((hw.get("cpu") or {}).get("cores") or 1)
@@ -294,12 +298,13 @@ class LayerPlan:
     """The lane of every pick (lists of keys), modeled NVMe arrivals, lane busy times and the layer cost (ms)."""
 
     __slots__ = ("gpu", "zerocopy", "cpu", "nvme_cpu", "nvme_gpu", "masked", "arrivals", "demand_reads", "gpu_ms",
-                 "cpu_ms", "nvme_wait_ms", "gpu_wait_ms", "ms")
+                 "cpu_ms", "nvme_wait_ms", "gpu_wait_ms", "ms", "cpu_cold")
 
     def __init__(self):
         self.gpu, self.zerocopy, self.cpu, self.nvme_cpu, self.nvme_gpu, self.masked = [], [], [], [], [], []
         self.arrivals: dict = {}
         self.demand_reads = 0
+        self.cpu_cold = 0.0        # the cpu lane's RAM picks in cold-expert equivalents (host cache, moetier.llc)
         # gpu_wait_ms: the part of nvme_wait_ms spent on the gpu lane (read + push of NVMe -> VRAM picks)
         self.gpu_ms = self.cpu_ms = self.nvme_wait_ms = self.gpu_wait_ms = self.ms = 0.0
 
@@ -308,8 +313,10 @@ class LayerPlan:
                 "nvme_gpu": self.nvme_gpu, "masked": self.masked}
 
 
-def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChannel | None) -> LayerPlan:
-    """Plan one layer call. See the module docstring for the contract."""
+def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChannel | None,
+               llc=None) -> LayerPlan:
+    """Plan one layer call. See the module docstring for the contract. ``llc``: the host cache model
+    (moetier.llc.ReuseModel) or None; a RAM pick costs the cpu lane per_expert x its reuse factor."""
     plan = LayerPlan()
     sget = ledger.state.get
     absent = RAM if ledger.all_in_ram else ABSENT    # state of a key the ledger does not track
@@ -344,8 +351,11 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
         zpl, zpe, zpx = zc if zc else (INF, INF, 0.0)
         W, pmin, cpc = ctx.cpu_workers, ctx.cpu_pmin, ctx.cpu_call
         n_c, work_c = 0, 0.0          # the cpu batch so far: experts and summed one-thread work
+        cold = 0.0
         for m, k in ram_l:
-            w = cpe + cpx * (m - 1) if m > 1 else cpe
+            f = llc.factor(k) if llc is not None else 1.0
+            pe = cpe * f
+            w = pe + cpx * (m - 1) if m > 1 else pe
             work1 = work_c + w
             n1 = n_c + 1
             if n1 < pmin:
@@ -360,10 +370,12 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
                 c_on = True
                 n_c, work_c = n1, work1
                 cpu_list.append(k)
+                cold += f
             else:
                 g = ge
                 zc_on = True
                 zc_list.append(k)
+        plan.cpu_cold = cold
 
     if nvme_l:
         if ctx.mask:

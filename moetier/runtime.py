@@ -103,7 +103,8 @@ class Runtime:
                           cpu_contended_reads=0, nvme_picks=0, prefetch_reads=0,
                           cpu_inline_calls=0, cpu_inline_experts=0, cpu_inline_extra=0, cpu_inline_s=0.0,
                           cpu_inline_contended=0, cpu_split_calls=0, cpu_split_experts=0, cpu_split_extra=0,
-                          cpu_split_s=0.0, cpu_split_contended=0, predict_s=0.0, predict_layers=0,
+                          cpu_split_s=0.0, cpu_split_contended=0, cpu_inline_cold=0.0, cpu_split_cold=0.0,
+                          predict_s=0.0, predict_layers=0,
                           gpu_calls=0, gpu_experts=0, gpu_extra=0, zc_calls=0, zc_experts=0, zc_extra=0, copies=0,
                           stage_s=0.0)
         self.cpu_pmin = int(getattr(backend, "parallel_min", 0) or 0)
@@ -176,7 +177,7 @@ class Runtime:
             for ev in L.land(td, protect):
                 self._release_ram(ev)
 
-    def _book_cpu_call(self, keys, picks, seconds: float, contended: int = 0) -> None:
+    def _book_cpu_call(self, keys, picks, seconds: float, contended: int = 0, cold: float | None = None) -> None:
         """cpu lane accounting per call, split by how the backend ran it (inline vs split over workers): the
         inputs of the lane cost fit in moetier.bench.fit_cpu_lane."""
         st = self.stats
@@ -190,6 +191,7 @@ class Runtime:
         st[f"cpu_{cls}_extra"] += extra
         st[f"cpu_{cls}_s"] += seconds
         st[f"cpu_{cls}_contended"] += contended
+        st[f"cpu_{cls}_cold"] += len(keys) if cold is None else cold
         self._group(f"cpu_{cls}", len(keys), extra, contended, seconds)
 
     def _group(self, lane, experts, extra, contended, seconds) -> None:
@@ -209,13 +211,13 @@ class Runtime:
         st[f"{p}_extra"] += extra
         self._group(p, len(keys), extra, 0, seconds)
 
-    def _compute(self, lane, keys, rows_of, picks, x, out, contended: int = 0) -> None:
+    def _compute(self, lane, keys, rows_of, picks, x, out, contended: int = 0, cold: float | None = None) -> None:
         """One timed lane call over keys (from VRAM slots for gpu, RAM slots otherwise), booked for the fits."""
         slot_of = self.vram_slot if lane == "gpu" else self.ram_slot
         t = time.perf_counter()
         out.update(self.be.compute(lane, [(k, slot_of[k], rows_of[k]) for k in keys], x))
         if lane == "cpu":
-            self._book_cpu_call(keys, picks, time.perf_counter() - t, contended)
+            self._book_cpu_call(keys, picks, time.perf_counter() - t, contended, cold)
         else:
             self._book_device_call(lane, keys, picks, time.perf_counter() - t)
 
@@ -260,7 +262,7 @@ class Runtime:
                 rows_of.setdefault(k, []).append(r)
         picks = {k: len(v) for k, v in rows_of.items()}
         c0 = time.perf_counter()
-        plan = plan_layer(rp.ctx, L, picks, t_model, rp.chan)
+        plan = plan_layer(rp.ctx, L, picks, t_model, rp.chan, rp.llc)
         c1 = time.perf_counter()
         st["plan_s"] += c1 - c0
         # 1. demand reads first, so the disk works while the lanes compute
@@ -280,7 +282,8 @@ class Runtime:
         # 2. resident lanes
         out: dict[int, np.ndarray] = {}
         if plan.cpu:   # the reads in flight meanwhile contend for the cores
-            self._compute("cpu", plan.cpu, rows_of, picks, x, out, len(plan.nvme_cpu) + len(plan.nvme_gpu))
+            self._compute("cpu", plan.cpu, rows_of, picks, x, out, len(plan.nvme_cpu) + len(plan.nvme_gpu),
+                          plan.cpu_cold)
         if plan.cpu or plan.nvme_cpu:
             st["cpu_layers"] += 1
             st["cpu_experts"] += len(plan.cpu) + len(plan.nvme_cpu)

@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from moetier.ledger import Ledger
+from moetier.llc import reuse_model
 from moetier.plan import LayerPlan, NvmeChannel, PlanContext, latency_table_for_rows, plan_layer, wake_for_rows
 from moetier.predict import make_predictor
 
@@ -92,6 +93,7 @@ class Replay:
         self.chan = NvmeChannel(R.nvme_expert_bytes, R.nvme_bw_gbps, R.nvme_bw_qd1_gbps, R.nvme_latency_ms,
                                 latency_table_for_rows(nvme, rows, engines, R.nvme_expert_bytes),
                                 wake_for_rows(rows, engines, R.nvme_expert_bytes))
+        self.llc = reuse_model(R)
         self.predictor = predictor
         pf = R.policy.get("prefetch") or {}
         self.pf_depth = int(pf.get("depth") or 0)
@@ -115,7 +117,13 @@ class Replay:
         return (new * ctx.push_ms, new * ctx.host_copy) if ctx.copy_serial else (0.0, 0.0)
 
     def touch(self, plan: LayerPlan) -> None:
-        """Recency of the picks computed in place (shared by the simulator's and the runtime's commit)."""
+        """Recency of the picks computed in place, and what streamed through the host cache: the cpu lane's RAM
+        picks, then the layer's NVMe reads (landed and checksummed in host memory), in the order they ran (shared by
+        the simulator's and the runtime's commit)."""
+        if self.llc is not None:
+            self.llc.touch(plan.cpu)
+            if plan.nvme_cpu or plan.nvme_gpu:
+                self.llc.touch(plan.nvme_cpu + plan.nvme_gpu)
         L = self.ledger
         if plan.gpu:
             ref, slot_of = L.clock.ref, L.clock.slot_of
@@ -159,8 +167,7 @@ class Replay:
 
     def commit(self, plan: LayerPlan, picks: dict) -> None:
         L = self.ledger
-        if plan.gpu or plan.cpu:
-            self.touch(plan)
+        self.touch(plan)
         admit = self.ctx.can_admit
         pft = self.pf_tickets
         for k in plan.nvme_cpu:
@@ -289,7 +296,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
         for layer in range(L):
             t += f_layer
             picks = streams.picks(rows, layer)
-            plan = plan_layer(rp.ctx, rp.ledger, picks, t, chan)
+            plan = plan_layer(rp.ctx, rp.ledger, picks, t, chan, rp.llc)
             rp.commit(plan, picks)
             if plan_hook is not None:
                 plan_hook(step, layer, plan)

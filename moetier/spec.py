@@ -55,6 +55,7 @@ DEFAULT_POLICY = {
 }
 LANE_COSTS = ("per_layer_ms", "per_expert_ms", "per_extra_token_ms", "per_call_ms")
 LANE_SHAPE = ("workers", "parallel_min")     # integers: how a batch call is executed
+LANE_OPTIONAL = ("per_read_ms",)             # costs whose absence means: use another record's figure
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -380,6 +381,9 @@ class Lane:
     per_call_ms: float = 0.0      # an inline (one-thread) call: NVMe picks computed one by one as they land
     workers: int = 1              # a batch of >= parallel_min experts is split over this many threads
     parallel_min: int = 0
+    # cpu lane: what one NVMe read of the layer costs it (cores and cache shared with the reader), fitted in situ by
+    # `moetier calibrate`; None: the hardware's nvme.cpu_ms_per_read / cores (moetier.plan._read_cpu)
+    per_read_ms: float | None = None
 
     def batch_ms(self, n: int, work: float) -> float:
         """One call computing n experts whose summed single-thread work is ``work`` ms."""
@@ -523,17 +527,18 @@ def resolve(recipe_id: str, overrides=(), root=None) -> Recipe:
     for eng in engines:
         for name, spec in eng["lanes"].items():
             lanes[name] = {"reads": spec["reads"], **{c: float(spec.get(c, 0.0)) for c in LANE_COSTS},
-                           **{c: int(spec[c]) for c in LANE_SHAPE if c in spec}}
+                           **{c: int(spec[c]) for c in LANE_SHAPE if c in spec},
+                           **{c: float(spec[c]) for c in LANE_OPTIONAL if c in spec}}
     for eng in engines:
         for name, costs in (eng.get("model_lanes") or {}).get(model["id"], {}).items():
             if name in lanes:
-                lanes[name].update({c: float(costs[c]) for c in LANE_COSTS if c in costs})
+                lanes[name].update({c: float(costs[c]) for c in LANE_COSTS + LANE_OPTIONAL if c in costs})
                 lanes[name].update({c: int(costs[c]) for c in LANE_SHAPE if c in costs})
     for name, costs in (rec.get("lane_overrides") or {}).items():
         if name not in lanes:
             raise UserError(f"{_show(path)}: $.lane_overrides.{name}: unknown lane {name!r} "
                             f"(lanes: {', '.join(lanes) or 'none'})")
-        lanes[name].update({c: float(costs[c]) for c in LANE_COSTS if c in costs})
+        lanes[name].update({c: float(costs[c]) for c in LANE_COSTS + LANE_OPTIONAL if c in costs})
         lanes[name].update({c: int(costs[c]) for c in LANE_SHAPE if c in costs})
 
     nv = hw["nvme"]

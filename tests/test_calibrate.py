@@ -121,6 +121,21 @@ def test_cpu_lane_fit_recovers_both_call_classes_and_takes_out_contention():
     got = fit_cpu_lane(rows, W, rc)
     assert got == pytest.approx({"per_call_ms": pc, "per_layer_ms": pl, "per_expert_ms": pe,
                                  "per_extra_token_ms": px}, rel=1e-6)
+    # the per-read cost fitted in situ with the others (read_cpu None)
+    assert fit_cpu_lane(rows, W, None) == pytest.approx({"per_call_ms": pc, "per_layer_ms": pl, "per_expert_ms": pe,
+                                                        "per_extra_token_ms": px, "per_read_ms": rc}, rel=1e-6)
+    # no read during any call: not identifiable, left out
+    quiet = [{**r, "ms": r["ms"] - rc * r["contended"], "contended": 0} for r in rows]
+    assert "per_read_ms" not in fit_cpu_lane(quiet, W, None)
+
+
+def test_cpu_lane_fit_counts_experts_in_cold_equivalents():
+    from moetier.bench import fit_cpu_lane
+    pl, pe, W = 0.2, 0.3, 2
+    rows = [{"cls": "split", "calls": 10, "experts": 40, "extra": 0, "cold": 40 * f,
+             "ms": 10 * (pl + pe * 4 * f / W), "contended": 0} for f in (0.6, 0.8, 1.0)]
+    got = fit_cpu_lane(rows, W, None)
+    assert got["per_layer_ms"] == pytest.approx(pl, rel=1e-6) and got["per_expert_ms"] == pytest.approx(pe, rel=1e-6)
 
 
 def test_fixed_time_splits_into_per_concurrency_and_per_read_parts():

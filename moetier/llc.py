@@ -1,0 +1,64 @@
+"""The host's last-level cache: what an expert costs the cpu lane depends on how much streamed since its last use.
+
+Contract
+--------
+``ReuseModel(curve, record_bytes)``: ``curve`` is the hardware record's ``cpu.reuse_curve`` {bytes: factor}, the
+measured cost of one expert on the cpu lane against the bytes the host streamed since that expert was last computed,
+relative to a cold expert (1.0). ``factor(key)`` is that cost factor for ``key`` now (linear between the measured
+points, the end values beyond them; 1.0 for a key never seen); ``touch(keys)`` records that keys streamed through
+the host, in order, one record each. The planner charges a RAM pick ``per_expert_ms * factor`` on the cpu lane;
+the simulator and the runtime touch the same keys in the same order (``moetier.sim.Replay.touch``: the cpu lane's RAM
+picks, then the layer's NVMe reads, which land and are checksummed in host memory), so they plan the same lanes.
+
+Why: on a host whose last-level cache holds many experts (300 MiB on the 2026-12-01 VM, ~190 records of 1.58 MB)
+an expert computed again soon is cheaper, and NVMe reads stream through the same cache. The same cpu call shape
+costs more in a run with an NVMe tail than in an all-in-RAM run (13 experts, no read in flight: 3.08 ms against
+2.52 ms). Distance is counted in records streamed, not distinct records: it needs one dict entry per key and
+O(1) per touch on the planner's path, and the two agree for the reuse that matters here (the next step's).
+"""
+from __future__ import annotations
+
+from bisect import bisect_right
+
+
+class ReuseModel:
+    __slots__ = ("_d", "_f", "_last", "_clock")
+
+    def __init__(self, curve: dict, record_bytes: int):
+        pts = sorted((float(b) / max(1, int(record_bytes)), float(f)) for b, f in curve.items())
+        if not pts:
+            raise ValueError("ReuseModel: empty reuse curve")
+        self._d = [d for d, _ in pts]          # distances in records
+        self._f = [f for _, f in pts]
+        self._last: dict[int, int] = {}
+        self._clock = 0
+
+    def factor(self, key) -> float:
+        t = self._last.get(key)
+        if t is None:
+            return 1.0
+        d = self._clock - t
+        ds, fs = self._d, self._f
+        i = bisect_right(ds, d)
+        if i == 0:
+            return fs[0]
+        if i == len(ds):
+            return fs[-1]
+        d0, d1 = ds[i - 1], ds[i]
+        return fs[i - 1] + (fs[i] - fs[i - 1]) * (d - d0) / (d1 - d0)
+
+    def touch(self, keys) -> None:
+        last = self._last
+        c = self._clock
+        for k in keys:
+            c += 1
+            last[k] = c
+        self._clock = c
+
+
+def reuse_model(R):
+    """The recipe's host cache model (hardware cpu.reuse_curve, in the RAM tier's record size), or None."""
+    curve = ((getattr(R, "hardware", None) or {}).get("cpu") or {}).get("reuse_curve")
+    if not curve or "cpu" not in getattr(R, "lanes", {}):
+        return None
+    return ReuseModel(curve, R.ram_expert_bytes)
