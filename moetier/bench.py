@@ -210,47 +210,62 @@ def llc_bytes() -> int:
     return best[1]
 
 
-def reuse_curve(st, lane: dict, *, llc: int = 0, max_bytes: int | None = None) -> dict:
+def reuse_curve(st, *, max_bytes: int | None = None, rounds: int = 5) -> dict:
     """The cpu lane's cost of one expert against the bytes streamed since it was last computed (moetier.llc), as a
-    factor of a cold expert's: cpu calls of a fixed batch cycling over working sets of growing size (the reuse
-    distance of a cyclic walk is its working set). Per-call overhead (the fitted per_layer / per_call) is taken
-    out, so the factor applies to per_expert_ms. Cold: the working sets of at least twice the last-level cache
-    (``llc`` bytes), else the largest one. Returns {"curve": {bytes: factor}, "samples": [...]}."""
+    factor of a cold expert's. cpu calls cycle over working sets of growing size (the reuse distance of a cyclic
+    walk is its working set); an expert's cost is the difference between calls of 2b and b experts over b, so
+    the per-call overhead drops out. The working sets are interleaved, ``rounds`` times, each after one untimed
+    cycle that sets the cache up for it: a sweep measured one size after another read this VM's drift as a curve.
+    A farther reuse cannot be cheaper, so the costs are made non-decreasing (``monotone``, which also pools the
+    noise of the plateau); cold is the largest working set's. Returns {"curve": {bytes: factor}, "samples": [...], "cold_per_expert_ms", "batch"}."""
     from backends.cpu.backend import CpuBackend
     import psutil
     rb = st.record_bytes
     cap = max_bytes if max_bytes is not None else psutil.virtual_memory().available // 3
-    nmax = int(min(st.nrecords, max(8, cap // rb)))
-    sizes = sorted({n for n in (4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 256, 384, 512, 768, 1024, 2048)
-                    if n <= nmax} | {nmax})
+    nmax = int(min(st.nrecords, max(16, cap // rb)))
     be = CpuBackend(st, ram_slots=nmax, verify_rate=0.0)
     try:
         for i in range(nmax):
             be.wait(be.fill(i, i))
-        batch = max(4, int(be.parallel_min), 2 * int(be.workers))
-        overhead = lane["per_layer_ms"] if batch >= max(2, int(be.parallel_min)) else lane["per_call_ms"]
+        b1 = max(4, int(be.parallel_min), 2 * int(be.workers))     # a split call, like the runtime's batches
+        b2 = 2 * b1
+        sizes = sorted({n for n in (16, 32, 48, 64, 96, 128, 160, 192, 256, 384, 512, 768, 1024, 2048)
+                        if b2 <= n <= nmax} | {max(b2, nmax)})
         x = np.random.default_rng(1).standard_normal((1, st.layout.hidden)).astype(np.float32)
-        samples = []
-        for n in sizes:
-            b = min(batch, n)
-            calls = max(40, 2 * n // b)
-            rot, times = 0, []
-            for i in range(calls + n // b + 1):          # one untimed cycle first: every record seen once
-                jobs = [(j, (rot + j) % n, [0]) for j in range(b)]
-                rot += b
-                t0 = time.perf_counter()
-                be.compute("cpu", jobs, x)
-                if i > n // b:
-                    times.append((time.perf_counter() - t0) * 1e3)
-            samples.append({"records": n, "bytes": n * rb, "batch": b,
-                            "per_expert_ms": max(1e-6, (float(np.median(times)) - overhead) / b)})
+        times = {(n, b): [] for n in sizes for b in (b1, b2)}
+        for _ in range(rounds):
+            for n in sizes:
+                for b in (b1, b2):
+                    rot = 0
+                    for i in range(2 * max(1, n // b)):      # first cycle untimed
+                        jobs = [(j, (rot + j) % n, [0]) for j in range(b)]
+                        rot += b
+                        t0 = time.perf_counter()
+                        be.compute("cpu", jobs, x)
+                        if i >= max(1, n // b):
+                            times[(n, b)].append((time.perf_counter() - t0) * 1e3)
     finally:
         be.close()
-    full = [s for s in samples if s["batch"] == batch] or samples
-    cold_set = [s["per_expert_ms"] for s in full if llc and s["bytes"] >= 2 * llc] or [full[-1]["per_expert_ms"]]
-    cold = float(np.median(cold_set))
-    curve = {str(s["bytes"]): round(min(2.0, max(0.05, s["per_expert_ms"] / cold)), 4) for s in full}
-    return {"curve": curve, "samples": samples, "cold_per_expert_ms": cold, "batch": batch}
+    samples = []
+    for n in sizes:
+        t1, t2 = float(np.median(times[(n, b1)])), float(np.median(times[(n, b2)]))
+        samples.append({"records": n, "bytes": n * rb, "call_ms": {str(b1): t1, str(b2): t2},
+                        "per_expert_ms": max(1e-6, (t2 - t1) / (b2 - b1))})
+    fitted = monotone([s["per_expert_ms"] for s in samples])
+    cold = fitted[-1]
+    curve = {str(s["bytes"]): round(max(0.05, f / cold), 4) for s, f in zip(samples, fitted)}
+    return {"curve": curve, "samples": samples, "cold_per_expert_ms": cold, "batch": [b1, b2]}
+
+
+def monotone(y) -> list[float]:
+    """The non-decreasing sequence closest to y in least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []                   # [mean, count]
+    for v in y:
+        blocks.append([float(v), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, n1), (m2, n2) = blocks[-2], blocks.pop()
+            blocks[-1] = [(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2]
+    return [m for m, n in blocks for _ in range(n)]
 
 
 def measure(st, *, nrec: int = 256) -> dict:
@@ -260,7 +275,7 @@ def measure(st, *, nrec: int = 256) -> dict:
     qd1, qd16 = by_qd[1], by_qd[16]
     lane = cpu_lane_costs(st)
     llc = llc_bytes()
-    reuse = reuse_curve(st, lane, llc=llc)
+    reuse = reuse_curve(st)
     read_cpu = read_cpu_ms(st, nrec)
     return {"membw_read_gbps": membw, "nvme_qd1": qd1, "nvme_qd16": qd16, "cpu_lane": lane,
             "llc_bytes": llc, "reuse": reuse,

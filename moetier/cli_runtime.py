@@ -237,4 +237,8 @@ def cmd_bench(args) -> int:
           f"{lane['per_expert_ms']:.4f} ms, per_extra_token {lane['per_extra_token_ms']:.4f} ms |")
     print(f"| cpu lane weight bytes/s, 1 row | {lane['weight_gbps_1row']:.2f} GB/s "
           f"({lane['weight_gbps_1row'] / m['membw_read_gbps']:.2f} of memory bandwidth) |")
+    print(f"| last-level cache (sysfs) | {m['llc_bytes'] / 2**20:.0f} MiB |" if m["llc_bytes"] else
+          "| last-level cache (sysfs) | not reported |")
+    print("| cpu lane expert cost after N MB streamed, of a cold one | "
+          + ", ".join(f"{int(b) / 1e6:.0f} MB {f:.2f}" for b, f in m["reuse"]["curve"].items()) + " |")
     return 0
