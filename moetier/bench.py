@@ -210,10 +210,10 @@ def llc_bytes() -> int:
     return best[1]
 
 
-def reuse_curve(st, *, max_bytes: int | None = None, rounds: int = 5) -> dict:
+def reuse_curve(st, *, max_bytes: int | None = None, rounds: int = 6, calls: int = 24) -> dict:
     """The cpu lane's cost of one expert against the bytes streamed since it was last computed (moetier.llc), as a
     factor of a cold expert's. cpu calls cycle over working sets of growing size (the reuse distance of a cyclic
-    walk is its working set); an expert's cost is the difference between calls of 2b and b experts over b, so
+    walk is its working set); an expert's cost is the difference between calls of 3b and b experts over 2b, so
     the per-call overhead drops out. The working sets are interleaved, ``rounds`` times, each after one untimed
     cycle that sets the cache up for it: a sweep measured one size after another read this VM's drift as a curve.
     A farther reuse cannot be cheaper, so the costs are made non-decreasing (``monotone``, which also pools the
@@ -228,8 +228,8 @@ def reuse_curve(st, *, max_bytes: int | None = None, rounds: int = 5) -> dict:
         for i in range(nmax):
             be.wait(be.fill(i, i))
         b1 = max(4, int(be.parallel_min), 2 * int(be.workers))     # a split call, like the runtime's batches
-        b2 = 2 * b1
-        sizes = sorted({n for n in (16, 32, 48, 64, 96, 128, 160, 192, 256, 384, 512, 768, 1024, 2048)
+        b2 = 3 * b1
+        sizes = sorted({n for n in (24, 32, 48, 64, 96, 128, 160, 192, 256, 384, 512, 768, 1024, 2048)
                         if b2 <= n <= nmax} | {max(b2, nmax)})
         x = np.random.default_rng(1).standard_normal((1, st.layout.hidden)).astype(np.float32)
         times = {(n, b): [] for n in sizes for b in (b1, b2)}
@@ -237,12 +237,13 @@ def reuse_curve(st, *, max_bytes: int | None = None, rounds: int = 5) -> dict:
             for n in sizes:
                 for b in (b1, b2):
                     rot = 0
-                    for i in range(2 * max(1, n // b)):      # first cycle untimed
+                    cycle = max(1, n // b)
+                    for i in range(cycle + max(cycle, calls)):      # first cycle untimed
                         jobs = [(j, (rot + j) % n, [0]) for j in range(b)]
                         rot += b
                         t0 = time.perf_counter()
                         be.compute("cpu", jobs, x)
-                        if i >= max(1, n // b):
+                        if i >= cycle:
                             times[(n, b)].append((time.perf_counter() - t0) * 1e3)
     finally:
         be.close()

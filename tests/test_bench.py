@@ -14,9 +14,9 @@ def ci_store(tmp_path_factory):
 
 
 def test_reuse_curve_spans_the_working_sets_and_is_relative_to_cold(ci_store):
-    r = bench.reuse_curve(ci_store, max_bytes=64 * ci_store.record_bytes, rounds=2)
+    r = bench.reuse_curve(ci_store, max_bytes=64 * ci_store.record_bytes, rounds=2, calls=4)
     sizes = [s["records"] for s in r["samples"]]
-    assert sizes == sorted(sizes) and sizes[0] == 16 and sizes[-1] == 64
+    assert sizes == sorted(sizes) and sizes[0] == 24 and sizes[-1] == 64
     curve = {int(b): f for b, f in r["curve"].items()}
     assert max(curve) == 64 * ci_store.record_bytes
     assert curve[max(curve)] == pytest.approx(1.0)          # the largest working set is cold
