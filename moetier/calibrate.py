@@ -29,9 +29,7 @@ The fits, from the fit arms' runtime counters:
      needs): mean submit-to-landed of the runtime's demand reads by rows per step and the demand queue depth they
      joined; depths not reached keep the hardware's idle-disk bench figures;
    - wake-up (engine ``nvme_wake_ms_by_rows``): mean delay from a read landing to the decode thread that was
-     blocked on it resuming, by rows per step; the planner adds it to every pick whose lane waited for its bytes;
-   - latency spread (engine ``nvme_latency_cv_by_rows``): sd / mean of those reads' latency; the planner charges a
-     lane the expected wait for an arrival of that spread (``moetier.plan.late``).
+     blocked on it resuming, by rows per step; the planner adds it to every pick whose lane waited for its bytes.
 
 The simulator then predicts every arm and the error table (predicted vs measured tok/s and per-token ms per bucket:
 cpu_moe, gpu_moe, nvme_stall, copy, host) goes to the terminal and into a run record.
@@ -109,8 +107,8 @@ def arm_recipe(recipe_id: str, arm: dict, terms: dict | None = None):
     eng = R.engines[-1]["id"]
     tab = terms.get("nvme_latency_by_rows_qd_ms", {}).get(eng)
     if tab:
-        per_rows = {f: terms.get(f, {}).get(eng, {}) for f in ("nvme_wake_ms_by_rows", "nvme_latency_cv_by_rows")}
-        R.engines = [*R.engines[:-1], {**R.engines[-1], "nvme_latency_by_rows_qd_ms": tab, **per_rows,
+        R.engines = [*R.engines[:-1], {**R.engines[-1], "nvme_latency_by_rows_qd_ms": tab,
+                                       "nvme_wake_ms_by_rows": terms.get("nvme_wake_ms_by_rows", {}).get(eng, {}),
                                        "nvme_latency_record_bytes": R.nvme_expert_bytes}]
     return R
 
@@ -150,9 +148,8 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
     """Cost terms from the fit arms' runtime counters. The cpu lane's cost per NVMe read of the layer
     (``per_read_ms``) is fitted with its other costs: the bench's reader CPU time per core (0.14 ms here) left out
     what a read does to the cache the lane computes from (uncontended calls of one shape cost ~20% more in a tail
-    arm than in an all-in-RAM one on the 2026-12-01 VM). workers and parallel_min (how the lane splits a batch,
-    measured by `moetier bench`) travel with the cpu lane's terms: every engine running this lane gets the same call
-    classes."""
+    arm than in an all-in-RAM one on the 2026-12-01 VM). workers and parallel_min (how the lane splits a batch, measured by `moetier bench`) travel with the cpu lane's terms: every
+    engine running this lane gets the same call classes."""
     from moetier.bench import fit_cpu_lane, relative_lstsq
     fit = [a for a in arms if a["fit"]]
     lane_rows, Ah, yh = [], [], []
@@ -167,8 +164,7 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
         for cls in (() if c["predict_layers"] else ("inline", "split")):
             lane_rows.append({"cls": cls, "calls": c[f"cpu_{cls}_calls"], "experts": c[f"cpu_{cls}_experts"],
                               "extra": c[f"cpu_{cls}_extra"], "ms": c[f"cpu_{cls}_s"] * 1e3,
-                              "contended": c[f"cpu_{cls}_contended"],
-                              "cold": c.get(f"cpu_{cls}_cold", c[f"cpu_{cls}_experts"])})
+                              "contended": c[f"cpu_{cls}_contended"], "cold": c.get(f"cpu_{cls}_cold", c[f"cpu_{cls}_experts"])})
         Ah.append([c["layer_calls"], c["picks"], c["reads"], c["predict_layers"], c.get("copies", 0)])
         yh.append(host_timed_s(c) * 1e3)
         booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["stage_s"]
@@ -180,27 +176,23 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
     hl, hp, hr, hpred, hcopy = (coef.get(j, 0.0) for j in range(5))
     fixed, per_read_unbooked = fit_fixed(unbooked)
     hr += per_read_unbooked
-    latency, wake_ms, cv = fit_channel([measured[a["name"]] for a in fit], idle_latency)
+    latency, wake_ms = fit_channel([measured[a["name"]] for a in fit], idle_latency)
     out = {"cpu": {**fit_cpu_lane(lane_rows, workers, None), "workers": workers, "parallel_min": parallel_min},
            "host": {"per_layer_ms": hl, "per_pick_ms": hp, "per_read_ms": hr, "per_predict_ms": hpred,
                     "per_copy_ms": hcopy},
            "fixed_ms": fixed,
            "nvme_latency_by_rows_qd_ms": latency,      # {engine: {rows: {q: ms}}}
-           "nvme_wake_ms_by_rows": wake_ms,            # {engine: {rows: ms}}
-           "nvme_latency_cv_by_rows": cv}              # {engine: {rows: sd / mean}}
+           "nvme_wake_ms_by_rows": wake_ms}            # {engine: {rows: ms}}
     out.update(fit_device_terms([measured[a["name"]] for a in fit]))
     return out
 
 
-def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> tuple[dict, dict, dict]:
+def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> tuple[dict, dict]:
     """The NVMe channel's terms per engine from the fit arms' reads: ({engine: {rows: {q: ms}}}, {engine: {rows:
-    ms}}, {engine: {rows: cv}}) - mean submit-to-landed by rows per step and the demand queue depth a read joined,
-    the mean wake-up (landed to the blocked waiter resuming), and the latency's spread (standard deviation over
-    mean, pooled over depths). Means, not medians: the planner adds both into stalls, and the median of a
-    right-skewed latency understates their sum. The spread matters as much: a lane expects to wait
-    E[max(0, arrival - free)], far more than the wait for a mean arrival that is about when the lane gets free
-    (tail-C4 on the 2026-12-01 VM: 0.80 ms per first read against 0.29). Depths the runtime reached are measured
-    under its load; deeper ones keep the idle-disk bench figures. Fewer than 8 samples make no entry."""
+    ms}}) - mean submit-to-landed by rows per step and the demand queue depth a read joined, and the mean wake-up
+    (landed to the blocked waiter resuming). Means, not medians: the planner adds both into stalls, and the median
+    of a right-skewed latency understates their sum. Depths the runtime reached are measured under its load;
+    deeper ones keep the idle-disk bench figures. Fewer than 8 samples make no entry."""
     lat: dict[str, dict] = {}                      # engine -> rows per step -> q -> samples
     wake: dict[str, dict] = {}                     # engine -> rows per step -> samples
     for m in fit_runs:
@@ -209,7 +201,7 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> tuple
             lat.setdefault(eng, {}).setdefault(rows, {}).setdefault(int(q), []).extend(v)
         wake.setdefault(eng, {}).setdefault(rows, []).extend(m.get("wake_ms", ()))
     idle = {int(q): float(v) for q, v in (idle_latency or {}).items()}
-    latency, wake_ms, spread = {}, {}, {}
+    latency, wake_ms = {}, {}
     for eng, by_rows in sorted(lat.items(), key=lambda kv: str(kv[0])):
         tabs = {str(r): {str(q): round(v, 4) for q, v in sorted({**idle, **{
                     q: float(np.mean(v)) for q, v in tab.items() if len(v) >= 8}}.items())}
@@ -219,14 +211,7 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> tuple
             w = {str(r): round(float(np.mean(v)), 4) for r, v in sorted(wake.get(eng, {}).items()) if len(v) >= 8}
             if w:
                 wake_ms[eng] = w
-            cv = {}
-            for r, tab in sorted(by_rows.items()):
-                rel = [x / np.mean(v) - 1 for v in tab.values() if len(v) >= 8 for x in v]
-                if rel:
-                    cv[str(r)] = round(float(np.sqrt(np.mean(np.square(rel)))), 4)
-            if cv:
-                spread[eng] = cv
-    return latency, wake_ms, spread
+    return latency, wake_ms
 
 
 def host_timed_s(c: dict) -> float:
@@ -311,15 +296,14 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
         if eng_id in tables:
             eng["nvme_latency_by_rows_qd_ms"] = tables[eng_id]
             eng["nvme_latency_record_bytes"] = record_bytes
-            for field in ("nvme_wake_ms_by_rows", "nvme_latency_cv_by_rows"):
-                eng.pop(field, None)          # a table from an earlier run must not outlive its own
-                if terms.get(field, {}).get(eng_id):
-                    eng[field] = terms[field][eng_id]
+            eng.pop("nvme_wake_ms_by_rows", None)          # a table from an earlier run must not outlive its own
+            if terms.get("nvme_wake_ms_by_rows", {}).get(eng_id):
+                eng["nvme_wake_ms_by_rows"] = terms["nvme_wake_ms_by_rows"][eng_id]
             eng["nvme_latency_note"] = (f"moetier calibrate {when}: mean submit-to-landed of the runtime's demand "
                                         f"reads by rows per step and demand queue depth, under this engine's load "
                                         f"(fit arms, measured steps); deeper queues: the hardware's idle-disk "
                                         f"figures. nvme_wake_ms_by_rows: mean delay from a read landing to the "
-                                        f"blocked waiter resuming; nvme_latency_cv_by_rows: latency sd / mean")
+                                        f"blocked waiter resuming")
         eng["source"] = src
         spec.write_record("engine", eng)
     rec["calibration"]["fixed_ms"] = terms["fixed_ms"]

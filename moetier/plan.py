@@ -2,9 +2,8 @@
 
 Contract
 --------
-``plan_layer(ctx, ledger, picks, t0, nvme, llc=None)`` takes ``picks`` = {key: m} (m = token rows routed to that
-expert in this layer call), the layer start time ``t0`` (ms, the caller's clock), the NVMe channel and the host
-cache model (moetier.llc: a RAM pick recently used costs the cpu lane less; read only here), and returns a
+``plan_layer(ctx, ledger, picks, t0, nvme)`` takes ``picks`` = {key: m} (m = token rows routed to that expert in
+this layer call), the layer start time ``t0`` (ms, the caller's clock) and the NVMe channel, and returns a
 ``LayerPlan``: the lane of every pick, each lane's busy time and the layer cost (max over lanes when lanes overlap,
 their sum when they do not). It reads residency but never changes it: the plan's lists are residency *intents*
 that the executor carries out through ledger tickets once bytes have landed. The NVMe channel is a model of the
@@ -18,7 +17,6 @@ handoff) is charged only when that lane gets work.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from moetier.errors import UserError
@@ -41,22 +39,18 @@ class NvmeChannel:
     queue-depth-1 latency, else ``deep``. In the table model a prefetch read in service does not add to a demand
     read's depth (measured: one low-priority read in service costs a demand read ~5%, not a queue slot;
     benchmarks/bench_read_latency.py, docs/calibration.md). ``wake`` is the measured delay from a read landing to
-    the thread blocked on it resuming; the planner adds it to a pick whose lane had to wait for the bytes. ``cv``
-    is the measured spread of a read's latency (standard deviation over mean): an arrival is a distribution, and
-    the planner charges a lane the *expected* wait for it (``late``), not the wait for its mean.
+    the thread blocked on it resuming; the planner adds it to a pick whose lane had to wait for the bytes.
     """
 
     __slots__ = ("deep", "one", "lat", "dfree", "pf", "reads", "pf_reads", "pf_cancelled",
-                 "pf_wasted", "qd_table", "outstanding", "pf_svc", "pf_lat", "pf_done", "wake", "cv")
+                 "pf_wasted", "qd_table", "outstanding", "pf_svc", "pf_lat", "pf_done", "wake")
 
     def __init__(self, record_bytes: int, bw_gbps: float, bw_qd1_gbps: float | None = None,
-                 latency_ms: float = 0.1, latency_by_qd: dict | None = None, wake_ms: float = 0.0,
-                 cv: float = 0.0):
+                 latency_ms: float = 0.1, latency_by_qd: dict | None = None, wake_ms: float = 0.0):
         # latency_by_qd: {q: ms}; see also latency_table_for_rows() (tables measured under the runtime's load)
         # wake_ms: from a read landing to the lane blocked on it resuming (engine nvme_wake_ms_by_rows); paid only
         # by a lane that had to wait, so it is the planner's to add, not part of the arrival
         self.wake = float(wake_ms)
-        self.cv = float(cv)              # latency sd / mean (engine nvme_latency_cv_by_rows)
         self.deep = record_bytes / (bw_gbps * 1e6)
         self.one = record_bytes / ((bw_qd1_gbps or bw_gbps) * 1e6)
         self.lat = latency_ms
@@ -220,11 +214,9 @@ def latency_table_for_rows(nvme: dict, rows: int, engines=(), record_bytes: int 
     return _at_rows(by_rows, rows, lambda a, b, f: {q: a[q] * (1 - f) + b[q] * f for q in sorted(set(a) & set(b))})
 
 
-def channel_term(field: str, rows: int, engines=(), record_bytes: int | None = None) -> float:
-    """A per-rows term of the NVMe channel at ``rows`` token rows - ``nvme_wake_ms_by_rows`` (the wake-up, ms) or
-    ``nvme_latency_cv_by_rows`` (the latency's spread) - from the engine whose latency table applies; 0 if
-    unmeasured."""
-    src = _engine_tables(engines, record_bytes).get(field) or {}
+def wake_for_rows(rows: int, engines=(), record_bytes: int | None = None) -> float:
+    """The wake-up delay (ms) at ``rows`` token rows, from the engine whose latency table applies; 0 if unmeasured."""
+    src = _engine_tables(engines, record_bytes).get("nvme_wake_ms_by_rows") or {}
     by_rows = {int(r): float(v) for r, v in src.items()}
     return _at_rows(by_rows, rows, lambda a, b, f: a * (1 - f) + b * f) if by_rows else 0.0
 
@@ -408,20 +400,6 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
     return plan
 
 
-_SQRT2 = math.sqrt(2.0)
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-
-
-def late(mu: float, sd: float) -> tuple[float, float]:
-    """(E[max(0, X)], P(X > 0)) for X ~ Normal(mu, sd): how long a lane free at 0 expects to wait for bytes due at
-    mu, and how likely it waits at all (and so pays the wake-up). sd 0: the deterministic max(0, mu)."""
-    if sd <= 0.0:
-        return (mu, 1.0) if mu > 0.0 else (0.0, 0.0)
-    z = mu / sd
-    p = 0.5 * (1.0 + math.erf(z / _SQRT2))
-    return mu * p + sd * _INV_SQRT_2PI * math.exp(-0.5 * z * z), p
-
-
 def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):
     gpu, cpu = ctx.gpu, ctx.cpu
     push = ctx.push_ms
@@ -440,41 +418,39 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):
     # arrival order; demand reads come back in issue order, so only promoted prefetches need a sort
     order = sorted(keys, key=arr.__getitem__) if len(keys) > 1 and len(fresh) < len(keys) else keys
     can_gpu = gpu is not None      # a gpu lane exists only with a VRAM tier (from_recipe)
-    wake, cv = nvme.wake, nvme.cv
+    wake = nvme.wake
     wait = gwait = 0.0
     if not ctx.overlap:
-        _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wake, cv)
+        _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wake)
         return
     for k in order:
         a = arr[k] - t0
         if a < 0.0:
             a = 0.0
-        sd = cv * a
         m = picks[k]
         if cpu:
             cs = c + ctx.cpu_call if c_on else (ctx.cpu_call if ctx.cpu_pmin > 1 else cpu[0])
-            ex, p = late(a - cs, sd)
-            cw = ex + wake * p                     # the expected wait, with the wake-up when it waits
-            ce = cs + cw + cpu[1] + cpu[2] * (m - 1)
+            ce = (cs if cs >= a else a + wake) + cpu[1] + cpu[2] * (m - 1)
         else:
             ce = INF
         if can_gpu:
             gs = g if g_on else g + gpu[0]
-            ex, p = late(a + push - gs, sd)
-            gw = ex + wake * late(a - gs, sd)[1]   # read + push after the lane is free, wake-up if it waited
-            ge = gs + gw + gpu[1] + gpu[2] * (m - 1)
+            ap = a + push if gs >= a else a + wake + push
+            ge = (gs if gs > ap else ap) + gpu[1] + gpu[2] * (m - 1)
         else:
             ge = INF
         if ce == INF and ge == INF:
             raise ValueError("no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier")
         if (ce if ce > g else g) <= (c if c > ge else ge):
-            wait += cw
+            if a > cs:
+                wait += a + wake - cs
             c = ce
             c_on = True
             plan.nvme_cpu.append(k)
         else:
-            wait += gw
-            gwait += gw
+            if ap > gs:
+                wait += ap - gs
+                gwait += ap - gs
             g = ge
             g_on = True
             plan.nvme_gpu.append(k)
@@ -483,12 +459,12 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):
     plan.gpu_ms, plan.cpu_ms = g, c
 
 
-def _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wake, cv=0.0):
+def _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wake):
     """NVMe picks when lanes do not overlap (policy.overlap false): one timeline after the resident lanes (c + g);
     each pick, in arrival order, waits for its bytes (and the wake-up, if it had to wait) and runs on the lane that
     ends it sooner. Its work is added to that lane's busy time, so the layer's g + c is the timeline's end. A push to
     VRAM follows its read on the same timeline and is booked as stall (read + stage), as the serial runtime spends
-    it. The wait for the bytes is the expected one (``late``, latency spread ``cv``)."""
+    it."""
     gpu, cpu, push = ctx.gpu, ctx.cpu, ctx.push_ms
     wait = gwait = 0.0
     for k in order:
@@ -497,26 +473,27 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wa
             a = 0.0
         m = picks[k]
         now = g + c
-        ex, p = late(a - now, cv * a)
-        late_ms = ex + wake * p
+        if a > now:
+            a += wake
         cw = ge = INF
         if cpu:
             cw = (ctx.cpu_call if c_on or ctx.cpu_pmin > 1 else cpu[0]) + cpu[1] + cpu[2] * (m - 1)
-            ce = now + late_ms + cw
+            ce = (now if now > a else a) + cw
         else:
             ce = INF
         if can_gpu:
             gw = (0.0 if g_on else gpu[0]) + gpu[1] + gpu[2] * (m - 1)
-            ge = now + late_ms + push + gw
+            ge = (now if now > a else a) + push + gw
         if ce == INF and ge == INF:
             raise ValueError("no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier")
         if ce <= ge:
-            wait += late_ms
+            if a > now:
+                wait += a - now
             c = ce - g
             c_on = True
             plan.nvme_cpu.append(k)
         else:
-            stall = late_ms + push
+            stall = (a - now if a > now else 0.0) + push
             wait += stall
             gwait += stall
             g = ge - c

@@ -25,7 +25,7 @@ import numpy as np
 
 from moetier.ledger import Ledger
 from moetier.llc import reuse_model
-from moetier.plan import LayerPlan, NvmeChannel, PlanContext, channel_term, latency_table_for_rows, plan_layer
+from moetier.plan import LayerPlan, NvmeChannel, PlanContext, latency_table_for_rows, plan_layer, wake_for_rows
 from moetier.predict import make_predictor
 
 ORACLE_WARM_STEPS = 200
@@ -92,8 +92,7 @@ class Replay:
         nvme, engines = R.hardware.get("nvme", {}), getattr(R, "engines", ())
         self.chan = NvmeChannel(R.nvme_expert_bytes, R.nvme_bw_gbps, R.nvme_bw_qd1_gbps, R.nvme_latency_ms,
                                 latency_table_for_rows(nvme, rows, engines, R.nvme_expert_bytes),
-                                channel_term("nvme_wake_ms_by_rows", rows, engines, R.nvme_expert_bytes),
-                                channel_term("nvme_latency_cv_by_rows", rows, engines, R.nvme_expert_bytes))
+                                wake_for_rows(rows, engines, R.nvme_expert_bytes))
         self.llc = reuse_model(R)
         self.predictor = predictor
         pf = R.policy.get("prefetch") or {}

@@ -1,5 +1,4 @@
 """plan_layer and the NVMe channel: lane split, costs, stall/mask, priorities; the plan never mutates residency."""
-import math
 from types import SimpleNamespace
 
 import pytest
@@ -193,35 +192,7 @@ def test_serial_engine_adds_the_wake_up_to_a_pick_that_waited():
 
 
 def test_wake_up_comes_from_the_engine_whose_latency_table_applies():
-    from moetier.plan import channel_term
-    eng = [{"id": "b", "nvme_latency_by_rows_qd_ms": {"1": {"1": 0.6}}, "nvme_wake_ms_by_rows": {"1": 0.1, "4": 0.4},
-            "nvme_latency_cv_by_rows": {"1": 0.3}}]
-    wake = "nvme_wake_ms_by_rows"
-    assert channel_term(wake, 2, eng) == pytest.approx(0.2) and channel_term(wake, 8, eng) == 0.4
-    assert channel_term(wake, 1, [{"id": "a"}]) == 0.0                          # unmeasured: no term
-    assert channel_term("nvme_latency_cv_by_rows", 4, eng) == 0.3
-
-
-def test_late_is_the_expected_wait_of_a_normal_arrival():
-    from moetier.plan import late
-    assert late(0.5, 0.0) == (0.5, 1.0) and late(-0.5, 0.0) == (0.0, 0.0)
-    ex, p = late(0.0, 1.0)
-    assert p == pytest.approx(0.5) and ex == pytest.approx(1.0 / math.sqrt(2 * math.pi))
-    # far from the lane's free time the spread does not matter
-    assert late(10.0, 1.0)[0] == pytest.approx(10.0) and late(-10.0, 1.0)[0] == pytest.approx(0.0, abs=1e-12)
-
-
-def test_a_spread_arrival_costs_the_expected_wait_not_the_wait_for_its_mean():
-    from moetier.plan import late
-    c = ctx()
-    L = ledger(vram=[1, 2, 3, 4], ram=[7])
-    # one RAM pick and one NVMe pick whose mean arrival (1.0 ms) is about when the cpu lane gets to it
-    det = plan_layer(c, L, {7: 1, 500: 1}, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0))
-    spread = plan_layer(c, L, {7: 1, 500: 1}, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0, cv=0.5))
-    assert det.nvme_cpu == spread.nvme_cpu == [500]
-    free = det.cpu_ms - det.nvme_wait_ms - (c.cpu[1])      # when the lane is ready for the NVMe pick
-    expect = late(1.0 - free, 0.5 * 1.0)[0]
-    assert spread.nvme_wait_ms == pytest.approx(expect) and spread.nvme_wait_ms > det.nvme_wait_ms
-    assert spread.cpu_ms - det.cpu_ms == pytest.approx(spread.nvme_wait_ms - det.nvme_wait_ms)
-
-
+    from moetier.plan import wake_for_rows
+    eng = [{"id": "b", "nvme_latency_by_rows_qd_ms": {"1": {"1": 0.6}}, "nvme_wake_ms_by_rows": {"1": 0.1, "4": 0.4}}]
+    assert wake_for_rows(2, eng) == pytest.approx(0.2) and wake_for_rows(8, eng) == 0.4
+    assert wake_for_rows(1, [{"id": "a"}]) == 0.0                               # unmeasured: no term
