@@ -352,8 +352,9 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
         W, pmin, cpc = ctx.cpu_workers, ctx.cpu_pmin, ctx.cpu_call
         n_c, work_c = 0, 0.0          # the cpu batch so far: experts and summed one-thread work
         cold = 0.0
+        factor = llc.factor if llc is not None else None
         for m, k in ram_l:
-            f = llc.factor(k) if llc is not None else 1.0
+            f = factor(k) if factor is not None else 1.0
             pe = cpe * f
             w = pe + cpx * (m - 1) if m > 1 else pe
             work1 = work_c + w
