@@ -5,14 +5,13 @@
 The finding it reproduces (docs/calibration.md, "An arrival is a distribution"): one runtime run of the recipe as
 written (warm-up steps included); for the first demand read each layer waits on, X = landed - (when the thread
 started waiting), both from the read's submit time. It prints mean X, the mean wait E[max(0, X)], the read
-latency's sd / mean, and the wait a normal arrival with that spread would give. The planner charges
-max(0, mean X) today.
+latency's sd / mean, and the wait a normal arrival with that spread would give. The planner
+charges a layer's reads one common normal lateness of that spread (moetier.plan.late).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -21,13 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from moetier import runtime, spec, store  # noqa: E402
+from moetier.plan import late  # noqa: E402
 from moetier.trace import load_trace  # noqa: E402
-
-
-def expected_late(mu: float, sd: float) -> float:
-    """E[max(0, X)] for X ~ Normal(mu, sd)."""
-    z = mu / sd
-    return mu * 0.5 * (1 + math.erf(z / math.sqrt(2))) + sd * math.exp(-z * z / 2) / math.sqrt(2 * math.pi)
 
 
 def main(argv=None):
@@ -68,7 +62,7 @@ def main(argv=None):
     mx, ml = statistics.mean(x), statistics.mean(lat)
     out = {"layers": len(first), "mean_x_ms": mx, "mean_wait_ms": statistics.mean(max(0.0, v) for v in x),
            "wait_for_mean_ms": max(0.0, mx), "latency_mean_ms": ml, "latency_sd_ms": sd, "latency_cv": sd / ml,
-           "normal_wait_ms": expected_late(mx, sd)}
+           "normal_wait_ms": late(mx, sd)}
     if a.json:
         print(json.dumps(out, indent=1))
         return

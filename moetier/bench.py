@@ -3,10 +3,9 @@
 Contract: ``measure(store, ...)`` returns a dict of measured figures; ``records(...)`` turns them into a hardware
 record (memory read bandwidth, O_DIRECT bandwidth at QD1 / QD16 for the store's record size, read latency, ceilings)
 and an engine record (cpu lane per_layer / per_expert / per_extra_token, fitted by least squares over a grid of
-experts x rows), plus the host cache: its size (sysfs) and the cpu lane's reuse curve (``reuse_curve``: the cost
-of an expert against the bytes streamed since its last use, moetier.llc). Both are validated and written atomically by spec.write_record; the simulator and the runtime
-then use them through the recipe.
-"""
+experts x rows), plus the host cache: its size (sysfs) and the cpu lane's reuse curve (``reuse_curve``: the cost of
+an expert against the bytes streamed since its last use, moetier.llc). Both are validated and written atomically by
+spec.write_record; the simulator and the runtime then use them through the recipe."""
 from __future__ import annotations
 
 import os
@@ -213,11 +212,12 @@ def llc_bytes() -> int:
 def reuse_curve(st, *, max_bytes: int | None = None, rounds: int = 6, calls: int = 24) -> dict:
     """The cpu lane's cost of one expert against the bytes streamed since it was last computed (moetier.llc), as a
     factor of a cold expert's. cpu calls cycle over working sets of growing size (the reuse distance of a cyclic
-    walk is its working set); an expert's cost is the difference between calls of 3b and b experts over 2b, so
-    the per-call overhead drops out. The working sets are interleaved, ``rounds`` times, each after one untimed
-    cycle that sets the cache up for it: a sweep measured one size after another read this VM's drift as a curve.
-    A farther reuse cannot be cheaper, so the costs are made non-decreasing (``monotone``, which also pools the
-    noise of the plateau); cold is the largest working set's. Returns {"curve": {bytes: factor}, "samples": [...], "cold_per_expert_ms", "batch"}."""
+    walk is its working set); an expert's cost is the difference between calls of 3b and b experts over 2b, so the
+    per-call overhead drops out. The working sets are interleaved, ``rounds`` times, each after one untimed cycle
+    that sets the cache up for it: a sweep measured one size after another read this VM's drift as a curve. A
+    farther reuse cannot be cheaper, so the costs are made non-decreasing (``monotone``, which also pools the noise
+    of the plateau); cold is the largest working set's. Returns {"curve": {bytes: factor}, "samples": [...],
+    "cold_per_expert_ms", "batch"}."""
     from backends.cpu.backend import CpuBackend
     import psutil
     rb = st.record_bytes

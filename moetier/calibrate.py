@@ -29,7 +29,10 @@ The fits, from the fit arms' runtime counters:
      needs): mean submit-to-landed of the runtime's demand reads by rows per step and the demand queue depth they
      joined; depths not reached keep the hardware's idle-disk bench figures;
    - wake-up (engine ``nvme_wake_ms_by_rows``): mean delay from a read landing to the decode thread that was
-     blocked on it resuming, by rows per step; the planner adds it to every pick whose lane waited for its bytes.
+     blocked on it resuming, by rows per step; the planner adds it to every pick whose lane waited for its bytes;
+   - latency spread (engine ``nvme_latency_cv_shared_by_rows``, ``nvme_latency_cv_own_by_rows``): sd / mean of
+     those reads' latency, split into the part a layer's reads share (they are late together) and each read's
+     own; the planner charges each lane its expected end (``moetier.plan._Finish``).
 
 The simulator then predicts every arm and the error table (predicted vs measured tok/s and per-token ms per bucket:
 cpu_moe, gpu_moe, nvme_stall, copy, host) goes to the terminal and into a run record.
@@ -46,6 +49,8 @@ from moetier import runtime, sim, spec
 from moetier.errors import UserError
 
 BUCKETS = ("cpu_moe", "gpu_moe", "nvme_stall", "copy", "host")
+# the per-rows channel terms an engine record carries beside its latency table (moetier.plan.channel_term)
+CHANNEL_TERMS = ("nvme_wake_ms_by_rows", "nvme_latency_cv_shared_by_rows", "nvme_latency_cv_own_by_rows")
 # a VRAM tier on this machine: the SYCL backend's device slots (on the OpenCL CPU device, the same cores), whose
 # engine runs its lanes and copies one after another (policy.overlap false)
 VRAM_ENGINE = "sycl-opencl-cpu"
@@ -107,8 +112,8 @@ def arm_recipe(recipe_id: str, arm: dict, terms: dict | None = None):
     eng = R.engines[-1]["id"]
     tab = terms.get("nvme_latency_by_rows_qd_ms", {}).get(eng)
     if tab:
-        R.engines = [*R.engines[:-1], {**R.engines[-1], "nvme_latency_by_rows_qd_ms": tab,
-                                       "nvme_wake_ms_by_rows": terms.get("nvme_wake_ms_by_rows", {}).get(eng, {}),
+        per_rows = {f: terms.get(f, {}).get(eng, {}) for f in CHANNEL_TERMS}
+        R.engines = [*R.engines[:-1], {**R.engines[-1], "nvme_latency_by_rows_qd_ms": tab, **per_rows,
                                        "nvme_latency_record_bytes": R.nvme_expert_bytes}]
     return R
 
@@ -121,6 +126,7 @@ def _measure(recipe_id, st, tr, arm, steps, backend_name, verify_rate, terms=Non
         reader = getattr(be, "reader", None)
         res["latency_by_qd"] = {q: list(v) for q, v in getattr(reader, "latency_by_qd", {}).items()}
         res["wake_ms"] = list(getattr(reader, "wake_ms", ()))
+        res["burst_ms"] = list(getattr(reader, "burst_ms", ()))
         res["engine"] = R.engines[-1]["id"]
         return res
     finally:
@@ -131,7 +137,8 @@ def _merge(runs):
     """One arm's repeats -> the median repeat (by tok/s): its counters feed both the fits and the error table, so
     the terms and the figure they are checked against describe the same run. This VM's noise is heavy-tailed (a
     repeat can lose a scheduler slice per layer); a sum over repeats would fit the outliers and compare them with
-    the median. Read latencies and wake-ups (their means are taken later) are pooled over all repeats."""
+    the median. Read latencies and wake-ups (their means are taken later) are pooled over all repeats, bursts
+    numbered apart."""
     med = sorted(runs, key=lambda r: r["tok_s"])[len(runs) // 2]
     lat: dict[int, list] = {}
     for r in runs:
@@ -139,6 +146,7 @@ def _merge(runs):
             lat.setdefault(int(q), []).extend(v)
     return {"counters": med["counters"], "latency_by_qd": lat, "wall_s": med["wall_s"],
             "wake_ms": [w for r in runs for w in r.get("wake_ms", ())],
+            "burst_ms": [((i, b), q, ms) for i, r in enumerate(runs) for b, q, ms in r.get("burst_ms", ())],
             "call_groups": med.get("call_groups", []), "tokens": med["tokens"], "steps": med["steps"],
             "tok_s_each": [r["tok_s"] for r in runs], "conc": med["conc"], "engine": med.get("engine")}
 
@@ -148,8 +156,9 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
     """Cost terms from the fit arms' runtime counters. The cpu lane's cost per NVMe read of the layer
     (``per_read_ms``) is fitted with its other costs: the bench's reader CPU time per core (0.14 ms here) left out
     what a read does to the cache the lane computes from (uncontended calls of one shape cost ~20% more in a tail
-    arm than in an all-in-RAM one on the 2026-12-01 VM). workers and parallel_min (how the lane splits a batch, measured by `moetier bench`) travel with the cpu lane's terms: every
-    engine running this lane gets the same call classes."""
+    arm than in an all-in-RAM one on the 2026-12-01 VM). workers and parallel_min (how the lane splits a batch,
+    measured by `moetier bench`) travel with the cpu lane's terms: every engine running this lane gets the same call
+    classes."""
     from moetier.bench import fit_cpu_lane, relative_lstsq
     fit = [a for a in arms if a["fit"]]
     lane_rows, Ah, yh = [], [], []
@@ -164,7 +173,8 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
         for cls in (() if c["predict_layers"] else ("inline", "split")):
             lane_rows.append({"cls": cls, "calls": c[f"cpu_{cls}_calls"], "experts": c[f"cpu_{cls}_experts"],
                               "extra": c[f"cpu_{cls}_extra"], "ms": c[f"cpu_{cls}_s"] * 1e3,
-                              "contended": c[f"cpu_{cls}_contended"], "cold": c.get(f"cpu_{cls}_cold", c[f"cpu_{cls}_experts"])})
+                              "contended": c[f"cpu_{cls}_contended"],
+                              "cold": c.get(f"cpu_{cls}_cold", c[f"cpu_{cls}_experts"])})
         Ah.append([c["layer_calls"], c["picks"], c["reads"], c["predict_layers"], c.get("copies", 0)])
         yh.append(host_timed_s(c) * 1e3)
         booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["stage_s"]
@@ -176,42 +186,76 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
     hl, hp, hr, hpred, hcopy = (coef.get(j, 0.0) for j in range(5))
     fixed, per_read_unbooked = fit_fixed(unbooked)
     hr += per_read_unbooked
-    latency, wake_ms = fit_channel([measured[a["name"]] for a in fit], idle_latency)
     out = {"cpu": {**fit_cpu_lane(lane_rows, workers, None), "workers": workers, "parallel_min": parallel_min},
            "host": {"per_layer_ms": hl, "per_pick_ms": hp, "per_read_ms": hr, "per_predict_ms": hpred,
                     "per_copy_ms": hcopy},
            "fixed_ms": fixed,
-           "nvme_latency_by_rows_qd_ms": latency,      # {engine: {rows: {q: ms}}}
-           "nvme_wake_ms_by_rows": wake_ms}            # {engine: {rows: ms}}
+           **fit_channel([measured[a["name"]] for a in fit], idle_latency)}
     out.update(fit_device_terms([measured[a["name"]] for a in fit]))
     return out
 
 
-def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> tuple[dict, dict]:
-    """The NVMe channel's terms per engine from the fit arms' reads: ({engine: {rows: {q: ms}}}, {engine: {rows:
-    ms}}) - mean submit-to-landed by rows per step and the demand queue depth a read joined, and the mean wake-up
-    (landed to the blocked waiter resuming). Means, not medians: the planner adds both into stalls, and the median
-    of a right-skewed latency understates their sum. Depths the runtime reached are measured under its load;
-    deeper ones keep the idle-disk bench figures. Fewer than 8 samples make no entry."""
+def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
+    """The NVMe channel's terms per engine from the fit arms' reads, as {field: {engine: {rows: ...}}}:
+    ``nvme_latency_by_rows_qd_ms`` (mean submit-to-landed by rows per step and the demand queue depth a read
+    joined), ``nvme_wake_ms_by_rows`` (mean wake-up: landed to the blocked waiter resuming), and the latency's
+    spread as sd / mean, split into the part the reads of one burst (a layer's) share and each read's own
+    (``nvme_latency_cv_shared_by_rows``, ``nvme_latency_cv_own_by_rows``; moetier.plan._Finish). Means, not
+    medians: the planner adds them into stalls, and the median of a right-skewed latency understates their sum.
+    The spread matters as much: a lane expects to wait E[max(0, arrival - free)], far more than the wait for a mean
+    arrival that is about when the lane gets free (2026-12-01 VM: a layer's first read 0.70 ms against 0.03 for
+    its mean; its reads' latencies correlate 0.78 within a layer). Depths the runtime reached are measured under
+    its load; deeper ones keep the idle-disk bench figures. Fewer than 8 samples make no entry."""
     lat: dict[str, dict] = {}                      # engine -> rows per step -> q -> samples
     wake: dict[str, dict] = {}                     # engine -> rows per step -> samples
-    for m in fit_runs:
+    bursts: dict[str, dict] = {}                   # engine -> rows per step -> [(burst, q, ms)]
+    for i, m in enumerate(fit_runs):
         eng, rows = m.get("engine"), m["conc"]
         for q, v in m.get("latency_by_qd", {}).items():
             lat.setdefault(eng, {}).setdefault(rows, {}).setdefault(int(q), []).extend(v)
         wake.setdefault(eng, {}).setdefault(rows, []).extend(m.get("wake_ms", ()))
+        bursts.setdefault(eng, {}).setdefault(rows, []).extend(((i, b), int(q), ms)
+                                                                for b, q, ms in m.get("burst_ms", ()))
     idle = {int(q): float(v) for q, v in (idle_latency or {}).items()}
-    latency, wake_ms = {}, {}
+    out = {f: {} for f in ("nvme_latency_by_rows_qd_ms", *CHANNEL_TERMS)}
     for eng, by_rows in sorted(lat.items(), key=lambda kv: str(kv[0])):
-        tabs = {str(r): {str(q): round(v, 4) for q, v in sorted({**idle, **{
-                    q: float(np.mean(v)) for q, v in tab.items() if len(v) >= 8}}.items())}
-                for r, tab in sorted(by_rows.items())}
-        if eng and any(tabs.values()):
-            latency[eng] = tabs
-            w = {str(r): round(float(np.mean(v)), 4) for r, v in sorted(wake.get(eng, {}).items()) if len(v) >= 8}
-            if w:
-                wake_ms[eng] = w
-    return latency, wake_ms
+        means = {r: {q: float(np.mean(v)) for q, v in tab.items() if len(v) >= 8} for r, tab in by_rows.items()}
+        tabs = {str(r): {str(q): round(v, 4) for q, v in sorted({**idle, **means[r]}.items())}
+                for r in sorted(by_rows)}
+        if not (eng and any(tabs.values())):
+            continue
+        out["nvme_latency_by_rows_qd_ms"][eng] = tabs
+        w = {str(r): round(float(np.mean(v)), 4) for r, v in sorted(wake.get(eng, {}).items()) if len(v) >= 8}
+        if w:
+            out["nvme_wake_ms_by_rows"][eng] = w
+        shared, own = {}, {}
+        for r in sorted(by_rows):
+            split = spread_split(bursts.get(eng, {}).get(r, ()), means[r])
+            if split is not None:
+                shared[str(r)], own[str(r)] = (round(x, 4) for x in split)
+        if shared:
+            out["nvme_latency_cv_shared_by_rows"][eng] = shared
+            out["nvme_latency_cv_own_by_rows"][eng] = own
+    return out
+
+
+def spread_split(samples, mean_by_q: dict) -> tuple[float, float] | None:
+    """(shared, own) sd / mean of read latencies [(burst, q, ms)] about their depth's mean: the own part is the
+    pooled variance within bursts of two or more reads, the shared part the rest of the total variance. None with
+    fewer than 8 samples or no burst of two."""
+    by_burst: dict = {}
+    for b, q, ms in samples:
+        mu = mean_by_q.get(q)
+        if mu:
+            by_burst.setdefault(b, []).append(ms / mu - 1.0)
+    rel = [x for v in by_burst.values() for x in v]
+    multi = [v for v in by_burst.values() if len(v) > 1]
+    if len(rel) < 8 or not multi:
+        return None
+    total = float(np.mean(np.square(rel)))
+    within = sum(float(np.sum(np.square(np.subtract(v, np.mean(v))))) for v in multi) / sum(len(v) - 1 for v in multi)
+    within = min(within, total)
+    return float(np.sqrt(total - within)), float(np.sqrt(within))
 
 
 def host_timed_s(c: dict) -> float:
@@ -296,14 +340,16 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
         if eng_id in tables:
             eng["nvme_latency_by_rows_qd_ms"] = tables[eng_id]
             eng["nvme_latency_record_bytes"] = record_bytes
-            eng.pop("nvme_wake_ms_by_rows", None)          # a table from an earlier run must not outlive its own
-            if terms.get("nvme_wake_ms_by_rows", {}).get(eng_id):
-                eng["nvme_wake_ms_by_rows"] = terms["nvme_wake_ms_by_rows"][eng_id]
+            for field in CHANNEL_TERMS:
+                eng.pop(field, None)          # a table from an earlier run must not outlive its own
+                if terms.get(field, {}).get(eng_id):
+                    eng[field] = terms[field][eng_id]
             eng["nvme_latency_note"] = (f"moetier calibrate {when}: mean submit-to-landed of the runtime's demand "
                                         f"reads by rows per step and demand queue depth, under this engine's load "
                                         f"(fit arms, measured steps); deeper queues: the hardware's idle-disk "
                                         f"figures. nvme_wake_ms_by_rows: mean delay from a read landing to the "
-                                        f"blocked waiter resuming")
+                                        f"blocked waiter resuming; nvme_latency_cv_shared/own_by_rows: latency sd / "
+                                        f"mean, the part a layer's reads share and each read's own")
         eng["source"] = src
         spec.write_record("engine", eng)
     rec["calibration"]["fixed_ms"] = terms["fixed_ms"]

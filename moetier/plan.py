@@ -2,8 +2,9 @@
 
 Contract
 --------
-``plan_layer(ctx, ledger, picks, t0, nvme)`` takes ``picks`` = {key: m} (m = token rows routed to that expert in
-this layer call), the layer start time ``t0`` (ms, the caller's clock) and the NVMe channel, and returns a
+``plan_layer(ctx, ledger, picks, t0, nvme, llc=None)`` takes ``picks`` = {key: m} (m = token rows routed to that
+expert in this layer call), the layer start time ``t0`` (ms, the caller's clock), the NVMe channel and the host
+cache model (moetier.llc: a RAM pick recently used costs the cpu lane less; read only here), and returns a
 ``LayerPlan``: the lane of every pick, each lane's busy time and the layer cost (max over lanes when lanes overlap,
 their sum when they do not). It reads residency but never changes it: the plan's lists are residency *intents*
 that the executor carries out through ledger tickets once bytes have landed. The NVMe channel is a model of the
@@ -17,6 +18,7 @@ handoff) is charged only when that lane gets work.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from moetier.errors import UserError
@@ -39,18 +41,26 @@ class NvmeChannel:
     queue-depth-1 latency, else ``deep``. In the table model a prefetch read in service does not add to a demand
     read's depth (measured: one low-priority read in service costs a demand read ~5%, not a queue slot;
     benchmarks/bench_read_latency.py, docs/calibration.md). ``wake`` is the measured delay from a read landing to
-    the thread blocked on it resuming; the planner adds it to a pick whose lane had to wait for the bytes.
+    the thread blocked on it resuming; the planner adds it to a pick whose lane had to wait for the bytes. ``cv_shared`` and ``cv_own`` are the
+    measured spread of a read's latency (standard deviation over mean), the part the reads of a layer share and the
+    rest: an arrival is a distribution, and the planner charges a lane its *expected* end (``_Finish``), not the
+    end for mean arrivals.
     """
 
     __slots__ = ("deep", "one", "lat", "dfree", "pf", "reads", "pf_reads", "pf_cancelled",
-                 "pf_wasted", "qd_table", "outstanding", "pf_svc", "pf_lat", "pf_done", "wake")
+                 "pf_wasted", "qd_table", "outstanding", "pf_svc", "pf_lat", "pf_done", "wake", "cv_shared",
+                 "cv_own")
 
     def __init__(self, record_bytes: int, bw_gbps: float, bw_qd1_gbps: float | None = None,
-                 latency_ms: float = 0.1, latency_by_qd: dict | None = None, wake_ms: float = 0.0):
+                 latency_ms: float = 0.1, latency_by_qd: dict | None = None, wake_ms: float = 0.0,
+                 cv_shared: float = 0.0, cv_own: float = 0.0):
         # latency_by_qd: {q: ms}; see also latency_table_for_rows() (tables measured under the runtime's load)
         # wake_ms: from a read landing to the lane blocked on it resuming (engine nvme_wake_ms_by_rows); paid only
         # by a lane that had to wait, so it is the planner's to add, not part of the arrival
         self.wake = float(wake_ms)
+        # a read's lateness as a fraction of its latency: the part a layer's reads share and each one's own
+        # (engine nvme_latency_cv_shared_by_rows / nvme_latency_cv_own_by_rows; _Finish)
+        self.cv_shared, self.cv_own = float(cv_shared), float(cv_own)
         self.deep = record_bytes / (bw_gbps * 1e6)
         self.one = record_bytes / ((bw_qd1_gbps or bw_gbps) * 1e6)
         self.lat = latency_ms
@@ -214,9 +224,11 @@ def latency_table_for_rows(nvme: dict, rows: int, engines=(), record_bytes: int 
     return _at_rows(by_rows, rows, lambda a, b, f: {q: a[q] * (1 - f) + b[q] * f for q in sorted(set(a) & set(b))})
 
 
-def wake_for_rows(rows: int, engines=(), record_bytes: int | None = None) -> float:
-    """The wake-up delay (ms) at ``rows`` token rows, from the engine whose latency table applies; 0 if unmeasured."""
-    src = _engine_tables(engines, record_bytes).get("nvme_wake_ms_by_rows") or {}
+def channel_term(field: str, rows: int, engines=(), record_bytes: int | None = None) -> float:
+    """A per-rows term of the NVMe channel at ``rows`` token rows - ``nvme_wake_ms_by_rows`` (the wake-up, ms),
+    ``nvme_latency_cv_shared_by_rows`` / ``nvme_latency_cv_own_by_rows`` (the latency's spread) - from the engine
+    whose latency table applies; 0 if unmeasured."""
+    src = _engine_tables(engines, record_bytes).get(field) or {}
     by_rows = {int(r): float(v) for r, v in src.items()}
     return _at_rows(by_rows, rows, lambda a, b, f: a * (1 - f) + b * f) if by_rows else 0.0
 
@@ -401,6 +413,73 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
     return plan
 
 
+_SQRT2 = math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def late(mu: float, sd: float) -> float:
+    """E[max(0, mu + e)] for e ~ Normal(0, sd): how long a lane free at 0 expects to wait for bytes due at mu whose
+    arrival spreads by sd. sd 0: the deterministic max(0, mu)."""
+    if sd <= 0.0:
+        return mu if mu > 0.0 else 0.0
+    z = mu / sd
+    return mu * 0.5 * (1.0 + math.erf(z / _SQRT2)) + sd * _INV_SQRT_2PI * math.exp(-0.5 * z * z)
+
+
+def _max_normal(m1: float, v1: float, m2: float, v2: float) -> tuple[float, float]:
+    """Mean and variance of max(X, Y) for independent normals X ~ (m1, v1), Y ~ (m2, v2) (Clark, 1961)."""
+    s2 = v1 + v2
+    if s2 <= 0.0:
+        return (m1, v1) if m1 >= m2 else (m2, v2)
+    s = math.sqrt(s2)
+    al = (m1 - m2) / s
+    p = 0.5 * (1.0 + math.erf(al / _SQRT2))
+    f = s * _INV_SQRT_2PI * math.exp(-0.5 * al * al)
+    m = m1 * p + m2 * (1.0 - p) + f
+    e2 = (m1 * m1 + v1) * p + (m2 * m2 + v2) * (1.0 - p) + (m1 + m2) * f
+    v = e2 - m * m
+    return m, (v if v > 0.0 else 0.0)
+
+
+class _Finish:
+    """The end of a lane (or of the serial timeline) that computes NVMe picks in arrival order, with the reads'
+    arrival spread.
+
+    Deterministically the lane ends at max(free, due): ``free`` if no pick waited for its bytes, ``due`` the end its
+    critical read sets (the latest arrival + wake-up + the work after it). A read's lateness has two parts, both
+    measured by `moetier calibrate` as a fraction of the read's latency: one the reads of a layer share (they are
+    issued together and are late together: the wait for a layer's first read is E[max(0, X)], 0.70 ms against
+    0.03 for its mean X, and charging every read an independent spread over-predicted the stall 4-12x) and one of
+    each read's own. The own parts make the due time the max of normals (folded pairwise, ``_max_normal``); the
+    shared part is one draw per layer, of sd cv_shared x the critical read's latency. ``extra`` is what the spread
+    adds to the deterministic end, in expectation."""
+
+    __slots__ = ("free", "due", "lat", "m", "v", "own")
+
+    def __init__(self, free: float, own: float):
+        self.free, self.due, self.lat, self.m, self.v, self.own = free, -INF, 0.0, -INF, 0.0, own
+
+    def add(self, busy: float, ready: float, a: float) -> None:
+        """A pick that keeps the lane ``busy`` ms more when its bytes are there; ``ready`` is when the lane could
+        end it if it waited for them (arrival + wake-up + its work); ``a`` is its read's latency."""
+        self.free += busy
+        xv = (self.own * a) ** 2
+        if self.due == -INF:
+            self.due, self.lat, self.m, self.v = ready, a, ready, xv
+            return
+        self.due += busy
+        if ready > self.due:
+            self.due, self.lat = ready, a
+        self.m, self.v = _max_normal(self.m + busy, self.v, ready, xv)
+
+    def extra(self, shared: float) -> float:
+        if self.due == -INF:
+            return 0.0
+        d = self.due - self.free
+        sd = math.sqrt(self.v + (shared * self.lat) ** 2)
+        return late(self.m - self.free, sd) - (d if d > 0.0 else 0.0)
+
+
 def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):
     gpu, cpu = ctx.gpu, ctx.cpu
     push = ctx.push_ms
@@ -420,10 +499,13 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):
     order = sorted(keys, key=arr.__getitem__) if len(keys) > 1 and len(fresh) < len(keys) else keys
     can_gpu = gpu is not None      # a gpu lane exists only with a VRAM tier (from_recipe)
     wake = nvme.wake
-    wait = gwait = 0.0
     if not ctx.overlap:
-        _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wake)
+        _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wake, nvme)
         return
+    wait = gwait = 0.0
+    spread = nvme.cv_shared > 0.0 or nvme.cv_own > 0.0
+    if spread:
+        cf, gf = _Finish(c, nvme.cv_own), _Finish(g, nvme.cv_own)
     for k in order:
         a = arr[k] - t0
         if a < 0.0:
@@ -431,13 +513,15 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):
         m = picks[k]
         if cpu:
             cs = c + ctx.cpu_call if c_on else (ctx.cpu_call if ctx.cpu_pmin > 1 else cpu[0])
-            ce = (cs if cs >= a else a + wake) + cpu[1] + cpu[2] * (m - 1)
+            cw = cpu[1] + cpu[2] * (m - 1)
+            ce = (cs if cs >= a else a + wake) + cw
         else:
             ce = INF
         if can_gpu:
             gs = g if g_on else g + gpu[0]
             ap = a + push if gs >= a else a + wake + push
-            ge = (gs if gs > ap else ap) + gpu[1] + gpu[2] * (m - 1)
+            gw = gpu[1] + gpu[2] * (m - 1)
+            ge = (gs if gs > ap else ap) + gw
         else:
             ge = INF
         if ce == INF and ge == INF:
@@ -445,6 +529,8 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):
         if (ce if ce > g else g) <= (c if c > ge else ge):
             if a > cs:
                 wait += a + wake - cs
+            if spread:
+                cf.add(cs - c + cw, a + wake + cw, a)
             c = ce
             c_on = True
             plan.nvme_cpu.append(k)
@@ -452,54 +538,78 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):
             if ap > gs:
                 wait += ap - gs
                 gwait += ap - gs
+            if spread:
+                gf.add(gs - g + gw, a + wake + push + gw, a)
             g = ge
             g_on = True
             plan.nvme_gpu.append(k)
+    if spread:
+        dc, dg = cf.extra(nvme.cv_shared), gf.extra(nvme.cv_shared)
+        c += dc
+        g += dg
+        wait += dc + dg
+        gwait += dg
     plan.nvme_wait_ms = wait
     plan.gpu_wait_ms = gwait
     plan.gpu_ms, plan.cpu_ms = g, c
 
 
-def _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wake):
+def _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wake, nvme):
     """NVMe picks when lanes do not overlap (policy.overlap false): one timeline after the resident lanes (c + g);
     each pick, in arrival order, waits for its bytes (and the wake-up, if it had to wait) and runs on the lane that
     ends it sooner. Its work is added to that lane's busy time, so the layer's g + c is the timeline's end. A push to
     VRAM follows its read on the same timeline and is booked as stall (read + stage), as the serial runtime spends
-    it."""
+    it. The arrival spread (``_Finish``) adds to the lane of the timeline's last pick."""
     gpu, cpu, push = ctx.gpu, ctx.cpu, ctx.push_ms
     wait = gwait = 0.0
+    spread = nvme.cv_shared > 0.0 or nvme.cv_own > 0.0
+    fin = _Finish(g + c, nvme.cv_own) if spread else None
+    last_gpu = False
     for k in order:
         a = arr[k] - t0
         if a < 0.0:
             a = 0.0
         m = picks[k]
         now = g + c
-        if a > now:
-            a += wake
+        ready = a + wake if a > now else a
         cw = ge = INF
         if cpu:
             cw = (ctx.cpu_call if c_on or ctx.cpu_pmin > 1 else cpu[0]) + cpu[1] + cpu[2] * (m - 1)
-            ce = (now if now > a else a) + cw
+            ce = (now if now > ready else ready) + cw
         else:
             ce = INF
         if can_gpu:
             gw = (0.0 if g_on else gpu[0]) + gpu[1] + gpu[2] * (m - 1)
-            ge = (now if now > a else a) + push + gw
+            ge = (now if now > ready else ready) + push + gw
         if ce == INF and ge == INF:
             raise ValueError("no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier")
         if ce <= ge:
-            if a > now:
-                wait += a - now
+            if ready > now:
+                wait += ready - now
+            work = cw
             c = ce - g
             c_on = True
+            last_gpu = False
             plan.nvme_cpu.append(k)
         else:
-            stall = (a - now if a > now else 0.0) + push
+            stall = (ready - now if ready > now else 0.0) + push
             wait += stall
             gwait += stall
+            work = push + gw
             g = ge - c
             g_on = True
+            last_gpu = True
             plan.nvme_gpu.append(k)
+        if spread:
+            fin.add(work, a + wake + work, a)
+    d = fin.extra(nvme.cv_shared) if spread else 0.0
+    if d:
+        wait += d
+        if last_gpu:
+            g += d
+            gwait += d
+        else:
+            c += d
     plan.nvme_wait_ms = wait
     plan.gpu_wait_ms = gwait
     plan.gpu_ms, plan.cpu_ms = g, c

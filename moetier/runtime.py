@@ -438,6 +438,7 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
             if reader is not None:   # read latencies and wake-ups of the measured steps only (not seeding's deep queue)
                 reader.latency_by_qd.clear()
                 reader.wake_ms.clear()
+                reader.burst_ms.clear()
         rp.begin_step(step)
         rows = streams.rows(step)
         x = np.stack([token_state(H, i, t, seed) for i, t in rows])

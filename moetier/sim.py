@@ -25,7 +25,7 @@ import numpy as np
 
 from moetier.ledger import Ledger
 from moetier.llc import reuse_model
-from moetier.plan import LayerPlan, NvmeChannel, PlanContext, latency_table_for_rows, plan_layer, wake_for_rows
+from moetier.plan import LayerPlan, NvmeChannel, PlanContext, channel_term, latency_table_for_rows, plan_layer
 from moetier.predict import make_predictor
 
 ORACLE_WARM_STEPS = 200
@@ -90,9 +90,11 @@ class Replay:
         self.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, exclusive=R.policy.get("ram", "exclusive")
                              == "exclusive", ram_policy=R.policy.get("ram_evict", "lru"))
         nvme, engines = R.hardware.get("nvme", {}), getattr(R, "engines", ())
+        term = {f: channel_term(f"nvme_{f}_by_rows", rows, engines, R.nvme_expert_bytes)
+                for f in ("wake_ms", "latency_cv_shared", "latency_cv_own")}
         self.chan = NvmeChannel(R.nvme_expert_bytes, R.nvme_bw_gbps, R.nvme_bw_qd1_gbps, R.nvme_latency_ms,
                                 latency_table_for_rows(nvme, rows, engines, R.nvme_expert_bytes),
-                                wake_for_rows(rows, engines, R.nvme_expert_bytes))
+                                term["wake_ms"], term["latency_cv_shared"], term["latency_cv_own"])
         self.llc = reuse_model(R)
         self.predictor = predictor
         pf = R.policy.get("prefetch") or {}

@@ -211,7 +211,7 @@ class Completion:
     """Handle for one fill: ``seq`` (monotonic), ``key``, ``slot``, ``state`` in pending|landed|failed, ``error``."""
 
     __slots__ = ("seq", "key", "slot", "state", "error", "verified", "read_ms", "_future", "prefetch", "started",
-                 "t_submit", "qd", "t_landed")
+                 "t_submit", "qd", "t_landed", "burst")
 
     def __init__(self, seq: int, key: int, slot: int):
         self.seq = seq
@@ -227,6 +227,7 @@ class Completion:
         self.t_submit = 0.0
         self.qd = 0            # demand reads outstanding when this one was submitted (itself included)
         self.t_landed = 0.0    # perf_counter when the worker marked it landed
+        self.burst = 0         # demand reads submitted while others of this burst were outstanding share one
 
     def __repr__(self):
         err = f", error={self.error!r}" if self.error else ""
@@ -280,6 +281,11 @@ class Reader:
         # ms from a read landing to the thread blocked in wait() resuming (the GIL and the scheduler hand it back
         # later than the bytes arrived): the channel model's wake-up term, sampled only where wait() really blocked
         self.wake_ms: list = []
+        # (burst, queue depth, submit-to-landed ms) of demand reads: a burst starts with a read that finds no other
+        # demand read outstanding (one layer's reads, in the runtime), so its reads' shared lateness can be told
+        # from each one's own (the channel model's spread terms, moetier.calibrate.fit_channel)
+        self.burst_ms: list = []
+        self._bursts = 0
         self._closed = False
 
     # opening ------------------------------------------------------------------------------------------------------
@@ -331,6 +337,9 @@ class Reader:
             if not prefetch:
                 self._demand += 1
                 c.qd = self._demand
+                if c.qd == 1:
+                    self._bursts += 1
+                c.burst = self._bursts
             c._future = (self._pf_pool if prefetch else self._pool).submit(self._run, c, sample)
         return c
 
@@ -506,6 +515,9 @@ class Reader:
             c.t_landed = time.perf_counter()
             if err is None and not c.prefetch:
                 samples = self.latency_by_qd.setdefault(c.qd, [])
+                ms = (c.t_landed - c.t_submit) * 1000.0
                 if len(samples) < 4096:
-                    samples.append((c.t_landed - c.t_submit) * 1000.0)
+                    samples.append(ms)
+                if len(self.burst_ms) < 16384:
+                    self.burst_ms.append((c.burst, c.qd, ms))
             self._finish_locked(c)

@@ -154,10 +154,34 @@ def test_channel_terms_are_means_by_engine_and_rows_with_idle_figures_beyond():
     runs = [{"engine": "e", "conc": 1, "latency_by_qd": {1: skewed, 2: [2.0] * 3}, "wake_ms": [0.1] * 7 + [0.8]},
             {"engine": "e", "conc": 4, "latency_by_qd": {1: [2.0] * 8}, "wake_ms": [0.2] * 4},
             {"engine": "f", "conc": 1, "latency_by_qd": {}, "wake_ms": []}]
-    latency, wake = calibrate.fit_channel(runs, {"1": 0.5, "2": 0.9, "8": 4.0})
+    got = calibrate.fit_channel(runs, {"1": 0.5, "2": 0.9, "8": 4.0})
     # depth 2 had 3 samples (< 8): the idle-disk figure stays; depth 8 never reached: idle too
-    assert latency == {"e": {"1": {"1": 1.2, "2": 0.9, "8": 4.0}, "4": {"1": 2.0, "2": 0.9, "8": 4.0}}}
-    assert wake == {"e": {"1": pytest.approx(0.1875)}}   # rows 4: 4 samples, no entry
+    assert got["nvme_latency_by_rows_qd_ms"] == {"e": {"1": {"1": 1.2, "2": 0.9, "8": 4.0},
+                                                       "4": {"1": 2.0, "2": 0.9, "8": 4.0}}}
+    assert got["nvme_wake_ms_by_rows"] == {"e": {"1": pytest.approx(0.1875)}}   # rows 4: 4 samples, no entry
+    assert got["nvme_latency_cv_shared_by_rows"] == {}                          # no bursts recorded
+
+
+def test_spread_splits_into_what_a_bursts_reads_share_and_each_ones_own():
+    # depth 1 mean 2.0, depth 2 mean 4.0; bursts of two reads late together by +-25%, and within each burst the
+    # reads differ by +-10% about the burst's lateness
+    samples = []
+    for b, (shift, d) in enumerate([(0.25, 0.1), (-0.25, 0.1), (0.25, -0.1), (-0.25, -0.1)] * 3):
+        samples += [(b, 1, 2.0 * (1 + shift + d)), (b, 2, 4.0 * (1 + shift - d))]
+    shared, own = calibrate.spread_split(samples, {1: 2.0, 2: 4.0})
+    # total variance 0.25^2 + 0.1^2; within a burst (ddof 1): 2 x 0.1^2 / 1
+    within = 2 * 0.1 ** 2
+    assert own == pytest.approx(within ** 0.5)
+    assert shared == pytest.approx((0.25 ** 2 + 0.1 ** 2 - within) ** 0.5)
+    assert calibrate.spread_split(samples[:6], {1: 2.0, 2: 4.0}) is None            # fewer than 8 samples
+    assert calibrate.spread_split([(b, 1, 2.0) for b in range(9)], {1: 2.0}) is None   # no burst of two
+    # through fit_channel: the runs' bursts stay apart (a burst id repeats across runs)
+    runs = [{"engine": "e", "conc": 2, "latency_by_qd": {1: [s[2] for s in samples if s[1] == 1],
+                                                          2: [s[2] for s in samples if s[1] == 2]},
+             "burst_ms": samples}]
+    got = calibrate.fit_channel(runs + runs)
+    assert got["nvme_latency_cv_own_by_rows"] == {"e": {"2": pytest.approx(round(own, 4))}}
+    assert got["nvme_latency_cv_shared_by_rows"] == {"e": {"2": pytest.approx(round(shared, 4))}}
 
 
 def test_relative_lstsq_refits_the_others_when_a_cost_would_be_negative():

@@ -1,4 +1,5 @@
 """plan_layer and the NVMe channel: lane split, costs, stall/mask, priorities; the plan never mutates residency."""
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -192,7 +193,100 @@ def test_serial_engine_adds_the_wake_up_to_a_pick_that_waited():
 
 
 def test_wake_up_comes_from_the_engine_whose_latency_table_applies():
-    from moetier.plan import wake_for_rows
-    eng = [{"id": "b", "nvme_latency_by_rows_qd_ms": {"1": {"1": 0.6}}, "nvme_wake_ms_by_rows": {"1": 0.1, "4": 0.4}}]
-    assert wake_for_rows(2, eng) == pytest.approx(0.2) and wake_for_rows(8, eng) == 0.4
-    assert wake_for_rows(1, [{"id": "a"}]) == 0.0                               # unmeasured: no term
+    from moetier.plan import channel_term
+    eng = [{"id": "b", "nvme_latency_by_rows_qd_ms": {"1": {"1": 0.6}}, "nvme_wake_ms_by_rows": {"1": 0.1, "4": 0.4},
+            "nvme_latency_cv_shared_by_rows": {"1": 0.3}}]
+    wake = "nvme_wake_ms_by_rows"
+    assert channel_term(wake, 2, eng) == pytest.approx(0.2) and channel_term(wake, 8, eng) == 0.4
+    assert channel_term(wake, 1, [{"id": "a"}]) == 0.0                          # unmeasured: no term
+    assert channel_term("nvme_latency_cv_shared_by_rows", 4, eng) == 0.3
+
+
+def test_late_is_the_expected_wait_of_a_normal_arrival():
+    from moetier.plan import late
+    assert late(0.5, 0.0) == 0.5 and late(-0.5, 0.0) == 0.0
+    assert late(0.0, 1.0) == pytest.approx(1.0 / math.sqrt(2 * math.pi))
+    # far from the lane's free time the spread does not matter
+    assert late(10.0, 1.0) == pytest.approx(10.0) and late(-10.0, 1.0) == pytest.approx(0.0, abs=1e-12)
+
+
+def cpu_only_ledger():
+    L = Ledger(1000, 0, 8)
+    L.seed(range(10, 18))
+    return L
+
+
+def test_reads_of_a_layer_are_late_together_one_expected_wait_per_lane():
+    from moetier.plan import late
+    c = ctx(vram_slots=0, lanes={"zerocopy": None})
+    L = cpu_only_ledger()
+    picks = {500: 1, 501: 1, 502: 1}                    # demand reads land at 1, 2, 3 ms (1 ms per record)
+    det = plan_layer(c, L, picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0))
+    spread = plan_layer(c, L, picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0, cv_shared=0.4))
+    assert det.nvme_cpu == spread.nvme_cpu == [500, 501, 502]
+    # the lane waits for each read (each takes 0.104 < 1 ms): its end is set by the last read, 3 + 0.104; its free
+    # end (no read late) is per_layer + 3 inline picks; the common shift has sd 0.4 x 3 ms
+    free = 0.145 + 0.104 + 2 * (c.cpu_call + 0.104)
+    due = 3.0 + 0.104
+    assert det.cpu_ms == pytest.approx(due)
+    extra = late(due - free, 0.4 * 3.0) - (due - free)
+    assert spread.cpu_ms == pytest.approx(det.cpu_ms + extra) and extra > 0
+    assert spread.nvme_wait_ms == pytest.approx(det.nvme_wait_ms + extra)
+    # one draw per layer: far less than charging each of the three reads its own spread
+    independent = sum(late(0.0, 0.4 * a) for a in (1.0, 2.0, 3.0))
+    assert extra < 0.5 * independent
+
+
+def test_a_lane_busy_past_its_reads_expects_to_wait_only_when_they_could_be_late():
+    from moetier.plan import late
+    c = ctx(vram_slots=0, lanes={"zerocopy": None})
+    L = cpu_only_ledger()
+    picks = {k: 3 for k in range(10, 18)} | {500: 1}   # resident work ends past the read's arrival at 1.0
+    det = plan_layer(c, L, picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0))
+    spread = plan_layer(c, L, picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0, cv_shared=0.4))
+    assert det.nvme_wait_ms == 0.0
+    margin = det.cpu_ms - (1.0 + 0.104)                # how far the lane is free after the read is due
+    assert spread.nvme_wait_ms == pytest.approx(late(-margin, 0.4)) and 0 < spread.nvme_wait_ms < 0.4
+    assert spread.cpu_ms - det.cpu_ms == pytest.approx(spread.nvme_wait_ms)
+
+
+def test_serial_engine_charges_the_spread_on_its_one_timeline():
+    from moetier.plan import late
+    c = ctx(overlap=False)
+    L = ledger(vram=[1, 2, 3, 4], ram=[7])
+    det = plan_layer(c, L, {1: 1, 7: 1, 500: 1}, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0))
+    spread = plan_layer(c, L, {1: 1, 7: 1, 500: 1}, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0, cv_shared=0.5))
+    resident = (0.17 + 0.023) + (0.145 + 0.104)
+    extra = late(1.0 - resident, 0.5) - (1.0 - resident)
+    assert spread.nvme_wait_ms == pytest.approx(det.nvme_wait_ms + extra)
+    assert spread.ms == pytest.approx(det.ms + extra)
+
+
+def test_max_normal_matches_a_sampled_max():
+    import numpy as np
+    from moetier.plan import _max_normal
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(1.0, 0.5, 400_000), rng.normal(1.3, 0.2, 400_000)
+    m, v = _max_normal(1.0, 0.25, 1.3, 0.04)
+    z = np.maximum(x, y)
+    assert m == pytest.approx(z.mean(), abs=3e-3) and v == pytest.approx(z.var(), rel=2e-2)
+    assert _max_normal(2.0, 0.0, 1.0, 0.0) == (2.0, 0.0)                      # no spread: the plain max
+
+
+def test_each_reads_own_lateness_makes_the_lane_end_the_expected_max():
+    import numpy as np
+    c = ctx(vram_slots=0, lanes={"zerocopy": None})
+    L = cpu_only_ledger()
+    picks = {500: 1, 501: 1, 502: 1}                    # reads land at 1, 2, 3 ms; each takes 0.104 on the lane
+    det = plan_layer(c, L, picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0))
+    own = plan_layer(c, L, picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0, cv_own=0.3))
+    both = plan_layer(c, L, picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0, cv_shared=0.3, cv_own=0.3))
+    # Monte Carlo of the lane: inline picks in arrival order, each waiting for its own late read
+    rng = np.random.default_rng(1)
+    n = 200_000
+    lane = np.full(n, 0.145 - c.cpu_call)             # its first call is the lane's per_layer
+    for a in (1.0, 2.0, 3.0):
+        t = a * (1 + 0.3 * rng.standard_normal(n))
+        lane = np.maximum(lane + c.cpu_call, t) + 0.104
+    assert own.cpu_ms == pytest.approx(lane.mean(), rel=0.03)
+    assert det.cpu_ms < own.cpu_ms < both.cpu_ms
