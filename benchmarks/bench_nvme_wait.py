@@ -5,8 +5,9 @@
 The finding it reproduces (docs/calibration.md, "An arrival is a distribution"): one runtime run of the recipe as
 written (warm-up steps included); for the first demand read each layer waits on, X = landed - (when the thread
 started waiting), both from the read's submit time. It prints mean X, the mean wait E[max(0, X)], the read
-latency's sd / mean, and the wait a normal arrival with that spread would give. The planner
-charges a layer's reads one common normal lateness of that spread (moetier.plan.late).
+latency's sd / mean, the wait a normal arrival with that spread would give (moetier.plan.late), and how much of
+the spread the reads of a layer share: the correlation of the lateness of its first two reads and the shared /
+own split the calibration fits (moetier.calibrate.spread_split; the planner's moetier.plan._Finish).
 """
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import numpy as np  # noqa: E402
+
 from moetier import runtime, spec, store  # noqa: E402
+from moetier.calibrate import burst_means, spread_split  # noqa: E402
 from moetier.plan import late  # noqa: E402
 from moetier.trace import load_trace  # noqa: E402
 
@@ -51,6 +55,8 @@ def main(argv=None):
     be = runtime.make_backend("cpu", st, R, a.conc, 1.0)
     try:
         runtime.run(R, st, be, tr, a.conc, max_steps=a.steps)
+        bursts = list(be.reader.burst_ms)
+        means = {q: statistics.mean(v) for q, v in be.reader.latency_by_qd.items() if len(v) >= 8}
     finally:
         be.close()
         runtime.Runtime._wait = wait
@@ -63,10 +69,22 @@ def main(argv=None):
     out = {"layers": len(first), "mean_x_ms": mx, "mean_wait_ms": statistics.mean(max(0.0, v) for v in x),
            "wait_for_mean_ms": max(0.0, mx), "latency_mean_ms": ml, "latency_sd_ms": sd, "latency_cv": sd / ml,
            "normal_wait_ms": late(mx, sd)}
+    # how much of the spread a layer's reads share: the correlation of its first two reads' lateness (each about
+    # its depth's mean), and the split the calibration fits (moetier.calibrate.spread_split)
+    rel: dict = {}
+    for b, q, ms in bursts:
+        if q in means:
+            rel.setdefault(b, {})[q] = ms / means[q] - 1
+    pairs = np.array([(v[1], v[2]) for v in rel.values() if 1 in v and 2 in v])
+    if len(pairs) >= 8:
+        out["first_two_reads_correlation"] = float(np.corrcoef(pairs.T)[0, 1])
+    split = spread_split(bursts, means, burst_means(bursts))
+    if split is not None:
+        out["cv_shared"], out["cv_own"] = split
     if a.json:
         print(json.dumps(out, indent=1))
         return
-    print("| measure | ms |\n|---|---|")
+    print("| measure | value (ms unless a ratio) |\n|---|---|")
     for k, v in out.items():
         print(f"| {k} | {v:.3f} |" if isinstance(v, float) else f"| {k} | {v} |")
 

@@ -49,8 +49,10 @@ from moetier import runtime, sim, spec
 from moetier.errors import UserError
 
 BUCKETS = ("cpu_moe", "gpu_moe", "nvme_stall", "copy", "host")
-# the per-rows channel terms an engine record carries beside its latency table (moetier.plan.channel_term)
-CHANNEL_TERMS = ("nvme_wake_ms_by_rows", "nvme_latency_cv_shared_by_rows", "nvme_latency_cv_own_by_rows")
+# the per-rows channel terms an engine record carries beside its latency table (moetier.plan.channel_term,
+# burst_table_for_rows), written and applied with it
+CHANNEL_TERMS = ("nvme_wake_ms_by_rows", "nvme_latency_cv_shared_by_rows", "nvme_latency_cv_own_by_rows",
+                 "nvme_latency_by_rows_burst_ms")
 # a VRAM tier on this machine: the SYCL backend's device slots (on the OpenCL CPU device, the same cores), whose
 # engine runs its lanes and copies one after another (policy.overlap false)
 VRAM_ENGINE = "sycl-opencl-cpu"
@@ -228,30 +230,66 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
         w = {str(r): round(float(np.mean(v)), 4) for r, v in sorted(wake.get(eng, {}).items()) if len(v) >= 8}
         if w:
             out["nvme_wake_ms_by_rows"][eng] = w
-        shared, own = {}, {}
+        shared, own, burst_tabs = {}, {}, {}
         for r in sorted(by_rows):
-            split = spread_split(bursts.get(eng, {}).get(r, ()), means[r])
+            samples = bursts.get(eng, {}).get(r, ())
+            by_burst = burst_means(samples)
+            if by_burst:
+                burst_tabs[str(r)] = {str(n): {str(q): round(v, 4) for q, v in row.items()}
+                                      for n, row in sorted(by_burst.items())}
+            split = spread_split(samples, means[r], by_burst)
             if split is not None:
                 shared[str(r)], own[str(r)] = (round(x, 4) for x in split)
+        if burst_tabs:
+            out["nvme_latency_by_rows_burst_ms"][eng] = burst_tabs
         if shared:
             out["nvme_latency_cv_shared_by_rows"][eng] = shared
             out["nvme_latency_cv_own_by_rows"][eng] = own
     return out
 
 
-def spread_split(samples, mean_by_q: dict) -> tuple[float, float] | None:
-    """(shared, own) sd / mean of read latencies [(burst, q, ms)] about their depth's mean: the own part is the
-    pooled variance within bursts of two or more reads, the shared part the rest of the total variance. None with
-    fewer than 8 samples or no burst of two."""
-    by_burst: dict = {}
+def _bursts(samples) -> dict:
+    """[(burst, q, ms)] -> {burst: [(q, ms)]}."""
+    out: dict = {}
     for b, q, ms in samples:
-        mu = mean_by_q.get(q)
-        if mu:
-            by_burst.setdefault(b, []).append(ms / mu - 1.0)
+        out.setdefault(b, []).append((int(q), ms))
+    return out
+
+
+def burst_means(samples, min_n: int = 8) -> dict:
+    """Mean latency by burst size and position, {n: {q: ms}}, from [(burst, q, ms)]: a burst's size is its deepest
+    read. Only sizes with at least ``min_n`` bursts, every position measured."""
+    cells: dict = {}
+    for v in _bursts(samples).values():
+        n = max(q for q, _ in v)
+        if len(v) == n:                       # a burst with a read missing (failed, over the cap) tells nothing
+            for q, ms in v:
+                cells.setdefault(n, {}).setdefault(q, []).append(ms)
+    return {n: {q: float(np.mean(x)) for q, x in sorted(row.items())} for n, row in cells.items()
+            if len(row.get(1, ())) >= min_n}
+
+
+def spread_split(samples, mean_by_q: dict, mean_by_burst: dict | None = None) -> tuple[float, float] | None:
+    """(shared, own) sd / mean of read latencies [(burst, q, ms)] about their mean - by burst size and position
+    where ``mean_by_burst`` has it, else by depth: the own part is the pooled variance within bursts of two or more
+    reads, the shared part the rest of the total variance. None with fewer than 8 samples or no burst of two."""
+    by_burst: dict = {}
+    for b, v in _bursts(samples).items():
+        row = (mean_by_burst or {}).get(max(q for q, _ in v)) or {}
+        for q, ms in v:
+            mu = row.get(q) or mean_by_q.get(q)
+            if mu:
+                by_burst.setdefault(b, []).append(ms / mu - 1.0)
     rel = [x for v in by_burst.values() for x in v]
     multi = [v for v in by_burst.values() if len(v) > 1]
     if len(rel) < 8 or not multi:
         return None
+    # winsorized at 0.5% / 99.5%: a rare read 36x its mean (the SYCL arms, one in thousands) would set the normal's
+    # width for every layer; its own cost is in the mean latency already
+    lo, hi = np.percentile(rel, [0.5, 99.5])
+    by_burst = {b: list(np.clip(v, lo, hi)) for b, v in by_burst.items()}
+    rel = [x for v in by_burst.values() for x in v]
+    multi = [v for v in by_burst.values() if len(v) > 1]
     total = float(np.mean(np.square(rel)))
     within = sum(float(np.sum(np.square(np.subtract(v, np.mean(v))))) for v in multi) / sum(len(v) - 1 for v in multi)
     within = min(within, total)

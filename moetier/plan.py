@@ -38,7 +38,10 @@ class NvmeChannel:
     Prefetch reads carry the layer they were issued for; ``expire(layer, t)`` cancels those not started and counts
     those started as wasted. They run one at a time and start only while no demand read is in flight (the runtime's
     reader has one low-priority worker that waits for demand reads); with a measured table each takes the table's
-    queue-depth-1 latency, else ``deep``. In the table model a prefetch read in service does not add to a demand
+    queue-depth-1 latency, else ``deep``. With measured ``bursts`` the reads of a burst share the device: a burst
+    of n demand reads issued with none in flight takes each position's mean latency in bursts of n (where that
+    size was measured) instead of the depth table's, which averages over the burst sizes the calibration happened
+    to see; other bursts land together, at the table's latency for their last read. In the table model a prefetch read in service does not add to a demand
     read's depth (measured: one low-priority read in service costs a demand read ~5%, not a queue slot;
     benchmarks/bench_read_latency.py, docs/calibration.md). ``wake`` is the measured delay from a read landing to
     the thread blocked on it resuming; the planner adds it to a pick whose lane had to wait for the bytes. ``cv_shared`` and ``cv_own`` are the
@@ -49,11 +52,11 @@ class NvmeChannel:
 
     __slots__ = ("deep", "one", "lat", "dfree", "pf", "reads", "pf_reads", "pf_cancelled",
                  "pf_wasted", "qd_table", "outstanding", "pf_svc", "pf_lat", "pf_done", "wake", "cv_shared",
-                 "cv_own")
+                 "cv_own", "bursts")
 
     def __init__(self, record_bytes: int, bw_gbps: float, bw_qd1_gbps: float | None = None,
                  latency_ms: float = 0.1, latency_by_qd: dict | None = None, wake_ms: float = 0.0,
-                 cv_shared: float = 0.0, cv_own: float = 0.0):
+                 cv_shared: float = 0.0, cv_own: float = 0.0, bursts: dict | None = None):
         # latency_by_qd: {q: ms}; see also latency_table_for_rows() (tables measured under the runtime's load)
         # wake_ms: from a read landing to the lane blocked on it resuming (engine nvme_wake_ms_by_rows); paid only
         # by a lane that had to wait, so it is the planner's to add, not part of the arrival
@@ -61,6 +64,13 @@ class NvmeChannel:
         # a read's lateness as a fraction of its latency: the part a layer's reads share and each one's own
         # (engine nvme_latency_cv_shared_by_rows / nvme_latency_cv_own_by_rows; _Finish)
         self.cv_shared, self.cv_own = float(cv_shared), float(cv_own)
+        # bursts: {n: {q: ms}}, the mean latency of the q-th read of a burst of n issued together (reads share the
+        # device, so the first of two lands later than a read alone; engine nvme_latency_by_rows_burst_ms)
+        self.bursts = {}
+        for n, tab in (bursts or {}).items():
+            row = {int(q): float(v) for q, v in tab.items()}
+            if sorted(row) == list(range(1, int(n) + 1)):       # every position, or the depth table decides
+                self.bursts[int(n)] = [row[q] for q in sorted(row)]
         self.deep = record_bytes / (bw_gbps * 1e6)
         self.one = record_bytes / ((bw_qd1_gbps or bw_gbps) * 1e6)
         self.lat = latency_ms
@@ -118,7 +128,14 @@ class NvmeChannel:
             # read joined when it was submitted)
             busy = [a for a in self.outstanding if a > t]
             q0 = len(busy)
-            out = [t + self.latency_at(q0 + i + 1) for i in range(n)]
+            if not self.bursts:
+                out = [t + self.latency_at(q0 + i + 1) for i in range(n)]
+            else:
+                # measured bursts: concurrent reads share the device and land together (a burst of 3 at 3.7 ms
+                # each, not 2.4 / 3.1 / 3.8); a size not measured (or joining reads in flight) lands at the
+                # depth table's latency for its last read
+                row = self.bursts.get(n) if q0 == 0 else None
+                out = [t + v for v in row] if row is not None else [t + self.latency_at(q0 + n)] * n
             busy.extend(out)
             self.outstanding = busy
             self.dfree = max(self.dfree, out[-1])
@@ -222,6 +239,22 @@ def latency_table_for_rows(nvme: dict, rows: int, engines=(), record_bytes: int 
     if not by_rows:
         return nvme.get("latency_by_qd_ms")
     return _at_rows(by_rows, rows, lambda a, b, f: {q: a[q] * (1 - f) + b[q] * f for q in sorted(set(a) & set(b))})
+
+
+def burst_table_for_rows(rows: int, engines=(), record_bytes: int | None = None) -> dict:
+    """The mean latency by burst size and position ({n: {q: ms}}) at ``rows`` token rows, from the engine whose
+    latency table applies (``nvme_latency_by_rows_burst_ms``); between measured rows, the cells both have mix
+    linearly. {} if unmeasured: the depth table alone then sets arrivals."""
+    src = _engine_tables(engines, record_bytes).get("nvme_latency_by_rows_burst_ms") or {}
+    by_rows = {int(r): {int(n): {int(q): float(v) for q, v in row.items()} for n, row in tab.items()}
+               for r, tab in src.items() if tab}
+    if not by_rows:
+        return {}
+
+    def mix(a, b, f):
+        return {n: {q: a[n][q] * (1 - f) + b[n][q] * f for q in a[n]} for n in sorted(set(a) & set(b))
+                if set(a[n]) == set(b[n])}
+    return _at_rows(by_rows, rows, mix)
 
 
 def channel_term(field: str, rows: int, engines=(), record_bytes: int | None = None) -> float:

@@ -25,7 +25,8 @@ import numpy as np
 
 from moetier.ledger import Ledger
 from moetier.llc import reuse_model
-from moetier.plan import LayerPlan, NvmeChannel, PlanContext, channel_term, latency_table_for_rows, plan_layer
+from moetier.plan import (LayerPlan, NvmeChannel, PlanContext, burst_table_for_rows, channel_term,
+                          latency_table_for_rows, plan_layer)
 from moetier.predict import make_predictor
 
 ORACLE_WARM_STEPS = 200
@@ -94,7 +95,8 @@ class Replay:
                 for f in ("wake_ms", "latency_cv_shared", "latency_cv_own")}
         self.chan = NvmeChannel(R.nvme_expert_bytes, R.nvme_bw_gbps, R.nvme_bw_qd1_gbps, R.nvme_latency_ms,
                                 latency_table_for_rows(nvme, rows, engines, R.nvme_expert_bytes),
-                                term["wake_ms"], term["latency_cv_shared"], term["latency_cv_own"])
+                                term["wake_ms"], term["latency_cv_shared"], term["latency_cv_own"],
+                                burst_table_for_rows(rows, engines, R.nvme_expert_bytes))
         self.llc = reuse_model(R)
         self.predictor = predictor
         pf = R.policy.get("prefetch") or {}

@@ -205,3 +205,26 @@ def test_bench_rewrites_what_it_measures_and_keeps_the_vram_tier_it_does_not():
     assert hw["gpu"] == old["gpu"] and hw["nvme"]["cpu_ms_per_read"] == 0.3 and hw["source"] == "moetier bench now"
     spec.validate("hardware", hw, "hardware/local-cpu.json")
     assert "gpu" not in records(m, "x", "y", "now")[0]
+
+
+def test_burst_means_by_size_and_position_and_the_spread_about_them():
+    # bursts of one read take 1.0 ms; bursts of two take 2.0 and 2.2 (they share the device); one burst of two lost
+    # a read and tells nothing
+    samples = [(b, 1, 1.0) for b in range(8)]
+    samples += [(b, q, ms) for b in range(8, 16) for q, ms in ((1, 2.0), (2, 2.2))]
+    samples += [(99, 2, 7.0)]
+    means = calibrate.burst_means(samples)
+    assert means == {1: {1: 1.0}, 2: {1: pytest.approx(2.0), 2: pytest.approx(2.2)}}
+    assert calibrate.burst_means(samples, min_n=9) == {}
+    # about the burst means there is no spread left; about the depth means (q1 = 1.5) bursts look late together
+    assert calibrate.spread_split(samples[:-1], {1: 1.5, 2: 2.2}, means) == (0.0, 0.0)
+    # lateness -1/3 (bursts of one), +1/3 and 0 (bursts of two): total variance 2/27, within a burst 1/18
+    shared, own = calibrate.spread_split(samples[:-1], {1: 1.5, 2: 2.2})
+    assert own == pytest.approx((1 / 18) ** 0.5) and shared == pytest.approx((2 / 27 - 1 / 18) ** 0.5)
+
+
+def test_spread_is_winsorized_so_one_outlier_does_not_set_every_layers_width():
+    samples = [(b, q, 1.0 + 0.1 * ((b + q) % 3 - 1)) for b in range(400) for q in (1, 2)]
+    base = calibrate.spread_split(samples, {1: 1.0, 2: 1.0})
+    outlier = calibrate.spread_split(samples[:-1] + [(399, 2, 36.0)], {1: 1.0, 2: 1.0})
+    assert outlier == pytest.approx(base, abs=0.01)

@@ -290,3 +290,26 @@ def test_each_reads_own_lateness_makes_the_lane_end_the_expected_max():
         lane = np.maximum(lane + c.cpu_call, t) + 0.104
     assert own.cpu_ms == pytest.approx(lane.mean(), rel=0.03)
     assert det.cpu_ms < own.cpu_ms < both.cpu_ms
+
+
+def test_a_measured_burst_size_sets_each_positions_arrival():
+    ch = NvmeChannel(1_000_000, 1.0, 1.0, 0.0, latency_by_qd={"1": 1.0, "2": 1.5},
+                     bursts={"2": {"1": 1.8, "2": 2.0}, "3": {"1": 2.5, "3": 3.0}})   # size 3 lacks a position
+    assert ch.demand(0.0, 2) == [pytest.approx(1.8), pytest.approx(2.0)]    # both land late: they share the device
+    assert ch.demand(10.0, 1) == [pytest.approx(11.0)]                     # size 1 not measured: the depth table
+    # size 3's row is incomplete: the three land together, at the depth table's latency for the third
+    assert ch.demand(20.0, 3) == [pytest.approx(22.25)] * 3
+    ch.demand(30.0, 1)                                                      # one read still in flight ...
+    assert ch.demand(30.1, 2) == [pytest.approx(30.1 + 2.25)] * 2          # ... two join it: depth 3
+    fifo = NvmeChannel(1_000_000, 1.0, 1.0, 0.0, latency_by_qd={"1": 1.0, "2": 1.5})
+    assert fifo.demand(0.0, 2) == [pytest.approx(1.0), pytest.approx(1.5)]  # no bursts measured: by join depth
+
+
+def test_burst_table_comes_from_the_engine_and_mixes_between_rows():
+    from moetier.plan import burst_table_for_rows
+    eng = [{"id": "b", "nvme_latency_by_rows_qd_ms": {"1": {"1": 0.6}},
+            "nvme_latency_by_rows_burst_ms": {"1": {"2": {"1": 1.0, "2": 2.0}, "3": {"1": 5.0, "2": 5.0, "3": 5.0}},
+                                              "3": {"2": {"1": 2.0, "2": 4.0}}}}]
+    assert burst_table_for_rows(2, eng) == {2: {1: pytest.approx(1.5), 2: pytest.approx(3.0)}}   # common sizes only
+    assert burst_table_for_rows(1, eng)[3] == {1: 5.0, 2: 5.0, 3: 5.0}
+    assert burst_table_for_rows(1, [{"id": "a"}]) == {}
