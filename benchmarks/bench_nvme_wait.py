@@ -1,13 +1,15 @@
 """How long the decode thread waits for a layer's first NVMe read, against the wait for its mean arrival.
 
-    python benchmarks/bench_nvme_wait.py --store DIR [--recipe tiny-local-cpu] [--conc 4] [--steps 120] [--json]
+    python benchmarks/bench_nvme_wait.py --store DIR [--recipe tiny-local-cpu] [--conc 4] [--steps 120]
+        [--set FIELD=VALUE ...] [--json]
 
 The finding it reproduces (docs/calibration.md, "An arrival is a distribution"): one runtime run of the recipe as
 written (warm-up steps included); for the first demand read each layer waits on, X = landed - (when the thread
 started waiting), both from the read's submit time. It prints mean X, the mean wait E[max(0, X)], the read
 latency's sd / mean, the wait a normal arrival with that spread would give (moetier.plan.late), and how much of
 the spread the reads of a layer share: the correlation of the lateness of its first two reads and the shared /
-own split the calibration fits (moetier.calibrate.spread_split; the planner's moetier.plan._Finish).
+own split the calibration fits (moetier.calibrate.spread_split; the planner's moetier.plan._Finish), and the
+mean latency by burst size and position (reads issued together land together) beside the depth table's.
 """
 from __future__ import annotations
 
@@ -34,9 +36,10 @@ def main(argv=None):
     ap.add_argument("--recipe", default="tiny-local-cpu")
     ap.add_argument("--conc", type=int, default=4)
     ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="recipe override (repeatable)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    R = spec.resolve(a.recipe)
+    R = spec.resolve(a.recipe, a.set)
     st = store.open_store(a.store, model=R.model)
     tr = load_trace(spec.REGISTRY.parent / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
     first: list[tuple[float, float]] = []        # (latency ms, submit -> wait start ms) of a layer's first wait
@@ -78,15 +81,19 @@ def main(argv=None):
     pairs = np.array([(v[1], v[2]) for v in rel.values() if 1 in v and 2 in v])
     if len(pairs) >= 8:
         out["first_two_reads_correlation"] = float(np.corrcoef(pairs.T)[0, 1])
-    split = spread_split(bursts, means, burst_means(bursts))
+    by_burst = burst_means(bursts)
+    split = spread_split(bursts, means, by_burst)
     if split is not None:
         out["cv_shared"], out["cv_own"] = split
+    # reads issued together land together: mean latency by burst size and position, against the depth table
+    out["latency_by_burst_ms"] = {n: [round(row[q], 2) for q in sorted(row)] for n, row in sorted(by_burst.items())}
+    out["latency_by_depth_ms"] = [round(means[q], 2) for q in sorted(means)]
     if a.json:
         print(json.dumps(out, indent=1))
         return
     print("| measure | value (ms unless a ratio) |\n|---|---|")
     for k, v in out.items():
-        print(f"| {k} | {v:.3f} |" if isinstance(v, float) else f"| {k} | {v} |")
+        print(f"| {k} | {v:.3f} |" if isinstance(v, float) else f"| {k} | {json.dumps(v)} |")
 
 
 if __name__ == "__main__":

@@ -38,16 +38,18 @@ class NvmeChannel:
     Prefetch reads carry the layer they were issued for; ``expire(layer, t)`` cancels those not started and counts
     those started as wasted. They run one at a time and start only while no demand read is in flight (the runtime's
     reader has one low-priority worker that waits for demand reads); with a measured table each takes the table's
-    queue-depth-1 latency, else ``deep``. With measured ``bursts`` the reads of a burst share the device: a burst
-    of n demand reads issued with none in flight takes each position's mean latency in bursts of n (where that
-    size was measured) instead of the depth table's, which averages over the burst sizes the calibration happened
-    to see; other bursts land together, at the table's latency for their last read. In the table model a prefetch read in service does not add to a demand
+    queue-depth-1 latency, else ``deep``. In the table model a prefetch read in service does not add to a demand
     read's depth (measured: one low-priority read in service costs a demand read ~5%, not a queue slot;
-    benchmarks/bench_read_latency.py, docs/calibration.md). ``wake`` is the measured delay from a read landing to
-    the thread blocked on it resuming; the planner adds it to a pick whose lane had to wait for the bytes. ``cv_shared`` and ``cv_own`` are the
-    measured spread of a read's latency (standard deviation over mean), the part the reads of a layer share and the
-    rest: an arrival is a distribution, and the planner charges a lane its *expected* end (``_Finish``), not the
-    end for mean arrivals.
+    benchmarks/bench_read_latency.py, docs/calibration.md).
+
+    With measured ``bursts`` the reads of a burst share the device: a burst of n demand reads issued with none in
+    flight takes each position's mean latency in bursts of n (where that size was measured) instead of the depth
+    table's, which averages over the burst sizes the calibration happened to see; other bursts land together, at
+    the table's latency for their last read. ``wake`` is the measured delay from a read landing to the thread
+    blocked on it resuming; the planner adds it to a pick whose lane had to wait for the bytes. ``cv_shared`` and
+    ``cv_own`` are the measured spread of a read's latency (standard deviation over mean), the part the reads of a
+    layer share and the rest: an arrival is a distribution, and the planner charges a lane its *expected* end
+    (``_Finish``), not the end for mean arrivals.
     """
 
     __slots__ = ("deep", "one", "lat", "dfree", "pf", "reads", "pf_reads", "pf_cancelled",
