@@ -216,8 +216,10 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
         for q, v in m.get("latency_by_qd", {}).items():
             lat.setdefault(eng, {}).setdefault(rows, {}).setdefault(int(q), []).extend(v)
         wake.setdefault(eng, {}).setdefault(rows, []).extend(m.get("wake_ms", ()))
-        bursts.setdefault(eng, {}).setdefault(rows, []).extend(((i, b), int(q), ms)
-                                                                for b, q, ms in m.get("burst_ms", ()))
+        # burst ids (run, burst): one per runtime run (fit arm and repeat), so a run's bursts stay apart
+        bursts.setdefault(eng, {}).setdefault(rows, []).extend(
+            (((i, *b[:-1]), b[-1]) if isinstance(b, tuple) else ((i,), b), int(q), ms)
+            for b, q, ms in m.get("burst_ms", ()))
     idle = {int(q): float(v) for q, v in (idle_latency or {}).items()}
     out = {f: {} for f in ("nvme_latency_by_rows_qd_ms", *CHANNEL_TERMS)}
     for eng, by_rows in sorted(lat.items(), key=lambda kv: str(kv[0])):
@@ -272,7 +274,10 @@ def burst_means(samples, min_n: int = 8) -> dict:
 def spread_split(samples, mean_by_q: dict, mean_by_burst: dict | None = None) -> tuple[float, float] | None:
     """(shared, own) sd / mean of read latencies [(burst, q, ms)] about their mean - by burst size and position
     where ``mean_by_burst`` has it, else by depth: the own part is the pooled variance within bursts of two or more
-    reads, the shared part the rest of the total variance. None with fewer than 8 samples or no burst of two."""
+    reads, the shared part the rest of the total variance. A burst id (run, b) names the runtime run it came from;
+    each run's mean lateness is taken out first: a run slower than the others (this VM drifts by 5-15% between
+    repeats minutes apart) is drift, not lateness within a layer. None with fewer than 8 samples or no burst of
+    two."""
     by_burst: dict = {}
     for b, v in _bursts(samples).items():
         row = (mean_by_burst or {}).get(max(q for q, _ in v)) or {}
@@ -287,7 +292,12 @@ def spread_split(samples, mean_by_q: dict, mean_by_burst: dict | None = None) ->
     # winsorized at 0.5% / 99.5%: a rare read 36x its mean (the SYCL arms, one in thousands) would set the normal's
     # width for every layer; its own cost is in the mean latency already
     lo, hi = np.percentile(rel, [0.5, 99.5])
-    by_burst = {b: list(np.clip(v, lo, hi)) for b, v in by_burst.items()}
+    by_burst = {b: np.clip(v, lo, hi) for b, v in by_burst.items()}
+    runs: dict = {}
+    for b, v in by_burst.items():
+        runs.setdefault(b[0] if isinstance(b, tuple) else None, []).extend(v)
+    offset = {r: float(np.mean(v)) for r, v in runs.items()}
+    by_burst = {b: v - offset[b[0] if isinstance(b, tuple) else None] for b, v in by_burst.items()}
     rel = [x for v in by_burst.values() for x in v]
     multi = [v for v in by_burst.values() if len(v) > 1]
     total = float(np.mean(np.square(rel)))

@@ -223,6 +223,18 @@ def test_burst_means_by_size_and_position_and_the_spread_about_them():
     assert own == pytest.approx((1 / 18) ** 0.5) and shared == pytest.approx((2 / 27 - 1 / 18) ** 0.5)
 
 
+def test_a_runs_drift_is_not_lateness_within_a_layer():
+    # two runs of the same bursts, the second 20% slower throughout: within each run there is no spread at all
+    samples = [((run, b), q, ms * (1.0 if run == 0 else 1.2)) for run in (0, 1) for b in range(10)
+               for q, ms in ((1, 2.0), (2, 3.0))]
+    means = {1: 2.2, 2: 3.3}
+    assert calibrate.spread_split(samples, means) == pytest.approx((0.0, 0.0), abs=1e-9)
+    # the same reads named as bursts of one run: run 2's drift shows as lateness its bursts share
+    as_one = [((0, run * 10 + b), q, ms) for (run, b), q, ms in samples]
+    shared, own = calibrate.spread_split(as_one, means)
+    assert shared == pytest.approx(0.2 / 2.2, rel=1e-6) and own == pytest.approx(0.0, abs=1e-9)
+
+
 def test_spread_is_winsorized_so_one_outlier_does_not_set_every_layers_width():
     samples = [(b, q, 1.0 + 0.1 * ((b + q) % 3 - 1)) for b in range(400) for q in (1, 2)]
     base = calibrate.spread_split(samples, {1: 1.0, 2: 1.0})
