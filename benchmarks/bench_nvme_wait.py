@@ -71,7 +71,10 @@ def main(argv=None):
     mx, ml = statistics.mean(x), statistics.mean(lat)
     out = {"layers": len(first), "mean_x_ms": mx, "mean_wait_ms": statistics.mean(max(0.0, v) for v in x),
            "wait_for_mean_ms": max(0.0, mx), "latency_mean_ms": ml, "latency_sd_ms": sd, "latency_cv": sd / ml,
-           "normal_wait_ms": late(mx, sd)}
+           "normal_wait_ms": late(mx, sd),
+           # the other side of X: when the lane got free (submit -> wait start) spreads too
+           "free_mean_ms": statistics.mean(v for _, v in first), "free_sd_ms": statistics.pstdev(v for _, v in first),
+           "x_sd_ms": statistics.pstdev(x)}
     # how much of the spread a layer's reads share: the correlation of its first two reads' lateness (each about
     # its depth's mean), and the split the calibration fits (moetier.calibrate.spread_split)
     rel: dict = {}

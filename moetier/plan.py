@@ -431,7 +431,13 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
         else:
             if c_on and ctx.read_cpu:
                 c += ctx.read_cpu * len(nvme_l)      # the reads' CPU work lands while the cpu lane computes
-            _plan_nvme(ctx, plan, picks, nvme_l, t0, nvme, g, g_on, c, c_on)
+            ahead = 0.0
+            if ctx.copy_serial and plan.zerocopy:
+                # the serial runtime pushes the zerocopy picks into VRAM (draining a victim first when VRAM is
+                # full, in an exclusive ledger) before it waits for the gpu lane's reads
+                full = ledger.exclusive and len(ledger.clock.slot_of) >= ledger.vram_slots
+                ahead = len(plan.zerocopy) * (ctx.push_ms + ctx.host_copy) * (2 if full else 1)
+            _plan_nvme(ctx, plan, picks, nvme_l, t0, nvme, g, g_on, c, c_on, ahead)
             g, c = plan.gpu_ms, plan.cpu_ms
     serial = ctx.host_layer + ctx.host_pick * len(picks) + ctx.host_predict
     if ctx.read_cpu and nvme is not None and nvme.pf_done:
@@ -507,6 +513,13 @@ class _Finish:
             self.due, self.lat = ready, a
         self.m, self.v = _max_normal(self.m + busy, self.v, ready, xv)
 
+    def shift(self, busy: float) -> None:
+        """Time the timeline spends on something else (the serial engine's admissions) before the next pick."""
+        self.free += busy
+        if self.due != -INF:
+            self.due += busy
+            self.m += busy
+
     def extra(self, shared: float) -> float:
         if self.due == -INF:
             return 0.0
@@ -515,7 +528,7 @@ class _Finish:
         return late(self.m - self.free, sd) - (d if d > 0.0 else 0.0)
 
 
-def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):
+def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0):
     gpu, cpu = ctx.gpu, ctx.cpu
     push = ctx.push_ms
     arr = plan.arrivals
@@ -535,7 +548,7 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):
     can_gpu = gpu is not None      # a gpu lane exists only with a VRAM tier (from_recipe)
     wake = nvme.wake
     if not ctx.overlap:
-        _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wake, nvme)
+        _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wake, nvme, ahead)
         return
     wait = gwait = 0.0
     spread = nvme.cv_shared > 0.0 or nvme.cv_own > 0.0
@@ -589,17 +602,18 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on):
     plan.gpu_ms, plan.cpu_ms = g, c
 
 
-def _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wake, nvme):
-    """NVMe picks when lanes do not overlap (policy.overlap false): one timeline after the resident lanes (c + g);
-    each pick, in arrival order, waits for its bytes (and the wake-up, if it had to wait) and runs on the lane that
-    ends it sooner. Its work is added to that lane's busy time, so the layer's g + c is the timeline's end. A push to
-    VRAM follows its read on the same timeline and is booked as stall (read + stage), as the serial runtime spends
-    it. The arrival spread (``_Finish``) adds to the lane of the timeline's last pick."""
+def _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wake, nvme, ahead=0.0):
+    """NVMe picks when lanes do not overlap (policy.overlap false): one timeline after the resident lanes (c + g).
+
+    Lanes: each pick, in arrival order, goes to the lane that ends it sooner. Time, in the order the serial runtime
+    runs them (moetier.runtime.Runtime.layer): the cpu lane's NVMe picks, each waiting for its bytes (and the
+    wake-up, if it had to wait); then the admissions of the layer's zerocopy picks (``ahead`` ms of copies, booked
+    by the simulator after the layer, not here: the gpu picks' reads land meanwhile); then the gpu lane's NVMe
+    picks, whose push to VRAM follows the read and is booked as stall (read + stage). Each pick's work is added to
+    its lane's busy time, so g + c is the timeline's end less ``ahead``. The arrival spread (``_Finish``) adds to
+    the lane of the timeline's last pick."""
     gpu, cpu, push = ctx.gpu, ctx.cpu, ctx.push_ms
-    wait = gwait = 0.0
-    spread = nvme.cv_shared > 0.0 or nvme.cv_own > 0.0
-    fin = _Finish(g + c, nvme.cv_own) if spread else None
-    last_gpu = False
+    g0, c0, g_on0, c_on0 = g, c, g_on, c_on
     for k in order:
         a = arr[k] - t0
         if a < 0.0:
@@ -607,40 +621,53 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wa
         m = picks[k]
         now = g + c
         ready = a + wake if a > now else a
-        cw = ge = INF
-        if cpu:
-            cw = (ctx.cpu_call if c_on or ctx.cpu_pmin > 1 else cpu[0]) + cpu[1] + cpu[2] * (m - 1)
-            ce = (now if now > ready else ready) + cw
-        else:
-            ce = INF
-        if can_gpu:
-            gw = (0.0 if g_on else gpu[0]) + gpu[1] + gpu[2] * (m - 1)
-            ge = (now if now > ready else ready) + push + gw
+        start = now if now > ready else ready
+        ce = start + (ctx.cpu_call if c_on or ctx.cpu_pmin > 1 else cpu[0]) + cpu[1] + cpu[2] * (m - 1) \
+            if cpu else INF
+        ge = start + push + (0.0 if g_on else gpu[0]) + gpu[1] + gpu[2] * (m - 1) if can_gpu else INF
         if ce == INF and ge == INF:
             raise ValueError("no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier")
         if ce <= ge:
-            if ready > now:
-                wait += ready - now
-            work = cw
-            c = ce - g
-            c_on = True
-            last_gpu = False
+            c, c_on = ce - g, True
             plan.nvme_cpu.append(k)
         else:
-            stall = (ready - now if ready > now else 0.0) + push
-            wait += stall
-            gwait += stall
-            work = push + gw
-            g = ge - c
-            g_on = True
-            last_gpu = True
+            g, g_on = ge - c, True
             plan.nvme_gpu.append(k)
-        if spread:
-            fin.add(work, a + wake + work, a)
+    g, c, g_on, c_on = g0, c0, g_on0, c_on0
+    now = g + c
+    wait = gwait = 0.0
+    spread = nvme.cv_shared > 0.0 or nvme.cv_own > 0.0
+    fin = _Finish(now, nvme.cv_own) if spread else None
+    for on_gpu, keys in ((False, plan.nvme_cpu), (True, plan.nvme_gpu)):
+        if on_gpu and keys and ahead:
+            now += ahead
+            if spread:
+                fin.shift(ahead)
+        for k in keys:
+            a = arr[k] - t0
+            if a < 0.0:
+                a = 0.0
+            m = picks[k]
+            ready = a + wake if a > now else a
+            idle = ready - now if ready > now else 0.0
+            if on_gpu:
+                work = push + (0.0 if g_on else gpu[0]) + gpu[1] + gpu[2] * (m - 1)
+                wait += idle + push
+                gwait += idle + push
+                g += idle + work
+                g_on = True
+            else:
+                work = (ctx.cpu_call if c_on or ctx.cpu_pmin > 1 else cpu[0]) + cpu[1] + cpu[2] * (m - 1)
+                wait += idle
+                c += idle + work
+                c_on = True
+            now += idle + work
+            if spread:
+                fin.add(work, a + wake + work, a)
     d = fin.extra(nvme.cv_shared) if spread else 0.0
     if d:
         wait += d
-        if last_gpu:
+        if plan.nvme_gpu:
             g += d
             gwait += d
         else:

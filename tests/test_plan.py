@@ -313,3 +313,37 @@ def test_burst_table_comes_from_the_engine_and_mixes_between_rows():
     assert burst_table_for_rows(2, eng) == {2: {1: pytest.approx(1.5), 2: pytest.approx(3.0)}}   # common sizes only
     assert burst_table_for_rows(1, eng)[3] == {1: 5.0, 2: 5.0, 3: 5.0}
     assert burst_table_for_rows(1, [{"id": "a"}]) == {}
+
+
+def test_serial_engine_waits_for_gpu_reads_after_the_admissions_it_runs_first():
+    from moetier.plan import LayerPlan, _serial_nvme
+    c = ctx(overlap=False, lanes={"cpu": Lane("cpu", "ram", 0.145, 5.0, 0.0)})   # a slow cpu lane: the pick goes gpu
+    push = c.push_ms
+
+    def run(ahead):
+        plan = LayerPlan()
+        _serial_nvme(c, plan, {500: 1}, [500], {500: 1.0}, 0.0, 0.2, True, 0.0, False, True, 0.0,
+                     NvmeChannel(1_000_000, 1.0, 1.0, 0.0), ahead)
+        return plan
+
+    now, later = run(0.0), run(0.5)
+    assert now.nvme_gpu == later.nvme_gpu == [500]
+    assert now.nvme_wait_ms == pytest.approx(1.0 - 0.2 + push)            # waits from the resident lanes' end
+    assert later.nvme_wait_ms == pytest.approx(now.nvme_wait_ms - 0.5)     # the admissions' 0.5 ms come first
+    assert later.gpu_ms == pytest.approx(now.gpu_ms - 0.5)                 # copies are not lane time
+
+
+def test_serial_engine_runs_the_cpu_lanes_nvme_picks_before_the_gpu_lanes():
+    from moetier.plan import LayerPlan, _serial_nvme
+    c = ctx(overlap=False)
+    plan = LayerPlan()
+    arr = {500: 1.0, 501: 1.1}
+    # pick 500 (first to land) is forced onto the gpu lane by a cpu lane that cannot take it: the runtime still
+    # computes 501 on the cpu lane first, then waits for 500's push
+    picks = {500: 40, 501: 1}
+    _serial_nvme(c, plan, picks, [500, 501], arr, 0.0, 0.0, False, 0.0, False, True, 0.0,
+                 NvmeChannel(1_000_000, 1.0, 1.0, 0.0))
+    assert plan.nvme_gpu == [500] and plan.nvme_cpu == [501]
+    cpu_end = 1.1 + 0.145 + 0.104                                          # 501 waits for its bytes, runs
+    assert plan.cpu_ms == pytest.approx(cpu_end)
+    assert plan.gpu_wait_ms == pytest.approx(c.push_ms)                    # 500 landed long before: only its push
