@@ -27,11 +27,12 @@ The fits, from the fit arms' runtime counters:
      concurrencies without a fit arm are interpolated by the simulator;
    - NVMe queueing model (engine ``nvme_latency_by_rows_qd_ms``, per engine: its lanes load the cores the reader
      needs): mean submit-to-landed of the runtime's demand reads by rows per step and the demand queue depth they
-     joined; depths not reached keep the hardware's idle-disk bench figures;
+     joined; depths not reached keep the hardware's idle-disk bench figures; and the same by burst size and
+     position (``nvme_latency_by_rows_burst_ms``: a layer's reads are issued together and land together);
    - wake-up (engine ``nvme_wake_ms_by_rows``): mean delay from a read landing to the decode thread that was
      blocked on it resuming, by rows per step; the planner adds it to every pick whose lane waited for its bytes;
    - latency spread (engine ``nvme_latency_cv_shared_by_rows``, ``nvme_latency_cv_own_by_rows``): sd / mean of
-     those reads' latency, split into the part a layer's reads share (they are late together) and each read's
+     those reads' latency about the burst means, within each run, winsorized, split into the part a layer's reads share (they are late together) and each read's
      own; the planner charges each lane its expected end (``moetier.plan._Finish``).
 
 The simulator then predicts every arm and the error table (predicted vs measured tok/s and per-token ms per bucket:
@@ -200,9 +201,11 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
 def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
     """The NVMe channel's terms per engine from the fit arms' reads, as {field: {engine: {rows: ...}}}:
     ``nvme_latency_by_rows_qd_ms`` (mean submit-to-landed by rows per step and the demand queue depth a read
-    joined), ``nvme_wake_ms_by_rows`` (mean wake-up: landed to the blocked waiter resuming), and the latency's
-    spread as sd / mean, split into the part the reads of one burst (a layer's) share and each read's own
-    (``nvme_latency_cv_shared_by_rows``, ``nvme_latency_cv_own_by_rows``; moetier.plan._Finish). Means, not
+    joined), ``nvme_latency_by_rows_burst_ms`` (the same by burst size and position: the reads of a burst land
+    together, ``burst_means``), ``nvme_wake_ms_by_rows`` (mean wake-up: landed to the blocked waiter resuming),
+    and the latency's spread as sd / mean about those means, split into the part the reads of one burst (a
+    layer's) share and each read's own (``nvme_latency_cv_shared_by_rows``, ``nvme_latency_cv_own_by_rows``;
+    ``spread_split``, moetier.plan._Finish). Means, not
     medians: the planner adds them into stalls, and the median of a right-skewed latency understates their sum.
     The spread matters as much: a lane expects to wait E[max(0, arrival - free)], far more than the wait for a mean
     arrival that is about when the lane gets free (2026-12-01 VM: a layer's first read 0.70 ms against 0.03 for
