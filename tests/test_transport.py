@@ -267,3 +267,19 @@ def test_prefetch_yields_to_demand_and_cancels_until_started(st, monkeypatch):
     finally:
         rd.close()
         pool.close()
+
+
+def test_demand_reads_in_flight_together_share_a_burst(st):
+    import threading
+
+    gate = threading.Event()
+    with SlotPool(3, st.record_bytes) as pool, Reader(st, pool, queue_depth=4,
+                                                      faults=lambda k: gate.wait(10) and None) as rd:
+        a, b = rd.fill(0, 0), rd.fill(1, 1)           # the second is submitted while the first is in flight
+        gate.set()
+        rd.wait(a)
+        rd.wait(b)
+        rd.wait(rd.fill(2, 2))                         # none in flight: a new burst
+    got = sorted((burst, q) for burst, q, _ in rd.burst_ms)
+    assert got == [(1, 1), (1, 2), (2, 1)]
+    assert all(ms > 0 for *_, ms in rd.burst_ms)
