@@ -12,28 +12,21 @@ reaches.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from moetier import calibrate, spec, store  # noqa: E402
-from moetier.trace import load_trace  # noqa: E402
+from _recipe import open_recipe, parser  # noqa: E402
+from moetier import calibrate  # noqa: E402
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--store", required=True)
-    ap.add_argument("--recipe", default="tiny-local-cpu")
-    ap.add_argument("--steps", type=int, default=250)
+    ap = parser(steps=250)
     ap.add_argument("--min-calls", type=int, default=300)
-    ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    R = spec.resolve(a.recipe)
-    st = store.open_store(a.store, model=R.model)
-    tr = load_trace(spec.REGISTRY.parent / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
+    R, st, tr = open_recipe(a)
     arms = [x for x in calibrate.default_arms(R, vram=False) if x["fit"] and not any("prefetch" in s for s in x["set"])]
     shapes = []
     for arm in arms:

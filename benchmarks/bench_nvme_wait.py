@@ -1,7 +1,10 @@
 """How long the decode thread waits for a layer's first NVMe read, against the wait for its mean arrival.
 
     python benchmarks/bench_nvme_wait.py --store DIR [--recipe tiny-local-cpu] [--conc 4] [--steps 120]
-        [--set FIELD=VALUE ...] [--json]
+        [--backend cpu|sycl] [--set FIELD=VALUE ...] [--json]
+
+The VRAM arms of the calibration: --backend sycl --set 'engines=["sycl-opencl-cpu"]'
+--set budget.vram_expert_slots=102 --set policy.overlap=false.
 
 The finding it reproduces (docs/calibration.md, "An arrival is a distribution"): one runtime run of the recipe as
 written (warm-up steps included); for the first demand read each layer waits on, X = landed - (when the thread
@@ -13,7 +16,6 @@ mean latency by burst size and position (reads issued together land together) be
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -24,24 +26,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from moetier import runtime, spec, store  # noqa: E402
+from _recipe import open_recipe, parser  # noqa: E402
+from moetier import runtime  # noqa: E402
 from moetier.calibrate import burst_means, spread_split  # noqa: E402
 from moetier.plan import late  # noqa: E402
-from moetier.trace import load_trace  # noqa: E402
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--store", required=True)
-    ap.add_argument("--recipe", default="tiny-local-cpu")
+    ap = parser(steps=120, overrides=True)
     ap.add_argument("--conc", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=120)
-    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="recipe override (repeatable)")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--backend", default="cpu", help="cpu, or sycl with a VRAM tier set (--set ...)")
     a = ap.parse_args(argv)
-    R = spec.resolve(a.recipe, a.set)
-    st = store.open_store(a.store, model=R.model)
-    tr = load_trace(spec.REGISTRY.parent / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
+    R, st, tr = open_recipe(a)
     first: list[tuple[float, float]] = []        # (latency ms, submit -> wait start ms) of a layer's first wait
     seen: set = set()
     wait = runtime.Runtime._wait
@@ -55,10 +51,10 @@ def main(argv=None):
             first.append(((h.t_landed - h.t_submit) * 1e3, (t - h.t_submit) * 1e3))
 
     runtime.Runtime._wait = timed_wait
-    be = runtime.make_backend("cpu", st, R, a.conc, 1.0)
+    be = runtime.make_backend(a.backend, st, R, a.conc, 1.0)
     try:
         runtime.run(R, st, be, tr, a.conc, max_steps=a.steps)
-        bursts = list(be.reader.burst_ms)
+        bursts = [(0, b, q, ms) for b, q, ms in be.reader.burst_ms]      # one runtime run
         means = {q: statistics.mean(v) for q, v in be.reader.latency_by_qd.items() if len(v) >= 8}
     finally:
         be.close()
@@ -78,12 +74,14 @@ def main(argv=None):
     # how much of the spread a layer's reads share: the correlation of its first two reads' lateness (each about
     # its depth's mean), and the split the calibration fits (moetier.calibrate.spread_split)
     rel: dict = {}
-    for b, q, ms in bursts:
+    for _, b, q, ms in bursts:
         if q in means:
             rel.setdefault(b, {})[q] = ms / means[q] - 1
     pairs = np.array([(v[1], v[2]) for v in rel.values() if 1 in v and 2 in v])
     if len(pairs) >= 8:
         out["first_two_reads_correlation"] = float(np.corrcoef(pairs.T)[0, 1])
+    # the slowest read against its depth's mean: the tail the calibration winsorizes
+    out["latency_max_over_mean"] = max((1 + x for v in rel.values() for x in v.values()), default=0.0)
     by_burst = burst_means(bursts)
     split = spread_split(bursts, means, by_burst)
     if split is not None:

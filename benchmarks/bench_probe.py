@@ -8,7 +8,6 @@ hook's time on the decode thread, per wall second - together an upper bound on w
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -19,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from moetier import runtime, spec, store  # noqa: E402
+from _recipe import open_recipe, parser  # noqa: E402
+from moetier import runtime  # noqa: E402
 from moetier.probe import Sampler  # noqa: E402
-from moetier.trace import load_trace  # noqa: E402
 
 
 def one(R, st, tr, steps, probe_path, cost=None):
@@ -46,16 +45,10 @@ def one(R, st, tr, steps, probe_path, cost=None):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--store", required=True)
-    ap.add_argument("--recipe", default="tiny-local-cpu")
-    ap.add_argument("--steps", type=int, default=150)
+    ap = parser(steps=150, overrides=True)
     ap.add_argument("--pairs", type=int, default=4)
-    ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    R = spec.resolve(a.recipe)
-    st = store.open_store(a.store, model=R.model)
-    tr = load_trace(spec.REGISTRY.parent / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
+    R, st, tr = open_recipe(a)
     off, on, cost = [], [], []
     with tempfile.TemporaryDirectory() as d:
         for i in range(a.pairs):

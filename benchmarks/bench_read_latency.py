@@ -8,7 +8,6 @@ reads outstanding when a read was submitted (itself included), as the reader rec
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -16,23 +15,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from moetier import calibrate, spec, store  # noqa: E402
-from moetier.trace import load_trace  # noqa: E402
+from _recipe import open_recipe, parser  # noqa: E402
+from moetier import calibrate  # noqa: E402
 
 PREFETCH = ["policy.prefetch.depth=1", "policy.prefetch.predictor=transition"]
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--store", required=True)
-    ap.add_argument("--recipe", default="tiny-local-cpu")
-    ap.add_argument("--steps", type=int, default=250)
+    ap = parser(steps=250)
     ap.add_argument("--conc", type=int, default=1)
-    ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    R = spec.resolve(a.recipe)
-    st = store.open_store(a.store, model=R.model)
-    tr = load_trace(spec.REGISTRY.parent / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
+    R, st, tr = open_recipe(a)
     arms = {"prefetch off": [], "prefetch on": PREFETCH}
     runs = {name: [] for name in arms}
     for _ in range(2):                                  # A B A B

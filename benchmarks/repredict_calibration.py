@@ -1,24 +1,23 @@
-"""Re-run the simulator on a committed calibration record: its fitted terms, its arms, its measured tok/s.
+"""Re-run the simulator on a committed calibration record: its fitted terms, its arms, its measured figures.
 
     python benchmarks/repredict_calibration.py RECORD [--spread SHARED OWN] [--json]
 
 What a new simulator term would have predicted for a run already made, without the 25-35 minutes of measuring
 again: ``--spread`` sets the NVMe arrival spread (engine nvme_latency_cv_shared_by_rows / _own_by_rows, sd / mean)
-at every measured rows per step, for records made before calibrate fitted it. Prints each arm's recorded and new
-tok/s error and NVMe stall (ms per token), then median / max / held-out max |error|.
+at every measured rows per step, for records made before calibrate fitted it. Run with the registry the record was
+made with (its hardware record is not in the run record). Prints each arm's recorded and new tok/s error and NVMe
+stall (ms per token), then the record's summary figures recomputed (moetier.calibrate.summary): median / max /
+held-out max |error| and the buckets within 15%.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from _recipe import recipe_trace  # noqa: E402 - benchmarks/ is on sys.path when this script runs
 from moetier import calibrate, sim, spec  # noqa: E402
-from moetier.trace import load_trace  # noqa: E402
 
 
 def main(argv=None):
@@ -35,33 +34,34 @@ def main(argv=None):
         for field, v in zip(("nvme_latency_cv_shared_by_rows", "nvme_latency_cv_own_by_rows"), a.spread):
             terms[field] = {eng: {rows: v for rows in t} for eng, t in tables.items()}
     R = spec.resolve(rec["recipe"])
-    tr = load_trace(spec.REGISTRY.parent / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
+    tr = recipe_trace(R)
     arms = {arm["name"]: arm for arm in calibrate.default_arms(R, vram=True)}
     rows = []
     for row in cal["rows"]:
         arm = arms.get(row["arm"])
         if arm is None:
             sys.exit(f"repredict_calibration: {a.record}: arm {row['arm']!r} is not in today's default matrix")
-        p = sim.run(calibrate.arm_recipe(rec["recipe"], arm, terms), tr, arm["conc"], max_steps=cal["steps"])
-        ptok = p["tokens"] / p["steps"]
+        Ra = calibrate.arm_recipe(rec["recipe"], arm, terms)
+        p = sim.run(Ra, tr, arm["conc"], max_steps=cal["steps"])
+        meas, pred = row["ms_per_token"]["measured"], calibrate.sim_buckets(Ra, p)
         rows.append({"arm": row["arm"], "fit": row["fit"], "recorded_error_pct": row["error_pct"],
                      "error_pct": (p["tok_s"] / row["measured_tok_s"] - 1) * 100,
-                     "stall_measured": row["ms_per_token"]["measured"]["nvme_stall"],
-                     "stall_recorded": row["ms_per_token"]["sim"]["nvme_stall"],
-                     "stall": p["ms_nvme_wait"] / ptok})
-    errs = [abs(r["error_pct"]) for r in rows]
-    held = [abs(r["error_pct"]) for r in rows if not r["fit"]]
-    out = {"rows": rows, "median_abs_error_pct": statistics.median(errs), "max_abs_error_pct": max(errs),
-           "held_out_max_abs_error_pct": max(held) if held else None}
+                     "ms_per_token": {"measured": meas, "sim": pred, "recorded_sim": row["ms_per_token"]["sim"]},
+                     "bucket_error_pct": calibrate.bucket_errors(meas, pred)})
+    out = {"rows": rows, "summary": calibrate.summary(rows)}
     if a.json:
         print(json.dumps(out, indent=1))
         return
     print("| arm | fit | recorded error | error | stall measured | stall recorded | stall |\n|---|---|---|---|---|---|---|")
     for r in rows:
+        ms = r["ms_per_token"]
         print(f"| {r['arm']} | {'fit' if r['fit'] else 'held-out'} | {r['recorded_error_pct']:+.1f}% | "
-              f"{r['error_pct']:+.1f}% | {r['stall_measured']:.2f} | {r['stall_recorded']:.2f} | {r['stall']:.2f} |")
-    print(f"\nmedian |error| {out['median_abs_error_pct']:.1f}%, max {out['max_abs_error_pct']:.1f}%, "
-          f"held-out max {out['held_out_max_abs_error_pct'] or 0:.1f}%")
+              f"{r['error_pct']:+.1f}% | {ms['measured']['nvme_stall']:.2f} | {ms['recorded_sim']['nvme_stall']:.2f} | "
+              f"{ms['sim']['nvme_stall']:.2f} |")
+    s = out["summary"]
+    print(f"\nmedian |error| {s['median_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}%, held-out max "
+          f"{s['held_out_max_abs_error_pct'] or 0:.1f}%; buckets within 15%: {s['buckets_within_15pct']}/"
+          f"{s['buckets_checked']}")
 
 
 if __name__ == "__main__":

@@ -149,7 +149,7 @@ def _merge(runs):
             lat.setdefault(int(q), []).extend(v)
     return {"counters": med["counters"], "latency_by_qd": lat, "wall_s": med["wall_s"],
             "wake_ms": [w for r in runs for w in r.get("wake_ms", ())],
-            "burst_ms": [((i, b), q, ms) for i, r in enumerate(runs) for b, q, ms in r.get("burst_ms", ())],
+            "burst_ms": [(i, b, q, ms) for i, r in enumerate(runs) for b, q, ms in r.get("burst_ms", ())],
             "call_groups": med.get("call_groups", []), "tokens": med["tokens"], "steps": med["steps"],
             "tok_s_each": [r["tok_s"] for r in runs], "conc": med["conc"], "engine": med.get("engine")}
 
@@ -213,16 +213,15 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
     its load; deeper ones keep the idle-disk bench figures. Fewer than 8 samples make no entry."""
     lat: dict[str, dict] = {}                      # engine -> rows per step -> q -> samples
     wake: dict[str, dict] = {}                     # engine -> rows per step -> samples
-    bursts: dict[str, dict] = {}                   # engine -> rows per step -> [(burst, q, ms)]
+    bursts: dict[str, dict] = {}                   # engine -> rows per step -> [(run, burst, q, ms)]
     for i, m in enumerate(fit_runs):
         eng, rows = m.get("engine"), m["conc"]
         for q, v in m.get("latency_by_qd", {}).items():
             lat.setdefault(eng, {}).setdefault(rows, {}).setdefault(int(q), []).extend(v)
         wake.setdefault(eng, {}).setdefault(rows, []).extend(m.get("wake_ms", ()))
-        # burst ids (run, burst): one per runtime run (fit arm and repeat), so a run's bursts stay apart
-        bursts.setdefault(eng, {}).setdefault(rows, []).extend(
-            (((i, *b[:-1]), b[-1]) if isinstance(b, tuple) else ((i,), b), int(q), ms)
-            for b, q, ms in m.get("burst_ms", ()))
+        # one run per fit arm and repeat, so the runs' bursts stay apart
+        bursts.setdefault(eng, {}).setdefault(rows, []).extend(((i, rep), b, q, ms)
+                                                                for rep, b, q, ms in m.get("burst_ms", ()))
     idle = {int(q): float(v) for q, v in (idle_latency or {}).items()}
     out = {f: {} for f in ("nvme_latency_by_rows_qd_ms", *CHANNEL_TERMS)}
     for eng, by_rows in sorted(lat.items(), key=lambda kv: str(kv[0])):
@@ -254,16 +253,16 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
 
 
 def _bursts(samples) -> dict:
-    """[(burst, q, ms)] -> {burst: [(q, ms)]}."""
+    """[(run, burst, q, ms)] -> {(run, burst): [(q, ms)]}."""
     out: dict = {}
-    for b, q, ms in samples:
-        out.setdefault(b, []).append((int(q), ms))
+    for run, b, q, ms in samples:
+        out.setdefault((run, b), []).append((int(q), ms))
     return out
 
 
 def burst_means(samples, min_n: int = 8) -> dict:
-    """Mean latency by burst size and position, {n: {q: ms}}, from [(burst, q, ms)]: a burst's size is its deepest
-    read. Only sizes with at least ``min_n`` bursts, every position measured."""
+    """Mean latency by burst size and position, {n: {q: ms}}, from [(run, burst, q, ms)] (the reader's ``burst_ms``
+    with the runtime run it came from): a burst's size is its deepest read. Only sizes with at least ``min_n`` bursts, every position measured."""
     cells: dict = {}
     for v in _bursts(samples).values():
         n = max(q for q, _ in v)
@@ -275,10 +274,9 @@ def burst_means(samples, min_n: int = 8) -> dict:
 
 
 def spread_split(samples, mean_by_q: dict, mean_by_burst: dict | None = None) -> tuple[float, float] | None:
-    """(shared, own) sd / mean of read latencies [(burst, q, ms)] about their mean - by burst size and position
+    """(shared, own) sd / mean of read latencies [(run, burst, q, ms)] about their mean - by burst size and position
     where ``mean_by_burst`` has it, else by depth: the own part is the pooled variance within bursts of two or more
-    reads, the shared part the rest of the total variance. A burst id (run, b) names the runtime run it came from;
-    each run's mean lateness is taken out first: a run slower than the others (this VM drifts by 5-15% between
+    reads, the shared part the rest of the total variance. Each run's mean lateness is taken out first: a run slower than the others (this VM drifts by 5-15% between
     repeats minutes apart) is drift, not lateness within a layer. None with fewer than 8 samples or no burst of
     two."""
     by_burst: dict = {}
@@ -297,10 +295,10 @@ def spread_split(samples, mean_by_q: dict, mean_by_burst: dict | None = None) ->
     lo, hi = np.percentile(rel, [0.5, 99.5])
     by_burst = {b: np.clip(v, lo, hi) for b, v in by_burst.items()}
     runs: dict = {}
-    for b, v in by_burst.items():
-        runs.setdefault(b[0] if isinstance(b, tuple) else None, []).extend(v)
-    offset = {r: float(np.mean(v)) for r, v in runs.items()}
-    by_burst = {b: v - offset[b[0] if isinstance(b, tuple) else None] for b, v in by_burst.items()}
+    for (run, _), v in by_burst.items():
+        runs.setdefault(run, []).extend(v)
+    offset = {run: float(np.mean(v)) for run, v in runs.items()}
+    by_burst = {(run, b): v - offset[run] for (run, b), v in by_burst.items()}
     rel = [x for v in by_burst.values() for x in v]
     multi = [v for v in by_burst.values() if len(v) > 1]
     total = float(np.mean(np.square(rel)))
@@ -445,14 +443,8 @@ def predict_and_compare(recipe_id, tr, arms, measured, steps, terms) -> list[dic
                 "nvme_stall": c["nvme_wait_s"] + c["stage_s"], "copy": c["copy_s"]}
         meas["host"] = m["wall_s"] - sum(meas.values())
         meas = {k: v * 1e3 / tok for k, v in meas.items()}
-        # the simulator's buckets per token: lane busy net of the NVMe waits inside it, NVMe waits (with the push of
-        # an NVMe -> VRAM pick), admission/drain copies, and the rest (serial host time)
+        pred = sim_buckets(R, p)
         ptok = p["tokens"] / p["steps"]
-        wait, gwait = p["ms_nvme_wait"] / ptok, p["ms_nvme_wait_gpu"] / ptok
-        pred = {"cpu_moe": p["ms_cpu_moe"] / ptok - (wait - gwait), "gpu_moe": p["ms_gpu_moe"] / ptok - gwait,
-                "nvme_stall": wait, "copy": p["ms_copy"] / ptok}
-        lanes_ms = (p["ms_cpu_moe"] + p["ms_gpu_moe"] if R.policy.get("overlap") is False else p["ms_cpu_moe"]) / ptok
-        pred["host"] = p["ms_per_token"] - lanes_ms - pred["copy"]
         # the host bucket split: timed host work (plan, bookkeeping, combine, prediction) against the simulator's
         # host terms, and the time outside every timer against its non-MoE fixed time
         timed = host_timed_s(c) * 1e3 / tok
@@ -461,8 +453,7 @@ def predict_and_compare(recipe_id, tr, arms, measured, steps, terms) -> list[dic
                      "measured_tok_s": meas_tok_s, "measured_each": m["tok_s_each"], "sim_tok_s": p["tok_s"],
                      "error_pct": (p["tok_s"] / meas_tok_s - 1) * 100,
                      "ms_per_token": {"measured": meas, "sim": pred},
-                     "bucket_error_pct": {b: ((pred[b] / meas[b] - 1) * 100 if meas[b] > 0.05 else None)
-                                          for b in BUCKETS},
+                     "bucket_error_pct": bucket_errors(meas, pred),
                      "host_split": {"measured": {"timed": timed, "outside": meas["host"] - timed},
                                     "sim": {"terms": pred["host"] - fixed, "fixed": fixed}},
                      "reads_per_token": c["reads"] / tok, "sim_nvme_per_tok": p["nvme_per_tok"],
@@ -476,6 +467,24 @@ def predict_and_compare(recipe_id, tr, arms, measured, steps, terms) -> list[dic
                                  "cpu": p["cpu_experts_per_tok"] + p["nvme_cpu_per_tok"]}},
                      "read_ms": _distribution(m)})
     return rows
+
+
+def sim_buckets(R, p) -> dict:
+    """The simulator's per-token ms by bucket for a ``sim.run`` result ``p`` of recipe ``R``: lane busy net of the
+    NVMe waits inside it, NVMe waits (with the push of an NVMe -> VRAM pick), admission/drain copies, and the rest
+    (serial host time)."""
+    ptok = p["tokens"] / p["steps"]
+    wait, gwait = p["ms_nvme_wait"] / ptok, p["ms_nvme_wait_gpu"] / ptok
+    pred = {"cpu_moe": p["ms_cpu_moe"] / ptok - (wait - gwait), "gpu_moe": p["ms_gpu_moe"] / ptok - gwait,
+            "nvme_stall": wait, "copy": p["ms_copy"] / ptok}
+    lanes_ms = (p["ms_cpu_moe"] + p["ms_gpu_moe"] if R.policy.get("overlap") is False else p["ms_cpu_moe"]) / ptok
+    pred["host"] = p["ms_per_token"] - lanes_ms - pred["copy"]
+    return pred
+
+
+def bucket_errors(meas: dict, pred: dict) -> dict:
+    """Predicted against measured per bucket, % (None for a bucket under 0.05 ms/token: nothing to compare)."""
+    return {b: ((pred[b] / meas[b] - 1) * 100 if meas[b] > 0.05 else None) for b in BUCKETS}
 
 
 def _distribution(m) -> dict:

@@ -151,6 +151,10 @@ class Ledger:
         return s in (RAM, PUSHING, VRAM) or (s is None and self.all_in_ram)
 
     # ---- recency / frequency ------------------------------------------------------------------------------
+    def vram_full(self) -> bool:
+        """Every VRAM slot holds a key: the next push evicts one."""
+        return len(self.clock.slot_of) >= self.vram_slots
+
     def observe(self, keys, now: int) -> None:
         """Count picks for the LFU policy (decayed by halflife)."""
         if not self._lfu_window:

@@ -54,7 +54,7 @@ class NvmeChannel:
 
     __slots__ = ("deep", "one", "lat", "dfree", "pf", "reads", "pf_reads", "pf_cancelled",
                  "pf_wasted", "qd_table", "outstanding", "pf_svc", "pf_lat", "pf_done", "wake", "cv_shared",
-                 "cv_own", "bursts")
+                 "cv_own", "spread", "bursts")
 
     def __init__(self, record_bytes: int, bw_gbps: float, bw_qd1_gbps: float | None = None,
                  latency_ms: float = 0.1, latency_by_qd: dict | None = None, wake_ms: float = 0.0,
@@ -66,6 +66,7 @@ class NvmeChannel:
         # a read's lateness as a fraction of its latency: the part a layer's reads share and each one's own
         # (engine nvme_latency_cv_shared_by_rows / nvme_latency_cv_own_by_rows; _Finish)
         self.cv_shared, self.cv_own = float(cv_shared), float(cv_own)
+        self.spread = self.cv_shared > 0.0 or self.cv_own > 0.0
         # bursts: {n: {q: ms}}, the mean latency of the q-th read of a burst of n issued together (reads share the
         # device, so the first of two lands later than a read alone; engine nvme_latency_by_rows_burst_ms)
         self.bursts = {}
@@ -435,7 +436,7 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
             if ctx.copy_serial and plan.zerocopy:
                 # the serial runtime pushes the zerocopy picks into VRAM (draining a victim first when VRAM is
                 # full, in an exclusive ledger) before it waits for the gpu lane's reads
-                full = ledger.exclusive and len(ledger.clock.slot_of) >= ledger.vram_slots
+                full = ledger.exclusive and ledger.vram_full()
                 ahead = len(plan.zerocopy) * (ctx.push_ms + ctx.host_copy) * (2 if full else 1)
             _plan_nvme(ctx, plan, picks, nvme_l, t0, nvme, g, g_on, c, c_on, ahead)
             g, c = plan.gpu_ms, plan.cpu_ms
@@ -551,7 +552,7 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0):
         _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wake, nvme, ahead)
         return
     wait = gwait = 0.0
-    spread = nvme.cv_shared > 0.0 or nvme.cv_own > 0.0
+    spread = nvme.spread
     if spread:
         cf, gf = _Finish(c, nvme.cv_own), _Finish(g, nvme.cv_own)
     for k in order:
@@ -613,6 +614,13 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wa
     its lane's busy time, so g + c is the timeline's end less ``ahead``. The arrival spread (``_Finish``) adds to
     the lane of the timeline's last pick."""
     gpu, cpu, push = ctx.gpu, ctx.cpu, ctx.push_ms
+
+    def cpu_work(on, m):            # an inline call (the lane's per_layer if it is the lane's first)
+        return (ctx.cpu_call if on or ctx.cpu_pmin > 1 else cpu[0]) + cpu[1] + cpu[2] * (m - 1)
+
+    def gpu_work(on, m):            # the push, then the kernel (per_layer if it is the lane's first)
+        return push + (0.0 if on else gpu[0]) + gpu[1] + gpu[2] * (m - 1)
+
     g0, c0, g_on0, c_on0 = g, c, g_on, c_on
     for k in order:
         a = arr[k] - t0
@@ -622,9 +630,8 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wa
         now = g + c
         ready = a + wake if a > now else a
         start = now if now > ready else ready
-        ce = start + (ctx.cpu_call if c_on or ctx.cpu_pmin > 1 else cpu[0]) + cpu[1] + cpu[2] * (m - 1) \
-            if cpu else INF
-        ge = start + push + (0.0 if g_on else gpu[0]) + gpu[1] + gpu[2] * (m - 1) if can_gpu else INF
+        ce = start + cpu_work(c_on, m) if cpu else INF
+        ge = start + gpu_work(g_on, m) if can_gpu else INF
         if ce == INF and ge == INF:
             raise ValueError("no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier")
         if ce <= ge:
@@ -636,7 +643,7 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wa
     g, c, g_on, c_on = g0, c0, g_on0, c_on0
     now = g + c
     wait = gwait = 0.0
-    spread = nvme.cv_shared > 0.0 or nvme.cv_own > 0.0
+    spread = nvme.spread
     fin = _Finish(now, nvme.cv_own) if spread else None
     for on_gpu, keys in ((False, plan.nvme_cpu), (True, plan.nvme_gpu)):
         if on_gpu and keys and ahead:
@@ -651,13 +658,13 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wa
             ready = a + wake if a > now else a
             idle = ready - now if ready > now else 0.0
             if on_gpu:
-                work = push + (0.0 if g_on else gpu[0]) + gpu[1] + gpu[2] * (m - 1)
+                work = gpu_work(g_on, m)
                 wait += idle + push
                 gwait += idle + push
                 g += idle + work
                 g_on = True
             else:
-                work = (ctx.cpu_call if c_on or ctx.cpu_pmin > 1 else cpu[0]) + cpu[1] + cpu[2] * (m - 1)
+                work = cpu_work(c_on, m)
                 wait += idle
                 c += idle + work
                 c_on = True

@@ -91,12 +91,13 @@ class Replay:
         self.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, exclusive=R.policy.get("ram", "exclusive")
                              == "exclusive", ram_policy=R.policy.get("ram_evict", "lru"))
         nvme, engines = R.hardware.get("nvme", {}), getattr(R, "engines", ())
-        term = {f: channel_term(f"nvme_{f}_by_rows", rows, engines, R.nvme_expert_bytes)
-                for f in ("wake_ms", "latency_cv_shared", "latency_cv_own")}
-        self.chan = NvmeChannel(R.nvme_expert_bytes, R.nvme_bw_gbps, R.nvme_bw_qd1_gbps, R.nvme_latency_ms,
-                                latency_table_for_rows(nvme, rows, engines, R.nvme_expert_bytes),
-                                term["wake_ms"], term["latency_cv_shared"], term["latency_cv_own"],
-                                burst_table_for_rows(rows, engines, R.nvme_expert_bytes))
+        rb = R.nvme_expert_bytes
+        self.chan = NvmeChannel(rb, R.nvme_bw_gbps, R.nvme_bw_qd1_gbps, R.nvme_latency_ms,
+                                latency_table_for_rows(nvme, rows, engines, rb),
+                                channel_term("nvme_wake_ms_by_rows", rows, engines, rb),
+                                channel_term("nvme_latency_cv_shared_by_rows", rows, engines, rb),
+                                channel_term("nvme_latency_cv_own_by_rows", rows, engines, rb),
+                                burst_table_for_rows(rows, engines, rb))
         self.llc = reuse_model(R)
         self.predictor = predictor
         pf = R.policy.get("prefetch") or {}

@@ -162,22 +162,27 @@ def test_channel_terms_are_means_by_engine_and_rows_with_idle_figures_beyond():
     assert got["nvme_latency_cv_shared_by_rows"] == {}                          # no bursts recorded
 
 
+def one_run(samples):
+    """(burst, q, ms) reads as the reader records them -> (run, burst, q, ms) of one runtime run."""
+    return [(0, *x) for x in samples]
+
+
 def test_spread_splits_into_what_a_bursts_reads_share_and_each_ones_own():
     # depth 1 mean 2.0, depth 2 mean 4.0; bursts of two reads late together by +-25%, and within each burst the
     # reads differ by +-10% about the burst's lateness
     samples = []
     for b, (shift, d) in enumerate([(0.25, 0.1), (-0.25, 0.1), (0.25, -0.1), (-0.25, -0.1)] * 3):
-        samples += [(b, 1, 2.0 * (1 + shift + d)), (b, 2, 4.0 * (1 + shift - d))]
+        samples += one_run([(b, 1, 2.0 * (1 + shift + d)), (b, 2, 4.0 * (1 + shift - d))])
     shared, own = calibrate.spread_split(samples, {1: 2.0, 2: 4.0})
     # total variance 0.25^2 + 0.1^2; within a burst (ddof 1): 2 x 0.1^2 / 1
     within = 2 * 0.1 ** 2
     assert own == pytest.approx(within ** 0.5)
     assert shared == pytest.approx((0.25 ** 2 + 0.1 ** 2 - within) ** 0.5)
     assert calibrate.spread_split(samples[:6], {1: 2.0, 2: 4.0}) is None            # fewer than 8 samples
-    assert calibrate.spread_split([(b, 1, 2.0) for b in range(9)], {1: 2.0}) is None   # no burst of two
+    assert calibrate.spread_split(one_run((b, 1, 2.0) for b in range(9)), {1: 2.0}) is None   # no burst of two
     # through fit_channel: the runs' bursts stay apart (a burst id repeats across runs)
-    runs = [{"engine": "e", "conc": 2, "latency_by_qd": {1: [s[2] for s in samples if s[1] == 1],
-                                                          2: [s[2] for s in samples if s[1] == 2]},
+    runs = [{"engine": "e", "conc": 2, "latency_by_qd": {1: [s[3] for s in samples if s[2] == 1],
+                                                          2: [s[3] for s in samples if s[2] == 2]},
              "burst_ms": samples}]
     got = calibrate.fit_channel(runs + runs)
     assert got["nvme_latency_cv_own_by_rows"] == {"e": {"2": pytest.approx(round(own, 4))}}
@@ -210,9 +215,9 @@ def test_bench_rewrites_what_it_measures_and_keeps_the_vram_tier_it_does_not():
 def test_burst_means_by_size_and_position_and_the_spread_about_them():
     # bursts of one read take 1.0 ms; bursts of two take 2.0 and 2.2 (they share the device); one burst of two lost
     # a read and tells nothing
-    samples = [(b, 1, 1.0) for b in range(8)]
-    samples += [(b, q, ms) for b in range(8, 16) for q, ms in ((1, 2.0), (2, 2.2))]
-    samples += [(99, 2, 7.0)]
+    samples = one_run((b, 1, 1.0) for b in range(8))
+    samples += one_run((b, q, ms) for b in range(8, 16) for q, ms in ((1, 2.0), (2, 2.2)))
+    samples += one_run([(99, 2, 7.0)])
     means = calibrate.burst_means(samples)
     assert means == {1: {1: 1.0}, 2: {1: pytest.approx(2.0), 2: pytest.approx(2.2)}}
     assert calibrate.burst_means(samples, min_n=9) == {}
@@ -225,18 +230,18 @@ def test_burst_means_by_size_and_position_and_the_spread_about_them():
 
 def test_a_runs_drift_is_not_lateness_within_a_layer():
     # two runs of the same bursts, the second 20% slower throughout: within each run there is no spread at all
-    samples = [((run, b), q, ms * (1.0 if run == 0 else 1.2)) for run in (0, 1) for b in range(10)
+    samples = [(run, b, q, ms * (1.0 if run == 0 else 1.2)) for run in (0, 1) for b in range(10)
                for q, ms in ((1, 2.0), (2, 3.0))]
     means = {1: 2.2, 2: 3.3}
     assert calibrate.spread_split(samples, means) == pytest.approx((0.0, 0.0), abs=1e-9)
     # the same reads named as bursts of one run: run 2's drift shows as lateness its bursts share
-    as_one = [((0, run * 10 + b), q, ms) for (run, b), q, ms in samples]
+    as_one = [(0, run * 10 + b, q, ms) for run, b, q, ms in samples]
     shared, own = calibrate.spread_split(as_one, means)
     assert shared == pytest.approx(0.2 / 2.2, rel=1e-6) and own == pytest.approx(0.0, abs=1e-9)
 
 
 def test_spread_is_winsorized_so_one_outlier_does_not_set_every_layers_width():
-    samples = [(b, q, 1.0 + 0.1 * ((b + q) % 3 - 1)) for b in range(400) for q in (1, 2)]
+    samples = one_run((b, q, 1.0 + 0.1 * ((b + q) % 3 - 1)) for b in range(400) for q in (1, 2))
     base = calibrate.spread_split(samples, {1: 1.0, 2: 1.0})
-    outlier = calibrate.spread_split(samples[:-1] + [(399, 2, 36.0)], {1: 1.0, 2: 1.0})
+    outlier = calibrate.spread_split(samples[:-1] + one_run([(399, 2, 36.0)]), {1: 1.0, 2: 1.0})
     assert outlier == pytest.approx(base, abs=0.01)
