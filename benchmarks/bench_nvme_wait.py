@@ -46,9 +46,10 @@ def main(argv=None):
         t = time.perf_counter()
         wait(self, h, ticket, bucket)
         layer = self.stats["layer_calls"]
-        if layer not in seen:
+        c = getattr(h, "c", getattr(h, "comp", h))    # the SYCL and CUDA backends wrap the Reader's completion
+        if layer not in seen and hasattr(c, "t_landed"):
             seen.add(layer)
-            first.append(((h.t_landed - h.t_submit) * 1e3, (t - h.t_submit) * 1e3))
+            first.append(((c.t_landed - c.t_submit) * 1e3, (t - c.t_submit) * 1e3))
 
     runtime.Runtime._wait = timed_wait
     be = runtime.make_backend(a.backend, st, R, a.conc, 1.0)

@@ -549,7 +549,7 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0):
     can_gpu = gpu is not None      # a gpu lane exists only with a VRAM tier (from_recipe)
     wake = nvme.wake
     if not ctx.overlap:
-        _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wake, nvme, ahead)
+        _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nvme, ahead)
         return
     wait = gwait = 0.0
     spread = nvme.spread
@@ -603,7 +603,7 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0):
     plan.gpu_ms, plan.cpu_ms = g, c
 
 
-def _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wake, nvme, ahead=0.0):
+def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nvme, ahead=0.0):
     """NVMe picks when lanes do not overlap (policy.overlap false): one timeline after the resident lanes (c + g).
 
     Lanes: each pick, in arrival order, goes to the lane that ends it sooner. Time, in the order the serial runtime
@@ -618,10 +618,10 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wa
     def cpu_work(on, m):            # an inline call (the lane's per_layer if it is the lane's first)
         return (ctx.cpu_call if on or ctx.cpu_pmin > 1 else cpu[0]) + cpu[1] + cpu[2] * (m - 1)
 
-    def gpu_work(on, m):            # the push, then the kernel (per_layer if it is the lane's first)
-        return push + (0.0 if on else gpu[0]) + gpu[1] + gpu[2] * (m - 1)
+    def gpu_work(m):                # the push, then the kernel: a call of its own (the runtime's), per_layer each
+        return push + gpu[0] + gpu[1] + gpu[2] * (m - 1)
 
-    g0, c0, g_on0, c_on0 = g, c, g_on, c_on
+    g0, c0, c_on0 = g, c, c_on
     for k in order:
         a = arr[k] - t0
         if a < 0.0:
@@ -631,16 +631,16 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wa
         ready = a + wake if a > now else a
         start = now if now > ready else ready
         ce = start + cpu_work(c_on, m) if cpu else INF
-        ge = start + gpu_work(g_on, m) if can_gpu else INF
+        ge = start + gpu_work(m) if can_gpu else INF
         if ce == INF and ge == INF:
             raise ValueError("no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier")
         if ce <= ge:
             c, c_on = ce - g, True
             plan.nvme_cpu.append(k)
         else:
-            g, g_on = ge - c, True
+            g = ge - c
             plan.nvme_gpu.append(k)
-    g, c, g_on, c_on = g0, c0, g_on0, c_on0
+    g, c, c_on = g0, c0, c_on0
     now = g + c
     wait = gwait = 0.0
     spread = nvme.spread
@@ -658,11 +658,10 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, g_on, c, c_on, can_gpu, wa
             ready = a + wake if a > now else a
             idle = ready - now if ready > now else 0.0
             if on_gpu:
-                work = gpu_work(g_on, m)
+                work = gpu_work(m)
                 wait += idle + push
                 gwait += idle + push
                 g += idle + work
-                g_on = True
             else:
                 work = cpu_work(c_on, m)
                 wait += idle

@@ -322,7 +322,7 @@ def test_serial_engine_waits_for_gpu_reads_after_the_admissions_it_runs_first():
 
     def run(ahead):
         plan = LayerPlan()
-        _serial_nvme(c, plan, {500: 1}, [500], {500: 1.0}, 0.0, 0.2, True, 0.0, False, True, 0.0,
+        _serial_nvme(c, plan, {500: 1}, [500], {500: 1.0}, 0.0, 0.2, 0.0, False, True, 0.0,
                      NvmeChannel(1_000_000, 1.0, 1.0, 0.0), ahead)
         return plan
 
@@ -341,9 +341,22 @@ def test_serial_engine_runs_the_cpu_lanes_nvme_picks_before_the_gpu_lanes():
     # pick 500 (first to land) is forced onto the gpu lane by a cpu lane that cannot take it: the runtime still
     # computes 501 on the cpu lane first, then waits for 500's push
     picks = {500: 40, 501: 1}
-    _serial_nvme(c, plan, picks, [500, 501], arr, 0.0, 0.0, False, 0.0, False, True, 0.0,
+    _serial_nvme(c, plan, picks, [500, 501], arr, 0.0, 0.0, 0.0, False, True, 0.0,
                  NvmeChannel(1_000_000, 1.0, 1.0, 0.0))
     assert plan.nvme_gpu == [500] and plan.nvme_cpu == [501]
     cpu_end = 1.1 + 0.145 + 0.104                                          # 501 waits for its bytes, runs
     assert plan.cpu_ms == pytest.approx(cpu_end)
     assert plan.gpu_wait_ms == pytest.approx(c.push_ms)                    # 500 landed long before: only its push
+
+
+def test_serial_engine_charges_each_gpu_nvme_pick_a_call_of_its_own():
+    """The serial runtime computes each NVMe -> VRAM pick in its own lane call (after its push), so the pick pays
+    the gpu lane's per-call cost even when the lane already ran this layer."""
+    from moetier.plan import LayerPlan, _serial_nvme
+    c = ctx(overlap=False, lanes={"cpu": None})                           # the gpu lane is the only one
+    plan = LayerPlan()
+    # 0.3 ms of resident gpu work came first: the lane ran this layer, and the NVMe pick still pays per_layer
+    _serial_nvme(c, plan, {500: 1}, [500], {500: 0.0}, 0.0, 0.3, 0.0, False, True, 0.0,
+                 NvmeChannel(1_000_000, 1.0, 1.0, 0.0))
+    assert plan.nvme_gpu == [500]
+    assert plan.gpu_ms == pytest.approx(0.3 + c.push_ms + 0.17 + 0.023)
