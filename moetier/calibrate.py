@@ -137,21 +137,37 @@ def _measure(recipe_id, st, tr, arm, steps, backend_name, verify_rate, terms=Non
 
 
 def _merge(runs):
-    """One arm's repeats -> the median repeat (by tok/s): its counters feed both the fits and the error table, so
-    the terms and the figure they are checked against describe the same run. This VM's noise is heavy-tailed (a
-    repeat can lose a scheduler slice per layer); a sum over repeats would fit the outliers and compare them with
-    the median. Read latencies and wake-ups (their means are taken later) are pooled over all repeats, bursts
-    numbered apart."""
-    med = sorted(runs, key=lambda r: r["tok_s"])[len(runs) // 2]
+    """One arm's repeats -> their middle repeats pooled: with three or more, the fastest and the slowest (by tok/s)
+    are dropped and the rest summed (counters, calls by shape, tokens, wall time) and pooled (read latencies,
+    wake-ups, bursts numbered by repeat). The fits, the read-latency means and the error table's measured figure
+    then describe the same minutes of the run: this VM's speed moves by 5-15% between repeats minutes apart, and
+    read latency moves with it (the reader costs CPU), so a lane cost taken from one repeat against a latency mean
+    over all of them misstates the wait, a small difference of two large numbers. Dropping the extremes keeps the
+    heavy tail out (a repeat can lose a scheduler slice per layer); summing the rest averages the interleaved
+    cycles, where a median takes each arm's figure from whichever cycle it fell in."""
+    ranked = sorted(runs, key=lambda r: r["tok_s"])
+    kept = ranked[1:-1] if len(ranked) >= 3 else ranked
+    counters: dict = {}
+    groups: dict = {}
+    for r in kept:
+        for k, v in r["counters"].items():
+            counters[k] = counters.get(k, 0) + v
+        for *key, n, sec in r.get("call_groups", ()):
+            g = groups.setdefault(tuple(key), [0, 0.0])
+            g[0] += n
+            g[1] += sec
     lat: dict[int, list] = {}
-    for r in runs:
+    for r in kept:
         for q, v in r.get("latency_by_qd", {}).items():
             lat.setdefault(int(q), []).extend(v)
-    return {"counters": med["counters"], "latency_by_qd": lat, "wall_s": med["wall_s"],
-            "wake_ms": [w for r in runs for w in r.get("wake_ms", ())],
-            "burst_ms": [(i, b, q, ms) for i, r in enumerate(runs) for b, q, ms in r.get("burst_ms", ())],
-            "call_groups": med.get("call_groups", []), "tokens": med["tokens"], "steps": med["steps"],
-            "tok_s_each": [r["tok_s"] for r in runs], "conc": med["conc"], "engine": med.get("engine")}
+    first = kept[0]
+    return {"counters": counters, "latency_by_qd": lat, "wall_s": sum(r["wall_s"] for r in kept),
+            "wake_ms": [w for r in kept for w in r.get("wake_ms", ())],
+            "burst_ms": [(i, b, q, ms) for i, r in enumerate(kept) for b, q, ms in r.get("burst_ms", ())],
+            "call_groups": [[*k, n, sec] for k, (n, sec) in sorted(groups.items())],
+            "tokens": sum(r["tokens"] for r in kept), "steps": sum(r["steps"] for r in kept),
+            "tok_s_each": [r["tok_s"] for r in runs], "repeats_kept": len(kept), "conc": first["conc"],
+            "engine": first.get("engine")}
 
 
 def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: int = 0,
@@ -438,7 +454,7 @@ def predict_and_compare(recipe_id, tr, arms, measured, steps, terms) -> list[dic
         p = sim.run(R, tr, a["conc"], max_steps=steps)
         m = measured[a["name"]]
         c, tok = m["counters"], m["tokens"]
-        meas_tok_s = m["tokens"] / m["wall_s"]          # the median repeat (_merge)
+        meas_tok_s = m["tokens"] / m["wall_s"]          # the middle repeats (_merge)
         meas = {"cpu_moe": c["lane_cpu_s"], "gpu_moe": c["lane_gpu_s"] + c["lane_zc_s"],
                 "nvme_stall": c["nvme_wait_s"] + c["stage_s"], "copy": c["copy_s"]}
         meas["host"] = m["wall_s"] - sum(meas.values())

@@ -245,3 +245,24 @@ def test_spread_is_winsorized_so_one_outlier_does_not_set_every_layers_width():
     base = calibrate.spread_split(samples, {1: 1.0, 2: 1.0})
     outlier = calibrate.spread_split(samples[:-1] + one_run([(399, 2, 36.0)]), {1: 1.0, 2: 1.0})
     assert outlier == pytest.approx(base, abs=0.01)
+
+
+def test_an_arms_repeats_merge_into_their_middle_ones_summed():
+    def run(tok_s, wall, reads, lat):
+        return {"tok_s": tok_s, "wall_s": wall, "tokens": int(tok_s * wall), "steps": 10, "conc": 1, "engine": "e",
+                "counters": {"reads": reads, "plan_s": wall / 10}, "call_groups": [["gpu", 1, 0, 0, reads, 0.1]],
+                "latency_by_qd": {1: [lat]}, "wake_ms": [lat / 10], "burst_ms": [(0, 1, lat)]}
+    runs = [run(50.0, 2.0, 7, 1.0), run(10.0, 3.0, 100, 9.0), run(40.0, 1.0, 3, 2.0), run(90.0, 1.0, 200, 8.0),
+            run(45.0, 2.0, 5, 3.0)]
+    m = calibrate._merge(runs)
+    # the slowest (10 tok/s) and fastest (90) are dropped; the other three are summed and pooled
+    assert m["repeats_kept"] == 3 and m["tok_s_each"] == [r["tok_s"] for r in runs]
+    assert m["counters"]["reads"] == 15 and m["counters"]["plan_s"] == pytest.approx(0.5)
+    assert m["wall_s"] == pytest.approx(5.0) and m["tokens"] == 100 + 40 + 90 and m["steps"] == 30
+    assert m["tokens"] / m["wall_s"] == pytest.approx(46.0)
+    assert m["call_groups"] == [["gpu", 1, 0, 0, 15, pytest.approx(0.3)]]
+    assert sorted(m["latency_by_qd"][1]) == [1.0, 2.0, 3.0]
+    assert sorted(ms for _, _, _, ms in m["burst_ms"]) == [1.0, 2.0, 3.0]
+    assert len({run for run, *_ in m["burst_ms"]}) == 3                  # bursts stay apart by repeat
+    two = calibrate._merge(runs[:2])                                     # too few to drop any
+    assert two["repeats_kept"] == 2 and two["counters"]["reads"] == 107
