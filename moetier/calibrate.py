@@ -481,7 +481,10 @@ def predict_and_compare(recipe_id, tr, arms, measured, steps, terms) -> list[dic
                          "sim": {"gpu": p["gpu_experts_per_tok"] + p["nvme_gpu_per_tok"],
                                  "zerocopy": p["zerocopy_per_tok"],
                                  "cpu": p["cpu_experts_per_tok"] + p["nvme_cpu_per_tok"]}},
-                     "read_ms": _distribution(m)})
+                     "read_ms": _distribution(m),
+                     # the merged repeats' own counters: a later fit can be re-run on the record
+                     "measured_run": {"counters": c, "tokens": tok, "wall_s": m["wall_s"], "steps": m["steps"],
+                                      "repeats_kept": m.get("repeats_kept", 1)}})
     return rows
 
 

@@ -46,6 +46,9 @@ def test_small_matrix_fits_terms_writes_records_and_predicts(scratch):
     # the plan pass only steers the runtime: the reported terms are fitted on the checked pass
     assert res["plan_terms"]["cpu"] != t["cpu"]
     json.dumps(res, allow_nan=False)
+    run = res["rows"][1]["measured_run"]            # the record keeps what the fits saw
+    assert run["counters"]["reads"] > 0 and run["tokens"] / run["wall_s"] == pytest.approx(
+        res["rows"][1]["measured_tok_s"])
     # the fitted terms were written (validated) into the scratch registry and the simulator now uses them
     R = spec.resolve("tiny-ci-cpu")
     assert R.host["per_layer_ms"] == pytest.approx(round(t["host"]["per_layer_ms"], 6))
