@@ -610,7 +610,8 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nv
     runs them (moetier.runtime.Runtime.layer): the cpu lane's NVMe picks, each waiting for its bytes (and the
     wake-up, if it had to wait); then the admissions of the layer's zerocopy picks (``ahead`` ms of copies, booked
     by the simulator after the layer, not here: the gpu picks' reads land meanwhile); then the gpu lane's NVMe
-    picks, whose push to VRAM follows the read and is booked as stall (read + stage). Each pick's work is added to
+    picks, whose push to VRAM follows the read and is booked as stall (read + stage); each is a lane call of its
+    own, so it pays the gpu lane's per-call cost (``per_layer_ms``) every time. Each pick's work is added to
     its lane's busy time, so g + c is the timeline's end less ``ahead``. The arrival spread (``_Finish``) adds to
     the lane of the timeline's last pick."""
     gpu, cpu, push = ctx.gpu, ctx.cpu, ctx.push_ms
