@@ -46,7 +46,7 @@ def main(argv=None):
         t = time.perf_counter()
         wait(self, h, ticket, bucket)
         layer = self.stats["layer_calls"]
-        c = getattr(h, "c", getattr(h, "comp", h))    # the SYCL and CUDA backends wrap the Reader's completion
+        c = getattr(h, "comp", h)      # the SYCL and CUDA backends' fill handles wrap the Reader's completion
         if layer not in seen and hasattr(c, "t_landed"):
             seen.add(layer)
             first.append(((c.t_landed - c.t_submit) * 1e3, (t - c.t_submit) * 1e3))

@@ -32,8 +32,9 @@ The fits, from the fit arms' runtime counters:
    - wake-up (engine ``nvme_wake_ms_by_rows``): mean delay from a read landing to the decode thread that was
      blocked on it resuming, by rows per step; the planner adds it to every pick whose lane waited for its bytes;
    - latency spread (engine ``nvme_latency_cv_shared_by_rows``, ``nvme_latency_cv_own_by_rows``): sd / mean of
-     those reads' latency about the burst means, within each run, winsorized, split into the part a layer's reads share (they are late together) and each read's
-     own; the planner charges each lane its expected end (``moetier.plan._Finish``).
+     those reads' latency about the burst means, within each run, winsorized, split into the part a layer's reads
+     share (they are late together) and each read's own; the planner charges each lane its expected end
+     (``moetier.plan._Finish``).
 
 The simulator then predicts every arm and the error table (predicted vs measured tok/s and per-token ms per bucket:
 cpu_moe, gpu_moe, nvme_stall, copy, host) goes to the terminal and into a run record.
@@ -278,7 +279,8 @@ def _bursts(samples) -> dict:
 
 def burst_means(samples, min_n: int = 8) -> dict:
     """Mean latency by burst size and position, {n: {q: ms}}, from [(run, burst, q, ms)] (the reader's ``burst_ms``
-    with the runtime run it came from): a burst's size is its deepest read. Only sizes with at least ``min_n`` bursts, every position measured."""
+    with the runtime run it came from): a burst's size is its deepest read. Only sizes with at least ``min_n``
+    bursts, every position measured."""
     cells: dict = {}
     for v in _bursts(samples).values():
         n = max(q for q, _ in v)
@@ -292,9 +294,9 @@ def burst_means(samples, min_n: int = 8) -> dict:
 def spread_split(samples, mean_by_q: dict, mean_by_burst: dict | None = None) -> tuple[float, float] | None:
     """(shared, own) sd / mean of read latencies [(run, burst, q, ms)] about their mean - by burst size and position
     where ``mean_by_burst`` has it, else by depth: the own part is the pooled variance within bursts of two or more
-    reads, the shared part the rest of the total variance. Each run's mean lateness is taken out first: a run slower than the others (this VM drifts by 5-15% between
-    repeats minutes apart) is drift, not lateness within a layer. None with fewer than 8 samples or no burst of
-    two."""
+    reads, the shared part the rest of the total variance. Each run's mean lateness is taken out first: a run
+    slower than the others (this VM drifts by 5-15% between repeats minutes apart) is drift, not lateness within a
+    layer. None with fewer than 8 samples or no burst of two."""
     by_burst: dict = {}
     for b, v in _bursts(samples).items():
         row = (mean_by_burst or {}).get(max(q for q, _ in v)) or {}
@@ -484,7 +486,7 @@ def predict_and_compare(recipe_id, tr, arms, measured, steps, terms) -> list[dic
                      "read_ms": _distribution(m),
                      # the merged repeats' own counters: a later fit can be re-run on the record
                      "measured_run": {"counters": c, "tokens": tok, "wall_s": m["wall_s"], "steps": m["steps"],
-                                      "repeats_kept": m.get("repeats_kept", 1)}})
+                                      "repeats_kept": m["repeats_kept"]}})
     return rows
 
 

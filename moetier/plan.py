@@ -622,26 +622,23 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nv
     def gpu_work(m):                # the push, then the kernel: a call of its own (the runtime's), per_layer each
         return push + gpu[0] + gpu[1] + gpu[2] * (m - 1)
 
-    g0, c0, c_on0 = g, c, c_on
+    due = {k: (arr[k] - t0 if arr[k] > t0 else 0.0) for k in order}    # arrival, from the layer's start
+    lg, lc, lc_on = g, c, c_on         # the lane choice's own timeline, in arrival order
     for k in order:
-        a = arr[k] - t0
-        if a < 0.0:
-            a = 0.0
-        m = picks[k]
-        now = g + c
+        a, m = due[k], picks[k]
+        now = lg + lc
         ready = a + wake if a > now else a
         start = now if now > ready else ready
-        ce = start + cpu_work(c_on, m) if cpu else INF
+        ce = start + cpu_work(lc_on, m) if cpu else INF
         ge = start + gpu_work(m) if can_gpu else INF
         if ce == INF and ge == INF:
             raise ValueError("no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier")
         if ce <= ge:
-            c, c_on = ce - g, True
+            lc, lc_on = ce - lg, True
             plan.nvme_cpu.append(k)
         else:
-            g = ge - c
+            lg = ge - lc
             plan.nvme_gpu.append(k)
-    g, c, c_on = g0, c0, c_on0
     now = g + c
     wait = gwait = 0.0
     spread = nvme.spread
@@ -652,10 +649,7 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nv
             if spread:
                 fin.shift(ahead)
         for k in keys:
-            a = arr[k] - t0
-            if a < 0.0:
-                a = 0.0
-            m = picks[k]
+            a, m = due[k], picks[k]
             ready = a + wake if a > now else a
             idle = ready - now if ready > now else 0.0
             if on_gpu:

@@ -171,18 +171,18 @@ def odirect_into(path: str, mem, nbytes: int) -> str | None:
 class FillHandle:
     """A Reader completion under the backend's seq."""
 
-    __slots__ = ("seq", "key", "slot", "c")
+    __slots__ = ("seq", "key", "slot", "comp")
     kind = "fill"
 
-    def __init__(self, seq, c):
-        self.seq, self.key, self.slot, self.c = seq, c.key, c.slot, c
+    def __init__(self, seq, comp):
+        self.seq, self.key, self.slot, self.comp = seq, comp.key, comp.slot, comp
 
     @property
     def state(self):
-        return self.c.state
+        return self.comp.state
 
     def __repr__(self):
-        return f"FillHandle(seq={self.seq}, key={self.key}, slot={self.slot}, state={self.c.state})"
+        return f"FillHandle(seq={self.seq}, key={self.key}, slot={self.slot}, state={self.comp.state})"
 
 
 class CopyHandle:
@@ -434,7 +434,7 @@ class SyclBackend:
 
     def _finished(self, h) -> bool:
         if isinstance(h, FillHandle):
-            return h.c.state != "pending"
+            return h.comp.state != "pending"
         if not h.done and h.error is None:
             try:
                 st = h.event.execution_status
@@ -447,7 +447,7 @@ class SyclBackend:
 
     def landed(self, handle) -> bool:
         if isinstance(handle, FillHandle):
-            return self.reader.landed(handle.c)
+            return self.reader.landed(handle.comp)
         if self._finished(handle):
             if handle.error:
                 raise TransportError(handle.error)
@@ -456,7 +456,7 @@ class SyclBackend:
 
     def wait(self, handle):
         if isinstance(handle, FillHandle):
-            self.reader.wait(handle.c)
+            self.reader.wait(handle.comp)
             return handle
         if not handle.done and handle.error is None:
             try:
