@@ -346,7 +346,7 @@ class LayerPlan:
     """The lane of every pick (lists of keys), modeled NVMe arrivals, lane busy times and the layer cost (ms)."""
 
     __slots__ = ("gpu", "zerocopy", "cpu", "nvme_cpu", "nvme_gpu", "masked", "arrivals", "demand_reads", "gpu_ms",
-                 "cpu_ms", "nvme_wait_ms", "gpu_wait_ms", "ms", "cpu_cold")
+                 "cpu_ms", "nvme_wait_ms", "gpu_wait_ms", "ms", "cpu_cold", "issue_ms")
 
     def __init__(self):
         self.gpu, self.zerocopy, self.cpu, self.nvme_cpu, self.nvme_gpu, self.masked = [], [], [], [], [], []
@@ -355,6 +355,8 @@ class LayerPlan:
         self.cpu_cold = 0.0        # the cpu lane's RAM picks in cold-expert equivalents (host cache, moetier.llc)
         # gpu_wait_ms: the part of nvme_wait_ms spent on the gpu lane (read + push of NVMe -> VRAM picks)
         self.gpu_ms = self.cpu_ms = self.nvme_wait_ms = self.gpu_wait_ms = self.ms = 0.0
+        # issue_ms: when the host, past the resident lanes it runs itself, issues the prefetch for the layers ahead
+        self.issue_ms = 0.0
 
     def lanes(self) -> dict:
         return {"gpu": self.gpu, "zerocopy": self.zerocopy, "cpu": self.cpu, "nvme_cpu": self.nvme_cpu,
@@ -426,6 +428,7 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
                 zc_list.append(k)
         plan.cpu_cold = cold
 
+    plan.issue_ms = c if ctx.overlap else g + c
     if nvme_l:
         if ctx.mask:
             plan.masked = nvme_l

@@ -253,8 +253,10 @@ class Runtime:
             self.stats[bucket] += time.perf_counter() - t0
 
     # -- one layer ----------------------------------------------------------------------------------------------
-    def layer(self, layer: int, rows_keys, rows_w, x: np.ndarray, t_model: float):
-        """rows_keys: per row the global keys of this layer (trace slot order); returns (y, plan)."""
+    def layer(self, layer: int, rows_keys, rows_w, x: np.ndarray, t_model: float, streams=None, rows=None):
+        """rows_keys: per row the global keys of this layer (trace slot order); returns (y, plan, picks). With the
+        step's ``streams`` and ``rows``, the prefetch for the layers ahead is issued after this layer's resident
+        lanes, before its waits (Replay.after_plan)."""
         L, be, rp, st = self.L, self.be, self.rp, self.stats
         rows_of: dict[int, list] = {}
         for r, ks in enumerate(rows_keys):
@@ -268,18 +270,20 @@ class Runtime:
         # 1. demand reads first, so the disk works while the lanes compute
         nv_gpu = set(plan.nvme_gpu)
         for k in plan.nvme_cpu + plan.nvme_gpu:
+            pf = rp.pf_tickets.pop(k, None)
+            if pf is not None:       # a prefetched key is needed: no longer the expiry's to withdraw
+                rp.pf_used += 1
             if k in self.inflight and self._cancel(self.inflight[k][1]):
                 tk, _, slot = self.inflight[k]            # a queued prefetch is needed now: re-issue as demand
                 self.inflight[k] = (tk, be.fill(k, slot), slot)
             elif k not in self.inflight:
-                tk = rp.pf_tickets.pop(k, None)
-                if tk is None:
-                    tk = L.begin_fill(k, staging=k in nv_gpu)
+                tk = pf if pf is not None else L.begin_fill(k, staging=k in nv_gpu)
                 slot = self._alloc_ram()
                 self.inflight[k] = (tk, be.fill(k, slot), slot)
                 st["reads"] += 1
         st["book_s"] += time.perf_counter() - c1
-        # 2. resident lanes
+        # 2. resident lanes. A reader worker needs the interpreter to start a read, and gets it once a lane's kernel
+        # releases it: host work before the first lane call delays the reads
         out: dict[int, np.ndarray] = {}
         if plan.cpu:   # the reads in flight meanwhile contend for the cores
             self._compute("cpu", plan.cpu, rows_of, picks, x, out, len(plan.nvme_cpu) + len(plan.nvme_gpu),
@@ -292,18 +296,22 @@ class Runtime:
             self._compute("gpu", plan.gpu, rows_of, picks, x, out)
         if plan.zerocopy:
             self._compute("zerocopy", plan.zerocopy, rows_of, picks, x, out)
-        # 3. residency intents, in the simulator's order (Replay.commit), each landing after its bytes did
+        if streams is not None and rp.pf_depth and rp.predictor is not None:   # 3. prefetch for the layers ahead
+            t_pred = time.perf_counter()
+            rp.after_plan(layer, streams, rows, t_model + plan.issue_ms, on_expire=self.expire_real,
+                          on_issue=self.issue_prefetch)
+            st["predict_s"] += time.perf_counter() - t_pred   # prediction + prefetch issue: host time
+            st["predict_layers"] += 1
+        # 4. residency intents, in the simulator's order (Replay.commit), each landing after its bytes did
         b0 = time.perf_counter()
         inner0 = _inner(st)
         rp.touch(plan)
         for k in plan.nvme_cpu:
             tk, h, slot = self.inflight.pop(k)
-            rp.pf_tickets.pop(k, None)
             self._wait(h, tk)
             self.ram_slot[k] = slot
             if tk.staging:                   # a prefetch landed in the landing ring: adopt it into RAM
                 L.land(tk)
-                rp.pf_used += 1
                 evicted = L.adopt(k, picks)
             else:
                 evicted = L.land(tk, picks)
@@ -319,8 +327,6 @@ class Runtime:
         for k in plan.nvme_gpu:
             tk, h, slot = self.inflight.pop(k)
             self._wait(h, tk)
-            if rp.pf_tickets.pop(k, None) is not None:
-                rp.pf_used += 1
             L.land(tk)
             self.ram_slot[k] = slot
             tp = L.begin_push(k, picks)
@@ -338,7 +344,7 @@ class Runtime:
         st["nvme_picks"] += len(plan.nvme_cpu) + len(plan.nvme_gpu)
         st["picks"] += len(picks)
         st["layer_calls"] += 1
-        # 4. combine in trace slot order (the same order whatever lane computed each pick)
+        # 5. combine in trace slot order (the same order whatever lane computed each pick)
         t = time.perf_counter()
         masked = set(plan.masked)
         pos = {k: {r: i for i, r in enumerate(v)} for k, v in rows_of.items()}
@@ -451,18 +457,13 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
             else:
                 rows_w = [[1.0 / K] * K for _ in rows]
             xin = x
-            y, plan, picks = rt.layer(layer, rows_keys, rows_w, x, t_model)
+            y, plan, picks = rt.layer(layer, rows_keys, rows_w, x, t_model, streams, rows)
             x = rmsnorm(x + y)
             if plan_hook is not None:
                 plan_hook(step, layer, plan)
             if layer_hook is not None:
                 layer_hook(step, layer, xin, y, rows_keys, rows_w, rt)
-            t_pred = time.perf_counter()
-            rp.after_layer(layer, picks, streams, rows, t_model,
-                           on_expire=rt.expire_real, on_issue=rt.issue_prefetch)
-            if rt.predictor is not None:
-                rt.stats["predict_s"] += time.perf_counter() - t_pred   # prediction + prefetch issue: host time
-                rt.stats["predict_layers"] += 1
+            rp.after_layer(picks)
             t_model += plan.ms + sum(rp.settle())
             rt.end_layer()
         if meas:

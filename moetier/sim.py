@@ -144,13 +144,13 @@ class Replay:
         if self.predictor is not None and hasattr(self.predictor, "salt"):
             self.predictor.salt = step
 
-    def after_layer(self, layer: int, picks: dict, streams, rows, t: float, *, on_expire=None, on_issue=None):
-        """Everything after a layer's commit, shared by the simulator and the runtime: LFU counts, expiry of this
-        layer's unused prefetches, prediction + prefetch for layer + depth, predictor learning. The runtime's
-        hooks move real bytes: ``on_expire(layer)`` before the model expires, ``on_issue(key, ticket)`` per read."""
-        L = self.ledger
-        if L._lfu_window:
-            L.observe(picks, L.step)
+    def after_plan(self, layer: int, streams, rows, t: float, *, on_expire=None, on_issue=None) -> None:
+        """Prefetch once a layer is planned, shared by the simulator and the runtime: expiry of this layer's unused
+        prefetches, prediction + prefetch for layer + depth, predictor learning. ``t``: when the host issues it,
+        past the layer's resident lanes and before its waits (t0 + plan.issue_ms), so a read has the rest of the
+        layer to land in; issued after the layer, a depth-1 read was still queued when the next layer needed it
+        (2 of 493 used prefetches had started, tail-prefetch-C1, 2026-12-01). The runtime's hooks move real bytes:
+        ``on_expire(layer)`` before the model expires, ``on_issue(key, ticket)`` per read."""
         pred = self.predictor
         depth = self.pf_depth if pred is not None else 0
         if not depth:
@@ -169,6 +169,12 @@ class Replay:
                     on_issue(k, self.pf_tickets[k])
         if not pred.uses_future and layer >= depth:
             pred.observe(layer - depth, streams.local_rows(rows, layer - depth), streams.local_rows(rows, layer))
+
+    def after_layer(self, picks: dict) -> None:
+        """After a layer's commit (shared by the simulator and the runtime): the LFU counts."""
+        L = self.ledger
+        if L._lfu_window:
+            L.observe(picks, L.step)
 
     def commit(self, plan: LayerPlan, picks: dict) -> None:
         L = self.ledger
@@ -280,7 +286,8 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
     nrows = conc * window
     fixed_step = R.fixed(nrows)
     f_layer = fixed_step / L
-    after = bool(rp.ledger._lfu_window) or (predictor is not None and rp.pf_depth > 0)
+    after = bool(rp.ledger._lfu_window)
+    prefetching = predictor is not None and rp.pf_depth > 0
 
     rp.settle()                       # seeding's pushes are not decode traffic
     copy_serial = rp.ctx.copy_serial
@@ -302,11 +309,13 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
             t += f_layer
             picks = streams.picks(rows, layer)
             plan = plan_layer(rp.ctx, rp.ledger, picks, t, chan, rp.llc)
+            if prefetching:
+                rp.after_plan(layer, streams, rows, t + plan.issue_ms)
             rp.commit(plan, picks)
             if plan_hook is not None:
                 plan_hook(step, layer, plan)
             if after:
-                rp.after_layer(layer, picks, streams, rows, t)
+                rp.after_layer(picks)
             t += plan.ms
             if copy_serial:
                 link, host = rp.settle()

@@ -360,3 +360,13 @@ def test_serial_engine_charges_each_gpu_nvme_pick_a_call_of_its_own():
                  NvmeChannel(1_000_000, 1.0, 1.0, 0.0))
     assert plan.nvme_gpu == [500]
     assert plan.gpu_ms == pytest.approx(0.3 + c.push_ms + 0.17 + 0.023)
+
+
+def test_prefetch_issue_time_is_after_the_lanes_the_host_runs():
+    """Replay.after_plan issues the prefetch at t0 + issue_ms: past the cpu lane when lanes overlap (the host runs
+    that one itself), past every lane when they do not."""
+    L = ledger(vram=[1, 2, 3, 4], ram=[10])
+    ov = plan_layer(ctx(), L, {1: 1, 10: 1}, 0.0, NvmeChannel(9_474_048, 24.0))
+    se = plan_layer(ctx(overlap=False), L, {1: 1, 10: 1}, 0.0, NvmeChannel(9_474_048, 24.0))
+    assert ov.issue_ms == pytest.approx(ov.cpu_ms) and ov.cpu_ms > 0
+    assert se.issue_ms == pytest.approx(se.gpu_ms + se.cpu_ms) and se.gpu_ms > 0

@@ -75,6 +75,39 @@ def test_plan_parity_with_simulator(packed, sets):
     assert res["reads_per_token"] == pytest.approx(o["nvme_per_tok"])
 
 
+def test_prefetch_is_issued_between_the_resident_lanes_and_the_waits(packed):
+    """A read starts once a lane kernel frees the interpreter, so the host predicts and issues the prefetch after the
+    resident lane calls (overlapping the reads in flight) and before it waits: a depth-1 prefetch then has the
+    rest of the layer to land in (issued after the layer, it was still queued when the next layer needed it)."""
+    R = spec.resolve(RECIPE, ["policy.prefetch.depth=1", "policy.prefetch.predictor=transition"])
+    st = store.open_store(packed, model=R.model)
+    tr = load_trace(spec.REGISTRY.parent / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
+    be = get_backend("cpu", st, ram_slots=min(R.keys, R.ram_slots) + 64)
+    events, layers = [], []
+
+    def spy(name, call):       # records the order of the real backend's calls, and makes them
+        def f(*a, **kw):
+            events.append((name, kw.get("prefetch", False)))
+            return call(*a, **kw)
+        return f
+    for name in ("fill", "compute", "wait"):
+        setattr(be, name, spy(name, getattr(be, name)))
+    try:
+        res = runtime.run(R, st, be, tr, 1, max_steps=STEPS,
+                          layer_hook=lambda *_: (layers.append(list(events)), events.clear()))
+    finally:
+        be.close()
+    checked = 0
+    for ev in layers[1:]:                               # the first one carries the seeding's fills
+        at = {e: [i for i, x in enumerate(ev) if x == e] for e in set(ev)}
+        demand, pf = at.get(("fill", False), []), at.get(("fill", True), [])
+        comp, wait = at.get(("compute", False), []), at.get(("wait", False), [])
+        if demand and pf and comp and wait and comp[0] < wait[0]:
+            checked += 1
+            assert max(demand) < comp[0] < min(pf) and max(pf) < wait[0]
+    assert checked > 0 and res["prefetch_reads_per_token"] > 0
+
+
 def test_mask_is_lossy_and_counted(packed):
     _, _, exact = _run(packed)
     _, _, masked = _run(packed, "policy.exact=mask")
