@@ -2,9 +2,10 @@
 
     python benchmarks/bench_read_latency.py --store DIR [--recipe tiny-local-cpu] [--steps 250] [--conc 1] [--json]
 
-The finding it reproduces (docs/calibration.md): a low-priority prefetch read in service does not slow a demand
-read down, so the simulator's channel does not count it into a demand read's queue depth. Depth here is the demand
-reads outstanding when a read was submitted (itself included), as the reader records it.
+What it measures (docs/calibration.md): how much longer a demand read takes when it is submitted while a
+low-priority prefetch read is in service (the simulator's channel charges it the factor printed last, engine
+``nvme_latency_prefetch_factor_by_rows``; it does not count the prefetch read into the demand read's queue depth).
+Depth here is the demand reads outstanding when a read was submitted (itself included), as the reader records it.
 """
 from __future__ import annotations
 
@@ -32,19 +33,27 @@ def main(argv=None):
         for name, sets in arms.items():
             arm = {"name": name, "set": sets, "conc": a.conc, "fit": False}
             runs[name].append(calibrate._measure(a.recipe, st, tr, arm, a.steps, "cpu", 1.0))
-    res = {}
-    for name, rs in runs.items():
-        lat = calibrate._merge(rs)["latency_by_qd"]
-        res[name] = {q: {"reads": len(v), "p50_ms": statistics.median(v)} for q, v in sorted(lat.items()) if len(v) >= 8}
+    merged = {name: calibrate._merge(rs) for name, rs in runs.items()}
+    cols = {"prefetch off": merged["prefetch off"]["latency_by_qd"],
+            "prefetch on, none in service": merged["prefetch on"]["latency_by_qd"], "prefetch on, one in service": {}}
+    for q, ms in merged["prefetch on"]["latency_pf_busy"]:
+        cols["prefetch on, one in service"].setdefault(q, []).append(ms)
+    res = {name: {q: {"reads": len(v), "mean_ms": statistics.mean(v), "p50_ms": statistics.median(v)}
+                  for q, v in sorted(lat.items()) if len(v) >= 8} for name, lat in cols.items()}
+    # the simulator's factor as `moetier calibrate` fits it from these two arms (moetier.calibrate.fit_channel)
+    fit = calibrate.fit_channel([{**m, "conc": a.conc, "engine": "e"} for m in merged.values()])
+    res["prefetch_factor"] = fit["nvme_latency_prefetch_factor_by_rows"].get("e", {}).get(str(a.conc))
     if a.json:
         print(json.dumps(res, indent=1))
         return
-    print("| demand depth | " + " | ".join(f"{n}: p50 ms (reads)" for n in res) + " |")
-    print("|---|" + "---|" * len(res))
-    for q in sorted({q for v in res.values() for q in v}):
-        cells = [f"{v[q]['p50_ms']:.3f} ({v[q]['reads']})" if q in v else "-" for v in res.values()]
+    tabs = {k: v for k, v in res.items() if k != "prefetch_factor"}
+    print("| demand depth | " + " | ".join(f"{n}: mean / p50 ms (reads)" for n in tabs) + " |")
+    print("|---|" + "---|" * len(tabs))
+    for q in sorted({q for v in tabs.values() for q in v}):
+        cells = [f"{v[q]['mean_ms']:.3f} / {v[q]['p50_ms']:.3f} ({v[q]['reads']})" if q in v else "-"
+                 for v in tabs.values()]
         print(f"| {q} | " + " | ".join(cells) + " |")
-
+    print(f"\nprefetch factor (the calibration's fit on these arms): {res['prefetch_factor']}")
 
 if __name__ == "__main__":
     main()

@@ -54,7 +54,7 @@ BUCKETS = ("cpu_moe", "gpu_moe", "nvme_stall", "copy", "host")
 # the per-rows channel terms an engine record carries beside its latency table (moetier.plan.channel_term,
 # burst_table_for_rows), written and applied with it
 CHANNEL_TERMS = ("nvme_wake_ms_by_rows", "nvme_latency_cv_shared_by_rows", "nvme_latency_cv_own_by_rows",
-                 "nvme_latency_by_rows_burst_ms")
+                 "nvme_latency_by_rows_burst_ms", "nvme_latency_prefetch_factor_by_rows")
 # a VRAM tier on this machine: the SYCL backend's device slots (on the OpenCL CPU device, the same cores), whose
 # engine runs its lanes and copies one after another (policy.overlap false)
 VRAM_ENGINE = "sycl-opencl-cpu"
@@ -131,6 +131,7 @@ def _measure(recipe_id, st, tr, arm, steps, backend_name, verify_rate, terms=Non
         res["latency_by_qd"] = {q: list(v) for q, v in getattr(reader, "latency_by_qd", {}).items()}
         res["wake_ms"] = list(getattr(reader, "wake_ms", ()))
         res["burst_ms"] = list(getattr(reader, "burst_ms", ()))
+        res["latency_pf_busy"] = list(getattr(reader, "latency_pf_busy", ()))
         res["engine"] = R.engines[-1]["id"]
         return res
     finally:
@@ -165,6 +166,7 @@ def _merge(runs):
     return {"counters": counters, "latency_by_qd": lat, "wall_s": sum(r["wall_s"] for r in kept),
             "wake_ms": [w for r in kept for w in r.get("wake_ms", ())],
             "burst_ms": [(i, b, q, ms) for i, r in enumerate(kept) for b, q, ms in r.get("burst_ms", ())],
+            "latency_pf_busy": [s for r in kept for s in r.get("latency_pf_busy", ())],
             "call_groups": [[*k, n, sec] for k, (n, sec) in sorted(groups.items())],
             "tokens": sum(r["tokens"] for r in kept), "steps": sum(r["steps"] for r in kept),
             "tok_s_each": [r["tok_s"] for r in runs], "repeats_kept": len(kept), "conc": first["conc"],
@@ -222,8 +224,9 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
     together, ``burst_means``), ``nvme_wake_ms_by_rows`` (mean wake-up: landed to the blocked waiter resuming),
     and the latency's spread as sd / mean about those means, split into the part the reads of one burst (a
     layer's) share and each read's own (``nvme_latency_cv_shared_by_rows``, ``nvme_latency_cv_own_by_rows``;
-    ``spread_split``, moetier.plan._Finish). Means, not
-    medians: the planner adds them into stalls, and the median of a right-skewed latency understates their sum.
+    ``spread_split``, moetier.plan._Finish), and how much longer a demand read takes when it finds a prefetch read
+    in service (``nvme_latency_prefetch_factor_by_rows``: its latency over the depth mean of the reads that found
+    none, ratio of sums; those reads are kept out of every other table). Means, not medians: the planner adds them into stalls, and the median of a right-skewed latency understates their sum.
     The spread matters as much: a lane expects to wait E[max(0, arrival - free)], far more than the wait for a mean
     arrival that is about when the lane gets free (2026-12-01 VM: a layer's first read 0.70 ms against 0.03 for
     its mean; its reads' latencies correlate 0.78 within a layer). Depths the runtime reached are measured under
@@ -231,8 +234,10 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
     lat: dict[str, dict] = {}                      # engine -> rows per step -> q -> samples
     wake: dict[str, dict] = {}                     # engine -> rows per step -> samples
     bursts: dict[str, dict] = {}                   # engine -> rows per step -> [(run, burst, q, ms)]
+    shared_dev: dict[str, dict] = {}               # engine -> rows per step -> [(q, ms)] with a prefetch in service
     for i, m in enumerate(fit_runs):
         eng, rows = m.get("engine"), m["conc"]
+        shared_dev.setdefault(eng, {}).setdefault(rows, []).extend(m.get("latency_pf_busy", ()))
         for q, v in m.get("latency_by_qd", {}).items():
             lat.setdefault(eng, {}).setdefault(rows, {}).setdefault(int(q), []).extend(v)
         wake.setdefault(eng, {}).setdefault(rows, []).extend(m.get("wake_ms", ()))
@@ -251,8 +256,11 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
         w = {str(r): round(float(np.mean(v)), 4) for r, v in sorted(wake.get(eng, {}).items()) if len(v) >= 8}
         if w:
             out["nvme_wake_ms_by_rows"][eng] = w
-        shared, own, burst_tabs = {}, {}, {}
+        shared, own, burst_tabs, pf = {}, {}, {}, {}
         for r in sorted(by_rows):
+            busy = [(ms, means[r][int(q)]) for q, ms in shared_dev.get(eng, {}).get(r, ()) if int(q) in means[r]]
+            if len(busy) >= 8:
+                pf[str(r)] = round(sum(ms for ms, _ in busy) / sum(ref for _, ref in busy), 4)
             samples = bursts.get(eng, {}).get(r, ())
             by_burst = burst_means(samples)
             if by_burst:
@@ -266,6 +274,8 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
         if shared:
             out["nvme_latency_cv_shared_by_rows"][eng] = shared
             out["nvme_latency_cv_own_by_rows"][eng] = own
+        if pf:
+            out["nvme_latency_prefetch_factor_by_rows"][eng] = pf
     return out
 
 
@@ -416,7 +426,9 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
                                         f"(fit arms, measured steps); deeper queues: the hardware's idle-disk "
                                         f"figures. nvme_wake_ms_by_rows: mean delay from a read landing to the "
                                         f"blocked waiter resuming; nvme_latency_cv_shared/own_by_rows: latency sd / "
-                                        f"mean, the part a layer's reads share and each read's own")
+                                        f"mean, the part a layer's reads share and each read's own; "
+                                        f"nvme_latency_prefetch_factor_by_rows: latency of a demand read that found "
+                                        f"a prefetch read in service, over the depth mean")
         eng["source"] = src
         spec.write_record("engine", eng)
     rec["calibration"]["fixed_ms"] = terms["fixed_ms"]

@@ -39,8 +39,8 @@ class NvmeChannel:
     those started as wasted. They run one at a time and start only while no demand read is in flight (the runtime's
     reader has one low-priority worker that waits for demand reads); with a measured table each takes the table's
     queue-depth-1 latency, else ``deep``. In the table model a prefetch read in service does not add to a demand
-    read's depth (measured: one low-priority read in service costs a demand read ~5%, not a queue slot;
-    benchmarks/bench_read_latency.py, docs/calibration.md).
+    read's depth: a demand read issued while one is in service takes ``pf_factor`` times its latency instead
+    (measured: ~5% more on one VM, ~30% on another; benchmarks/bench_read_latency.py, docs/calibration.md).
 
     With measured ``bursts`` the reads of a burst share the device: a burst of n demand reads issued with none in
     flight takes each position's mean latency in bursts of n (where that size was measured) instead of the depth
@@ -54,11 +54,11 @@ class NvmeChannel:
 
     __slots__ = ("deep", "one", "lat", "dfree", "pf", "reads", "pf_reads", "pf_cancelled",
                  "pf_wasted", "qd_table", "outstanding", "pf_svc", "pf_lat", "pf_done", "wake", "cv_shared",
-                 "cv_own", "spread", "bursts")
+                 "cv_own", "spread", "bursts", "pf_factor")
 
     def __init__(self, record_bytes: int, bw_gbps: float, bw_qd1_gbps: float | None = None,
                  latency_ms: float = 0.1, latency_by_qd: dict | None = None, wake_ms: float = 0.0,
-                 cv_shared: float = 0.0, cv_own: float = 0.0, bursts: dict | None = None):
+                 cv_shared: float = 0.0, cv_own: float = 0.0, bursts: dict | None = None, pf_factor: float = 1.0):
         # latency_by_qd: {q: ms}; see also latency_table_for_rows() (tables measured under the runtime's load)
         # wake_ms: from a read landing to the lane blocked on it resuming (engine nvme_wake_ms_by_rows); paid only
         # by a lane that had to wait, so it is the planner's to add, not part of the arrival
@@ -67,6 +67,9 @@ class NvmeChannel:
         # (engine nvme_latency_cv_shared_by_rows / nvme_latency_cv_own_by_rows; _Finish)
         self.cv_shared, self.cv_own = float(cv_shared), float(cv_own)
         self.spread = self.cv_shared > 0.0 or self.cv_own > 0.0
+        # pf_factor: a demand read issued while a prefetch read is in service shares the device with it and takes
+        # this times its latency (engine nvme_latency_prefetch_factor_by_rows; 1 where unmeasured)
+        self.pf_factor = float(pf_factor) if pf_factor and pf_factor > 0 else 1.0
         # bursts: {n: {q: ms}}, the mean latency of the q-th read of a burst of n issued together (reads share the
         # device, so the first of two lands later than a read alone; engine nvme_latency_by_rows_burst_ms)
         self.bursts = {}
@@ -131,14 +134,15 @@ class NvmeChannel:
             # read joined when it was submitted)
             busy = [a for a in self.outstanding if a > t]
             q0 = len(busy)
+            f = self.pf_factor if self.pf and self._running_end(t) > t else 1.0
             if not self.bursts:
-                out = [t + self.latency_at(q0 + i + 1) for i in range(n)]
+                out = [t + f * self.latency_at(q0 + i + 1) for i in range(n)]
             else:
                 # measured bursts: concurrent reads share the device and land together (a burst of 3 at 3.7 ms
                 # each, not 2.4 / 3.1 / 3.8); a size not measured (or joining reads in flight) lands at the
                 # depth table's latency for its last read
                 row = self.bursts.get(n) if q0 == 0 else None
-                out = [t + v for v in row] if row is not None else [t + self.latency_at(q0 + n)] * n
+                out = [t + f * v for v in row] if row is not None else [t + f * self.latency_at(q0 + n)] * n
             busy.extend(out)
             self.outstanding = busy
             self.dfree = max(self.dfree, out[-1])
@@ -262,8 +266,9 @@ def burst_table_for_rows(rows: int, engines=(), record_bytes: int | None = None)
 
 def channel_term(field: str, rows: int, engines=(), record_bytes: int | None = None) -> float:
     """A per-rows term of the NVMe channel at ``rows`` token rows - ``nvme_wake_ms_by_rows`` (the wake-up, ms),
-    ``nvme_latency_cv_shared_by_rows`` / ``nvme_latency_cv_own_by_rows`` (the latency's spread) - from the engine
-    whose latency table applies; 0 if unmeasured."""
+    ``nvme_latency_cv_shared_by_rows`` / ``nvme_latency_cv_own_by_rows`` (the latency's spread),
+    ``nvme_latency_prefetch_factor_by_rows`` (a demand read beside a prefetch read in service) - from the engine whose
+    latency table applies; 0 if unmeasured."""
     src = _engine_tables(engines, record_bytes).get(field) or {}
     by_rows = {int(r): float(v) for r, v in src.items()}
     return _at_rows(by_rows, rows, lambda a, b, f: a * (1 - f) + b * f) if by_rows else 0.0

@@ -97,7 +97,8 @@ class Replay:
                                 channel_term("nvme_wake_ms_by_rows", rows, engines, rb),
                                 channel_term("nvme_latency_cv_shared_by_rows", rows, engines, rb),
                                 channel_term("nvme_latency_cv_own_by_rows", rows, engines, rb),
-                                burst_table_for_rows(rows, engines, rb))
+                                burst_table_for_rows(rows, engines, rb),
+                                channel_term("nvme_latency_prefetch_factor_by_rows", rows, engines, rb))
         self.llc = reuse_model(R)
         self.predictor = predictor
         pf = R.policy.get("prefetch") or {}

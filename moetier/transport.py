@@ -211,7 +211,7 @@ class Completion:
     """Handle for one fill: ``seq`` (monotonic), ``key``, ``slot``, ``state`` in pending|landed|failed, ``error``."""
 
     __slots__ = ("seq", "key", "slot", "state", "error", "verified", "read_ms", "_future", "prefetch", "started",
-                 "t_submit", "qd", "t_landed", "burst")
+                 "t_submit", "qd", "t_landed", "burst", "pf_busy")
 
     def __init__(self, seq: int, key: int, slot: int):
         self.seq = seq
@@ -228,6 +228,7 @@ class Completion:
         self.qd = 0            # demand reads outstanding when this one was submitted (itself included)
         self.t_landed = 0.0    # perf_counter when the worker marked it landed
         self.burst = 0         # demand reads submitted while others of this burst were outstanding share one
+        self.pf_busy = False   # a prefetch read was in service when this demand read was submitted
 
     def __repr__(self):
         err = f", error={self.error!r}" if self.error else ""
@@ -275,9 +276,12 @@ class Reader:
         self._demand = 0
         self.stats["cancelled"] = 0
         # submit-to-landed ms of demand reads by the demand queue depth they joined: the channel model's measured
-        # input. A prefetch read in service is not counted: demand reads that found one completed as fast as those
-        # that did not (measured, docs/calibration.md)
+        # input, for reads that found no prefetch read in service
         self.latency_by_qd: dict[int, list] = {}
+        # (queue depth, ms) of the demand reads that found one: the device is shared with it (the channel model's
+        # prefetch factor, moetier.calibrate.fit_channel)
+        self.latency_pf_busy: list = []
+        self._pf_busy = 0               # prefetch reads in service
         # ms from a read landing to the thread blocked in wait() resuming (the GIL and the scheduler hand it back
         # later than the bytes arrived): the channel model's wake-up term, sampled only where wait() really blocked
         self.wake_ms: list = []
@@ -337,6 +341,7 @@ class Reader:
             if not prefetch:
                 self._demand += 1
                 c.qd = self._demand
+                c.pf_busy = self._pf_busy > 0
                 if c.qd == 1:
                     self._bursts += 1
                 c.burst = self._bursts
@@ -428,6 +433,8 @@ class Reader:
         """Bookkeeping when a read finished (landed, failed, cancelled); caller holds the lock."""
         if not c.prefetch and c.state != "cancelled":
             self._demand -= 1
+        elif c.prefetch and c.started:
+            self._pf_busy -= 1
         self._busy_slots.discard(c.slot)
         self._pending.pop(c.seq, None)
         if c.seq == self._done_seq + 1:
@@ -447,6 +454,8 @@ class Reader:
             if c.state != "pending":        # cancelled before it started
                 return
             c.started = True
+            if c.prefetch:
+                self._pf_busy += 1
         rb = self.record_bytes
         err = None
         kind = None
@@ -514,10 +523,14 @@ class Reader:
             c.state = "failed" if err is not None else "landed"
             c.t_landed = time.perf_counter()
             if err is None and not c.prefetch:
-                samples = self.latency_by_qd.setdefault(c.qd, [])
                 ms = (c.t_landed - c.t_submit) * 1000.0
-                if len(samples) < 4096:
-                    samples.append(ms)
-                if len(self.burst_ms) < 16384:
-                    self.burst_ms.append((c.burst, c.qd, ms))
+                if c.pf_busy:
+                    if len(self.latency_pf_busy) < 4096:
+                        self.latency_pf_busy.append((c.qd, ms))
+                else:
+                    samples = self.latency_by_qd.setdefault(c.qd, [])
+                    if len(samples) < 4096:
+                        samples.append(ms)
+                    if len(self.burst_ms) < 16384:    # a burst with a read left out is not counted (burst_means)
+                        self.burst_ms.append((c.burst, c.qd, ms))
             self._finish_locked(c)

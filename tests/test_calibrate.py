@@ -165,6 +165,14 @@ def test_channel_terms_are_means_by_engine_and_rows_with_idle_figures_beyond():
     assert got["nvme_latency_cv_shared_by_rows"] == {}                          # no bursts recorded
 
 
+def test_prefetch_factor_is_the_shared_reads_latency_over_the_depth_means():
+    runs = [{"engine": "e", "conc": 1, "latency_by_qd": {1: [1.0] * 8, 2: [2.0] * 8},
+             "latency_pf_busy": [(1, 1.3)] * 6 + [(2, 2.6)] * 2 + [(9, 50.0)]},    # depth 9: no mean, left out
+            {"engine": "e", "conc": 2, "latency_by_qd": {1: [1.5] * 8}, "latency_pf_busy": [(1, 2.0)] * 7}]
+    got = calibrate.fit_channel(runs)["nvme_latency_prefetch_factor_by_rows"]
+    assert got == {"e": {"1": pytest.approx(1.3)}}                 # rows 2: 7 samples, no entry
+
+
 def one_run(samples):
     """(burst, q, ms) reads as the reader records them -> (run, burst, q, ms) of one runtime run."""
     return [(0, *x) for x in samples]

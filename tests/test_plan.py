@@ -370,3 +370,13 @@ def test_prefetch_issue_time_is_after_the_lanes_the_host_runs():
     se = plan_layer(ctx(overlap=False), L, {1: 1, 10: 1}, 0.0, NvmeChannel(9_474_048, 24.0))
     assert ov.issue_ms == pytest.approx(ov.cpu_ms) and ov.cpu_ms > 0
     assert se.issue_ms == pytest.approx(se.gpu_ms + se.cpu_ms) and se.gpu_ms > 0
+
+
+def test_a_demand_read_beside_a_prefetch_read_in_service_takes_the_measured_factor():
+    """With a measured latency table, a demand read issued while a prefetch read is in service takes pf_factor
+    times its latency (the device is shared); once the prefetch read is done, the table's latency."""
+    ch = NvmeChannel(1_000_000, 1.0, latency_by_qd={1: 2.0, 2: 3.0}, pf_factor=1.25)
+    ch.prefetch(0.0, [7])                          # in service from 0 to 2.0 (the depth-1 latency)
+    assert ch.demand(1.0, 1) == [pytest.approx(1.0 + 1.25 * 2.0)]
+    assert ch.demand(10.0, 1) == [pytest.approx(12.0)]
+    assert NvmeChannel(1_000_000, 1.0, latency_by_qd={1: 2.0}, pf_factor=0.0).pf_factor == 1.0   # unmeasured

@@ -283,3 +283,32 @@ def test_demand_reads_in_flight_together_share_a_burst(st):
     got = sorted((burst, q) for burst, q, _ in rd.burst_ms)
     assert got == [(1, 1), (1, 2), (2, 1)]
     assert all(ms > 0 for *_, ms in rd.burst_ms)
+
+
+def test_a_demand_read_beside_a_prefetch_read_in_service_is_booked_apart(st, monkeypatch):
+    """The channel model's prefetch factor comes from the demand reads that found a prefetch read in service; they
+    stay out of the depth and burst tables, which then describe a device the reads do not share."""
+    import threading
+    gate, started = threading.Event(), threading.Event()
+    real_read = Reader._read
+
+    def held_read(self, slot, offset, nbytes):
+        if slot == 0:                      # the prefetch read stays in service until the test opens the gate
+            started.set()
+            gate.wait(5)
+        return real_read(self, slot, offset, nbytes)
+
+    monkeypatch.setattr(Reader, "_read", held_read)
+    with SlotPool(3, st.record_bytes) as pool, Reader(st, pool, queue_depth=4) as rd:
+        p = rd.fill(0, 0, prefetch=True)
+        assert started.wait(5)
+        d = rd.fill(1, 1)                  # submitted while the prefetch read is in service
+        rd.wait(d)
+        gate.set()
+        rd.wait(p)
+        alone = rd.fill(2, 2)              # the prefetch read is done: the device is its own again
+        rd.wait(alone)
+    assert d.pf_busy and not alone.pf_busy
+    assert [q for q, _ in rd.latency_pf_busy] == [1] and rd.latency_pf_busy[0][1] > 0
+    assert {q: len(v) for q, v in rd.latency_by_qd.items()} == {1: 1}
+    assert [(b, q) for b, q, _ in rd.burst_ms] == [(alone.burst, 1)]
