@@ -226,7 +226,8 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
     layer's) share and each read's own (``nvme_latency_cv_shared_by_rows``, ``nvme_latency_cv_own_by_rows``;
     ``spread_split``, moetier.plan._Finish), and how much longer a demand read takes when it finds a prefetch read
     in service (``nvme_latency_prefetch_factor_by_rows``: its latency over the depth mean of the reads that found
-    none, ratio of sums; those reads are kept out of every other table). Means, not medians: the planner adds them into stalls, and the median of a right-skewed latency understates their sum.
+    none, ratio of sums; those reads are kept out of every other table). Means, not medians: the planner adds them
+    into stalls, and the median of a right-skewed latency understates their sum.
     The spread matters as much: a lane expects to wait E[max(0, arrival - free)], far more than the wait for a mean
     arrival that is about when the lane gets free (2026-12-01 VM: a layer's first read 0.70 ms against 0.03 for
     its mean; its reads' latencies correlate 0.78 within a layer). Depths the runtime reached are measured under

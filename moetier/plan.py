@@ -40,7 +40,7 @@ class NvmeChannel:
     reader has one low-priority worker that waits for demand reads); with a measured table each takes the table's
     queue-depth-1 latency, else ``deep``. In the table model a prefetch read in service does not add to a demand
     read's depth: a demand read issued while one is in service takes ``pf_factor`` times its latency instead
-    (measured: ~5% more on one VM, ~30% on another; benchmarks/bench_read_latency.py, docs/calibration.md).
+    (measured: ~5% more on VM A, 6-22% on VM B; benchmarks/bench_read_latency.py, docs/calibration.md).
 
     With measured ``bursts`` the reads of a burst share the device: a burst of n demand reads issued with none in
     flight takes each position's mean latency in bursts of n (where that size was measured) instead of the depth
