@@ -235,10 +235,10 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
     lat: dict[str, dict] = {}                      # engine -> rows per step -> q -> samples
     wake: dict[str, dict] = {}                     # engine -> rows per step -> samples
     bursts: dict[str, dict] = {}                   # engine -> rows per step -> [(run, burst, q, ms)]
-    shared_dev: dict[str, dict] = {}               # engine -> rows per step -> [(q, ms)] with a prefetch in service
+    pf_busy: dict[str, dict] = {}                  # engine -> rows per step -> [(q, ms)] with a prefetch in service
     for i, m in enumerate(fit_runs):
         eng, rows = m.get("engine"), m["conc"]
-        shared_dev.setdefault(eng, {}).setdefault(rows, []).extend(m.get("latency_pf_busy", ()))
+        pf_busy.setdefault(eng, {}).setdefault(rows, []).extend(m.get("latency_pf_busy", ()))
         for q, v in m.get("latency_by_qd", {}).items():
             lat.setdefault(eng, {}).setdefault(rows, {}).setdefault(int(q), []).extend(v)
         wake.setdefault(eng, {}).setdefault(rows, []).extend(m.get("wake_ms", ()))
@@ -259,7 +259,7 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
             out["nvme_wake_ms_by_rows"][eng] = w
         shared, own, burst_tabs, pf = {}, {}, {}, {}
         for r in sorted(by_rows):
-            busy = [(ms, means[r][int(q)]) for q, ms in shared_dev.get(eng, {}).get(r, ()) if int(q) in means[r]]
+            busy = [(ms, means[r][int(q)]) for q, ms in pf_busy.get(eng, {}).get(r, ()) if int(q) in means[r]]
             if len(busy) >= 8:
                 pf[str(r)] = round(sum(ms for ms, _ in busy) / sum(ref for _, ref in busy), 4)
             samples = bursts.get(eng, {}).get(r, ())

@@ -296,9 +296,9 @@ class Runtime:
             self._compute("gpu", plan.gpu, rows_of, picks, x, out)
         if plan.zerocopy:
             self._compute("zerocopy", plan.zerocopy, rows_of, picks, x, out)
-        if streams is not None and rp.pf_depth and rp.predictor is not None:   # 3. prefetch for the layers ahead
+        if streams is not None and rp.prefetching:   # 3. prefetch for the layers ahead
             t_pred = time.perf_counter()
-            rp.after_plan(layer, streams, rows, t_model + plan.issue_ms, on_expire=self.expire_real,
+            rp.after_plan(layer, plan, streams, rows, t_model, on_expire=self.expire_real,
                           on_issue=self.issue_prefetch)
             st["predict_s"] += time.perf_counter() - t_pred   # prediction + prefetch issue: host time
             st["predict_layers"] += 1

@@ -103,6 +103,7 @@ class Replay:
         self.predictor = predictor
         pf = R.policy.get("prefetch") or {}
         self.pf_depth = int(pf.get("depth") or 0)
+        self.prefetching = predictor is not None and self.pf_depth > 0
         self.pf_budget = int(pf.get("budget") or 8)
         self.pf_tickets: dict = {}
         self.pf_target: dict[int, list] = {}
@@ -145,17 +146,16 @@ class Replay:
         if self.predictor is not None and hasattr(self.predictor, "salt"):
             self.predictor.salt = step
 
-    def after_plan(self, layer: int, streams, rows, t: float, *, on_expire=None, on_issue=None) -> None:
-        """Prefetch once a layer is planned, shared by the simulator and the runtime: expiry of this layer's unused
-        prefetches, prediction + prefetch for layer + depth, predictor learning. ``t``: when the host issues it,
-        past the layer's resident lanes and before its waits (t0 + plan.issue_ms), so a read has the rest of the
-        layer to land in; issued after the layer, a depth-1 read was still queued when the next layer needed it
-        (2 of 493 used prefetches had started, tail-prefetch-C1, 2026-12-01). The runtime's hooks move real bytes:
-        ``on_expire(layer)`` before the model expires, ``on_issue(key, ticket)`` per read."""
-        pred = self.predictor
-        depth = self.pf_depth if pred is not None else 0
-        if not depth:
-            return
+    def after_plan(self, layer: int, plan: LayerPlan, streams, rows, t0: float, *, on_expire=None,
+                   on_issue=None) -> None:
+        """Prefetch once a layer is planned (callers check ``prefetching``), shared by the simulator and the
+        runtime: expiry of this layer's unused prefetches, prediction + prefetch for layer + depth, predictor
+        learning. Issued at t0 + plan.issue_ms: past the layer's resident lanes and before its waits, so a read has
+        the rest of the layer to land in; issued after the layer, a depth-1 read was still queued when the next
+        layer needed it (2 of 493 used prefetches had started, tail-prefetch-C1: benchmarks/bench_prefetch_timing.py
+        at f456357). The runtime's hooks move real bytes: ``on_expire(layer)`` before the model expires,
+        ``on_issue(key, ticket)`` per read."""
+        pred, depth, t = self.predictor, self.pf_depth, t0 + plan.issue_ms
         if on_expire is not None:
             on_expire(layer)
         self.expire(layer, t)
@@ -288,7 +288,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
     fixed_step = R.fixed(nrows)
     f_layer = fixed_step / L
     after = bool(rp.ledger._lfu_window)
-    prefetching = predictor is not None and rp.pf_depth > 0
+    prefetching = rp.prefetching
 
     rp.settle()                       # seeding's pushes are not decode traffic
     copy_serial = rp.ctx.copy_serial
@@ -311,7 +311,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
             picks = streams.picks(rows, layer)
             plan = plan_layer(rp.ctx, rp.ledger, picks, t, chan, rp.llc)
             if prefetching:
-                rp.after_plan(layer, streams, rows, t + plan.issue_ms)
+                rp.after_plan(layer, plan, streams, rows, t)
             rp.commit(plan, picks)
             if plan_hook is not None:
                 plan_hook(step, layer, plan)
