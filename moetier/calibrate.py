@@ -85,7 +85,8 @@ def default_arms(R, *, vram: bool = True) -> list[dict]:
     """At least 8 configurations of a cpu-backend recipe: all-in-RAM, two NVMe-tail budgets, prefetch, mask,
     C1/C2/C4, and (``vram``) the same tail with a VRAM tier. ``fit`` arms set cost terms; the others are held out.
     The tail is fitted at C2 too: read latency under load is not linear in rows (measured mean at depth 1 on the
-    2026-12-01 VM: 1.33 ms at C1, 2.03 at C2, 2.90 at C4), so interpolating C2 from C1 and C4 misstates it."""
+    2026-12-01 VM: 1.33 ms at C1, 2.03 at C2, 2.90 at C4), and the simulator's log(rows) rule between C1 and C4
+    (plan._at_rows) is a model of that shape, not a measurement of it."""
     ram = float(R.raw["budget"]["ram_gb"])
     allram = round(R.keys * R.ram_expert_bytes / 1e9 * 1.05 + 0.01, 3)
     mid = round(ram * 0.8, 3)

@@ -223,12 +223,15 @@ def _engine_tables(engines, record_bytes) -> dict:
 
 
 def _at_rows(by_rows: dict, rows: int, mix):
-    """A per-rows measurement ({rows: value}) at ``rows``: linear between measured rows (``mix(lo, hi, f)``),
-    the nearest outside."""
+    """A per-rows measurement ({rows: value}) at ``rows``: between measured rows, linear in log(rows)
+    (``mix(lo, hi, f)``); the nearest outside. Log, because what the reads measure grows concavely with rows: with
+    rows 1, 2 and 4 measured (numba-cpu, three calibrations on VM B), rows 2 sits 35-46% of the way from rows 1 to 4
+    in queue-depth-1 latency, and the SYCL engine's rows-2 reads (held out) at 45-57%; linear in rows puts it at 33%
+    (vram102-C2's stall came out 16-31% short in six runs), linear in log(rows) at 50%."""
     keys = sorted(by_rows)
     lo = max([r for r in keys if r <= rows], default=keys[0])
     hi = min([r for r in keys if r >= rows], default=keys[-1])
-    return by_rows[lo] if lo == hi else mix(by_rows[lo], by_rows[hi], (rows - lo) / (hi - lo))
+    return by_rows[lo] if lo == hi else mix(by_rows[lo], by_rows[hi], math.log(rows / lo) / math.log(hi / lo))
 
 
 def latency_table_for_rows(nvme: dict, rows: int, engines=(), record_bytes: int | None = None) -> dict | None:
@@ -237,8 +240,8 @@ def latency_table_for_rows(nvme: dict, rows: int, engines=(), record_bytes: int 
     A table by rows ({rows: {q: ms}}, written by `moetier calibrate` from the runtime's own reads) captures that
     reads complete later while the lanes keep the cores busy (more rows, more work per layer), and how much later
     depends on the engine (``_engine_tables``: the engine's table measured under its load wins, else the hardware's
-    ``nvme.latency_by_rows_qd_ms``); rows between measured ones interpolate linearly, outside they take the
-    nearest. Without any: the idle-disk ``latency_by_qd_ms`` of `moetier bench`, or None (the reference's FIFO
+    ``nvme.latency_by_rows_qd_ms``); rows between measured ones interpolate in log(rows) (``_at_rows``), outside
+    they take the nearest. Without any: the idle-disk ``latency_by_qd_ms`` of `moetier bench`, or None (the reference's FIFO
     model)."""
     src = (_engine_tables(engines, record_bytes).get("nvme_latency_by_rows_qd_ms")
            or nvme.get("latency_by_rows_qd_ms") or {})
@@ -251,7 +254,7 @@ def latency_table_for_rows(nvme: dict, rows: int, engines=(), record_bytes: int 
 def burst_table_for_rows(rows: int, engines=(), record_bytes: int | None = None) -> dict:
     """The mean latency by burst size and position ({n: {q: ms}}) at ``rows`` token rows, from the engine whose
     latency table applies (``nvme_latency_by_rows_burst_ms``); between measured rows, the cells both have mix
-    linearly. {} if unmeasured: the depth table alone then sets arrivals."""
+    as ``_at_rows`` does. {} if unmeasured: the depth table alone then sets arrivals."""
     src = _engine_tables(engines, record_bytes).get("nvme_latency_by_rows_burst_ms") or {}
     by_rows = {int(r): {int(n): {int(q): float(v) for q, v in row.items()} for n, row in tab.items()}
                for r, tab in src.items() if tab}
