@@ -498,6 +498,7 @@ def predict_and_compare(recipe_id, tr, arms, measured, steps, terms) -> list[dic
                                  "zerocopy": p["zerocopy_per_tok"],
                                  "cpu": p["cpu_experts_per_tok"] + p["nvme_cpu_per_tok"]}},
                      "read_ms": _distribution(m),
+                     "read_coverage": {"measured": read_coverage(c), "sim": p["read_coverage"]},
                      # the merged repeats' own counters: a later fit can be re-run on the record
                      "measured_run": {"counters": c, "tokens": tok, "wall_s": m["wall_s"], "steps": m["steps"],
                                       "repeats_kept": m["repeats_kept"]}})
@@ -520,6 +521,16 @@ def sim_buckets(R, p) -> dict:
 def bucket_errors(meas: dict, pred: dict) -> dict:
     """Predicted against measured per bucket, % (None for a bucket under 0.05 ms/token: nothing to compare)."""
     return {b: ((pred[b] / meas[b] - 1) * 100 if meas[b] > 0.05 else None) for b in BUCKETS}
+
+
+def read_coverage(c) -> dict:
+    """The runtime's read coverage (Runtime._wait_first) from its counters: layers whose NVMe picks were all demand
+    reads issued then, the mean time from the first one's submit to the wait for it (the work it had to land in)
+    and to its landing. The stall is a small difference of these two; set against the simulator's, they say
+    which side of it a stall-bucket miss is on."""
+    n, nl = c.get("read_layers", 0), c.get("read_latency_n", 0)
+    return {"layers": n, "span_ms": c["read_span_s"] * 1e3 / n if n else None,
+            "latency_ms": c["read_latency_s"] * 1e3 / nl if nl else None}
 
 
 def _distribution(m) -> dict:

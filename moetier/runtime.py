@@ -106,7 +106,7 @@ class Runtime:
                           cpu_split_s=0.0, cpu_split_contended=0, cpu_inline_cold=0.0, cpu_split_cold=0.0,
                           predict_s=0.0, predict_layers=0,
                           gpu_calls=0, gpu_experts=0, gpu_extra=0, zc_calls=0, zc_experts=0, zc_extra=0, copies=0,
-                          stage_s=0.0)
+                          stage_s=0.0, read_layers=0, read_span_s=0.0, read_latency_n=0, read_latency_s=0.0)
         self.cpu_pmin = int(getattr(backend, "parallel_min", 0) or 0)
         self.call_groups: dict[tuple, list] = {}      # (lane, experts, extra rows, contended) -> [calls, seconds]
 
@@ -241,6 +241,25 @@ class Runtime:
         if s is not None:
             self.ram.release_later(s)
 
+    def _wait_first(self, h, ticket, t_issued):
+        """Wait for a demand read; for the layer's first (``t_issued`` not None) book the read coverage: from its
+        submit (the reader's timestamp, else the end of the issue loop) to this wait, and to its landing. Returns
+        None: the later waits of the layer are not first."""
+        if t_issued is None:
+            self._wait(h, ticket)
+            return None
+        t_w = time.perf_counter()
+        self._wait(h, ticket)
+        c = getattr(h, "comp", h)               # the reader's completion, where the backend wraps it
+        t_sub, t_land = getattr(c, "t_submit", 0.0) or t_issued, getattr(c, "t_landed", 0.0)
+        st = self.stats
+        st["read_layers"] += 1
+        st["read_span_s"] += t_w - t_sub
+        if t_land:
+            st["read_latency_n"] += 1
+            st["read_latency_s"] += t_land - t_sub
+        return None
+
     def _wait(self, h, ticket=None, bucket="nvme_wait_s"):
         t0 = time.perf_counter()
         try:
@@ -269,6 +288,7 @@ class Runtime:
         st["plan_s"] += c1 - c0
         # 1. demand reads first, so the disk works while the lanes compute
         nv_gpu = set(plan.nvme_gpu)
+        fresh = 0
         for k in plan.nvme_cpu + plan.nvme_gpu:
             pf = rp.pf_tickets.pop(k, None)
             if pf is not None:       # a prefetched key is needed: no longer the expiry's to withdraw
@@ -276,12 +296,18 @@ class Runtime:
             if k in self.inflight and self._cancel(self.inflight[k][1]):
                 tk, _, slot = self.inflight[k]            # a queued prefetch is needed now: re-issue as demand
                 self.inflight[k] = (tk, be.fill(k, slot), slot)
+                fresh += 1
             elif k not in self.inflight:
                 tk = pf if pf is not None else L.begin_fill(k, staging=k in nv_gpu)
                 slot = self._alloc_ram()
                 self.inflight[k] = (tk, be.fill(k, slot), slot)
                 st["reads"] += 1
-        st["book_s"] += time.perf_counter() - c1
+                fresh += pf is None
+        c2 = time.perf_counter()
+        st["book_s"] += c2 - c1
+        # a layer whose NVMe picks are all demand reads issued now: its first wait shows how much of a read the
+        # work before it covered (read_coverage)
+        t_issued = c2 if fresh and fresh == len(plan.nvme_cpu) + len(plan.nvme_gpu) else None
         # 2. resident lanes. A reader worker needs the interpreter to start a read, and gets it once a lane's kernel
         # releases it: host work before the first lane call delays the reads
         out: dict[int, np.ndarray] = {}
@@ -308,7 +334,7 @@ class Runtime:
         rp.touch(plan)
         for k in plan.nvme_cpu:
             tk, h, slot = self.inflight.pop(k)
-            self._wait(h, tk)
+            t_issued = self._wait_first(h, tk, t_issued)
             self.ram_slot[k] = slot
             if tk.staging:                   # a prefetch landed in the landing ring: adopt it into RAM
                 L.land(tk)
@@ -326,7 +352,7 @@ class Runtime:
                     self._push_now(k, tp, picks)
         for k in plan.nvme_gpu:
             tk, h, slot = self.inflight.pop(k)
-            self._wait(h, tk)
+            t_issued = self._wait_first(h, tk, t_issued)
             L.land(tk)
             self.ram_slot[k] = slot
             tp = L.begin_push(k, picks)

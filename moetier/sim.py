@@ -293,7 +293,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
     rp.settle()                       # seeding's pushes are not decode traffic
     copy_serial = rp.ctx.copy_serial
     acc = dict(ms=0.0, fixed=0.0, gpu=0.0, cpu=0.0, wait=0.0, gwait=0.0, copy=0.0, picks=0, vram_picks=0,
-               gpu_exp=0, cpu_exp=0, zc=0, ncpu=0, ngpu=0, masked=0, demand=0, layers=0)
+               gpu_exp=0, cpu_exp=0, zc=0, ncpu=0, ngpu=0, masked=0, demand=0, layers=0, rl=0, span=0.0, arr=0.0)
     t = 0.0
     total = warm_steps + measured
     t_wall = time.perf_counter()
@@ -309,6 +309,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
         for layer in range(L):
             t += f_layer
             picks = streams.picks(rows, layer)
+            t0_layer = t
             plan = plan_layer(rp.ctx, rp.ledger, picks, t, chan, rp.llc)
             if prefetching:
                 rp.after_plan(layer, plan, streams, rows, t)
@@ -337,6 +338,11 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
                 acc["ngpu"] += len(plan.nvme_gpu)
                 acc["masked"] += len(plan.masked)
                 acc["demand"] += plan.demand_reads
+                nv = plan.nvme_cpu or plan.nvme_gpu
+                if nv and plan.demand_reads == len(plan.nvme_cpu) + len(plan.nvme_gpu):
+                    acc["rl"] += 1                # read coverage, as the runtime books it (Runtime._wait_first)
+                    acc["span"] += plan.issue_ms
+                    acc["arr"] += plan.arrivals[nv[0]] - t0_layer
         if meas:
             acc["ms"] += t - t0_step
             acc["fixed"] += fixed_step
@@ -370,6 +376,10 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
         "ms_nvme_wait": acc["wait"] / measured,
         "ms_nvme_wait_gpu": acc["gwait"] / measured,
         "ms_copy": acc["copy"] / measured,
+        # layers whose NVMe picks are all demand reads: the resident work before the first wait, and that read's
+        # arrival, both from the issue (ms, means); the runtime books the same (Runtime._wait_first)
+        "read_coverage": {"layers": acc["rl"], "span_ms": acc["span"] / acc["rl"] if acc["rl"] else None,
+                          "latency_ms": acc["arr"] / acc["rl"] if acc["rl"] else None},
         "vram_slots": R.vram_slots, "ram_slots": R.ram_slots,
         "prefetch": {
             "predictor": getattr(predictor, "name", "none"),

@@ -7,7 +7,7 @@ import pytest
 
 import numba  # noqa: E402,F401  (the cpu extra: a missing install fails, it does not skip)
 
-from moetier import runtime, sim, spec, store  # noqa: E402
+from moetier import calibrate, runtime, sim, spec, store  # noqa: E402
 from moetier.contract import get_backend  # noqa: E402
 from moetier.errors import UserError  # noqa: E402
 from conformance.conftest import reference_hook  # noqa: E402
@@ -73,6 +73,13 @@ def test_plan_parity_with_simulator(packed, sets):
     assert any(p["nvme_cpu"] for _, _, p in got) and any(p["cpu"] for _, _, p in got)
     assert res["ledger"] == o["ledger"]
     assert res["reads_per_token"] == pytest.approx(o["nvme_per_tok"])
+    # read coverage: both book the layers whose NVMe picks are all demand reads (with prefetch, which reads are
+    # withdrawn in time depends on the real reader's timing), the work before the first wait and that read's landing
+    cov = calibrate.read_coverage(res["counters"])
+    assert cov["layers"] > 0 and cov["span_ms"] > 0 and cov["latency_ms"] > 0
+    assert o["read_coverage"]["span_ms"] > 0 and o["read_coverage"]["latency_ms"] > 0
+    if not any("prefetch" in x for x in sets):
+        assert cov["layers"] == o["read_coverage"]["layers"]
 
 
 def test_prefetch_is_issued_between_the_resident_lanes_and_the_waits(packed):
