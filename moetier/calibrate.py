@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import statistics
 
 import numpy as np
@@ -527,10 +528,15 @@ def read_coverage(c) -> dict:
     """The runtime's read coverage (Runtime._wait_first) from its counters: layers whose NVMe picks were all demand
     reads issued then, the mean time from the first one's submit to the wait for it (the work it had to land in)
     and to its landing. The stall is a small difference of these two; set against the simulator's, they say
-    which side of it a stall-bucket miss is on."""
+    which side of it a stall-bucket miss is on; ``gap_sd_ms`` is the spread of landing minus wait start (where
+    every such layer's read has the reader's timestamps), what the wait for a given mean gap depends on."""
     n, nl = c.get("read_layers", 0), c.get("read_latency_n", 0)
-    return {"layers": n, "span_ms": c["read_span_s"] * 1e3 / n if n else None,
-            "latency_ms": c["read_latency_s"] * 1e3 / nl if nl else None}
+    out = {"layers": n, "span_ms": c["read_span_s"] * 1e3 / n if n else None,
+           "latency_ms": c["read_latency_s"] * 1e3 / nl if nl else None, "gap_sd_ms": None}
+    if nl >= 2 and n == nl:          # gap = landing - wait start, per layer; its mean is latency - span
+        mean = (c["read_latency_s"] - c["read_span_s"]) / n
+        out["gap_sd_ms"] = math.sqrt(max(0.0, c.get("read_gap_sq", 0.0) / n - mean * mean)) * 1e3
+    return out
 
 
 def _distribution(m) -> dict:

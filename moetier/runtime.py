@@ -106,7 +106,8 @@ class Runtime:
                           cpu_split_s=0.0, cpu_split_contended=0, cpu_inline_cold=0.0, cpu_split_cold=0.0,
                           predict_s=0.0, predict_layers=0,
                           gpu_calls=0, gpu_experts=0, gpu_extra=0, zc_calls=0, zc_experts=0, zc_extra=0, copies=0,
-                          stage_s=0.0, read_layers=0, read_span_s=0.0, read_latency_n=0, read_latency_s=0.0)
+                          stage_s=0.0, read_layers=0, read_span_s=0.0, read_latency_n=0, read_latency_s=0.0,
+                          read_gap_sq=0.0)
         self.cpu_pmin = int(getattr(backend, "parallel_min", 0) or 0)
         self.call_groups: dict[tuple, list] = {}      # (lane, experts, extra rows, contended) -> [calls, seconds]
 
@@ -243,7 +244,8 @@ class Runtime:
 
     def _wait_first(self, h, ticket, t_issued):
         """Wait for a demand read; for the layer's first (``t_issued`` not None) book the read coverage: from its
-        submit (the reader's timestamp, else the end of the issue loop) to this wait, and to its landing. Returns
+        submit (the reader's timestamp, else the end of the issue loop) to this wait, and to its landing (and the
+        square of landing minus wait, for the spread of that gap). Returns
         None: the later waits of the layer are not first."""
         if t_issued is None:
             self._wait(h, ticket)
@@ -258,6 +260,7 @@ class Runtime:
         if t_land:
             st["read_latency_n"] += 1
             st["read_latency_s"] += t_land - t_sub
+            st["read_gap_sq"] += (t_land - t_w) ** 2      # the gap's spread: lanes' and read's lateness together
         return None
 
     def _wait(self, h, ticket=None, bucket="nvme_wait_s"):

@@ -76,7 +76,8 @@ def test_plan_parity_with_simulator(packed, sets):
     # read coverage: both book the layers whose NVMe picks are all demand reads (with prefetch, which reads are
     # withdrawn in time depends on the real reader's timing), the work before the first wait and that read's landing
     cov = calibrate.read_coverage(res["counters"])
-    assert cov["layers"] > 0 and cov["span_ms"] > 0 and cov["latency_ms"] > 0
+    assert cov["layers"] > 0 and cov["span_ms"] > 0 and cov["latency_ms"] > 0 and cov["gap_sd_ms"] > 0
+    assert calibrate.read_coverage({}) == {"layers": 0, "span_ms": None, "latency_ms": None, "gap_sd_ms": None}
     assert o["read_coverage"]["span_ms"] > 0 and o["read_coverage"]["latency_ms"] > 0
     if not any("prefetch" in x for x in sets):
         assert cov["layers"] == o["read_coverage"]["layers"]
