@@ -241,8 +241,8 @@ def latency_table_for_rows(nvme: dict, rows: int, engines=(), record_bytes: int 
     reads complete later while the lanes keep the cores busy (more rows, more work per layer), and how much later
     depends on the engine (``_engine_tables``: the engine's table measured under its load wins, else the hardware's
     ``nvme.latency_by_rows_qd_ms``); rows between measured ones interpolate in log(rows) (``_at_rows``), outside
-    they take the nearest. Without any: the idle-disk ``latency_by_qd_ms`` of `moetier bench`, or None (the reference's FIFO
-    model)."""
+    they take the nearest. Without any: the idle-disk ``latency_by_qd_ms`` of `moetier bench`, or None (the
+    reference's FIFO model)."""
     src = (_engine_tables(engines, record_bytes).get("nvme_latency_by_rows_qd_ms")
            or nvme.get("latency_by_rows_qd_ms") or {})
     by_rows = {int(r): {int(q): float(v) for q, v in tab.items()} for r, tab in src.items() if tab}

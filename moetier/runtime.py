@@ -245,8 +245,8 @@ class Runtime:
     def _wait_first(self, h, ticket, t_issued):
         """Wait for a demand read; for the layer's first (``t_issued`` not None) book the read coverage: from its
         submit (the reader's timestamp, else the end of the issue loop) to this wait, and to its landing (and the
-        square of landing minus wait, for the spread of that gap). Returns
-        None: the later waits of the layer are not first."""
+        square of landing minus wait, for the spread of that gap). Returns None: the later waits of the layer are
+        not first."""
         if t_issued is None:
             self._wait(h, ticket)
             return None
