@@ -525,7 +525,7 @@ def bucket_errors(meas: dict, pred: dict) -> dict:
 
 
 def read_coverage(c) -> dict:
-    """The runtime's read coverage (Runtime._wait_first) from its counters: layers whose NVMe picks were all demand
+    """The runtime's read coverage (Runtime._wait_read) from its counters: layers whose NVMe picks were all demand
     reads issued then, the mean time from the first one's submit to the wait for it (the work it had to land in)
     and to its landing. The stall is a small difference of these two; set against the simulator's, they say
     which side of it a stall-bucket miss is on; ``gap_sd_ms`` is the spread of landing minus wait start (where

@@ -134,7 +134,7 @@ class NvmeChannel:
             # read joined when it was submitted)
             busy = [a for a in self.outstanding if a > t]
             q0 = len(busy)
-            f = self.pf_factor if self.pf and self._running_end(t) > t else 1.0
+            f = self.pf_factor if self.pf_factor != 1.0 and self.pf and self._running_end(t) > t else 1.0
             if not self.bursts:
                 out = [t + f * self.latency_at(q0 + i + 1) for i in range(n)]
             else:

@@ -242,14 +242,14 @@ class Runtime:
         if s is not None:
             self.ram.release_later(s)
 
-    def _wait_first(self, h, ticket, t_issued):
-        """Wait for a demand read; for the layer's first (``t_issued`` not None) book the read coverage: from its
-        submit (the reader's timestamp, else the end of the issue loop) to this wait, and to its landing (and the
-        square of landing minus wait, for the spread of that gap). Returns None: the later waits of the layer are
-        not first."""
+    def _wait_read(self, h, ticket, t_issued: float | None) -> None:
+        """Wait for an NVMe pick's read. With ``t_issued`` (the end of the issue loop; given for a layer's first
+        wait, when all its NVMe picks are demand reads issued then) also book its read coverage: from its submit
+        (the reader's timestamp, else ``t_issued``) to this wait, and to its landing (and the square of landing
+        minus wait, for the spread of that gap)."""
         if t_issued is None:
             self._wait(h, ticket)
-            return None
+            return
         t_w = time.perf_counter()
         self._wait(h, ticket)
         c = getattr(h, "comp", h)               # the reader's completion, where the backend wraps it
@@ -261,7 +261,6 @@ class Runtime:
             st["read_latency_n"] += 1
             st["read_latency_s"] += t_land - t_sub
             st["read_gap_sq"] += (t_land - t_w) ** 2      # the gap's spread: lanes' and read's lateness together
-        return None
 
     def _wait(self, h, ticket=None, bucket="nvme_wait_s"):
         t0 = time.perf_counter()
@@ -305,7 +304,7 @@ class Runtime:
                 slot = self._alloc_ram()
                 self.inflight[k] = (tk, be.fill(k, slot), slot)
                 st["reads"] += 1
-                fresh += pf is None
+                fresh += 1
         c2 = time.perf_counter()
         st["book_s"] += c2 - c1
         # a layer whose NVMe picks are all demand reads issued now: its first wait shows how much of a read the
@@ -337,7 +336,8 @@ class Runtime:
         rp.touch(plan)
         for k in plan.nvme_cpu:
             tk, h, slot = self.inflight.pop(k)
-            t_issued = self._wait_first(h, tk, t_issued)
+            self._wait_read(h, tk, t_issued)
+            t_issued = None
             self.ram_slot[k] = slot
             if tk.staging:                   # a prefetch landed in the landing ring: adopt it into RAM
                 L.land(tk)
@@ -355,7 +355,8 @@ class Runtime:
                     self._push_now(k, tp, picks)
         for k in plan.nvme_gpu:
             tk, h, slot = self.inflight.pop(k)
-            t_issued = self._wait_first(h, tk, t_issued)
+            self._wait_read(h, tk, t_issued)
+            t_issued = None
             L.land(tk)
             self.ram_slot[k] = slot
             tp = L.begin_push(k, picks)

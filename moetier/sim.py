@@ -340,7 +340,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
                 acc["demand"] += plan.demand_reads
                 nv = plan.nvme_cpu or plan.nvme_gpu
                 if nv and plan.demand_reads == len(plan.nvme_cpu) + len(plan.nvme_gpu):
-                    acc["rl"] += 1                # read coverage, as the runtime books it (Runtime._wait_first)
+                    acc["rl"] += 1                # read coverage, as the runtime books it (Runtime._wait_read)
                     acc["span"] += plan.issue_ms
                     acc["arr"] += plan.arrivals[nv[0]] - t0_layer
         if meas:
@@ -377,7 +377,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
         "ms_nvme_wait_gpu": acc["gwait"] / measured,
         "ms_copy": acc["copy"] / measured,
         # layers whose NVMe picks are all demand reads: the resident work before the first wait, and that read's
-        # arrival, both from the issue (ms, means); the runtime books the same (Runtime._wait_first)
+        # arrival, both from the issue (ms, means); the runtime books the same (Runtime._wait_read)
         "read_coverage": {"layers": acc["rl"], "span_ms": acc["span"] / acc["rl"] if acc["rl"] else None,
                           "latency_ms": acc["arr"] / acc["rl"] if acc["rl"] else None},
         "vram_slots": R.vram_slots, "ram_slots": R.ram_slots,
