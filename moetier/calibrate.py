@@ -34,7 +34,13 @@ The fits, from the fit arms' runtime counters:
    - latency spread (engine ``nvme_latency_cv_shared_by_rows``, ``nvme_latency_cv_own_by_rows``): sd / mean of
      those reads' latency about the burst means, within each run, winsorized, split into the part a layer's reads
      share (they are late together) and each read's own; the planner charges each lane its expected end
-     (``moetier.plan._Finish``).
+     (``moetier.plan._Finish``);
+   - the host's head start (recipe ``calibration.host.head_per_*_ms``): the host work between a layer's first NVMe
+     submit and its first wait, less the lane and copy time in it (``fit_head``); the planner puts it before the
+     first wait, in the reads' time, instead of after the lanes;
+   - the host's lateness to that wait (engine ``lane_lateness_sd_ms_by_rows``): the measured spread of landing minus
+     wait start beyond the simulator's own for the same arm (``fit_lane_lateness``, the only fit that runs the
+     simulator); the planner adds it to the reads' spread in ``_Finish``.
 
 The simulator then predicts every arm and the error table (predicted vs measured tok/s and per-token ms per bucket:
 cpu_moe, gpu_moe, nvme_stall, copy, host) goes to the terminal and into a run record.
@@ -55,7 +61,7 @@ BUCKETS = ("cpu_moe", "gpu_moe", "nvme_stall", "copy", "host")
 # the per-rows channel terms an engine record carries beside its latency table (moetier.plan.channel_term,
 # burst_table_for_rows), written and applied with it
 CHANNEL_TERMS = ("nvme_wake_ms_by_rows", "nvme_latency_cv_shared_by_rows", "nvme_latency_cv_own_by_rows",
-                 "nvme_latency_by_rows_burst_ms", "nvme_latency_prefetch_factor_by_rows")
+                 "nvme_latency_by_rows_burst_ms", "nvme_latency_prefetch_factor_by_rows", "lane_lateness_sd_ms_by_rows")
 # a VRAM tier on this machine: the SYCL backend's device slots (on the OpenCL CPU device, the same cores), whose
 # engine runs its lanes and copies one after another (policy.overlap false)
 VRAM_ENGINE = "sycl-opencl-cpu"
@@ -212,10 +218,53 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
     hr += per_read_unbooked
     out = {"cpu": {**fit_cpu_lane(lane_rows, workers, None), "workers": workers, "parallel_min": parallel_min},
            "host": {"per_layer_ms": hl, "per_pick_ms": hp, "per_read_ms": hr, "per_predict_ms": hpred,
-                    "per_copy_ms": hcopy},
+                    "per_copy_ms": hcopy, **fit_head([measured[a["name"]]["counters"] for a in fit])},
            "fixed_ms": fixed,
            **fit_channel([measured[a["name"]] for a in fit], idle_latency)}
     out.update(fit_device_terms([measured[a["name"]] for a in fit]))
+    return out
+
+
+def fit_head(counters: list[dict]) -> dict:
+    """The host's head start (recipe ``calibration.host.head_per_*_ms``): the host work between a layer's first
+    NVMe submit and its first wait, less the lane and copy time in it (Runtime._wait_read), as per read layer + per
+    read + per read layer that predicts, over the fit arms' read layers. Empty without read layers; a column no arm
+    exercises is 0. Sixth session, VM B: the runtime's span was 0.2-0.9 ms longer than the resident lanes'."""
+    from moetier.bench import relative_lstsq
+    rows = [(c["read_layers"], c.get("read_reads", 0), c.get("read_predict", 0), c.get("read_head_s", 0.0) * 1e3)
+            for c in counters if c.get("read_layers") and c.get("read_head_s")]
+    if not rows:
+        return {}
+    used = [j for j in range(3) if j < 2 or any(r[j] for r in rows)]
+    if len(rows) < len(used):         # fewer arms than terms: the mean per read layer
+        return {"head_per_layer_ms": sum(r[3] for r in rows) / sum(r[0] for r in rows)}
+    coef = dict(zip(used, relative_lstsq([[r[j] for j in used] for r in rows], [r[3] for r in rows])))
+    return {"head_per_layer_ms": coef.get(0, 0.0), "head_per_read_ms": coef.get(1, 0.0),
+            "head_per_predict_ms": coef.get(2, 0.0)}
+
+
+def fit_lane_lateness(recipe_id, tr, fit_arms, measured, steps, terms, min_layers: int = 50) -> dict:
+    """The host's lateness to its first wait (engine ``lane_lateness_sd_ms_by_rows``, ms): per fit arm, the
+    variance of the measured gap (landing minus wait start, ``read_coverage``) beyond the simulator's own for that
+    arm with ``terms`` (the plan's spread over layers and the reads' modeled lateness), pooled by engine and rows
+    over the read layers. The reads' spread alone gave ~0.3-0.5 ms where the runtime's waits implied ~1.4 (run 18,
+    tail-prefetch-C2). Arms with fewer than ``min_layers`` read layers set nothing."""
+    pool: dict = {}
+    base = {**terms, "lane_lateness_sd_ms_by_rows": {}}
+    for a in fit_arms:
+        m = measured[a["name"]]
+        cov = read_coverage(m["counters"])
+        if cov["gap_sd_ms"] is None or cov["layers"] < min_layers:
+            continue
+        p = sim.run(arm_recipe(recipe_id, a, base), tr, a["conc"], max_steps=steps)["read_coverage"]
+        if p["gap_sd_ms"] is None:
+            continue
+        n, extra = pool.setdefault((m.get("engine"), a["conc"]), [0, 0.0]), cov["gap_sd_ms"] ** 2 - p["gap_sd_ms"] ** 2
+        n[0] += cov["layers"]
+        n[1] += cov["layers"] * max(0.0, extra)
+    out: dict = {}
+    for (eng, rows), (n, v) in sorted(pool.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+        out.setdefault(eng, {})[str(rows)] = round(math.sqrt(v / n), 4)
     return out
 
 
@@ -430,6 +479,8 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
                                         f"figures. nvme_wake_ms_by_rows: mean delay from a read landing to the "
                                         f"blocked waiter resuming; nvme_latency_cv_shared/own_by_rows: latency sd / "
                                         f"mean, the part a layer's reads share and each read's own; "
+                                        f"lane_lateness_sd_ms_by_rows: sd of the host reaching its first wait "
+                                        f"beyond the plan's, from landing minus wait start; "
                                         f"nvme_latency_prefetch_factor_by_rows: latency of a demand read that found "
                                         f"a prefetch read in service, over the depth mean")
         eng["source"] = src
@@ -532,6 +583,7 @@ def read_coverage(c) -> dict:
     every such layer's read has the reader's timestamps), what the wait for a given mean gap depends on."""
     n, nl = c.get("read_layers", 0), c.get("read_latency_n", 0)
     out = {"layers": n, "span_ms": c["read_span_s"] * 1e3 / n if n else None,
+           "head_ms": c["read_head_s"] * 1e3 / n if n and "read_head_s" in c else None,
            "latency_ms": c["read_latency_s"] * 1e3 / nl if nl else None, "gap_sd_ms": None}
     if nl >= 2 and n == nl:          # gap = landing - wait start, per layer; its mean is latency - span
         mean = (c["read_latency_s"] - c["read_span_s"]) / n
@@ -584,8 +636,10 @@ def calibrate(recipe_id, st, tr, *, arms=None, steps=200, repeats=2, plan_repeat
     fit_arms = [a for a in arms if a["fit"]]
     cpu = R.lanes.get("cpu")
     def fit(measured):
-        return fit_terms(measured, fit_arms, cpu.workers if cpu else 1, cpu.parallel_min if cpu else 0,
-                         R.hardware.get("nvme", {}).get("latency_by_qd_ms"))
+        terms = fit_terms(measured, fit_arms, cpu.workers if cpu else 1, cpu.parallel_min if cpu else 0,
+                          R.hardware.get("nvme", {}).get("latency_by_qd_ms"))
+        terms["lane_lateness_sd_ms_by_rows"] = fit_lane_lateness(recipe_id, tr, fit_arms, measured, steps, terms)
+        return terms
     planned = measure(fit_arms, None, "plan", plan_repeats or max(1, repeats // 2))
     plan_terms = fit(planned)
     checked = measure(arms, plan_terms, "check", repeats)

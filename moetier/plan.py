@@ -49,16 +49,18 @@ class NvmeChannel:
     blocked on it resuming; the planner adds it to a pick whose lane had to wait for the bytes. ``cv_shared`` and
     ``cv_own`` are the measured spread of a read's latency (standard deviation over mean), the part the reads of a
     layer share and the rest: an arrival is a distribution, and the planner charges a lane its *expected* end
-    (``_Finish``), not the end for mean arrivals.
+    (``_Finish``), not the end for mean arrivals. ``lane_sd`` is the other side of that race: the spread (ms) of when
+    the host reaches a layer's first wait, one draw per layer, that the reads' spread does not explain.
     """
 
     __slots__ = ("deep", "one", "lat", "dfree", "pf", "reads", "pf_reads", "pf_cancelled",
                  "pf_wasted", "qd_table", "outstanding", "pf_svc", "pf_lat", "pf_done", "wake", "cv_shared",
-                 "cv_own", "spread", "bursts", "pf_factor")
+                 "cv_own", "spread", "bursts", "pf_factor", "lane_sd")
 
     def __init__(self, record_bytes: int, bw_gbps: float, bw_qd1_gbps: float | None = None,
                  latency_ms: float = 0.1, latency_by_qd: dict | None = None, wake_ms: float = 0.0,
-                 cv_shared: float = 0.0, cv_own: float = 0.0, bursts: dict | None = None, pf_factor: float = 1.0):
+                 cv_shared: float = 0.0, cv_own: float = 0.0, bursts: dict | None = None, pf_factor: float = 1.0,
+                 lane_sd: float = 0.0):
         # latency_by_qd: {q: ms}; see also latency_table_for_rows() (tables measured under the runtime's load)
         # wake_ms: from a read landing to the lane blocked on it resuming (engine nvme_wake_ms_by_rows); paid only
         # by a lane that had to wait, so it is the planner's to add, not part of the arrival
@@ -66,7 +68,9 @@ class NvmeChannel:
         # a read's lateness as a fraction of its latency: the part a layer's reads share and each one's own
         # (engine nvme_latency_cv_shared_by_rows / nvme_latency_cv_own_by_rows; _Finish)
         self.cv_shared, self.cv_own = float(cv_shared), float(cv_own)
-        self.spread = self.cv_shared > 0.0 or self.cv_own > 0.0
+        # lane_sd: the host's lateness to its first wait (ms; engine lane_lateness_sd_ms_by_rows, _Finish)
+        self.lane_sd = float(lane_sd) if lane_sd and lane_sd > 0 else 0.0
+        self.spread = self.cv_shared > 0.0 or self.cv_own > 0.0 or self.lane_sd > 0.0
         # pf_factor: a demand read issued while a prefetch read is in service shares the device with it and takes
         # this times its latency (engine nvme_latency_prefetch_factor_by_rows; 1 where unmeasured)
         self.pf_factor = float(pf_factor) if pf_factor and pf_factor > 0 else 1.0
@@ -299,6 +303,11 @@ class PlanContext:
     host_predict: float = 0.0  # serial host time per layer of a prefetch predictor (when prefetch is on)
     copy_serial: bool = False  # admission pushes and drains run after the lanes, one after another (no overlap)
     host_copy: float = 0.0     # serial host time per admission push or drain (submit, wait, landing bookkeeping)
+    # the part of the host time above that runs between a layer's first NVMe submit and its first wait (the rest of
+    # the issue loop, the lane calls' set-up, prediction and prefetch issue, recency): per such layer, per read,
+    # and per layer that predicts. It delays the first wait and overlaps the reads
+    head_layer: float = 0.0
+    head_read: float = 0.0
 
     @classmethod
     def from_recipe(cls, R) -> "PlanContext":
@@ -328,7 +337,10 @@ class PlanContext:
                    read_cpu=_read_cpu(R),
                    host_predict=float(host.get("per_predict_ms", 0.0)) if _prefetching(R.policy) else 0.0,
                    copy_serial=gpu is not None and not overlap,
-                   host_copy=float(host.get("per_copy_ms", 0.0)))
+                   host_copy=float(host.get("per_copy_ms", 0.0)),
+                   head_layer=float(host.get("head_per_layer_ms", 0.0)) + (
+                       float(host.get("head_per_predict_ms", 0.0)) if _prefetching(R.policy) else 0.0),
+                   head_read=float(host.get("head_per_read_ms", 0.0)))
 
 
 def _prefetching(policy: dict) -> bool:
@@ -354,7 +366,8 @@ class LayerPlan:
     """The lane of every pick (lists of keys), modeled NVMe arrivals, lane busy times and the layer cost (ms)."""
 
     __slots__ = ("gpu", "zerocopy", "cpu", "nvme_cpu", "nvme_gpu", "masked", "arrivals", "demand_reads", "gpu_ms",
-                 "cpu_ms", "nvme_wait_ms", "gpu_wait_ms", "ms", "cpu_cold", "issue_ms")
+                 "cpu_ms", "nvme_wait_ms", "gpu_wait_ms", "ms", "cpu_cold", "issue_ms",
+                 "head_ms")
 
     def __init__(self):
         self.gpu, self.zerocopy, self.cpu, self.nvme_cpu, self.nvme_gpu, self.masked = [], [], [], [], [], []
@@ -365,6 +378,8 @@ class LayerPlan:
         self.gpu_ms = self.cpu_ms = self.nvme_wait_ms = self.gpu_wait_ms = self.ms = 0.0
         # issue_ms: when the host, past the resident lanes it runs itself, issues the prefetch for the layers ahead
         self.issue_ms = 0.0
+        # head_ms: the host work past issue_ms and before the first wait for an NVMe pick (PlanContext.head_layer)
+        self.head_ms = 0.0
 
     def lanes(self) -> dict:
         return {"gpu": self.gpu, "zerocopy": self.zerocopy, "cpu": self.cpu, "nvme_cpu": self.nvme_cpu,
@@ -449,7 +464,8 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
                 # full, in an exclusive ledger) before it waits for the gpu lane's reads
                 full = ledger.exclusive and ledger.vram_full()
                 ahead = len(plan.zerocopy) * (ctx.push_ms + ctx.host_copy) * (2 if full else 1)
-            _plan_nvme(ctx, plan, picks, nvme_l, t0, nvme, g, g_on, c, c_on, ahead)
+            plan.head_ms = head = ctx.head_layer + ctx.head_read * len(nvme_l)
+            _plan_nvme(ctx, plan, picks, nvme_l, t0, nvme, g, g_on, c, c_on, ahead, head)
             g, c = plan.gpu_ms, plan.cpu_ms
     serial = ctx.host_layer + ctx.host_pick * len(picks) + ctx.host_predict
     if ctx.read_cpu and nvme is not None and nvme.pf_done:
@@ -460,7 +476,13 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
             serial += ctx.read_cpu * nvme.pf_done
         nvme.pf_done = 0
     plan.gpu_ms, plan.cpu_ms = g, c
-    plan.ms = ((g if g > c else c) if ctx.overlap else g + c) + serial
+    if ctx.overlap:
+        # the head is host work done before the first wait, while the reads are in flight: the host timeline (the
+        # cpu lane's) ends no earlier than it, and it leaves the serial part
+        h = plan.head_ms
+        plan.ms = (g if g > c + h else c + h) + serial - h
+    else:
+        plan.ms = g + c + serial         # the serial timeline waited past the head already (_serial_nvme)
     if nvme_l and not ctx.mask:
         plan.ms += ctx.host_read * len(nvme_l)
     return plan
@@ -532,15 +554,17 @@ class _Finish:
             self.due += busy
             self.m += busy
 
-    def extra(self, shared: float) -> float:
+    def extra(self, shared: float, lane_sd: float = 0.0) -> float:
+        """``shared``: the layer's shared lateness as a fraction of the critical read's latency; ``lane_sd``: the
+        lane's own lateness (ms), which races the reads the same way."""
         if self.due == -INF:
             return 0.0
         d = self.due - self.free
-        sd = math.sqrt(self.v + (shared * self.lat) ** 2)
+        sd = math.sqrt(self.v + (shared * self.lat) ** 2 + lane_sd * lane_sd)
         return late(self.m - self.free, sd) - (d if d > 0.0 else 0.0)
 
 
-def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0):
+def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, head=0.0):
     gpu, cpu = ctx.gpu, ctx.cpu
     push = ctx.push_ms
     arr = plan.arrivals
@@ -560,10 +584,13 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0):
     can_gpu = gpu is not None      # a gpu lane exists only with a VRAM tier (from_recipe)
     wake = nvme.wake
     if not ctx.overlap:
-        _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nvme, ahead)
+        _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nvme, ahead, head)
         return
     wait = gwait = 0.0
     spread = nvme.spread
+    # the cpu lane is the host's: its NVMe picks start past the head (c is its end on the host timeline here, its
+    # busy time once the head is taken off again below)
+    c += head
     if spread:
         cf, gf = _Finish(c, nvme.cv_own), _Finish(g, nvme.cv_own)
     for k in order:
@@ -572,7 +599,7 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0):
             a = 0.0
         m = picks[k]
         if cpu:
-            cs = c + ctx.cpu_call if c_on else (ctx.cpu_call if ctx.cpu_pmin > 1 else cpu[0])
+            cs = c + (ctx.cpu_call if c_on or ctx.cpu_pmin > 1 else cpu[0])
             cw = cpu[1] + cpu[2] * (m - 1)
             ce = (cs if cs >= a else a + wake) + cw
         else:
@@ -604,17 +631,17 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0):
             g_on = True
             plan.nvme_gpu.append(k)
     if spread:
-        dc, dg = cf.extra(nvme.cv_shared), gf.extra(nvme.cv_shared)
+        dc, dg = cf.extra(nvme.cv_shared, nvme.lane_sd), gf.extra(nvme.cv_shared, nvme.lane_sd)
         c += dc
         g += dg
         wait += dc + dg
         gwait += dg
     plan.nvme_wait_ms = wait
     plan.gpu_wait_ms = gwait
-    plan.gpu_ms, plan.cpu_ms = g, c
+    plan.gpu_ms, plan.cpu_ms = g, c - head
 
 
-def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nvme, ahead=0.0):
+def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nvme, ahead=0.0, head=0.0):
     """NVMe picks when lanes do not overlap (policy.overlap false): one timeline after the resident lanes (c + g).
 
     Lanes: each pick, in arrival order, goes to the lane that ends it sooner. Time, in the order the serial runtime
@@ -622,7 +649,8 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nv
     wake-up, if it had to wait); then the admissions of the layer's zerocopy picks (``ahead`` ms of copies, booked
     by the simulator after the layer, not here: the gpu picks' reads land meanwhile); then the gpu lane's NVMe
     picks, whose push to VRAM follows the read and is booked as stall (read + stage); each is a lane call of its
-    own, so it pays the gpu lane's per-call cost (``per_layer_ms``) every time. Each pick's work is added to
+    own, so it pays the gpu lane's per-call cost (``per_layer_ms``) every time. The host's ``head`` (its work
+    before the first wait) runs after the resident lanes, before the first NVMe pick, in the reads' time. Each pick's work is added to
     its lane's busy time, so g + c is the timeline's end less ``ahead``. The arrival spread (``_Finish``) adds to
     the lane of the timeline's last pick."""
     gpu, cpu, push = ctx.gpu, ctx.cpu, ctx.push_ms
@@ -637,7 +665,7 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nv
     lg, lc, lc_on = g, c, c_on         # the lane choice's own timeline, in arrival order
     for k in order:
         a, m = due[k], picks[k]
-        now = lg + lc
+        now = lg + lc + head
         ready = a + wake if a > now else a
         start = now if now > ready else ready
         ce = start + cpu_work(lc_on, m) if cpu else INF
@@ -645,12 +673,12 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nv
         if ce == INF and ge == INF:
             raise ValueError("no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier")
         if ce <= ge:
-            lc, lc_on = ce - lg, True
+            lc, lc_on = ce - lg - head, True
             plan.nvme_cpu.append(k)
         else:
-            lg = ge - lc
+            lg = ge - lc - head
             plan.nvme_gpu.append(k)
-    now = g + c
+    now = g + c + head
     wait = gwait = 0.0
     spread = nvme.spread
     fin = _Finish(now, nvme.cv_own) if spread else None
@@ -676,7 +704,7 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nv
             now += idle + work
             if spread:
                 fin.add(work, a + wake + work, a)
-    d = fin.extra(nvme.cv_shared) if spread else 0.0
+    d = fin.extra(nvme.cv_shared, nvme.lane_sd) if spread else 0.0
     if d:
         wait += d
         if plan.nvme_gpu:

@@ -107,7 +107,7 @@ class Runtime:
                           predict_s=0.0, predict_layers=0,
                           gpu_calls=0, gpu_experts=0, gpu_extra=0, zc_calls=0, zc_experts=0, zc_extra=0, copies=0,
                           stage_s=0.0, read_layers=0, read_span_s=0.0, read_latency_n=0, read_latency_s=0.0,
-                          read_gap_sq=0.0)
+                          read_gap_sq=0.0, read_head_s=0.0, read_reads=0, read_predict=0)
         self.cpu_pmin = int(getattr(backend, "parallel_min", 0) or 0)
         self.call_groups: dict[tuple, list] = {}      # (lane, experts, extra rows, contended) -> [calls, seconds]
 
@@ -242,21 +242,27 @@ class Runtime:
         if s is not None:
             self.ram.release_later(s)
 
-    def _wait_read(self, h, ticket, t_issued: float | None) -> None:
-        """Wait for an NVMe pick's read. With ``t_issued`` (the end of the issue loop; given for a layer's first
-        wait, when all its NVMe picks are demand reads issued then) also book its read coverage: from its submit
-        (the reader's timestamp, else ``t_issued``) to this wait, and to its landing (and the square of landing
-        minus wait, for the spread of that gap)."""
-        if t_issued is None:
+    def _wait_read(self, h, ticket, issued: tuple | None) -> None:
+        """Wait for an NVMe pick's read. With ``issued`` = (end of the issue loop, _inner at it, reads issued,
+        whether the layer predicts) - given for a layer's first wait, when all its NVMe picks are demand reads issued
+        then - also book its read coverage: from its submit (the reader's timestamp, else the loop's end) to this
+        wait (the span; less the lane and copy time in it, the host's head start), and to its landing (and the
+        square of landing minus wait, for the spread of that gap)."""
+        if issued is None:
             self._wait(h, ticket)
             return
         t_w = time.perf_counter()
+        st = self.stats
+        t_issued, inner0, reads, predicts = issued
+        inner_w = _inner(st)
         self._wait(h, ticket)
         c = getattr(h, "comp", h)               # the reader's completion, where the backend wraps it
         t_sub, t_land = getattr(c, "t_submit", 0.0) or t_issued, getattr(c, "t_landed", 0.0)
-        st = self.stats
         st["read_layers"] += 1
         st["read_span_s"] += t_w - t_sub
+        st["read_head_s"] += max(0.0, t_w - t_sub - (inner_w - inner0))
+        st["read_reads"] += reads
+        st["read_predict"] += predicts
         if t_land:
             st["read_latency_n"] += 1
             st["read_latency_s"] += t_land - t_sub
@@ -309,7 +315,8 @@ class Runtime:
         st["book_s"] += c2 - c1
         # a layer whose NVMe picks are all demand reads issued now: its first wait shows how much of a read the
         # work before it covered (read_coverage)
-        t_issued = c2 if fresh and fresh == len(plan.nvme_cpu) + len(plan.nvme_gpu) else None
+        issued = (c2, _inner(st), fresh, int(streams is not None and rp.prefetching)) \
+            if fresh and fresh == len(plan.nvme_cpu) + len(plan.nvme_gpu) else None
         # 2. resident lanes. A reader worker needs the interpreter to start a read, and gets it once a lane's kernel
         # releases it: host work before the first lane call delays the reads
         out: dict[int, np.ndarray] = {}
@@ -336,8 +343,8 @@ class Runtime:
         rp.touch(plan)
         for k in plan.nvme_cpu:
             tk, h, slot = self.inflight.pop(k)
-            self._wait_read(h, tk, t_issued)
-            t_issued = None
+            self._wait_read(h, tk, issued)
+            issued = None
             self.ram_slot[k] = slot
             if tk.staging:                   # a prefetch landed in the landing ring: adopt it into RAM
                 L.land(tk)
@@ -355,8 +362,8 @@ class Runtime:
                     self._push_now(k, tp, picks)
         for k in plan.nvme_gpu:
             tk, h, slot = self.inflight.pop(k)
-            self._wait_read(h, tk, t_issued)
-            t_issued = None
+            self._wait_read(h, tk, issued)
+            issued = None
             L.land(tk)
             self.ram_slot[k] = slot
             tp = L.begin_push(k, picks)

@@ -98,7 +98,8 @@ class Replay:
                                 channel_term("nvme_latency_cv_shared_by_rows", rows, engines, rb),
                                 channel_term("nvme_latency_cv_own_by_rows", rows, engines, rb),
                                 burst_table_for_rows(rows, engines, rb),
-                                channel_term("nvme_latency_prefetch_factor_by_rows", rows, engines, rb))
+                                channel_term("nvme_latency_prefetch_factor_by_rows", rows, engines, rb),
+                                channel_term("lane_lateness_sd_ms_by_rows", rows, engines, rb))
         self.llc = reuse_model(R)
         self.predictor = predictor
         pf = R.policy.get("prefetch") or {}
@@ -263,6 +264,19 @@ def _segment_plan(trace, conc: int, window: int, seed_mode: str, warmup_tokens: 
     return offsets, warm_steps, measured, w
 
 
+def _coverage(acc) -> dict:
+    n = acc["rl"]
+    if not n:
+        return {"layers": 0, "span_ms": None, "latency_ms": None, "gap_sd_ms": None, "gap_var_model": None}
+    mean = (acc["arr"] - acc["span"]) / n
+    plan_var = max(0.0, acc["gap_sq"] / n - mean * mean)
+    return {"layers": n, "span_ms": acc["span"] / n, "latency_ms": acc["arr"] / n,
+            "gap_sd_ms": math.sqrt(plan_var + acc["gap_var"] / n),
+            # the lateness the model itself spreads the gap by, on average (variance, ms^2): what a measured spread
+            # beyond the plan's is set against (moetier.calibrate.fit_lane_lateness)
+            "gap_var_model": acc["gap_var"] / n}
+
+
 def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_ms: float = 0.0,
         max_steps: int = 0, progress=None, plan_hook=None) -> dict:
     """Replay ``trace`` through recipe ``R`` at ``conc`` streams; returns the report dict (see module docstring)."""
@@ -293,11 +307,13 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
     rp.settle()                       # seeding's pushes are not decode traffic
     copy_serial = rp.ctx.copy_serial
     acc = dict(ms=0.0, fixed=0.0, gpu=0.0, cpu=0.0, wait=0.0, gwait=0.0, copy=0.0, picks=0, vram_picks=0,
-               gpu_exp=0, cpu_exp=0, zc=0, ncpu=0, ngpu=0, masked=0, demand=0, layers=0, rl=0, span=0.0, arr=0.0)
+               gpu_exp=0, cpu_exp=0, zc=0, ncpu=0, ngpu=0, masked=0, demand=0, layers=0, rl=0, span=0.0, arr=0.0,
+               gap_sq=0.0, gap_var=0.0)
     t = 0.0
     total = warm_steps + measured
     t_wall = time.perf_counter()
     chan = rp.chan
+    cv2, lane_var = chan.cv_own ** 2 + chan.cv_shared ** 2, chan.lane_sd ** 2
     for step in range(total):
         meas = step >= warm_steps
         if meas and step == warm_steps:
@@ -341,8 +357,13 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
                 nv = plan.nvme_cpu or plan.nvme_gpu
                 if nv and plan.demand_reads == len(plan.nvme_cpu) + len(plan.nvme_gpu):
                     acc["rl"] += 1                # read coverage, as the runtime books it (Runtime._wait_read)
-                    acc["span"] += plan.issue_ms
-                    acc["arr"] += plan.arrivals[nv[0]] - t0_layer
+                    span, arr = plan.issue_ms + plan.head_ms, plan.arrivals[nv[0]] - t0_layer
+                    acc["span"] += span
+                    acc["arr"] += arr
+                    # the gap (arrival - wait) spreads over layers by the plan, and within a layer by the first
+                    # read's own and shared lateness (channel cv_own, cv_shared) and the host's (lane_sd)
+                    acc["gap_sq"] += (arr - span) ** 2
+                    acc["gap_var"] += (cv2 * arr * arr if cv2 else 0.0) + lane_var
         if meas:
             acc["ms"] += t - t0_step
             acc["fixed"] += fixed_step
@@ -376,10 +397,10 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
         "ms_nvme_wait": acc["wait"] / measured,
         "ms_nvme_wait_gpu": acc["gwait"] / measured,
         "ms_copy": acc["copy"] / measured,
-        # layers whose NVMe picks are all demand reads: the resident work before the first wait, and that read's
-        # arrival, both from the issue (ms, means); the runtime books the same (Runtime._wait_read)
-        "read_coverage": {"layers": acc["rl"], "span_ms": acc["span"] / acc["rl"] if acc["rl"] else None,
-                          "latency_ms": acc["arr"] / acc["rl"] if acc["rl"] else None},
+        # layers whose NVMe picks are all demand reads: the work before the first wait (resident lanes and the
+        # host's head), and that read's arrival, both from the issue (ms, means), and the spread of arrival minus
+        # wait; the runtime books the same (Runtime._wait_read)
+        "read_coverage": _coverage(acc),
         "vram_slots": R.vram_slots, "ram_slots": R.ram_slots,
         "prefetch": {
             "predictor": getattr(predictor, "name", "none"),

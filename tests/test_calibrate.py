@@ -53,6 +53,13 @@ def test_small_matrix_fits_terms_writes_records_and_predicts(scratch):
     R = spec.resolve("tiny-ci-cpu")
     assert R.host["per_layer_ms"] == pytest.approx(round(t["host"]["per_layer_ms"], 6))
     assert R.fixed_ms[1] == pytest.approx(t["fixed_ms"]["1"])
+    # the tail arms fit the host's head start and its lateness, and the engine carries the lateness by rows
+    assert t["host"]["head_per_layer_ms"] + t["host"]["head_per_read_ms"] > 0
+    assert R.host["head_per_layer_ms"] == pytest.approx(round(t["host"]["head_per_layer_ms"], 6))
+    eng = R.engines[-1]["id"]
+    assert set(t["lane_lateness_sd_ms_by_rows"].get(eng, {})) <= {"1", "2"}
+    assert spec.load_record("engine", eng).get("lane_lateness_sd_ms_by_rows") == \
+        (t["lane_lateness_sd_ms_by_rows"].get(eng) or None)
     s = calibrate.summary(res["rows"])
     assert s["arms"] == 4 and s["held_out_max_abs_error_pct"] is not None
     assert math.isfinite(res["summary"]["pass_drift_pct"])
@@ -277,3 +284,42 @@ def test_an_arms_repeats_merge_into_their_middle_ones_summed():
     assert len({run for run, *_ in m["burst_ms"]}) == 3                  # bursts stay apart by repeat
     two = calibrate._merge(runs[:2])                                     # too few to drop any
     assert two["repeats_kept"] == 2 and two["counters"]["reads"] == 107
+
+
+def test_head_start_fit_recovers_per_layer_per_read_and_per_predict_costs():
+    # known costs: 0.2 ms per read layer, 0.05 per read, 0.4 per layer that predicts
+    def arm(layers, reads, pred):
+        return {"read_layers": layers, "read_reads": reads, "read_predict": pred,
+                "read_head_s": (0.2 * layers + 0.05 * reads + 0.4 * pred) / 1e3}
+    got = calibrate.fit_head([arm(100, 150, 0), arm(200, 500, 0), arm(300, 1200, 300), arm(50, 60, 0)])
+    assert got["head_per_layer_ms"] == pytest.approx(0.2, rel=1e-6)
+    assert got["head_per_read_ms"] == pytest.approx(0.05, rel=1e-6)
+    assert got["head_per_predict_ms"] == pytest.approx(0.4, rel=1e-6)
+    # no arm predicts: that term is 0, not a guess; no read layers at all: nothing to fit
+    got = calibrate.fit_head([arm(100, 150, 0), arm(200, 500, 0)])
+    assert got["head_per_predict_ms"] == 0.0 and got["head_per_layer_ms"] == pytest.approx(0.2, rel=1e-6)
+    assert calibrate.fit_head([{"read_layers": 0, "read_head_s": 0.0}]) == {}
+
+
+def test_lane_lateness_is_the_measured_gap_spread_beyond_the_simulators(monkeypatch):
+    """A fake simulator reports its own gap spread per arm; the fit pools the measured excess by engine and rows."""
+    sim_sd = {1: 0.5, 2: 0.8}
+
+    def fake_sim_run(R, tr, conc, max_steps):
+        return {"read_coverage": {"gap_sd_ms": sim_sd[conc]}}
+
+    monkeypatch.setattr(calibrate.sim, "run", fake_sim_run)
+    monkeypatch.setattr(calibrate, "arm_recipe", lambda rid, a, terms: None)
+
+    def measured(conc, layers, gap_sd, eng="e"):
+        n = layers        # landing - wait: mean 0.1 ms, sd gap_sd (the counters Runtime._wait_read books)
+        return {"engine": eng, "conc": conc, "counters": {
+            "read_layers": n, "read_latency_n": n, "read_span_s": n * 1.0e-3, "read_head_s": 0.0,
+            "read_latency_s": n * 1.1e-3, "read_gap_sq": n * ((gap_sd * 1e-3) ** 2 + (0.1e-3) ** 2)}}
+    arms = [{"name": "a", "conc": 1}, {"name": "b", "conc": 1}, {"name": "c", "conc": 2}, {"name": "d", "conc": 2}]
+    m = {"a": measured(1, 100, 1.3), "b": measured(1, 300, 0.3), "c": measured(2, 200, 1.0),
+         "d": measured(2, 10, 5.0)}            # d: too few read layers to set anything
+    got = calibrate.fit_lane_lateness("r", None, arms, m, 10, {})
+    # rows 1: a's excess 1.3^2 - 0.5^2 over 100 layers, b's is negative (0) over 300
+    assert got["e"]["1"] == pytest.approx(math.sqrt(100 * (1.3 ** 2 - 0.25) / 400), abs=1e-4)
+    assert got["e"]["2"] == pytest.approx(math.sqrt(1.0 - 0.64), abs=1e-4)

@@ -381,3 +381,48 @@ def test_a_demand_read_beside_a_prefetch_read_in_service_takes_the_measured_fact
     assert ch.demand(1.0, 1) == [pytest.approx(1.0 + 1.25 * 2.0)]
     assert ch.demand(10.0, 1) == [pytest.approx(12.0)]
     assert NvmeChannel(1_000_000, 1.0, latency_by_qd={1: 2.0}, pf_factor=0.0).pf_factor == 1.0   # unmeasured
+
+
+def _with_head(c, head, host=0.5):
+    import dataclasses
+    return dataclasses.replace(c, head_layer=head, host_layer=host)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_the_hosts_head_start_runs_in_the_reads_time(overlap):
+    """Host work before the first wait (PlanContext.head_layer) delays the wait and leaves the serial part: a late
+    read hides it, an early one does not."""
+    base = ctx(vram_slots=0, lanes={"zerocopy": None}, overlap=overlap)
+    picks = {10: 1, 500: 1}
+    for rb, late_read in ((1_000_000, True), (10_000, False)):     # lands at 1.0 ms, or at 0.01 ms
+        no = plan_layer(_with_head(base, 0.0), cpu_only_ledger(), picks, 0.0, NvmeChannel(rb, 1.0, 1.0, 0.0))
+        hd = plan_layer(_with_head(base, 0.3), cpu_only_ledger(), picks, 0.0, NvmeChannel(rb, 1.0, 1.0, 0.0))
+        assert hd.nvme_cpu == no.nvme_cpu == [500] and hd.head_ms == 0.3
+        if late_read:
+            assert no.nvme_wait_ms > 0.3
+            assert hd.nvme_wait_ms == pytest.approx(no.nvme_wait_ms - 0.3)
+            assert hd.ms == pytest.approx(no.ms - 0.3)
+        else:
+            assert hd.nvme_wait_ms == no.nvme_wait_ms == 0.0
+            assert hd.ms == pytest.approx(no.ms)
+        # the lane's own work is the same either way: the head is host time, not cpu_moe
+        assert hd.cpu_ms - hd.nvme_wait_ms == pytest.approx(no.cpu_ms - no.nvme_wait_ms)
+
+
+def test_no_head_start_without_nvme_reads():
+    c = _with_head(ctx(vram_slots=0, lanes={"zerocopy": None}), 0.3)
+    p = plan_layer(c, cpu_only_ledger(), {10: 1, 11: 2}, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0))
+    assert p.head_ms == 0.0 and p.ms == pytest.approx(p.cpu_ms + 0.5)
+
+
+def test_the_hosts_lateness_races_the_reads_like_their_spread():
+    from moetier.plan import late
+    c = ctx(vram_slots=0, lanes={"zerocopy": None})
+    picks = {10: 1, 500: 1}
+    det = plan_layer(c, cpu_only_ledger(), picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0))
+    both = plan_layer(c, cpu_only_ledger(), picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0, cv_shared=0.3,
+                                                                       lane_sd=0.4))
+    free = 0.145 + 0.104 + c.cpu_call + 0.104       # the lane's end had the read been there
+    due = 1.0 + 0.104
+    extra = late(due - free, math.hypot(0.3 * 1.0, 0.4)) - (due - free)
+    assert both.cpu_ms == pytest.approx(det.cpu_ms + extra) and extra > 0

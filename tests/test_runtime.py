@@ -77,8 +77,15 @@ def test_plan_parity_with_simulator(packed, sets):
     # withdrawn in time depends on the real reader's timing), the work before the first wait and that read's landing
     cov = calibrate.read_coverage(res["counters"])
     assert cov["layers"] > 0 and cov["span_ms"] > 0 and cov["latency_ms"] > 0 and cov["gap_sd_ms"] > 0
-    assert calibrate.read_coverage({}) == {"layers": 0, "span_ms": None, "latency_ms": None, "gap_sd_ms": None}
+    # the head start is the span less the lanes in it: host work only, so positive and shorter than the span
+    assert 0 < cov["head_ms"] < cov["span_ms"]
+    c = res["counters"]
+    assert c["read_reads"] >= c["read_layers"]
+    assert c["read_predict"] == (c["read_layers"] if any("prefetch" in x for x in sets) else 0)
+    assert calibrate.read_coverage({}) == {"layers": 0, "span_ms": None, "head_ms": None, "latency_ms": None,
+                                           "gap_sd_ms": None}
     assert o["read_coverage"]["span_ms"] > 0 and o["read_coverage"]["latency_ms"] > 0
+    assert o["read_coverage"]["gap_sd_ms"] > 0
     if not any("prefetch" in x for x in sets):
         assert cov["layers"] == o["read_coverage"]["layers"]
 
