@@ -119,11 +119,14 @@ def relative_lstsq(A, y, weights=None) -> list[float]:
 def fit_cpu_lane(rows, workers: int, read_cpu: float | None = 0.0) -> dict:
     """Fit the cpu lane's costs from timed calls, split by how the backend ran them.
 
-    rows: {"cls": "inline" | "split", "calls", "experts", "extra", "ms", "contended", "cold"} (aggregates or single
-    calls). Model (spec.Lane.batch_ms): inline call = per_call + work; split call = per_layer + work / workers, with
-    work = per_expert * cold + per_extra_token * extra_rows (one-thread costs; ``cold``: the experts in cold-expert
-    equivalents under the host cache model, moetier.llc - the expert count without one), plus ``per_read`` for
-    each NVMe read of the layer (``contended``). ``read_cpu``: a known per_read (the bench's reader CPU time per
+    rows: {"cls": "inline" | "split", "calls", "experts", "extra", "ms", "contended", "cold", "crit_cold",
+    "crit_extra"} (aggregates or single calls). Model (spec.Lane.cost): inline call = per_call + work; split call =
+    per_layer + the work of its longest share (the batch is dealt out strided over ``workers`` threads: ``crit_*``,
+    else cold / workers and extra / workers), with work = per_expert * cold + per_extra_token * extra_rows
+    (one-thread costs; ``cold``: the experts in cold-expert equivalents under the host cache model, moetier.llc -
+    the expert count without one), plus ``per_read`` for each NVMe read of the layer (``contended``).
+    The longest share, not the mean: 2026-12-02 VM, all-in-RAM C2's split calls (7.4 experts, odd counts half the
+    time) cost 13% more than a fit on work / workers said. ``read_cpu``: a known per_read (the bench's reader CPU time per
     core, taken out first); None: per_read is fitted too and returned as ``per_read_ms`` - the in-situ cost,
     which also carries what a read does to the cache. Non-negative relative least squares (every row weighs the
     same).
@@ -139,7 +142,7 @@ def fit_cpu_lane(rows, workers: int, read_cpu: float | None = 0.0) -> dict:
         if r["cls"] == "inline":
             a = [r["calls"], 0.0, e, r["extra"]]
         else:
-            a = [0.0, r["calls"], e / workers, r["extra"] / workers]
+            a = [0.0, r["calls"], r.get("crit_cold", e / workers), r.get("crit_extra", r["extra"] / workers)]
         A.append(a + [n] if fit_read else a)
         y.append(max(1e-6, r["ms"] - (0.0 if fit_read else read_cpu * n)))
     coef = relative_lstsq(A, y)
@@ -173,8 +176,10 @@ def cpu_lane_costs(st, *, experts=(1, 2, 4, 8, 16), rows=(1, 2, 4, 8), repeats=7
                     t0 = time.perf_counter()
                     be.compute("cpu", jobs, x)
                     times.append((time.perf_counter() - t0) * 1e3)
+                share = -(-n // min(be.workers, n))            # the calling thread's share: the longest
                 samples.append({"cls": "inline" if n < pmin else "split", "calls": 1, "experts": n,
-                                "extra": n * (m - 1), "ms": float(np.median(times)), "rows": m})
+                                "extra": n * (m - 1), "ms": float(np.median(times)), "rows": m,
+                                "crit_cold": share, "crit_extra": share * (m - 1)})
         fit = fit_cpu_lane(samples, be.workers)
         one = [s["ms"] for s in samples if s["rows"] == 1 and s["experts"] == max(experts)][0]
         gbps = max(experts) * lay.weight_bytes / (one / 1e3) / 1e9

@@ -367,13 +367,17 @@ class LayerPlan:
 
     __slots__ = ("gpu", "zerocopy", "cpu", "nvme_cpu", "nvme_gpu", "masked", "arrivals", "demand_reads", "gpu_ms",
                  "cpu_ms", "nvme_wait_ms", "gpu_wait_ms", "ms", "cpu_cold", "issue_ms",
-                 "head_ms")
+                 "head_ms", "cpu_crit", "wait_from")
 
     def __init__(self):
         self.gpu, self.zerocopy, self.cpu, self.nvme_cpu, self.nvme_gpu, self.masked = [], [], [], [], [], []
         self.arrivals: dict = {}
         self.demand_reads = 0
         self.cpu_cold = 0.0        # the cpu lane's RAM picks in cold-expert equivalents (host cache, moetier.llc)
+        # a split batch: (cold-expert equivalents, extra rows) of its longest share, what the call's time follows
+        self.cpu_crit = None
+        # wait_from: when the host, past its lanes, the reads' contention and its head, first waits for a read
+        self.wait_from = 0.0
         # gpu_wait_ms: the part of nvme_wait_ms spent on the gpu lane (read + push of NVMe -> VRAM picks)
         self.gpu_ms = self.cpu_ms = self.nvme_wait_ms = self.gpu_wait_ms = self.ms = 0.0
         # issue_ms: when the host, past the resident lanes it runs itself, issues the prefetch for the layers ahead
@@ -424,6 +428,10 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
         zpl, zpe, zpx = zc if zc else (INF, INF, 0.0)
         W, pmin, cpc = ctx.cpu_workers, ctx.cpu_pmin, ctx.cpu_call
         n_c, work_c = 0, 0.0          # the cpu batch so far: experts and summed one-thread work
+        # a split call deals the batch out strided (backends/cpu/lane.py: thread i takes experts i, i + W, ...) and
+        # ends with its longest share: per thread its work, cold-expert equivalents and extra rows
+        shares, crit = [0.0] * W, 0.0
+        share_cold, share_extra = [0.0] * W, [0] * W
         cold = 0.0
         factor = llc.factor if llc is not None else None
         for m, k in ram_l:
@@ -432,10 +440,12 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
             w = pe + cpx * (m - 1) if m > 1 else pe
             work1 = work_c + w
             n1 = n_c + 1
+            i = n_c % W
+            s_i = shares[i] + w
             if n1 < pmin:
                 ce = cpc + work1
             else:
-                ce = cpl + work1 / (W if W < n1 else n1)
+                ce = cpl + (s_i if s_i > crit else crit)
             ge = (g if zc_on else g + zpl) + zpe
             if m > 1:
                 ge += zpx * (m - 1)
@@ -443,6 +453,11 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
                 c = ce
                 c_on = True
                 n_c, work_c = n1, work1
+                shares[i] = s_i
+                if s_i > crit:
+                    crit = s_i
+                share_cold[i] += f
+                share_extra[i] += m - 1
                 cpu_list.append(k)
                 cold += f
             else:
@@ -450,6 +465,9 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
                 zc_on = True
                 zc_list.append(k)
         plan.cpu_cold = cold
+        if n_c >= pmin and W > 1:
+            i = shares.index(crit)
+            plan.cpu_crit = (share_cold[i], share_extra[i])
 
     plan.issue_ms = c if ctx.overlap else g + c
     if nvme_l:
@@ -591,6 +609,7 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, he
     # the cpu lane is the host's: its NVMe picks start past the head (c is its end on the host timeline here, its
     # busy time once the head is taken off again below)
     c += head
+    plan.wait_from = c
     if spread:
         cf, gf = _Finish(c, nvme.cv_own), _Finish(g, nvme.cv_own)
     for k in order:
@@ -599,8 +618,9 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, he
             a = 0.0
         m = picks[k]
         if cpu:
-            cs = c + (ctx.cpu_call if c_on or ctx.cpu_pmin > 1 else cpu[0])
-            cw = cpu[1] + cpu[2] * (m - 1)
+            # the call is made once the bytes are there: its set-up follows the wait, it does not hide under it
+            cs = c
+            cw = (ctx.cpu_call if c_on or ctx.cpu_pmin > 1 else cpu[0]) + cpu[1] + cpu[2] * (m - 1)
             ce = (cs if cs >= a else a + wake) + cw
         else:
             ce = INF
@@ -678,7 +698,7 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nv
         else:
             lg = ge - lc - head
             plan.nvme_gpu.append(k)
-    now = g + c + head
+    now = plan.wait_from = g + c + head
     wait = gwait = 0.0
     spread = nvme.spread
     fin = _Finish(now, nvme.cv_own) if spread else None

@@ -104,11 +104,13 @@ class Runtime:
                           cpu_inline_calls=0, cpu_inline_experts=0, cpu_inline_extra=0, cpu_inline_s=0.0,
                           cpu_inline_contended=0, cpu_split_calls=0, cpu_split_experts=0, cpu_split_extra=0,
                           cpu_split_s=0.0, cpu_split_contended=0, cpu_inline_cold=0.0, cpu_split_cold=0.0,
+                          cpu_split_crit_cold=0.0, cpu_split_crit_extra=0,
                           predict_s=0.0, predict_layers=0,
                           gpu_calls=0, gpu_experts=0, gpu_extra=0, zc_calls=0, zc_experts=0, zc_extra=0, copies=0,
                           stage_s=0.0, read_layers=0, read_span_s=0.0, read_latency_n=0, read_latency_s=0.0,
                           read_gap_sq=0.0, read_head_s=0.0, read_reads=0, read_predict=0)
         self.cpu_pmin = int(getattr(backend, "parallel_min", 0) or 0)
+        self.cpu_workers = max(1, int(getattr(backend, "workers", 1) or 1))
         self.call_groups: dict[tuple, list] = {}      # (lane, experts, extra rows, contended) -> [calls, seconds]
 
     # -- setup --------------------------------------------------------------------------------------------------
@@ -178,9 +180,11 @@ class Runtime:
             for ev in L.land(td, protect):
                 self._release_ram(ev)
 
-    def _book_cpu_call(self, keys, picks, seconds: float, contended: int = 0, cold: float | None = None) -> None:
+    def _book_cpu_call(self, keys, picks, seconds: float, contended: int = 0, cold: float | None = None,
+                       crit: tuple | None = None) -> None:
         """cpu lane accounting per call, split by how the backend ran it (inline vs split over workers): the
-        inputs of the lane cost fit in moetier.bench.fit_cpu_lane."""
+        inputs of the lane cost fit in moetier.bench.fit_cpu_lane. A split call also books its longest share
+        (``crit``: cold-expert equivalents, extra rows; the plan's, else by count over the strided deal)."""
         st = self.stats
         cls = "inline" if len(keys) < max(2, self.cpu_pmin) else "split"
         st["lane_cpu_s"] += seconds
@@ -193,6 +197,13 @@ class Runtime:
         st[f"cpu_{cls}_s"] += seconds
         st[f"cpu_{cls}_contended"] += contended
         st[f"cpu_{cls}_cold"] += len(keys) if cold is None else cold
+        if cls == "split":
+            if crit is None:
+                share = keys[0::min(self.cpu_workers, len(keys))]
+                crit = ((len(keys) if cold is None else cold) * len(share) / len(keys),
+                        sum(picks[k] - 1 for k in share))
+            st["cpu_split_crit_cold"] += crit[0]
+            st["cpu_split_crit_extra"] += crit[1]
         self._group(f"cpu_{cls}", len(keys), extra, contended, seconds)
 
     def _group(self, lane, experts, extra, contended, seconds) -> None:
@@ -212,13 +223,14 @@ class Runtime:
         st[f"{p}_extra"] += extra
         self._group(p, len(keys), extra, 0, seconds)
 
-    def _compute(self, lane, keys, rows_of, picks, x, out, contended: int = 0, cold: float | None = None) -> None:
+    def _compute(self, lane, keys, rows_of, picks, x, out, contended: int = 0, cold: float | None = None,
+                 crit: tuple | None = None) -> None:
         """One timed lane call over keys (from VRAM slots for gpu, RAM slots otherwise), booked for the fits."""
         slot_of = self.vram_slot if lane == "gpu" else self.ram_slot
         t = time.perf_counter()
         out.update(self.be.compute(lane, [(k, slot_of[k], rows_of[k]) for k in keys], x))
         if lane == "cpu":
-            self._book_cpu_call(keys, picks, time.perf_counter() - t, contended, cold)
+            self._book_cpu_call(keys, picks, time.perf_counter() - t, contended, cold, crit)
         else:
             self._book_device_call(lane, keys, picks, time.perf_counter() - t)
 
@@ -322,7 +334,7 @@ class Runtime:
         out: dict[int, np.ndarray] = {}
         if plan.cpu:   # the reads in flight meanwhile contend for the cores
             self._compute("cpu", plan.cpu, rows_of, picks, x, out, len(plan.nvme_cpu) + len(plan.nvme_gpu),
-                          plan.cpu_cold)
+                          plan.cpu_cold, plan.cpu_crit)
         if plan.cpu or plan.nvme_cpu:
             st["cpu_layers"] += 1
             st["cpu_experts"] += len(plan.cpu) + len(plan.nvme_cpu)

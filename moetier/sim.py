@@ -357,7 +357,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
                 nv = plan.nvme_cpu or plan.nvme_gpu
                 if nv and plan.demand_reads == len(plan.nvme_cpu) + len(plan.nvme_gpu):
                     acc["rl"] += 1                # read coverage, as the runtime books it (Runtime._wait_read)
-                    span, arr = plan.issue_ms + plan.head_ms, plan.arrivals[nv[0]] - t0_layer
+                    span, arr = plan.wait_from, plan.arrivals[nv[0]] - t0_layer
                     acc["span"] += span
                     acc["arr"] += arr
                     # the gap (arrival - wait) spreads over layers by the plan, and within a layer by the first

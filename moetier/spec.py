@@ -385,24 +385,19 @@ class Lane:
     # `moetier calibrate`; None: the hardware's nvme.cpu_ms_per_read / cores (moetier.plan._read_cpu)
     per_read_ms: float | None = None
 
-    def batch_ms(self, n: int, work: float) -> float:
-        """One call computing n experts whose summed single-thread work is ``work`` ms."""
-        if n <= 0:
-            return 0.0
-        if n < self.parallel_min:
-            return self.per_call_ms + work
-        return self.per_layer_ms + work / min(self.workers, n)
-
     def cost(self, rows) -> float:
-        """rows: token rows per expert computed in this layer call (a sequence, or a mapping key -> rows)."""
+        """One call over experts with these token rows (a sequence, or a mapping key -> rows): inline below
+        parallel_min, else split heaviest first, strided over the workers, ending with the longest share (as
+        moetier.plan deals a batch)."""
         if isinstance(rows, Mapping):
             rows = rows.values()
-        rows = list(rows)
-        n = len(rows)
-        if n == 0:
+        work = sorted((self.per_expert_ms + self.per_extra_token_ms * (m - 1) for m in rows), reverse=True)
+        if not work:
             return 0.0
-        extra = float(sum(rows)) - n
-        return self.batch_ms(n, n * self.per_expert_ms + self.per_extra_token_ms * extra)
+        if len(work) < self.parallel_min:
+            return self.per_call_ms + sum(work)
+        w = min(self.workers, len(work))
+        return self.per_layer_ms + max(sum(work[i::w]) for i in range(w))
 
 
 @dataclass

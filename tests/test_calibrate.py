@@ -139,6 +139,23 @@ def test_cpu_lane_fit_recovers_both_call_classes_and_takes_out_contention():
     assert "per_read_ms" not in fit_cpu_lane(quiet, W, None)
 
 
+def test_cpu_lane_fit_follows_a_split_calls_longest_share():
+    from moetier.bench import fit_cpu_lane
+    pc, pl, pe, px, W = 0.03, 0.2, 0.06, 0.02, 2
+    rows = []
+    for e in (1, 2, 3, 4, 5, 7, 9):
+        for x in (0, 1):
+            if e < 4:
+                rows.append({"cls": "inline", "calls": 10, "experts": 10 * e, "extra": 10 * x,
+                             "ms": 10 * (pc + pe * e + px * x)})
+            else:                 # odd counts: the calling thread's share is the longer one
+                share = -(-e // W)
+                rows.append({"cls": "split", "calls": 10, "experts": 10 * e, "extra": 10 * x,
+                             "crit_cold": 10 * share, "crit_extra": 10 * x, "ms": 10 * (pl + pe * share + px * x)})
+    assert fit_cpu_lane(rows, W, 0.0) == pytest.approx({"per_call_ms": pc, "per_layer_ms": pl, "per_expert_ms": pe,
+                                                        "per_extra_token_ms": px}, rel=1e-6)
+
+
 def test_cpu_lane_fit_counts_experts_in_cold_equivalents():
     from moetier.bench import fit_cpu_lane
     pl, pe, W = 0.2, 0.3, 2

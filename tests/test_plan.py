@@ -67,7 +67,8 @@ def test_nvme_stall_waits_for_arrival_and_mask_drops():
     p = plan_layer(ctx(), L, {500: 1}, 10.0, ch)
     one = 9_474_048 / 12.6e6
     assert p.arrivals[500] == pytest.approx(10.0 + 0.12 + one)
-    assert p.nvme_cpu == [500] and p.cpu_ms == pytest.approx(0.12 + one + 0.104)  # cpu handoff hidden under the read
+    # the call is made once the bytes are there: its set-up (the lane's per-call cost) follows the wait
+    assert p.nvme_cpu == [500] and p.cpu_ms == pytest.approx(0.12 + one + 0.145 + 0.104)
     assert p.nvme_wait_ms > 0
     pm = plan_layer(ctx(exact="mask"), L, {500: 1, 501: 1}, 0.0, NvmeChannel(9_474_048, 24.0))
     assert sorted(pm.masked) == [500, 501] and pm.ms == 0.0
@@ -175,9 +176,9 @@ def test_wake_up_is_paid_only_by_a_lane_that_waited_for_its_bytes():
     L = Ledger(1000, 0, 8)
     L.seed(range(10, 18))
     waited = plan_layer(cpu_only, L, {500: 1}, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0, wake_ms=0.25))
-    # the read lands at 1.0; the idle cpu lane (started at its per_layer) waits, resumes 0.25 ms later, runs it
-    assert waited.nvme_wait_ms == pytest.approx(1.0 + 0.25 - 0.145)
-    assert waited.cpu_ms == pytest.approx(1.0 + 0.25 + 0.104)
+    # the read lands at 1.0; the idle cpu lane waits from 0, resumes 0.25 ms later, makes the call (per_layer), runs it
+    assert waited.nvme_wait_ms == pytest.approx(1.0 + 0.25)
+    assert waited.cpu_ms == pytest.approx(1.0 + 0.25 + 0.145 + 0.104)
     # a lane still busy when the bytes land (8 resident picks of 3 rows: 0.145 + 8 x 0.184 > 1.0) finds them there
     picks = {k: 3 for k in range(10, 18)} | {500: 1}
     p = plan_layer(cpu_only, L, picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0, wake_ms=0.25))
@@ -426,3 +427,16 @@ def test_the_hosts_lateness_races_the_reads_like_their_spread():
     due = 1.0 + 0.104
     extra = late(due - free, math.hypot(0.3 * 1.0, 0.4)) - (due - free)
     assert both.cpu_ms == pytest.approx(det.cpu_ms + extra) and extra > 0
+
+
+def test_a_split_batch_ends_with_its_longest_strided_share():
+    cpu = Lane("cpu", "ram", 0.3, 0.1, 0.05, per_call_ms=0.02, workers=2, parallel_min=4)
+    c = ctx(vram_slots=0, lanes={"cpu": cpu, "zerocopy": None})
+    picks = {10: 1, 11: 3, 12: 1, 13: 2, 14: 1}
+    p = plan_layer(c, cpu_only_ledger(), picks, 0.0, None)
+    # heaviest first (rows 3, 2, 1, 1, 1), dealt out strided: {3, 1, 1} on the calling thread, {2, 1} on the worker
+    assert p.cpu[:2] == [11, 13] and sorted(p.cpu) == sorted(picks)
+    assert p.cpu_ms == pytest.approx(cpu.cost(picks)) and p.cpu_ms == pytest.approx(0.3 + (0.2 + 0.1 + 0.1))
+    assert p.cpu_crit == (3.0, 2)
+    few = plan_layer(c, cpu_only_ledger(), {10: 1, 11: 1, 12: 1}, 0.0, None)
+    assert few.cpu_crit is None and few.cpu_ms == pytest.approx(0.02 + 0.3)

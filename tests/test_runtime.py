@@ -81,6 +81,11 @@ def test_plan_parity_with_simulator(packed, sets):
     assert 0 < cov["head_ms"] < cov["span_ms"]
     c = res["counters"]
     assert c["read_reads"] >= c["read_layers"]
+    # a split call books its longest share: at least its fair part of the batch, less than all of it
+    from backends.cpu.lane import cores
+    if cores() > 1:
+        assert c["cpu_split_calls"] > 0
+        assert c["cpu_split_cold"] / cores() <= c["cpu_split_crit_cold"] < c["cpu_split_cold"]
     assert c["read_predict"] == (c["read_layers"] if any("prefetch" in x for x in sets) else 0)
     assert calibrate.read_coverage({}) == {"layers": 0, "span_ms": None, "head_ms": None, "latency_ms": None,
                                            "gap_sd_ms": None}

@@ -143,6 +143,11 @@ def test_lane_cost():
     assert lane.cost([1]) == pytest.approx(0.145 + 0.104)
     assert lane.cost([1, 3]) == pytest.approx(0.145 + 2 * 0.104 + 2 * 0.040)
     assert lane.cost({7: 1, 9: 3}) == pytest.approx(lane.cost([1, 3]))
+    # split over two workers, heaviest first and strided: shares {3, 1, 1} and {2, 1}; the call ends with the first
+    split = spec.Lane("cpu", "ram", 0.3, 0.1, 0.05, per_call_ms=0.02, workers=2, parallel_min=4)
+    share = lambda ms: sum(0.1 + 0.05 * (m - 1) for m in ms)     # noqa: E731
+    assert split.cost([1, 3, 1, 2, 1]) == pytest.approx(0.3 + share([3, 1, 1]))
+    assert split.cost([1, 1, 1]) == pytest.approx(0.02 + share([1, 1, 1]))     # below parallel_min: inline
 
 
 def test_fixed_interpolation_and_extrapolation():
