@@ -42,7 +42,9 @@ def main(argv=None):
         if arm is None:
             sys.exit(f"repredict_calibration: {a.record}: arm {row['arm']!r} is not in today's default matrix")
         Ra = calibrate.arm_recipe(rec["recipe"], arm, terms)
-        p = sim.run(Ra, tr, arm["conc"], max_steps=cal["steps"])
+        # the runtime planned on the plan pass's terms: they deal the RAM picks (calibrate.predict_and_compare)
+        choose = calibrate.arm_recipe(rec["recipe"], arm, cal["plan_terms"]) if cal.get("plan_terms") else None
+        p = sim.run(Ra, tr, arm["conc"], max_steps=cal["steps"], choose=choose)
         meas, pred = row["ms_per_token"]["measured"], calibrate.sim_buckets(Ra, p)
         rows.append({"arm": row["arm"], "fit": row["fit"], "recorded_error_pct": row["error_pct"],
                      "error_pct": (p["tok_s"] / row["measured_tok_s"] - 1) * 100,

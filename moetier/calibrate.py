@@ -248,12 +248,14 @@ def fit_head(counters: list[dict]) -> dict:
             "head_per_predict_ms": coef.get(2, 0.0)}
 
 
-def fit_lane_lateness(recipe_id, tr, fit_arms, measured, steps, terms, min_layers: int = 50) -> dict:
+def fit_lane_lateness(recipe_id, tr, fit_arms, measured, steps, terms, min_layers: int = 50,
+                      planned_on: dict | None = None) -> dict:
     """The host's lateness to its first wait (engine ``lane_lateness_sd_ms_by_rows``, ms): per fit arm, the
     variance of the measured gap (landing minus wait start, ``read_coverage``) beyond the simulator's own for that
     arm with ``terms`` (the plan's spread over layers and the reads' modeled lateness), pooled by engine and rows
     over the read layers. The reads' spread alone gave ~0.3-0.5 ms where the runtime's waits implied ~1.4 (run 18,
-    tail-prefetch-C2). Arms with fewer than ``min_layers`` read layers set nothing."""
+    tail-prefetch-C2). Arms with fewer than ``min_layers`` read layers set nothing. ``planned_on``: the terms the
+    runtime planned on (they deal the RAM picks in the simulator too, predict_and_compare)."""
     pool: dict = {}
     base = {**terms, "lane_lateness_sd_ms_by_rows": {}}
     for a in fit_arms:
@@ -261,7 +263,8 @@ def fit_lane_lateness(recipe_id, tr, fit_arms, measured, steps, terms, min_layer
         cov = read_coverage(m["counters"])
         if cov["gap_sd_ms"] is None or cov["layers"] < min_layers:
             continue
-        p = sim.run(arm_recipe(recipe_id, a, base), tr, a["conc"], max_steps=steps)["read_coverage"]
+        p = sim.run(arm_recipe(recipe_id, a, base), tr, a["conc"], max_steps=steps,
+                    choose=arm_recipe(recipe_id, a, planned_on) if planned_on else None)["read_coverage"]
         if p["gap_sd_ms"] is None:
             continue
         n, extra = pool.setdefault((m.get("engine"), a["conc"]), [0, 0.0]), cov["gap_sd_ms"] ** 2 - p["gap_sd_ms"] ** 2
@@ -520,11 +523,16 @@ def term_overrides(terms: dict, lanes=("cpu",)) -> list[str]:
             + [f"calibration.host={json.dumps(host)}", f"calibration.fixed_ms={json.dumps(terms['fixed_ms'])}"])
 
 
-def predict_and_compare(recipe_id, tr, arms, measured, steps, terms) -> list[dict]:
+def predict_and_compare(recipe_id, tr, arms, measured, steps, terms, plan_terms=None) -> list[dict]:
+    """Predict every arm with the fitted ``terms``. The runtime planned on ``plan_terms`` (the plan pass's): they
+    deal the RAM picks to lanes in the simulator too, so that a cost that moved between the passes does not
+    change which lane computes what (2026-12-02 VM, pass drift +31%: vram102-C2 computed 11.4 zerocopy picks per
+    token, the simulator on the checked terms alone 6.8)."""
     rows = []
     for a in arms:
         R = arm_recipe(recipe_id, a, terms)
-        p = sim.run(R, tr, a["conc"], max_steps=steps)
+        p = sim.run(R, tr, a["conc"], max_steps=steps,
+                    choose=arm_recipe(recipe_id, a, plan_terms) if plan_terms else None)
         m = measured[a["name"]]
         c, tok = m["counters"], m["tokens"]
         meas_tok_s = m["tokens"] / m["wall_s"]          # the middle repeats (_merge)
@@ -640,19 +648,20 @@ def calibrate(recipe_id, st, tr, *, arms=None, steps=200, repeats=2, plan_repeat
 
     fit_arms = [a for a in arms if a["fit"]]
     cpu = R.lanes.get("cpu")
-    def fit(measured):
+    def fit(measured, planned_on=None):
         terms = fit_terms(measured, fit_arms, cpu.workers if cpu else 1, cpu.parallel_min if cpu else 0,
                           R.hardware.get("nvme", {}).get("latency_by_qd_ms"))
-        terms["lane_lateness_sd_ms_by_rows"] = fit_lane_lateness(recipe_id, tr, fit_arms, measured, steps, terms)
+        terms["lane_lateness_sd_ms_by_rows"] = fit_lane_lateness(recipe_id, tr, fit_arms, measured, steps, terms,
+                                                                 planned_on=planned_on)
         return terms
     planned = measure(fit_arms, None, "plan", plan_repeats or max(1, repeats // 2))
     plan_terms = fit(planned)
     checked = measure(arms, plan_terms, "check", repeats)
-    terms = fit(checked)
+    terms = fit(checked, plan_terms)
     when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     if write:
         write_terms(recipe_id, terms, when)
-    rows = predict_and_compare(recipe_id, tr, arms, checked, steps, terms)
+    rows = predict_and_compare(recipe_id, tr, arms, checked, steps, terms, plan_terms)
     return {"when": when, "terms": terms, "plan_terms": plan_terms, "rows": rows,
             "summary": {**summary(rows), "pass_drift_pct": pass_drift(fit_arms, planned, checked)},
             "steps": steps, "repeats": repeats, "backend": backend, "notes": notes}

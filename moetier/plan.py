@@ -390,10 +390,95 @@ class LayerPlan:
                 "nvme_gpu": self.nvme_gpu, "masked": self.masked}
 
 
+def _gpu_ms(ctx, vram_l, picks) -> float:
+    pl, pe, px = ctx.gpu
+    g = pl
+    for k in vram_l:
+        g += pe + px * (picks[k] - 1)
+    return g
+
+
+def _ram_lanes(ctx, plan, ram_l, picks, g, llc):
+    """Deal the RAM picks (heaviest first) to the cpu or zerocopy lane, each where the layer ends sooner; returns
+    (g, c, c_on, zc_on). A split cpu call deals its batch out strided (backends/cpu/lane.py: thread i takes experts
+    i, i + W, ...) and ends with its longest share."""
+    cpu, zc = ctx.cpu, ctx.zerocopy
+    cpu_list, zc_list = plan.cpu, plan.zerocopy
+    cpl, cpe, cpx = cpu if cpu else (INF, INF, 0.0)
+    zpl, zpe, zpx = zc if zc else (INF, INF, 0.0)
+    W, pmin, cpc = ctx.cpu_workers, ctx.cpu_pmin, ctx.cpu_call
+    c, c_on, zc_on = 0.0, False, False
+    n_c, work_c = 0, 0.0          # the cpu batch so far: experts and summed one-thread work
+    shares, crit = [0.0] * W, 0.0     # per thread of a split call: its work; the longest
+    factor = llc.factor if llc is not None else None
+    for m, k in ram_l:
+        pe = cpe * factor(k) if factor is not None else cpe
+        w = pe + cpx * (m - 1) if m > 1 else pe
+        work1 = work_c + w
+        n1 = n_c + 1
+        i = n_c % W
+        s_i = shares[i] + w
+        if n1 < pmin:
+            ce = cpc + work1
+        else:
+            ce = cpl + (s_i if s_i > crit else crit)
+        ge = (g if zc_on else g + zpl) + zpe
+        if m > 1:
+            ge += zpx * (m - 1)
+        if (ce if ce > g else g) <= (c if c > ge else ge):
+            c = ce
+            c_on = True
+            n_c, work_c = n1, work1
+            shares[i] = s_i
+            if s_i > crit:
+                crit = s_i
+            cpu_list.append(k)
+        else:
+            g = ge
+            zc_on = True
+            zc_list.append(k)
+    return g, c, c_on, zc_on
+
+
+def _time_ram(ctx, plan, picks, g, llc):
+    """The cpu and zerocopy lanes' time for the RAM picks ``plan`` has dealt (in its order), on ``ctx``'s costs;
+    also the cpu batch's cold-expert equivalents and, for a split call, its longest share (``cpu_crit``)."""
+    c = 0.0
+    factor = llc.factor if llc is not None else None
+    if plan.cpu:
+        cpl, cpe, cpx = ctx.cpu
+        W = ctx.cpu_workers
+        shares, share_cold, share_extra = [0.0] * W, [0.0] * W, [0] * W
+        for n, k in enumerate(plan.cpu):
+            f = factor(k) if factor is not None else 1.0
+            m = picks[k]
+            i = n % W
+            shares[i] += cpe * f + cpx * (m - 1)
+            share_cold[i] += f
+            share_extra[i] += m - 1
+        plan.cpu_cold = sum(share_cold)
+        if len(plan.cpu) < ctx.cpu_pmin:
+            c = ctx.cpu_call + sum(shares)
+        else:
+            crit = max(shares)
+            c = cpl + crit
+            if W > 1:
+                i = shares.index(crit)
+                plan.cpu_crit = (share_cold[i], share_extra[i])
+    if plan.zerocopy:
+        zpl, zpe, zpx = ctx.zerocopy
+        g += zpl
+        for k in plan.zerocopy:
+            g += zpe + zpx * (picks[k] - 1)
+    return g, c
+
+
 def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChannel | None,
-               llc=None) -> LayerPlan:
+               llc=None, choose: PlanContext | None = None) -> LayerPlan:
     """Plan one layer call. See the module docstring for the contract. ``llc``: the host cache model
-    (moetier.llc.ReuseModel) or None; a RAM pick costs the cpu lane per_expert x its reuse factor."""
+    (moetier.llc.ReuseModel) or None; a RAM pick costs the cpu lane per_expert x its reuse factor. ``choose``:
+    the costs that deal the RAM picks to lanes, where they differ from the costs that time them (a calibration
+    predicting a run that planned on other terms; None: ``ctx``'s)."""
     plan = LayerPlan()
     sget = ledger.state.get
     absent = RAM if ledger.all_in_ram else ABSENT    # state of a key the ledger does not track
@@ -407,67 +492,19 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
         else:
             nvme_l.append(k)
 
-    gpu, zc, cpu = ctx.gpu, ctx.zerocopy, ctx.cpu
-    g = 0.0
-    g_on = False          # gpu lane has work: its per_layer is paid
-    zc_on = False
-    if vram_l:
-        pl, pe, px = gpu
-        g = pl
-        for k in vram_l:
-            g += pe + px * (picks[k] - 1)
-        g_on = True
+    g = _gpu_ms(ctx, vram_l, picks) if vram_l else 0.0
+    g_on = bool(vram_l)   # gpu lane has work: its per_layer is paid
     c = 0.0
     c_on = False
-
     if ram_l:
         if len(ram_l) > 1:
             ram_l.sort(reverse=True)      # heaviest first; ties by key (descending) keep it deterministic
-        cpu_list, zc_list = plan.cpu, plan.zerocopy
-        cpl, cpe, cpx = cpu if cpu else (INF, INF, 0.0)
-        zpl, zpe, zpx = zc if zc else (INF, INF, 0.0)
-        W, pmin, cpc = ctx.cpu_workers, ctx.cpu_pmin, ctx.cpu_call
-        n_c, work_c = 0, 0.0          # the cpu batch so far: experts and summed one-thread work
-        # a split call deals the batch out strided (backends/cpu/lane.py: thread i takes experts i, i + W, ...) and
-        # ends with its longest share: per thread its work, cold-expert equivalents and extra rows
-        shares, crit = [0.0] * W, 0.0
-        share_cold, share_extra = [0.0] * W, [0] * W
-        cold = 0.0
-        factor = llc.factor if llc is not None else None
-        for m, k in ram_l:
-            f = factor(k) if factor is not None else 1.0
-            pe = cpe * f
-            w = pe + cpx * (m - 1) if m > 1 else pe
-            work1 = work_c + w
-            n1 = n_c + 1
-            i = n_c % W
-            s_i = shares[i] + w
-            if n1 < pmin:
-                ce = cpc + work1
-            else:
-                ce = cpl + (s_i if s_i > crit else crit)
-            ge = (g if zc_on else g + zpl) + zpe
-            if m > 1:
-                ge += zpx * (m - 1)
-            if (ce if ce > g else g) <= (c if c > ge else ge):
-                c = ce
-                c_on = True
-                n_c, work_c = n1, work1
-                shares[i] = s_i
-                if s_i > crit:
-                    crit = s_i
-                share_cold[i] += f
-                share_extra[i] += m - 1
-                cpu_list.append(k)
-                cold += f
-            else:
-                g = ge
-                zc_on = True
-                zc_list.append(k)
-        plan.cpu_cold = cold
-        if n_c >= pmin and W > 1:
-            i = shares.index(crit)
-            plan.cpu_crit = (share_cold[i], share_extra[i])
+        if choose is None:
+            _ram_lanes(ctx, plan, ram_l, picks, g, llc)
+        else:
+            _ram_lanes(choose, plan, ram_l, picks, _gpu_ms(choose, vram_l, picks) if vram_l else 0.0, llc)
+        g, c = _time_ram(ctx, plan, picks, g, llc)
+        c_on = bool(plan.cpu)
 
     plan.issue_ms = c if ctx.overlap else g + c
     if nvme_l:

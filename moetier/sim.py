@@ -278,8 +278,10 @@ def _coverage(acc) -> dict:
 
 
 def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_ms: float = 0.0,
-        max_steps: int = 0, progress=None, plan_hook=None) -> dict:
-    """Replay ``trace`` through recipe ``R`` at ``conc`` streams; returns the report dict (see module docstring)."""
+        max_steps: int = 0, progress=None, plan_hook=None, choose=None) -> dict:
+    """Replay ``trace`` through recipe ``R`` at ``conc`` streams; returns the report dict (see module docstring).
+    ``choose``: a recipe whose lane costs deal the RAM picks to lanes while ``R``'s time them (moetier.calibrate:
+    the runtime it predicts planned on the plan pass's terms; plan_layer's ``choose``)."""
     seed_mode = R.policy.get("seed", "warmup")
     if seed_mode not in ("warmup", "oracle", "none"):
         raise ValueError(f"policy.seed: expected 'warmup', 'oracle' or 'none', got {seed_mode!r}")
@@ -292,6 +294,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
 
     predictor = make_predictor(R.policy, L, E)
     rp = Replay(R, predictor=predictor, rows=conc * window)
+    choose_ctx = PlanContext.from_recipe(choose) if choose is not None else None
     if seed_mode == "oracle":
         rp.ledger.seed(rank_keys(trace.ids[:, :, :topk], E))
     elif seed_mode == "warmup" and wtok:
@@ -326,7 +329,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
             t += f_layer
             picks = streams.picks(rows, layer)
             t0_layer = t
-            plan = plan_layer(rp.ctx, rp.ledger, picks, t, chan, rp.llc)
+            plan = plan_layer(rp.ctx, rp.ledger, picks, t, chan, rp.llc, choose_ctx)
             if prefetching:
                 rp.after_plan(layer, plan, streams, rows, t)
             rp.commit(plan, picks)

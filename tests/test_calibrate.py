@@ -322,7 +322,7 @@ def test_lane_lateness_is_the_measured_gap_spread_beyond_the_simulators(monkeypa
     """A fake simulator reports its own gap spread per arm; the fit pools the measured excess by engine and rows."""
     sim_sd = {1: 0.5, 2: 0.8}
 
-    def fake_sim_run(R, tr, conc, max_steps):
+    def fake_sim_run(R, tr, conc, max_steps, choose=None):
         return {"read_coverage": {"gap_sd_ms": sim_sd[conc]}}
 
     monkeypatch.setattr(calibrate.sim, "run", fake_sim_run)

@@ -440,3 +440,19 @@ def test_a_split_batch_ends_with_its_longest_strided_share():
     assert p.cpu_crit == (3.0, 2)
     few = plan_layer(c, cpu_only_ledger(), {10: 1, 11: 1, 12: 1}, 0.0, None)
     assert few.cpu_crit is None and few.cpu_ms == pytest.approx(0.02 + 0.3)
+
+
+def test_choose_deals_the_ram_picks_and_ctx_times_them():
+    """A calibration predicts a run that planned on other terms: those deal the picks, the fitted ones time them."""
+    zc = Lane("zerocopy", "ram", 0.0, 1.0, 0.0)
+    timing = ctx(vram_slots=0, lanes={"zerocopy": zc})              # cpu 0.104 per expert, zerocopy 1.0
+    dear_cpu = ctx(vram_slots=0, lanes={"zerocopy": zc, "cpu": Lane("cpu", "ram", 0.145, 5.0, 0.04)})
+    picks = {7: 1, 8: 2}
+    L = Ledger(1000, 0, 8)
+    L.seed([7, 8])
+    own = plan_layer(timing, L, picks, 0.0, None)
+    assert own.cpu == [8, 7] and own.zerocopy == []
+    p = plan_layer(timing, L, picks, 0.0, None, choose=dear_cpu)
+    assert p.zerocopy == [8, 7] and p.cpu == []
+    assert p.gpu_ms == pytest.approx(2 * 1.0) and p.cpu_ms == 0.0          # timed on the zerocopy lane's costs
+    assert plan_layer(timing, L, picks, 0.0, None, choose=timing).lanes() == own.lanes()
