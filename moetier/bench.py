@@ -125,11 +125,10 @@ def fit_cpu_lane(rows, workers: int, read_cpu: float | None = 0.0) -> dict:
     else cold / workers and extra / workers), with work = per_expert * cold + per_extra_token * extra_rows
     (one-thread costs; ``cold``: the experts in cold-expert equivalents under the host cache model, moetier.llc -
     the expert count without one), plus ``per_read`` for each NVMe read of the layer (``contended``).
-    The longest share, not the mean: 2026-12-02 VM, all-in-RAM C2's split calls (7.4 experts, odd counts half the
-    time) cost 13% more than a fit on work / workers said. ``read_cpu``: a known per_read (the bench's reader CPU time per
-    core, taken out first); None: per_read is fitted too and returned as ``per_read_ms`` - the in-situ cost,
-    which also carries what a read does to the cache. Non-negative relative least squares (every row weighs the
-    same).
+    The longest share, not the mean: a batch of 7 runs 4 experts on one thread of two. ``read_cpu``: a known per_read
+    (the bench's reader CPU time per core, taken out first); None: per_read is fitted too and returned as
+    ``per_read_ms`` - the in-situ cost, which also carries what a read does to the cache. Non-negative relative
+    least squares (every row weighs the same).
     """
     A, y = [], []
     # with no read during any call, per_read is not identifiable: left out (the planner keeps the hardware figure)

@@ -14,9 +14,9 @@ Contract
 
 The fits, from the fit arms' runtime counters:
    - cpu lane (engine record): ``moetier.bench.fit_cpu_lane`` on the runtime's calls split by how the lane ran them
-     (inline: per_call + work; split over workers: per_layer + work / workers), work in cold-expert equivalents
-     under the host cache model (hardware ``cpu.reuse_curve``, `moetier bench`; moetier.llc), plus ``per_read_ms``
-     per NVMe read of the layer (the reader's CPU work and the cache it streams through);
+     (inline: per_call + work; split over workers: per_layer + the work of its longest share), work in cold-expert
+     equivalents under the host cache model (hardware ``cpu.reuse_curve``, `moetier bench`; moetier.llc), plus
+     ``per_read_ms`` per NVMe read of the layer (the reader's CPU work and the cache it streams through);
    - gpu / zerocopy lanes (the VRAM engine's record): per call = per_layer + per_expert x experts + per_extra_token
      x extra rows, over the runtime's calls grouped by shape (``fit_device_terms``);
    - one record copy (push or drain) -> hardware ``gpu.h2d_gbps``;
@@ -210,7 +210,7 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
                               "cold": c.get(f"cpu_{cls}_cold", c[f"cpu_{cls}_experts"]),
                               **({"crit_cold": c["cpu_split_crit_cold"], "crit_extra": c["cpu_split_crit_extra"]}
                                  if cls == "split" and "cpu_split_crit_cold" in c else {})})
-        Ah.append([c["layer_calls"], c["picks"], c["reads"], c["predict_layers"], c.get("copies", 0)])
+        Ah.append([c["layer_calls"], c["picks"] - c["masked"], c["reads"], c["predict_layers"], c.get("copies", 0)])
         yh.append(host_timed_s(c) * 1e3)
         booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["stage_s"]
                   + host_timed_s(c))

@@ -522,7 +522,8 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
             plan.head_ms = head = ctx.head_layer + ctx.head_read * len(nvme_l)
             _plan_nvme(ctx, plan, picks, nvme_l, t0, nvme, g, g_on, c, c_on, ahead, head)
             g, c = plan.gpu_ms, plan.cpu_ms
-    serial = ctx.host_layer + ctx.host_pick * len(picks) + ctx.host_predict
+    # a masked pick is neither computed nor combined: the per-pick host work is the computed picks'
+    serial = ctx.host_layer + ctx.host_pick * (len(picks) - len(plan.masked)) + ctx.host_predict
     if ctx.read_cpu and nvme is not None and nvme.pf_done:
         # the CPU work of prefetch reads that ran since the last layer, on the cores the cpu lane (or the host) uses
         if c_on:
@@ -707,9 +708,9 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nv
     by the simulator after the layer, not here: the gpu picks' reads land meanwhile); then the gpu lane's NVMe
     picks, whose push to VRAM follows the read and is booked as stall (read + stage); each is a lane call of its
     own, so it pays the gpu lane's per-call cost (``per_layer_ms``) every time. The host's ``head`` (its work
-    before the first wait) runs after the resident lanes, before the first NVMe pick, in the reads' time. Each pick's work is added to
-    its lane's busy time, so g + c is the timeline's end less ``ahead``. The arrival spread (``_Finish``) adds to
-    the lane of the timeline's last pick."""
+    before the first wait) runs after the resident lanes, before the first NVMe pick, in the reads' time. Each
+    pick's work is added to its lane's busy time, so g + c is the timeline's end less ``ahead`` and the head. The
+    arrival spread (``_Finish``) adds to the lane of the timeline's last pick."""
     gpu, cpu, push = ctx.gpu, ctx.cpu, ctx.push_ms
 
     def cpu_work(on, m):            # an inline call (the lane's per_layer if it is the lane's first)

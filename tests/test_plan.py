@@ -72,6 +72,11 @@ def test_nvme_stall_waits_for_arrival_and_mask_drops():
     assert p.nvme_wait_ms > 0
     pm = plan_layer(ctx(exact="mask"), L, {500: 1, 501: 1}, 0.0, NvmeChannel(9_474_048, 24.0))
     assert sorted(pm.masked) == [500, 501] and pm.ms == 0.0
+    # a masked pick is neither computed nor combined: no per-pick host time
+    import dataclasses
+    hc = dataclasses.replace(ctx(exact="mask"), host_layer=0.05, host_pick=0.01)
+    pm = plan_layer(hc, ledger(vram=[1]), {1: 1, 500: 1, 501: 1}, 0.0, NvmeChannel(9_474_048, 24.0))
+    assert pm.ms == pytest.approx(pm.gpu_ms + 0.05 + 0.01)
 
 
 def test_nvme_without_cpu_lane_goes_to_gpu_with_push():
