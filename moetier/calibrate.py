@@ -21,7 +21,8 @@ The fits, from the fit arms' runtime counters:
      x extra rows, over the runtime's calls grouped by shape (``fit_device_terms``);
    - one record copy (push or drain) -> hardware ``gpu.h2d_gbps``;
    - host time (recipe ``calibration.host``): ``plan + bookkeeping + combine + prediction = per_layer * layer_calls
-     + per_pick * picks + per_read * NVMe reads + per_predict * predicted layers + per_copy * copies``;
+     + per_pick * picks + per_read * NVMe reads + per_predict * predicted layers + per_predict_row * their rows
+     + per_copy * copies``;
    - non-MoE time per step (recipe ``calibration.fixed_ms``): step wall minus everything booked to layers, split by
      least squares into a part per concurrency and a part per NVMe read that joins ``per_read`` (``fit_fixed``);
      concurrencies without a fit arm are interpolated by the simulator;
@@ -109,6 +110,8 @@ def default_arms(R, *, vram: bool = True) -> list[dict]:
         {"name": "tail-C4", "set": [], "conc": 4, "fit": True},
         {"name": "tail-prefetch-C1", "set": ["policy.prefetch.depth=1", "policy.prefetch.predictor=transition"],
          "conc": 1, "fit": True},
+        {"name": "tail-prefetch-C4", "set": ["policy.prefetch.depth=1", "policy.prefetch.predictor=transition"],
+         "conc": 4, "fit": True},
         {"name": f"tail{mid}g-C2", "set": [f"budget.ram_gb={mid}"], "conc": 2, "fit": False},
         {"name": "tail-prefetch-C2", "set": ["policy.prefetch.depth=1", "policy.prefetch.predictor=transition"],
          "conc": 2, "fit": False},
@@ -210,20 +213,25 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
                               "cold": c.get(f"cpu_{cls}_cold", c[f"cpu_{cls}_experts"]),
                               **({"crit_cold": c["cpu_split_crit_cold"], "crit_extra": c["cpu_split_crit_extra"]}
                                  if cls == "split" and "cpu_split_crit_cold" in c else {})})
-        Ah.append([c["layer_calls"], c["picks"] - c["masked"], c["reads"], c["predict_layers"], c.get("copies", 0)])
+        Ah.append([c["layer_calls"], c["picks"] - c["masked"], c["reads"], c["predict_layers"],
+                   c.get("predict_rows", 0), c.get("copies", 0)])
         yh.append(host_timed_s(c) * 1e3)
         booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["stage_s"]
                   + host_timed_s(c))
         unbooked.append((a["conc"], c["reads"] / m["steps"], max(0.0, (m["wall_s"] - booked) * 1e3 / m["steps"])))
-    # a term no fit arm exercises (no prediction, no copies) is not identifiable: left out, set to 0
-    used = [j for j in range(5) if j < 3 or any(r[j] for r in Ah)]
+    # a term no fit arm exercises (no prediction, no copies) is not identifiable: left out, set to 0; so is the
+    # prediction's part per row without predicting arms at two concurrencies (the predictor reads every row's
+    # picks: 2026-12-02 VM, tail-prefetch-C2's host time 14-24% over a per-layer term fitted at C1)
+    pred_concs = {a["conc"] for a, r in zip(fit, Ah) if r[3]}
+    used = [j for j in range(6) if j < 3 or (any(r[j] for r in Ah) and (j != 4 or len(pred_concs) > 1))]
     coef = dict(zip(used, relative_lstsq([[r[j] for j in used] for r in Ah], yh)))
-    hl, hp, hr, hpred, hcopy = (coef.get(j, 0.0) for j in range(5))
+    hl, hp, hr, hpred, hpred_row, hcopy = (coef.get(j, 0.0) for j in range(6))
     fixed, per_read_unbooked = fit_fixed(unbooked)
     hr += per_read_unbooked
     out = {"cpu": {**fit_cpu_lane(lane_rows, workers, None), "workers": workers, "parallel_min": parallel_min},
            "host": {"per_layer_ms": hl, "per_pick_ms": hp, "per_read_ms": hr, "per_predict_ms": hpred,
-                    "per_copy_ms": hcopy, **fit_head([measured[a["name"]]["counters"] for a in fit])},
+                    "per_predict_row_ms": hpred_row, "per_copy_ms": hcopy,
+                    **fit_head([measured[a["name"]]["counters"] for a in fit])},
            "fixed_ms": fixed,
            **fit_channel([measured[a["name"]] for a in fit], idle_latency)}
     out.update(fit_device_terms([measured[a["name"]] for a in fit]))
@@ -267,9 +275,9 @@ def fit_lane_lateness(recipe_id, tr, fit_arms, measured, steps, terms, min_layer
                     choose=arm_recipe(recipe_id, a, planned_on) if planned_on else None)["read_coverage"]
         if p["gap_sd_ms"] is None:
             continue
-        n, extra = pool.setdefault((m.get("engine"), a["conc"]), [0, 0.0]), cov["gap_sd_ms"] ** 2 - p["gap_sd_ms"] ** 2
-        n[0] += cov["layers"]
-        n[1] += cov["layers"] * max(0.0, extra)
+        acc = pool.setdefault((m.get("engine"), a["conc"]), [0, 0.0])      # read layers, their excess variance
+        acc[0] += cov["layers"]
+        acc[1] += cov["layers"] * max(0.0, cov["gap_sd_ms"] ** 2 - p["gap_sd_ms"] ** 2)
     out: dict = {}
     for (eng, rows), (n, v) in sorted(pool.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
         out.setdefault(eng, {})[str(rows)] = round(math.sqrt(v / n), 4)

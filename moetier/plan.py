@@ -274,8 +274,9 @@ def burst_table_for_rows(rows: int, engines=(), record_bytes: int | None = None)
 def channel_term(field: str, rows: int, engines=(), record_bytes: int | None = None) -> float:
     """A per-rows term of the NVMe channel at ``rows`` token rows - ``nvme_wake_ms_by_rows`` (the wake-up, ms),
     ``nvme_latency_cv_shared_by_rows`` / ``nvme_latency_cv_own_by_rows`` (the latency's spread),
-    ``nvme_latency_prefetch_factor_by_rows`` (a demand read beside a prefetch read in service) - from the engine whose
-    latency table applies; 0 if unmeasured."""
+    ``nvme_latency_prefetch_factor_by_rows`` (a demand read beside a prefetch read in service),
+    ``lane_lateness_sd_ms_by_rows`` (the host's lateness to its first wait, ms) - from the engine whose latency
+    table applies; 0 if unmeasured."""
     src = _engine_tables(engines, record_bytes).get(field) or {}
     by_rows = {int(r): float(v) for r, v in src.items()}
     return _at_rows(by_rows, rows, lambda a, b, f: a * (1 - f) + b * f) if by_rows else 0.0
@@ -300,7 +301,7 @@ class PlanContext:
     host_pick: float = 0.0     # ... per pick
     host_read: float = 0.0     # ... and per NVMe pick (issue, slot, landing bookkeeping)
     read_cpu: float = 0.0      # core time one NVMe read takes from the cpu lane (O_DIRECT + checksum), per lane ms
-    host_predict: float = 0.0  # serial host time per layer of a prefetch predictor (when prefetch is on)
+    host_predict: float = 0.0  # serial host time per layer of a prefetch predictor (when prefetch is on), at its rows
     copy_serial: bool = False  # admission pushes and drains run after the lanes, one after another (no overlap)
     host_copy: float = 0.0     # serial host time per admission push or drain (submit, wait, landing bookkeeping)
     # the part of the host time above that runs between a layer's first NVMe submit and its first wait (the rest of
@@ -310,7 +311,8 @@ class PlanContext:
     head_read: float = 0.0
 
     @classmethod
-    def from_recipe(cls, R) -> "PlanContext":
+    def from_recipe(cls, R, rows: int = 1) -> "PlanContext":
+        """``rows``: token rows per step (the prediction's host time has a part per row)."""
         def lane(name):
             ln = R.lanes.get(name)
             return None if ln is None else (ln.per_layer_ms, ln.per_expert_ms, ln.per_extra_token_ms)
@@ -335,7 +337,8 @@ class PlanContext:
                    host_layer=float(host.get("per_layer_ms", 0.0)), host_pick=float(host.get("per_pick_ms", 0.0)),
                    host_read=float(host.get("per_read_ms", 0.0)),
                    read_cpu=_read_cpu(R),
-                   host_predict=float(host.get("per_predict_ms", 0.0)) if _prefetching(R.policy) else 0.0,
+                   host_predict=(float(host.get("per_predict_ms", 0.0))
+                                 + rows * float(host.get("per_predict_row_ms", 0.0)) if _prefetching(R.policy) else 0.0),
                    copy_serial=gpu is not None and not overlap,
                    host_copy=float(host.get("per_copy_ms", 0.0)),
                    head_layer=float(host.get("head_per_layer_ms", 0.0)) + (

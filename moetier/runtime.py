@@ -105,7 +105,7 @@ class Runtime:
                           cpu_inline_contended=0, cpu_split_calls=0, cpu_split_experts=0, cpu_split_extra=0,
                           cpu_split_s=0.0, cpu_split_contended=0, cpu_inline_cold=0.0, cpu_split_cold=0.0,
                           cpu_split_crit_cold=0.0, cpu_split_crit_extra=0,
-                          predict_s=0.0, predict_layers=0,
+                          predict_s=0.0, predict_layers=0, predict_rows=0,
                           gpu_calls=0, gpu_experts=0, gpu_extra=0, zc_calls=0, zc_experts=0, zc_extra=0, copies=0,
                           stage_s=0.0, read_layers=0, read_span_s=0.0, read_latency_n=0, read_latency_s=0.0,
                           read_gap_sq=0.0, read_head_s=0.0, read_reads=0, read_predict=0)
@@ -349,6 +349,7 @@ class Runtime:
                           on_issue=self.issue_prefetch)
             st["predict_s"] += time.perf_counter() - t_pred   # prediction + prefetch issue: host time
             st["predict_layers"] += 1
+            st["predict_rows"] += len(rows)
         # 4. residency intents, in the simulator's order (Replay.commit), each landing after its bytes did
         b0 = time.perf_counter()
         inner0 = _inner(st)

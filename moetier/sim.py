@@ -87,7 +87,7 @@ class Replay:
 
     def __init__(self, R, *, predictor=None, rows: int = 1):
         self.R = R
-        self.ctx = PlanContext.from_recipe(R)
+        self.ctx = PlanContext.from_recipe(R, rows)
         self.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, exclusive=R.policy.get("ram", "exclusive")
                              == "exclusive", ram_policy=R.policy.get("ram_evict", "lru"))
         nvme, engines = R.hardware.get("nvme", {}), getattr(R, "engines", ())
@@ -294,7 +294,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
 
     predictor = make_predictor(R.policy, L, E)
     rp = Replay(R, predictor=predictor, rows=conc * window)
-    choose_ctx = PlanContext.from_recipe(choose) if choose is not None else None
+    choose_ctx = PlanContext.from_recipe(choose, conc * window) if choose is not None else None
     if seed_mode == "oracle":
         rp.ledger.seed(rank_keys(trace.ids[:, :, :topk], E))
     elif seed_mode == "warmup" and wtok:

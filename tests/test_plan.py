@@ -461,3 +461,14 @@ def test_choose_deals_the_ram_picks_and_ctx_times_them():
     assert p.zerocopy == [8, 7] and p.cpu == []
     assert p.gpu_ms == pytest.approx(2 * 1.0) and p.cpu_ms == 0.0          # timed on the zerocopy lane's costs
     assert plan_layer(timing, L, picks, 0.0, None, choose=timing).lanes() == own.lanes()
+
+
+def test_the_predictions_host_time_has_a_part_per_row():
+    R = SimpleNamespace(id="t", experts=100, lanes={"cpu": Lane("cpu", "ram", 0.145, 0.104, 0.04)}, vram_slots=0,
+                        nvme_expert_bytes=1_000_000, h2d_gbps=0.0,
+                        policy={"prefetch": {"depth": 1, "predictor": "transition"}},
+                        host={"per_predict_ms": 0.1, "per_predict_row_ms": 0.05})
+    assert PlanContext.from_recipe(R).host_predict == pytest.approx(0.15)
+    assert PlanContext.from_recipe(R, rows=4).host_predict == pytest.approx(0.3)
+    R.policy = {}
+    assert PlanContext.from_recipe(R, rows=4).host_predict == 0.0          # no prediction without prefetch
