@@ -16,6 +16,7 @@ from itertools import combinations
 
 import numpy as np
 
+from moetier.spec import deal
 from moetier.transport import Reader, SlotPool
 
 
@@ -175,7 +176,7 @@ def cpu_lane_costs(st, *, experts=(1, 2, 4, 8, 16), rows=(1, 2, 4, 8), repeats=7
                     t0 = time.perf_counter()
                     be.compute("cpu", jobs, x)
                     times.append((time.perf_counter() - t0) * 1e3)
-                share = -(-n // min(be.workers, n))            # the calling thread's share: the longest
+                share = len(deal(range(n), be.workers)[0])       # the calling thread's share: the longest
                 samples.append({"cls": "inline" if n < pmin else "split", "calls": 1, "experts": n,
                                 "extra": n * (m - 1), "ms": float(np.median(times)), "rows": m,
                                 "crit_cold": share, "crit_extra": share * (m - 1)})

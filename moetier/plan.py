@@ -401,22 +401,23 @@ def _gpu_ms(ctx, vram_l, picks) -> float:
     return g
 
 
-def _ram_lanes(ctx, plan, ram_l, picks, g, llc):
-    """Deal the RAM picks (heaviest first) to the cpu or zerocopy lane, each where the layer ends sooner; returns
-    (g, c, c_on, zc_on). A split cpu call deals its batch out strided (backends/cpu/lane.py: thread i takes experts
-    i, i + W, ...) and ends with its longest share."""
-    cpu, zc = ctx.cpu, ctx.zerocopy
-    cpu_list, zc_list = plan.cpu, plan.zerocopy
-    cpl, cpe, cpx = cpu if cpu else (INF, INF, 0.0)
-    zpl, zpe, zpx = zc if zc else (INF, INF, 0.0)
+def _ram_lanes(ctx, ram_l, g, llc, cpu_list, zc_list, force=None):
+    """Deal the RAM picks (``ram_l``: (rows, key), heaviest first) to the cpu or zerocopy lane, each where the layer
+    ends sooner on ``ctx``'s costs - or, with ``force`` (the keys already dealt to the cpu lane), as dealt, only
+    timed on them. Appends to the two lists; returns (g, c, the cpu batch's cold-expert equivalents, its longest
+    share's (cold, extra rows) if the call is split else None). A split call deals its batch out strided
+    (spec.deal: thread i takes experts i, i + W, ...) and ends with its longest share."""
+    cpl, cpe, cpx = ctx.cpu if ctx.cpu else (INF, INF, 0.0)
+    zpl, zpe, zpx = ctx.zerocopy if ctx.zerocopy else (INF, INF, 0.0)
     W, pmin, cpc = ctx.cpu_workers, ctx.cpu_pmin, ctx.cpu_call
-    c, c_on, zc_on = 0.0, False, False
-    n_c, work_c = 0, 0.0          # the cpu batch so far: experts and summed one-thread work
+    c, zc_on = 0.0, False
+    n_c, work_c = 0, 0.0              # the cpu batch so far: experts and summed one-thread work
     shares, crit = [0.0] * W, 0.0     # per thread of a split call: its work; the longest
+    share_cold, share_extra = [0.0] * W, [0] * W
     factor = llc.factor if llc is not None else None
     for m, k in ram_l:
-        pe = cpe * factor(k) if factor is not None else cpe
-        w = pe + cpx * (m - 1) if m > 1 else pe
+        f = factor(k) if factor is not None else 1.0
+        w = cpe * f + cpx * (m - 1) if m > 1 else cpe * f
         work1 = work_c + w
         n1 = n_c + 1
         i = n_c % W
@@ -428,52 +429,27 @@ def _ram_lanes(ctx, plan, ram_l, picks, g, llc):
         ge = (g if zc_on else g + zpl) + zpe
         if m > 1:
             ge += zpx * (m - 1)
-        if (ce if ce > g else g) <= (c if c > ge else ge):
+        if force is not None:
+            to_cpu = k in force
+        else:
+            to_cpu = (ce if ce > g else g) <= (c if c > ge else ge)
+        if to_cpu:
             c = ce
-            c_on = True
             n_c, work_c = n1, work1
             shares[i] = s_i
             if s_i > crit:
                 crit = s_i
+            share_cold[i] += f
+            share_extra[i] += m - 1
             cpu_list.append(k)
         else:
             g = ge
             zc_on = True
             zc_list.append(k)
-    return g, c, c_on, zc_on
-
-
-def _time_ram(ctx, plan, picks, g, llc):
-    """The cpu and zerocopy lanes' time for the RAM picks ``plan`` has dealt (in its order), on ``ctx``'s costs;
-    also the cpu batch's cold-expert equivalents and, for a split call, its longest share (``cpu_crit``)."""
-    c = 0.0
-    factor = llc.factor if llc is not None else None
-    if plan.cpu:
-        cpl, cpe, cpx = ctx.cpu
-        W = ctx.cpu_workers
-        shares, share_cold, share_extra = [0.0] * W, [0.0] * W, [0] * W
-        for n, k in enumerate(plan.cpu):
-            f = factor(k) if factor is not None else 1.0
-            m = picks[k]
-            i = n % W
-            shares[i] += cpe * f + cpx * (m - 1)
-            share_cold[i] += f
-            share_extra[i] += m - 1
-        plan.cpu_cold = sum(share_cold)
-        if len(plan.cpu) < ctx.cpu_pmin:
-            c = ctx.cpu_call + sum(shares)
-        else:
-            crit = max(shares)
-            c = cpl + crit
-            if W > 1:
-                i = shares.index(crit)
-                plan.cpu_crit = (share_cold[i], share_extra[i])
-    if plan.zerocopy:
-        zpl, zpe, zpx = ctx.zerocopy
-        g += zpl
-        for k in plan.zerocopy:
-            g += zpe + zpx * (picks[k] - 1)
-    return g, c
+    if n_c < pmin or not n_c:
+        return g, c, sum(share_cold), None
+    i = shares.index(crit)
+    return g, c, sum(share_cold), (share_cold[i], share_extra[i])
 
 
 def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChannel | None,
@@ -502,11 +478,12 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
     if ram_l:
         if len(ram_l) > 1:
             ram_l.sort(reverse=True)      # heaviest first; ties by key (descending) keep it deterministic
-        if choose is None:
-            _ram_lanes(ctx, plan, ram_l, picks, g, llc)
-        else:
-            _ram_lanes(choose, plan, ram_l, picks, _gpu_ms(choose, vram_l, picks) if vram_l else 0.0, llc)
-        g, c = _time_ram(ctx, plan, picks, g, llc)
+        force = None
+        if choose is not None:        # deal on choose's costs, then time what it dealt on ctx's
+            force = []
+            _ram_lanes(choose, ram_l, _gpu_ms(choose, vram_l, picks) if vram_l else 0.0, llc, force, [])
+            force = set(force)
+        g, c, plan.cpu_cold, plan.cpu_crit = _ram_lanes(ctx, ram_l, g, llc, plan.cpu, plan.zerocopy, force)
         c_on = bool(plan.cpu)
 
     plan.issue_ms = c if ctx.overlap else g + c

@@ -30,6 +30,7 @@ from moetier.errors import UserError
 from moetier.plan import plan_layer
 from moetier.predict import make_predictor
 from moetier.sim import Replay, Streams, _segment_plan, rank_keys
+from moetier.spec import deal
 from moetier.transport import TransportError
 
 EPS = 1e-6
@@ -199,7 +200,7 @@ class Runtime:
         st[f"cpu_{cls}_cold"] += len(keys) if cold is None else cold
         if cls == "split":
             if crit is None:
-                share = keys[0::min(self.cpu_workers, len(keys))]
+                share = deal(keys, self.cpu_workers)[0]
                 crit = ((len(keys) if cold is None else cold) * len(share) / len(keys),
                         sum(picks[k] - 1 for k in share))
             st["cpu_split_crit_cold"] += crit[0]

@@ -265,16 +265,15 @@ def _segment_plan(trace, conc: int, window: int, seed_mode: str, warmup_tokens: 
 
 
 def _coverage(acc) -> dict:
+    """The read coverage as the runtime books it (calibrate.read_coverage): means over the read layers, and the
+    gap's sd from the plan's spread over layers and the model's lateness within one."""
     n = acc["rl"]
     if not n:
-        return {"layers": 0, "span_ms": None, "latency_ms": None, "gap_sd_ms": None, "gap_var_model": None}
+        return {"layers": 0, "span_ms": None, "latency_ms": None, "gap_sd_ms": None}
     mean = (acc["arr"] - acc["span"]) / n
     plan_var = max(0.0, acc["gap_sq"] / n - mean * mean)
     return {"layers": n, "span_ms": acc["span"] / n, "latency_ms": acc["arr"] / n,
-            "gap_sd_ms": math.sqrt(plan_var + acc["gap_var"] / n),
-            # the lateness the model itself spreads the gap by, on average (variance, ms^2): what a measured spread
-            # beyond the plan's is set against (moetier.calibrate.fit_lane_lateness)
-            "gap_var_model": acc["gap_var"] / n}
+            "gap_sd_ms": math.sqrt(plan_var + acc["gap_var"] / n)}
 
 
 def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_ms: float = 0.0,
@@ -366,7 +365,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
                     # the gap (arrival - wait) spreads over layers by the plan, and within a layer by the first
                     # read's own and shared lateness (channel cv_own, cv_shared) and the host's (lane_sd)
                     acc["gap_sq"] += (arr - span) ** 2
-                    acc["gap_var"] += (cv2 * arr * arr if cv2 else 0.0) + lane_var
+                    acc["gap_var"] += cv2 * arr * arr + lane_var
         if meas:
             acc["ms"] += t - t0_step
             acc["fixed"] += fixed_step

@@ -369,6 +369,14 @@ def apply_overrides(recipe: dict, overrides, schema: dict | None = None) -> dict
 # resolved recipe
 
 
+def deal(items, workers: int) -> list:
+    """How a split cpu-lane call deals its batch out (backends/cpu/lane.py runs it, moetier.plan and Lane.cost
+    model it): thread i takes items i, i + w, i + 2w, ... for w = min(workers, len(items)); share 0 is the calling
+    thread's and the longest."""
+    w = max(1, min(workers, len(items)))
+    return [items[i::w] for i in range(w)]
+
+
 @dataclass(frozen=True)
 class Lane:
     """A place an expert can be computed; costs in ms."""
@@ -396,8 +404,7 @@ class Lane:
             return 0.0
         if len(work) < self.parallel_min:
             return self.per_call_ms + sum(work)
-        w = min(self.workers, len(work))
-        return self.per_layer_ms + max(sum(work[i::w]) for i in range(w))
+        return self.per_layer_ms + max(sum(share) for share in deal(work, self.workers))
 
 
 @dataclass

@@ -58,6 +58,10 @@ def test_small_matrix_fits_terms_writes_records_and_predicts(scratch):
     assert R.host["head_per_layer_ms"] == pytest.approx(round(t["host"]["head_per_layer_ms"], 6))
     eng = R.engines[-1]["id"]
     assert set(t["lane_lateness_sd_ms_by_rows"].get(eng, {})) <= {"1", "2"}
+    # every fit arm with enough read layers sets its rows' lateness
+    enough = {str(r["conc"]) for r in res["rows"] if r["fit"] and r["read_coverage"]["measured"]["layers"] >= 50
+              and r["read_coverage"]["measured"]["gap_sd_ms"] is not None}
+    assert enough and enough <= set(t["lane_lateness_sd_ms_by_rows"][eng])
     assert spec.load_record("engine", eng).get("lane_lateness_sd_ms_by_rows") == \
         (t["lane_lateness_sd_ms_by_rows"].get(eng) or None)
     s = calibrate.summary(res["rows"])

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from backends.cpu import kernels
+from moetier.spec import deal
 
 
 def cores() -> int:
@@ -45,10 +46,10 @@ class CpuLane:
 
         if self._pool is None or len(jobs) < max(2, self.parallel_min):
             return dict(part(jobs))
-        n = min(self.workers, len(jobs))
+        first, *rest = deal(jobs, self.workers)
         # the calling thread takes one share itself: one wake-up fewer, and it would only wait otherwise
-        futs = [self._pool.submit(part, jobs[i::n]) for i in range(1, n)]
-        out = dict(part(jobs[0::n]))
+        futs = [self._pool.submit(part, js) for js in rest]
+        out = dict(part(first))
         for f in futs:
             out.update(f.result())
         return out
