@@ -66,6 +66,7 @@ CHANNEL_TERMS = ("nvme_wake_ms_by_rows", "nvme_latency_cv_shared_by_rows", "nvme
 # a VRAM tier on this machine: the SYCL backend's device slots (on the OpenCL CPU device, the same cores), whose
 # engine runs its lanes and copies one after another (policy.overlap false)
 VRAM_ENGINE = "sycl-opencl-cpu"
+NOISE_FLAG_PCT = 5.0   # summary.noisy_arms: measured figures uncertain by more than this (2 standard errors)
 MIN_CALLS = 5          # device-lane call shapes seen fewer times are too noisy to fit on
 
 
@@ -427,36 +428,51 @@ def fit_fixed(unbooked) -> tuple[dict, float]:
 
 
 def fit_device_terms(fit_runs: list[dict]) -> dict:
-    """The VRAM tier's terms from the fit arms that had one: the gpu and zerocopy lanes (per call = per_layer +
-    per_expert x experts + per_extra_token x extra rows, over the runtime's calls grouped by shape) and the time of
-    one record copy (pushes and drains: copy + stage time over copies), as ``copy_ms``."""
+    """The VRAM tier's terms from the fit arms that had one: the gpu and zerocopy lanes and the time of one record
+    copy (pushes and drains: copy + stage time over copies), as ``copy_ms``. A lane call costs per_layer +
+    per_expert x experts + per_extra_token x extra rows + per_read x the layer's NVMe reads in flight + per_step_row
+    x (the step's rows - 1), fitted over the runtime's calls grouped by shape. On the SYCL CPU device (2026-12-02
+    VM) a one-expert gpu call took 0.25 ms with no read in flight, 0.29 with one, 0.30 with two - the lanes share
+    the cores with the reader - and its fixed cost grew with the step's rows, ~0.20 ms at C1, 0.28 at C2, 0.43 at C4,
+    more than the per-call arguments (the call's own rows) explain. Fitted on C1 and C4 without these two terms,
+    C1's gpu calls came out 8-22% long and C4's 21% short; with them, C1 -0.4%, C4 -1.7%, C2 (held out) -1.2%."""
     from moetier.bench import relative_lstsq
     groups: dict[str, dict] = {}
     for m in fit_runs:
-        for p, e, x, _, n, sec in m.get("call_groups", ()):
+        s = int(m.get("conc", 1)) - 1
+        for p, e, x, r, n, sec in m.get("call_groups", ()):
             if p not in ("gpu", "zc"):
                 continue
-            g = groups.setdefault(p, {}).setdefault((e, x), [0, 0.0])
+            g = groups.setdefault(p, {}).setdefault((e, x, r, s), [0, 0.0])
             g[0] += n
             g[1] += sec * 1e3
     out = {}
+    names = ("per_layer_ms", "per_expert_ms", "per_extra_token_ms", "per_read_ms", "per_step_row_ms")
     for p, shapes in sorted(groups.items()):
         # per-call means by shape; relative residuals weighted by sqrt(calls): a shape seen thrice does not pull
-        # the fit as hard as one seen a thousand times
-        rows = [(e, x, n, ms / n) for (e, x), (n, ms) in sorted(shapes.items()) if n >= MIN_CALLS] or \
-               [(e, x, n, ms / n) for (e, x), (n, ms) in sorted(shapes.items())]
-        cols = [0, 1, 2]
-        if len({e for e, *_ in rows}) < 2:
+        # the fit as hard as one seen a thousand times. Shapes seen fewer than MIN_CALLS times are pooled per
+        # concurrency into one row (their mean counts; the model is linear, so it holds for the pool): at C4 most
+        # gpu calls have a shape of their own
+        rows = [(*k, n, ms / n) for k, (n, ms) in sorted(shapes.items()) if n >= MIN_CALLS]
+        for s in sorted({k[3] for k in shapes}):
+            rare = [(*k[:3], n, ms) for k, (n, ms) in shapes.items() if k[3] == s and n < MIN_CALLS]
+            if rare:
+                n = sum(v[3] for v in rare)
+                rows.append((*(sum(v[j] * v[3] for v in rare) / n for j in range(3)), s, n,
+                             sum(v[4] for v in rare) / n))
+        cols = [0, 1, 2, 3, 4]
+        if len({row[0] for row in rows}) < 2:
             # one expert count (e.g. the zerocopy lane's single-expert calls): launch and expert cost are one
             # number; it is booked per expert so batches of several experts are not charged one launch each
             cols.remove(0)
-        if len({x for _, x, *_ in rows}) < 2:
-            cols.remove(2)
-        coef = relative_lstsq([[(1.0, e, x)[j] for j in cols] for e, x, *_ in rows], [mean for *_, mean in rows],
-                              [n ** 0.5 for *_, n, _ in rows])
+        for j in (2, 3, 4):     # extra rows, reads in flight, step rows: a term with one value is not identifiable
+            if len({row[j - 1] for row in rows}) < 2:
+                cols.remove(j)
+        coef = relative_lstsq([[(1.0, *row[:4])[j] for j in cols] for row in rows], [row[5] for row in rows],
+                              [row[4] ** 0.5 for row in rows])
         full = dict(zip(cols, coef))
-        pl, pe, px = (full.get(j, 0.0) for j in range(3))
-        out[{"gpu": "gpu", "zc": "zerocopy"}[p]] = {"per_layer_ms": pl, "per_expert_ms": pe, "per_extra_token_ms": px}
+        out[{"gpu": "gpu", "zc": "zerocopy"}[p]] = {names[j]: full.get(j, 0.0) for j in range(3)} | \
+            {names[j]: full[j] for j in (3, 4) if j in full}
     copies = sum(m["counters"].get("copies", 0) for m in fit_runs)
     if copies:
         secs = sum(m["counters"]["copy_s"] + m["counters"]["stage_s"] for m in fit_runs)
@@ -480,7 +496,8 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
         eng = spec.load_record("engine", eng_id)
         for ln, vals in [("cpu", terms["cpu"])] + (list(device.items()) if eng_id == VRAM_ENGINE else []):
             if ln in eng["lanes"]:
-                eng["lanes"][ln].pop("per_read_ms", None)       # one fitted by an earlier run must not outlive it
+                for c in spec.LANE_OPTIONAL:                    # one fitted by an earlier run must not outlive it
+                    eng["lanes"][ln].pop(c, None)
                 eng["lanes"][ln].update({k: round(v, 6) for k, v in vals.items()})
         if eng_id in tables:
             eng["nvme_latency_by_rows_qd_ms"] = tables[eng_id]
@@ -555,7 +572,8 @@ def predict_and_compare(recipe_id, tr, arms, measured, steps, terms, plan_terms=
         timed = host_timed_s(c) * 1e3 / tok
         fixed = p["ms_fixed"] / ptok
         rows.append({"arm": a["name"], "conc": a["conc"], "fit": a["fit"], "set": a["set"],
-                     "measured_tok_s": meas_tok_s, "measured_each": m["tok_s_each"], "sim_tok_s": p["tok_s"],
+                     "measured_tok_s": meas_tok_s, "measured_each": m["tok_s_each"],
+                     "noise_pct": noise_pct(m["tok_s_each"]), "sim_tok_s": p["tok_s"],
                      "error_pct": (p["tok_s"] / meas_tok_s - 1) * 100,
                      "ms_per_token": {"measured": meas, "sim": pred},
                      "bucket_error_pct": bucket_errors(meas, pred),
@@ -623,6 +641,17 @@ def _distribution(m) -> dict:
     return out
 
 
+def noise_pct(tok_s_each) -> float | None:
+    """How far the measured figure itself is uncertain: twice the standard error (a ~95% half-width) of the
+    repeats the figure pools (_merge: the middle ones), in percent of their mean; None with fewer than two. An
+    arm's error cannot be told from a model error to better than this."""
+    ranked = sorted(tok_s_each)
+    kept = ranked[1:-1] if len(ranked) >= 3 else ranked
+    if len(kept) < 2:
+        return None
+    return 200.0 * statistics.stdev(kept) / math.sqrt(len(kept)) / statistics.fmean(kept)
+
+
 def summary(rows) -> dict:
     errs = [abs(r["error_pct"]) for r in rows]
     held = [abs(r["error_pct"]) for r in rows if not r["fit"]]
@@ -633,7 +662,11 @@ def summary(rows) -> dict:
     return {"median_abs_error_pct": statistics.median(errs), "max_abs_error_pct": max(errs),
             "held_out_max_abs_error_pct": max(held) if held else None, "arms": len(rows),
             "buckets_checked": len(checked), "buckets_within_15pct": len(checked) - len(misses),
-            "bucket_misses": misses}
+            "bucket_misses": misses,
+            # arms whose measurement alone is uncertain by more than half the max-error budget (10%): their error
+            # says as much about the machine as about the model
+            "noisy_arms": [f"{r['arm']} +-{r['noise_pct']:.0f}%" for r in rows
+                           if r.get("noise_pct") is not None and r["noise_pct"] > NOISE_FLAG_PCT]}
 
 
 def calibrate(recipe_id, st, tr, *, arms=None, steps=200, repeats=2, plan_repeats=None, backend="cpu",

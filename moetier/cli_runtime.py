@@ -194,18 +194,23 @@ def cmd_calibrate(args) -> int:
           f"{json.dumps({k: round(v, 4) for k, v in t['host'].items()})}; fixed_ms {json.dumps(t['fixed_ms'])}")
     for n in res.get("notes", ()):
         print(f"note: {n}")
-    print("| arm | conc | fit/held-out | measured tok/s | sim tok/s | error | "
+    print("| arm | conc | fit/held-out | measured tok/s (+-2 se) | sim tok/s | error | "
           + " | ".join(f"ms/tok {b} (sim)" for b in calibrate.BUCKETS) + " |")
     print("|---|---|---|---|---|---|" + "---|" * len(calibrate.BUCKETS))
     for r in res["rows"]:
         m, p = r["ms_per_token"]["measured"], r["ms_per_token"]["sim"]
-        print(f"| {r['arm']} | {r['conc']} | {'fit' if r['fit'] else 'held-out'} | {r['measured_tok_s']:.1f} | "
+        noise = "" if r.get("noise_pct") is None else f" (+-{r['noise_pct']:.1f}%)"
+        print(f"| {r['arm']} | {r['conc']} | {'fit' if r['fit'] else 'held-out'} | {r['measured_tok_s']:.1f}{noise} | "
               f"{r['sim_tok_s']:.1f} | {r['error_pct']:+.1f}% | "
               + " | ".join(f"{m[b]:.2f} ({p[b]:.2f})" for b in calibrate.BUCKETS) + " |")
     s = res["summary"]
     print(f"median |error| {s['median_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}%, held-out max "
           f"{s['held_out_max_abs_error_pct']:.1f}% over {s['arms']} arms; buckets within 15%: "
           f"{s['buckets_within_15pct']}/{s['buckets_checked']} (misses: {', '.join(s['bucket_misses']) or 'none'})")
+    if s.get("noisy_arms"):
+        print(f"noisy: the measured figure of {', '.join(s['noisy_arms'])} (2 standard errors over its pooled "
+              f"repeats) is uncertain by more than {calibrate.NOISE_FLAG_PCT:.0f}%: their errors are not a model check "
+              f"alone; rerun on a quieter machine or with more --repeats")
     if s.get("pass_drift_pct") is not None:
         print(f"machine drift between the plan pass and the checked pass (cpu-only fit arms, median; the terms "
               f"come from the checked pass): "

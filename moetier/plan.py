@@ -309,13 +309,22 @@ class PlanContext:
     # and per layer that predicts. It delays the first wait and overlaps the reads
     head_layer: float = 0.0
     head_read: float = 0.0
+    # what a gpu / zerocopy lane call pays per NVMe read of its layer in flight: the lane's per_read_ms where
+    # `moetier calibrate` fitted one (a device on the host's cores shares them with the reader), else 0 (a
+    # discrete GPU does not compete with the reader's CPU work)
+    gpu_read: float = 0.0
+    zc_read: float = 0.0
 
     @classmethod
     def from_recipe(cls, R, rows: int = 1) -> "PlanContext":
         """``rows``: token rows per step (the prediction's host time has a part per row)."""
         def lane(name):
             ln = R.lanes.get(name)
-            return None if ln is None else (ln.per_layer_ms, ln.per_expert_ms, ln.per_extra_token_ms)
+            if ln is None:
+                return None
+            # a call's fixed cost at this many rows per step (device lanes; the cpu lane has no such term)
+            return (ln.per_layer_ms + (ln.per_step_row_ms or 0.0) * (rows - 1), ln.per_expert_ms,
+                    ln.per_extra_token_ms)
 
         gpu = lane("gpu") if R.vram_slots > 0 else None
         if R.vram_slots > 0 and gpu is None:
@@ -324,6 +333,11 @@ class PlanContext:
         zc = lane("zerocopy")
         cpu = lane("cpu")
         cl = R.lanes.get("cpu")
+
+        def per_read(name):
+            ln = R.lanes.get(name)
+            return float(ln.per_read_ms or 0.0) if ln is not None else 0.0
+
         overlap = bool(R.policy.get("overlap", True))
         if cpu is None and zc is None and gpu is None:
             raise UserError(f"recipe {R.id}: no lane can compute RAM or NVMe experts (need cpu, zerocopy or gpu)")
@@ -343,7 +357,8 @@ class PlanContext:
                    host_copy=float(host.get("per_copy_ms", 0.0)),
                    head_layer=float(host.get("head_per_layer_ms", 0.0)) + (
                        float(host.get("head_per_predict_ms", 0.0)) if _prefetching(R.policy) else 0.0),
-                   head_read=float(host.get("head_per_read_ms", 0.0)))
+                   head_read=float(host.get("head_per_read_ms", 0.0)),
+                   gpu_read=per_read("gpu") if gpu is not None else 0.0, zc_read=per_read("zerocopy"))
 
 
 def _prefetching(policy: dict) -> bool:
@@ -393,22 +408,25 @@ class LayerPlan:
                 "nvme_gpu": self.nvme_gpu, "masked": self.masked}
 
 
-def _gpu_ms(ctx, vram_l, picks) -> float:
+def _gpu_ms(ctx, vram_l, picks, reads: int = 0) -> float:
+    """The gpu lane's call over the VRAM picks, with ``reads`` NVMe reads of the layer in flight meanwhile."""
     pl, pe, px = ctx.gpu
-    g = pl
+    g = pl + ctx.gpu_read * reads
     for k in vram_l:
         g += pe + px * (picks[k] - 1)
     return g
 
 
-def _ram_lanes(ctx, ram_l, g, llc, cpu_list, zc_list, force=None):
+def _ram_lanes(ctx, ram_l, g, llc, cpu_list, zc_list, force=None, reads: int = 0):
     """Deal the RAM picks (``ram_l``: (rows, key), heaviest first) to the cpu or zerocopy lane, each where the layer
     ends sooner on ``ctx``'s costs - or, with ``force`` (the keys already dealt to the cpu lane), as dealt, only
     timed on them. Appends to the two lists; returns (g, c, the cpu batch's cold-expert equivalents, its longest
     share's (cold, extra rows) if the call is split else None). A split call deals its batch out strided
-    (spec.deal: thread i takes experts i, i + W, ...) and ends with its longest share."""
+    (spec.deal: thread i takes experts i, i + W, ...) and ends with its longest share. ``reads``: the layer's NVMe
+    reads in flight during the zerocopy call (ctx.zc_read each; the cpu lane's share is booked by the caller)."""
     cpl, cpe, cpx = ctx.cpu if ctx.cpu else (INF, INF, 0.0)
     zpl, zpe, zpx = ctx.zerocopy if ctx.zerocopy else (INF, INF, 0.0)
+    zpl += ctx.zc_read * reads
     W, pmin, cpc = ctx.cpu_workers, ctx.cpu_pmin, ctx.cpu_call
     c, zc_on = 0.0, False
     n_c, work_c = 0, 0.0              # the cpu batch so far: experts and summed one-thread work
@@ -471,7 +489,8 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
         else:
             nvme_l.append(k)
 
-    g = _gpu_ms(ctx, vram_l, picks) if vram_l else 0.0
+    reads = 0 if ctx.mask else len(nvme_l)     # the layer's reads in flight while its resident lanes compute
+    g = _gpu_ms(ctx, vram_l, picks, reads) if vram_l else 0.0
     g_on = bool(vram_l)   # gpu lane has work: its per_layer is paid
     c = 0.0
     c_on = False
@@ -481,9 +500,10 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
         force = None
         if choose is not None:        # deal on choose's costs, then time what it dealt on ctx's
             force = []
-            _ram_lanes(choose, ram_l, _gpu_ms(choose, vram_l, picks) if vram_l else 0.0, llc, force, [])
+            _ram_lanes(choose, ram_l, _gpu_ms(choose, vram_l, picks, reads) if vram_l else 0.0, llc, force, [],
+                       reads=reads)
             force = set(force)
-        g, c, plan.cpu_cold, plan.cpu_crit = _ram_lanes(ctx, ram_l, g, llc, plan.cpu, plan.zerocopy, force)
+        g, c, plan.cpu_cold, plan.cpu_crit = _ram_lanes(ctx, ram_l, g, llc, plan.cpu, plan.zerocopy, force, reads)
         c_on = bool(plan.cpu)
 
     plan.issue_ms = c if ctx.overlap else g + c

@@ -162,9 +162,10 @@ class Runtime:
         the push's time is booked (stage_s for an NVMe pick's push, which the simulator counts as its stall)."""
         be, L = self.be, self.L
         self._drains(protect)
+        t = time.perf_counter()
         h = be.push(k, self.ram_slot[k], tp.slot)
         self._wait(h, tp, bucket)
-        self.stats["copies"] += 1
+        self._book_copy("push", t)
         for freed in L.land(tp):
             self._release_ram(freed)
         self.vram_slot[k] = tp.slot
@@ -173,13 +174,19 @@ class Runtime:
         L, be = self.L, self.be
         for td in L.take_drains():
             slot = self._alloc_ram()
+            t = time.perf_counter()
             h = be.drain(td.key, td.slot, slot)
             self._wait(h, td, "copy_s")
-            self.stats["copies"] += 1
+            self._book_copy("drain", t)
             self.vram_slot.pop(td.key, None)
             self.ram_slot[td.key] = slot
             for ev in L.land(td, protect):
                 self._release_ram(ev)
+
+    def _book_copy(self, kind: str, t: float) -> None:
+        """One record copy (push or drain) by the reads not yet consumed: the copy-time fit's rows."""
+        self.stats["copies"] += 1
+        self._group(kind, 1, 0, len(self.inflight), time.perf_counter() - t)
 
     def _book_cpu_call(self, keys, picks, seconds: float, contended: int = 0, cold: float | None = None,
                        crit: tuple | None = None) -> None:
@@ -213,7 +220,7 @@ class Runtime:
         g[0] += 1
         g[1] += seconds
 
-    def _book_device_call(self, lane, keys, picks, seconds: float) -> None:
+    def _book_device_call(self, lane, keys, picks, seconds: float, contended: int = 0) -> None:
         """gpu / zerocopy lane accounting per call: the inputs of the lane cost fit (moetier.calibrate)."""
         st = self.stats
         p = "gpu" if lane == "gpu" else "zc"
@@ -222,7 +229,7 @@ class Runtime:
         st[f"{p}_experts"] += len(keys)
         extra = sum(picks[k] - 1 for k in keys)
         st[f"{p}_extra"] += extra
-        self._group(p, len(keys), extra, 0, seconds)
+        self._group(p, len(keys), extra, contended, seconds)
 
     def _compute(self, lane, keys, rows_of, picks, x, out, contended: int = 0, cold: float | None = None,
                  crit: tuple | None = None) -> None:
@@ -233,7 +240,7 @@ class Runtime:
         if lane == "cpu":
             self._book_cpu_call(keys, picks, time.perf_counter() - t, contended, cold, crit)
         else:
-            self._book_device_call(lane, keys, picks, time.perf_counter() - t)
+            self._book_device_call(lane, keys, picks, time.perf_counter() - t, contended)
 
     def _cancel(self, h) -> bool:
         cancel = getattr(self.be, "cancel", None)
@@ -341,9 +348,9 @@ class Runtime:
             st["cpu_experts"] += len(plan.cpu) + len(plan.nvme_cpu)
             st["cpu_extra_rows"] += sum(picks[k] - 1 for k in plan.cpu) + sum(picks[k] - 1 for k in plan.nvme_cpu)
         if plan.gpu:
-            self._compute("gpu", plan.gpu, rows_of, picks, x, out)
+            self._compute("gpu", plan.gpu, rows_of, picks, x, out, len(plan.nvme_cpu) + len(plan.nvme_gpu))
         if plan.zerocopy:
-            self._compute("zerocopy", plan.zerocopy, rows_of, picks, x, out)
+            self._compute("zerocopy", plan.zerocopy, rows_of, picks, x, out, len(plan.nvme_cpu) + len(plan.nvme_gpu))
         if streams is not None and rp.prefetching:   # 3. prefetch for the layers ahead
             t_pred = time.perf_counter()
             rp.after_plan(layer, plan, streams, rows, t_model, on_expire=self.expire_real,

@@ -55,7 +55,7 @@ DEFAULT_POLICY = {
 }
 LANE_COSTS = ("per_layer_ms", "per_expert_ms", "per_extra_token_ms", "per_call_ms")
 LANE_SHAPE = ("workers", "parallel_min")     # integers: how a batch call is executed
-LANE_OPTIONAL = ("per_read_ms",)             # costs whose absence means: use another record's figure
+LANE_OPTIONAL = ("per_read_ms", "per_step_row_ms")   # costs whose absence means: another record's figure, or 0
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -392,6 +392,9 @@ class Lane:
     # cpu lane: what one NVMe read of the layer costs it (cores and cache shared with the reader), fitted in situ by
     # `moetier calibrate`; None: the hardware's nvme.cpu_ms_per_read / cores (moetier.plan._read_cpu)
     per_read_ms: float | None = None
+    # gpu / zerocopy lanes: what each token row of the step beyond the first adds to every call of the lane, fitted
+    # by `moetier calibrate` over arms at several concurrencies (moetier.plan.PlanContext folds it into per_layer)
+    per_step_row_ms: float | None = None
 
     def cost(self, rows) -> float:
         """One call over experts with these token rows (a sequence, or a mapping key -> rows): inline below

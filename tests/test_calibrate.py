@@ -92,6 +92,37 @@ def test_device_lane_and_copy_terms_recover_known_costs():
     assert calibrate.fit_device_terms([{"call_groups": [], "counters": {"copies": 0}}]) == {}
 
 
+def test_device_lane_fit_separates_reads_in_flight_and_step_rows():
+    # calls from a known model at two concurrencies, with reads in flight; at C4 some shapes are seen fewer than
+    # MIN_CALLS times and enter the fit through their pooled row
+    pl, pe, px, pr, ps = 0.2, 0.06, 0.04, 0.05, 0.07
+
+    def ms(e, x, r, conc):
+        return pl + pe * e + px * x + pr * r + ps * (conc - 1)
+
+    c1 = [["gpu", e, 0, r, 40, 40 * ms(e, 0, r, 1) / 1e3] for e in (1, 2, 3) for r in (0, 1, 2)]
+    c4 = [["gpu", e, x, r, n, n * ms(e, x, r, 4) / 1e3] for e, n in ((1, 8), (3, 2), (5, 8)) for x in (0, 2)
+          for r in (1, 3)]
+    runs = [{"conc": 1, "call_groups": c1, "counters": {}}, {"conc": 4, "call_groups": c4, "counters": {}}]
+    t = calibrate.fit_device_terms(runs)
+    assert t["gpu"] == pytest.approx({"per_layer_ms": pl, "per_expert_ms": pe, "per_extra_token_ms": px,
+                                      "per_read_ms": pr, "per_step_row_ms": ps}, rel=1e-6)
+    # one concurrency and no read in flight: neither term is identifiable, so neither is fitted
+    only = calibrate.fit_device_terms([{"conc": 1, "call_groups": [[*g[:3], 0, *g[4:]] for g in c1],
+                                        "counters": {}}])
+    assert set(only["gpu"]) == {"per_layer_ms", "per_expert_ms", "per_extra_token_ms"}
+
+
+def test_noise_is_two_standard_errors_of_the_pooled_repeats():
+    # five repeats: the fastest and slowest are dropped, the middle three (90, 100, 110) pooled
+    assert calibrate.noise_pct([50, 90, 100, 110, 200]) == pytest.approx(200 * 10 / 3 ** 0.5 / 100)
+    assert calibrate.noise_pct([100]) is None
+    rows = [{"arm": a, "fit": True, "error_pct": 1.0, "bucket_error_pct": {}, "ms_per_token": {"measured": {}},
+             "noise_pct": calibrate.noise_pct(each)} for a, each in (("calm", [99, 100, 101]),
+                                                                     ("noisy", [80, 100, 120, 90]))]
+    assert calibrate.summary(rows)["noisy_arms"] == ["noisy +-11%"]     # kept 90, 100: 200 x 5 / 95
+
+
 def test_vram_arms_fit_device_lanes_copies_and_per_engine_latency(scratch):
     why = calibrate.sycl_available()
     assert why is None, f"the VRAM arms need the SYCL backend (the sycl extra is part of the test set-up): {why}"

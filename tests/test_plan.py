@@ -33,6 +33,22 @@ def test_vram_hits_cost_gpu_per_layer_plus_per_expert():
     assert p.ms == pytest.approx(p.gpu_ms)
 
 
+def test_device_lanes_pay_for_the_layers_reads_in_flight_and_the_steps_rows():
+    gpu = Lane("gpu", "vram", 0.17, 0.023, 0.0, per_read_ms=0.05, per_step_row_ms=0.02)
+    L = ledger(vram=[1, 2, 3, 4])
+    picks = {1: 1, 2: 1, 500: 1, 501: 1}             # two VRAM hits, two NVMe picks
+    ch = NvmeChannel(9_474_048, 24.0)
+    p = plan_layer(ctx(lanes={"gpu": gpu}), L, picks, 0.0, ch)
+    q = plan_layer(ctx(lanes={"gpu": Lane("gpu", "vram", 0.17, 0.023, 0.0)}), L, picks, 0.0, ch)
+    assert p.gpu == [1, 2] and p.gpu_ms > q.gpu_ms
+    R = SimpleNamespace(id="t", experts=100, lanes={"gpu": gpu}, vram_slots=4, nvme_expert_bytes=9_474_048,
+                        h2d_gbps=23.5, policy={})
+    assert PlanContext.from_recipe(R, 4).gpu[0] == pytest.approx(0.17 + 3 * 0.02)
+    # masked NVMe picks are never read: the VRAM hits' call is not contended
+    m = plan_layer(ctx(lanes={"gpu": gpu}, exact="mask"), L, picks, 0.0, ch)
+    assert m.masked and m.gpu_ms == pytest.approx(0.17 + 2 * 0.023)
+
+
 def test_ram_picks_greedy_min_max_heaviest_first():
     L = ledger(vram=[1, 2, 3, 4], ram=[10, 11, 12, 13, 14, 15, 16, 17])
     picks = {1: 1, 10: 1, 11: 1, 12: 1, 13: 4}
