@@ -242,19 +242,25 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
 def fit_head(counters: list[dict]) -> dict:
     """The host's head start (recipe ``calibration.host.head_per_*_ms``): the host work between a layer's first
     NVMe submit and its first wait, less the lane and copy time in it (Runtime._wait_read), as per read layer + per
-    read + per read layer that predicts, over the fit arms' read layers. Empty without read layers; a column no arm
-    exercises is 0. Sixth session, VM B: the runtime's span was 0.2-0.9 ms longer than the resident lanes'."""
+    read + per read layer that predicts + per row it predicts for (the host's prediction term has the same two
+    parts), over the fit arms' read layers. Empty without read layers; a column no arm exercises is 0, and so is
+    the per-row part without predicting arms at two concurrencies. Sixth session, VM B: the runtime's span was
+    0.2-0.9 ms longer than the resident lanes'. Eighth session, VM C: one per-predict term fitted on C1 and C4 put
+    tail-prefetch-C4's head at 0.37 ms against 0.57 measured (its stall +53%)."""
     from moetier.bench import relative_lstsq
-    rows = [(c["read_layers"], c.get("read_reads", 0), c.get("read_predict", 0), c.get("read_head_s", 0.0) * 1e3)
+    rows = [(c["read_layers"], c.get("read_reads", 0), c.get("read_predict", 0), c.get("read_predict_rows", 0),
+             c.get("read_head_s", 0.0) * 1e3)
             for c in counters if c.get("read_layers") and c.get("read_head_s")]
     if not rows:
         return {}
-    used = [j for j in range(3) if j < 2 or any(r[j] for r in rows)]
+    # rows per predicting layer: the per-row part is identifiable only beside the per-layer one at two values
+    per_row = len({r[3] / r[2] for r in rows if r[2]}) > 1
+    used = [j for j in range(4) if j < 2 or (j == 2 and any(r[2] for r in rows)) or (j == 3 and per_row)]
     if len(rows) < len(used):         # fewer arms than terms: the mean per read layer
-        return {"head_per_layer_ms": sum(r[3] for r in rows) / sum(r[0] for r in rows)}
-    coef = dict(zip(used, relative_lstsq([[r[j] for j in used] for r in rows], [r[3] for r in rows])))
+        return {"head_per_layer_ms": sum(r[4] for r in rows) / sum(r[0] for r in rows)}
+    coef = dict(zip(used, relative_lstsq([[r[j] for j in used] for r in rows], [r[4] for r in rows])))
     return {"head_per_layer_ms": coef.get(0, 0.0), "head_per_read_ms": coef.get(1, 0.0),
-            "head_per_predict_ms": coef.get(2, 0.0)}
+            "head_per_predict_ms": coef.get(2, 0.0), "head_per_predict_row_ms": coef.get(3, 0.0)}
 
 
 def fit_lane_lateness(recipe_id, tr, fit_arms, measured, steps, terms, min_layers: int = 50,

@@ -356,7 +356,8 @@ class PlanContext:
                    copy_serial=gpu is not None and not overlap,
                    host_copy=float(host.get("per_copy_ms", 0.0)),
                    head_layer=float(host.get("head_per_layer_ms", 0.0)) + (
-                       float(host.get("head_per_predict_ms", 0.0)) if _prefetching(R.policy) else 0.0),
+                       float(host.get("head_per_predict_ms", 0.0))
+                       + rows * float(host.get("head_per_predict_row_ms", 0.0)) if _prefetching(R.policy) else 0.0),
                    head_read=float(host.get("head_per_read_ms", 0.0)),
                    gpu_read=per_read("gpu") if gpu is not None else 0.0, zc_read=per_read("zerocopy"))
 

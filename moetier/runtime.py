@@ -109,7 +109,8 @@ class Runtime:
                           predict_s=0.0, predict_layers=0, predict_rows=0,
                           gpu_calls=0, gpu_experts=0, gpu_extra=0, zc_calls=0, zc_experts=0, zc_extra=0, copies=0,
                           stage_s=0.0, read_layers=0, read_span_s=0.0, read_latency_n=0, read_latency_s=0.0,
-                          read_gap_sq=0.0, read_head_s=0.0, read_reads=0, read_predict=0)
+                          read_gap_sq=0.0, read_head_s=0.0, read_reads=0, read_predict=0,
+                          read_predict_rows=0)
         self.cpu_pmin = int(getattr(backend, "parallel_min", 0) or 0)
         self.cpu_workers = max(1, int(getattr(backend, "workers", 1) or 1))
         self.call_groups: dict[tuple, list] = {}      # (lane, experts, extra rows, contended) -> [calls, seconds]
@@ -264,7 +265,7 @@ class Runtime:
 
     def _wait_read(self, h, ticket, issued: tuple | None) -> None:
         """Wait for an NVMe pick's read. With ``issued`` = (end of the issue loop, _inner at it, reads issued,
-        whether the layer predicts) - given for a layer's first wait, when all its NVMe picks are demand reads issued
+        whether the layer predicts, the rows it predicts for) - given for a layer's first wait, when all its NVMe picks are demand reads issued
         then - also book its read coverage: from its submit (the reader's timestamp, else the loop's end) to this
         wait (the span; less the lane and copy time in it, the host's head start), and to its landing (and the
         square of landing minus wait, for the spread of that gap)."""
@@ -273,7 +274,7 @@ class Runtime:
             return
         t_w = time.perf_counter()
         st = self.stats
-        t_issued, inner0, reads, predicts = issued
+        t_issued, inner0, reads, predicts, predict_rows = issued
         inner_w = _inner(st)
         self._wait(h, ticket)
         c = getattr(h, "comp", h)               # the reader's completion, where the backend wraps it
@@ -283,6 +284,7 @@ class Runtime:
         st["read_head_s"] += max(0.0, t_w - t_sub - (inner_w - inner0))
         st["read_reads"] += reads
         st["read_predict"] += predicts
+        st["read_predict_rows"] += predict_rows
         if t_land:
             st["read_latency_n"] += 1
             st["read_latency_s"] += t_land - t_sub
@@ -335,7 +337,8 @@ class Runtime:
         st["book_s"] += c2 - c1
         # a layer whose NVMe picks are all demand reads issued now: its first wait shows how much of a read the
         # work before it covered (read_coverage)
-        issued = (c2, _inner(st), fresh, int(streams is not None and rp.prefetching)) \
+        predicting = streams is not None and rp.prefetching
+        issued = (c2, _inner(st), fresh, int(predicting), len(rows) if predicting else 0) \
             if fresh and fresh == len(plan.nvme_cpu) + len(plan.nvme_gpu) else None
         # 2. resident lanes. A reader worker needs the interpreter to start a read, and gets it once a lane's kernel
         # releases it: host work before the first lane call delays the reads

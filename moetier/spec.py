@@ -573,7 +573,8 @@ def resolve(recipe_id: str, overrides=(), root=None) -> Recipe:
         trace=rec.get("trace"),
         host={k: float(cal.get("host", {}).get(k, 0.0))
               for k in ("per_layer_ms", "per_pick_ms", "per_read_ms", "per_predict_ms", "per_predict_row_ms",
-                        "per_copy_ms", "head_per_layer_ms", "head_per_read_ms", "head_per_predict_ms")},
+                        "per_copy_ms", "head_per_layer_ms", "head_per_read_ms", "head_per_predict_ms",
+                        "head_per_predict_row_ms")},
         raw=rec,
         model=model,
         hardware=hw,

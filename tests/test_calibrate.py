@@ -338,15 +338,18 @@ def test_an_arms_repeats_merge_into_their_middle_ones_summed():
     assert two["repeats_kept"] == 2 and two["counters"]["reads"] == 107
 
 
-def test_head_start_fit_recovers_per_layer_per_read_and_per_predict_costs():
-    # known costs: 0.2 ms per read layer, 0.05 per read, 0.4 per layer that predicts
-    def arm(layers, reads, pred):
-        return {"read_layers": layers, "read_reads": reads, "read_predict": pred,
-                "read_head_s": (0.2 * layers + 0.05 * reads + 0.4 * pred) / 1e3}
+def test_head_start_fit_recovers_per_layer_per_read_per_predict_and_per_row_costs():
+    # known costs: 0.2 ms per read layer, 0.05 per read, 0.3 per layer that predicts and 0.1 per row it predicts for
+    def arm(layers, reads, pred, rows=1):
+        return {"read_layers": layers, "read_reads": reads, "read_predict": pred, "read_predict_rows": pred * rows,
+                "read_head_s": (0.2 * layers + 0.05 * reads + 0.3 * pred + 0.1 * pred * rows) / 1e3}
+    got = calibrate.fit_head([arm(100, 150, 0), arm(200, 500, 0), arm(300, 1200, 300), arm(50, 60, 0),
+                              arm(250, 900, 200, 4)])
+    assert got == pytest.approx({"head_per_layer_ms": 0.2, "head_per_read_ms": 0.05, "head_per_predict_ms": 0.3,
+                                 "head_per_predict_row_ms": 0.1}, rel=1e-6)
+    # predicting at one concurrency only: the per-row part is not identifiable, the per-layer one takes it all
     got = calibrate.fit_head([arm(100, 150, 0), arm(200, 500, 0), arm(300, 1200, 300), arm(50, 60, 0)])
-    assert got["head_per_layer_ms"] == pytest.approx(0.2, rel=1e-6)
-    assert got["head_per_read_ms"] == pytest.approx(0.05, rel=1e-6)
-    assert got["head_per_predict_ms"] == pytest.approx(0.4, rel=1e-6)
+    assert got["head_per_predict_ms"] == pytest.approx(0.4, rel=1e-6) and got["head_per_predict_row_ms"] == 0.0
     # no arm predicts: that term is 0, not a guess; no read layers at all: nothing to fit
     got = calibrate.fit_head([arm(100, 150, 0), arm(200, 500, 0)])
     assert got["head_per_predict_ms"] == 0.0 and got["head_per_layer_ms"] == pytest.approx(0.2, rel=1e-6)
