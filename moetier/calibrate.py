@@ -477,8 +477,11 @@ def fit_device_terms(fit_runs: list[dict]) -> dict:
         coef = relative_lstsq([[(1.0, *row[:4])[j] for j in cols] for row in rows], [row[5] for row in rows],
                               [row[4] ** 0.5 for row in rows])
         full = dict(zip(cols, coef))
-        out[{"gpu": "gpu", "zc": "zerocopy"}[p]] = {names[j]: full.get(j, 0.0) for j in range(3)} | \
-            {names[j]: full[j] for j in (3, 4) if j in full}
+        # every term, 0 where not identifiable: as recipe overrides (term_overrides) they must replace what an
+        # earlier calibration left in the engine record, or the runtime plans on a term the fit never made (run 26:
+        # the plan pass had no per_step_row_ms for the gpu lane, its runtime took run 25's, and the simulator's
+        # lane choices on the recorded plan terms no longer matched the runtime's)
+        out[{"gpu": "gpu", "zc": "zerocopy"}[p]] = {names[j]: full.get(j, 0.0) for j in range(5)}
     copies = sum(m["counters"].get("copies", 0) for m in fit_runs)
     if copies:
         secs = sum(m["counters"]["copy_s"] + m["counters"]["stage_s"] for m in fit_runs)

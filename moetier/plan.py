@@ -495,14 +495,16 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
     g_on = bool(vram_l)   # gpu lane has work: its per_layer is paid
     c = 0.0
     c_on = False
+    # choose's own timeline of the resident lanes (gpu, cpu, cpu on): where its NVMe lane choice starts from
+    chosen = (_gpu_ms(choose, vram_l, picks, reads) if vram_l else 0.0, 0.0, False) if choose is not None else None
     if ram_l:
         if len(ram_l) > 1:
             ram_l.sort(reverse=True)      # heaviest first; ties by key (descending) keep it deterministic
         force = None
         if choose is not None:        # deal on choose's costs, then time what it dealt on ctx's
             force = []
-            _ram_lanes(choose, ram_l, _gpu_ms(choose, vram_l, picks, reads) if vram_l else 0.0, llc, force, [],
-                       reads=reads)
+            cg, cc, _, _ = _ram_lanes(choose, ram_l, chosen[0], llc, force, [], reads=reads)
+            chosen = (cg, cc, bool(force))
             force = set(force)
         g, c, plan.cpu_cold, plan.cpu_crit = _ram_lanes(ctx, ram_l, g, llc, plan.cpu, plan.zerocopy, force, reads)
         c_on = bool(plan.cpu)
@@ -521,7 +523,12 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
                 full = ledger.exclusive and ledger.vram_full()
                 ahead = len(plan.zerocopy) * (ctx.push_ms + ctx.host_copy) * (2 if full else 1)
             plan.head_ms = head = ctx.head_layer + ctx.head_read * len(nvme_l)
-            _plan_nvme(ctx, plan, picks, nvme_l, t0, nvme, g, g_on, c, c_on, ahead, head)
+            if chosen is not None:
+                cg, cc, cc_on = chosen
+                if cc_on and choose.read_cpu:
+                    cc += choose.read_cpu * len(nvme_l)
+                chosen = (choose, cg, cc, cc_on, choose.head_layer + choose.head_read * len(nvme_l))
+            _plan_nvme(ctx, plan, picks, nvme_l, t0, nvme, g, g_on, c, c_on, ahead, head, chosen)
             g, c = plan.gpu_ms, plan.cpu_ms
     # a masked pick is neither computed nor combined: the per-pick host work is the computed picks'
     serial = ctx.host_layer + ctx.host_pick * (len(picks) - len(plan.masked)) + ctx.host_predict
@@ -621,7 +628,10 @@ class _Finish:
         return late(self.m - self.free, sd) - (d if d > 0.0 else 0.0)
 
 
-def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, head=0.0):
+def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, head=0.0, choice=None):
+    """``choice``: (the context whose costs choose each NVMe pick's lane, its gpu, cpu and cpu-on timeline after
+    the resident lanes, its head) on the serial engine, where the choice has a pass of its own; None: ctx's. The
+    overlapped engine chooses as it times, on ctx's costs."""
     gpu, cpu = ctx.gpu, ctx.cpu
     push = ctx.push_ms
     arr = plan.arrivals
@@ -641,7 +651,7 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, he
     can_gpu = gpu is not None      # a gpu lane exists only with a VRAM tier (from_recipe)
     wake = nvme.wake
     if not ctx.overlap:
-        _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nvme, ahead, head)
+        _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nvme, ahead, head, choice)
         return
     wait = gwait = 0.0
     spread = nvme.spread
@@ -700,7 +710,8 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, he
     plan.gpu_ms, plan.cpu_ms = g, c - head
 
 
-def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nvme, ahead=0.0, head=0.0):
+def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nvme, ahead=0.0, head=0.0,
+                 choice=None):
     """NVMe picks when lanes do not overlap (policy.overlap false): one timeline after the resident lanes (c + g).
 
     Lanes: each pick, in arrival order, goes to the lane that ends it sooner. Time, in the order the serial runtime
@@ -712,30 +723,33 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nv
     before the first wait) runs after the resident lanes, before the first NVMe pick, in the reads' time. Each
     pick's work is added to its lane's busy time, so g + c is the timeline's end less ``ahead`` and the head. The
     arrival spread (``_Finish``) adds to the lane of the timeline's last pick."""
-    gpu, cpu, push = ctx.gpu, ctx.cpu, ctx.push_ms
+    def cpu_work(x, on, m):         # an inline call (the lane's per_layer if it is the lane's first)
+        cpu = x.cpu
+        return (x.cpu_call if on or x.cpu_pmin > 1 else cpu[0]) + cpu[1] + cpu[2] * (m - 1)
 
-    def cpu_work(on, m):            # an inline call (the lane's per_layer if it is the lane's first)
-        return (ctx.cpu_call if on or ctx.cpu_pmin > 1 else cpu[0]) + cpu[1] + cpu[2] * (m - 1)
+    def gpu_work(x, m):             # the push, then the kernel: a call of its own (the runtime's), per_layer each
+        gpu = x.gpu
+        return x.push_ms + gpu[0] + gpu[1] + gpu[2] * (m - 1)
 
-    def gpu_work(m):                # the push, then the kernel: a call of its own (the runtime's), per_layer each
-        return push + gpu[0] + gpu[1] + gpu[2] * (m - 1)
-
+    push = ctx.push_ms
     due = {k: (arr[k] - t0 if arr[k] > t0 else 0.0) for k in order}    # arrival, from the layer's start
-    lg, lc, lc_on = g, c, c_on         # the lane choice's own timeline, in arrival order
+    # the lane choice's own timeline, in arrival order (on choice's costs where given)
+    x, lg, lc, lc_on, lhead = choice if choice is not None else (ctx, g, c, c_on, head)
+    has_cpu = x.cpu is not None
     for k in order:
         a, m = due[k], picks[k]
-        now = lg + lc + head
+        now = lg + lc + lhead
         ready = a + wake if a > now else a
         start = now if now > ready else ready
-        ce = start + cpu_work(lc_on, m) if cpu else INF
-        ge = start + gpu_work(m) if can_gpu else INF
+        ce = start + cpu_work(x, lc_on, m) if has_cpu else INF
+        ge = start + gpu_work(x, m) if can_gpu else INF
         if ce == INF and ge == INF:
             raise ValueError("no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier")
         if ce <= ge:
-            lc, lc_on = ce - lg - head, True
+            lc, lc_on = ce - lg - lhead, True
             plan.nvme_cpu.append(k)
         else:
-            lg = ge - lc - head
+            lg = ge - lc - lhead
             plan.nvme_gpu.append(k)
     now = plan.wait_from = g + c + head
     wait = gwait = 0.0
@@ -751,12 +765,12 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nv
             ready = a + wake if a > now else a
             idle = ready - now if ready > now else 0.0
             if on_gpu:
-                work = gpu_work(m)
+                work = gpu_work(ctx, m)
                 wait += idle + push
                 gwait += idle + push
                 g += idle + work
             else:
-                work = cpu_work(c_on, m)
+                work = cpu_work(ctx, c_on, m)
                 wait += idle
                 c += idle + work
                 c_on = True

@@ -479,6 +479,19 @@ def test_choose_deals_the_ram_picks_and_ctx_times_them():
     assert plan_layer(timing, L, picks, 0.0, None, choose=timing).lanes() == own.lanes()
 
 
+def test_choose_also_picks_the_serial_engines_lane_for_each_nvme_pick():
+    # the chooser's cpu call costs more than a push and a gpu call; the timing context's gpu call far more
+    timing = ctx(overlap=False, lanes={"gpu": Lane("gpu", "vram", 50.0, 0.01, 0.0)})
+    chooser = ctx(overlap=False, lanes={"gpu": Lane("gpu", "vram", 0.01, 0.01, 0.0),
+                                        "cpu": Lane("cpu", "ram", 5.0, 5.0, 0.0, per_call_ms=5.0)})
+    L = ledger(vram=[1])
+    picks = {1: 1, 500: 1}
+    own = plan_layer(timing, L, picks, 0.0, NvmeChannel(9_474_048, 24.0))
+    p = plan_layer(timing, L, picks, 0.0, NvmeChannel(9_474_048, 24.0), choose=chooser)
+    assert own.nvme_cpu == [500] and p.nvme_gpu == [500] and p.nvme_cpu == []
+    assert p.gpu_ms > 2 * 50.0                # timed on ctx's: the resident call and the pick's own call
+
+
 def test_the_predictions_host_time_has_a_part_per_row():
     R = SimpleNamespace(id="t", experts=100, lanes={"cpu": Lane("cpu", "ram", 0.145, 0.104, 0.04)}, vram_slots=0,
                         nvme_expert_bytes=1_000_000, h2d_gbps=0.0,
