@@ -496,15 +496,15 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
     c = 0.0
     c_on = False
     # choose's own timeline of the resident lanes (gpu, cpu, cpu on): where its NVMe lane choice starts from
-    chosen = (_gpu_ms(choose, vram_l, picks, reads) if vram_l else 0.0, 0.0, False) if choose is not None else None
+    resident = (_gpu_ms(choose, vram_l, picks, reads) if vram_l else 0.0, 0.0, False) if choose is not None else None
     if ram_l:
         if len(ram_l) > 1:
             ram_l.sort(reverse=True)      # heaviest first; ties by key (descending) keep it deterministic
         force = None
         if choose is not None:        # deal on choose's costs, then time what it dealt on ctx's
             force = []
-            cg, cc, _, _ = _ram_lanes(choose, ram_l, chosen[0], llc, force, [], reads=reads)
-            chosen = (cg, cc, bool(force))
+            cg, cc, _, _ = _ram_lanes(choose, ram_l, resident[0], llc, force, [], reads=reads)
+            resident = (cg, cc, bool(force))
             force = set(force)
         g, c, plan.cpu_cold, plan.cpu_crit = _ram_lanes(ctx, ram_l, g, llc, plan.cpu, plan.zerocopy, force, reads)
         c_on = bool(plan.cpu)
@@ -523,12 +523,13 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
                 full = ledger.exclusive and ledger.vram_full()
                 ahead = len(plan.zerocopy) * (ctx.push_ms + ctx.host_copy) * (2 if full else 1)
             plan.head_ms = head = ctx.head_layer + ctx.head_read * len(nvme_l)
-            if chosen is not None:
-                cg, cc, cc_on = chosen
+            choice = None
+            if resident is not None:
+                cg, cc, cc_on = resident
                 if cc_on and choose.read_cpu:
                     cc += choose.read_cpu * len(nvme_l)
-                chosen = (choose, cg, cc, cc_on, choose.head_layer + choose.head_read * len(nvme_l))
-            _plan_nvme(ctx, plan, picks, nvme_l, t0, nvme, g, g_on, c, c_on, ahead, head, chosen)
+                choice = (choose, cg, cc, cc_on, choose.head_layer + choose.head_read * len(nvme_l))
+            _plan_nvme(ctx, plan, picks, nvme_l, t0, nvme, g, g_on, c, c_on, ahead, head, choice)
             g, c = plan.gpu_ms, plan.cpu_ms
     # a masked pick is neither computed nor combined: the per-pick host work is the computed picks'
     serial = ctx.host_layer + ctx.host_pick * (len(picks) - len(plan.masked)) + ctx.host_predict
