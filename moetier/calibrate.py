@@ -129,6 +129,9 @@ def arm_recipe(recipe_id: str, arm: dict, terms: dict | None = None):
     if terms.get("copy_ms"):
         R.h2d_gbps = copy_gbps(R.nvme_expert_bytes, terms["copy_ms"])
     eng = R.engines[-1]["id"]
+    head = terms.get("head_per_read_ms_by_engine", {}).get(eng)
+    if head is not None:          # the fitted figure, not one an earlier calibration left in the engine record
+        R.host["head_per_read_ms"] = head
     tab = terms.get("nvme_latency_by_rows_qd_ms", {}).get(eng)
     if tab:
         per_rows = {f: terms.get(f, {}).get(eng, {}) for f in CHANNEL_TERMS}
@@ -229,38 +232,51 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
     hl, hp, hr, hpred, hpred_row, hcopy = (coef.get(j, 0.0) for j in range(6))
     fixed, per_read_unbooked = fit_fixed(unbooked)
     hr += per_read_unbooked
+    head = fit_head([measured[a["name"]]["counters"] for a in fit], [measured[a["name"]].get("engine") for a in fit])
+    head_by_engine = head.pop("head_per_read_ms_by_engine", None)
     out = {"cpu": {**fit_cpu_lane(lane_rows, workers, None), "workers": workers, "parallel_min": parallel_min},
            "host": {"per_layer_ms": hl, "per_pick_ms": hp, "per_read_ms": hr, "per_predict_ms": hpred,
-                    "per_predict_row_ms": hpred_row, "per_copy_ms": hcopy,
-                    **fit_head([measured[a["name"]]["counters"] for a in fit])},
+                    "per_predict_row_ms": hpred_row, "per_copy_ms": hcopy, **head},
+           **({"head_per_read_ms_by_engine": head_by_engine} if head_by_engine else {}),
            "fixed_ms": fixed,
            **fit_channel([measured[a["name"]] for a in fit], idle_latency)}
     out.update(fit_device_terms([measured[a["name"]] for a in fit]))
     return out
 
 
-def fit_head(counters: list[dict]) -> dict:
+def fit_head(counters: list[dict], engines: list | None = None) -> dict:
     """The host's head start (recipe ``calibration.host.head_per_*_ms``): the host work between a layer's first
     NVMe submit and its first wait, less the lane and copy time in it (Runtime._wait_read), as per read layer + per
     read + per read layer that predicts + per row it predicts for (the host's prediction term has the same two
-    parts), over the fit arms' read layers. Empty without read layers; a column no arm exercises is 0, and so is
-    the per-row part without predicting arms at two concurrencies. Sixth session, VM B: the runtime's span was
-    0.2-0.9 ms longer than the resident lanes'. Eighth session, VM C: one per-predict term fitted on C1 and C4 put
-    tail-prefetch-C4's head at 0.37 ms against 0.57 measured (its stall +53%)."""
+    parts), over the fit arms' read layers. ``engines``: each arm's engine; the per-read part is the backend's
+    (submitting a read) and is fitted per engine, returned as ``head_per_read_ms_by_engine`` (``head_per_read_ms``:
+    that of the engine most arms ran on, the recipe's own). Empty without read layers; a column no arm exercises is 0, and so is the per-row part
+    without predicting arms at two concurrencies. Sixth session, VM B: the runtime's span was 0.2-0.9 ms longer
+    than the resident lanes'. Eighth session, VM C: one per-predict term fitted on C1 and C4 put tail-prefetch-C4's
+    head at 0.37 ms against 0.57 measured (its stall +53%); one per-read term for both engines put the SYCL arms'
+    head at 0.05-0.08 ms against 0.07-0.16 (their stall +14-23%)."""
     from moetier.bench import relative_lstsq
-    rows = [(c["read_layers"], c.get("read_reads", 0), c.get("read_predict", 0), c.get("read_predict_rows", 0),
-             c.get("read_head_s", 0.0) * 1e3)
-            for c in counters if c.get("read_layers") and c.get("read_head_s")]
-    if not rows:
+    engines = list(engines) if engines is not None else [None] * len(counters)
+    data = [(e, c) for e, c in zip(engines, counters) if c.get("read_layers") and c.get("read_head_s")]
+    if not data:
         return {}
+    engs = list(dict.fromkeys(e for e, _ in data))
+    # columns: per read layer, per read on each engine, per predicting layer, per row it predicts for
+    rows = [(c["read_layers"], *(c.get("read_reads", 0) if e == x else 0 for x in engs), c.get("read_predict", 0),
+             c.get("read_predict_rows", 0), c.get("read_head_s", 0.0) * 1e3) for e, c in data]
+    n = len(engs)
+    jp, jr = 1 + n, 2 + n
     # rows per predicting layer: the per-row part is identifiable only beside the per-layer one at two values
-    per_row = len({r[3] / r[2] for r in rows if r[2]}) > 1
-    used = [j for j in range(4) if j < 2 or (j == 2 and any(r[2] for r in rows)) or (j == 3 and per_row)]
+    per_row = len({r[jr] / r[jp] for r in rows if r[jp]}) > 1
+    used = [j for j in range(jr + 1) if j <= n or (j == jp and any(r[jp] for r in rows)) or (j == jr and per_row)]
     if len(rows) < len(used):         # fewer arms than terms: the mean per read layer
-        return {"head_per_layer_ms": sum(r[4] for r in rows) / sum(r[0] for r in rows)}
-    coef = dict(zip(used, relative_lstsq([[r[j] for j in used] for r in rows], [r[4] for r in rows])))
-    return {"head_per_layer_ms": coef.get(0, 0.0), "head_per_read_ms": coef.get(1, 0.0),
-            "head_per_predict_ms": coef.get(2, 0.0), "head_per_predict_row_ms": coef.get(3, 0.0)}
+        return {"head_per_layer_ms": sum(r[-1] for r in rows) / sum(r[0] for r in rows)}
+    coef = dict(zip(used, relative_lstsq([[r[j] for j in used] for r in rows], [r[-1] for r in rows])))
+    by_engine = {e: coef.get(1 + i, 0.0) for i, e in enumerate(engs)}
+    main = max(engs, key=[e for e, _ in data].count)
+    return {"head_per_layer_ms": coef.get(0, 0.0), "head_per_read_ms": by_engine[main],
+            "head_per_predict_ms": coef.get(jp, 0.0), "head_per_predict_row_ms": coef.get(jr, 0.0),
+            **({"head_per_read_ms_by_engine": by_engine} if engs != [None] else {})}
 
 
 def fit_lane_lateness(recipe_id, tr, fit_arms, measured, steps, terms, min_layers: int = 50,
@@ -508,6 +524,9 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
                 for c in spec.LANE_OPTIONAL:                    # one fitted by an earlier run must not outlive it
                     eng["lanes"][ln].pop(c, None)
                 eng["lanes"][ln].update({k: round(v, 6) for k, v in vals.items()})
+        eng.pop("head_per_read_ms", None)
+        if eng_id in terms.get("head_per_read_ms_by_engine", {}):
+            eng["head_per_read_ms"] = round(terms["head_per_read_ms_by_engine"][eng_id], 6)
         if eng_id in tables:
             eng["nvme_latency_by_rows_qd_ms"] = tables[eng_id]
             eng["nvme_latency_record_bytes"] = record_bytes

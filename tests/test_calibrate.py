@@ -57,6 +57,10 @@ def test_small_matrix_fits_terms_writes_records_and_predicts(scratch):
     assert t["host"]["head_per_layer_ms"] + t["host"]["head_per_read_ms"] > 0
     assert R.host["head_per_layer_ms"] == pytest.approx(round(t["host"]["head_per_layer_ms"], 6))
     eng = R.engines[-1]["id"]
+    # the per-read part is the engine's: written to its record, and the recipe resolves to it
+    assert spec.load_record("engine", eng)["head_per_read_ms"] == pytest.approx(
+        round(t["head_per_read_ms_by_engine"][eng], 6))
+    assert R.host["head_per_read_ms"] == pytest.approx(round(t["head_per_read_ms_by_engine"][eng], 6))
     assert set(t["lane_lateness_sd_ms_by_rows"].get(eng, {})) <= {"1", "2"}
     # every fit arm with enough read layers sets its rows' lateness
     enough = {str(r["conc"]) for r in res["rows"] if r["fit"] and r["read_coverage"]["measured"]["layers"] >= 50
@@ -358,6 +362,19 @@ def test_head_start_fit_recovers_per_layer_per_read_per_predict_and_per_row_cost
     got = calibrate.fit_head([arm(100, 150, 0), arm(200, 500, 0)])
     assert got["head_per_predict_ms"] == 0.0 and got["head_per_layer_ms"] == pytest.approx(0.2, rel=1e-6)
     assert calibrate.fit_head([{"read_layers": 0, "read_head_s": 0.0}]) == {}
+
+
+def test_head_start_per_read_is_fitted_per_engine():
+    # the same host work per layer; a read costs 0.03 ms to submit on one backend and 0.08 on the other
+    def arm(layers, reads, per_read):
+        return {"read_layers": layers, "read_reads": reads, "read_head_s": (0.02 * layers + per_read * reads) / 1e3}
+    engines = ["numba-cpu"] * 3 + ["sycl-opencl-cpu"] * 2
+    got = calibrate.fit_head([arm(100, 150, 0.03), arm(200, 500, 0.03), arm(50, 60, 0.03),
+                              arm(100, 120, 0.08), arm(300, 900, 0.08)], engines)
+    assert got["head_per_read_ms_by_engine"] == pytest.approx({"numba-cpu": 0.03, "sycl-opencl-cpu": 0.08},
+                                                              rel=1e-6)
+    assert got["head_per_read_ms"] == pytest.approx(0.03, rel=1e-6)      # the engine most arms ran on
+    assert got["head_per_layer_ms"] == pytest.approx(0.02, rel=1e-6)
 
 
 def test_lane_lateness_is_the_measured_gap_spread_beyond_the_simulators(monkeypatch):
