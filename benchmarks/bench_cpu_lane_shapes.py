@@ -1,7 +1,7 @@
 """The cpu lane's call times by shape under the runtime's own load: how a split call scales against an inline one.
 
     python benchmarks/bench_cpu_lane_shapes.py --store DIR [--recipe tiny-local-cpu] [--steps 250] [--min-calls 300]
-                                               [--json]
+                                               [--vram] [--json]
 
 The finding it reproduces (docs/calibration.md, "Why the cpu lane does not fit here"): one run of the calibration's
 cpu-only fit arms (no prefetch), with the recipe as written, and the mean time of every call shape
@@ -9,6 +9,10 @@ cpu-only fit arms (no prefetch), with the recipe as written, and the mean time o
 The inline per-expert slope and the split calls' one-thread cost per expert (one-row calls, the fewest reads in
 flight per expert count) are printed below the table; ``workers`` x their ratio is the speed-up a split call
 reaches.
+
+``--vram``: the same for the VRAM arms' gpu and zerocopy lanes (SYCL device slots, calibrate.vram_arms), and the
+device-lane fit on the fit arms (C1, C4) with and without its reads-in-flight and step-rows terms, as each arm's
+lane time predicted over measured (docs/calibration.md, eighth session, point 7).
 """
 from __future__ import annotations
 
@@ -25,8 +29,11 @@ from moetier import calibrate  # noqa: E402
 def main(argv=None):
     ap = parser(steps=250)
     ap.add_argument("--min-calls", type=int, default=300)
+    ap.add_argument("--vram", action="store_true", help="the VRAM arms' gpu and zerocopy lanes instead")
     a = ap.parse_args(argv)
     R, st, tr = open_recipe(a)
+    if a.vram:
+        return device_shapes(a, R, st, tr)
     arms = [x for x in calibrate.default_arms(R, vram=False) if x["fit"] and not any("prefetch" in s for s in x["set"])]
     shapes = []
     for arm in arms:
@@ -65,6 +72,41 @@ def main(argv=None):
     for k in ("inline_ms_per_expert", "split_one_thread_ms_per_expert", "split_speedup"):
         if k in out:
             print(f"{k}: {out[k]:.3f}")
+
+
+def device_shapes(a, R, st, tr):
+    arms = calibrate.vram_arms(R)
+    runs = {x["name"]: calibrate._measure(a.recipe, st, tr, x, a.steps, "sycl", 1.0) for x in arms}
+    shapes = [{"arm": name, "lane": lane, "experts": e, "extra": x, "in_flight": cont, "calls": n, "ms": sec * 1e3 / n}
+              for name, m in runs.items() for lane, e, x, cont, n, sec in m["call_groups"]
+              if lane in ("gpu", "zc") and n >= a.min_calls]
+    fit = [runs[x["name"]] for x in arms if x["fit"]]
+    # the same calls with reads in flight and concurrency taken out: the fit without those two terms
+    plain = [{**m, "conc": 1, "call_groups": [[p, e, x, 0, n, sec] for p, e, x, _, n, sec in m["call_groups"]]}
+             for m in fit]
+    terms = {"with": calibrate.fit_device_terms(fit), "without": calibrate.fit_device_terms(plain)}
+    errors = {}
+    for name, m in runs.items():
+        for lane, key in (("gpu", "gpu"), ("zc", "zerocopy")):
+            calls = [g for g in m["call_groups"] if g[0] == lane]
+            measured = sum(g[5] for g in calls) * 1e3
+            for label, t in terms.items():
+                c = t.get(key)
+                if c and measured:
+                    pred = sum(n * (c["per_layer_ms"] + c["per_expert_ms"] * e + c["per_extra_token_ms"] * x
+                                    + c["per_read_ms"] * r + c["per_step_row_ms"] * (m["conc"] - 1))
+                               for _, e, x, r, n, _ in calls)
+                    errors[f"{name} {key} {label}"] = (pred / measured - 1) * 100
+    out = {"shapes": shapes, "terms": terms, "lane_time_error_pct": errors}
+    if a.json:
+        print(json.dumps(out, indent=1))
+        return
+    print("| arm | lane | experts | extra rows | reads in flight | calls | ms per call |\n|---|---|---|---|---|---|---|")
+    for s in shapes:
+        print(f"| {s['arm']} | {s['lane']} | {s['experts']} | {s['extra']} | {s['in_flight']} | {s['calls']} | "
+              f"{s['ms']:.3f} |")
+    for k, v in errors.items():
+        print(f"lane time predicted / measured - 1, {k} the reads and step-rows terms: {v:+.1f}%")
 
 
 if __name__ == "__main__":

@@ -495,16 +495,17 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
     g_on = bool(vram_l)   # gpu lane has work: its per_layer is paid
     c = 0.0
     c_on = False
-    # choose's own timeline of the resident lanes (gpu, cpu, cpu on): where its NVMe lane choice starts from
-    resident = (_gpu_ms(choose, vram_l, picks, reads) if vram_l else 0.0, 0.0, False) if choose is not None else None
+    # choose's own resident-lane timeline: the serial engine's NVMe lane choice starts from it (_serial_nvme)
+    cg = _gpu_ms(choose, vram_l, picks, reads) if choose is not None and vram_l else 0.0
+    cc, cc_on = 0.0, False
     if ram_l:
         if len(ram_l) > 1:
             ram_l.sort(reverse=True)      # heaviest first; ties by key (descending) keep it deterministic
         force = None
         if choose is not None:        # deal on choose's costs, then time what it dealt on ctx's
             force = []
-            cg, cc, _, _ = _ram_lanes(choose, ram_l, resident[0], llc, force, [], reads=reads)
-            resident = (cg, cc, bool(force))
+            cg, cc, _, _ = _ram_lanes(choose, ram_l, cg, llc, force, [], reads=reads)
+            cc_on = bool(force)
             force = set(force)
         g, c, plan.cpu_cold, plan.cpu_crit = _ram_lanes(ctx, ram_l, g, llc, plan.cpu, plan.zerocopy, force, reads)
         c_on = bool(plan.cpu)
@@ -524,9 +525,8 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
                 ahead = len(plan.zerocopy) * (ctx.push_ms + ctx.host_copy) * (2 if full else 1)
             plan.head_ms = head = ctx.head_layer + ctx.head_read * len(nvme_l)
             choice = None
-            if resident is not None:
-                cg, cc, cc_on = resident
-                if cc_on and choose.read_cpu:
+            if choose is not None and not ctx.overlap:
+                if cc_on:
                     cc += choose.read_cpu * len(nvme_l)
                 choice = (choose, cg, cc, cc_on, choose.head_layer + choose.head_read * len(nvme_l))
             _plan_nvme(ctx, plan, picks, nvme_l, t0, nvme, g, g_on, c, c_on, ahead, head, choice)

@@ -163,10 +163,9 @@ class Runtime:
         the push's time is booked (stage_s for an NVMe pick's push, which the simulator counts as its stall)."""
         be, L = self.be, self.L
         self._drains(protect)
-        t = time.perf_counter()
         h = be.push(k, self.ram_slot[k], tp.slot)
         self._wait(h, tp, bucket)
-        self._book_copy("push", t)
+        self.stats["copies"] += 1
         for freed in L.land(tp):
             self._release_ram(freed)
         self.vram_slot[k] = tp.slot
@@ -175,19 +174,13 @@ class Runtime:
         L, be = self.L, self.be
         for td in L.take_drains():
             slot = self._alloc_ram()
-            t = time.perf_counter()
             h = be.drain(td.key, td.slot, slot)
             self._wait(h, td, "copy_s")
-            self._book_copy("drain", t)
+            self.stats["copies"] += 1
             self.vram_slot.pop(td.key, None)
             self.ram_slot[td.key] = slot
             for ev in L.land(td, protect):
                 self._release_ram(ev)
-
-    def _book_copy(self, kind: str, t: float) -> None:
-        """One record copy (push or drain) by the reads not yet consumed: the copy-time fit's rows."""
-        self.stats["copies"] += 1
-        self._group(kind, 1, 0, len(self.inflight), time.perf_counter() - t)
 
     def _book_cpu_call(self, keys, picks, seconds: float, contended: int = 0, cold: float | None = None,
                        crit: tuple | None = None) -> None:
@@ -265,8 +258,8 @@ class Runtime:
 
     def _wait_read(self, h, ticket, issued: tuple | None) -> None:
         """Wait for an NVMe pick's read. With ``issued`` = (end of the issue loop, _inner at it, reads issued,
-        whether the layer predicts, the rows it predicts for) - given for a layer's first wait, when all its NVMe picks are demand reads issued
-        then - also book its read coverage: from its submit (the reader's timestamp, else the loop's end) to this
+        whether the layer predicts, the rows it predicts for) - given for a layer's first wait, when all its NVMe
+        picks are demand reads issued then - also book its read coverage: from its submit (the reader's timestamp, else the loop's end) to this
         wait (the span; less the lane and copy time in it, the host's head start), and to its landing (and the
         square of landing minus wait, for the spread of that gap)."""
         if issued is None:
@@ -338,23 +331,23 @@ class Runtime:
         # a layer whose NVMe picks are all demand reads issued now: its first wait shows how much of a read the
         # work before it covered (read_coverage)
         predicting = streams is not None and rp.prefetching
+        n_nvme = len(plan.nvme_cpu) + len(plan.nvme_gpu)     # reads in flight while the resident lanes compute
         issued = (c2, _inner(st), fresh, int(predicting), len(rows) if predicting else 0) \
-            if fresh and fresh == len(plan.nvme_cpu) + len(plan.nvme_gpu) else None
+            if fresh and fresh == n_nvme else None
         # 2. resident lanes. A reader worker needs the interpreter to start a read, and gets it once a lane's kernel
         # releases it: host work before the first lane call delays the reads
         out: dict[int, np.ndarray] = {}
         if plan.cpu:   # the reads in flight meanwhile contend for the cores
-            self._compute("cpu", plan.cpu, rows_of, picks, x, out, len(plan.nvme_cpu) + len(plan.nvme_gpu),
-                          plan.cpu_cold, plan.cpu_crit)
+            self._compute("cpu", plan.cpu, rows_of, picks, x, out, n_nvme, plan.cpu_cold, plan.cpu_crit)
         if plan.cpu or plan.nvme_cpu:
             st["cpu_layers"] += 1
             st["cpu_experts"] += len(plan.cpu) + len(plan.nvme_cpu)
             st["cpu_extra_rows"] += sum(picks[k] - 1 for k in plan.cpu) + sum(picks[k] - 1 for k in plan.nvme_cpu)
         if plan.gpu:
-            self._compute("gpu", plan.gpu, rows_of, picks, x, out, len(plan.nvme_cpu) + len(plan.nvme_gpu))
+            self._compute("gpu", plan.gpu, rows_of, picks, x, out, n_nvme)
         if plan.zerocopy:
-            self._compute("zerocopy", plan.zerocopy, rows_of, picks, x, out, len(plan.nvme_cpu) + len(plan.nvme_gpu))
-        if streams is not None and rp.prefetching:   # 3. prefetch for the layers ahead
+            self._compute("zerocopy", plan.zerocopy, rows_of, picks, x, out, n_nvme)
+        if predicting:   # 3. prefetch for the layers ahead
             t_pred = time.perf_counter()
             rp.after_plan(layer, plan, streams, rows, t_model, on_expire=self.expire_real,
                           on_issue=self.issue_prefetch)

@@ -38,9 +38,12 @@ def test_device_lanes_pay_for_the_layers_reads_in_flight_and_the_steps_rows():
     L = ledger(vram=[1, 2, 3, 4])
     picks = {1: 1, 2: 1, 500: 1, 501: 1}             # two VRAM hits, two NVMe picks
     ch = NvmeChannel(9_474_048, 24.0)
-    p = plan_layer(ctx(lanes={"gpu": gpu}), L, picks, 0.0, ch)
+    # the serial engine's resident lanes end before its NVMe picks (issue_ms): the VRAM hits' call alone, with the
+    # layer's two reads in flight
+    p = plan_layer(ctx(lanes={"gpu": gpu}, overlap=False), L, picks, 0.0, ch)
+    assert p.gpu == [1, 2] and p.issue_ms == pytest.approx(0.17 + 2 * 0.023 + 2 * 0.05)
     q = plan_layer(ctx(lanes={"gpu": Lane("gpu", "vram", 0.17, 0.023, 0.0)}), L, picks, 0.0, ch)
-    assert p.gpu == [1, 2] and p.gpu_ms > q.gpu_ms
+    assert plan_layer(ctx(lanes={"gpu": gpu}), L, picks, 0.0, ch).gpu_ms > q.gpu_ms
     R = SimpleNamespace(id="t", experts=100, lanes={"gpu": gpu}, vram_slots=4, nvme_expert_bytes=9_474_048,
                         h2d_gbps=23.5, policy={})
     assert PlanContext.from_recipe(R, 4).gpu[0] == pytest.approx(0.17 + 3 * 0.02)
