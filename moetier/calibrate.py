@@ -94,9 +94,9 @@ def default_arms(R, *, vram: bool = True) -> list[dict]:
     """At least 8 configurations of a cpu-backend recipe: all-in-RAM, two NVMe-tail budgets, prefetch, mask,
     C1/C2/C4, and (``vram``) the same tail with a VRAM tier. ``fit`` arms set cost terms; the others are held out.
     The tail is fitted at C2 too: read latency under load is not linear in rows (measured mean at depth 1 on the
-    2026-12-01 VM: 1.33 ms at C1, 2.03 at C2, 2.90 at C4), and the simulator's log(rows) rule between C1 and C4
-    (plan._at_rows) is a model of that shape, not a measurement of it. So is all-in-RAM: the cpu lane's split call
-    is not linear in its batch (2026-12-02 VM: 0.68 / 1.13 / 1.76 ms per call at C1 / C2 / C4, and a fit on C1 and
+    2026-12-01 VM: 1.33 ms at C1, 2.03 at C2, 2.90 at C4), and the simulator's rule between C1 and C4
+    (plan._at_rows, in the layer's expected distinct experts) is a model of that shape, not a measurement of it. So
+    is all-in-RAM: the cpu lane's split call is not linear in its batch (2026-12-02 VM: 0.68 / 1.13 / 1.76 ms per call at C1 / C2 / C4, and a fit on C1 and
     C4 put C2 13% short; all-in-RAM C2 was the held-out miss in runs 10, 15 and 17 on VM B). The held-out arms check
     what the fits do not see: a budget between, prefetch at C2, mask, a VRAM tier at C2."""
     ram = float(R.raw["budget"]["ram_gb"])

@@ -226,36 +226,54 @@ def _engine_tables(engines, record_bytes) -> dict:
                  and e.get("nvme_latency_record_bytes", record_bytes) == record_bytes), {})
 
 
-def _at_rows(by_rows: dict, rows: int, mix):
-    """A per-rows measurement ({rows: value}) at ``rows``: between measured rows, linear in log(rows)
-    (``mix(lo, hi, f)``); the nearest outside. Log, because what the reads measure grows concavely with rows: with
-    rows 1, 2 and 4 measured (numba-cpu, three calibrations on VM B), rows 2 sits 35-46% of the way from rows 1 to 4
-    in queue-depth-1 latency, and the SYCL engine's rows-2 reads (held out) at 45-57%; linear in rows puts it at 33%
-    (vram102-C2's stall came out 16-31% short in six runs), linear in log(rows) at 50%."""
+def layer_width(rows: int, width: tuple | None = None) -> float:
+    """The distinct experts a layer call of ``rows`` token rows computes, in expectation, with routing uniform over
+    ``width`` = (experts, top-k): E (1 - (1 - k / E) ** rows). Without a width, ``rows`` (every pick distinct: the
+    limit of many experts)."""
+    if width is None:
+        return float(rows)
+    e, k = width
+    return e * (1.0 - (1.0 - k / e) ** rows)
+
+
+def _at_rows(by_rows: dict, rows: int, mix, width: tuple | None = None):
+    """A per-rows measurement ({rows: value}) at ``rows``: between measured rows, linear in the layer's expected
+    distinct experts (``layer_width``; ``mix(lo, hi, f)``), the nearest outside. What the reads measure under load
+    follows the work the lanes do beside them, and that follows the experts a layer computes, not its rows. On VM C
+    (runs 23-28) rows 2 sat 18-33% of the way from rows 1 to 4 in the numba engine's depth-1 latency and 21-47% in
+    the SYCL engine's (mean 30%); the 64-expert top-4 model computes 4 / 7.7 / 14.1 distinct experts per layer call
+    at rows 1 / 2 / 4 (37%; uniform routing 36%). log(rows), the rule before, puts it at 50%, and the SYCL engine's
+    held-out rows-2 stall came out +7% to +36% in runs 22-28."""
     keys = sorted(by_rows)
     lo = max([r for r in keys if r <= rows], default=keys[0])
     hi = min([r for r in keys if r >= rows], default=keys[-1])
-    return by_rows[lo] if lo == hi else mix(by_rows[lo], by_rows[hi], math.log(rows / lo) / math.log(hi / lo))
+    if lo == hi:
+        return by_rows[lo]
+    x0, x1 = layer_width(lo, width), layer_width(hi, width)
+    # top-k = every expert: more rows add no experts, and the layer's work is the lower rows'
+    return mix(by_rows[lo], by_rows[hi], (layer_width(rows, width) - x0) / (x1 - x0) if x1 > x0 else 0.0)
 
 
-def latency_table_for_rows(nvme: dict, rows: int, engines=(), record_bytes: int | None = None) -> dict | None:
+def latency_table_for_rows(nvme: dict, rows: int, engines=(), record_bytes: int | None = None,
+                           width: tuple | None = None) -> dict | None:
     """The channel's latency-vs-queue-depth table for a step of ``rows`` token rows.
 
     A table by rows ({rows: {q: ms}}, written by `moetier calibrate` from the runtime's own reads) captures that
     reads complete later while the lanes keep the cores busy (more rows, more work per layer), and how much later
     depends on the engine (``_engine_tables``: the engine's table measured under its load wins, else the hardware's
-    ``nvme.latency_by_rows_qd_ms``); rows between measured ones interpolate in log(rows) (``_at_rows``), outside
-    they take the nearest. Without any: the idle-disk ``latency_by_qd_ms`` of `moetier bench`, or None (the
+    ``nvme.latency_by_rows_qd_ms``); rows between measured ones interpolate in the layer's expected distinct experts
+    (``_at_rows``, ``width`` = (experts, top-k)), outside they take the nearest. Without any: the idle-disk ``latency_by_qd_ms`` of `moetier bench`, or None (the
     reference's FIFO model)."""
     src = (_engine_tables(engines, record_bytes).get("nvme_latency_by_rows_qd_ms")
            or nvme.get("latency_by_rows_qd_ms") or {})
     by_rows = {int(r): {int(q): float(v) for q, v in tab.items()} for r, tab in src.items() if tab}
     if not by_rows:
         return nvme.get("latency_by_qd_ms")
-    return _at_rows(by_rows, rows, lambda a, b, f: {q: a[q] * (1 - f) + b[q] * f for q in sorted(set(a) & set(b))})
+    return _at_rows(by_rows, rows, lambda a, b, f: {q: a[q] * (1 - f) + b[q] * f for q in sorted(set(a) & set(b))},
+                    width)
 
 
-def burst_table_for_rows(rows: int, engines=(), record_bytes: int | None = None) -> dict:
+def burst_table_for_rows(rows: int, engines=(), record_bytes: int | None = None, width: tuple | None = None) -> dict:
     """The mean latency by burst size and position ({n: {q: ms}}) at ``rows`` token rows, from the engine whose
     latency table applies (``nvme_latency_by_rows_burst_ms``); between measured rows, the cells both have mix
     as ``_at_rows`` does. {} if unmeasured: the depth table alone then sets arrivals."""
@@ -268,10 +286,11 @@ def burst_table_for_rows(rows: int, engines=(), record_bytes: int | None = None)
     def mix(a, b, f):
         return {n: {q: a[n][q] * (1 - f) + b[n][q] * f for q in a[n]} for n in sorted(set(a) & set(b))
                 if set(a[n]) == set(b[n])}
-    return _at_rows(by_rows, rows, mix)
+    return _at_rows(by_rows, rows, mix, width)
 
 
-def channel_term(field: str, rows: int, engines=(), record_bytes: int | None = None) -> float:
+def channel_term(field: str, rows: int, engines=(), record_bytes: int | None = None,
+                 width: tuple | None = None) -> float:
     """A per-rows term of the NVMe channel at ``rows`` token rows - ``nvme_wake_ms_by_rows`` (the wake-up, ms),
     ``nvme_latency_cv_shared_by_rows`` / ``nvme_latency_cv_own_by_rows`` (the latency's spread),
     ``nvme_latency_prefetch_factor_by_rows`` (a demand read beside a prefetch read in service),
@@ -279,7 +298,7 @@ def channel_term(field: str, rows: int, engines=(), record_bytes: int | None = N
     table applies; 0 if unmeasured."""
     src = _engine_tables(engines, record_bytes).get(field) or {}
     by_rows = {int(r): float(v) for r, v in src.items()}
-    return _at_rows(by_rows, rows, lambda a, b, f: a * (1 - f) + b * f) if by_rows else 0.0
+    return _at_rows(by_rows, rows, lambda a, b, f: a * (1 - f) + b * f, width) if by_rows else 0.0
 
 
 @dataclass

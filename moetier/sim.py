@@ -91,15 +91,15 @@ class Replay:
         self.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, exclusive=R.policy.get("ram", "exclusive")
                              == "exclusive", ram_policy=R.policy.get("ram_evict", "lru"))
         nvme, engines = R.hardware.get("nvme", {}), getattr(R, "engines", ())
-        rb = R.nvme_expert_bytes
-        self.chan = NvmeChannel(rb, R.nvme_bw_gbps, R.nvme_bw_qd1_gbps, R.nvme_latency_ms,
-                                latency_table_for_rows(nvme, rows, engines, rb),
-                                channel_term("nvme_wake_ms_by_rows", rows, engines, rb),
-                                channel_term("nvme_latency_cv_shared_by_rows", rows, engines, rb),
-                                channel_term("nvme_latency_cv_own_by_rows", rows, engines, rb),
-                                burst_table_for_rows(rows, engines, rb),
-                                channel_term("nvme_latency_prefetch_factor_by_rows", rows, engines, rb),
-                                channel_term("lane_lateness_sd_ms_by_rows", rows, engines, rb))
+        at = (rows, engines, R.nvme_expert_bytes, (R.experts, R.topk))   # per-rows terms: plan._at_rows
+        self.chan = NvmeChannel(R.nvme_expert_bytes, R.nvme_bw_gbps, R.nvme_bw_qd1_gbps, R.nvme_latency_ms,
+                                latency_table_for_rows(nvme, *at),
+                                channel_term("nvme_wake_ms_by_rows", *at),
+                                channel_term("nvme_latency_cv_shared_by_rows", *at),
+                                channel_term("nvme_latency_cv_own_by_rows", *at),
+                                burst_table_for_rows(*at),
+                                channel_term("nvme_latency_prefetch_factor_by_rows", *at),
+                                channel_term("lane_lateness_sd_ms_by_rows", *at))
         self.llc = reuse_model(R)
         self.predictor = predictor
         pf = R.policy.get("prefetch") or {}

@@ -183,8 +183,11 @@ def test_serial_engine_runs_nvme_picks_after_both_resident_lanes():
 def test_latency_table_under_an_engines_load_wins_over_the_hardwares():
     from moetier.plan import latency_table_for_rows
     nvme = {"latency_by_qd_ms": {"1": 0.4}, "latency_by_rows_qd_ms": {"1": {"1": 0.8}, "4": {"1": 1.2}}}
-    assert latency_table_for_rows(nvme, 2) == {1: pytest.approx(1.0)}          # between measured rows: log(rows)
-    assert latency_table_for_rows(nvme, 3)[1] == pytest.approx(0.8 + 0.4 * math.log(3) / math.log(4))
+    # between measured rows: linear in the layer's expected distinct experts (64 experts, top-4: 4 / 7.75 / 14.56
+    # at rows 1 / 2 / 4), or in rows without a width (every pick distinct)
+    assert latency_table_for_rows(nvme, 2, width=(64, 4)) == {1: pytest.approx(0.8 + 0.4 * 3.75 / 10.5615234375)}
+    assert latency_table_for_rows(nvme, 2) == {1: pytest.approx(0.8 + 0.4 / 3)}
+    assert latency_table_for_rows(nvme, 3, width=(4, 4)) == {1: 0.8}            # one row computes every expert
     assert latency_table_for_rows(nvme, 8) == {1: 1.2}                          # outside: the nearest
     eng = [{"id": "a"}, {"id": "b", "nvme_latency_by_rows_qd_ms": {"1": {"1": 0.6}}}]
     assert latency_table_for_rows(nvme, 1, eng) == {1: 0.6}
@@ -223,7 +226,7 @@ def test_wake_up_comes_from_the_engine_whose_latency_table_applies():
     eng = [{"id": "b", "nvme_latency_by_rows_qd_ms": {"1": {"1": 0.6}}, "nvme_wake_ms_by_rows": {"1": 0.1, "4": 0.4},
             "nvme_latency_cv_shared_by_rows": {"1": 0.3}}]
     wake = "nvme_wake_ms_by_rows"
-    assert channel_term(wake, 2, eng) == pytest.approx(0.25) and channel_term(wake, 8, eng) == 0.4
+    assert channel_term(wake, 2, eng) == pytest.approx(0.2) and channel_term(wake, 8, eng) == 0.4
     assert channel_term(wake, 1, [{"id": "a"}]) == 0.0                          # unmeasured: no term
     assert channel_term("nvme_latency_cv_shared_by_rows", 4, eng) == 0.3
 
@@ -336,7 +339,8 @@ def test_burst_table_comes_from_the_engine_and_mixes_between_rows():
     eng = [{"id": "b", "nvme_latency_by_rows_qd_ms": {"1": {"1": 0.6}},
             "nvme_latency_by_rows_burst_ms": {"1": {"2": {"1": 1.0, "2": 2.0}, "3": {"1": 5.0, "2": 5.0, "3": 5.0}},
                                               "4": {"2": {"1": 2.0, "2": 4.0}}}}]
-    assert burst_table_for_rows(2, eng) == {2: {1: pytest.approx(1.5), 2: pytest.approx(3.0)}}   # common sizes only
+    f = 3.75 / 10.5615234375          # rows 2 between 1 and 4, 64 experts top-4 (plan.layer_width)
+    assert burst_table_for_rows(2, eng, width=(64, 4)) == {2: {1: pytest.approx(1 + f), 2: pytest.approx(2 + 2 * f)}}
     assert burst_table_for_rows(1, eng)[3] == {1: 5.0, 2: 5.0, 3: 5.0}
     assert burst_table_for_rows(1, [{"id": "a"}]) == {}
 
