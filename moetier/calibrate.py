@@ -19,7 +19,8 @@ The fits, from the fit arms' runtime counters:
      ``per_read_ms`` per NVMe read of the layer (the reader's CPU work and the cache it streams through);
    - gpu / zerocopy lanes (the VRAM engine's record): per call = per_layer + per_expert x experts + per_extra_token
      x extra rows, over the runtime's calls grouped by shape (``fit_device_terms``);
-   - one record copy (push or drain) -> hardware ``gpu.h2d_gbps``;
+   - one record copy (push or drain) -> hardware ``gpu.h2d_gbps``, and per rows per step -> the VRAM engine's
+     ``copy_ms_by_rows`` (what the planner takes);
    - host time (recipe ``calibration.host``): ``plan + bookkeeping + combine + prediction = per_layer * layer_calls
      + per_pick * picks + per_read * NVMe reads + per_predict * predicted layers + per_predict_row * their rows
      + per_copy * copies``;
@@ -128,6 +129,8 @@ def arm_recipe(recipe_id: str, arm: dict, terms: dict | None = None):
     R = spec.resolve(recipe_id, term_overrides(terms, tuple(lanes)) + arm["set"])
     if terms.get("copy_ms"):
         R.h2d_gbps = copy_gbps(R.nvme_expert_bytes, terms["copy_ms"])
+    if R.engines[-1]["id"] == VRAM_ENGINE:      # the fitted copy time, not one an earlier run left in the record
+        R.engines = [*R.engines[:-1], {**R.engines[-1], "copy_ms_by_rows": terms.get("copy_ms_by_rows") or {}}]
     eng = R.engines[-1]["id"]
     head = terms.get("head_per_read_ms_by_engine", {}).get(eng)
     if head is not None:          # the fitted figure, not one an earlier calibration left in the engine record
@@ -501,7 +504,16 @@ def fit_device_terms(fit_runs: list[dict]) -> dict:
     copies = sum(m["counters"].get("copies", 0) for m in fit_runs)
     if copies:
         secs = sum(m["counters"]["copy_s"] + m["counters"]["stage_s"] for m in fit_runs)
-        out["copy_ms"] = secs * 1e3 / copies
+        out["copy_ms"] = secs * 1e3 / copies          # the link figure (hardware gpu.h2d_gbps)
+        # and per rows: a copy on a device that shares the host's cores costs more in a larger step, as its lane
+        # calls do (per_step_row_ms); the planner takes this where present (plan._push_ms)
+        by_rows: dict[int, list] = {}
+        for m in fit_runs:
+            if m["counters"].get("copies", 0):
+                acc = by_rows.setdefault(int(m.get("conc", 1)), [0, 0.0])
+                acc[0] += m["counters"]["copies"]
+                acc[1] += m["counters"]["copy_s"] + m["counters"]["stage_s"]
+        out["copy_ms_by_rows"] = {str(r): s * 1e3 / n for r, (n, s) in sorted(by_rows.items())}
     return out
 
 
@@ -525,6 +537,10 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
                     eng["lanes"][ln].pop(c, None)
                 eng["lanes"][ln].update({k: round(v, 6) for k, v in vals.items()})
         eng.pop("head_per_read_ms", None)
+        if eng_id == VRAM_ENGINE:
+            eng.pop("copy_ms_by_rows", None)
+            if terms.get("copy_ms_by_rows"):
+                eng["copy_ms_by_rows"] = {r: round(v, 6) for r, v in terms["copy_ms_by_rows"].items()}
         if eng_id in terms.get("head_per_read_ms_by_engine", {}):
             eng["head_per_read_ms"] = round(terms["head_per_read_ms_by_engine"][eng_id], 6)
         if eng_id in tables:

@@ -362,7 +362,7 @@ class PlanContext:
             raise UserError(f"recipe {R.id}: no lane can compute RAM or NVMe experts (need cpu, zerocopy or gpu)")
         host = getattr(R, "host", None) or {}
         return cls(experts=R.experts, gpu=gpu, zerocopy=zc, cpu=cpu,
-                   push_ms=R.nvme_expert_bytes / (R.h2d_gbps * 1e6) if R.h2d_gbps else INF,
+                   push_ms=_push_ms(R, rows),
                    mask=R.policy.get("exact", "stall") == "mask",
                    overlap=overlap, can_admit=gpu is not None,
                    cpu_call=cl.per_call_ms if cl else 0.0, cpu_workers=cl.workers if cl else 1,
@@ -379,6 +379,19 @@ class PlanContext:
                        + rows * float(host.get("head_per_predict_row_ms", 0.0)) if _prefetching(R.policy) else 0.0),
                    head_read=float(host.get("head_per_read_ms", 0.0)),
                    gpu_read=per_read("gpu") if gpu is not None else 0.0, zc_read=per_read("zerocopy"))
+
+
+def _push_ms(R, rows: int) -> float:
+    """One record copy between RAM and VRAM at ``rows`` token rows per step: the VRAM engine's ``copy_ms_by_rows``
+    where `moetier calibrate` measured it under the engine's load (on the SYCL CPU device a copy took 0.118 /
+    0.111 / 0.129 ms at C1 / C2 / C4 in run 28, and one figure pooled over C1 and C4 - mostly C4's copies - put C1
+    and C2 9-16% long), else the record over the hardware's link (gpu.h2d_gbps)."""
+    by_rows = next((e["copy_ms_by_rows"] for e in reversed(getattr(R, "engines", None) or ())
+                    if e.get("copy_ms_by_rows")), None)
+    if by_rows:
+        return _at_rows({int(r): float(v) for r, v in by_rows.items()}, rows, lambda a, b, f: a * (1 - f) + b * f,
+                        (R.experts, R.topk))
+    return R.nvme_expert_bytes / (R.h2d_gbps * 1e6) if R.h2d_gbps else INF
 
 
 def _prefetching(policy: dict) -> bool:

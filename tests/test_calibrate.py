@@ -10,6 +10,7 @@ import numba  # noqa: E402,F401  (the cpu extra: a missing install fails, it doe
 from moetier import calibrate, spec, store  # noqa: E402
 from moetier.cli import REPO  # noqa: E402
 from moetier.trace import load_trace  # noqa: E402
+from moetier.plan import PlanContext, layer_width  # noqa: E402
 
 
 @pytest.fixture()
@@ -99,6 +100,27 @@ def test_device_lane_and_copy_terms_recover_known_costs():
     assert calibrate.fit_device_terms([{"call_groups": [], "counters": {"copies": 0}}]) == {}
 
 
+def test_copy_time_is_fitted_per_rows_and_pooled_for_the_link():
+    # C1: 10 copies at 0.1 ms; C4: 30 at 0.2 ms (a copy on the host's cores costs more in a larger step)
+    runs = [{"conc": 1, "call_groups": [], "counters": {"copies": 10, "copy_s": 1e-3, "stage_s": 0.0}},
+            {"conc": 4, "call_groups": [], "counters": {"copies": 30, "copy_s": 5e-3, "stage_s": 1e-3}}]
+    t = calibrate.fit_device_terms(runs)
+    assert t["copy_ms_by_rows"] == {"1": pytest.approx(0.1), "4": pytest.approx(0.2)}
+    assert t["copy_ms"] == pytest.approx(7.0 / 40)          # the link figure pools every copy
+    # the planner takes the per-rows figure of the arm's VRAM engine, between rows in the layer's distinct experts
+    terms = {"host": {}, "fixed_ms": {"1": 1.0}, **t}
+    arm = {"set": [f'engines=["{calibrate.VRAM_ENGINE}"]', "budget.vram_expert_slots=8", "policy.overlap=false"]}
+    R = calibrate.arm_recipe("tiny-ci-cpu", arm, terms)
+    assert PlanContext.from_recipe(R, 1).push_ms == pytest.approx(0.1)
+    assert PlanContext.from_recipe(R, 4).push_ms == pytest.approx(0.2)
+    f = layer_width(2, (R.experts, R.topk)) - layer_width(1, (R.experts, R.topk))
+    f /= layer_width(4, (R.experts, R.topk)) - layer_width(1, (R.experts, R.topk))
+    assert PlanContext.from_recipe(R, 2).push_ms == pytest.approx(0.1 + 0.1 * f)
+    # without it (an arm on another engine, or no copies fitted): one record over the hardware's link
+    R = calibrate.arm_recipe("tiny-ci-cpu", arm, {**terms, "copy_ms_by_rows": {}})
+    assert PlanContext.from_recipe(R, 2).push_ms == pytest.approx(R.nvme_expert_bytes / (R.h2d_gbps * 1e6))
+
+
 def test_device_lane_fit_separates_reads_in_flight_and_step_rows():
     # calls from a known model at two concurrencies, with reads in flight; at C4 some shapes are seen fewer than
     # MIN_CALLS times and enter the fit through their pooled row
@@ -157,6 +179,7 @@ def test_vram_arms_fit_device_lanes_copies_and_per_engine_latency(scratch):
     assert eng["lanes"]["cpu"]["workers"] == t["cpu"]["workers"]
     R = spec.resolve("tiny-ci-cpu")
     assert R.h2d_gbps == pytest.approx(calibrate.copy_gbps(R.nvme_expert_bytes, t["copy_ms"]), rel=1e-3)
+    assert eng["copy_ms_by_rows"] == {r: pytest.approx(v, abs=1e-6) for r, v in t["copy_ms_by_rows"].items()}
 
 
 def test_cpu_lane_fit_recovers_both_call_classes_and_takes_out_contention():
