@@ -204,7 +204,7 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
     classes."""
     from moetier.bench import fit_cpu_lane, relative_lstsq
     fit = [a for a in arms if a["fit"]]
-    lane_rows, Ah, yh = [], [], []
+    lane_rows = []
     unbooked = []                                  # (conc, demand reads per step, ms per step outside the timers)
     for a in fit:
         m = measured[a["name"]]
@@ -220,31 +220,46 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
                               "cold": c.get(f"cpu_{cls}_cold", c[f"cpu_{cls}_experts"]),
                               **({"crit_cold": c["cpu_split_crit_cold"], "crit_extra": c["cpu_split_crit_extra"]}
                                  if cls == "split" and "cpu_split_crit_cold" in c else {})})
-        Ah.append([c["layer_calls"], c["picks"] - c["masked"], c["reads"], c["predict_layers"],
-                   c.get("predict_rows", 0), c.get("copies", 0)])
-        yh.append(host_timed_s(c) * 1e3)
         booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["stage_s"]
                   + host_timed_s(c))
         unbooked.append((a["conc"], c["reads"] / m["steps"], max(0.0, (m["wall_s"] - booked) * 1e3 / m["steps"])))
-    # a term no fit arm exercises (no prediction, no copies) is not identifiable: left out, set to 0; so is the
-    # prediction's part per row without predicting arms at two concurrencies (the predictor reads every row's
-    # picks: 2026-12-02 VM, tail-prefetch-C2's host time 14-24% over a per-layer term fitted at C1)
-    pred_concs = {a["conc"] for a, r in zip(fit, Ah) if r[3]}
-    used = [j for j in range(6) if j < 3 or (any(r[j] for r in Ah) and (j != 4 or len(pred_concs) > 1))]
-    coef = dict(zip(used, relative_lstsq([[r[j] for j in used] for r in Ah], yh)))
-    hl, hp, hr, hpred, hpred_row, hcopy = (coef.get(j, 0.0) for j in range(6))
+    host = fit_host([(measured[a["name"]]["counters"], a["conc"]) for a in fit])
     fixed, per_read_unbooked = fit_fixed(unbooked)
-    hr += per_read_unbooked
+    host["per_read_ms"] += per_read_unbooked
     head = fit_head([measured[a["name"]]["counters"] for a in fit], [measured[a["name"]].get("engine") for a in fit])
     head_by_engine = head.pop("head_per_read_ms_by_engine", None)
     out = {"cpu": {**fit_cpu_lane(lane_rows, workers, None), "workers": workers, "parallel_min": parallel_min},
-           "host": {"per_layer_ms": hl, "per_pick_ms": hp, "per_read_ms": hr, "per_predict_ms": hpred,
-                    "per_predict_row_ms": hpred_row, "per_copy_ms": hcopy, **head},
+           "host": {**host, **head},
            **({"head_per_read_ms_by_engine": head_by_engine} if head_by_engine else {}),
            "fixed_ms": fixed,
            **fit_channel([measured[a["name"]] for a in fit], idle_latency)}
     out.update(fit_device_terms([measured[a["name"]] for a in fit]))
     return out
+
+
+HOST_TERMS = ("per_layer_ms", "per_pick_ms", "per_read_ms", "per_nvme_layer_ms", "per_predict_ms",
+              "per_predict_row_ms", "per_copy_ms")
+
+
+def fit_host(runs) -> dict:
+    """The host's timed work (plan, bookkeeping, combine, prediction) from the fit arms' counters, ``runs`` =
+    [(counters, conc)]: per layer call, per computed pick, per NVMe read, per layer call with NVMe picks, per
+    predicting layer, per row it predicts for, per copy (non-negative relative least squares). The part per
+    layer with NVMe picks is the work a layer's reads share: planning them (the channel, the arrival spread),
+    one issue loop and one wait loop. Per read alone put tail0.8g-C2 (held out: 14.7 reads a token in 7.0 such
+    layers, against tail-C2's 9.9 in 6.0) 25-47% over in runs 27-30 (2026-12-02j: +0.72 ms a token over
+    all-in-RAM C2 measured, +0.96 modelled; +0.76 with it). A term no fit arm exercises (no prediction, no copies)
+    is left out and set to 0; so is the prediction's part per row without predicting arms at two concurrencies
+    (the predictor reads every row's picks: tail-prefetch-C2's host time was 14-24% over a per-layer term
+    fitted at C1)."""
+    from moetier.bench import relative_lstsq
+    A = [[c["layer_calls"], c["picks"] - c["masked"], c["reads"], c.get("nvme_layers", 0), c["predict_layers"],
+          c.get("predict_rows", 0), c.get("copies", 0)] for c, _ in runs]
+    y = [host_timed_s(c) * 1e3 for c, _ in runs]
+    pred_concs = {conc for (c, conc) in runs if c["predict_layers"]}
+    used = [j for j in range(len(HOST_TERMS)) if j < 3 or (any(r[j] for r in A) and (j != 5 or len(pred_concs) > 1))]
+    coef = dict(zip(used, relative_lstsq([[r[j] for j in used] for r in A], y)))
+    return {name: coef.get(j, 0.0) for j, name in enumerate(HOST_TERMS)}
 
 
 def fit_head(counters: list[dict], engines: list | None = None) -> dict:

@@ -319,6 +319,7 @@ class PlanContext:
     host_layer: float = 0.0    # serial host time per layer call outside the lanes (plan, bookkeeping, combine)
     host_pick: float = 0.0     # ... per pick
     host_read: float = 0.0     # ... and per NVMe pick (issue, slot, landing bookkeeping)
+    host_nvme_layer: float = 0.0   # ... and per layer with NVMe picks (what its reads share: their plan, the loops)
     read_cpu: float = 0.0      # core time one NVMe read takes from the cpu lane (O_DIRECT + checksum), per lane ms
     host_predict: float = 0.0  # serial host time per layer of a prefetch predictor (when prefetch is on), at its rows
     copy_serial: bool = False  # admission pushes and drains run after the lanes, one after another (no overlap)
@@ -369,6 +370,7 @@ class PlanContext:
                    cpu_pmin=cl.parallel_min if cl else 0,
                    host_layer=float(host.get("per_layer_ms", 0.0)), host_pick=float(host.get("per_pick_ms", 0.0)),
                    host_read=float(host.get("per_read_ms", 0.0)),
+                   host_nvme_layer=float(host.get("per_nvme_layer_ms", 0.0)),
                    read_cpu=_read_cpu(R),
                    host_predict=(float(host.get("per_predict_ms", 0.0))
                                  + rows * float(host.get("per_predict_row_ms", 0.0)) if _prefetching(R.policy) else 0.0),
@@ -581,7 +583,7 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
     else:
         plan.ms = g + c + serial         # the serial timeline waited past the head already (_serial_nvme)
     if nvme_l and not ctx.mask:
-        plan.ms += ctx.host_read * len(nvme_l)
+        plan.ms += ctx.host_read * len(nvme_l) + ctx.host_nvme_layer
     return plan
 
 

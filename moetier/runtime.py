@@ -101,7 +101,7 @@ class Runtime:
         self.stats = dict(plan_s=0.0, book_s=0.0, lane_cpu_s=0.0, lane_gpu_s=0.0, lane_zc_s=0.0, nvme_wait_s=0.0,
                           copy_s=0.0, combine_s=0.0, reads=0, masked=0, picks=0, layer_calls=0,
                           cpu_bytes=0, cpu_layers=0, cpu_calls=0, cpu_experts=0, cpu_extra_rows=0,
-                          cpu_contended_reads=0, nvme_picks=0, prefetch_reads=0,
+                          cpu_contended_reads=0, nvme_picks=0, nvme_layers=0, prefetch_reads=0,
                           cpu_inline_calls=0, cpu_inline_experts=0, cpu_inline_extra=0, cpu_inline_s=0.0,
                           cpu_inline_contended=0, cpu_split_calls=0, cpu_split_experts=0, cpu_split_extra=0,
                           cpu_split_s=0.0, cpu_split_contended=0, cpu_inline_cold=0.0, cpu_split_cold=0.0,
@@ -395,7 +395,8 @@ class Runtime:
         st["book_s"] += time.perf_counter() - b0 - (_inner(st) - inner0)   # waits and lane work inside: booked to them
         st["cpu_bytes"] += (len(plan.cpu) + len(plan.nvme_cpu)) * self.store.layout.weight_bytes
         st["masked"] += len(plan.masked)
-        st["nvme_picks"] += len(plan.nvme_cpu) + len(plan.nvme_gpu)
+        st["nvme_picks"] += n_nvme
+        st["nvme_layers"] += int(n_nvme > 0)
         st["picks"] += len(picks)
         st["layer_calls"] += 1
         # 5. combine in trace slot order (the same order whatever lane computed each pick)

@@ -572,8 +572,8 @@ def resolve(recipe_id: str, overrides=(), root=None) -> Recipe:
                  "first_request_ms": float(cal["prefill"]["first_request_ms"])},
         trace=rec.get("trace"),
         host={**{k: float(cal.get("host", {}).get(k, 0.0))
-                 for k in ("per_layer_ms", "per_pick_ms", "per_read_ms", "per_predict_ms", "per_predict_row_ms",
-                           "per_copy_ms", "head_per_layer_ms", "head_per_read_ms", "head_per_predict_ms",
+                 for k in ("per_layer_ms", "per_pick_ms", "per_read_ms", "per_nvme_layer_ms", "per_predict_ms",
+                           "per_predict_row_ms", "per_copy_ms", "head_per_layer_ms", "head_per_read_ms", "head_per_predict_ms",
                            "head_per_predict_row_ms")},
               # submitting a read is the backend's work: the engine's own figure, where calibrated, wins
               **({"head_per_read_ms": float(engines[-1]["head_per_read_ms"])}

@@ -369,6 +369,28 @@ def test_an_arms_repeats_merge_into_their_middle_ones_summed():
     assert two["repeats_kept"] == 2 and two["counters"]["reads"] == 107
 
 
+def test_host_fit_recovers_per_read_and_per_nvme_layer_costs():
+    true = {"per_layer_ms": 0.02, "per_pick_ms": 0.004, "per_read_ms": 0.03, "per_nvme_layer_ms": 0.1,
+            "per_predict_ms": 0.05, "per_predict_row_ms": 0.04, "per_copy_ms": 0.06}
+
+    def arm(conc, layers, picks, reads, nvme_layers, predict=0, copies=0):
+        c = {"layer_calls": layers, "picks": picks, "masked": 0, "reads": reads, "nvme_layers": nvme_layers,
+             "predict_layers": predict, "predict_rows": predict * conc, "copies": copies}
+        ms = sum(true[k] * v for k, v in zip(calibrate.HOST_TERMS, (layers, picks, reads, nvme_layers, predict,
+                                                                     predict * conc, copies)))
+        return {**c, "plan_s": ms / 1e3, "book_s": 0.0, "combine_s": 0.0, "predict_s": 0.0}, conc
+    # the calibration's fit arms in shape: all-in-RAM, tails (reads per layer that reads grow with rows),
+    # prefetch at two concurrencies, a VRAM tier with copies
+    runs = [arm(1, 1600, 6400, 0, 0), arm(2, 800, 6150, 0, 0), arm(4, 400, 5630, 0, 0),
+            arm(1, 1600, 6400, 850, 700), arm(2, 800, 6150, 990, 600), arm(4, 400, 5630, 1090, 380),
+            arm(1, 1600, 6400, 660, 560, 1600), arm(4, 400, 5630, 800, 300, 400),
+            arm(1, 1600, 6400, 550, 490, 0, 350), arm(4, 400, 5630, 740, 350, 0, 1215)]
+    assert calibrate.fit_host(runs) == pytest.approx(true, rel=1e-6)
+    # no arm reads: neither read term is identifiable beside the others, both 0
+    got = calibrate.fit_host(runs[:3])
+    assert got["per_nvme_layer_ms"] == 0.0 and got["per_layer_ms"] == pytest.approx(0.02, rel=1e-6)
+
+
 def test_head_start_fit_recovers_per_layer_per_read_per_predict_and_per_row_costs():
     # known costs: 0.2 ms per read layer, 0.05 per read, 0.3 per layer that predicts and 0.1 per row it predicts for
     def arm(layers, reads, pred, rows=1):

@@ -98,6 +98,20 @@ def test_nvme_stall_waits_for_arrival_and_mask_drops():
     assert pm.ms == pytest.approx(pm.gpu_ms + 0.05 + 0.01)
 
 
+def test_host_time_per_nvme_read_and_once_per_layer_that_reads():
+    import dataclasses
+    hc = dataclasses.replace(ctx(), host_read=0.02, host_nvme_layer=0.3)
+
+    def host(c, picks):
+        p = plan_layer(c, ledger(vram=[1]), picks, 0.0, NvmeChannel(9_474_048, 24.0))
+        return p.ms - max(p.gpu_ms, p.cpu_ms)
+    assert host(hc, {1: 1}) == 0.0                                       # no NVMe pick: neither part
+    assert host(hc, {1: 1, 500: 1}) == pytest.approx(0.02 + 0.3)
+    assert host(hc, {1: 1, 500: 1, 501: 1, 502: 1}) == pytest.approx(3 * 0.02 + 0.3)
+    masked = dataclasses.replace(hc, mask=True)                           # masked picks are never read
+    assert host(masked, {1: 1, 500: 1}) == 0.0
+
+
 def test_nvme_without_cpu_lane_goes_to_gpu_with_push():
     ch = NvmeChannel(9_474_048, 24.0, 24.0, 0.0)
     p = plan_layer(ctx(lanes={"cpu": None}), ledger(), {500: 1}, 0.0, ch)
