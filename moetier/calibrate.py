@@ -218,7 +218,8 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
                               "extra": c[f"cpu_{cls}_extra"], "ms": c[f"cpu_{cls}_s"] * 1e3,
                               "contended": c[f"cpu_{cls}_contended"],
                               "cold": c.get(f"cpu_{cls}_cold", c[f"cpu_{cls}_experts"]),
-                              **({"crit_cold": c["cpu_split_crit_cold"], "crit_extra": c["cpu_split_crit_extra"]}
+                              **({"crit_cold": c["cpu_split_crit_cold"], "crit_extra": c["cpu_split_crit_extra"],
+                                  "wake": c.get("cpu_split_wake", 0.0)}
                                  if cls == "split" and "cpu_split_crit_cold" in c else {})})
         booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["stage_s"]
                   + host_timed_s(c))

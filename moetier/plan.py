@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from moetier.errors import UserError
 from moetier.ledger import ABSENT, PUSHING, RAM, VRAM
+from moetier.spec import idle_wake
 
 INF = float("inf")
 
@@ -316,6 +317,7 @@ class PlanContext:
     cpu_call: float = 0.0      # cpu lane: an inline one-thread call (an NVMe pick computed as it lands)
     cpu_workers: int = 1       # cpu lane: threads a batch is split over ...
     cpu_pmin: int = 0          # ... once it has at least this many experts
+    cpu_wake: float = 0.0      # ... and then pays this per unit of its worker's idle (spec.idle_wake)
     host_layer: float = 0.0    # serial host time per layer call outside the lanes (plan, bookkeeping, combine)
     host_pick: float = 0.0     # ... per pick
     host_read: float = 0.0     # ... and per NVMe pick (issue, slot, landing bookkeeping)
@@ -367,7 +369,7 @@ class PlanContext:
                    mask=R.policy.get("exact", "stall") == "mask",
                    overlap=overlap, can_admit=gpu is not None,
                    cpu_call=cl.per_call_ms if cl else 0.0, cpu_workers=cl.workers if cl else 1,
-                   cpu_pmin=cl.parallel_min if cl else 0,
+                   cpu_pmin=cl.parallel_min if cl else 0, cpu_wake=float(cl.per_wake_ms or 0.0) if cl else 0.0,
                    host_layer=float(host.get("per_layer_ms", 0.0)), host_pick=float(host.get("per_pick_ms", 0.0)),
                    host_read=float(host.get("per_read_ms", 0.0)),
                    host_nvme_layer=float(host.get("per_nvme_layer_ms", 0.0)),
@@ -420,7 +422,7 @@ class LayerPlan:
 
     __slots__ = ("gpu", "zerocopy", "cpu", "nvme_cpu", "nvme_gpu", "masked", "arrivals", "demand_reads", "gpu_ms",
                  "cpu_ms", "nvme_wait_ms", "gpu_wait_ms", "ms", "cpu_cold", "issue_ms",
-                 "head_ms", "cpu_crit", "wait_from")
+                 "head_ms", "cpu_crit", "wait_from", "split_end")
 
     def __init__(self):
         self.gpu, self.zerocopy, self.cpu, self.nvme_cpu, self.nvme_gpu, self.masked = [], [], [], [], [], []
@@ -429,6 +431,7 @@ class LayerPlan:
         self.cpu_cold = 0.0        # the cpu lane's RAM picks in cold-expert equivalents (host cache, moetier.llc)
         # a split batch: (cold-expert equivalents, extra rows) of its longest share, what the call's time follows
         self.cpu_crit = None
+        self.split_end = None      # a split call: when it ends (the caller's clock), its worker idle from then on
         # wait_from: when the host, past its lanes, the reads' contention and its head, first waits for a read
         self.wait_from = 0.0
         # gpu_wait_ms: the part of nvme_wait_ms spent on the gpu lane (read + push of NVMe -> VRAM picks)
@@ -452,14 +455,16 @@ def _gpu_ms(ctx, vram_l, picks, reads: int = 0) -> float:
     return g
 
 
-def _ram_lanes(ctx, ram_l, g, llc, cpu_list, zc_list, force=None, reads: int = 0):
+def _ram_lanes(ctx, ram_l, g, llc, cpu_list, zc_list, force=None, reads: int = 0, wake: float = 0.0):
     """Deal the RAM picks (``ram_l``: (rows, key), heaviest first) to the cpu or zerocopy lane, each where the layer
     ends sooner on ``ctx``'s costs - or, with ``force`` (the keys already dealt to the cpu lane), as dealt, only
     timed on them. Appends to the two lists; returns (g, c, the cpu batch's cold-expert equivalents, its longest
     share's (cold, extra rows) if the call is split else None). A split call deals its batch out strided
     (spec.deal: thread i takes experts i, i + W, ...) and ends with its longest share. ``reads``: the layer's NVMe
-    reads in flight during the zerocopy call (ctx.zc_read each; the cpu lane's share is booked by the caller)."""
+    reads in flight during the zerocopy call (ctx.zc_read each; the cpu lane's share is booked by the caller).
+    ``wake``: the idle units of the split call's worker (spec.idle_wake), ctx.cpu_wake each."""
     cpl, cpe, cpx = ctx.cpu if ctx.cpu else (INF, INF, 0.0)
+    cpl += ctx.cpu_wake * wake
     zpl, zpe, zpx = ctx.zerocopy if ctx.zerocopy else (INF, INF, 0.0)
     zpl += ctx.zc_read * reads
     W, pmin, cpc = ctx.cpu_workers, ctx.cpu_pmin, ctx.cpu_call
@@ -506,11 +511,13 @@ def _ram_lanes(ctx, ram_l, g, llc, cpu_list, zc_list, force=None, reads: int = 0
 
 
 def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChannel | None,
-               llc=None, choose: PlanContext | None = None) -> LayerPlan:
+               llc=None, choose: PlanContext | None = None, idle: float = 0.0) -> LayerPlan:
     """Plan one layer call. See the module docstring for the contract. ``llc``: the host cache model
     (moetier.llc.ReuseModel) or None; a RAM pick costs the cpu lane per_expert x its reuse factor. ``choose``:
     the costs that deal the RAM picks to lanes, where they differ from the costs that time them (a calibration
-    predicting a run that planned on other terms; None: ``ctx``'s)."""
+    predicting a run that planned on other terms; None: ``ctx``'s). ``idle``: ms since the cpu lane's last split
+    call ended (sim.Replay.idle), what waking its worker costs a split call (spec.idle_wake); the plan's
+    ``split_end`` is when this layer's split call ends, if it makes one."""
     plan = LayerPlan()
     sget = ledger.state.get
     absent = RAM if ledger.all_in_ram else ABSENT    # state of a key the ledger does not track
@@ -536,13 +543,17 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
         if len(ram_l) > 1:
             ram_l.sort(reverse=True)      # heaviest first; ties by key (descending) keep it deterministic
         force = None
+        wake = idle_wake(idle) if idle > 0.0 else 0.0
         if choose is not None:        # deal on choose's costs, then time what it dealt on ctx's
             force = []
-            cg, cc, _, _ = _ram_lanes(choose, ram_l, cg, llc, force, [], reads=reads)
+            cg, cc, _, _ = _ram_lanes(choose, ram_l, cg, llc, force, [], reads=reads, wake=wake)
             cc_on = bool(force)
             force = set(force)
-        g, c, plan.cpu_cold, plan.cpu_crit = _ram_lanes(ctx, ram_l, g, llc, plan.cpu, plan.zerocopy, force, reads)
+        g, c, plan.cpu_cold, plan.cpu_crit = _ram_lanes(ctx, ram_l, g, llc, plan.cpu, plan.zerocopy, force, reads,
+                                                        wake)
         c_on = bool(plan.cpu)
+        if plan.cpu_crit is not None:     # the lanes start at t0 and the runtime runs the cpu lane's call first
+            plan.split_end = t0 + c
 
     plan.issue_ms = c if ctx.overlap else g + c
     if nvme_l:

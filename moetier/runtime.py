@@ -30,7 +30,7 @@ from moetier.errors import UserError
 from moetier.plan import plan_layer
 from moetier.predict import make_predictor
 from moetier.sim import Replay, Streams, _segment_plan, rank_keys
-from moetier.spec import deal
+from moetier.spec import deal, idle_wake
 from moetier.transport import TransportError
 
 EPS = 1e-6
@@ -105,12 +105,13 @@ class Runtime:
                           cpu_inline_calls=0, cpu_inline_experts=0, cpu_inline_extra=0, cpu_inline_s=0.0,
                           cpu_inline_contended=0, cpu_split_calls=0, cpu_split_experts=0, cpu_split_extra=0,
                           cpu_split_s=0.0, cpu_split_contended=0, cpu_inline_cold=0.0, cpu_split_cold=0.0,
-                          cpu_split_crit_cold=0.0, cpu_split_crit_extra=0,
+                          cpu_split_crit_cold=0.0, cpu_split_crit_extra=0, cpu_split_wake=0.0,
                           predict_s=0.0, predict_layers=0, predict_rows=0,
                           gpu_calls=0, gpu_experts=0, gpu_extra=0, zc_calls=0, zc_experts=0, zc_extra=0, copies=0,
                           stage_s=0.0, read_layers=0, read_span_s=0.0, read_latency_n=0, read_latency_s=0.0,
                           read_gap_sq=0.0, read_head_s=0.0, read_reads=0, read_predict=0,
                           read_predict_rows=0)
+        self._split_end = None    # when the cpu lane's last split call ended (its worker's idle: spec.idle_wake)
         self.cpu_pmin = int(getattr(backend, "parallel_min", 0) or 0)
         self.cpu_workers = max(1, int(getattr(backend, "workers", 1) or 1))
         self.call_groups: dict[tuple, list] = {}      # (lane, experts, extra rows, contended) -> [calls, seconds]
@@ -182,12 +183,14 @@ class Runtime:
             for ev in L.land(td, protect):
                 self._release_ram(ev)
 
-    def _book_cpu_call(self, keys, picks, seconds: float, contended: int = 0, cold: float | None = None,
+    def _book_cpu_call(self, keys, picks, t0: float, t1: float, contended: int = 0, cold: float | None = None,
                        crit: tuple | None = None) -> None:
-        """cpu lane accounting per call, split by how the backend ran it (inline vs split over workers): the
-        inputs of the lane cost fit in moetier.bench.fit_cpu_lane. A split call also books its longest share
-        (``crit``: cold-expert equivalents, extra rows; the plan's, else by count over the strided deal)."""
+        """cpu lane accounting per call (from t0 to t1, perf_counter seconds), split by how the backend ran it
+        (inline vs split over workers): the inputs of the lane cost fit in moetier.bench.fit_cpu_lane. A split call
+        also books its longest share (``crit``: cold-expert equivalents, extra rows; the plan's, else by count over
+        the strided deal) and how long its worker idled before it (spec.idle_wake)."""
         st = self.stats
+        seconds = t1 - t0
         cls = "inline" if len(keys) < max(2, self.cpu_pmin) else "split"
         st["lane_cpu_s"] += seconds
         st["cpu_calls"] += 1
@@ -206,6 +209,9 @@ class Runtime:
                         sum(picks[k] - 1 for k in share))
             st["cpu_split_crit_cold"] += crit[0]
             st["cpu_split_crit_extra"] += crit[1]
+            if self._split_end is not None:
+                st["cpu_split_wake"] += idle_wake((t0 - self._split_end) * 1e3)
+            self._split_end = t1
         self._group(f"cpu_{cls}", len(keys), extra, contended, seconds)
 
     def _group(self, lane, experts, extra, contended, seconds) -> None:
@@ -232,7 +238,7 @@ class Runtime:
         t = time.perf_counter()
         out.update(self.be.compute(lane, [(k, slot_of[k], rows_of[k]) for k in keys], x))
         if lane == "cpu":
-            self._book_cpu_call(keys, picks, time.perf_counter() - t, contended, cold, crit)
+            self._book_cpu_call(keys, picks, t, time.perf_counter(), contended, cold, crit)
         else:
             self._book_device_call(lane, keys, picks, time.perf_counter() - t, contended)
 
@@ -306,7 +312,7 @@ class Runtime:
                 rows_of.setdefault(k, []).append(r)
         picks = {k: len(v) for k, v in rows_of.items()}
         c0 = time.perf_counter()
-        plan = plan_layer(rp.ctx, L, picks, t_model, rp.chan, rp.llc)
+        plan = plan_layer(rp.ctx, L, picks, t_model, rp.chan, rp.llc, idle=rp.idle(t_model))
         c1 = time.perf_counter()
         st["plan_s"] += c1 - c0
         # 1. demand reads first, so the disk works while the lanes compute

@@ -110,6 +110,7 @@ class Replay:
         self.pf_target: dict[int, list] = {}
         self.pf_used = 0
         self.admissions = 0       # RAM -> VRAM pushes of resident (zerocopy) picks, counted by the executors
+        self.split_end = None     # when the cpu lane's last split call ended (model ms): its worker's idle
         self._copies = 0
 
     def settle(self) -> tuple[float, float]:
@@ -124,10 +125,16 @@ class Replay:
         ctx = self.ctx
         return (new * ctx.push_ms, new * ctx.host_copy) if ctx.copy_serial else (0.0, 0.0)
 
+    def idle(self, t0: float) -> float:
+        """ms the cpu lane's worker has idled at t0, since the last split call ended (0 before the first)."""
+        return t0 - self.split_end if self.split_end is not None else 0.0
+
     def touch(self, plan: LayerPlan) -> None:
         """Recency of the picks computed in place, and what streamed through the host cache: the cpu lane's RAM
         picks, then the layer's NVMe reads (landed and checksummed in host memory), in the order they ran (shared by
-        the simulator's and the runtime's commit)."""
+        the simulator's and the runtime's commit); when the layer's split call ended (``idle``)."""
+        if plan.split_end is not None:
+            self.split_end = plan.split_end
         if self.llc is not None:
             self.llc.touch(plan.cpu)
             if plan.nvme_cpu or plan.nvme_gpu:
@@ -328,7 +335,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
             t += f_layer
             picks = streams.picks(rows, layer)
             t0_layer = t
-            plan = plan_layer(rp.ctx, rp.ledger, picks, t, chan, rp.llc, choose_ctx)
+            plan = plan_layer(rp.ctx, rp.ledger, picks, t, chan, rp.llc, choose_ctx, rp.idle(t))
             if prefetching:
                 rp.after_plan(layer, plan, streams, rows, t)
             rp.commit(plan, picks)

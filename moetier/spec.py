@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -55,7 +56,17 @@ DEFAULT_POLICY = {
 }
 LANE_COSTS = ("per_layer_ms", "per_expert_ms", "per_extra_token_ms", "per_call_ms")
 LANE_SHAPE = ("workers", "parallel_min")     # integers: how a batch call is executed
-LANE_OPTIONAL = ("per_read_ms", "per_step_row_ms")   # costs whose absence means: another record's figure, or 0
+LANE_OPTIONAL = ("per_read_ms", "per_step_row_ms", "per_wake_ms")   # absent: another record's figure, or 0
+WAKE_SCALE_MS = 0.1       # idle_wake: the idle that counts as one unit (below it a worker is still warm)
+
+
+def idle_wake(idle_ms: float) -> float:
+    """How cold a split call's worker has gone, in the units the cpu lane's ``per_wake_ms`` is paid in: log2(1 +
+    idle / 0.1 ms), idle = the time since the lane's last split call ended. A worker thread that idled longer wakes
+    slower and colder (on a VM its vCPU halts after its poll window; its core's caches go to others): a 4-expert
+    split call with the worker idle under 0.1 ms took 0.33-0.36 ms, after 1.6-3.2 ms 0.40-0.48 ms, and growing
+    roughly by a constant per doubling of the idle (2026-12-02, VM C; docs/calibration.md, ninth session)."""
+    return math.log2(1.0 + idle_ms / WAKE_SCALE_MS) if idle_ms > 0.0 else 0.0
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -395,6 +406,8 @@ class Lane:
     # gpu / zerocopy lanes: what each token row of the step beyond the first adds to every call of the lane, fitted
     # by `moetier calibrate` over arms at several concurrencies (moetier.plan.PlanContext folds it into per_layer)
     per_step_row_ms: float | None = None
+    # cpu lane: what a split call pays per unit of its worker's idle (idle_wake), fitted by `moetier calibrate`
+    per_wake_ms: float | None = None
 
     def cost(self, rows) -> float:
         """One call over experts with these token rows (a sequence, or a mapping key -> rows): inline below

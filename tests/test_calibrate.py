@@ -222,6 +222,23 @@ def test_cpu_lane_fit_follows_a_split_calls_longest_share():
                                                         "per_extra_token_ms": px}, rel=1e-6)
 
 
+def test_cpu_lane_fit_separates_the_workers_wake_up_from_the_split_calls_fixed_cost():
+    from moetier.bench import fit_cpu_lane
+    from moetier.spec import idle_wake
+    pc, pl, pe, pw, W = 0.03, 0.2, 0.06, 0.02, 2
+    rows = [{"cls": "inline", "calls": 50, "experts": 100, "extra": 0, "ms": 50 * (pc + 2 * pe)}]
+    # arms whose split calls find the worker idle for different times: back to back, after inline calls, after
+    # NVMe waits (the calibration's all-in-RAM, mask and tail arms)
+    for e, idle in ((4, 0.05), (4, 0.6), (4, 2.5), (8, 0.05), (8, 2.5)):
+        n, wake = 20, idle_wake(idle)
+        rows.append({"cls": "split", "calls": n, "experts": n * e, "extra": 0, "crit_cold": n * e / W,
+                     "crit_extra": 0, "wake": n * wake, "ms": n * (pl + pe * e / W + pw * wake)})
+    got = fit_cpu_lane(rows, W, 0.0)
+    assert got == pytest.approx({"per_call_ms": pc, "per_layer_ms": pl, "per_expert_ms": pe,
+                                 "per_extra_token_ms": 0.0, "per_wake_ms": pw}, rel=1e-6, abs=1e-9)
+    assert "per_wake_ms" not in fit_cpu_lane([{**r, "wake": 0.0} for r in rows], W, 0.0)   # no idle booked
+
+
 def test_cpu_lane_fit_counts_experts_in_cold_equivalents():
     from moetier.bench import fit_cpu_lane
     pl, pe, W = 0.2, 0.3, 2

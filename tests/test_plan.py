@@ -98,6 +98,38 @@ def test_nvme_stall_waits_for_arrival_and_mask_drops():
     assert pm.ms == pytest.approx(pm.gpu_ms + 0.05 + 0.01)
 
 
+def test_a_split_call_pays_for_its_idle_worker_and_says_when_it_ends():
+    import dataclasses
+    from moetier.plan import LayerPlan
+    from moetier.sim import Replay
+    from moetier.spec import idle_wake
+    assert idle_wake(0.0) == 0.0 and idle_wake(0.1) == pytest.approx(1.0) and idle_wake(0.3) == pytest.approx(2.0)
+    c = dataclasses.replace(ctx(vram_slots=0, lanes={"zerocopy": None}), cpu_workers=2, cpu_pmin=4,
+                            cpu_wake=0.05)
+    L = Ledger(1000, 0, 8)
+    L.seed(range(10, 18))
+    split = {k: 1 for k in range(10, 14)}                 # 4 experts: split over the two workers
+    warm = plan_layer(c, L, split, 5.0, NvmeChannel(1_000_000, 1.0))
+    cold = plan_layer(c, L, split, 5.0, NvmeChannel(1_000_000, 1.0), idle=0.3)
+    assert cold.cpu_ms == pytest.approx(warm.cpu_ms + 0.05 * 2.0)
+    assert warm.split_end == pytest.approx(5.0 + warm.cpu_ms) and cold.split_end == pytest.approx(5.0 + cold.cpu_ms)
+    inline = plan_layer(c, L, {10: 1, 11: 1}, 5.0, NvmeChannel(1_000_000, 1.0), idle=0.3)
+    assert inline.split_end is None                        # an inline call runs on the calling thread: no wake-up
+    assert inline.cpu_ms == pytest.approx(plan_layer(c, L, {10: 1, 11: 1}, 5.0, NvmeChannel(1_000_000, 1.0)).cpu_ms)
+    # the executors' shared bookkeeping: the worker idles from the split call's end
+    R = SimpleNamespace(id="t", experts=100, layers=10, keys=1000, vram_slots=0, ram_slots=8, topk=4,
+                        lanes={"cpu": Lane("cpu", "ram", 0.145, 0.104, 0.04)}, nvme_expert_bytes=1_000_000,
+                        h2d_gbps=0.0, nvme_bw_gbps=1.0, nvme_bw_qd1_gbps=1.0, nvme_latency_ms=0.1, hardware={},
+                        engines=[], policy={})
+    rp = Replay(R)
+    assert rp.idle(3.0) == 0.0                              # no split call yet
+    ended = LayerPlan()
+    ended.split_end = 7.5
+    rp.touch(ended)
+    rp.touch(LayerPlan())                                   # a layer without a split call: the worker idles on
+    assert rp.idle(9.0) == pytest.approx(1.5)
+
+
 def test_host_time_per_nvme_read_and_once_per_layer_that_reads():
     import dataclasses
     hc = dataclasses.replace(ctx(), host_read=0.02, host_nvme_layer=0.3)

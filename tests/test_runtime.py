@@ -86,6 +86,7 @@ def test_plan_parity_with_simulator(packed, sets):
     if cores() > 1:
         assert c["cpu_split_calls"] > 0
         assert c["cpu_split_cold"] / cores() <= c["cpu_split_crit_cold"] < c["cpu_split_cold"]
+        assert c["cpu_split_wake"] > 0               # its worker idled between split calls (spec.idle_wake)
     assert c["read_predict"] == (c["read_layers"] if any("prefetch" in x for x in sets) else 0)
     assert calibrate.read_coverage({}) == {"layers": 0, "span_ms": None, "head_ms": None, "latency_ms": None,
                                            "gap_sd_ms": None}
