@@ -21,9 +21,9 @@ The fits, from the fit arms' runtime counters:
      x extra rows, over the runtime's calls grouped by shape (``fit_device_terms``);
    - one record copy (push or drain) -> hardware ``gpu.h2d_gbps``, and per rows per step -> the VRAM engine's
      ``copy_ms_by_rows`` (what the planner takes);
-   - host time (recipe ``calibration.host``): ``plan + bookkeeping + combine + prediction = per_layer * layer_calls
-     + per_pick * picks + per_read * NVMe reads + per_predict * predicted layers + per_predict_row * their rows
-     + per_copy * copies``;
+   - host time (recipe ``calibration.host``, ``fit_host``): ``plan + bookkeeping + combine + prediction = per_layer
+     * layer_calls + per_pick * picks + per_read * NVMe reads + per_nvme_layer * layers with NVMe picks
+     + per_predict * predicted layers + per_predict_row * their rows + per_copy * copies``;
    - non-MoE time per step (recipe ``calibration.fixed_ms``): step wall minus everything booked to layers, split by
      least squares into a part per concurrency and a part per NVMe read that joins ``per_read`` (``fit_fixed``);
      concurrencies without a fit arm are interpolated by the simulator;
@@ -97,8 +97,9 @@ def default_arms(R, *, vram: bool = True) -> list[dict]:
     The tail is fitted at C2 too: read latency under load is not linear in rows (measured mean at depth 1 on the
     2026-12-01 VM: 1.33 ms at C1, 2.03 at C2, 2.90 at C4), and the simulator's rule between C1 and C4
     (plan._at_rows, in the layer's expected distinct experts) is a model of that shape, not a measurement of it. So
-    is all-in-RAM: the cpu lane's split call is not linear in its batch (2026-12-02 VM: 0.68 / 1.13 / 1.76 ms per call at C1 / C2 / C4, and a fit on C1 and
-    C4 put C2 13% short; all-in-RAM C2 was the held-out miss in runs 10, 15 and 17 on VM B). The held-out arms check
+    is all-in-RAM: the cpu lane's split call is not linear in its batch (2026-12-02 VM: 0.68 / 1.13 / 1.76 ms per
+    call at C1 / C2 / C4, and a fit on C1 and C4 put C2 13% short; all-in-RAM C2 was the held-out miss in runs 10,
+    15 and 17 on VM B). The held-out arms check
     what the fits do not see: a budget between, prefetch at C2, mask, a VRAM tier at C2."""
     ram = float(R.raw["budget"]["ram_gb"])
     allram = round(R.keys * R.ram_expert_bytes / 1e9 * 1.05 + 0.01, 3)
@@ -238,18 +239,14 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
     return out
 
 
-HOST_TERMS = ("per_layer_ms", "per_pick_ms", "per_read_ms", "per_nvme_layer_ms", "per_predict_ms",
-              "per_predict_row_ms", "per_copy_ms")
-
-
 def fit_host(runs) -> dict:
     """The host's timed work (plan, bookkeeping, combine, prediction) from the fit arms' counters, ``runs`` =
     [(counters, conc)]: per layer call, per computed pick, per NVMe read, per layer call with NVMe picks, per
     predicting layer, per row it predicts for, per copy (non-negative relative least squares). The part per
     layer with NVMe picks is the work a layer's reads share: planning them (the channel, the arrival spread),
     one issue loop and one wait loop. Per read alone put tail0.8g-C2 (held out: 14.7 reads a token in 7.0 such
-    layers, against tail-C2's 9.9 in 6.0) 25-47% over in runs 27-30 (2026-12-02j: +0.72 ms a token over
-    all-in-RAM C2 measured, +0.96 modelled; +0.76 with it). A term no fit arm exercises (no prediction, no copies)
+    layers, against tail-C2's 9.9 in 6.0) 25-47% over in runs 27-30 (run 30, 2026-12-02k: +0.72 ms a token over
+    all-in-RAM C2 measured, +0.96 per read; +0.76 per layer with NVMe picks). A term no fit arm exercises (no prediction, no copies)
     is left out and set to 0; so is the prediction's part per row without predicting arms at two concurrencies
     (the predictor reads every row's picks: tail-prefetch-C2's host time was 14-24% over a per-layer term
     fitted at C1)."""
@@ -258,9 +255,9 @@ def fit_host(runs) -> dict:
           c.get("predict_rows", 0), c.get("copies", 0)] for c, _ in runs]
     y = [host_timed_s(c) * 1e3 for c, _ in runs]
     pred_concs = {conc for (c, conc) in runs if c["predict_layers"]}
-    used = [j for j in range(len(HOST_TERMS)) if j < 3 or (any(r[j] for r in A) and (j != 5 or len(pred_concs) > 1))]
+    used = [j for j in range(len(A[0])) if j < 3 or (any(r[j] for r in A) and (j != 5 or len(pred_concs) > 1))]
     coef = dict(zip(used, relative_lstsq([[r[j] for j in used] for r in A], y)))
-    return {name: coef.get(j, 0.0) for j, name in enumerate(HOST_TERMS)}
+    return {name: coef.get(j, 0.0) for j, name in enumerate(spec.HOST_TERMS)}
 
 
 def fit_head(counters: list[dict], engines: list | None = None) -> dict:

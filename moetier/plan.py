@@ -2,9 +2,10 @@
 
 Contract
 --------
-``plan_layer(ctx, ledger, picks, t0, nvme, llc=None)`` takes ``picks`` = {key: m} (m = token rows routed to that
-expert in this layer call), the layer start time ``t0`` (ms, the caller's clock), the NVMe channel and the host
-cache model (moetier.llc: a RAM pick recently used costs the cpu lane less; read only here), and returns a
+``plan_layer(ctx, ledger, picks, t0, nvme, llc=None, choose=None, idle=0.0)`` takes ``picks`` = {key: m} (m =
+token rows routed to that expert in this layer call), the layer start time ``t0`` (ms, the caller's clock), the
+NVMe channel, the host cache model (moetier.llc: a RAM pick recently used costs the cpu lane less; read only here)
+and how long the cpu lane's worker has idled (a split call wakes it: spec.idle_wake), and returns a
 ``LayerPlan``: the lane of every pick, each lane's busy time and the layer cost (max over lanes when lanes overlap,
 their sum when they do not). It reads residency but never changes it: the plan's lists are residency *intents*
 that the executor carries out through ledger tickets once bytes have landed. The NVMe channel is a model of the
@@ -263,8 +264,8 @@ def latency_table_for_rows(nvme: dict, rows: int, engines=(), record_bytes: int 
     reads complete later while the lanes keep the cores busy (more rows, more work per layer), and how much later
     depends on the engine (``_engine_tables``: the engine's table measured under its load wins, else the hardware's
     ``nvme.latency_by_rows_qd_ms``); rows between measured ones interpolate in the layer's expected distinct experts
-    (``_at_rows``, ``width`` = (experts, top-k)), outside they take the nearest. Without any: the idle-disk ``latency_by_qd_ms`` of `moetier bench`, or None (the
-    reference's FIFO model)."""
+    (``_at_rows``, ``width`` = (experts, top-k)), outside they take the nearest. Without any: the idle-disk
+    ``latency_by_qd_ms`` of `moetier bench`, or None (the reference's FIFO model)."""
     src = (_engine_tables(engines, record_bytes).get("nvme_latency_by_rows_qd_ms")
            or nvme.get("latency_by_rows_qd_ms") or {})
     by_rows = {int(r): {int(q): float(v) for q, v in tab.items()} for r, tab in src.items() if tab}

@@ -57,6 +57,9 @@ DEFAULT_POLICY = {
 LANE_COSTS = ("per_layer_ms", "per_expert_ms", "per_extra_token_ms", "per_call_ms")
 LANE_SHAPE = ("workers", "parallel_min")     # integers: how a batch call is executed
 LANE_OPTIONAL = ("per_read_ms", "per_step_row_ms", "per_wake_ms")   # absent: another record's figure, or 0
+# the recipe's calibration.host time terms outside its head start (moetier.calibrate.fit_host's columns)
+HOST_TERMS = ("per_layer_ms", "per_pick_ms", "per_read_ms", "per_nvme_layer_ms", "per_predict_ms",
+              "per_predict_row_ms", "per_copy_ms")
 WAKE_SCALE_MS = 0.1       # idle_wake: the idle that counts as one unit (below it a worker is still warm)
 
 
@@ -585,9 +588,8 @@ def resolve(recipe_id: str, overrides=(), root=None) -> Recipe:
                  "first_request_ms": float(cal["prefill"]["first_request_ms"])},
         trace=rec.get("trace"),
         host={**{k: float(cal.get("host", {}).get(k, 0.0))
-                 for k in ("per_layer_ms", "per_pick_ms", "per_read_ms", "per_nvme_layer_ms", "per_predict_ms",
-                           "per_predict_row_ms", "per_copy_ms", "head_per_layer_ms", "head_per_read_ms", "head_per_predict_ms",
-                           "head_per_predict_row_ms")},
+                 for k in HOST_TERMS + ("head_per_layer_ms", "head_per_read_ms", "head_per_predict_ms",
+                                        "head_per_predict_row_ms")},
               # submitting a read is the backend's work: the engine's own figure, where calibrated, wins
               **({"head_per_read_ms": float(engines[-1]["head_per_read_ms"])}
                  if "head_per_read_ms" in engines[-1] else {})},
