@@ -1,10 +1,13 @@
 """Re-run the simulator on a committed calibration record: its fitted terms, its arms, its measured figures.
 
-    python benchmarks/repredict_calibration.py RECORD [--spread SHARED OWN] [--json]
+    python benchmarks/repredict_calibration.py RECORD [--spread SHARED OWN] [--no-wake] [--json]
 
 What a new simulator term would have predicted for a run already made, without the 25-35 minutes of measuring
 again: ``--spread`` sets the NVMe arrival spread (engine nvme_latency_cv_shared_by_rows / _own_by_rows, sd / mean)
-at every measured rows per step, for records made before calibrate fitted it. Run with the registry the record was
+at every measured rows per step, for records made before calibrate fitted it. A record made before calibrate
+fitted the copy time per rows gets it from its own VRAM fit arms' counters (calibrate.fit_device_terms).
+``--no-wake`` refits the cpu lane on the record's fit arms without the split call's wake-up term
+(lanes.cpu.per_wake_ms), to show what that term does to the same run. Run with the registry the record was
 made with (its hardware record is not in the run record). Prints each arm's recorded and new tok/s error and NVMe
 stall (ms per token), then the record's summary figures recomputed (moetier.calibrate.summary): median / max /
 held-out max |error| and the buckets within 15%.
@@ -18,12 +21,14 @@ from pathlib import Path
 
 from _recipe import recipe_trace  # noqa: E402 - benchmarks/ is on sys.path when this script runs
 from moetier import calibrate, sim, spec  # noqa: E402
+from moetier.bench import fit_cpu_lane  # noqa: E402
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("record")
     ap.add_argument("--spread", nargs=2, type=float, metavar=("SHARED", "OWN"))
+    ap.add_argument("--no-wake", action="store_true", help="refit the cpu lane without its wake-up term")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     rec = json.loads(Path(a.record).read_text())
@@ -33,6 +38,15 @@ def main(argv=None):
         tables = terms.get("nvme_latency_by_rows_qd_ms", {})
         for field, v in zip(("nvme_latency_cv_shared_by_rows", "nvme_latency_cv_own_by_rows"), a.spread):
             terms[field] = {eng: {rows: v for rows in t} for eng, t in tables.items()}
+    fit_runs = [{"conc": r["conc"], "call_groups": [], "counters": r["measured_run"]["counters"]}
+                for r in cal["rows"] if r["fit"]]
+    if "copy_ms_by_rows" not in terms:
+        terms["copy_ms_by_rows"] = calibrate.fit_device_terms(fit_runs).get("copy_ms_by_rows", {})
+    if a.no_wake:
+        rows = [{k: v for k, v in row.items() if k != "wake"} for m in fit_runs
+                if not m["counters"]["predict_layers"] for row in calibrate.cpu_lane_rows(m["counters"])]
+        terms["cpu"] = {**fit_cpu_lane(rows, terms["cpu"]["workers"], None),
+                        **{k: terms["cpu"][k] for k in ("workers", "parallel_min")}}
     R = spec.resolve(rec["recipe"])
     tr = recipe_trace(R)
     arms = {arm["name"]: arm for arm in calibrate.default_arms(R, vram=True)}

@@ -99,8 +99,8 @@ def default_arms(R, *, vram: bool = True) -> list[dict]:
     (plan._at_rows, in the layer's expected distinct experts) is a model of that shape, not a measurement of it. So
     is all-in-RAM: the cpu lane's split call is not linear in its batch (2026-12-02 VM: 0.68 / 1.13 / 1.76 ms per
     call at C1 / C2 / C4, and a fit on C1 and C4 put C2 13% short; all-in-RAM C2 was the held-out miss in runs 10,
-    15 and 17 on VM B). The held-out arms check
-    what the fits do not see: a budget between, prefetch at C2, mask, a VRAM tier at C2."""
+    15 and 17 on VM B). The held-out arms check what the fits do not see: a budget between, prefetch at C2, mask,
+    a VRAM tier at C2."""
     ram = float(R.raw["budget"]["ram_gb"])
     allram = round(R.keys * R.ram_expert_bytes / 1e9 * 1.05 + 0.01, 3)
     mid = round(ram * 0.8, 3)
@@ -203,7 +203,7 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
     arm than in an all-in-RAM one on the 2026-12-01 VM). workers and parallel_min (how the lane splits a batch,
     measured by `moetier bench`) travel with the cpu lane's terms: every engine running this lane gets the same call
     classes."""
-    from moetier.bench import fit_cpu_lane, relative_lstsq
+    from moetier.bench import fit_cpu_lane
     fit = [a for a in arms if a["fit"]]
     lane_rows = []
     unbooked = []                                  # (conc, demand reads per step, ms per step outside the timers)
@@ -214,14 +214,8 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
         # the lane model does not carry (the prefetch arm sets the host prediction term)
         # per arm and call class (aggregates): a fit on per-shape means was tried and is unstable here - single-expert
         # calls are mostly NVMe picks computed cold right after their wait, and dominate by count
-        for cls in (() if c["predict_layers"] else ("inline", "split")):
-            lane_rows.append({"cls": cls, "calls": c[f"cpu_{cls}_calls"], "experts": c[f"cpu_{cls}_experts"],
-                              "extra": c[f"cpu_{cls}_extra"], "ms": c[f"cpu_{cls}_s"] * 1e3,
-                              "contended": c[f"cpu_{cls}_contended"],
-                              "cold": c.get(f"cpu_{cls}_cold", c[f"cpu_{cls}_experts"]),
-                              **({"crit_cold": c["cpu_split_crit_cold"], "crit_extra": c["cpu_split_crit_extra"],
-                                  "wake": c.get("cpu_split_wake", 0.0)}
-                                 if cls == "split" and "cpu_split_crit_cold" in c else {})})
+        if not c["predict_layers"]:
+            lane_rows += cpu_lane_rows(c)
         booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["stage_s"]
                   + host_timed_s(c))
         unbooked.append((a["conc"], c["reads"] / m["steps"], max(0.0, (m["wall_s"] - booked) * 1e3 / m["steps"])))
@@ -239,6 +233,18 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
     return out
 
 
+def cpu_lane_rows(c: dict) -> list[dict]:
+    """One arm's cpu-lane calls as moetier.bench.fit_cpu_lane's rows, one per call class (aggregates over its
+    counters: calls, experts and their cold equivalents, extra rows, reads of the layer in flight; a split call's
+    longest share and its worker's idle)."""
+    return [{"cls": cls, "calls": c[f"cpu_{cls}_calls"], "experts": c[f"cpu_{cls}_experts"],
+             "extra": c[f"cpu_{cls}_extra"], "ms": c[f"cpu_{cls}_s"] * 1e3, "contended": c[f"cpu_{cls}_contended"],
+             "cold": c.get(f"cpu_{cls}_cold", c[f"cpu_{cls}_experts"]),
+             **({"crit_cold": c["cpu_split_crit_cold"], "crit_extra": c["cpu_split_crit_extra"],
+                 "wake": c.get("cpu_split_wake", 0.0)} if cls == "split" and "cpu_split_crit_cold" in c else {})}
+            for cls in ("inline", "split")]
+
+
 def fit_host(runs) -> dict:
     """The host's timed work (plan, bookkeeping, combine, prediction) from the fit arms' counters, ``runs`` =
     [(counters, conc)]: per layer call, per computed pick, per NVMe read, per layer call with NVMe picks, per
@@ -246,10 +252,10 @@ def fit_host(runs) -> dict:
     layer with NVMe picks is the work a layer's reads share: planning them (the channel, the arrival spread),
     one issue loop and one wait loop. Per read alone put tail0.8g-C2 (held out: 14.7 reads a token in 7.0 such
     layers, against tail-C2's 9.9 in 6.0) 25-47% over in runs 27-30 (run 30, 2026-12-02k: +0.72 ms a token over
-    all-in-RAM C2 measured, +0.96 per read; +0.76 per layer with NVMe picks). A term no fit arm exercises (no prediction, no copies)
-    is left out and set to 0; so is the prediction's part per row without predicting arms at two concurrencies
-    (the predictor reads every row's picks: tail-prefetch-C2's host time was 14-24% over a per-layer term
-    fitted at C1)."""
+    all-in-RAM C2 measured, +0.96 per read; +0.76 per layer with NVMe picks). A term no fit arm exercises (no
+    prediction, no copies) is left out and set to 0; so is the prediction's part per row without predicting arms
+    at two concurrencies (the predictor reads every row's picks: tail-prefetch-C2's host time was 14-24% over a
+    per-layer term fitted at C1)."""
     from moetier.bench import relative_lstsq
     A = [[c["layer_calls"], c["picks"] - c["masked"], c["reads"], c.get("nvme_layers", 0), c["predict_layers"],
           c.get("predict_rows", 0), c.get("copies", 0)] for c, _ in runs]
@@ -266,9 +272,9 @@ def fit_head(counters: list[dict], engines: list | None = None) -> dict:
     read + per read layer that predicts + per row it predicts for (the host's prediction term has the same two
     parts), over the fit arms' read layers. ``engines``: each arm's engine; the per-read part is the backend's
     (submitting a read) and is fitted per engine, returned as ``head_per_read_ms_by_engine`` (``head_per_read_ms``:
-    that of the engine most arms ran on, the recipe's own). Empty without read layers; a column no arm exercises is 0, and so is the per-row part
-    without predicting arms at two concurrencies. Sixth session, VM B: the runtime's span was 0.2-0.9 ms longer
-    than the resident lanes'. Eighth session, VM C: one per-predict term fitted on C1 and C4 put tail-prefetch-C4's
+    that of the engine most arms ran on, the recipe's own). Empty without read layers; a column no arm exercises
+    is 0, and so is the per-row part without predicting arms at two concurrencies. Sixth session, VM B: the
+    runtime's span was 0.2-0.9 ms longer than the resident lanes'. Eighth session, VM C: one per-predict term fitted on C1 and C4 put tail-prefetch-C4's
     head at 0.37 ms against 0.57 measured (its stall +53%); one per-read term for both engines put the SYCL arms'
     head at 0.05-0.08 ms against 0.07-0.16 (their stall +14-23%)."""
     from moetier.bench import relative_lstsq
@@ -514,18 +520,18 @@ def fit_device_terms(fit_runs: list[dict]) -> dict:
         # the plan pass had no per_step_row_ms for the gpu lane, its runtime took run 25's, and the simulator's
         # lane choices on the recorded plan terms no longer matched the runtime's)
         out[{"gpu": "gpu", "zc": "zerocopy"}[p]] = {names[j]: full.get(j, 0.0) for j in range(5)}
-    copies = sum(m["counters"].get("copies", 0) for m in fit_runs)
-    if copies:
-        secs = sum(m["counters"]["copy_s"] + m["counters"]["stage_s"] for m in fit_runs)
-        out["copy_ms"] = secs * 1e3 / copies          # the link figure (hardware gpu.h2d_gbps)
-        # and per rows: a copy on a device that shares the host's cores costs more in a larger step, as its lane
-        # calls do (per_step_row_ms); the planner takes this where present (plan._push_ms)
-        by_rows: dict[int, list] = {}
-        for m in fit_runs:
-            if m["counters"].get("copies", 0):
-                acc = by_rows.setdefault(int(m.get("conc", 1)), [0, 0.0])
-                acc[0] += m["counters"]["copies"]
-                acc[1] += m["counters"]["copy_s"] + m["counters"]["stage_s"]
+    # copies and their seconds by rows: a copy on a device that shares the host's cores costs more in a larger step,
+    # as its lane calls do (per_step_row_ms); the planner takes the per-rows figure (plan._push_ms), the pooled one
+    # is the link's (hardware gpu.h2d_gbps)
+    by_rows: dict[int, list] = {}
+    for m in fit_runs:
+        c = m["counters"]
+        if c.get("copies", 0):
+            acc = by_rows.setdefault(int(m.get("conc", 1)), [0, 0.0])
+            acc[0] += c["copies"]
+            acc[1] += c["copy_s"] + c["stage_s"]
+    if by_rows:
+        out["copy_ms"] = sum(s for _, s in by_rows.values()) * 1e3 / sum(n for n, _ in by_rows.values())
         out["copy_ms_by_rows"] = {str(r): s * 1e3 / n for r, (n, s) in sorted(by_rows.items())}
     return out
 
@@ -599,9 +605,13 @@ def copy_gbps(record_bytes: int, copy_ms: float) -> float:
 
 def term_overrides(terms: dict, lanes=("cpu",)) -> list[str]:
     """The fitted terms as recipe overrides, so predictions use exactly them whether or not they were written.
-    lanes: the arm's lanes that get fitted values (gpu/zerocopy only where its engine has them)."""
+    lanes: the arm's lanes that get fitted values (gpu/zerocopy only where its engine has them). A lane term whose
+    absence means 0 and that the fit did not make is 0 here, not what an earlier calibration left in the engine
+    record (run 26: a per_step_row_ms inherited that way; a record from before the wake-up term re-predicted on a
+    registry with one)."""
     host = {k: round(v, 6) for k, v in terms["host"].items()}
-    return ([f"lane_overrides.{ln}.{k}={round(v, 6)}" for ln in lanes if ln in terms for k, v in terms[ln].items()]
+    return ([f"lane_overrides.{ln}.{k}={round(v, 6)}" for ln in lanes if ln in terms
+             for k, v in {**dict.fromkeys(spec.LANE_ZERO_IF_ABSENT, 0.0), **terms[ln]}.items()]
             + [f"calibration.host={json.dumps(host)}", f"calibration.fixed_ms={json.dumps(terms['fixed_ms'])}"])
 
 

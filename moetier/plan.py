@@ -298,8 +298,12 @@ def channel_term(field: str, rows: int, engines=(), record_bytes: int | None = N
     ``nvme_latency_prefetch_factor_by_rows`` (a demand read beside a prefetch read in service),
     ``lane_lateness_sd_ms_by_rows`` (the host's lateness to its first wait, ms) - from the engine whose latency
     table applies; 0 if unmeasured."""
-    src = _engine_tables(engines, record_bytes).get(field) or {}
-    by_rows = {int(r): float(v) for r, v in src.items()}
+    return _scalar_at_rows(_engine_tables(engines, record_bytes).get(field), rows, width)
+
+
+def _scalar_at_rows(src: dict | None, rows: int, width: tuple | None) -> float:
+    """A record's {rows: number} at ``rows`` (``_at_rows``); 0 if there is none."""
+    by_rows = {int(r): float(v) for r, v in (src or {}).items()}
     return _at_rows(by_rows, rows, lambda a, b, f: a * (1 - f) + b * f, width) if by_rows else 0.0
 
 
@@ -394,8 +398,7 @@ def _push_ms(R, rows: int) -> float:
     by_rows = next((e["copy_ms_by_rows"] for e in reversed(getattr(R, "engines", None) or ())
                     if e.get("copy_ms_by_rows")), None)
     if by_rows:
-        return _at_rows({int(r): float(v) for r, v in by_rows.items()}, rows, lambda a, b, f: a * (1 - f) + b * f,
-                        (R.experts, R.topk))
+        return _scalar_at_rows(by_rows, rows, (R.experts, R.topk))
     return R.nvme_expert_bytes / (R.h2d_gbps * 1e6) if R.h2d_gbps else INF
 
 
@@ -544,7 +547,8 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
         if len(ram_l) > 1:
             ram_l.sort(reverse=True)      # heaviest first; ties by key (descending) keep it deterministic
         force = None
-        wake = idle_wake(idle) if idle > 0.0 else 0.0
+        # the log only where a lane pays for it (most recipes' cpu lane has no wake-up term)
+        wake = idle_wake(idle) if ctx.cpu_wake or (choose is not None and choose.cpu_wake) else 0.0
         if choose is not None:        # deal on choose's costs, then time what it dealt on ctx's
             force = []
             cg, cc, _, _ = _ram_lanes(choose, ram_l, cg, llc, force, [], reads=reads, wake=wake)

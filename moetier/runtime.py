@@ -265,9 +265,9 @@ class Runtime:
     def _wait_read(self, h, ticket, issued: tuple | None) -> None:
         """Wait for an NVMe pick's read. With ``issued`` = (end of the issue loop, _inner at it, reads issued,
         whether the layer predicts, the rows it predicts for) - given for a layer's first wait, when all its NVMe
-        picks are demand reads issued then - also book its read coverage: from its submit (the reader's timestamp, else the loop's end) to this
-        wait (the span; less the lane and copy time in it, the host's head start), and to its landing (and the
-        square of landing minus wait, for the spread of that gap)."""
+        picks are demand reads issued then - also book its read coverage: from its submit (the reader's timestamp,
+        else the loop's end) to this wait (the span; less the lane and copy time in it, the host's head start), and
+        to its landing (and the square of landing minus wait, for the spread of that gap)."""
         if issued is None:
             self._wait(h, ticket)
             return

@@ -57,6 +57,7 @@ DEFAULT_POLICY = {
 LANE_COSTS = ("per_layer_ms", "per_expert_ms", "per_extra_token_ms", "per_call_ms")
 LANE_SHAPE = ("workers", "parallel_min")     # integers: how a batch call is executed
 LANE_OPTIONAL = ("per_read_ms", "per_step_row_ms", "per_wake_ms")   # absent: another record's figure, or 0
+LANE_ZERO_IF_ABSENT = ("per_step_row_ms", "per_wake_ms")   # ... of those, the ones whose absence means 0
 # the recipe's calibration.host time terms outside its head start (moetier.calibrate.fit_host's columns)
 HOST_TERMS = ("per_layer_ms", "per_pick_ms", "per_read_ms", "per_nvme_layer_ms", "per_predict_ms",
               "per_predict_row_ms", "per_copy_ms")

@@ -239,6 +239,18 @@ def test_cpu_lane_fit_separates_the_workers_wake_up_from_the_split_calls_fixed_c
     assert "per_wake_ms" not in fit_cpu_lane([{**r, "wake": 0.0} for r in rows], W, 0.0)   # no idle booked
 
 
+def test_a_lane_term_the_fit_did_not_make_is_zero_not_the_records():
+    # the engine record carries a wake-up term; terms fitted without one (an older record, or no idle booked) must
+    # not plan on it
+    terms = {"host": {}, "fixed_ms": {"1": 1.0}, "cpu": {"per_layer_ms": 0.2, "per_expert_ms": 0.1}}
+    over = calibrate.term_overrides(terms)
+    assert "lane_overrides.cpu.per_wake_ms=0.0" in over and "lane_overrides.cpu.per_layer_ms=0.2" in over
+    R = spec.resolve("tiny-ci-cpu", ['lane_overrides.cpu.per_wake_ms=0.5'] + over)
+    assert R.lanes["cpu"].per_wake_ms == 0.0
+    fitted = calibrate.term_overrides({**terms, "cpu": {**terms["cpu"], "per_wake_ms": 0.03}})
+    assert "lane_overrides.cpu.per_wake_ms=0.03" in fitted and "lane_overrides.cpu.per_wake_ms=0.0" not in fitted
+
+
 def test_cpu_lane_fit_counts_experts_in_cold_equivalents():
     from moetier.bench import fit_cpu_lane
     pl, pe, W = 0.2, 0.3, 2
