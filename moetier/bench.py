@@ -121,12 +121,14 @@ def fit_cpu_lane(rows, workers: int, read_cpu: float | None = 0.0) -> dict:
     """Fit the cpu lane's costs from timed calls, split by how the backend ran them.
 
     rows: {"cls": "inline" | "split", "calls", "experts", "extra", "ms", "contended", "cold", "crit_cold",
-    "crit_extra", "wake"} (aggregates or single calls). Model (spec.Lane.cost): inline call = per_call + work; split
-    call = per_layer + the work of its longest share (the batch is dealt out strided over ``workers`` threads:
-    ``crit_*``, else cold / workers and extra / workers) + ``per_wake`` per unit of its worker's idle (``wake``,
-    summed spec.idle_wake; fitted where a row has any), with work = per_expert * cold + per_extra_token * extra_rows
-    (one-thread costs; ``cold``: the experts in cold-expert equivalents under the host cache model, moetier.llc -
-    the expert count without one), plus ``per_read`` for each NVMe read of the layer (``contended``).
+    "crit_extra", "wake", "waited"} (aggregates or single calls). Model (spec.Lane.cost): inline call = per_call +
+    work, + ``per_after_wait`` where the host blocked on the pick's read right before it (``waited``: such calls;
+    fitted where a row has any); split call = per_layer + the work of its longest share (the batch is dealt out
+    strided over ``workers`` threads: ``crit_*``, else cold / workers and extra / workers) + ``per_wake`` per unit
+    of its worker's idle (``wake``, summed spec.idle_wake; fitted where a row has any), with work = per_expert *
+    cold + per_extra_token * extra_rows (one-thread costs; ``cold``: the experts in cold-expert equivalents under
+    the host cache model, moetier.llc - the expert count without one), plus ``per_read`` for each NVMe read of the
+    layer (``contended``).
     The longest share, not the mean: a batch of 7 runs 4 experts on one thread of two. ``read_cpu``: a known per_read
     (the bench's reader CPU time per core, taken out first); None: per_read is fitted too and returned as
     ``per_read_ms`` - the in-situ cost, which also carries what a read does to the cache. Non-negative relative
@@ -136,6 +138,7 @@ def fit_cpu_lane(rows, workers: int, read_cpu: float | None = 0.0) -> dict:
     # with no read during any call, per_read is not identifiable: left out (the planner keeps the hardware figure)
     fit_read = read_cpu is None and any(r.get("contended", 0) for r in rows if r["calls"])
     fit_wake = any(r.get("wake", 0.0) for r in rows if r["calls"])
+    fit_waited = any(r.get("waited", 0) for r in rows if r["calls"])
     read_cpu = read_cpu or 0.0
     for r in rows:
         if not r["calls"]:
@@ -145,14 +148,17 @@ def fit_cpu_lane(rows, workers: int, read_cpu: float | None = 0.0) -> dict:
             a = [r["calls"], 0.0, e, r["extra"]]
         else:
             a = [0.0, r["calls"], r.get("crit_cold", e / workers), r.get("crit_extra", r["extra"] / workers)]
-        A.append(a + ([n] if fit_read else []) + ([r.get("wake", 0.0)] if fit_wake else []))
+        A.append(a + ([n] if fit_read else []) + ([r.get("wake", 0.0)] if fit_wake else [])
+                 + ([r.get("waited", 0)] if fit_waited else []))
         y.append(max(1e-6, r["ms"] - (0.0 if fit_read else read_cpu * n)))
     coef = relative_lstsq(A, y)
     out = dict(zip(("per_call_ms", "per_layer_ms", "per_expert_ms", "per_extra_token_ms"), coef))
     if fit_read:
         out["per_read_ms"] = coef[4]
     if fit_wake:
-        out["per_wake_ms"] = coef[-1]
+        out["per_wake_ms"] = coef[4 + fit_read]
+    if fit_waited:
+        out["per_after_wait_ms"] = coef[-1]
     return out
 
 

@@ -323,6 +323,7 @@ class PlanContext:
     cpu_workers: int = 1       # cpu lane: threads a batch is split over ...
     cpu_pmin: int = 0          # ... once it has at least this many experts
     cpu_wake: float = 0.0      # ... and then pays this per unit of its worker's idle (spec.idle_wake)
+    cpu_after_wait: float = 0.0   # cpu lane: what an inline call pays beyond cpu_call right after a blocked wait
     host_layer: float = 0.0    # serial host time per layer call outside the lanes (plan, bookkeeping, combine)
     host_pick: float = 0.0     # ... per pick
     host_read: float = 0.0     # ... and per NVMe pick (issue, slot, landing bookkeeping)
@@ -375,6 +376,7 @@ class PlanContext:
                    overlap=overlap, can_admit=gpu is not None,
                    cpu_call=cl.per_call_ms if cl else 0.0, cpu_workers=cl.workers if cl else 1,
                    cpu_pmin=cl.parallel_min if cl else 0, cpu_wake=float(cl.per_wake_ms or 0.0) if cl else 0.0,
+                   cpu_after_wait=float(cl.per_after_wait_ms or 0.0) if cl else 0.0,
                    host_layer=float(host.get("per_layer_ms", 0.0)), host_pick=float(host.get("per_pick_ms", 0.0)),
                    host_read=float(host.get("per_read_ms", 0.0)),
                    host_nvme_layer=float(host.get("per_nvme_layer_ms", 0.0)),
@@ -721,7 +723,7 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, he
             # the call is made once the bytes are there: its set-up follows the wait, it does not hide under it
             cs = c
             cw = (ctx.cpu_call if c_on or ctx.cpu_pmin > 1 else cpu[0]) + cpu[1] + cpu[2] * (m - 1)
-            ce = (cs if cs >= a else a + wake) + cw
+            ce = cs + cw if cs >= a else a + wake + ctx.cpu_after_wait + cw
         else:
             ce = INF
         if can_gpu:
@@ -737,7 +739,7 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, he
             if a > cs:
                 wait += a + wake - cs
             if spread:
-                cf.add(cs - c + cw, a + wake + cw, a)
+                cf.add(cs - c + cw, a + wake + ctx.cpu_after_wait + cw, a)
             c = ce
             c_on = True
             plan.nvme_cpu.append(k)
@@ -767,13 +769,13 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nv
 
     Lanes: each pick, in arrival order, goes to the lane that ends it sooner. Time, in the order the serial runtime
     runs them (moetier.runtime.Runtime.layer): the cpu lane's NVMe picks, each waiting for its bytes (and the
-    wake-up, if it had to wait); then the admissions of the layer's zerocopy picks (``ahead`` ms of copies, booked
-    by the simulator after the layer, not here: the gpu picks' reads land meanwhile); then the gpu lane's NVMe
-    picks, whose push to VRAM follows the read and is booked as stall (read + stage); each is a lane call of its
-    own, so it pays the gpu lane's per-call cost (``per_layer_ms``) every time. The host's ``head`` (its work
-    before the first wait) runs after the resident lanes, before the first NVMe pick, in the reads' time. Each
-    pick's work is added to its lane's busy time, so g + c is the timeline's end less ``ahead`` and the head. The
-    arrival spread (``_Finish``) adds to the lane of the timeline's last pick."""
+    wake-up and the cpu lane's after-wait cost, if it had to wait); then the admissions of the layer's zerocopy
+    picks (``ahead`` ms of copies, booked by the simulator after the layer, not here: the gpu picks' reads land
+    meanwhile); then the gpu lane's NVMe picks, whose push to VRAM follows the read and is booked as stall (read +
+    stage); each is a lane call of its own, so it pays the gpu lane's per-call cost (``per_layer_ms``) every time.
+    The host's ``head`` (its work before the first wait) runs after the resident lanes, before the first NVMe
+    pick, in the reads' time. Each pick's work is added to its lane's busy time, so g + c is the timeline's end
+    less ``ahead`` and the head. The arrival spread (``_Finish``) adds to the lane of the timeline's last pick."""
     def cpu_work(x, on, m):         # an inline call (the lane's per_layer if it is the lane's first)
         cpu = x.cpu
         return (x.cpu_call if on or x.cpu_pmin > 1 else cpu[0]) + cpu[1] + cpu[2] * (m - 1)
@@ -792,7 +794,7 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nv
         now = lg + lc + lhead
         ready = a + wake if a > now else a
         start = now if now > ready else ready
-        ce = start + cpu_work(x, lc_on, m) if has_cpu else INF
+        ce = start + cpu_work(x, lc_on, m) + (x.cpu_after_wait if a > now else 0.0) if has_cpu else INF
         ge = start + gpu_work(x, m) if can_gpu else INF
         if ce == INF and ge == INF:
             raise ValueError("no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier")
@@ -816,18 +818,18 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nv
             ready = a + wake if a > now else a
             idle = ready - now if ready > now else 0.0
             if on_gpu:
-                work = gpu_work(ctx, m)
+                work, late = gpu_work(ctx, m), 0.0
                 wait += idle + push
                 gwait += idle + push
                 g += idle + work
-            else:
-                work = cpu_work(ctx, c_on, m)
+            else:     # a call right after a blocked wait pays late on top
+                work, late = cpu_work(ctx, c_on, m), ctx.cpu_after_wait
                 wait += idle
-                c += idle + work
+                c += idle + work + (late if idle else 0.0)
                 c_on = True
-            now += idle + work
+            now += idle + work + (late if idle else 0.0)
             if spread:
-                fin.add(work, a + wake + work, a)
+                fin.add(work, a + wake + late + work, a)
     d = fin.extra(nvme.cv_shared, nvme.lane_sd) if spread else 0.0
     if d:
         wait += d

@@ -106,6 +106,7 @@ class Runtime:
                           cpu_inline_contended=0, cpu_split_calls=0, cpu_split_experts=0, cpu_split_extra=0,
                           cpu_split_s=0.0, cpu_split_contended=0, cpu_inline_cold=0.0, cpu_split_cold=0.0,
                           cpu_split_crit_cold=0.0, cpu_split_crit_extra=0, cpu_split_wake=0.0,
+                          cpu_inline_waited=0,
                           predict_s=0.0, predict_layers=0, predict_rows=0,
                           gpu_calls=0, gpu_experts=0, gpu_extra=0, zc_calls=0, zc_experts=0, zc_extra=0, copies=0,
                           stage_s=0.0, read_layers=0, read_span_s=0.0, read_latency_n=0, read_latency_s=0.0,
@@ -184,11 +185,12 @@ class Runtime:
                 self._release_ram(ev)
 
     def _book_cpu_call(self, keys, picks, t0: float, t1: float, contended: int = 0, cold: float | None = None,
-                       crit: tuple | None = None) -> None:
+                       crit: tuple | None = None, waited: bool = False) -> None:
         """cpu lane accounting per call (from t0 to t1, perf_counter seconds), split by how the backend ran it
         (inline vs split over workers): the inputs of the lane cost fit in moetier.bench.fit_cpu_lane. A split call
         also books its longest share (``crit``: cold-expert equivalents, extra rows; the plan's, else by count over
-        the strided deal) and how long its worker idled before it (spec.idle_wake)."""
+        the strided deal) and how long its worker idled before it (spec.idle_wake); an inline call, whether the host
+        blocked on its pick's read right before it (``waited``)."""
         st = self.stats
         seconds = t1 - t0
         cls = "inline" if len(keys) < max(2, self.cpu_pmin) else "split"
@@ -202,7 +204,9 @@ class Runtime:
         st[f"cpu_{cls}_s"] += seconds
         st[f"cpu_{cls}_contended"] += contended
         st[f"cpu_{cls}_cold"] += len(keys) if cold is None else cold
-        if cls == "split":
+        if cls == "inline":
+            st["cpu_inline_waited"] += waited
+        else:
             if crit is None:
                 share = deal(keys, self.cpu_workers)[0]
                 crit = ((len(keys) if cold is None else cold) * len(share) / len(keys),
@@ -232,13 +236,13 @@ class Runtime:
         self._group(p, len(keys), extra, contended, seconds)
 
     def _compute(self, lane, keys, rows_of, picks, x, out, contended: int = 0, cold: float | None = None,
-                 crit: tuple | None = None) -> None:
+                 crit: tuple | None = None, waited: bool = False) -> None:
         """One timed lane call over keys (from VRAM slots for gpu, RAM slots otherwise), booked for the fits."""
         slot_of = self.vram_slot if lane == "gpu" else self.ram_slot
         t = time.perf_counter()
         out.update(self.be.compute(lane, [(k, slot_of[k], rows_of[k]) for k in keys], x))
         if lane == "cpu":
-            self._book_cpu_call(keys, picks, t, time.perf_counter(), contended, cold, crit)
+            self._book_cpu_call(keys, picks, t, time.perf_counter(), contended, cold, crit, waited)
         else:
             self._book_device_call(lane, keys, picks, time.perf_counter() - t, contended)
 
@@ -262,21 +266,22 @@ class Runtime:
         if s is not None:
             self.ram.release_later(s)
 
-    def _wait_read(self, h, ticket, issued: tuple | None) -> None:
-        """Wait for an NVMe pick's read. With ``issued`` = (end of the issue loop, _inner at it, reads issued,
+    def _wait_read(self, h, ticket, issued: tuple | None) -> bool:
+        """Wait for an NVMe pick's read; returns whether it had not landed yet (the host blocked on it). With ``issued`` = (end of the issue loop, _inner at it, reads issued,
         whether the layer predicts, the rows it predicts for) - given for a layer's first wait, when all its NVMe
         picks are demand reads issued then - also book its read coverage: from its submit (the reader's timestamp,
         else the loop's end) to this wait (the span; less the lane and copy time in it, the host's head start), and
         to its landing (and the square of landing minus wait, for the spread of that gap)."""
+        c = getattr(h, "comp", h)               # the reader's completion, where the backend wraps it
+        pending = getattr(c, "state", "pending") == "pending"
         if issued is None:
             self._wait(h, ticket)
-            return
+            return pending
         t_w = time.perf_counter()
         st = self.stats
         t_issued, inner0, reads, predicts, predict_rows = issued
         inner_w = _inner(st)
         self._wait(h, ticket)
-        c = getattr(h, "comp", h)               # the reader's completion, where the backend wraps it
         t_sub, t_land = getattr(c, "t_submit", 0.0) or t_issued, getattr(c, "t_landed", 0.0)
         st["read_layers"] += 1
         st["read_span_s"] += t_w - t_sub
@@ -288,6 +293,7 @@ class Runtime:
             st["read_latency_n"] += 1
             st["read_latency_s"] += t_land - t_sub
             st["read_gap_sq"] += (t_land - t_w) ** 2      # the gap's spread: lanes' and read's lateness together
+        return pending
 
     def _wait(self, h, ticket=None, bucket="nvme_wait_s"):
         t0 = time.perf_counter()
@@ -366,7 +372,7 @@ class Runtime:
         rp.touch(plan)
         for k in plan.nvme_cpu:
             tk, h, slot = self.inflight.pop(k)
-            self._wait_read(h, tk, issued)
+            waited = self._wait_read(h, tk, issued)
             issued = None
             self.ram_slot[k] = slot
             if tk.staging:                   # a prefetch landed in the landing ring: adopt it into RAM
@@ -376,7 +382,7 @@ class Runtime:
                 evicted = L.land(tk, picks)
             for ev in evicted:
                 self._release_ram(ev)
-            self._compute("cpu", [k], rows_of, picks, x, out)
+            self._compute("cpu", [k], rows_of, picks, x, out, waited=waited)
         if rp.ctx.can_admit:
             for k in plan.zerocopy:
                 tp = L.begin_push(k, picks)

@@ -56,8 +56,9 @@ DEFAULT_POLICY = {
 }
 LANE_COSTS = ("per_layer_ms", "per_expert_ms", "per_extra_token_ms", "per_call_ms")
 LANE_SHAPE = ("workers", "parallel_min")     # integers: how a batch call is executed
-LANE_OPTIONAL = ("per_read_ms", "per_step_row_ms", "per_wake_ms")   # absent: another record's figure, or 0
-LANE_ZERO_IF_ABSENT = ("per_step_row_ms", "per_wake_ms")   # ... of those, the ones whose absence means 0
+LANE_OPTIONAL = ("per_read_ms", "per_step_row_ms", "per_wake_ms", "per_after_wait_ms")   # absent: another
+# record's figure, or 0; of those, the ones whose absence means 0
+LANE_ZERO_IF_ABSENT = ("per_step_row_ms", "per_wake_ms", "per_after_wait_ms")
 # the recipe's calibration.host time terms outside its head start (moetier.calibrate.fit_host's columns)
 HOST_TERMS = ("per_layer_ms", "per_pick_ms", "per_read_ms", "per_nvme_layer_ms", "per_predict_ms",
               "per_predict_row_ms", "per_copy_ms")
@@ -412,6 +413,9 @@ class Lane:
     per_step_row_ms: float | None = None
     # cpu lane: what a split call pays per unit of its worker's idle (idle_wake), fitted by `moetier calibrate`
     per_wake_ms: float | None = None
+    # cpu lane: what an inline call made right after the host blocked on its pick's read pays beyond per_call_ms
+    # (the core slept through the read; its caches went to the reader), fitted by `moetier calibrate`
+    per_after_wait_ms: float | None = None
 
     def cost(self, rows) -> float:
         """One call over experts with these token rows (a sequence, or a mapping key -> rows): inline below

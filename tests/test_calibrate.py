@@ -239,6 +239,25 @@ def test_cpu_lane_fit_separates_the_workers_wake_up_from_the_split_calls_fixed_c
     assert "per_wake_ms" not in fit_cpu_lane([{**r, "wake": 0.0} for r in rows], W, 0.0)   # no idle booked
 
 
+def test_cpu_lane_fit_separates_a_call_after_a_blocked_wait_from_the_inline_calls_fixed_cost():
+    from moetier.bench import fit_cpu_lane
+    pc, pl, pe, pa, W = 0.04, 0.2, 0.06, 0.035, 2
+    # arms whose inline calls follow a blocked read in different shares: all-in-RAM and mask (none), a tail
+    # (most), a tail with prefetch (few: the reads had landed)
+    rows = [{"cls": "split", "calls": 40, "experts": 160, "extra": 0, "crit_cold": 80, "crit_extra": 0,
+             "ms": 40 * (pl + 2 * pe)}]
+    for n, e, waited in ((30, 60, 0), (60, 70, 45), (50, 65, 8), (40, 40, 30)):
+        rows.append({"cls": "inline", "calls": n, "experts": e, "extra": 0, "waited": waited,
+                     "ms": n * pc + e * pe + waited * pa})
+    got = fit_cpu_lane(rows, W, 0.0)
+    assert got == pytest.approx({"per_call_ms": pc, "per_layer_ms": pl, "per_expert_ms": pe,
+                                 "per_extra_token_ms": 0.0, "per_after_wait_ms": pa}, rel=1e-6, abs=1e-9)
+    assert "per_after_wait_ms" not in fit_cpu_lane([{**r, "waited": 0} for r in rows], W, 0.0)
+    # absent from a fit, it plans as 0 whatever the engine record says (spec.LANE_ZERO_IF_ABSENT)
+    assert "lane_overrides.cpu.per_after_wait_ms=0.0" in calibrate.term_overrides(
+        {"host": {}, "fixed_ms": {"1": 1.0}, "cpu": {"per_layer_ms": 0.2}})
+
+
 def test_a_lane_term_the_fit_did_not_make_is_zero_not_the_records():
     # the engine record carries a wake-up term; terms fitted without one (an older record, or no idle booked) must
     # not plan on it

@@ -130,6 +130,23 @@ def test_a_split_call_pays_for_its_idle_worker_and_says_when_it_ends():
     assert rp.idle(9.0) == pytest.approx(1.5)
 
 
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlapped", "serial"])
+def test_a_cpu_call_right_after_a_blocked_wait_pays_the_after_wait_cost(overlap):
+    import dataclasses
+    base = dataclasses.replace(ctx(vram_slots=0, lanes={"zerocopy": None}, overlap=overlap), cpu_pmin=4)
+    c = dataclasses.replace(base, cpu_after_wait=0.07)
+    L = Ledger(1000, 0, 8)
+    L.seed([10])
+
+    def layer(x, lat):             # one resident pick, one NVMe pick whose read takes lat ms
+        return plan_layer(x, L, {10: 1, 500: 1}, 0.0, NvmeChannel(1_000_000, 100.0, latency_ms=lat))
+    # the read lands long after the resident call: the NVMe pick's call waited, and pays
+    assert layer(c, 5.0).cpu_ms == pytest.approx(layer(base, 5.0).cpu_ms + 0.07)
+    assert layer(c, 5.0).nvme_cpu == [500]
+    # it had landed while the resident call ran: no wait, no after-wait cost
+    assert layer(c, 0.0).cpu_ms == pytest.approx(layer(base, 0.0).cpu_ms)
+
+
 def test_host_time_per_nvme_read_and_once_per_layer_that_reads():
     import dataclasses
     hc = dataclasses.replace(ctx(), host_read=0.02, host_nvme_layer=0.3)
