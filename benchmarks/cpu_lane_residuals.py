@@ -4,8 +4,9 @@
 
 For each arm, the runtime's inline and split calls (counters pooled over the kept repeats: calls, experts in cold
 equivalents, extra rows, reads of the layer in flight, a split call's longest share and its worker's idle in
-spec.idle_wake units, booked since the ninth session) and the mean ms per call
-measured against what the record's fitted cpu lane gives (moetier.bench.fit_cpu_lane's model). ``--by-class``
+spec.idle_wake units, booked since the ninth session; inline calls right after a blocked wait, since the tenth)
+and the mean ms per call measured against what the record's fitted cpu lane gives (moetier.bench.fit_cpu_lane's
+model). ``--by-class``
 refits the lane on the record's fit arms (no prefetch, as calibrate does) with a per-expert cost of its own for
 each call class, and shows the same residuals under it (docs/calibration.md, eighth session, run 27).
 """
@@ -17,9 +18,10 @@ from pathlib import Path
 
 from moetier.bench import relative_lstsq
 
-# one call class's row: [per inline call, per split call, inline experts, split experts, extra rows, reads, wake]
+# one call class's row: [per inline call, per split call, inline experts, split experts, extra rows, reads, wake,
+# inline calls after a blocked wait]
 NAMES = ("per_call_ms", "per_layer_ms", "per_expert_ms", "per_split_expert_ms", "per_extra_token_ms", "per_read_ms",
-         "per_wake_ms")
+         "per_wake_ms", "per_after_wait_ms")
 
 
 def class_rows(record: dict) -> list[dict]:
@@ -36,7 +38,8 @@ def class_rows(record: dict) -> list[dict]:
             out.append({"arm": r["arm"], "fit": r["fit"] and not c["predict_layers"], "cls": cls, "calls": n,
                         "experts_per_call": c[f"cpu_{cls}_experts"] / n, "ms": c[f"cpu_{cls}_s"] * 1e3,
                         "a": [0 if split else n, n if split else 0, 0 if split else e, e if split else 0, x,
-                              c[f"cpu_{cls}_contended"], c.get("cpu_split_wake", 0.0) if split else 0.0]})
+                              c[f"cpu_{cls}_contended"], c.get("cpu_split_wake", 0.0) if split else 0.0,
+                              0 if split else c.get("cpu_inline_waited", 0)]})
     return out
 
 

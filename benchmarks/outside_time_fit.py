@@ -1,0 +1,63 @@
+"""What the host time outside every timer follows, over calibration records' cpu arms.
+
+    python benchmarks/outside_time_fit.py RECORD [RECORD ...]
+
+Per record, the cpu arms' step wall less everything booked to layers (the part `moetier calibrate` fits as
+``calibration.fixed_ms`` + a part per demand read, ``calibrate.fit_fixed``), fitted by least squares on the
+concurrency plus candidate columns per step: demand reads alone (fit_fixed's model), then with prefetch reads,
+split calls, inline calls, computed picks or layers with NVMe picks. Every arm is in the fit, held-out ones too:
+this asks which counter explains the time, it sets no term. Prints each fit's coefficients, its rms relative error
+and the arms it misses by more than 6% (docs/calibration.md, tenth session).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from moetier.bench import relative_lstsq
+from moetier.calibrate import host_timed_s
+
+COLUMNS = (("demand",), ("demand", "prefetch"), ("demand", "split"), ("demand", "inline"), ("demand", "computed"),
+           ("demand", "nvme_layers"))
+
+
+def arms(record: dict) -> list[tuple]:
+    """(arm, conc, {column: per step}, ms per step outside the timers) of the record's cpu arms."""
+    out = []
+    for r in record["calibration"]["rows"]:
+        if r.get("backend", "cpu") != "cpu" or any("vram_expert_slots" in s for s in r.get("set", ())):
+            continue
+        m = r["measured_run"]
+        c, n = m["counters"], m["steps"]
+        booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["stage_s"]
+                  + host_timed_s(c))
+        cols = {"demand": c["reads"], "prefetch": c.get("prefetch_reads", 0), "split": c["cpu_split_calls"],
+                "inline": c["cpu_inline_calls"], "computed": c["picks"] - c["masked"],
+                "nvme_layers": c.get("nvme_layers", 0)}
+        out.append((r["arm"], r["conc"], {k: v / n for k, v in cols.items()},
+                    max(1e-6, (m["wall_s"] - booked) * 1e3 / n)))
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("records", nargs="+")
+    a = ap.parse_args(argv)
+    for path in a.records:
+        rows = arms(json.loads(Path(path).read_text()))
+        concs = sorted({c for _, c, _, _ in rows})
+        print(f"{Path(path).name}: {len(rows)} cpu arms")
+        for cols in COLUMNS:
+            A = [[float(c == cc) for cc in concs] + [x[k] for k in cols] for _, c, x, _ in rows]
+            coef = relative_lstsq(A, [y for *_, y in rows])
+            err = [(sum(p * q for p, q in zip(ar, coef)) / y - 1) * 100 for ar, (*_, y) in zip(A, rows)]
+            rms = math.sqrt(sum(e * e for e in err) / len(err))
+            names = [f"C{c}" for c in concs] + list(cols)
+            print(f"  {'+'.join(cols):20s} rms {rms:4.1f}%  " + " ".join(f"{k} {v:.4f}" for k, v in zip(names, coef))
+                  + "  misses: " + (" ".join(f"{r[0]} {e:+.0f}%" for r, e in zip(rows, err) if abs(e) > 6) or "-"))
+
+
+if __name__ == "__main__":
+    main()
