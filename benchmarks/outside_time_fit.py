@@ -3,7 +3,7 @@
     python benchmarks/outside_time_fit.py RECORD [RECORD ...]
 
 Per record, the cpu arms' step wall less everything booked to layers (the part `moetier calibrate` fits as
-``calibration.fixed_ms`` + a part per demand read, ``calibrate.fit_fixed``), fitted by least squares on the
+``calibration.fixed_ms`` + parts per demand read and per zerocopy call, ``calibrate.fit_fixed``), fitted by least squares on the
 concurrency plus candidate columns per step: demand reads alone (fit_fixed's model), then with prefetch reads,
 split calls, inline calls, computed picks or layers with NVMe picks. Every arm is in the fit, held-out ones too:
 this asks which counter explains the time, it sets no term. Prints each fit's coefficients, its rms relative error
@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 
 from moetier.bench import relative_lstsq
-from moetier.calibrate import host_timed_s
+from moetier.calibrate import unbooked_ms
 
 COLUMNS = (("demand",), ("demand", "prefetch"), ("demand", "split"), ("demand", "inline"), ("demand", "computed"),
            ("demand", "nvme_layers"))
@@ -31,13 +31,10 @@ def arms(record: dict) -> list[tuple]:
             continue
         m = r["measured_run"]
         c, n = m["counters"], m["steps"]
-        booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["stage_s"]
-                  + host_timed_s(c))
         cols = {"demand": c["reads"], "prefetch": c.get("prefetch_reads", 0), "split": c["cpu_split_calls"],
                 "inline": c["cpu_inline_calls"], "computed": c["picks"] - c["masked"],
                 "nvme_layers": c.get("nvme_layers", 0)}
-        out.append((r["arm"], r["conc"], {k: v / n for k, v in cols.items()},
-                    max(1e-6, (m["wall_s"] - booked) * 1e3 / n)))
+        out.append((r["arm"], r["conc"], {k: v / n for k, v in cols.items()}, max(1e-6, unbooked_ms(m))))
     return out
 
 

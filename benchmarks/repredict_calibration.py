@@ -1,16 +1,17 @@
 """Re-run the simulator on a committed calibration record: its fitted terms, its arms, its measured figures.
 
-    python benchmarks/repredict_calibration.py RECORD [--spread SHARED OWN] [--no-wake] [--json]
+    python benchmarks/repredict_calibration.py RECORD [--spread SHARED OWN] [--no-wake] [--refit-host] [--json]
 
 What a new simulator term would have predicted for a run already made, without the 25-35 minutes of measuring
 again: ``--spread`` sets the NVMe arrival spread (engine nvme_latency_cv_shared_by_rows / _own_by_rows, sd / mean)
 at every measured rows per step, for records made before calibrate fitted it. A record made before calibrate
 fitted the copy time per rows gets it from its own VRAM fit arms' counters (calibrate.fit_device_terms).
 ``--no-wake`` refits the cpu lane on the record's fit arms without the split call's wake-up term
-(lanes.cpu.per_wake_ms), to show what that term does to the same run. Run with the registry the record was
-made with (its hardware record is not in the run record). Prints each arm's recorded and new tok/s error and NVMe
-stall (ms per token), then the record's summary figures recomputed (moetier.calibrate.summary): median / max /
-held-out max |error| and the buckets within 15%.
+(lanes.cpu.per_wake_ms), to show what that term does to the same run. ``--refit-host`` refits the host and
+non-MoE time terms on the record's fit arms with today's fits (a record made before the part per zerocopy call,
+tenth session). Run with the registry the record was made with (its hardware record is not in the run record).
+Prints each arm's recorded and new tok/s error and NVMe stall (ms per token), then the record's summary figures
+recomputed (moetier.calibrate.summary): median / max / held-out max |error| and the buckets within 15%.
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ def main(argv=None):
     ap.add_argument("record")
     ap.add_argument("--spread", nargs=2, type=float, metavar=("SHARED", "OWN"))
     ap.add_argument("--no-wake", action="store_true", help="refit the cpu lane without its wake-up term")
+    ap.add_argument("--refit-host", action="store_true",
+                    help="refit the host and non-MoE time terms with today's fits (calibrate.fit_host_and_fixed)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     rec = json.loads(Path(a.record).read_text())
@@ -47,6 +50,10 @@ def main(argv=None):
                 if not m["counters"]["predict_layers"] for row in calibrate.cpu_lane_rows(m["counters"])]
         terms["cpu"] = {**fit_cpu_lane(rows, terms["cpu"]["workers"], None),
                         **{k: terms["cpu"][k] for k in ("workers", "parallel_min")}}
+    if a.refit_host:
+        host, terms["fixed_ms"] = calibrate.fit_host_and_fixed([(r["measured_run"], r["conc"]) for r in cal["rows"]
+                                                                if r["fit"]])
+        terms["host"] = {**terms["host"], **host}
     R = spec.resolve(rec["recipe"])
     tr = recipe_trace(R)
     arms = {arm["name"]: arm for arm in calibrate.default_arms(R, vram=True)}
@@ -77,7 +84,7 @@ def main(argv=None):
     s = out["summary"]
     print(f"\nmedian |error| {s['median_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}%, held-out max "
           f"{s['held_out_max_abs_error_pct'] or 0:.1f}%; buckets within 15%: {s['buckets_within_15pct']}/"
-          f"{s['buckets_checked']}")
+          f"{s['buckets_checked']} (misses: {', '.join(s['bucket_misses']) or '-'})")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ The fits, from the fit arms' runtime counters:
      * layer_calls + per_pick * picks + per_read * NVMe reads + per_nvme_layer * layers with NVMe picks
      + per_predict * predicted layers + per_predict_row * their rows + per_copy * copies``;
    - non-MoE time per step (recipe ``calibration.fixed_ms``): step wall minus everything booked to layers, split by
-     least squares into a part per concurrency and a part per NVMe read that joins ``per_read`` (``fit_fixed``);
+     least squares into a part per concurrency, a part per NVMe read that joins ``per_read`` and a part per
+     zerocopy lane call that joins ``per_zc_call`` (``fit_fixed``);
      concurrencies without a fit arm are interpolated by the simulator;
    - NVMe queueing model (engine ``nvme_latency_by_rows_qd_ms``, per engine: its lanes load the cores the reader
      needs): mean submit-to-landed of the runtime's demand reads by rows per step and the demand queue depth they
@@ -206,7 +207,6 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
     from moetier.bench import fit_cpu_lane
     fit = [a for a in arms if a["fit"]]
     lane_rows = []
-    unbooked = []                                  # (conc, demand reads per step, ms per step outside the timers)
     for a in fit:
         m = measured[a["name"]]
         c = m["counters"]
@@ -216,12 +216,7 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
         # calls are mostly NVMe picks computed cold right after their wait, and dominate by count
         if not c["predict_layers"]:
             lane_rows += cpu_lane_rows(c)
-        booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["stage_s"]
-                  + host_timed_s(c))
-        unbooked.append((a["conc"], c["reads"] / m["steps"], max(0.0, (m["wall_s"] - booked) * 1e3 / m["steps"])))
-    host = fit_host([(measured[a["name"]]["counters"], a["conc"]) for a in fit])
-    fixed, per_read_unbooked = fit_fixed(unbooked)
-    host["per_read_ms"] += per_read_unbooked
+    host, fixed = fit_host_and_fixed([(measured[a["name"]], a["conc"]) for a in fit])
     head = fit_head([measured[a["name"]]["counters"] for a in fit], [measured[a["name"]].get("engine") for a in fit])
     head_by_engine = head.pop("head_per_read_ms_by_engine", None)
     out = {"cpu": {**fit_cpu_lane(lane_rows, workers, None), "workers": workers, "parallel_min": parallel_min},
@@ -264,7 +259,7 @@ def fit_host(runs) -> dict:
     pred_concs = {conc for (c, conc) in runs if c["predict_layers"]}
     used = [j for j in range(len(A[0])) if j < 3 or (any(r[j] for r in A) and (j != 5 or len(pred_concs) > 1))]
     coef = dict(zip(used, relative_lstsq([[r[j] for j in used] for r in A], y)))
-    return {name: coef.get(j, 0.0) for j, name in enumerate(spec.HOST_TERMS)}
+    return {name: coef.get(j, 0.0) for j, name in enumerate(spec.HOST_TERMS[:len(A[0])])}
 
 
 def fit_head(counters: list[dict], engines: list | None = None) -> dict:
@@ -454,22 +449,47 @@ def host_timed_s(c: dict) -> float:
     return c["plan_s"] + c["book_s"] + c["combine_s"] + c["predict_s"]
 
 
-def fit_fixed(unbooked) -> tuple[dict, float]:
-    """Non-MoE time per step by concurrency, and the part of it that grows with NVMe reads.
+def fit_host_and_fixed(runs) -> tuple[dict, dict]:
+    """The host terms (fit_host on the timed work, plus the parts of the time outside every timer that follow
+    reads and zerocopy calls) and the non-MoE time per concurrency (fit_fixed), from ``runs`` = [(measured run:
+    counters, steps, wall_s; conc)] of the fit arms."""
+    host = fit_host([(m["counters"], conc) for m, conc in runs])
+    fixed, per_read, host["per_zc_call_ms"] = fit_fixed(
+        [(conc, m["counters"]["reads"] / m["steps"], m["counters"].get("zc_calls", 0) / m["steps"], unbooked_ms(m))
+         for m, conc in runs])
+    host["per_read_ms"] += per_read
+    return host, fixed
 
-    unbooked: (conc, demand reads per step, ms per step outside every timer). That time is not constant: reader
-    threads finishing reads take the interpreter from the decode thread between the timed sections (measured here:
-    allram arms 0.1-0.2 ms per step below the tail arms at the same concurrency). Model: ms = fixed[conc] + u x
-    reads, least squares over the fit arms; u is then charged per read (it joins host per_read_ms). Without two
-    arms at one concurrency differing in reads, u is not identifiable: per-conc means, u = 0."""
+
+def unbooked_ms(m: dict) -> float:
+    """A measured run's ms per step outside every timer: its step wall less everything booked to layers."""
+    c = m["counters"]
+    booked = (c["lane_cpu_s"] + c["lane_gpu_s"] + c["lane_zc_s"] + c["nvme_wait_s"] + c["copy_s"] + c["stage_s"]
+              + host_timed_s(c))
+    return max(0.0, (m["wall_s"] - booked) * 1e3 / m["steps"])
+
+
+def fit_fixed(unbooked) -> tuple[dict, float, float]:
+    """Non-MoE time per step by concurrency, and the parts of it that grow with NVMe reads and zerocopy calls.
+
+    unbooked: (conc, demand reads, zerocopy lane calls, ms outside every timer), per step. That time is not
+    constant: reader threads finishing reads take the interpreter from the decode thread between the timed sections
+    (measured here: allram arms 0.1-0.2 ms per step below the tail arms at the same concurrency), and so does a
+    zerocopy call on the SYCL CPU device (0.02-0.06 ms a call fitted on runs 30-35; vram102-C2's host bucket was
+    -22% without it in run 34, and its outside time twice all-in-RAM C2's). Model:
+    ms = fixed[conc] + u x reads + z x zerocopy calls, least squares over the fit arms; u and z are then charged
+    per read and per zerocopy call (they join host per_read_ms and per_zc_call_ms). A part no two arms at one
+    concurrency tell apart is not identifiable: 0 (per-conc means where neither is)."""
     from moetier.bench import relative_lstsq
-    concs = sorted({c for c, _, _ in unbooked})
-    by = {c: [(r, y) for cc, r, y in unbooked if cc == c] for c in concs}
-    if not any(len({r for r, _ in v}) > 1 for v in by.values()):
-        return {str(c): round(statistics.mean(y for _, y in v), 4) for c, v in by.items()}, 0.0
-    A = [[1.0 if c == cc else 0.0 for cc in concs] + [r] for c, r, _ in unbooked]
-    coef = relative_lstsq(A, [max(y, 1e-6) for *_, y in unbooked])
-    return {str(c): round(v, 4) for c, v in zip(concs, coef)}, coef[-1]
+    concs = sorted({u[0] for u in unbooked})
+    # a column is fitted where two arms at one concurrency differ in it
+    cols = [j for j in (1, 2) if any(len({u[j] for u in unbooked if u[0] == c}) > 1 for c in concs)]
+    if not cols:
+        return {str(c): round(statistics.mean(u[-1] for u in unbooked if u[0] == c), 4) for c in concs}, 0.0, 0.0
+    A = [[1.0 if u[0] == cc else 0.0 for cc in concs] + [u[j] for j in cols] for u in unbooked]
+    coef = relative_lstsq(A, [max(u[-1], 1e-6) for u in unbooked])
+    part = dict(zip(cols, coef[len(concs):]))
+    return {str(c): round(v, 4) for c, v in zip(concs, coef)}, part.get(1, 0.0), part.get(2, 0.0)
 
 
 def fit_device_terms(fit_runs: list[dict]) -> dict:

@@ -332,6 +332,7 @@ class PlanContext:
     host_predict: float = 0.0  # serial host time per layer of a prefetch predictor (when prefetch is on), at its rows
     copy_serial: bool = False  # admission pushes and drains run after the lanes, one after another (no overlap)
     host_copy: float = 0.0     # serial host time per admission push or drain (submit, wait, landing bookkeeping)
+    host_zc_call: float = 0.0  # serial host time per layer whose zerocopy lane computes (outside the runtime's timers)
     # the part of the host time above that runs between a layer's first NVMe submit and its first wait (the rest of
     # the issue loop, the lane calls' set-up, prediction and prefetch issue, recency): per such layer, per read,
     # and per layer that predicts. It delays the first wait and overlaps the reads
@@ -385,6 +386,7 @@ class PlanContext:
                                  + rows * float(host.get("per_predict_row_ms", 0.0)) if _prefetching(R.policy) else 0.0),
                    copy_serial=gpu is not None and not overlap,
                    host_copy=float(host.get("per_copy_ms", 0.0)),
+                   host_zc_call=float(host.get("per_zc_call_ms", 0.0)),
                    head_layer=float(host.get("head_per_layer_ms", 0.0)) + (
                        float(host.get("head_per_predict_ms", 0.0))
                        + rows * float(host.get("head_per_predict_row_ms", 0.0)) if _prefetching(R.policy) else 0.0),
@@ -585,6 +587,8 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
             g, c = plan.gpu_ms, plan.cpu_ms
     # a masked pick is neither computed nor combined: the per-pick host work is the computed picks'
     serial = ctx.host_layer + ctx.host_pick * (len(picks) - len(plan.masked)) + ctx.host_predict
+    if plan.zerocopy:
+        serial += ctx.host_zc_call
     if ctx.read_cpu and nvme is not None and nvme.pf_done:
         # the CPU work of prefetch reads that ran since the last layer, on the cores the cpu lane (or the host) uses
         if c_on:

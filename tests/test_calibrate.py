@@ -279,15 +279,20 @@ def test_cpu_lane_fit_counts_experts_in_cold_equivalents():
     assert got["per_layer_ms"] == pytest.approx(pl, rel=1e-6) and got["per_expert_ms"] == pytest.approx(pe, rel=1e-6)
 
 
-def test_fixed_time_splits_into_per_concurrency_and_per_read_parts():
+def test_fixed_time_splits_into_per_concurrency_per_read_and_per_zerocopy_call_parts():
     truth = {1: 0.4, 4: 0.9}
-    u = 0.02
-    arms = [(c, r, truth[c] + u * r) for c in (1, 4) for r in (0.0, 8.0, 20.0)]
-    fixed, per_read = calibrate.fit_fixed(arms)
+    u, z = 0.02, 0.07
+    # cpu arms with and without reads, and a VRAM arm per concurrency whose zerocopy lane computes
+    arms = [(c, r, 0.0, truth[c] + u * r) for c in (1, 4) for r in (0.0, 8.0, 20.0)]
+    arms += [(1, 5.0, 2.0, truth[1] + u * 5 + z * 2), (4, 30.0, 16.0, truth[4] + u * 30 + z * 16)]
+    fixed, per_read, per_zc = calibrate.fit_fixed(arms)
     assert fixed == {"1": pytest.approx(0.4, abs=1e-4), "4": pytest.approx(0.9, abs=1e-4)}
-    assert per_read == pytest.approx(u)
+    assert per_read == pytest.approx(u) and per_zc == pytest.approx(z)
+    # no zerocopy calls: that part is 0, the rest as before
+    assert calibrate.fit_fixed(arms[:6])[2] == 0.0 and calibrate.fit_fixed(arms[:6])[1] == pytest.approx(u)
     # reads never vary at one concurrency: not identifiable, plain means
-    assert calibrate.fit_fixed([(1, 5.0, 0.5), (1, 5.0, 0.7), (2, 0.0, 0.6)]) == ({"1": 0.6, "2": 0.6}, 0.0)
+    assert calibrate.fit_fixed([(1, 5.0, 0, 0.5), (1, 5.0, 0, 0.7), (2, 0.0, 0, 0.6)]) == ({"1": 0.6, "2": 0.6}, 0.0,
+                                                                                           0.0)
 
 
 def test_channel_terms_are_means_by_engine_and_rows_with_idle_figures_beyond():

@@ -147,6 +147,21 @@ def test_a_cpu_call_right_after_a_blocked_wait_pays_the_after_wait_cost(overlap)
     assert layer(c, 0.0).cpu_ms == pytest.approx(layer(base, 0.0).cpu_ms)
 
 
+def test_host_time_once_per_layer_whose_zerocopy_lane_computes():
+    import dataclasses
+    L = ledger(vram=[1, 2, 3, 4], ram=[10, 11, 12, 13, 14, 15, 16, 17])
+    picks = {1: 1, 10: 1, 11: 1, 12: 1, 13: 4}
+
+    def ms(x):
+        p = plan_layer(x, L, picks, 0.0, NvmeChannel(9_474_048, 24.0))
+        return p.ms, bool(p.zerocopy)
+    base = ctx()
+    (m0, zc0), (m1, zc1) = ms(base), ms(dataclasses.replace(base, host_zc_call=0.09))
+    assert zc0 and zc1 and m1 == pytest.approx(m0 + 0.09)
+    no_zc = ctx(lanes={"zerocopy": None})        # the same picks, no zerocopy lane: nothing to charge
+    assert ms(dataclasses.replace(no_zc, host_zc_call=0.09)) == ms(no_zc)
+
+
 def test_host_time_per_nvme_read_and_once_per_layer_that_reads():
     import dataclasses
     hc = dataclasses.replace(ctx(), host_read=0.02, host_nvme_layer=0.3)
