@@ -3,11 +3,12 @@
     python benchmarks/outside_time_fit.py RECORD [RECORD ...]
 
 Per record, the cpu arms' step wall less everything booked to layers (the part `moetier calibrate` fits as
-``calibration.fixed_ms`` + parts per demand read and per zerocopy call, ``calibrate.fit_fixed``), fitted by least squares on the
-concurrency plus candidate columns per step: demand reads alone (fit_fixed's model), then with prefetch reads,
-split calls, inline calls, computed picks or layers with NVMe picks. Every arm is in the fit, held-out ones too:
-this asks which counter explains the time, it sets no term. Prints each fit's coefficients, its rms relative error
-and the arms it misses by more than 6% (docs/calibration.md, tenth session).
+``calibration.fixed_ms`` + parts per demand read and per zerocopy call, ``calibrate.fit_fixed``), fitted by least
+squares on the concurrency plus candidate columns per step: demand reads alone (fit_fixed's model on these arms),
+then with prefetch reads, split calls, inline calls, computed picks or layers with NVMe picks. Every arm is in the
+fit, held-out ones too: this asks which counter explains the time, it sets no term. Prints each fit's
+coefficients, its rms relative error and the arms it misses by more than 6% (docs/calibration.md, tenth
+session).
 """
 from __future__ import annotations
 

@@ -476,10 +476,10 @@ def fit_fixed(unbooked) -> tuple[dict, float, float]:
     constant: reader threads finishing reads take the interpreter from the decode thread between the timed sections
     (measured here: allram arms 0.1-0.2 ms per step below the tail arms at the same concurrency), and so does a
     zerocopy call on the SYCL CPU device (0.02-0.06 ms a call fitted on runs 30-35; vram102-C2's host bucket was
-    -22% without it in run 34, and its outside time twice all-in-RAM C2's). Model:
-    ms = fixed[conc] + u x reads + z x zerocopy calls, least squares over the fit arms; u and z are then charged
-    per read and per zerocopy call (they join host per_read_ms and per_zc_call_ms). A part no two arms at one
-    concurrency tell apart is not identifiable: 0 (per-conc means where neither is)."""
+    -22% without it in run 34, and its outside time twice all-in-RAM C2's). Model: ms = fixed[conc] + u x reads
+    + z x zerocopy calls, least squares over the fit arms; u and z are then charged per read and per zerocopy call
+    (they join host per_read_ms and per_zc_call_ms). A part no two arms at one concurrency tell apart is not
+    identifiable: 0 (per-conc means where neither is)."""
     from moetier.bench import relative_lstsq
     concs = sorted({u[0] for u in unbooked})
     # a column is fitted where two arms at one concurrency differ in it

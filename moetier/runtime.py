@@ -267,11 +267,12 @@ class Runtime:
             self.ram.release_later(s)
 
     def _wait_read(self, h, ticket, issued: tuple | None) -> bool:
-        """Wait for an NVMe pick's read; returns whether it had not landed yet (the host blocked on it). With ``issued`` = (end of the issue loop, _inner at it, reads issued,
-        whether the layer predicts, the rows it predicts for) - given for a layer's first wait, when all its NVMe
-        picks are demand reads issued then - also book its read coverage: from its submit (the reader's timestamp,
-        else the loop's end) to this wait (the span; less the lane and copy time in it, the host's head start), and
-        to its landing (and the square of landing minus wait, for the spread of that gap)."""
+        """Wait for an NVMe pick's read; returns whether it had not landed yet (the host blocked on it). With
+        ``issued`` = (end of the issue loop, _inner at it, reads issued, whether the layer predicts, the rows it
+        predicts for) - given for a layer's first wait, when all its NVMe picks are demand reads issued then - also
+        book its read coverage: from its submit (the reader's timestamp, else the loop's end) to this wait (the
+        span; less the lane and copy time in it, the host's head start), and to its landing (and the square of
+        landing minus wait, for the spread of that gap)."""
         c = getattr(h, "comp", h)               # the reader's completion, where the backend wraps it
         pending = getattr(c, "state", "pending") == "pending"
         if issued is None:

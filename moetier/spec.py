@@ -56,8 +56,8 @@ DEFAULT_POLICY = {
 }
 LANE_COSTS = ("per_layer_ms", "per_expert_ms", "per_extra_token_ms", "per_call_ms")
 LANE_SHAPE = ("workers", "parallel_min")     # integers: how a batch call is executed
-LANE_OPTIONAL = ("per_read_ms", "per_step_row_ms", "per_wake_ms", "per_after_wait_ms")   # absent: another
-# record's figure, or 0; of those, the ones whose absence means 0
+# lane terms a record may leave out (absent: another record's figure, or 0), and those whose absence means 0
+LANE_OPTIONAL = ("per_read_ms", "per_step_row_ms", "per_wake_ms", "per_after_wait_ms")
 LANE_ZERO_IF_ABSENT = ("per_step_row_ms", "per_wake_ms", "per_after_wait_ms")
 # the recipe's calibration.host time terms outside its head start: moetier.calibrate.fit_host's columns in order,
 # then the part of the time outside the runtime's timers per zerocopy call (fit_fixed)
