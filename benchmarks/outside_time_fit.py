@@ -2,13 +2,13 @@
 
     python benchmarks/outside_time_fit.py RECORD [RECORD ...]
 
-Per record, the cpu arms' step wall less everything booked to layers (the part `moetier calibrate` fits as
-``calibration.fixed_ms`` + parts per demand read and per zerocopy call, ``calibrate.fit_fixed``), fitted by least
-squares on the concurrency plus candidate columns per step: demand reads alone (fit_fixed's model on these arms),
-then with prefetch reads, split calls, inline calls, computed picks or layers with NVMe picks. Every arm is in the
-fit, held-out ones too: this asks which counter explains the time, it sets no term. Prints each fit's
-coefficients, its rms relative error and the arms it misses by more than 6% (docs/calibration.md, tenth
-session).
+Per record, the step wall less everything booked to layers (the part `moetier calibrate` fits as
+``calibration.fixed_ms`` + parts per demand read and per zerocopy call, ``calibrate.fit_fixed``) of every arm, then
+of the cpu arms fitted by least squares on the concurrency plus candidate columns per step: demand reads alone
+(fit_fixed's model on these arms), then with prefetch reads, split calls, inline calls, computed picks or layers
+with NVMe picks. Every cpu arm is in the fit, held-out ones too: this asks which counter explains the time, it
+sets no term. Prints each fit's coefficients, its rms relative error and the arms it misses by more than 6%
+(docs/calibration.md, tenth session).
 """
 from __future__ import annotations
 
@@ -24,11 +24,15 @@ COLUMNS = (("demand",), ("demand", "prefetch"), ("demand", "split"), ("demand", 
            ("demand", "nvme_layers"))
 
 
+def vram_arm(row: dict) -> bool:
+    return any("vram_expert_slots" in s for s in row.get("set", ()))
+
+
 def arms(record: dict) -> list[tuple]:
     """(arm, conc, {column: per step}, ms per step outside the timers) of the record's cpu arms."""
     out = []
     for r in record["calibration"]["rows"]:
-        if r.get("backend", "cpu") != "cpu" or any("vram_expert_slots" in s for s in r.get("set", ())):
+        if vram_arm(r):
             continue
         m = r["measured_run"]
         c, n = m["counters"], m["steps"]
@@ -44,9 +48,12 @@ def main(argv=None):
     ap.add_argument("records", nargs="+")
     a = ap.parse_args(argv)
     for path in a.records:
-        rows = arms(json.loads(Path(path).read_text()))
+        rec = json.loads(Path(path).read_text())
+        rows = arms(rec)
         concs = sorted({c for _, c, _, _ in rows})
-        print(f"{Path(path).name}: {len(rows)} cpu arms")
+        print(f"{Path(path).name}: ms per step outside the timers: " + ", ".join(
+            f"{r['arm']} {unbooked_ms(r['measured_run']):.3f}" for r in rec["calibration"]["rows"]))
+        print(f"  fits over its {len(rows)} cpu arms:")
         for cols in COLUMNS:
             A = [[float(c == cc) for cc in concs] + [x[k] for k in cols] for _, c, x, _ in rows]
             coef = relative_lstsq(A, [y for *_, y in rows])

@@ -54,6 +54,9 @@ def main(argv=None):
         host, terms["fixed_ms"] = calibrate.fit_host_and_fixed([(r["measured_run"], r["conc"]) for r in cal["rows"]
                                                                 if r["fit"]])
         terms["host"] = {**terms["host"], **host}
+        if not a.json:
+            print("refitted host: " + ", ".join(f"{k} {v:.4f}" for k, v in host.items()) + "; fixed_ms "
+                  + json.dumps(terms["fixed_ms"]))
     R = spec.resolve(rec["recipe"])
     tr = recipe_trace(R)
     arms = {arm["name"]: arm for arm in calibrate.default_arms(R, vram=True)}

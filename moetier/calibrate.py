@@ -259,7 +259,7 @@ def fit_host(runs) -> dict:
     pred_concs = {conc for (c, conc) in runs if c["predict_layers"]}
     used = [j for j in range(len(A[0])) if j < 3 or (any(r[j] for r in A) and (j != 5 or len(pred_concs) > 1))]
     coef = dict(zip(used, relative_lstsq([[r[j] for j in used] for r in A], y)))
-    return {name: coef.get(j, 0.0) for j, name in enumerate(spec.HOST_TERMS[:len(A[0])])}
+    return {name: coef.get(j, 0.0) for j, name in enumerate(spec.HOST_TIMED_TERMS)}
 
 
 def fit_head(counters: list[dict], engines: list | None = None) -> dict:
@@ -270,9 +270,10 @@ def fit_head(counters: list[dict], engines: list | None = None) -> dict:
     (submitting a read) and is fitted per engine, returned as ``head_per_read_ms_by_engine`` (``head_per_read_ms``:
     that of the engine most arms ran on, the recipe's own). Empty without read layers; a column no arm exercises
     is 0, and so is the per-row part without predicting arms at two concurrencies. Sixth session, VM B: the
-    runtime's span was 0.2-0.9 ms longer than the resident lanes'. Eighth session, VM C: one per-predict term fitted on C1 and C4 put tail-prefetch-C4's
-    head at 0.37 ms against 0.57 measured (its stall +53%); one per-read term for both engines put the SYCL arms'
-    head at 0.05-0.08 ms against 0.07-0.16 (their stall +14-23%)."""
+    runtime's span was 0.2-0.9 ms longer than the resident lanes'. Eighth session, VM C: one per-predict term
+    fitted on C1 and C4 put tail-prefetch-C4's head at 0.37 ms against 0.57 measured (its stall +53%); one
+    per-read term for both engines put the SYCL arms' head at 0.05-0.08 ms against 0.07-0.16 (their stall
+    +14-23%)."""
     from moetier.bench import relative_lstsq
     engines = list(engines) if engines is not None else [None] * len(counters)
     data = [(e, c) for e, c in zip(engines, counters) if c.get("read_layers") and c.get("read_head_s")]
@@ -475,7 +476,7 @@ def fit_fixed(unbooked) -> tuple[dict, float, float]:
     unbooked: (conc, demand reads, zerocopy lane calls, ms outside every timer), per step. That time is not
     constant: reader threads finishing reads take the interpreter from the decode thread between the timed sections
     (measured here: allram arms 0.1-0.2 ms per step below the tail arms at the same concurrency), and so does a
-    zerocopy call on the SYCL CPU device (0.02-0.06 ms a call fitted on runs 30-35; vram102-C2's host bucket was
+    zerocopy call on the SYCL CPU device (0.008-0.059 ms a call fitted on runs 30-37; vram102-C2's host bucket was
     -22% without it in run 34, and its outside time twice all-in-RAM C2's). Model: ms = fixed[conc] + u x reads
     + z x zerocopy calls, least squares over the fit arms; u and z are then charged per read and per zerocopy call
     (they join host per_read_ms and per_zc_call_ms). A part no two arms at one concurrency tell apart is not

@@ -716,6 +716,8 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, he
     # busy time once the head is taken off again below)
     c += head
     plan.wait_from = c
+    # after a blocked wait the cpu lane resumes past the wake-up and then runs its call slower (per_after_wait_ms)
+    cpu_resume = wake + ctx.cpu_after_wait
     if spread:
         cf, gf = _Finish(c, nvme.cv_own), _Finish(g, nvme.cv_own)
     for k in order:
@@ -727,7 +729,7 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, he
             # the call is made once the bytes are there: its set-up follows the wait, it does not hide under it
             cs = c
             cw = (ctx.cpu_call if c_on or ctx.cpu_pmin > 1 else cpu[0]) + cpu[1] + cpu[2] * (m - 1)
-            ce = cs + cw if cs >= a else a + wake + ctx.cpu_after_wait + cw
+            ce = cs + cw if cs >= a else a + cpu_resume + cw
         else:
             ce = INF
         if can_gpu:
@@ -743,7 +745,7 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, he
             if a > cs:
                 wait += a + wake - cs
             if spread:
-                cf.add(cs - c + cw, a + wake + ctx.cpu_after_wait + cw, a)
+                cf.add(cs - c + cw, a + cpu_resume + cw, a)
             c = ce
             c_on = True
             plan.nvme_cpu.append(k)
@@ -823,15 +825,17 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nv
             idle = ready - now if ready > now else 0.0
             if on_gpu:
                 work, late = gpu_work(ctx, m), 0.0
+                step = idle + work
                 wait += idle + push
                 gwait += idle + push
-                g += idle + work
+                g += step
             else:     # a call right after a blocked wait pays late on top
                 work, late = cpu_work(ctx, c_on, m), ctx.cpu_after_wait
+                step = idle + work + (late if idle else 0.0)
                 wait += idle
-                c += idle + work + (late if idle else 0.0)
+                c += step
                 c_on = True
-            now += idle + work + (late if idle else 0.0)
+            now += step
             if spread:
                 fin.add(work, a + wake + late + work, a)
     d = fin.extra(nvme.cv_shared, nvme.lane_sd) if spread else 0.0

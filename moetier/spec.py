@@ -59,10 +59,11 @@ LANE_SHAPE = ("workers", "parallel_min")     # integers: how a batch call is exe
 # lane terms a record may leave out (absent: another record's figure, or 0), and those whose absence means 0
 LANE_OPTIONAL = ("per_read_ms", "per_step_row_ms", "per_wake_ms", "per_after_wait_ms")
 LANE_ZERO_IF_ABSENT = ("per_step_row_ms", "per_wake_ms", "per_after_wait_ms")
-# the recipe's calibration.host time terms outside its head start: moetier.calibrate.fit_host's columns in order,
-# then the part of the time outside the runtime's timers per zerocopy call (fit_fixed)
-HOST_TERMS = ("per_layer_ms", "per_pick_ms", "per_read_ms", "per_nvme_layer_ms", "per_predict_ms",
-              "per_predict_row_ms", "per_copy_ms", "per_zc_call_ms")
+# the recipe's calibration.host time terms outside its head start: the timed host work's (moetier.calibrate.fit_host's
+# columns, in order), then the part of the time outside the runtime's timers per zerocopy call (fit_fixed)
+HOST_TIMED_TERMS = ("per_layer_ms", "per_pick_ms", "per_read_ms", "per_nvme_layer_ms", "per_predict_ms",
+                    "per_predict_row_ms", "per_copy_ms")
+HOST_TERMS = HOST_TIMED_TERMS + ("per_zc_call_ms",)
 WAKE_SCALE_MS = 0.1       # idle_wake: the idle that counts as one unit (below it a worker is still warm)
 
 

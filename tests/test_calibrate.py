@@ -429,7 +429,7 @@ def test_host_fit_recovers_per_read_and_per_nvme_layer_costs():
     def arm(conc, layers, picks, reads, nvme_layers, predict=0, copies=0):
         c = {"layer_calls": layers, "picks": picks, "masked": 0, "reads": reads, "nvme_layers": nvme_layers,
              "predict_layers": predict, "predict_rows": predict * conc, "copies": copies}
-        ms = sum(true[k] * v for k, v in zip(spec.HOST_TERMS, (layers, picks, reads, nvme_layers, predict,
+        ms = sum(true[k] * v for k, v in zip(spec.HOST_TIMED_TERMS, (layers, picks, reads, nvme_layers, predict,
                                                                      predict * conc, copies)))
         return {**c, "plan_s": ms / 1e3, "book_s": 0.0, "combine_s": 0.0, "predict_s": 0.0}, conc
     # the calibration's fit arms in shape: all-in-RAM, tails (reads per layer that reads grow with rows),
