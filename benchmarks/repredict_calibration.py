@@ -10,7 +10,7 @@ fitted the copy time per rows gets it from its own VRAM fit arms' counters (cali
 (lanes.cpu.per_wake_ms), to show what that term does to the same run. ``--refit-host`` refits the host and
 non-MoE time terms on the record's fit arms with today's fits (a record made before the part per zerocopy call,
 tenth session). Run with the registry the record was made with (its hardware record is not in the run record).
-Prints each arm's recorded and new tok/s error and NVMe stall (ms per token), then the record's summary figures
+Prints each arm's recorded and new tok/s error, NVMe stall (ms per token) and zerocopy computes per token, then the record's summary figures
 recomputed (moetier.calibrate.summary): median / max / held-out max |error| and the buckets within 15%.
 """
 from __future__ import annotations
@@ -66,28 +66,38 @@ def main(argv=None):
         if arm is None:
             sys.exit(f"repredict_calibration: {a.record}: arm {row['arm']!r} is not in today's default matrix")
         Ra = calibrate.arm_recipe(rec["recipe"], arm, terms)
-        # the runtime planned on the plan pass's terms: they deal the RAM picks (calibrate.predict_and_compare)
+        # the runtime planned on the plan pass's terms: a replay of them deals the picks (calibrate.predict_and_compare)
         choose = calibrate.arm_recipe(rec["recipe"], arm, cal["plan_terms"]) if cal.get("plan_terms") else None
         p = sim.run(Ra, tr, arm["conc"], max_steps=cal["steps"], choose=choose)
         meas, pred = row["ms_per_token"]["measured"], calibrate.sim_buckets(Ra, p)
         rows.append({"arm": row["arm"], "fit": row["fit"], "recorded_error_pct": row["error_pct"],
                      "error_pct": (p["tok_s"] / row["measured_tok_s"] - 1) * 100,
                      "ms_per_token": {"measured": meas, "sim": pred, "recorded_sim": row["ms_per_token"]["sim"]},
-                     "bucket_error_pct": calibrate.bucket_errors(meas, pred)})
+                     "bucket_error_pct": calibrate.bucket_errors(meas, pred),
+                     # zerocopy computes per token: the runtime's against the replay's deal (they agree when the
+                     # replay of the plan pass deals as the run did)
+                     "zerocopy_per_token": {"measured": row.get("lane_experts_per_token", {}).get("measured", {})
+                                            .get("zerocopy"), "sim": p["zerocopy_per_tok"]}})
     out = {"rows": rows, "summary": calibrate.summary(rows)}
     if a.json:
         print(json.dumps(out, indent=1))
         return
-    print("| arm | fit | recorded error | error | stall measured | stall recorded | stall |\n|---|---|---|---|---|---|---|")
+    print("| arm | fit | recorded error | error | stall measured | stall recorded | stall | zerocopy/token measured | "
+          "zerocopy/token |\n|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         ms = r["ms_per_token"]
         print(f"| {r['arm']} | {'fit' if r['fit'] else 'held-out'} | {r['recorded_error_pct']:+.1f}% | "
               f"{r['error_pct']:+.1f}% | {ms['measured']['nvme_stall']:.2f} | {ms['recorded_sim']['nvme_stall']:.2f} | "
-              f"{ms['sim']['nvme_stall']:.2f} |")
+              f"{ms['sim']['nvme_stall']:.2f} | {_num(r['zerocopy_per_token']['measured'])} | "
+              f"{r['zerocopy_per_token']['sim']:.2f} |")
     s = out["summary"]
     print(f"\nmedian |error| {s['median_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}%, held-out max "
           f"{s['held_out_max_abs_error_pct'] or 0:.1f}%; buckets within 15%: {s['buckets_within_15pct']}/"
           f"{s['buckets_checked']} (misses: {', '.join(s['bucket_misses']) or '-'})")
+
+
+def _num(v) -> str:
+    return "-" if v is None else f"{v:.2f}"
 
 
 if __name__ == "__main__":

@@ -305,7 +305,7 @@ def fit_lane_lateness(recipe_id, tr, fit_arms, measured, steps, terms, min_layer
     arm with ``terms`` (the plan's spread over layers and the reads' modeled lateness), pooled by engine and rows
     over the read layers. The reads' spread alone gave ~0.3-0.5 ms where the runtime's waits implied ~1.4 (run 18,
     tail-prefetch-C2). Arms with fewer than ``min_layers`` read layers set nothing. ``planned_on``: the terms the
-    runtime planned on (they deal the RAM picks in the simulator too, predict_and_compare)."""
+    runtime planned on (None: the registry's); the simulator times the deal they made (predict_and_compare)."""
     pool: dict = {}
     base = {**terms, "lane_lateness_sd_ms_by_rows": {}}
     for a in fit_arms:
@@ -314,7 +314,7 @@ def fit_lane_lateness(recipe_id, tr, fit_arms, measured, steps, terms, min_layer
         if cov["gap_sd_ms"] is None or cov["layers"] < min_layers:
             continue
         p = sim.run(arm_recipe(recipe_id, a, base), tr, a["conc"], max_steps=steps,
-                    choose=arm_recipe(recipe_id, a, planned_on) if planned_on else None)["read_coverage"]
+                    choose=arm_recipe(recipe_id, a, planned_on))["read_coverage"]
         if p["gap_sd_ms"] is None:
             continue
         acc = pool.setdefault((m.get("engine"), a["conc"]), [0, 0.0])      # read layers, their excess variance
@@ -638,15 +638,16 @@ def term_overrides(terms: dict, lanes=("cpu",)) -> list[str]:
 
 
 def predict_and_compare(recipe_id, tr, arms, measured, steps, terms, plan_terms=None) -> list[dict]:
-    """Predict every arm with the fitted ``terms``. The runtime planned on ``plan_terms`` (the plan pass's): they
-    deal the RAM picks to lanes in the simulator too, so that a cost that moved between the passes does not
-    change which lane computes what (2026-12-02 VM, pass drift +31%: vram102-C2 computed 11.4 zerocopy picks per
-    token, the simulator on the checked terms alone 6.8)."""
+    """Predict every arm with the fitted ``terms``. The runtime planned on ``plan_terms`` (the plan pass's; None: the
+    registry's): the simulator replays that plan on its own clock to deal every pick as the runtime did and times
+    the deal on ``terms`` (sim.run's ``choose``), so that neither a cost that moved between the passes nor the
+    fitted clock changes which lane computes what (2026-12-02 VM, pass drift +31%: vram102-C2 computed 11.4
+    zerocopy picks per token, the simulator on the checked terms alone 6.8; run 37, dealing on plan_terms' costs
+    but the fitted clock: 7.1 against 11.6)."""
     rows = []
     for a in arms:
         R = arm_recipe(recipe_id, a, terms)
-        p = sim.run(R, tr, a["conc"], max_steps=steps,
-                    choose=arm_recipe(recipe_id, a, plan_terms) if plan_terms else None)
+        p = sim.run(R, tr, a["conc"], max_steps=steps, choose=arm_recipe(recipe_id, a, plan_terms))
         m = measured[a["name"]]
         c, tok = m["counters"], m["tokens"]
         meas_tok_s = m["tokens"] / m["wall_s"]          # the middle repeats (_merge)
@@ -669,8 +670,8 @@ def predict_and_compare(recipe_id, tr, arms, measured, steps, terms, plan_terms=
                      "host_split": {"measured": {"timed": timed, "outside": meas["host"] - timed},
                                     "sim": {"terms": pred["host"] - fixed, "fixed": fixed}},
                      "reads_per_token": c["reads"] / tok, "sim_nvme_per_tok": p["nvme_per_tok"],
-                     # expert computes per token by lane: the runtime planned on the plan pass's terms and the
-                     # simulator on the checked pass's, so this shows whether they made the same lane choices
+                     # expert computes per token by lane: the simulator replays the runtime's deal, so the two
+                     # agree (a difference is a replay that parted from the run it predicts)
                      "lane_experts_per_token": {
                          "measured": {"gpu": c["gpu_experts"] / tok, "zerocopy": c["zc_experts"] / tok,
                                       "cpu": c["cpu_experts"] / tok},

@@ -2,7 +2,7 @@
 
 Contract
 --------
-``plan_layer(ctx, ledger, picks, t0, nvme, llc=None, choose=None, idle=0.0)`` takes ``picks`` = {key: m} (m =
+``plan_layer(ctx, ledger, picks, t0, nvme, llc=None, lanes=None, idle=0.0)`` takes ``picks`` = {key: m} (m =
 token rows routed to that expert in this layer call), the layer start time ``t0`` (ms, the caller's clock), the
 NVMe channel, the host cache model (moetier.llc: a RAM pick recently used costs the cpu lane less; read only here)
 and how long the cpu lane's worker has idled (a split call wakes it: spec.idle_wake), and returns a
@@ -519,13 +519,17 @@ def _ram_lanes(ctx, ram_l, g, llc, cpu_list, zc_list, force=None, reads: int = 0
 
 
 def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChannel | None,
-               llc=None, choose: PlanContext | None = None, idle: float = 0.0) -> LayerPlan:
+               llc=None, lanes: LayerPlan | None = None, idle: float = 0.0) -> LayerPlan:
     """Plan one layer call. See the module docstring for the contract. ``llc``: the host cache model
-    (moetier.llc.ReuseModel) or None; a RAM pick costs the cpu lane per_expert x its reuse factor. ``choose``:
-    the costs that deal the RAM picks to lanes, where they differ from the costs that time them (a calibration
-    predicting a run that planned on other terms; None: ``ctx``'s). ``idle``: ms since the cpu lane's last split
-    call ended (sim.Replay.idle), what waking its worker costs a split call (spec.idle_wake); the plan's
-    ``split_end`` is when this layer's split call ends, if it makes one."""
+    (moetier.llc.ReuseModel) or None; a RAM pick costs the cpu lane per_expert x its reuse factor. ``lanes``: a
+    plan of the same picks and tiers made elsewhere (on other terms and another clock) whose lane deal this plan
+    keeps, only timing it on ``ctx``'s terms: a calibration predicting a run times the decisions that run made
+    (sim.run's ``choose``); None: ``ctx`` deals. ``idle``: ms since the cpu lane's last split call ended
+    (sim.Replay.idle), what waking its worker costs a split call (spec.idle_wake); the plan's ``split_end`` is
+    when this layer's split call ends, if it makes one."""
+    if lanes is not None and ((lanes.cpu or lanes.nvme_cpu) and ctx.cpu is None or lanes.nvme_gpu and ctx.gpu is None
+                              or lanes.zerocopy and ctx.zerocopy is None):
+        raise ValueError("plan_layer: lanes deal picks to a lane this recipe lacks")
     plan = LayerPlan()
     sget = ledger.state.get
     absent = RAM if ledger.all_in_ram else ABSENT    # state of a key the ledger does not track
@@ -544,22 +548,13 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
     g_on = bool(vram_l)   # gpu lane has work: its per_layer is paid
     c = 0.0
     c_on = False
-    # choose's own resident-lane timeline: the serial engine's NVMe lane choice starts from it (_serial_nvme)
-    cg = _gpu_ms(choose, vram_l, picks, reads) if choose is not None and vram_l else 0.0
-    cc, cc_on = 0.0, False
     if ram_l:
         if len(ram_l) > 1:
             ram_l.sort(reverse=True)      # heaviest first; ties by key (descending) keep it deterministic
-        force = None
         # the log only where a lane pays for it (most recipes' cpu lane has no wake-up term)
-        wake = idle_wake(idle) if ctx.cpu_wake or (choose is not None and choose.cpu_wake) else 0.0
-        if choose is not None:        # deal on choose's costs, then time what it dealt on ctx's
-            force = []
-            cg, cc, _, _ = _ram_lanes(choose, ram_l, cg, llc, force, [], reads=reads, wake=wake)
-            cc_on = bool(force)
-            force = set(force)
-        g, c, plan.cpu_cold, plan.cpu_crit = _ram_lanes(ctx, ram_l, g, llc, plan.cpu, plan.zerocopy, force, reads,
-                                                        wake)
+        wake = idle_wake(idle) if ctx.cpu_wake else 0.0
+        g, c, plan.cpu_cold, plan.cpu_crit = _ram_lanes(ctx, ram_l, g, llc, plan.cpu, plan.zerocopy,
+                                                        set(lanes.cpu) if lanes is not None else None, reads, wake)
         c_on = bool(plan.cpu)
         if plan.cpu_crit is not None:     # the lanes start at t0 and the runtime runs the cpu lane's call first
             plan.split_end = t0 + c
@@ -578,12 +573,8 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
                 full = ledger.exclusive and ledger.vram_full()
                 ahead = len(plan.zerocopy) * (ctx.push_ms + ctx.host_copy) * (2 if full else 1)
             plan.head_ms = head = ctx.head_layer + ctx.head_read * len(nvme_l)
-            choice = None
-            if choose is not None and not ctx.overlap:
-                if cc_on:
-                    cc += choose.read_cpu * len(nvme_l)
-                choice = (choose, cg, cc, cc_on, choose.head_layer + choose.head_read * len(nvme_l))
-            _plan_nvme(ctx, plan, picks, nvme_l, t0, nvme, g, g_on, c, c_on, ahead, head, choice)
+            _plan_nvme(ctx, plan, picks, nvme_l, t0, nvme, g, g_on, c, c_on, ahead, head,
+                       (lanes.nvme_cpu, lanes.nvme_gpu) if lanes is not None else None)
             g, c = plan.gpu_ms, plan.cpu_ms
     # a masked pick is neither computed nor combined: the per-pick host work is the computed picks'
     serial = ctx.host_layer + ctx.host_pick * (len(picks) - len(plan.masked)) + ctx.host_predict
@@ -685,10 +676,10 @@ class _Finish:
         return late(self.m - self.free, sd) - (d if d > 0.0 else 0.0)
 
 
-def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, head=0.0, choice=None):
-    """``choice``: (the context whose costs choose each NVMe pick's lane, its gpu, cpu and cpu-on timeline after
-    the resident lanes, its head) on the serial engine, where the choice has a pass of its own; None: ctx's. The
-    overlapped engine chooses as it times, on ctx's costs."""
+def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, head=0.0, dealt=None):
+    """``dealt``: (the NVMe picks dealt to the cpu lane, those dealt to the gpu lane), each in the order it runs,
+    where another plan chose (plan_layer's ``lanes``); None: each pick goes, in arrival order, to the lane that
+    ends it sooner on ctx's costs."""
     gpu, cpu = ctx.gpu, ctx.cpu
     push = ctx.push_ms
     arr = plan.arrivals
@@ -703,12 +694,16 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, he
         for k, a in zip(fresh, nvme.demand(t0, len(fresh))):
             arr[k] = a
         plan.demand_reads = len(fresh)
-    # arrival order; demand reads come back in issue order, so only promoted prefetches need a sort
-    order = sorted(keys, key=arr.__getitem__) if len(keys) > 1 and len(fresh) < len(keys) else keys
     can_gpu = gpu is not None      # a gpu lane exists only with a VRAM tier (from_recipe)
+    if dealt is not None:
+        order, to_cpu = dealt[0] + dealt[1], set(dealt[0])
+    else:
+        # arrival order; demand reads come back in issue order, so only promoted prefetches need a sort
+        order = sorted(keys, key=arr.__getitem__) if len(keys) > 1 and len(fresh) < len(keys) else keys
+        to_cpu = None
     wake = nvme.wake
     if not ctx.overlap:
-        _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nvme, ahead, head, choice)
+        _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nvme, ahead, head, to_cpu)
         return
     wait = gwait = 0.0
     spread = nvme.spread
@@ -741,7 +736,7 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, he
             ge = INF
         if ce == INF and ge == INF:
             raise ValueError("no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier")
-        if (ce if ce > g else g) <= (c if c > ge else ge):
+        if (ce if ce > g else g) <= (c if c > ge else ge) if to_cpu is None else k in to_cpu:
             if a > cs:
                 wait += a + wake - cs
             if spread:
@@ -770,10 +765,11 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, he
 
 
 def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nvme, ahead=0.0, head=0.0,
-                 choice=None):
+                 to_cpu=None):
     """NVMe picks when lanes do not overlap (policy.overlap false): one timeline after the resident lanes (c + g).
 
-    Lanes: each pick, in arrival order, goes to the lane that ends it sooner. Time, in the order the serial runtime
+    Lanes: each pick, in arrival order, goes to the lane that ends it sooner (``to_cpu``: the picks another plan
+    dealt to the cpu lane, the rest to the gpu lane, ``order`` theirs). Time, in the order the serial runtime
     runs them (moetier.runtime.Runtime.layer): the cpu lane's NVMe picks, each waiting for its bytes (and the
     wake-up and the cpu lane's after-wait cost, if it had to wait); then the admissions of the layer's zerocopy
     picks (``ahead`` ms of copies, booked by the simulator after the layer, not here: the gpu picks' reads land
@@ -782,33 +778,35 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nv
     The host's ``head`` (its work before the first wait) runs after the resident lanes, before the first NVMe
     pick, in the reads' time. Each pick's work is added to its lane's busy time, so g + c is the timeline's end
     less ``ahead`` and the head. The arrival spread (``_Finish``) adds to the lane of the timeline's last pick."""
-    def cpu_work(x, on, m):         # an inline call (the lane's per_layer if it is the lane's first)
-        cpu = x.cpu
-        return (x.cpu_call if on or x.cpu_pmin > 1 else cpu[0]) + cpu[1] + cpu[2] * (m - 1)
+    def cpu_work(on, m):            # an inline call (the lane's per_layer if it is the lane's first)
+        cpu = ctx.cpu
+        return (ctx.cpu_call if on or ctx.cpu_pmin > 1 else cpu[0]) + cpu[1] + cpu[2] * (m - 1)
 
-    def gpu_work(x, m):             # the push, then the kernel: a call of its own (the runtime's), per_layer each
-        gpu = x.gpu
-        return x.push_ms + gpu[0] + gpu[1] + gpu[2] * (m - 1)
+    def gpu_work(m):                # the push, then the kernel: a call of its own (the runtime's), per_layer each
+        gpu = ctx.gpu
+        return ctx.push_ms + gpu[0] + gpu[1] + gpu[2] * (m - 1)
 
     push = ctx.push_ms
     due = {k: (arr[k] - t0 if arr[k] > t0 else 0.0) for k in order}    # arrival, from the layer's start
-    # the lane choice's own timeline, in arrival order (on choice's costs where given)
-    x, lg, lc, lc_on, lhead = choice if choice is not None else (ctx, g, c, c_on, head)
-    has_cpu = x.cpu is not None
-    for k in order:
+    has_cpu = ctx.cpu is not None
+    lg, lc, lc_on = g, c, c_on       # the lane choice's own timeline, in arrival order
+    if to_cpu is not None:
+        plan.nvme_cpu += [k for k in order if k in to_cpu]
+        plan.nvme_gpu += [k for k in order if k not in to_cpu]
+    for k in order if to_cpu is None else ():
         a, m = due[k], picks[k]
-        now = lg + lc + lhead
+        now = lg + lc + head
         ready = a + wake if a > now else a
         start = now if now > ready else ready
-        ce = start + cpu_work(x, lc_on, m) + (x.cpu_after_wait if a > now else 0.0) if has_cpu else INF
-        ge = start + gpu_work(x, m) if can_gpu else INF
+        ce = start + cpu_work(lc_on, m) + (ctx.cpu_after_wait if a > now else 0.0) if has_cpu else INF
+        ge = start + gpu_work(m) if can_gpu else INF
         if ce == INF and ge == INF:
             raise ValueError("no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier")
         if ce <= ge:
-            lc, lc_on = ce - lg - lhead, True
+            lc, lc_on = ce - lg - head, True
             plan.nvme_cpu.append(k)
         else:
-            lg = ge - lc - lhead
+            lg = ge - lc - head
             plan.nvme_gpu.append(k)
     now = plan.wait_from = g + c + head
     wait = gwait = 0.0
@@ -824,13 +822,13 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nv
             ready = a + wake if a > now else a
             idle = ready - now if ready > now else 0.0
             if on_gpu:
-                work, late = gpu_work(ctx, m), 0.0
+                work, late = gpu_work(m), 0.0
                 step = idle + work
                 wait += idle + push
                 gwait += idle + push
                 g += step
             else:     # a call right after a blocked wait pays late on top
-                work, late = cpu_work(ctx, c_on, m), ctx.cpu_after_wait
+                work, late = cpu_work(c_on, m), ctx.cpu_after_wait
                 step = idle + work + (late if idle else 0.0)
                 wait += idle
                 c += step

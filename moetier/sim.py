@@ -283,11 +283,55 @@ def _coverage(acc) -> dict:
             "gap_sd_ms": math.sqrt(plan_var + acc["gap_var"] / n)}
 
 
+def _seed(rp: Replay, trace, seed_mode: str, wtok: int) -> None:
+    R = rp.R
+    if seed_mode == "oracle":
+        rp.ledger.seed(rank_keys(trace.ids[:, :, :R.topk], R.experts))
+    elif seed_mode == "warmup" and wtok:
+        warm = np.concatenate([trace.segment(s)[:wtok, :, :R.topk] for s in range(trace.nseg)])
+        rp.ledger.seed(rank_keys(warm, R.experts))
+    rp.settle()                       # seeding's pushes are not decode traffic
+
+
+class _Dealer:
+    """A replay of the recipe a predicted run planned on, on its own clock: it makes every lane decision that run
+    made (the runtime plans on the modeled clock: plan parity), which the predicting replay then times on its own
+    terms. Dealing on the predicting replay's clock instead parted from the runtime's deal wherever the lanes' ends
+    lay close: 7.1 against 11.6 zerocopy experts a token in run 37's vram102-C2 (docs/calibration.md)."""
+
+    def __init__(self, R, trace, seed_mode: str, wtok: int, rows: int, draft_ms: float):
+        self.rp = Replay(R, predictor=make_predictor(R.policy, R.layers, R.experts), rows=rows)
+        _seed(self.rp, trace, seed_mode, wtok)
+        self.f_layer, self.draft_ms, self.t = R.fixed(rows) / R.layers, draft_ms, 0.0
+
+    def begin_step(self, step: int) -> None:
+        self.rp.begin_step(step)
+        self.t += self.draft_ms
+
+    def deal(self, layer: int, picks: dict, streams, rows) -> LayerPlan:
+        rp = self.rp
+        self.t += self.f_layer
+        plan = plan_layer(rp.ctx, rp.ledger, picks, self.t, rp.chan, rp.llc, idle=rp.idle(self.t))
+        if rp.prefetching:
+            rp.after_plan(layer, plan, streams, rows, self.t)
+        rp.commit(plan, picks)
+        if rp.ledger._lfu_window:
+            rp.after_layer(picks)
+        self.t += plan.ms + sum(rp.settle())
+        return plan
+
+
+def _same_tiers(a: LayerPlan, b: LayerPlan) -> bool:
+    return (len(a.gpu) == len(b.gpu) and len(a.cpu) + len(a.zerocopy) == len(b.cpu) + len(b.zerocopy)
+            and len(a.nvme_cpu) + len(a.nvme_gpu) + len(a.masked) == len(b.nvme_cpu) + len(b.nvme_gpu)
+            + len(b.masked))
+
+
 def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_ms: float = 0.0,
         max_steps: int = 0, progress=None, plan_hook=None, choose=None) -> dict:
     """Replay ``trace`` through recipe ``R`` at ``conc`` streams; returns the report dict (see module docstring).
-    ``choose``: a recipe whose lane costs deal the RAM picks to lanes while ``R``'s time them (moetier.calibrate:
-    the runtime it predicts planned on the plan pass's terms; plan_layer's ``choose``)."""
+    ``choose``: the recipe a predicted run planned on (moetier.calibrate: the plan pass's terms): a replay of it on
+    its own clock deals every pick to its lane, as that run did, and ``R``'s terms time the deal (_Dealer)."""
     seed_mode = R.policy.get("seed", "warmup")
     if seed_mode not in ("warmup", "oracle", "none"):
         raise ValueError(f"policy.seed: expected 'warmup', 'oracle' or 'none', got {seed_mode!r}")
@@ -299,21 +343,15 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
     streams = Streams(trace, conc, topk, E, offsets=offsets, window=window)
 
     predictor = make_predictor(R.policy, L, E)
-    rp = Replay(R, predictor=predictor, rows=conc * window)
-    choose_ctx = PlanContext.from_recipe(choose, conc * window) if choose is not None else None
-    if seed_mode == "oracle":
-        rp.ledger.seed(rank_keys(trace.ids[:, :, :topk], E))
-    elif seed_mode == "warmup" and wtok:
-        warm = np.concatenate([trace.segment(s)[:wtok, :, :topk] for s in range(trace.nseg)])
-        rp.ledger.seed(rank_keys(warm, E))
-
     nrows = conc * window
+    rp = Replay(R, predictor=predictor, rows=nrows)
+    _seed(rp, trace, seed_mode, wtok)
+    dealer = _Dealer(choose, trace, seed_mode, wtok, nrows, draft_ms) if choose is not None else None
+
     fixed_step = R.fixed(nrows)
     f_layer = fixed_step / L
     after = bool(rp.ledger._lfu_window)
     prefetching = rp.prefetching
-
-    rp.settle()                       # seeding's pushes are not decode traffic
     copy_serial = rp.ctx.copy_serial
     acc = dict(ms=0.0, fixed=0.0, gpu=0.0, cpu=0.0, wait=0.0, gwait=0.0, copy=0.0, picks=0, vram_picks=0,
                gpu_exp=0, cpu_exp=0, zc=0, ncpu=0, ngpu=0, masked=0, demand=0, layers=0, rl=0, span=0.0, arr=0.0,
@@ -328,6 +366,8 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
         if meas and step == warm_steps:
             pf_used0, chan_pf0, wasted0, cancel0 = rp.pf_used, chan.pf_reads, chan.pf_wasted, chan.pf_cancelled
         rp.begin_step(step)
+        if dealer is not None:
+            dealer.begin_step(step)
         rows = streams.rows(step)
         t0_step = t
         t += draft_ms
@@ -335,7 +375,11 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
             t += f_layer
             picks = streams.picks(rows, layer)
             t0_layer = t
-            plan = plan_layer(rp.ctx, rp.ledger, picks, t, chan, rp.llc, choose_ctx, rp.idle(t))
+            dealt = dealer.deal(layer, picks, streams, rows) if dealer is not None else None
+            plan = plan_layer(rp.ctx, rp.ledger, picks, t, chan, rp.llc, dealt, rp.idle(t))
+            if dealt is not None and not _same_tiers(plan, dealt):
+                raise RuntimeError(f"sim.run: the dealing replay's tiers parted from the timing replay's at step "
+                                   f"{step}, layer {layer}")
             if prefetching:
                 rp.after_plan(layer, plan, streams, rows, t)
             rp.commit(plan, picks)

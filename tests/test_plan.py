@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from moetier.ledger import Ledger
-from moetier.plan import NvmeChannel, PlanContext, plan_layer
+from moetier.plan import LayerPlan, NvmeChannel, PlanContext, plan_layer
 from moetier.spec import Lane
 
 
@@ -548,8 +548,9 @@ def test_a_split_batch_ends_with_its_longest_strided_share():
     assert few.cpu_crit is None and few.cpu_ms == pytest.approx(0.02 + 0.3)
 
 
-def test_choose_deals_the_ram_picks_and_ctx_times_them():
-    """A calibration predicts a run that planned on other terms: those deal the picks, the fitted ones time them."""
+def test_lanes_deal_the_ram_picks_and_ctx_times_them():
+    """A calibration predicts a run that planned on other terms: that run's plan deals the picks, the fitted terms
+    time them."""
     zc = Lane("zerocopy", "ram", 0.0, 1.0, 0.0)
     timing = ctx(vram_slots=0, lanes={"zerocopy": zc})              # cpu 0.104 per expert, zerocopy 1.0
     dear_cpu = ctx(vram_slots=0, lanes={"zerocopy": zc, "cpu": Lane("cpu", "ram", 0.145, 5.0, 0.04)})
@@ -558,23 +559,35 @@ def test_choose_deals_the_ram_picks_and_ctx_times_them():
     L.seed([7, 8])
     own = plan_layer(timing, L, picks, 0.0, None)
     assert own.cpu == [8, 7] and own.zerocopy == []
-    p = plan_layer(timing, L, picks, 0.0, None, choose=dear_cpu)
+    dealt = plan_layer(dear_cpu, L, picks, 0.0, None)
+    p = plan_layer(timing, L, picks, 0.0, None, lanes=dealt)
     assert p.zerocopy == [8, 7] and p.cpu == []
     assert p.gpu_ms == pytest.approx(2 * 1.0) and p.cpu_ms == 0.0          # timed on the zerocopy lane's costs
-    assert plan_layer(timing, L, picks, 0.0, None, choose=timing).lanes() == own.lanes()
+    assert plan_layer(timing, L, picks, 0.0, None, lanes=own).lanes() == own.lanes()
 
 
-def test_choose_also_picks_the_serial_engines_lane_for_each_nvme_pick():
-    # the chooser's cpu call costs more than a push and a gpu call; the timing context's gpu call far more
-    timing = ctx(overlap=False, lanes={"gpu": Lane("gpu", "vram", 50.0, 0.01, 0.0)})
-    chooser = ctx(overlap=False, lanes={"gpu": Lane("gpu", "vram", 0.01, 0.01, 0.0),
-                                        "cpu": Lane("cpu", "ram", 5.0, 5.0, 0.0, per_call_ms=5.0)})
+@pytest.mark.parametrize("overlap", [True, False])
+def test_lanes_also_deal_each_nvme_pick_in_their_order(overlap):
+    # the dealer's cpu call costs more than a push and a gpu call; the timing context's gpu call far more
+    timing = ctx(overlap=overlap, lanes={"gpu": Lane("gpu", "vram", 50.0, 0.01, 0.0)})
+    dealer = ctx(overlap=overlap, lanes={"gpu": Lane("gpu", "vram", 0.01, 0.01, 0.0),
+                                         "cpu": Lane("cpu", "ram", 5.0, 5.0, 0.0, per_call_ms=5.0)})
     L = ledger(vram=[1])
-    picks = {1: 1, 500: 1}
+    picks = {1: 1, 500: 1, 501: 1}
     own = plan_layer(timing, L, picks, 0.0, NvmeChannel(9_474_048, 24.0))
-    p = plan_layer(timing, L, picks, 0.0, NvmeChannel(9_474_048, 24.0), choose=chooser)
-    assert own.nvme_cpu == [500] and p.nvme_gpu == [500] and p.nvme_cpu == []
-    assert p.gpu_ms > 2 * 50.0                # timed on ctx's: the resident call and the pick's own call
+    dealt = plan_layer(dealer, L, picks, 0.0, NvmeChannel(9_474_048, 24.0))
+    assert own.nvme_cpu == [500, 501] and dealt.nvme_gpu == [500, 501]
+    dealt.nvme_gpu.reverse()                  # the order the dealing run ran them in is kept too
+    p = plan_layer(timing, L, picks, 0.0, NvmeChannel(9_474_048, 24.0), lanes=dealt)
+    assert p.nvme_gpu == [501, 500] and p.nvme_cpu == []
+    assert p.gpu_ms > 50.0 + (0.0 if overlap else 2 * 50.0)    # timed on ctx's: each pick's own call when serial
+
+
+def test_lanes_that_deal_to_a_lane_the_recipe_lacks_are_refused():
+    dealt = LayerPlan()
+    dealt.nvme_cpu = [500]
+    with pytest.raises(ValueError, match="lane this recipe lacks"):
+        plan_layer(ctx(lanes={"cpu": None}), ledger(), {500: 1}, 0.0, NvmeChannel(9_474_048, 24.0), lanes=dealt)
 
 
 def test_the_predictions_host_time_has_a_part_per_row():

@@ -111,3 +111,23 @@ def test_serial_engine_pays_admission_and_drain_copies_in_the_step(trace):
     copies_per_step = o["ms_copy"] / PlanContext.from_recipe(R(*base)).push_ms
     assert more["ms_copy"] == pytest.approx(o["ms_copy"])
     assert more["ms_per_step"] - o["ms_per_step"] == pytest.approx(copies_per_step * 1.0, rel=0.1)
+
+
+@pytest.mark.parametrize("sets", [(), ("policy.overlap=false",),
+                                  ("policy.prefetch.depth=1", "policy.prefetch.predictor=transition")],
+                         ids=["overlap", "serial", "prefetch"])
+def test_a_prediction_times_the_deal_of_the_recipe_the_run_planned_on(trace, sets):
+    """sim.run(R, choose=P) deals every pick as a replay of P on its own clock does (a runtime that planned on P
+    makes exactly those decisions: plan parity, tests/test_runtime.py) and times the deal on R's terms."""
+    def lanes(out):
+        return lambda s, l, p: out.append((s, l, {k: list(v) for k, v in p.lanes().items()}))
+
+    planned, dear = R("budget.ram_gb=20", *sets), R("budget.ram_gb=20", *sets, "lane_overrides.cpu.per_expert_ms=2.0")
+    want, own, got = [], [], []
+    p = sim.run(planned, trace, 2, max_steps=40, plan_hook=lanes(want))
+    o = sim.run(dear, trace, 2, max_steps=40, plan_hook=lanes(own))
+    g = sim.run(dear, trace, 2, max_steps=40, plan_hook=lanes(got), choose=planned)
+    assert own != want                      # on its own terms the dearer cpu lane deals otherwise ...
+    assert got == want                      # ... the prediction keeps the planned deal, in its order
+    assert g["cpu_experts_per_tok"] == p["cpu_experts_per_tok"] > 0 and g["ledger"] == p["ledger"]
+    assert g["ms_cpu_moe"] > p["ms_cpu_moe"]           # and times it on the dearer terms
