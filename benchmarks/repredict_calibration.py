@@ -10,8 +10,9 @@ fitted the copy time per rows gets it from its own VRAM fit arms' counters (cali
 (lanes.cpu.per_wake_ms), to show what that term does to the same run. ``--refit-host`` refits the host and
 non-MoE time terms on the record's fit arms with today's fits (a record made before the part per zerocopy call,
 tenth session). Run with the registry the record was made with (its hardware record is not in the run record).
-Prints each arm's recorded and new tok/s error, NVMe stall (ms per token) and zerocopy computes per token, then the record's summary figures
-recomputed (moetier.calibrate.summary): median / max / held-out max |error| and the buckets within 15%.
+Prints each arm's recorded and new tok/s error, NVMe stall (ms per token) and zerocopy computes per token, then
+the record's summary figures recomputed (moetier.calibrate.summary): median / max / held-out max |error| and the
+buckets within 15%.
 """
 from __future__ import annotations
 
