@@ -1,6 +1,7 @@
 """Re-run the simulator on a committed calibration record: its fitted terms, its arms, its measured figures.
 
-    python benchmarks/repredict_calibration.py RECORD [--spread SHARED OWN] [--no-wake] [--refit-host] [--json]
+    python benchmarks/repredict_calibration.py RECORD [--spread SHARED OWN] [--no-wake] [--refit-host]
+                                               [--refit-device] [--json]
 
 What a new simulator term would have predicted for a run already made, without the 25-35 minutes of measuring
 again: ``--spread`` sets the NVMe arrival spread (engine nvme_latency_cv_shared_by_rows / _own_by_rows, sd / mean)
@@ -9,7 +10,8 @@ fitted the copy time per rows gets it from its own VRAM fit arms' counters (cali
 ``--no-wake`` refits the cpu lane on the record's fit arms without the split call's wake-up term
 (lanes.cpu.per_wake_ms), to show what that term does to the same run. ``--refit-host`` refits the host and
 non-MoE time terms on the record's fit arms with today's fits (a record made before the part per zerocopy call,
-tenth session). Run with the registry the record was made with (its hardware record is not in the run record).
+tenth session). ``--refit-device`` refits the gpu and zerocopy lanes on the record's VRAM fit arms' calls (records
+made since the eleventh session keep them). Run with the registry the record was made with (its hardware record is not in the run record).
 Prints each arm's recorded and new tok/s error, NVMe stall (ms per token) and zerocopy computes per token, then
 the record's summary figures recomputed (moetier.calibrate.summary): median / max / held-out max |error| and the
 buckets within 15%.
@@ -33,6 +35,8 @@ def main(argv=None):
     ap.add_argument("--no-wake", action="store_true", help="refit the cpu lane without its wake-up term")
     ap.add_argument("--refit-host", action="store_true",
                     help="refit the host and non-MoE time terms with today's fits (calibrate.fit_host_and_fixed)")
+    ap.add_argument("--refit-device", action="store_true",
+                    help="refit the gpu and zerocopy lanes with today's fit (calibrate.fit_device_terms)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     rec = json.loads(Path(a.record).read_text())
@@ -42,8 +46,16 @@ def main(argv=None):
         tables = terms.get("nvme_latency_by_rows_qd_ms", {})
         for field, v in zip(("nvme_latency_cv_shared_by_rows", "nvme_latency_cv_own_by_rows"), a.spread):
             terms[field] = {eng: {rows: v for rows in t} for eng, t in tables.items()}
-    fit_runs = [{"conc": r["conc"], "call_groups": [], "counters": r["measured_run"]["counters"]}
-                for r in cal["rows"] if r["fit"]]
+    fit_runs = [{"conc": r["conc"], "call_groups": r["measured_run"].get("call_groups", []),
+                 "counters": r["measured_run"]["counters"]} for r in cal["rows"] if r["fit"]]
+    if a.refit_device:
+        if not any(m["call_groups"] for m in fit_runs):
+            sys.exit(f"repredict_calibration: {a.record}: --refit-device needs the device lanes' calls, which records "
+                     "keep since the eleventh session")
+        terms.update({ln: v for ln, v in calibrate.fit_device_terms(fit_runs).items() if ln in ("gpu", "zerocopy")})
+        if not a.json:
+            print("refitted device lanes: " + json.dumps({ln: {k: round(v, 4) for k, v in terms[ln].items()}
+                                                         for ln in ("gpu", "zerocopy") if ln in terms}))
     if "copy_ms_by_rows" not in terms:
         terms["copy_ms_by_rows"] = calibrate.fit_device_terms(fit_runs).get("copy_ms_by_rows", {})
     if a.no_wake:

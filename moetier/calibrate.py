@@ -496,12 +496,16 @@ def fit_fixed(unbooked) -> tuple[dict, float, float]:
 def fit_device_terms(fit_runs: list[dict]) -> dict:
     """The VRAM tier's terms from the fit arms that had one: the gpu and zerocopy lanes and the time of one record
     copy (pushes and drains: copy + stage time over copies), as ``copy_ms``. A lane call costs per_layer +
-    per_expert x experts + per_extra_token x extra rows + per_read x the layer's NVMe reads in flight + per_step_row
-    x (the step's rows - 1), fitted over the runtime's calls grouped by shape. On the SYCL CPU device (2026-12-02
+    per_expert x experts + per_extra_token x extra rows + per_read x the layer's NVMe reads in flight + per_read_busy
+    if any is + per_step_row x (the step's rows - 1), fitted over the runtime's calls grouped by shape. On the SYCL CPU device (2026-12-02
     VM) a one-expert gpu call took 0.25 ms with no read in flight, 0.29 with one, 0.30 with two - the lanes share
     the cores with the reader - and its fixed cost grew with the step's rows, ~0.20 ms at C1, 0.28 at C2, 0.43 at C4,
     more than the per-call arguments (the call's own rows) explain. Fitted on C1 and C4 without these two terms,
-    C1's gpu calls came out 8-22% long and C4's 21% short; with them, C1 -0.4%, C4 -1.7%, C2 (held out) -1.2%."""
+    C1's gpu calls came out 8-22% long and C4's 21% short; with them, C1 -0.4%, C4 -1.7%, C2 (held out) -1.2%.
+    What a read in flight costs does not grow with the reads (2026-12-02, VM D: a one-expert gpu call 0.31 ms with
+    none, 0.44 with one, 0.33-0.41 with two or three): fitted per read alone it came out 0.02 ms, and the calls
+    with one read 7-24% short at C1 and C2; with per_read_busy beside it, the fit puts it all there (0.06 ms gpu,
+    0.08 zerocopy) and those calls within 8%."""
     from moetier.bench import relative_lstsq
     groups: dict[str, dict] = {}
     for m in fit_runs:
@@ -509,39 +513,42 @@ def fit_device_terms(fit_runs: list[dict]) -> dict:
         for p, e, x, r, n, sec in m.get("call_groups", ()):
             if p not in ("gpu", "zc"):
                 continue
-            g = groups.setdefault(p, {}).setdefault((e, x, r, s), [0, 0.0])
+            g = groups.setdefault(p, {}).setdefault((e, x, r, s, float(r > 0)), [0, 0.0])
             g[0] += n
             g[1] += sec * 1e3
     out = {}
-    names = ("per_layer_ms", "per_expert_ms", "per_extra_token_ms", "per_read_ms", "per_step_row_ms")
+    names = ("per_layer_ms", "per_expert_ms", "per_extra_token_ms", "per_read_ms", "per_step_row_ms",
+             "per_read_busy_ms")
     for p, shapes in sorted(groups.items()):
         # per-call means by shape; relative residuals weighted by sqrt(calls): a shape seen thrice does not pull
         # the fit as hard as one seen a thousand times. Shapes seen fewer than MIN_CALLS times are pooled per
         # concurrency into one row (their mean counts; the model is linear, so it holds for the pool): at C4 most
         # gpu calls have a shape of their own
-        rows = [(*k, n, ms / n) for k, (n, ms) in sorted(shapes.items()) if n >= MIN_CALLS]
+        # a row: experts, extra rows, reads, step rows - 1, whether a read was in flight; calls; mean ms
+        rows = [(*k[:3], k[3], k[4], n, ms / n) for k, (n, ms) in sorted(shapes.items()) if n >= MIN_CALLS]
         for s in sorted({k[3] for k in shapes}):
-            rare = [(*k[:3], n, ms) for k, (n, ms) in shapes.items() if k[3] == s and n < MIN_CALLS]
+            rare = [(*k[:3], k[4], n, ms) for k, (n, ms) in shapes.items() if k[3] == s and n < MIN_CALLS]
             if rare:
-                n = sum(v[3] for v in rare)
-                rows.append((*(sum(v[j] * v[3] for v in rare) / n for j in range(3)), s, n,
-                             sum(v[4] for v in rare) / n))
-        cols = [0, 1, 2, 3, 4]
+                n = sum(v[4] for v in rare)
+                e, x, r, busy = (sum(v[j] * v[4] for v in rare) / n for j in range(4))
+                rows.append((e, x, r, s, busy, n, sum(v[5] for v in rare) / n))
+        cols = [0, 1, 2, 3, 4, 5]
         if len({row[0] for row in rows}) < 2:
             # one expert count (e.g. the zerocopy lane's single-expert calls): launch and expert cost are one
             # number; it is booked per expert so batches of several experts are not charged one launch each
             cols.remove(0)
-        for j in (2, 3, 4):     # extra rows, reads in flight, step rows: a term with one value is not identifiable
+        # extra rows, reads in flight, step rows, a read in flight at all: a term with one value is not identifiable
+        for j in (2, 3, 4, 5):
             if len({row[j - 1] for row in rows}) < 2:
                 cols.remove(j)
-        coef = relative_lstsq([[(1.0, *row[:4])[j] for j in cols] for row in rows], [row[5] for row in rows],
-                              [row[4] ** 0.5 for row in rows])
+        coef = relative_lstsq([[(1.0, *row[:5])[j] for j in cols] for row in rows], [row[6] for row in rows],
+                              [row[5] ** 0.5 for row in rows])
         full = dict(zip(cols, coef))
         # every term, 0 where not identifiable: as recipe overrides (term_overrides) they must replace what an
         # earlier calibration left in the engine record, or the runtime plans on a term the fit never made (run 26:
         # the plan pass had no per_step_row_ms for the gpu lane, its runtime took run 25's, and the simulator's
         # lane choices on the recorded plan terms no longer matched the runtime's)
-        out[{"gpu": "gpu", "zc": "zerocopy"}[p]] = {names[j]: full.get(j, 0.0) for j in range(5)}
+        out[{"gpu": "gpu", "zc": "zerocopy"}[p]] = {names[j]: full.get(j, 0.0) for j in range(6)}
     # copies and their seconds by rows: a copy on a device that shares the host's cores costs more in a larger step,
     # as its lane calls do (per_step_row_ms); the planner takes the per-rows figure (plan._push_ms), the pooled one
     # is the link's (hardware gpu.h2d_gbps)
@@ -682,7 +689,9 @@ def predict_and_compare(recipe_id, tr, arms, measured, steps, terms, plan_terms=
                      "read_coverage": {"measured": read_coverage(c), "sim": p["read_coverage"]},
                      # the merged repeats' own counters: a later fit can be re-run on the record
                      "measured_run": {"counters": c, "tokens": tok, "wall_s": m["wall_s"], "steps": m["steps"],
-                                      "repeats_kept": m["repeats_kept"]}})
+                                      "repeats_kept": m["repeats_kept"],
+                                      # the device lanes' calls by shape (fit_device_terms' input)
+                                      "call_groups": [g for g in m.get("call_groups", ()) if g[0] in ("gpu", "zc")]}})
     return rows
 
 

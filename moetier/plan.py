@@ -343,6 +343,9 @@ class PlanContext:
     # discrete GPU does not compete with the reader's CPU work)
     gpu_read: float = 0.0
     zc_read: float = 0.0
+    # ... and once per call while any read is in flight (the lane's per_read_busy_ms)
+    gpu_busy: float = 0.0
+    zc_busy: float = 0.0
 
     @classmethod
     def from_recipe(cls, R, rows: int = 1) -> "PlanContext":
@@ -363,9 +366,9 @@ class PlanContext:
         cpu = lane("cpu")
         cl = R.lanes.get("cpu")
 
-        def per_read(name):
+        def per_read(name, term="per_read_ms"):
             ln = R.lanes.get(name)
-            return float(ln.per_read_ms or 0.0) if ln is not None else 0.0
+            return float(getattr(ln, term) or 0.0) if ln is not None else 0.0
 
         overlap = bool(R.policy.get("overlap", True))
         if cpu is None and zc is None and gpu is None:
@@ -391,7 +394,9 @@ class PlanContext:
                        float(host.get("head_per_predict_ms", 0.0))
                        + rows * float(host.get("head_per_predict_row_ms", 0.0)) if _prefetching(R.policy) else 0.0),
                    head_read=float(host.get("head_per_read_ms", 0.0)),
-                   gpu_read=per_read("gpu") if gpu is not None else 0.0, zc_read=per_read("zerocopy"))
+                   gpu_read=per_read("gpu") if gpu is not None else 0.0, zc_read=per_read("zerocopy"),
+                   gpu_busy=per_read("gpu", "per_read_busy_ms") if gpu is not None else 0.0,
+                   zc_busy=per_read("zerocopy", "per_read_busy_ms"))
 
 
 def _push_ms(R, rows: int) -> float:
@@ -455,9 +460,10 @@ class LayerPlan:
 
 
 def _gpu_ms(ctx, vram_l, picks, reads: int = 0) -> float:
-    """The gpu lane's call over the VRAM picks, with ``reads`` NVMe reads of the layer in flight meanwhile."""
+    """The gpu lane's call over the VRAM picks, with ``reads`` NVMe reads of the layer in flight meanwhile (each
+    costs it gpu_read, and any at all gpu_busy once)."""
     pl, pe, px = ctx.gpu
-    g = pl + ctx.gpu_read * reads
+    g = pl + ctx.gpu_read * reads + ctx.gpu_busy if reads else pl
     for k in vram_l:
         g += pe + px * (picks[k] - 1)
     return g
@@ -469,12 +475,14 @@ def _ram_lanes(ctx, ram_l, g, llc, cpu_list, zc_list, force=None, reads: int = 0
     timed on them. Appends to the two lists; returns (g, c, the cpu batch's cold-expert equivalents, its longest
     share's (cold, extra rows) if the call is split else None). A split call deals its batch out strided
     (spec.deal: thread i takes experts i, i + W, ...) and ends with its longest share. ``reads``: the layer's NVMe
-    reads in flight during the zerocopy call (ctx.zc_read each; the cpu lane's share is booked by the caller).
+    reads in flight during the zerocopy call (ctx.zc_read each, and ctx.zc_busy once if any; the cpu lane's share is
+    booked by the caller).
     ``wake``: the idle units of the split call's worker (spec.idle_wake), ctx.cpu_wake each."""
     cpl, cpe, cpx = ctx.cpu if ctx.cpu else (INF, INF, 0.0)
     cpl += ctx.cpu_wake * wake
     zpl, zpe, zpx = ctx.zerocopy if ctx.zerocopy else (INF, INF, 0.0)
-    zpl += ctx.zc_read * reads
+    if reads:
+        zpl += ctx.zc_read * reads + ctx.zc_busy
     W, pmin, cpc = ctx.cpu_workers, ctx.cpu_pmin, ctx.cpu_call
     c, zc_on = 0.0, False
     n_c, work_c = 0, 0.0              # the cpu batch so far: experts and summed one-thread work

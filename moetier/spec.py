@@ -57,8 +57,8 @@ DEFAULT_POLICY = {
 LANE_COSTS = ("per_layer_ms", "per_expert_ms", "per_extra_token_ms", "per_call_ms")
 LANE_SHAPE = ("workers", "parallel_min")     # integers: how a batch call is executed
 # lane terms a record may leave out (absent: another record's figure, or 0), and those whose absence means 0
-LANE_OPTIONAL = ("per_read_ms", "per_step_row_ms", "per_wake_ms", "per_after_wait_ms")
-LANE_ZERO_IF_ABSENT = ("per_step_row_ms", "per_wake_ms", "per_after_wait_ms")
+LANE_OPTIONAL = ("per_read_ms", "per_read_busy_ms", "per_step_row_ms", "per_wake_ms", "per_after_wait_ms")
+LANE_ZERO_IF_ABSENT = ("per_read_busy_ms", "per_step_row_ms", "per_wake_ms", "per_after_wait_ms")
 # the recipe's calibration.host time terms outside its head start: the timed host work's (moetier.calibrate.fit_host's
 # columns, in order), then the part of the time outside the runtime's timers per zerocopy call (fit_fixed)
 HOST_TIMED_TERMS = ("per_layer_ms", "per_pick_ms", "per_read_ms", "per_nvme_layer_ms", "per_predict_ms",
@@ -410,6 +410,9 @@ class Lane:
     # cpu lane: what one NVMe read of the layer costs it (cores and cache shared with the reader), fitted in situ by
     # `moetier calibrate`; None: the hardware's nvme.cpu_ms_per_read / cores (moetier.plan._read_cpu)
     per_read_ms: float | None = None
+    # gpu / zerocopy lanes: what a call pays once when any NVMe read of its layer is in flight, beside per_read_ms
+    # per read (a device on the host's cores loses about one core to the reader's threads, however many reads)
+    per_read_busy_ms: float | None = None
     # gpu / zerocopy lanes: what each token row of the step beyond the first adds to every call of the lane, fitted
     # by `moetier calibrate` over arms at several concurrencies (moetier.plan.PlanContext folds it into per_layer)
     per_step_row_ms: float | None = None

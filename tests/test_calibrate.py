@@ -91,7 +91,7 @@ def test_device_lane_and_copy_terms_recover_known_costs():
     calls += [["cpu_inline", 1, 0, 0, 50, 1.0]]             # not a device lane: ignored here
     run = {"call_groups": calls, "counters": {"copies": 40, "copy_s": 30 * copy / 1e3, "stage_s": 10 * copy / 1e3}}
     t = calibrate.fit_device_terms([run])
-    none = {"per_read_ms": 0.0, "per_step_row_ms": 0.0}
+    none = {"per_read_ms": 0.0, "per_step_row_ms": 0.0, "per_read_busy_ms": 0.0}
     assert t["gpu"] == pytest.approx({"per_layer_ms": pl, "per_expert_ms": pe, "per_extra_token_ms": px, **none},
                                      rel=1e-6)
     assert t["zerocopy"] == pytest.approx({"per_layer_ms": 0.0, "per_expert_ms": 0.2, "per_extra_token_ms": 0.0,
@@ -122,12 +122,12 @@ def test_copy_time_is_fitted_per_rows_and_pooled_for_the_link():
 
 
 def test_device_lane_fit_separates_reads_in_flight_and_step_rows():
-    # calls from a known model at two concurrencies, with reads in flight; at C4 some shapes are seen fewer than
-    # MIN_CALLS times and enter the fit through their pooled row
-    pl, pe, px, pr, ps = 0.2, 0.06, 0.04, 0.05, 0.07
+    # calls from a known model at two concurrencies, with reads in flight (a cost per read and one once any is in
+    # flight); at C4 some shapes are seen fewer than MIN_CALLS times and enter the fit through their pooled row
+    pl, pe, px, pr, ps, pb = 0.2, 0.06, 0.04, 0.05, 0.07, 0.03
 
     def ms(e, x, r, conc):
-        return pl + pe * e + px * x + pr * r + ps * (conc - 1)
+        return pl + pe * e + px * x + pr * r + ps * (conc - 1) + pb * (r > 0)
 
     c1 = [["gpu", e, 0, r, 40, 40 * ms(e, 0, r, 1) / 1e3] for e in (1, 2, 3) for r in (0, 1, 2)]
     c4 = [["gpu", e, x, r, n, n * ms(e, x, r, 4) / 1e3] for e, n in ((1, 8), (3, 2), (5, 8)) for x in (0, 2)
@@ -135,12 +135,12 @@ def test_device_lane_fit_separates_reads_in_flight_and_step_rows():
     runs = [{"conc": 1, "call_groups": c1, "counters": {}}, {"conc": 4, "call_groups": c4, "counters": {}}]
     t = calibrate.fit_device_terms(runs)
     assert t["gpu"] == pytest.approx({"per_layer_ms": pl, "per_expert_ms": pe, "per_extra_token_ms": px,
-                                      "per_read_ms": pr, "per_step_row_ms": ps}, rel=1e-6)
+                                      "per_read_ms": pr, "per_step_row_ms": ps, "per_read_busy_ms": pb}, rel=1e-6)
     # one concurrency and no read in flight: neither term is identifiable; both are written as 0, so that they
     # replace what an earlier calibration left in the engine record
     only = calibrate.fit_device_terms([{"conc": 1, "call_groups": [[*g[:3], 0, *g[4:]] for g in c1],
                                         "counters": {}}])
-    assert only["gpu"]["per_read_ms"] == only["gpu"]["per_step_row_ms"] == 0.0
+    assert only["gpu"]["per_read_ms"] == only["gpu"]["per_step_row_ms"] == only["gpu"]["per_read_busy_ms"] == 0.0
 
 
 def test_noise_is_two_standard_errors_of_the_pooled_repeats():

@@ -34,19 +34,27 @@ def test_vram_hits_cost_gpu_per_layer_plus_per_expert():
 
 
 def test_device_lanes_pay_for_the_layers_reads_in_flight_and_the_steps_rows():
-    gpu = Lane("gpu", "vram", 0.17, 0.023, 0.0, per_read_ms=0.05, per_step_row_ms=0.02)
+    gpu = Lane("gpu", "vram", 0.17, 0.023, 0.0, per_read_ms=0.05, per_step_row_ms=0.02, per_read_busy_ms=0.04)
     L = ledger(vram=[1, 2, 3, 4])
     picks = {1: 1, 2: 1, 500: 1, 501: 1}             # two VRAM hits, two NVMe picks
     ch = NvmeChannel(9_474_048, 24.0)
     # the serial engine's resident lanes end before its NVMe picks (issue_ms): the VRAM hits' call alone, with the
-    # layer's two reads in flight
+    # layer's two reads in flight (each costs per_read, any at all per_read_busy once)
     p = plan_layer(ctx(lanes={"gpu": gpu}, overlap=False), L, picks, 0.0, ch)
-    assert p.gpu == [1, 2] and p.issue_ms == pytest.approx(0.17 + 2 * 0.023 + 2 * 0.05)
+    assert p.gpu == [1, 2] and p.issue_ms == pytest.approx(0.17 + 2 * 0.023 + 2 * 0.05 + 0.04)
+    one = plan_layer(ctx(lanes={"gpu": gpu}, overlap=False), L, {1: 1, 2: 1, 500: 1}, 0.0, NvmeChannel(9_474_048, 24.0))
+    assert one.issue_ms == pytest.approx(0.17 + 2 * 0.023 + 0.05 + 0.04)
     q = plan_layer(ctx(lanes={"gpu": Lane("gpu", "vram", 0.17, 0.023, 0.0)}), L, picks, 0.0, ch)
     assert plan_layer(ctx(lanes={"gpu": gpu}), L, picks, 0.0, ch).gpu_ms > q.gpu_ms
     R = SimpleNamespace(id="t", experts=100, lanes={"gpu": gpu}, vram_slots=4, nvme_expert_bytes=9_474_048,
                         h2d_gbps=23.5, policy={})
     assert PlanContext.from_recipe(R, 4).gpu[0] == pytest.approx(0.17 + 3 * 0.02)
+    # the zerocopy lane's call too
+    zc = {"cpu": None, "zerocopy": Lane("zerocopy", "ram", 0.0, 0.38, 0.0, per_read_busy_ms=0.1)}
+    L2 = ledger(vram=[1, 2, 3, 4], ram=[10])
+    z = plan_layer(ctx(lanes=zc, overlap=False), L2, {10: 1, 500: 1}, 0.0, NvmeChannel(9_474_048, 24.0))
+    assert z.zerocopy == [10] and z.issue_ms == pytest.approx(0.38 + 0.1)
+    assert plan_layer(ctx(lanes=zc, overlap=False), L2, {10: 1}, 0.0, ch).issue_ms == pytest.approx(0.38)
     # masked NVMe picks are never read: the VRAM hits' call is not contended
     m = plan_layer(ctx(lanes={"gpu": gpu}, exact="mask"), L, picks, 0.0, ch)
     assert m.masked and m.gpu_ms == pytest.approx(0.17 + 2 * 0.023)
