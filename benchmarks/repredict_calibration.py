@@ -8,11 +8,11 @@ again: ``--spread`` sets the NVMe arrival spread (engine nvme_latency_cv_shared_
 at every measured rows per step, for records made before calibrate fitted it. A record made before calibrate
 fitted the copy time per rows gets it from its own VRAM fit arms' counters (calibrate.fit_device_terms).
 ``--no-wake`` refits the cpu lane on the record's fit arms without the split call's wake-up term
-(lanes.cpu.per_wake_ms), to show what that term does to the same run. ``--refit-host`` refits the host and
-non-MoE time terms on the record's fit arms with today's fits (a record made before the part per zerocopy call,
-tenth session). ``--refit-device`` refits the gpu and zerocopy lanes on the record's VRAM fit arms' calls (records
-made since the eleventh session keep them). Run with the registry the record was made with (its hardware record is not in the run record).
-Prints each arm's recorded and new tok/s error, NVMe stall (ms per token) and zerocopy computes per token, then
+(lanes.cpu.per_wake_ms), to show what that term does to the same run. ``--refit-host`` refits the host and non-MoE time
+terms on the record's fit arms with today's fits (a record made before the part per zerocopy call, tenth session).
+``--refit-device`` refits the gpu and zerocopy lanes on the record's VRAM fit arms' calls (records made since the
+eleventh session keep them). Run with the registry the record was made with (its hardware record is not in the run
+record). Prints each arm's recorded and new tok/s error, NVMe stall (ms per token) and zerocopy computes per token, then
 the record's summary figures recomputed (moetier.calibrate.summary): median / max / held-out max |error| and the
 buckets within 15%.
 """

@@ -132,7 +132,8 @@ def arm_recipe(recipe_id: str, arm: dict, terms: dict | None = None):
     if terms.get("copy_ms"):
         R.h2d_gbps = copy_gbps(R.nvme_expert_bytes, terms["copy_ms"])
     if R.engines[-1]["id"] == VRAM_ENGINE:      # the fitted copy time, not one an earlier run left in the record
-        R.engines = [*R.engines[:-1], {**R.engines[-1], "copy_ms_by_rows": terms.get("copy_ms_by_rows") or {}}]
+        R.engines = [*R.engines[:-1], {**R.engines[-1], "copy_ms_by_rows": terms.get("copy_ms_by_rows") or {},
+                                       "copy_record_bytes": R.nvme_expert_bytes}]
     eng = R.engines[-1]["id"]
     head = terms.get("head_per_read_ms_by_engine", {}).get(eng)
     if head is not None:          # the fitted figure, not one an earlier calibration left in the engine record
@@ -496,16 +497,16 @@ def fit_fixed(unbooked) -> tuple[dict, float, float]:
 def fit_device_terms(fit_runs: list[dict]) -> dict:
     """The VRAM tier's terms from the fit arms that had one: the gpu and zerocopy lanes and the time of one record
     copy (pushes and drains: copy + stage time over copies), as ``copy_ms``. A lane call costs per_layer +
-    per_expert x experts + per_extra_token x extra rows + per_read x the layer's NVMe reads in flight + per_read_busy
-    if any is + per_step_row x (the step's rows - 1), fitted over the runtime's calls grouped by shape. On the SYCL CPU device (2026-12-02
-    VM) a one-expert gpu call took 0.25 ms with no read in flight, 0.29 with one, 0.30 with two - the lanes share
-    the cores with the reader - and its fixed cost grew with the step's rows, ~0.20 ms at C1, 0.28 at C2, 0.43 at C4,
-    more than the per-call arguments (the call's own rows) explain. Fitted on C1 and C4 without these two terms,
-    C1's gpu calls came out 8-22% long and C4's 21% short; with them, C1 -0.4%, C4 -1.7%, C2 (held out) -1.2%.
-    What a read in flight costs does not grow with the reads (2026-12-02, VM D: a one-expert gpu call 0.31 ms with
-    none, 0.44 with one, 0.33-0.41 with two or three): fitted per read alone it came out 0.02 ms, and the calls
-    with one read 7-24% short at C1 and C2; with per_read_busy beside it, the fit puts it all there (0.06 ms gpu,
-    0.08 zerocopy) and those calls within 8%."""
+    per_expert x experts + per_extra_token x extra rows + per_read x the layer's NVMe reads in flight +
+    per_read_busy if any is + per_step_row x (the step's rows - 1), fitted over the runtime's calls grouped by
+    shape. On the SYCL CPU device (2026-12-02 VM) a one-expert gpu call took 0.25 ms with no read in flight, 0.29
+    with one, 0.30 with two - the lanes share the cores with the reader - and its fixed cost grew with the step's
+    rows, ~0.20 ms at C1, 0.28 at C2, 0.43 at C4, more than the per-call arguments (the call's own rows) explain.
+    Fitted on C1 and C4 without these two terms, C1's gpu calls came out 8-22% long and C4's 21% short; with them,
+    C1 -0.4%, C4 -1.7%, C2 (held out) -1.2%. What a read in flight costs does not grow with the reads (2026-12-02,
+    VM D: a one-expert gpu call 0.31 ms with none, 0.44 with one, 0.33-0.41 with two or three): fitted per read
+    alone it came out 0.02 ms, and the calls with one read 7-24% short at C1 and C2; with per_read_busy beside it,
+    the fit puts it all there (0.06 ms gpu, 0.08 zerocopy) and those calls within 8%."""
     from moetier.bench import relative_lstsq
     groups: dict[str, dict] = {}
     for m in fit_runs:
@@ -587,8 +588,10 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
         eng.pop("head_per_read_ms", None)
         if eng_id == VRAM_ENGINE:
             eng.pop("copy_ms_by_rows", None)
+            eng.pop("copy_record_bytes", None)
             if terms.get("copy_ms_by_rows"):
                 eng["copy_ms_by_rows"] = {r: round(v, 6) for r, v in terms["copy_ms_by_rows"].items()}
+                eng["copy_record_bytes"] = record_bytes
         if eng_id in terms.get("head_per_read_ms_by_engine", {}):
             eng["head_per_read_ms"] = round(terms["head_per_read_ms_by_engine"][eng_id], 6)
         if eng_id in tables:

@@ -403,9 +403,11 @@ def _push_ms(R, rows: int) -> float:
     """One record copy between RAM and VRAM at ``rows`` token rows per step: the VRAM engine's ``copy_ms_by_rows``
     where `moetier calibrate` measured it under the engine's load (on the SYCL CPU device a copy took 0.118 /
     0.111 / 0.129 ms at C1 / C2 / C4 in run 28, and one figure pooled over C1 and C4 - mostly C4's copies - put C1
-    and C2 9-16% long), else the record over the hardware's link (gpu.h2d_gbps)."""
+    and C2 9-16% long), else the record over the hardware's link (gpu.h2d_gbps). Like the engine's NVMe tables, the
+    measured copy time holds for the record size it was measured with (``copy_record_bytes``) only."""
+    size = R.nvme_expert_bytes
     by_rows = next((e["copy_ms_by_rows"] for e in reversed(getattr(R, "engines", None) or ())
-                    if e.get("copy_ms_by_rows")), None)
+                    if e.get("copy_ms_by_rows") and e.get("copy_record_bytes", size) == size), None)
     if by_rows:
         return _scalar_at_rows(by_rows, rows, (R.experts, R.topk))
     return R.nvme_expert_bytes / (R.h2d_gbps * 1e6) if R.h2d_gbps else INF
@@ -797,25 +799,26 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nv
     push = ctx.push_ms
     due = {k: (arr[k] - t0 if arr[k] > t0 else 0.0) for k in order}    # arrival, from the layer's start
     has_cpu = ctx.cpu is not None
-    lg, lc, lc_on = g, c, c_on       # the lane choice's own timeline, in arrival order
     if to_cpu is not None:
         plan.nvme_cpu += [k for k in order if k in to_cpu]
         plan.nvme_gpu += [k for k in order if k not in to_cpu]
-    for k in order if to_cpu is None else ():
-        a, m = due[k], picks[k]
-        now = lg + lc + head
-        ready = a + wake if a > now else a
-        start = now if now > ready else ready
-        ce = start + cpu_work(lc_on, m) + (ctx.cpu_after_wait if a > now else 0.0) if has_cpu else INF
-        ge = start + gpu_work(m) if can_gpu else INF
-        if ce == INF and ge == INF:
-            raise ValueError("no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier")
-        if ce <= ge:
-            lc, lc_on = ce - lg - head, True
-            plan.nvme_cpu.append(k)
-        else:
-            lg = ge - lc - head
-            plan.nvme_gpu.append(k)
+    else:
+        lg, lc, lc_on = g, c, c_on       # the lane choice's own timeline, in arrival order
+        for k in order:
+            a, m = due[k], picks[k]
+            now = lg + lc + head
+            ready = a + wake if a > now else a
+            start = now if now > ready else ready
+            ce = start + cpu_work(lc_on, m) + (ctx.cpu_after_wait if a > now else 0.0) if has_cpu else INF
+            ge = start + gpu_work(m) if can_gpu else INF
+            if ce == INF and ge == INF:
+                raise ValueError("no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier")
+            if ce <= ge:
+                lc, lc_on = ce - lg - head, True
+                plan.nvme_cpu.append(k)
+            else:
+                lg = ge - lc - head
+                plan.nvme_gpu.append(k)
     now = plan.wait_from = g + c + head
     wait = gwait = 0.0
     spread = nvme.spread

@@ -116,6 +116,9 @@ def test_copy_time_is_fitted_per_rows_and_pooled_for_the_link():
     f = layer_width(2, (R.experts, R.topk)) - layer_width(1, (R.experts, R.topk))
     f /= layer_width(4, (R.experts, R.topk)) - layer_width(1, (R.experts, R.topk))
     assert PlanContext.from_recipe(R, 2).push_ms == pytest.approx(0.1 + 0.1 * f)
+    # measured with records of another size it does not apply: the link moves this recipe's record
+    R.engines = [*R.engines[:-1], {**R.engines[-1], "copy_record_bytes": R.nvme_expert_bytes + 1}]
+    assert PlanContext.from_recipe(R, 1).push_ms == pytest.approx(R.nvme_expert_bytes / (R.h2d_gbps * 1e6))
     # without it (an arm on another engine, or no copies fitted): one record over the hardware's link
     R = calibrate.arm_recipe("tiny-ci-cpu", arm, {**terms, "copy_ms_by_rows": {}})
     assert PlanContext.from_recipe(R, 2).push_ms == pytest.approx(R.nvme_expert_bytes / (R.h2d_gbps * 1e6))
@@ -180,6 +183,7 @@ def test_vram_arms_fit_device_lanes_copies_and_per_engine_latency(scratch):
     R = spec.resolve("tiny-ci-cpu")
     assert R.h2d_gbps == pytest.approx(calibrate.copy_gbps(R.nvme_expert_bytes, t["copy_ms"]), rel=1e-3)
     assert eng["copy_ms_by_rows"] == {r: pytest.approx(v, abs=1e-6) for r, v in t["copy_ms_by_rows"].items()}
+    assert eng["copy_record_bytes"] == R.nvme_expert_bytes      # what the copy time holds for (plan._push_ms)
 
 
 def test_cpu_lane_fit_recovers_both_call_classes_and_takes_out_contention():
