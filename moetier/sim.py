@@ -179,6 +179,17 @@ class Replay:
         if not pred.uses_future and layer >= depth:
             pred.observe(layer - depth, streams.local_rows(rows, layer - depth), streams.local_rows(rows, layer))
 
+    def layer(self, layer: int, picks: dict, t: float, streams, rows, lanes: LayerPlan | None = None) -> LayerPlan:
+        """One layer on modeled time (the simulator's executor; the runtime interleaves the same calls with its real
+        work): plan at ``t`` (keeping ``lanes``' deal where given: plan_layer), prefetch for the layers ahead,
+        commit the plan's intents, the LFU counts."""
+        plan = plan_layer(self.ctx, self.ledger, picks, t, self.chan, self.llc, lanes, self.idle(t))
+        if self.prefetching:
+            self.after_plan(layer, plan, streams, rows, t)
+        self.commit(plan, picks)
+        self.after_layer(picks)
+        return plan
+
     def after_layer(self, picks: dict) -> None:
         """After a layer's commit (shared by the simulator and the runtime): the LFU counts."""
         L = self.ledger
@@ -309,15 +320,9 @@ class _Dealer:
         self.t += self.draft_ms
 
     def deal(self, layer: int, picks: dict, streams, rows) -> LayerPlan:
-        rp = self.rp
         self.t += self.f_layer
-        plan = plan_layer(rp.ctx, rp.ledger, picks, self.t, rp.chan, rp.llc, idle=rp.idle(self.t))
-        if rp.prefetching:
-            rp.after_plan(layer, plan, streams, rows, self.t)
-        rp.commit(plan, picks)
-        if rp.ledger._lfu_window:
-            rp.after_layer(picks)
-        self.t += plan.ms + sum(rp.settle())
+        plan = self.rp.layer(layer, picks, self.t, streams, rows)
+        self.t += plan.ms + sum(self.rp.settle())     # the runtime's modeled clock (moetier.runtime.run)
         return plan
 
 
@@ -350,8 +355,6 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
 
     fixed_step = R.fixed(nrows)
     f_layer = fixed_step / L
-    after = bool(rp.ledger._lfu_window)
-    prefetching = rp.prefetching
     copy_serial = rp.ctx.copy_serial
     acc = dict(ms=0.0, fixed=0.0, gpu=0.0, cpu=0.0, wait=0.0, gwait=0.0, copy=0.0, picks=0, vram_picks=0,
                gpu_exp=0, cpu_exp=0, zc=0, ncpu=0, ngpu=0, masked=0, demand=0, layers=0, rl=0, span=0.0, arr=0.0,
@@ -376,17 +379,12 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
             picks = streams.picks(rows, layer)
             t0_layer = t
             dealt = dealer.deal(layer, picks, streams, rows) if dealer is not None else None
-            plan = plan_layer(rp.ctx, rp.ledger, picks, t, chan, rp.llc, dealt, rp.idle(t))
+            plan = rp.layer(layer, picks, t, streams, rows, dealt)
             if dealt is not None and not _same_tiers(plan, dealt):
                 raise RuntimeError(f"sim.run: the dealing replay's tiers parted from the timing replay's at step "
                                    f"{step}, layer {layer}")
-            if prefetching:
-                rp.after_plan(layer, plan, streams, rows, t)
-            rp.commit(plan, picks)
             if plan_hook is not None:
                 plan_hook(step, layer, plan)
-            if after:
-                rp.after_layer(picks)
             t += plan.ms
             if copy_serial:
                 link, host = rp.settle()
