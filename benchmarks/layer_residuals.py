@@ -19,7 +19,7 @@ import json
 from _recipe import open_recipe, parser  # noqa: E402 - benchmarks/ is on sys.path when this script runs
 from moetier import calibrate, runtime, sim  # noqa: E402
 
-KEYS = ("lane_cpu_s", "lane_gpu_s", "lane_zc_s", "nvme_wait_s", "stage_s", "copy_s", "read_span_s", "read_layers")
+KEYS = ("lane_cpu_s", "lane_gpu_s", "lane_zc_s", "nvme_wait_s", "stage_s", "read_span_s", "read_layers")
 BUCKETS = ("cpu", "gpu+zc", "wait", "span")
 
 

@@ -295,6 +295,7 @@ def _coverage(acc) -> dict:
 
 
 def _seed(rp: Replay, trace, seed_mode: str, wtok: int) -> None:
+    """Seed the replay's tiers as policy.seed says (module docstring); seeding's pushes are not decode traffic."""
     R = rp.R
     if seed_mode == "oracle":
         rp.ledger.seed(rank_keys(trace.ids[:, :, :R.topk], R.experts))
