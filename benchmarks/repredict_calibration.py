@@ -48,16 +48,17 @@ def main(argv=None):
             terms[field] = {eng: {rows: v for rows in t} for eng, t in tables.items()}
     fit_runs = [{"conc": r["conc"], "call_groups": r["measured_run"].get("call_groups", []),
                  "counters": r["measured_run"]["counters"]} for r in cal["rows"] if r["fit"]]
+    device = calibrate.fit_device_terms(fit_runs)
     if a.refit_device:
         if not any(m["call_groups"] for m in fit_runs):
             sys.exit(f"repredict_calibration: {a.record}: --refit-device needs the device lanes' calls, which records "
                      "keep since the eleventh session")
-        terms.update({ln: v for ln, v in calibrate.fit_device_terms(fit_runs).items() if ln in ("gpu", "zerocopy")})
+        terms.update({ln: v for ln, v in device.items() if ln in ("gpu", "zerocopy")})
         if not a.json:
             print("refitted device lanes: " + json.dumps({ln: {k: round(v, 4) for k, v in terms[ln].items()}
                                                          for ln in ("gpu", "zerocopy") if ln in terms}))
     if "copy_ms_by_rows" not in terms:
-        terms["copy_ms_by_rows"] = calibrate.fit_device_terms(fit_runs).get("copy_ms_by_rows", {})
+        terms["copy_ms_by_rows"] = device.get("copy_ms_by_rows", {})
     if a.no_wake:
         rows = [{k: v for k, v in row.items() if k != "wake"} for m in fit_runs
                 if not m["counters"]["predict_layers"] for row in calibrate.cpu_lane_rows(m["counters"])]

@@ -504,9 +504,9 @@ def fit_device_terms(fit_runs: list[dict]) -> dict:
     rows, ~0.20 ms at C1, 0.28 at C2, 0.43 at C4, more than the per-call arguments (the call's own rows) explain.
     Fitted on C1 and C4 without these two terms, C1's gpu calls came out 8-22% long and C4's 21% short; with them,
     C1 -0.4%, C4 -1.7%, C2 (held out) -1.2%. What a read in flight costs does not grow with the reads (2026-12-02,
-    VM D: a one-expert gpu call 0.31 ms with none, 0.44 with one, 0.33-0.41 with two or three): fitted per read
-    alone it came out 0.02 ms, and the calls with one read 7-24% short at C1 and C2; with per_read_busy beside it,
-    the fit puts it all there (0.06 ms gpu, 0.08 zerocopy) and those calls within 8%."""
+    VM D, run 39's vram102-C1: a one-expert gpu call 0.33 ms with none, 0.46 with one, 0.36 with two): fitted per read
+    alone it came out 0.024 ms (run 38); with per_read_busy beside it the fit puts it all there (run 39: 0.092 ms
+    gpu, 0.095 zerocopy) and the gpu calls with reads in flight within 10% (benchmarks/device_calls.py)."""
     from moetier.bench import relative_lstsq
     groups: dict[str, dict] = {}
     for m in fit_runs:
@@ -514,7 +514,7 @@ def fit_device_terms(fit_runs: list[dict]) -> dict:
         for p, e, x, r, n, sec in m.get("call_groups", ()):
             if p not in ("gpu", "zc"):
                 continue
-            g = groups.setdefault(p, {}).setdefault((e, x, r, s, float(r > 0)), [0, 0.0])
+            g = groups.setdefault(p, {}).setdefault((e, x, r, s), [0, 0.0])
             g[0] += n
             g[1] += sec * 1e3
     out = {}
@@ -526,9 +526,11 @@ def fit_device_terms(fit_runs: list[dict]) -> dict:
         # concurrency into one row (their mean counts; the model is linear, so it holds for the pool): at C4 most
         # gpu calls have a shape of their own
         # a row: experts, extra rows, reads, step rows - 1, whether a read was in flight; calls; mean ms
-        rows = [(*k[:3], k[3], k[4], n, ms / n) for k, (n, ms) in sorted(shapes.items()) if n >= MIN_CALLS]
+        rows = [(e, x, r, s, float(r > 0), n, ms / n) for (e, x, r, s), (n, ms) in sorted(shapes.items())
+                if n >= MIN_CALLS]
         for s in sorted({k[3] for k in shapes}):
-            rare = [(*k[:3], k[4], n, ms) for k, (n, ms) in shapes.items() if k[3] == s and n < MIN_CALLS]
+            rare = [(e, x, r, float(r > 0), n, ms) for (e, x, r, s_), (n, ms) in shapes.items()
+                    if s_ == s and n < MIN_CALLS]
             if rare:
                 n = sum(v[4] for v in rare)
                 e, x, r, busy = (sum(v[j] * v[4] for v in rare) / n for j in range(4))
