@@ -87,9 +87,12 @@ def test_plan_parity_with_simulator(packed, sets):
         assert c["cpu_split_calls"] > 0
         assert c["cpu_split_cold"] / cores() <= c["cpu_split_crit_cold"] < c["cpu_split_cold"]
         assert c["cpu_split_wake"] > 0               # its worker idled between split calls (spec.idle_wake)
-    # a call right after a wait that blocked on its read is booked as such: some of the NVMe picks' inline calls
-    # (a layer's reads are issued together, its first one is waited for); the prefetched ones had landed
-    assert 0 < c["cpu_inline_waited"] <= min(c["cpu_inline_calls"], c["nvme_picks"])
+    # a call right after a wait that blocked on its read is booked as such: only NVMe picks' inline calls. Without
+    # prefetch some of them (a layer's reads are issued together, its first one is waited for); with it, every demand
+    # read may have landed before its wait on a fast disk (CI saw 0 for recall-prefetch), so only the bound holds
+    assert c["cpu_inline_waited"] <= min(c["cpu_inline_calls"], c["nvme_picks"])
+    if not any("prefetch" in x for x in sets):
+        assert c["cpu_inline_waited"] > 0
     assert c["read_predict"] == (c["read_layers"] if any("prefetch" in x for x in sets) else 0)
     assert calibrate.read_coverage({}) == {"layers": 0, "span_ms": None, "head_ms": None, "latency_ms": None,
                                            "gap_sd_ms": None}
