@@ -36,7 +36,7 @@ def main(argv=None):
     merged = {name: calibrate._merge(rs) for name, rs in runs.items()}
     cols = {"prefetch off": merged["prefetch off"]["latency_by_qd"],
             "prefetch on, none in service": merged["prefetch on"]["latency_by_qd"], "prefetch on, one in service": {}}
-    for q, ms in merged["prefetch on"]["latency_pf_busy"]:
+    for _, _, q, ms in merged["prefetch on"]["latency_pf_busy"]:
         cols["prefetch on, one in service"].setdefault(q, []).append(ms)
     res = {name: {q: {"reads": len(v), "mean_ms": statistics.mean(v), "p50_ms": statistics.median(v)}
                   for q, v in sorted(lat.items()) if len(v) >= 8} for name, lat in cols.items()}

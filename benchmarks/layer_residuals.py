@@ -6,9 +6,10 @@
 The runtime plans on the modeled clock (plan parity), so a replay of the recipe it ran makes its decisions layer
 for layer. This runs one calibration arm (moetier.calibrate.default_arms) on the runtime, with the registry's
 terms (the last calibration's), then in the simulator, and groups the layers by shape: VRAM hits, cpu RAM picks,
-zerocopy picks, NVMe picks to the cpu and gpu lanes. Per shape, the mean ms a layer of the cpu lane (net of
-waits), the gpu and zerocopy lanes, the NVMe wait and the host's work before its first wait (the runtime's
-read span, from the submit; the plan's wait_from, from the layer's start), measured against modeled. A bucket
+zerocopy picks, NVMe picks to the cpu and gpu lanes, and whether those are demand reads (d), prefetched (p) or
+both (m). Per shape, the mean ms a layer of the cpu lane (net of waits), the gpu and zerocopy lanes, the NVMe
+wait, and for demand reads the host's work before its first wait (the runtime's read span, from the submit; the
+plan's wait_from, from the layer's start) and that read's latency, measured against modeled. A bucket
 that is right on average can be wrong per layer: the stall follows how far the work before a wait reaches into
 the read, layer by layer.
 """
@@ -19,12 +20,17 @@ import json
 from _recipe import open_recipe, parser  # noqa: E402 - benchmarks/ is on sys.path when this script runs
 from moetier import calibrate, runtime, sim  # noqa: E402
 
-KEYS = ("lane_cpu_s", "lane_gpu_s", "lane_zc_s", "nvme_wait_s", "stage_s", "read_span_s", "read_layers")
-BUCKETS = ("cpu", "gpu+zc", "wait", "span")
+KEYS = ("lane_cpu_s", "lane_gpu_s", "lane_zc_s", "nvme_wait_s", "stage_s", "read_span_s", "read_layers",
+        "read_latency_s", "read_latency_n")
+BUCKETS = ("cpu", "gpu+zc", "wait", "span", "latency")
 
 
 def shape(plan) -> tuple:
-    return tuple(len(x) for x in (plan.gpu, plan.cpu, plan.zerocopy, plan.nvme_cpu, plan.nvme_gpu))
+    """Picks per lane, and for a layer with NVMe picks whether they are all demand reads ("d"), all prefetched ("p")
+    or both ("m"): a prefetched read has been in flight since an earlier layer, so its wait is another quantity."""
+    n = tuple(len(x) for x in (plan.gpu, plan.cpu, plan.zerocopy, plan.nvme_cpu, plan.nvme_gpu))
+    nv = n[3] + n[4]
+    return n + (("" if not nv else "d" if plan.demand_reads == nv else "p" if not plan.demand_reads else "m"),)
 
 
 def measured_layers(R, st, tr, arm, steps) -> list[tuple]:
@@ -40,9 +46,10 @@ def measured_layers(R, st, tr, arm, steps) -> list[tuple]:
         if last and s > 0:
             d = {k: now[k] - last[k] for k in KEYS}
             span = d["read_span_s"] * 1e3 if d["read_layers"] else None
+            lat = d["read_latency_s"] * 1e3 if d["read_latency_n"] else None
             out.append((s, layer, shapes[(s, layer)], {
                 "cpu": d["lane_cpu_s"] * 1e3, "gpu+zc": (d["lane_gpu_s"] + d["lane_zc_s"]) * 1e3,
-                "wait": (d["nvme_wait_s"] + d["stage_s"]) * 1e3, "span": span}))
+                "wait": (d["nvme_wait_s"] + d["stage_s"]) * 1e3, "span": span, "latency": lat}))
         last.update(now)
     try:
         runtime.run(R, st, be, tr, arm["conc"], max_steps=steps, plan_hook=on_plan, layer_hook=on_layer)
@@ -57,9 +64,11 @@ def modeled_layers(R, tr, arm, steps) -> dict:
 
     def on_plan(s, layer, p):
         wait_cpu = p.nvme_wait_ms - p.gpu_wait_ms
-        span = p.wait_from if p.demand_reads and p.demand_reads == len(p.nvme_cpu) + len(p.nvme_gpu) else None
+        nv = p.nvme_cpu or p.nvme_gpu
+        demand = nv and p.demand_reads == len(p.nvme_cpu) + len(p.nvme_gpu)
         out[(s, layer)] = (shape(p), {"cpu": p.cpu_ms - wait_cpu, "gpu+zc": p.gpu_ms - p.gpu_wait_ms,
-                                      "wait": p.nvme_wait_ms, "span": span})
+                                      "wait": p.nvme_wait_ms, "span": p.wait_from if demand else None,
+                                      "latency": p.arrivals[nv[0]] - p.t0 if demand else None})
     sim.run(R, tr, arm["conc"], max_steps=steps, plan_hook=on_plan)
     return out
 
@@ -93,7 +102,7 @@ def main(argv=None):
     rows = []
     for shp, g in sorted(groups.items(), key=lambda kv: -kv[1]["layers"]):
         rows.append({"shape": dict(zip(("vram", "cpu", "zerocopy", "nvme_cpu", "nvme_gpu"), shp)),
-                     "layers": g["layers"],
+                     "reads": shp[5], "layers": g["layers"],
                      **{b: ({"measured": g[b][0] / g[b][2], "sim": g[b][1] / g[b][2]} if g[b][2] else None)
                         for b in BUCKETS}})
     out = {"arm": a.arm, "layers": len(meas), "layers_whose_plan_parted": parted, "shapes": rows}
@@ -101,11 +110,11 @@ def main(argv=None):
         print(json.dumps(out, indent=1))
         return
     print(f"{a.arm}: {len(meas)} layers, {parted} planned otherwise by the simulator (plan parity: 0)")
-    print("| vram/cpu/zc/nvme_cpu/nvme_gpu | layers | " + " | ".join(f"{b} ms measured (sim)" for b in BUCKETS)
-          + " |\n|---|---|" + "---|" * len(BUCKETS))
+    print("| vram/cpu/zc/nvme_cpu/nvme_gpu | reads | layers | " + " | ".join(f"{b} ms measured (sim)" for b in BUCKETS)
+          + " |\n|---|---|---|" + "---|" * len(BUCKETS))
     for r in rows[:a.top]:
         cells = [f"{r[b]['measured']:.3f} ({r[b]['sim']:.3f})" if r[b] else "-" for b in BUCKETS]
-        print(f"| {'/'.join(str(v) for v in r['shape'].values())} | {r['layers']} | " + " | ".join(cells) + " |")
+        print(f"| {'/'.join(str(v) for v in r['shape'].values())} | {r['reads'] or '-'} | {r['layers']} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

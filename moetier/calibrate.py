@@ -64,7 +64,8 @@ BUCKETS = ("cpu_moe", "gpu_moe", "nvme_stall", "copy", "host")
 # the per-rows channel terms an engine record carries beside its latency table (moetier.plan.channel_term,
 # burst_table_for_rows), written and applied with it
 CHANNEL_TERMS = ("nvme_wake_ms_by_rows", "nvme_latency_cv_shared_by_rows", "nvme_latency_cv_own_by_rows",
-                 "nvme_latency_by_rows_burst_ms", "nvme_latency_prefetch_factor_by_rows", "lane_lateness_sd_ms_by_rows")
+                 "nvme_latency_by_rows_burst_ms", "nvme_latency_prefetch_factor_by_rows", "lane_lateness_sd_ms_by_rows",
+                 "nvme_prefetch_ms_by_rows", "nvme_prefetch_share_ms_by_rows")
 # a VRAM tier on this machine: the SYCL backend's device slots (on the OpenCL CPU device, the same cores), whose
 # engine runs its lanes and copies one after another (policy.overlap false)
 VRAM_ENGINE = "sycl-opencl-cpu"
@@ -156,6 +157,7 @@ def _measure(recipe_id, st, tr, arm, steps, backend_name, verify_rate, terms=Non
         res["wake_ms"] = list(getattr(reader, "wake_ms", ()))
         res["burst_ms"] = list(getattr(reader, "burst_ms", ()))
         res["latency_pf_busy"] = list(getattr(reader, "latency_pf_busy", ()))
+        res["prefetch_ms"] = list(getattr(reader, "prefetch_ms", ()))
         res["engine"] = R.engines[-1]["id"]
         return res
     finally:
@@ -190,7 +192,9 @@ def _merge(runs):
     return {"counters": counters, "latency_by_qd": lat, "wall_s": sum(r["wall_s"] for r in kept),
             "wake_ms": [w for r in kept for w in r.get("wake_ms", ())],
             "burst_ms": [(i, b, q, ms) for i, r in enumerate(kept) for b, q, ms in r.get("burst_ms", ())],
-            "latency_pf_busy": [s for r in kept for s in r.get("latency_pf_busy", ())],
+            "latency_pf_busy": [(i, b, q, ms) for i, r in enumerate(kept)
+                                for b, q, ms in r.get("latency_pf_busy", ())],
+            "prefetch_ms": [s for r in kept for s in r.get("prefetch_ms", ())],
             "call_groups": [[*k, n, sec] for k, (n, sec) in sorted(groups.items())],
             "tokens": sum(r["tokens"] for r in kept), "steps": sum(r["steps"] for r in kept),
             "tok_s_each": [r["tok_s"] for r in runs], "repeats_kept": len(kept), "conc": first["conc"],
@@ -335,8 +339,8 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
     and the latency's spread as sd / mean about those means, split into the part the reads of one burst (a
     layer's) share and each read's own (``nvme_latency_cv_shared_by_rows``, ``nvme_latency_cv_own_by_rows``;
     ``spread_split``, moetier.plan._Finish), and how much longer a demand read takes when it finds a prefetch read
-    in service (``nvme_latency_prefetch_factor_by_rows``: its latency over the depth mean of the reads that found
-    none, ratio of sums; those reads are kept out of every other table). Means, not medians: the planner adds them
+    in service (``nvme_latency_prefetch_factor_by_rows``: its latency over what the model gives it without one,
+    ratio of sums, ``prefetch_busy_refs``; those reads are kept out of every other table). Means, not medians: the planner adds them
     into stalls, and the median of a right-skewed latency understates their sum.
     The spread matters as much: a lane expects to wait E[max(0, arrival - free)], far more than the wait for a mean
     arrival that is about when the lane gets free (2026-12-01 VM: a layer's first read 0.70 ms against 0.03 for
@@ -345,10 +349,13 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
     lat: dict[str, dict] = {}                      # engine -> rows per step -> q -> samples
     wake: dict[str, dict] = {}                     # engine -> rows per step -> samples
     bursts: dict[str, dict] = {}                   # engine -> rows per step -> [(run, burst, q, ms)]
-    pf_busy: dict[str, dict] = {}                  # engine -> rows per step -> [(q, ms)] with a prefetch in service
+    pf_busy: dict[str, dict] = {}                  # the same, of reads that found a prefetch read in service
+    pf_svc: dict[str, dict] = {}                   # engine -> rows per step -> [(demand reads beside, ms)]
     for i, m in enumerate(fit_runs):
         eng, rows = m.get("engine"), m["conc"]
-        pf_busy.setdefault(eng, {}).setdefault(rows, []).extend(m.get("latency_pf_busy", ()))
+        pf_svc.setdefault(eng, {}).setdefault(rows, []).extend(m.get("prefetch_ms", ()))
+        pf_busy.setdefault(eng, {}).setdefault(rows, []).extend(((i, rep), b, q, ms)
+                                                                for rep, b, q, ms in m.get("latency_pf_busy", ()))
         for q, v in m.get("latency_by_qd", {}).items():
             lat.setdefault(eng, {}).setdefault(rows, {}).setdefault(int(q), []).extend(v)
         wake.setdefault(eng, {}).setdefault(rows, []).extend(m.get("wake_ms", ()))
@@ -367,13 +374,18 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
         w = {str(r): round(float(np.mean(v)), 4) for r, v in sorted(wake.get(eng, {}).items()) if len(v) >= 8}
         if w:
             out["nvme_wake_ms_by_rows"][eng] = w
-        shared, own, burst_tabs, pf = {}, {}, {}, {}
+        shared, own, burst_tabs, pf, alone, share = {}, {}, {}, {}, {}, {}
         for r in sorted(by_rows):
-            busy = [(ms, means[r][int(q)]) for q, ms in pf_busy.get(eng, {}).get(r, ()) if int(q) in means[r]]
-            if len(busy) >= 8:
-                pf[str(r)] = round(sum(ms for ms, _ in busy) / sum(ref for _, ref in busy), 4)
             samples = bursts.get(eng, {}).get(r, ())
             by_burst = burst_means(samples)
+            busy = prefetch_busy_refs(pf_busy.get(eng, {}).get(r, ()), samples, by_burst, means[r])
+            if len(busy) >= 8:
+                pf[str(r)] = round(sum(ms for ms, _ in busy) / sum(ref for _, ref in busy), 4)
+            chain = prefetch_service(pf_svc.get(eng, {}).get(r, ()))
+            if chain is not None:
+                alone[str(r)] = round(chain[0], 4)
+                if chain[1] is not None:
+                    share[str(r)] = round(chain[1], 4)
             if by_burst:
                 burst_tabs[str(r)] = {str(n): {str(q): round(v, 4) for q, v in row.items()}
                                       for n, row in sorted(by_burst.items())}
@@ -387,6 +399,44 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
             out["nvme_latency_cv_own_by_rows"][eng] = own
         if pf:
             out["nvme_latency_prefetch_factor_by_rows"][eng] = pf
+        if alone:
+            out["nvme_prefetch_ms_by_rows"][eng] = alone
+        if share:
+            out["nvme_prefetch_share_ms_by_rows"][eng] = share
+    return out
+
+
+def prefetch_service(samples, min_n: int = 8) -> tuple[float, float | None] | None:
+    """(alone, share) of prefetch reads [(demand reads submitted while it was in service, started-to-landed ms)]:
+    the mean of those no demand read joined, and how much longer one takes per demand read that joined (ratio of
+    sums of the excess over ``alone`` to the reads; None with fewer than ``min_n`` joined reads). A demand read
+    takes the device from a prefetch read in service (2026-12-02, VM D, tail-prefetch-C1: 1.44 ms alone, 1.75 /
+    2.20 / 2.52 with one / two / three demand reads beside it), so the prefetch chain runs later than back-to-back
+    reads of the demand reads' latency, and what the model promotes as started had not started in the runtime
+    (half of them). None with fewer than ``min_n`` reads alone."""
+    free = [ms for n, ms in samples if n == 0]
+    if len(free) < min_n:
+        return None
+    a = float(np.mean(free))
+    joined = [(n, ms) for n, ms in samples if n > 0]
+    share = max(0.0, sum(ms - a for _, ms in joined) / sum(n for n, _ in joined)) if len(joined) >= min_n else None
+    return a, share
+
+
+def prefetch_busy_refs(busy, samples, by_burst: dict, mean_by_q: dict) -> list[tuple]:
+    """[(ms, reference ms)] of the demand reads that found a prefetch read in service ([(run, burst, q, ms)]),
+    each against what the channel model would give it without one (NvmeChannel.demand, which the factor then
+    scales): its burst's size and position in the burst table where its burst is whole (its reads counted with the
+    others of that burst, ``samples``) and measured, else the depth mean; a depth without a mean is left out."""
+    sizes = {key: (max(q for q, _ in v), len(v)) for key, v in _bursts([*samples, *busy]).items()}
+    out = []
+    for run, b, q, ms in busy:
+        n, count = sizes[(run, b)]
+        ref = by_burst.get(n, {}).get(int(q)) if count == n else None
+        if ref is None:
+            ref = mean_by_q.get(int(q))
+        if ref is not None:
+            out.append((ms, ref))
     return out
 
 
@@ -612,7 +662,9 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
                                         f"lane_lateness_sd_ms_by_rows: sd of the host reaching its first wait "
                                         f"beyond the plan's, from landing minus wait start; "
                                         f"nvme_latency_prefetch_factor_by_rows: latency of a demand read that found "
-                                        f"a prefetch read in service, over the depth mean")
+                                        f"a prefetch read in service, over the model's figure without one; "
+                                        f"nvme_prefetch_ms_by_rows: started-to-landed of a prefetch read alone; "
+                                        f"nvme_prefetch_share_ms_by_rows: how much longer per demand read beside it")
         eng["source"] = src
         spec.write_record("engine", eng)
     rec["calibration"]["fixed_ms"] = terms["fixed_ms"]

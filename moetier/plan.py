@@ -39,10 +39,13 @@ class NvmeChannel:
     table's latency at the depth they join (reads run concurrently, as on a real multi-queue device).
     Prefetch reads carry the layer they were issued for; ``expire(layer, t)`` cancels those not started and counts
     those started as wasted. They run one at a time and start only while no demand read is in flight (the runtime's
-    reader has one low-priority worker that waits for demand reads); with a measured table each takes the table's
-    queue-depth-1 latency, else ``deep``. In the table model a prefetch read in service does not add to a demand
-    read's depth: a demand read issued while one is in service takes ``pf_factor`` times its latency instead
-    (measured: ~5% more on VM A, 6-22% on VM B; benchmarks/bench_read_latency.py, docs/calibration.md).
+    reader has one low-priority worker that waits for demand reads); with a measured table each takes ``pf_alone``
+    (measured on prefetch reads; else the table's queue-depth-1 latency), else ``deep``, plus ``wake`` (the worker
+    resumes after the read before it landed as a blocked waiter does: 0.077 ms against 0.082 on VM D). In the table
+    model a prefetch read in service does not add to a demand read's depth: a demand read issued while one is in
+    service takes ``pf_factor`` times its latency instead (measured: ~5% more on VM A, 6-22% on VM B;
+    benchmarks/bench_read_latency.py, docs/calibration.md), and the prefetch read ``pf_share`` longer per demand
+    read (the prefetch reads queued behind it move with it).
 
     With measured ``bursts`` the reads of a burst share the device: a burst of n demand reads issued with none in
     flight takes each position's mean latency in bursts of n (where that size was measured) instead of the depth
@@ -57,12 +60,12 @@ class NvmeChannel:
 
     __slots__ = ("deep", "one", "lat", "dfree", "pf", "reads", "pf_reads", "pf_cancelled",
                  "pf_wasted", "qd_table", "outstanding", "pf_svc", "pf_lat", "pf_done", "wake", "cv_shared",
-                 "cv_own", "spread", "bursts", "pf_factor", "lane_sd")
+                 "cv_own", "spread", "bursts", "pf_factor", "lane_sd", "pf_alone", "pf_share")
 
     def __init__(self, record_bytes: int, bw_gbps: float, bw_qd1_gbps: float | None = None,
                  latency_ms: float = 0.1, latency_by_qd: dict | None = None, wake_ms: float = 0.0,
                  cv_shared: float = 0.0, cv_own: float = 0.0, bursts: dict | None = None, pf_factor: float = 1.0,
-                 lane_sd: float = 0.0):
+                 lane_sd: float = 0.0, pf_alone: float = 0.0, pf_share: float = 0.0):
         # latency_by_qd: {q: ms}; see also latency_table_for_rows() (tables measured under the runtime's load)
         # wake_ms: from a read landing to the lane blocked on it resuming (engine nvme_wake_ms_by_rows); paid only
         # by a lane that had to wait, so it is the planner's to add, not part of the arrival
@@ -76,6 +79,10 @@ class NvmeChannel:
         # pf_factor: a demand read issued while a prefetch read is in service shares the device with it and takes
         # this times its latency (engine nvme_latency_prefetch_factor_by_rows; 1 where unmeasured)
         self.pf_factor = float(pf_factor) if pf_factor and pf_factor > 0 else 1.0
+        # a prefetch read alone, and per demand read issued while it is in service (engine nvme_prefetch_ms_by_rows,
+        # nvme_prefetch_share_ms_by_rows; 0: unmeasured)
+        self.pf_alone = float(pf_alone) if pf_alone and pf_alone > 0 else 0.0
+        self.pf_share = float(pf_share) if pf_share and pf_share > 0 else 0.0
         # bursts: {n: {q: ms}}, the mean latency of the q-th read of a burst of n issued together (reads share the
         # device, so the first of two lands later than a read alone; engine nvme_latency_by_rows_burst_ms)
         self.bursts = {}
@@ -116,9 +123,9 @@ class NvmeChannel:
         # queueing model (measured): completion time of a read that joins q outstanding reads
         self.qd_table = sorted((int(q), float(v)) for q, v in (table or {}).items())
         if self.qd_table:
-            self.pf_svc, self.pf_lat = self.latency_at(1), 0.0
+            self.pf_svc, self.pf_lat = (self.pf_alone or self.latency_at(1)) + self.wake, 0.0
         else:
-            self.pf_svc, self.pf_lat = self.deep, self.lat
+            self.pf_svc, self.pf_lat = self.deep + self.wake, self.lat
 
     def latency_at(self, q: int) -> float:
         """Measured completion time at queue depth q: piecewise linear; beyond the table, linear in q (bandwidth)."""
@@ -140,7 +147,13 @@ class NvmeChannel:
             # read joined when it was submitted)
             busy = [a for a in self.outstanding if a > t]
             q0 = len(busy)
-            f = self.pf_factor if self.pf_factor != 1.0 and self.pf and self._running_end(t) > t else 1.0
+            f = 1.0
+            if self.pf:
+                for rec in self.pf.values():
+                    if rec[0] < t < rec[1]:        # the prefetch read in service shares the device
+                        f = self.pf_factor
+                        rec[1] += self.pf_share * n
+                        break
             if not self.bursts:
                 out = [t + f * self.latency_at(q0 + i + 1) for i in range(n)]
             else:
@@ -296,6 +309,8 @@ def channel_term(field: str, rows: int, engines=(), record_bytes: int | None = N
     """A per-rows term of the NVMe channel at ``rows`` token rows - ``nvme_wake_ms_by_rows`` (the wake-up, ms),
     ``nvme_latency_cv_shared_by_rows`` / ``nvme_latency_cv_own_by_rows`` (the latency's spread),
     ``nvme_latency_prefetch_factor_by_rows`` (a demand read beside a prefetch read in service),
+    ``nvme_prefetch_ms_by_rows`` / ``nvme_prefetch_share_ms_by_rows`` (a prefetch read alone, and per demand read
+    beside it, ms),
     ``lane_lateness_sd_ms_by_rows`` (the host's lateness to its first wait, ms) - from the engine whose latency
     table applies; 0 if unmeasured."""
     return _scalar_at_rows(_engine_tables(engines, record_bytes).get(field), rows, width)
@@ -437,7 +452,7 @@ class LayerPlan:
 
     __slots__ = ("gpu", "zerocopy", "cpu", "nvme_cpu", "nvme_gpu", "masked", "arrivals", "demand_reads", "gpu_ms",
                  "cpu_ms", "nvme_wait_ms", "gpu_wait_ms", "ms", "cpu_cold", "issue_ms",
-                 "head_ms", "cpu_crit", "wait_from", "split_end")
+                 "head_ms", "cpu_crit", "wait_from", "split_end", "t0")
 
     def __init__(self):
         self.gpu, self.zerocopy, self.cpu, self.nvme_cpu, self.nvme_gpu, self.masked = [], [], [], [], [], []
@@ -455,6 +470,7 @@ class LayerPlan:
         self.issue_ms = 0.0
         # head_ms: the host work past issue_ms and before the first wait for an NVMe pick (PlanContext.head_layer)
         self.head_ms = 0.0
+        self.t0 = 0.0              # the clock the layer was planned at: arrivals and split_end are on it
 
     def lanes(self) -> dict:
         return {"gpu": self.gpu, "zerocopy": self.zerocopy, "cpu": self.cpu, "nvme_cpu": self.nvme_cpu,
@@ -541,6 +557,7 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
                               or lanes.zerocopy and ctx.zerocopy is None):
         raise ValueError("plan_layer: lanes deal picks to a lane this recipe lacks")
     plan = LayerPlan()
+    plan.t0 = t0
     sget = ledger.state.get
     absent = RAM if ledger.all_in_ram else ABSENT    # state of a key the ledger does not track
     vram_l, ram_l, nvme_l = plan.gpu, [], []

@@ -512,6 +512,7 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
             if reader is not None:   # read latencies and wake-ups of the measured steps only (not seeding's deep queue)
                 reader.latency_by_qd.clear()
                 reader.latency_pf_busy.clear()
+                reader.prefetch_ms.clear()
                 reader.wake_ms.clear()
                 reader.burst_ms.clear()
         rp.begin_step(step)

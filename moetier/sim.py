@@ -99,7 +99,9 @@ class Replay:
                                 channel_term("nvme_latency_cv_own_by_rows", *at),
                                 burst_table_for_rows(*at),
                                 channel_term("nvme_latency_prefetch_factor_by_rows", *at),
-                                channel_term("lane_lateness_sd_ms_by_rows", *at))
+                                channel_term("lane_lateness_sd_ms_by_rows", *at),
+                                channel_term("nvme_prefetch_ms_by_rows", *at),
+                                channel_term("nvme_prefetch_share_ms_by_rows", *at))
         self.llc = reuse_model(R)
         self.predictor = predictor
         pf = R.policy.get("prefetch") or {}

@@ -211,7 +211,7 @@ class Completion:
     """Handle for one fill: ``seq`` (monotonic), ``key``, ``slot``, ``state`` in pending|landed|failed, ``error``."""
 
     __slots__ = ("seq", "key", "slot", "state", "error", "verified", "read_ms", "_future", "prefetch", "started",
-                 "t_submit", "qd", "t_landed", "burst", "pf_busy")
+                 "t_submit", "qd", "t_landed", "burst", "pf_busy", "t_started", "joined")
 
     def __init__(self, seq: int, key: int, slot: int):
         self.seq = seq
@@ -226,9 +226,11 @@ class Completion:
         self.started = False
         self.t_submit = 0.0
         self.qd = 0            # demand reads outstanding when this one was submitted (itself included)
+        self.t_started = 0.0   # perf_counter when a worker took it up (a prefetch read: once no demand read was left)
         self.t_landed = 0.0    # perf_counter when the worker marked it landed
         self.burst = 0         # demand reads submitted while others of this burst were outstanding share one
         self.pf_busy = False   # a prefetch read was in service when this demand read was submitted
+        self.joined = 0        # a prefetch read: the reader's demand submits so far when it started
 
     def __repr__(self):
         err = f", error={self.error!r}" if self.error else ""
@@ -278,9 +280,14 @@ class Reader:
         # submit-to-landed ms of demand reads by the demand queue depth they joined: the channel model's measured
         # input, for reads that found no prefetch read in service
         self.latency_by_qd: dict[int, list] = {}
-        # (queue depth, ms) of the demand reads that found one: the device is shared with it (the channel model's
-        # prefetch factor, moetier.calibrate.fit_channel)
+        # (burst, queue depth, ms) of the demand reads that found one: the device is shared with it (the channel
+        # model's prefetch factor, moetier.calibrate.fit_channel, against the burst table where the burst is whole)
         self.latency_pf_busy: list = []
+        # (demand reads submitted while it was in service, started-to-landed ms) of prefetch reads: how long one
+        # takes alone and how much each demand read sharing the device delays it (the channel model's prefetch
+        # chain, moetier.calibrate.fit_prefetch_service)
+        self.prefetch_ms: list = []
+        self._demand_submits = 0
         self._pf_busy = 0               # prefetch reads in service
         # ms from a read landing to the thread blocked in wait() resuming (the GIL and the scheduler hand it back
         # later than the bytes arrived): the channel model's wake-up term, sampled only where wait() really blocked
@@ -340,6 +347,7 @@ class Reader:
             c.t_submit = time.perf_counter()
             if not prefetch:
                 self._demand += 1
+                self._demand_submits += 1
                 c.qd = self._demand
                 c.pf_busy = self._pf_busy > 0
                 if c.qd == 1:
@@ -454,8 +462,10 @@ class Reader:
             if c.state != "pending":        # cancelled before it started
                 return
             c.started = True
+            c.t_started = time.perf_counter()
             if c.prefetch:
                 self._pf_busy += 1
+                c.joined = self._demand_submits
         rb = self.record_bytes
         err = None
         kind = None
@@ -522,11 +532,13 @@ class Reader:
             c.error = err
             c.state = "failed" if err is not None else "landed"
             c.t_landed = time.perf_counter()
+            if err is None and c.prefetch and len(self.prefetch_ms) < 4096:
+                self.prefetch_ms.append((self._demand_submits - c.joined, (c.t_landed - c.t_started) * 1000.0))
             if err is None and not c.prefetch:
                 ms = (c.t_landed - c.t_submit) * 1000.0
                 if c.pf_busy:
                     if len(self.latency_pf_busy) < 4096:
-                        self.latency_pf_busy.append((c.qd, ms))
+                        self.latency_pf_busy.append((c.burst, c.qd, ms))
                 else:
                     samples = self.latency_by_qd.setdefault(c.qd, [])
                     if len(samples) < 4096:

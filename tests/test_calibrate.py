@@ -313,11 +313,39 @@ def test_channel_terms_are_means_by_engine_and_rows_with_idle_figures_beyond():
 
 
 def test_prefetch_factor_is_the_shared_reads_latency_over_the_depth_means():
-    runs = [{"engine": "e", "conc": 1, "latency_by_qd": {1: [1.0] * 8, 2: [2.0] * 8},
-             "latency_pf_busy": [(1, 1.3)] * 6 + [(2, 2.6)] * 2 + [(9, 50.0)]},    # depth 9: no mean, left out
-            {"engine": "e", "conc": 2, "latency_by_qd": {1: [1.5] * 8}, "latency_pf_busy": [(1, 2.0)] * 7}]
+    # bursts 0-5 one read each, 6 of two reads, 7 of nine (depth 9: no mean, left out): no burst table
+    busy = [(0, b, 1, 1.3) for b in range(6)] + [(0, 6, 1, 2.6), (0, 6, 2, 2.6), (0, 7, 9, 50.0)]
+    runs = [{"engine": "e", "conc": 1, "latency_by_qd": {1: [1.0] * 8, 2: [2.0] * 8}, "latency_pf_busy": busy},
+            {"engine": "e", "conc": 2, "latency_by_qd": {1: [1.5] * 8},
+             "latency_pf_busy": [(0, b, 1, 2.0) for b in range(7)]}]
     got = calibrate.fit_channel(runs)["nvme_latency_prefetch_factor_by_rows"]
-    assert got == {"e": {"1": pytest.approx(1.3)}}                 # rows 2: 7 samples, no entry
+    assert got == {"e": {"1": pytest.approx(13.0 / 9.0, abs=1e-4)}}          # rows 2: 7 samples, no entry
+
+
+def test_prefetch_factor_takes_the_burst_table_the_model_scales():
+    """A lone read is faster than the depth-1 mean (the first reads of longer bursts share the device): the factor
+    must be over what the channel model would give the same read, or it scales the burst table by a ratio to
+    another figure (2026-12-02, VM D: 1.08 over the depth mean, the lone reads' own ratio about 1.2)."""
+    alone = [(0, b, 1, 1.0) for b in range(8)]                                    # bursts of one: 1.0
+    pairs = [(0, 100 + b, q, ms) for b in range(8) for q, ms in ((1, 2.0), (2, 2.0))]    # of two: 2.0 each
+    busy = [(0, 200 + b, 1, 1.2) for b in range(8)]                               # lone reads beside a prefetch
+    busy += [(0, 300, 1, 2.4)]                     # a pair whose other read found none: whole, the pairs' 2.0
+    busy += [(0, 400, 2, 3.0)]                     # a pair with its first read lost: not whole, the depth mean
+    runs = [{"engine": "e", "conc": 1, "latency_by_qd": {1: [1.0] * 8 + [2.0] * 8, 2: [2.5] * 8},
+             "burst_ms": alone + pairs + [(0, 300, 2, 2.0)], "latency_pf_busy": busy}]
+    got = calibrate.fit_channel(runs)["nvme_latency_prefetch_factor_by_rows"]["e"]["1"]
+    assert got == pytest.approx((8 * 1.2 + 2.4 + 3.0) / (8 * 1.0 + 2.0 + 2.5), abs=1e-4)
+
+
+def test_prefetch_service_is_the_lone_reads_mean_and_the_excess_per_demand_read_beside_one():
+    samples = [(0, 1.4)] * 4 + [(0, 1.6)] * 4 + [(1, 1.8)] * 6 + [(2, 2.4)] * 2
+    alone, share = calibrate.prefetch_service(samples)
+    assert alone == pytest.approx(1.5) and share == pytest.approx((6 * 0.3 + 2 * 0.9) / 10)
+    assert calibrate.prefetch_service(samples[:7] + samples[8:]) is None                  # 7 alone: no entry
+    assert calibrate.prefetch_service(samples[:8] + [(1, 1.8)] * 7) == (pytest.approx(1.5), None)  # 7 joined
+    got = calibrate.fit_channel([{"engine": "e", "conc": 1, "latency_by_qd": {1: [1.0] * 8}, "prefetch_ms": samples}])
+    assert got["nvme_prefetch_ms_by_rows"] == {"e": {"1": 1.5}}
+    assert got["nvme_prefetch_share_ms_by_rows"] == {"e": {"1": pytest.approx(0.36, abs=1e-4)}}
 
 
 def one_run(samples):

@@ -498,6 +498,23 @@ def test_a_demand_read_beside_a_prefetch_read_in_service_takes_the_measured_fact
     assert NvmeChannel(1_000_000, 1.0, latency_by_qd={1: 2.0}, pf_factor=0.0).pf_factor == 1.0   # unmeasured
 
 
+def test_a_prefetch_read_takes_its_measured_time_plus_the_wake_and_demand_reads_beside_it_delay_the_chain():
+    """Measured prefetch reads (nvme_prefetch_ms_by_rows, nvme_prefetch_share_ms_by_rows): one alone takes pf_alone
+    and its worker's wake-up, not the demand reads' depth-1 latency; each demand read issued while it is in
+    service makes it pf_share longer, and the prefetch reads queued behind it start later by as much."""
+    ch = NvmeChannel(1_000_000, 1.0, latency_by_qd={1: 2.0, 2: 3.0}, wake_ms=0.1, pf_alone=1.5, pf_share=0.4)
+    assert ch.prefetch(0.0, [7, 8]) == [pytest.approx(1.6), pytest.approx(3.2)]
+    ch.demand(1.0, 2)                              # two demand reads while 7 is in service: it lands 0.8 later
+    assert ch.promote(7, 1.1) == pytest.approx(2.4)
+    assert ch.arrival(8) == pytest.approx(4.0 + 1.6)    # 8 waits for the demand reads (1.0 + 3.0), then its own
+    ch.demand(20.0, 1)                             # none in service: no prefetch read moves
+    assert ch.arrival(8) == pytest.approx(5.6)
+    plain = NvmeChannel(1_000_000, 1.0, latency_by_qd={1: 2.0})     # unmeasured: the depth-1 latency, no share
+    assert plain.prefetch(0.0, [7]) == [pytest.approx(2.0)]
+    plain.demand(1.0, 1)
+    assert plain.promote(7, 1.5) == pytest.approx(2.0)
+
+
 def _with_head(c, head, host=0.5):
     import dataclasses
     return dataclasses.replace(c, head_layer=head, host_layer=host)

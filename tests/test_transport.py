@@ -309,6 +309,8 @@ def test_a_demand_read_beside_a_prefetch_read_in_service_is_booked_apart(st, mon
         alone = rd.fill(2, 2)              # the prefetch read is done: the device is its own again
         rd.wait(alone)
     assert d.pf_busy and not alone.pf_busy
-    assert [q for q, _ in rd.latency_pf_busy] == [1] and rd.latency_pf_busy[0][1] > 0
+    assert [(b, q) for b, q, _ in rd.latency_pf_busy] == [(d.burst, 1)] and rd.latency_pf_busy[0][2] > 0
     assert {q: len(v) for q, v in rd.latency_by_qd.items()} == {1: 1}
     assert [(b, q) for b, q, _ in rd.burst_ms] == [(alone.burst, 1)]
+    # the prefetch read is booked with the one demand read that shared the device while it ran (not the later one)
+    assert [n for n, _ in rd.prefetch_ms] == [1] and rd.prefetch_ms[0][1] > 0
