@@ -1,7 +1,7 @@
 """Re-run the simulator on a committed calibration record: its fitted terms, its arms, its measured figures.
 
     python benchmarks/repredict_calibration.py RECORD [--spread SHARED OWN] [--no-wake] [--refit-host]
-                                               [--refit-device] [--json]
+                                               [--refit-device] [--term FIELD JSON]... [--json]
 
 What a new simulator term would have predicted for a run already made, without the 25-35 minutes of measuring
 again: ``--spread`` sets the NVMe arrival spread (engine nvme_latency_cv_shared_by_rows / _own_by_rows, sd / mean)
@@ -11,7 +11,9 @@ fitted the copy time per rows gets it from its own VRAM fit arms' counters (cali
 (lanes.cpu.per_wake_ms), to show what that term does to the same run. ``--refit-host`` refits the host and non-MoE time
 terms on the record's fit arms with today's fits (a record made before the part per zerocopy call, tenth session).
 ``--refit-device`` refits the gpu and zerocopy lanes on the record's VRAM fit arms' calls (records made since the
-eleventh session keep them). Run with the registry the record was made with (its hardware record is not in the run
+eleventh session keep them). ``--term FIELD JSON`` replaces one of the record's terms (``calibration.terms``; a
+channel term is {engine: {rows: value}}, an empty object drops it): what another figure would have predicted.
+Run with the registry the record was made with (its hardware record is not in the run
 record). Prints each arm's recorded and new tok/s error, NVMe stall (ms per token) and zerocopy computes per token, then
 the record's summary figures recomputed (moetier.calibrate.summary): median / max / held-out max |error| and the
 buckets within 15%.
@@ -37,11 +39,18 @@ def main(argv=None):
                     help="refit the host and non-MoE time terms with today's fits (calibrate.fit_host_and_fixed)")
     ap.add_argument("--refit-device", action="store_true",
                     help="refit the gpu and zerocopy lanes with today's fit (calibrate.fit_device_terms)")
+    ap.add_argument("--term", nargs=2, action="append", default=[], metavar=("FIELD", "JSON"),
+                    help="replace one of the record's terms (repeatable)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     rec = json.loads(Path(a.record).read_text())
     cal = rec["calibration"]
     terms = dict(cal["terms"])
+    for field, value in a.term:
+        try:
+            terms[field] = json.loads(value)
+        except json.JSONDecodeError as e:
+            sys.exit(f"repredict_calibration: --term {field}: expected JSON, got {value!r} ({e.msg})")
     if a.spread:
         tables = terms.get("nvme_latency_by_rows_qd_ms", {})
         for field, v in zip(("nvme_latency_cv_shared_by_rows", "nvme_latency_cv_own_by_rows"), a.spread):

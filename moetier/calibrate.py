@@ -65,7 +65,7 @@ BUCKETS = ("cpu_moe", "gpu_moe", "nvme_stall", "copy", "host")
 # burst_table_for_rows), written and applied with it
 CHANNEL_TERMS = ("nvme_wake_ms_by_rows", "nvme_latency_cv_shared_by_rows", "nvme_latency_cv_own_by_rows",
                  "nvme_latency_by_rows_burst_ms", "nvme_latency_prefetch_factor_by_rows", "lane_lateness_sd_ms_by_rows",
-                 "nvme_prefetch_ms_by_rows", "nvme_prefetch_share_ms_by_rows")
+                 "nvme_prefetch_ms_by_rows", "nvme_prefetch_share_ms_by_rows", "nvme_latency_by_rows_burst_pf_ms")
 # a VRAM tier on this machine: the SYCL backend's device slots (on the OpenCL CPU device, the same cores), whose
 # engine runs its lanes and copies one after another (policy.overlap false)
 VRAM_ENGINE = "sycl-opencl-cpu"
@@ -338,9 +338,10 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
     together, ``burst_means``), ``nvme_wake_ms_by_rows`` (mean wake-up: landed to the blocked waiter resuming),
     and the latency's spread as sd / mean about those means, split into the part the reads of one burst (a
     layer's) share and each read's own (``nvme_latency_cv_shared_by_rows``, ``nvme_latency_cv_own_by_rows``;
-    ``spread_split``, moetier.plan._Finish), and how much longer a demand read takes when it finds a prefetch read
-    in service (``nvme_latency_prefetch_factor_by_rows``: its latency over what the model gives it without one,
-    ratio of sums, ``prefetch_busy_refs``; those reads are kept out of every other table). Means, not medians: the planner adds them
+    ``spread_split``, moetier.plan._Finish), and the reads that found a prefetch read in service, kept out of every
+    other table: the burst table of bursts whose every read found one (``nvme_latency_by_rows_burst_pf_ms``) and,
+    for the sizes it lacks, how much longer such a read takes (``nvme_latency_prefetch_factor_by_rows``: its
+    latency over what the model gives it without one, ratio of sums, ``prefetch_busy_refs``). Means, not medians: the planner adds them
     into stalls, and the median of a right-skewed latency understates their sum.
     The spread matters as much: a lane expects to wait E[max(0, arrival - free)], far more than the wait for a mean
     arrival that is about when the lane gets free (2026-12-01 VM: a layer's first read 0.70 ms against 0.03 for
@@ -374,11 +375,18 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
         w = {str(r): round(float(np.mean(v)), 4) for r, v in sorted(wake.get(eng, {}).items()) if len(v) >= 8}
         if w:
             out["nvme_wake_ms_by_rows"][eng] = w
-        shared, own, burst_tabs, pf, alone, share = {}, {}, {}, {}, {}, {}
+        shared, own, burst_tabs, pf_tabs, pf, alone, share = {}, {}, {}, {}, {}, {}, {}
         for r in sorted(by_rows):
             samples = bursts.get(eng, {}).get(r, ())
             by_burst = burst_means(samples)
-            busy = prefetch_busy_refs(pf_busy.get(eng, {}).get(r, ()), samples, by_burst, means[r])
+            pf_samples = pf_busy.get(eng, {}).get(r, ())
+            # the bursts whose every read found a prefetch read in service (none of theirs among the others)
+            apart = {(run, b) for run, b, _, _ in samples}
+            by_pf_burst = burst_means([s for s in pf_samples if (s[0], s[1]) not in apart])
+            if by_pf_burst:
+                pf_tabs[str(r)] = {str(n): {str(q): round(v, 4) for q, v in row.items()}
+                                   for n, row in sorted(by_pf_burst.items())}
+            busy = prefetch_busy_refs(pf_samples, samples, by_burst, means[r])
             if len(busy) >= 8:
                 pf[str(r)] = round(sum(ms for ms, _ in busy) / sum(ref for _, ref in busy), 4)
             chain = prefetch_service(pf_svc.get(eng, {}).get(r, ()))
@@ -394,6 +402,8 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
                 shared[str(r)], own[str(r)] = (round(x, 4) for x in split)
         if burst_tabs:
             out["nvme_latency_by_rows_burst_ms"][eng] = burst_tabs
+        if pf_tabs:
+            out["nvme_latency_by_rows_burst_pf_ms"][eng] = pf_tabs
         if shared:
             out["nvme_latency_cv_shared_by_rows"][eng] = shared
             out["nvme_latency_cv_own_by_rows"][eng] = own
@@ -664,7 +674,9 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
                                         f"nvme_latency_prefetch_factor_by_rows: latency of a demand read that found "
                                         f"a prefetch read in service, over the model's figure without one; "
                                         f"nvme_prefetch_ms_by_rows: started-to-landed of a prefetch read alone; "
-                                        f"nvme_prefetch_share_ms_by_rows: how much longer per demand read beside it")
+                                        f"nvme_prefetch_share_ms_by_rows: how much longer per demand read beside it; "
+                                        f"nvme_latency_by_rows_burst_pf_ms: the burst table of bursts issued "
+                                        f"beside a prefetch read in service")
         eng["source"] = src
         spec.write_record("engine", eng)
     rec["calibration"]["fixed_ms"] = terms["fixed_ms"]

@@ -49,7 +49,10 @@ class NvmeChannel:
 
     With measured ``bursts`` the reads of a burst share the device: a burst of n demand reads issued with none in
     flight takes each position's mean latency in bursts of n (where that size was measured) instead of the depth
-    table's, which averages over the burst sizes the calibration happened to see; other bursts land together, at
+    table's, which averages over the burst sizes the calibration happened to see; a burst issued while a prefetch
+    read is in service takes ``pf_bursts``, the same table measured on such bursts, where it has the size (the
+    factor then does not apply: the stall is a small difference of large numbers, and a factor fitted across arms
+    moved it by 18% per 7% of latency; run 42); other bursts land together, at
     the table's latency for their last read. ``wake`` is the measured delay from a read landing to the thread
     blocked on it resuming; the planner adds it to a pick whose lane had to wait for the bytes. ``cv_shared`` and
     ``cv_own`` are the measured spread of a read's latency (standard deviation over mean), the part the reads of a
@@ -60,12 +63,12 @@ class NvmeChannel:
 
     __slots__ = ("deep", "one", "lat", "dfree", "pf", "reads", "pf_reads", "pf_cancelled",
                  "pf_wasted", "qd_table", "outstanding", "pf_svc", "pf_lat", "pf_done", "wake", "cv_shared",
-                 "cv_own", "spread", "bursts", "pf_factor", "lane_sd", "pf_alone", "pf_share")
+                 "cv_own", "spread", "bursts", "pf_factor", "lane_sd", "pf_alone", "pf_share", "pf_bursts")
 
     def __init__(self, record_bytes: int, bw_gbps: float, bw_qd1_gbps: float | None = None,
                  latency_ms: float = 0.1, latency_by_qd: dict | None = None, wake_ms: float = 0.0,
                  cv_shared: float = 0.0, cv_own: float = 0.0, bursts: dict | None = None, pf_factor: float = 1.0,
-                 lane_sd: float = 0.0, pf_alone: float = 0.0, pf_share: float = 0.0):
+                 lane_sd: float = 0.0, pf_alone: float = 0.0, pf_share: float = 0.0, pf_bursts: dict | None = None):
         # latency_by_qd: {q: ms}; see also latency_table_for_rows() (tables measured under the runtime's load)
         # wake_ms: from a read landing to the lane blocked on it resuming (engine nvme_wake_ms_by_rows); paid only
         # by a lane that had to wait, so it is the planner's to add, not part of the arrival
@@ -85,11 +88,7 @@ class NvmeChannel:
         self.pf_share = float(pf_share) if pf_share and pf_share > 0 else 0.0
         # bursts: {n: {q: ms}}, the mean latency of the q-th read of a burst of n issued together (reads share the
         # device, so the first of two lands later than a read alone; engine nvme_latency_by_rows_burst_ms)
-        self.bursts = {}
-        for n, tab in (bursts or {}).items():
-            row = {int(q): float(v) for q, v in tab.items()}
-            if sorted(row) == list(range(1, int(n) + 1)):       # every position, or the depth table decides
-                self.bursts[int(n)] = [row[q] for q in sorted(row)]
+        self.bursts, self.pf_bursts = _burst_rows(bursts), _burst_rows(pf_bursts)
         self.deep = record_bytes / (bw_gbps * 1e6)
         self.one = record_bytes / ((bw_qd1_gbps or bw_gbps) * 1e6)
         self.lat = latency_ms
@@ -147,20 +146,23 @@ class NvmeChannel:
             # read joined when it was submitted)
             busy = [a for a in self.outstanding if a > t]
             q0 = len(busy)
-            f = 1.0
+            f, bursts = 1.0, self.bursts
             if self.pf:
                 for rec in self.pf.values():
                     if rec[0] < t < rec[1]:        # the prefetch read in service shares the device
-                        f = self.pf_factor
                         rec[1] += self.pf_share * n
+                        if q0 == 0 and n in self.pf_bursts:
+                            bursts = self.pf_bursts
+                        else:
+                            f = self.pf_factor
                         break
-            if not self.bursts:
+            if not bursts:
                 out = [t + f * self.latency_at(q0 + i + 1) for i in range(n)]
             else:
                 # measured bursts: concurrent reads share the device and land together (a burst of 3 at 3.7 ms
                 # each, not 2.4 / 3.1 / 3.8); a size not measured (or joining reads in flight) lands at the
                 # depth table's latency for its last read
-                row = self.bursts.get(n) if q0 == 0 else None
+                row = bursts.get(n) if q0 == 0 else None
                 out = [t + f * v for v in row] if row is not None else [t + f * self.latency_at(q0 + n)] * n
             busy.extend(out)
             self.outstanding = busy
@@ -234,6 +236,17 @@ class NvmeChannel:
         return cancelled, wasted
 
 
+def _burst_rows(bursts: dict | None) -> dict:
+    """{n: {q: ms}} -> {n: [ms by position]}, the sizes with every position measured (else the depth table
+    decides)."""
+    out = {}
+    for n, tab in (bursts or {}).items():
+        row = {int(q): float(v) for q, v in tab.items()}
+        if sorted(row) == list(range(1, int(n) + 1)):
+            out[int(n)] = [row[q] for q in sorted(row)]
+    return out
+
+
 def _engine_tables(engines, record_bytes) -> dict:
     """The engine record whose NVMe tables apply: the last of ``engines`` with ``nvme_latency_by_rows_qd_ms``
     measured under its load with records of ``record_bytes`` (a table for other record sizes does not apply)."""
@@ -288,11 +301,13 @@ def latency_table_for_rows(nvme: dict, rows: int, engines=(), record_bytes: int 
                     width)
 
 
-def burst_table_for_rows(rows: int, engines=(), record_bytes: int | None = None, width: tuple | None = None) -> dict:
+def burst_table_for_rows(rows: int, engines=(), record_bytes: int | None = None, width: tuple | None = None,
+                         field: str = "nvme_latency_by_rows_burst_ms") -> dict:
     """The mean latency by burst size and position ({n: {q: ms}}) at ``rows`` token rows, from the engine whose
-    latency table applies (``nvme_latency_by_rows_burst_ms``); between measured rows, the cells both have mix
-    as ``_at_rows`` does. {} if unmeasured: the depth table alone then sets arrivals."""
-    src = _engine_tables(engines, record_bytes).get("nvme_latency_by_rows_burst_ms") or {}
+    latency table applies (``field``: ``nvme_latency_by_rows_burst_ms``, or ``nvme_latency_by_rows_burst_pf_ms`` of
+    bursts issued beside a prefetch read in service); between measured rows, the cells both have mix as
+    ``_at_rows`` does. {} if unmeasured: the depth table alone then sets arrivals."""
+    src = _engine_tables(engines, record_bytes).get(field) or {}
     by_rows = {int(r): {int(n): {int(q): float(v) for q, v in row.items()} for n, row in tab.items()}
                for r, tab in src.items() if tab}
     if not by_rows:

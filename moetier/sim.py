@@ -101,7 +101,8 @@ class Replay:
                                 channel_term("nvme_latency_prefetch_factor_by_rows", *at),
                                 channel_term("lane_lateness_sd_ms_by_rows", *at),
                                 channel_term("nvme_prefetch_ms_by_rows", *at),
-                                channel_term("nvme_prefetch_share_ms_by_rows", *at))
+                                channel_term("nvme_prefetch_share_ms_by_rows", *at),
+                                burst_table_for_rows(*at, field="nvme_latency_by_rows_burst_pf_ms"))
         self.llc = reuse_model(R)
         self.predictor = predictor
         pf = R.policy.get("prefetch") or {}

@@ -335,6 +335,9 @@ def test_prefetch_factor_takes_the_burst_table_the_model_scales():
              "burst_ms": alone + pairs + [(0, 300, 2, 2.0)], "latency_pf_busy": busy}]
     got = calibrate.fit_channel(runs)["nvme_latency_prefetch_factor_by_rows"]["e"]["1"]
     assert got == pytest.approx((8 * 1.2 + 2.4 + 3.0) / (8 * 1.0 + 2.0 + 2.5), abs=1e-4)
+    # the bursts whose every read found a prefetch read in service have their own table (eight lone ones here;
+    # the pairs 300 and 400 are not whole among them)
+    assert calibrate.fit_channel(runs)["nvme_latency_by_rows_burst_pf_ms"] == {"e": {"1": {"1": {"1": 1.2}}}}
 
 
 def test_prefetch_service_is_the_lone_reads_mean_and_the_excess_per_demand_read_beside_one():

@@ -498,6 +498,21 @@ def test_a_demand_read_beside_a_prefetch_read_in_service_takes_the_measured_fact
     assert NvmeChannel(1_000_000, 1.0, latency_by_qd={1: 2.0}, pf_factor=0.0).pf_factor == 1.0   # unmeasured
 
 
+def test_a_burst_beside_a_prefetch_read_in_service_takes_its_own_measured_table():
+    """nvme_latency_by_rows_burst_pf_ms: a burst issued while a prefetch read is in service lands at that table's
+    figures where it has the size (no factor on top); a size it lacks takes the factor on the plain table."""
+    ch = NvmeChannel(1_000_000, 1.0, latency_by_qd={1: 2.0, 2: 3.0}, pf_factor=1.5,
+                     bursts={1: {1: 1.0}, 2: {1: 2.0, 2: 2.0}}, pf_bursts={1: {1: 1.3}, 2: {1: 2.0}})
+    ch.prefetch(0.0, [7])                          # in service from 0 to 2.0
+    assert ch.demand(1.0, 1) == [pytest.approx(1.0 + 1.3)]
+    ch2 = NvmeChannel(1_000_000, 1.0, latency_by_qd={1: 2.0, 2: 3.0}, pf_factor=1.5,
+                      bursts={1: {1: 1.0}, 2: {1: 2.0, 2: 2.0}}, pf_bursts={1: {1: 1.3}, 2: {1: 2.0}})
+    ch2.prefetch(0.0, [7])
+    # the pf table's size 2 misses a position: the plain table's pair, times the factor
+    assert ch2.demand(1.0, 2) == [pytest.approx(1.0 + 3.0), pytest.approx(1.0 + 3.0)]
+    assert ch.demand(10.0, 1) == [pytest.approx(11.0)]                 # none in service: the plain table
+
+
 def test_a_prefetch_read_takes_its_measured_time_plus_the_wake_and_demand_reads_beside_it_delay_the_chain():
     """Measured prefetch reads (nvme_prefetch_ms_by_rows, nvme_prefetch_share_ms_by_rows): one alone takes pf_alone
     and its worker's wake-up, not the demand reads' depth-1 latency; each demand read issued while it is in
