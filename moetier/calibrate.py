@@ -419,11 +419,11 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
 def prefetch_service(samples, min_n: int = 8) -> tuple[float, float | None] | None:
     """(alone, share) of prefetch reads [(demand reads submitted while it was in service, started-to-landed ms)]:
     the mean of those no demand read joined, and how much longer one takes per demand read that joined (ratio of
-    sums of the excess over ``alone`` to the reads; None with fewer than ``min_n`` joined reads). A demand read
-    takes the device from a prefetch read in service (2026-12-02, VM D, tail-prefetch-C1: 1.44 ms alone, 1.75 /
-    2.20 / 2.52 with one / two / three demand reads beside it), so the prefetch chain runs later than back-to-back
-    reads of the demand reads' latency, and what the model promotes as started had not started in the runtime
-    (half of them). None with fewer than ``min_n`` reads alone."""
+    sums of the excess over ``alone`` to the reads). None with fewer than ``min_n`` reads alone; share None with
+    fewer than ``min_n`` joined. A demand read takes the device from a prefetch read in service (2026-12-02, VM D,
+    tail-prefetch-C1: 1.44 ms alone, 1.75 / 2.20 / 2.52 with one / two / three demand reads beside it), so the
+    prefetch chain runs later than back-to-back reads of the demand reads' latency, and the model had promoted as
+    started prefetch reads the runtime had not started (half of them; docs/calibration.md, twelfth session)."""
     free = [ms for n, ms in samples if n == 0]
     if len(free) < min_n:
         return None
