@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 
-from _recipe import open_recipe, parser  # noqa: E402 - benchmarks/ is on sys.path when this script runs
-from moetier import calibrate, runtime, sim  # noqa: E402
+# benchmarks/ is on sys.path when this script runs
+from _recipe import calibration_arm, open_recipe, parser  # noqa: E402
+from moetier import runtime, sim  # noqa: E402
 
 KEYS = ("lane_cpu_s", "lane_gpu_s", "lane_zc_s", "nvme_wait_s", "stage_s", "read_span_s", "read_layers",
         "read_latency_s", "read_latency_n")
@@ -79,11 +80,7 @@ def main(argv=None):
     ap.add_argument("--top", type=int, default=8, help="shapes shown, most frequent first")
     a = ap.parse_args(argv)
     R0, st, tr = open_recipe(a)
-    arms = {x["name"]: x for x in calibrate.default_arms(R0, vram=True)}
-    if a.arm not in arms:
-        raise SystemExit(f"layer_residuals: --arm: expected one of {', '.join(arms)}, got {a.arm!r}")
-    arm = arms[a.arm]
-    R = calibrate.arm_recipe(R0.id, arm)
+    arm, R = calibration_arm(R0, a.arm, "layer_residuals")
     meas = measured_layers(R, st, tr, arm, a.steps)
     model = modeled_layers(R, tr, arm, a.steps)
     groups: dict = {}
@@ -114,7 +111,8 @@ def main(argv=None):
           + " |\n|---|---|---|" + "---|" * len(BUCKETS))
     for r in rows[:a.top]:
         cells = [f"{r[b]['measured']:.3f} ({r[b]['sim']:.3f})" if r[b] else "-" for b in BUCKETS]
-        print(f"| {'/'.join(str(v) for v in r['shape'].values())} | {r['reads'] or '-'} | {r['layers']} | " + " | ".join(cells) + " |")
+        shp = "/".join(str(v) for v in r["shape"].values())
+        print(f"| {shp} | {r['reads'] or '-'} | {r['layers']} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

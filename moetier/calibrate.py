@@ -341,8 +341,10 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
     ``spread_split``, moetier.plan._Finish), and the reads that found a prefetch read in service, kept out of every
     other table: the burst table of bursts whose every read found one (``nvme_latency_by_rows_burst_pf_ms``) and,
     for the sizes it lacks, how much longer such a read takes (``nvme_latency_prefetch_factor_by_rows``: its
-    latency over what the model gives it without one, ratio of sums, ``prefetch_busy_refs``). Means, not medians: the planner adds them
-    into stalls, and the median of a right-skewed latency understates their sum.
+    latency over what the model gives it without one, ratio of sums, ``prefetch_busy_refs``), and a prefetch read's
+    own time, alone and per demand read beside it (``nvme_prefetch_ms_by_rows``, ``nvme_prefetch_share_ms_by_rows``;
+    ``prefetch_service``). Means, not medians: the planner adds them into stalls, and the median of a right-skewed
+    latency understates their sum.
     The spread matters as much: a lane expects to wait E[max(0, arrival - free)], far more than the wait for a mean
     arrival that is about when the lane gets free (2026-12-01 VM: a layer's first read 0.70 ms against 0.03 for
     its mean; its reads' latencies correlate 0.78 within a layer). Depths the runtime reached are measured under
@@ -384,8 +386,7 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
             apart = {(run, b) for run, b, _, _ in samples}
             by_pf_burst = burst_means([s for s in pf_samples if (s[0], s[1]) not in apart])
             if by_pf_burst:
-                pf_tabs[str(r)] = {str(n): {str(q): round(v, 4) for q, v in row.items()}
-                                   for n, row in sorted(by_pf_burst.items())}
+                pf_tabs[str(r)] = _burst_record(by_pf_burst)
             busy = prefetch_busy_refs(pf_samples, samples, by_burst, means[r])
             if len(busy) >= 8:
                 pf[str(r)] = round(sum(ms for ms, _ in busy) / sum(ref for _, ref in busy), 4)
@@ -395,8 +396,7 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
                 if chain[1] is not None:
                     share[str(r)] = round(chain[1], 4)
             if by_burst:
-                burst_tabs[str(r)] = {str(n): {str(q): round(v, 4) for q, v in row.items()}
-                                      for n, row in sorted(by_burst.items())}
+                burst_tabs[str(r)] = _burst_record(by_burst)
             split = spread_split(samples, means[r], by_burst)
             if split is not None:
                 shared[str(r)], own[str(r)] = (round(x, 4) for x in split)
@@ -414,6 +414,11 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
         if share:
             out["nvme_prefetch_share_ms_by_rows"][eng] = share
     return out
+
+
+def _burst_record(by_burst: dict) -> dict:
+    """burst_means' {n: {q: ms}} as an engine record keeps it (string keys, 4 decimals)."""
+    return {str(n): {str(q): round(v, 4) for q, v in row.items()} for n, row in sorted(by_burst.items())}
 
 
 def prefetch_service(samples, min_n: int = 8) -> tuple[float, float | None] | None:

@@ -41,11 +41,11 @@ class NvmeChannel:
     those started as wasted. They run one at a time and start only while no demand read is in flight (the runtime's
     reader has one low-priority worker that waits for demand reads); with a measured table each takes ``pf_alone``
     (measured on prefetch reads; else the table's queue-depth-1 latency), else ``deep``, plus ``wake`` (the worker
-    resumes after the read before it landed as a blocked waiter does: 0.077 ms against 0.082 on VM D). In the table
-    model a prefetch read in service does not add to a demand read's depth: a demand read issued while one is in
-    service takes ``pf_factor`` times its latency instead (measured: ~5% more on VM A, 6-22% on VM B;
-    benchmarks/bench_read_latency.py, docs/calibration.md), and the prefetch read ``pf_share`` longer per demand
-    read (the prefetch reads queued behind it move with it).
+    resumes after the read before it landed as a blocked waiter does: 0.077 ms against 0.082 on VM D,
+    benchmarks/prefetch_claims.py). In the table model a prefetch read in service does not add to a demand read's
+    depth: a demand read issued while one is in service takes ``pf_factor`` times its latency instead (measured:
+    ~5% more on VM A, 6-22% on VM B; benchmarks/bench_read_latency.py, docs/calibration.md), and the prefetch read
+    ``pf_share`` longer per demand read (the prefetch reads queued behind it move with it).
 
     With measured ``bursts`` the reads of a burst share the device: a burst of n demand reads issued with none in
     flight takes each position's mean latency in bursts of n (where that size was measured) instead of the depth
@@ -99,13 +99,17 @@ class NvmeChannel:
         self.outstanding: list[float] = []     # arrival times of demand reads in flight (queueing model)
         self.use_table(latency_by_qd)
 
+    def _in_service(self, t: float) -> list | None:
+        """The [start, end] of the prefetch read in service at t (they run one at a time), or None."""
+        for rec in self.pf.values():
+            if rec[0] < t < rec[1]:
+                return rec
+        return None
+
     def _running_end(self, t: float) -> float:
         """End of the prefetch read in service at t (t if none)."""
-        end = t
-        for s, e in self.pf.values():
-            if s < t < e and e > end:
-                end = e
-        return end
+        rec = self._in_service(t)
+        return rec[1] if rec is not None else t
 
     def _repack(self, t: float) -> None:
         """Reschedule prefetch reads that have not started at t after all demand work."""
@@ -147,15 +151,13 @@ class NvmeChannel:
             busy = [a for a in self.outstanding if a > t]
             q0 = len(busy)
             f, bursts = 1.0, self.bursts
-            if self.pf:
-                for rec in self.pf.values():
-                    if rec[0] < t < rec[1]:        # the prefetch read in service shares the device
-                        rec[1] += self.pf_share * n
-                        if q0 == 0 and n in self.pf_bursts:
-                            bursts = self.pf_bursts
-                        else:
-                            f = self.pf_factor
-                        break
+            rec = self._in_service(t) if self.pf else None
+            if rec is not None:                    # the prefetch read in service shares the device
+                rec[1] += self.pf_share * n
+                if q0 == 0 and n in self.pf_bursts:
+                    bursts = self.pf_bursts
+                else:
+                    f = self.pf_factor
             if not bursts:
                 out = [t + f * self.latency_at(q0 + i + 1) for i in range(n)]
             else:

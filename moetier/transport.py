@@ -285,7 +285,7 @@ class Reader:
         self.latency_pf_busy: list = []
         # (demand reads submitted while it was in service, started-to-landed ms) of prefetch reads: how long one
         # takes alone and how much each demand read sharing the device delays it (the channel model's prefetch
-        # chain, moetier.calibrate.fit_prefetch_service)
+        # chain, moetier.calibrate.prefetch_service)
         self.prefetch_ms: list = []
         self._demand_submits = 0
         self._pf_busy = 0               # prefetch reads in service

@@ -522,7 +522,7 @@ def test_a_prefetch_read_takes_its_measured_time_plus_the_wake_and_demand_reads_
     ch.demand(1.0, 2)                              # two demand reads while 7 is in service: it lands 0.8 later
     assert ch.promote(7, 1.1) == pytest.approx(2.4)
     assert ch.arrival(8) == pytest.approx(4.0 + 1.6)    # 8 waits for the demand reads (1.0 + 3.0), then its own
-    ch.demand(20.0, 1)                             # none in service: no prefetch read moves
+    assert ch.demand(20.0, 1) == [pytest.approx(22.0)]   # none in service: the plain latency, no prefetch moves
     assert ch.arrival(8) == pytest.approx(5.6)
     plain = NvmeChannel(1_000_000, 1.0, latency_by_qd={1: 2.0})     # unmeasured: the depth-1 latency, no share
     assert plain.prefetch(0.0, [7]) == [pytest.approx(2.0)]

@@ -1,0 +1,87 @@
+"""How the runtime's prefetch reads ran against the plan that counted on them.
+
+    python benchmarks/prefetch_claims.py --store DIR [--recipe tiny-local-cpu] [--arm tail-prefetch-C1]
+                                         [--steps 200] [--json]
+
+Runs one calibration arm (moetier.calibrate.default_arms) on the runtime with the registry's terms and prints:
+the layers whose NVMe picks the plan served from prefetch reads (all of them, "p", or some, "m") and how many of
+those the runtime had to re-issue as demand reads because its prefetch read had not started (plan parity keeps
+the plan, the real reader decides); a prefetch read's started-to-landed time by the demand reads submitted while
+it ran (the reader's ``prefetch_ms``, what calibrate fits nvme_prefetch_ms_by_rows / _share_ms_by_rows on); and
+how long after the read before it landed the prefetch worker started a queued one (its wake-up).
+"""
+from __future__ import annotations
+
+import bisect
+import json
+
+import numpy as np
+
+# benchmarks/ is on sys.path when this script runs
+from _recipe import calibration_arm, open_recipe, parser  # noqa: E402
+from moetier import runtime  # noqa: E402
+
+
+def main(argv=None):
+    ap = parser(200)
+    ap.add_argument("--arm", default="tail-prefetch-C1")
+    a = ap.parse_args(argv)
+    R0, st, tr = open_recipe(a)
+    arm, R = calibration_arm(R0, a.arm, "prefetch_claims")
+    be = runtime.make_backend(arm.get("backend", "cpu"), st, R, arm["conc"], 1.0)
+    reader, comps, layers = be.reader, [], {}
+    fill = reader.fill
+
+    def booked_fill(key, slot, prefetch=False):
+        c = fill(key, slot, prefetch=prefetch)
+        comps.append(c)
+        return c
+    reader.fill = booked_fill
+    mark = [0]
+
+    def on_plan(s, layer, p):       # called after the layer ran: the demand fills since the last one are its
+        nv = len(p.nvme_cpu) + len(p.nvme_gpu)
+        fresh = sum(not c.prefetch for c in comps[mark[0]:])
+        mark[0] = len(comps)
+        if nv and p.demand_reads < nv:
+            kind = "p" if p.demand_reads == 0 else "m"
+            g = layers.setdefault(kind, [0, 0])
+            g[0] += 1
+            g[1] += fresh > p.demand_reads
+    try:
+        runtime.run(R, st, be, tr, arm["conc"], max_steps=a.steps, plan_hook=on_plan)
+        service = list(reader.prefetch_ms)
+    finally:
+        be.close()
+    by_joined: dict = {}
+    for n, ms in service:
+        by_joined.setdefault(n, []).append(ms)
+    landed = sorted(c.t_landed for c in comps if c.state == "landed")
+    gaps = []
+    for c in comps:
+        if c.prefetch and c.t_started and c.t_started - c.t_submit > 1e-4:      # it waited in the queue
+            i = bisect.bisect_left(landed, c.t_started) - 1
+            if i >= 0:
+                gaps.append((c.t_started - landed[i]) * 1e3)
+    out = {"arm": a.arm,
+           "claimed_layers": {k: {"layers": n, "reissued": r} for k, (n, r) in sorted(layers.items())},
+           "prefetch_ms_by_demand_reads_beside": {n: {"reads": len(v), "mean_ms": float(np.mean(v))}
+                                                  for n, v in sorted(by_joined.items())},
+           "start_after_landing_ms": {"reads": len(gaps), "mean": float(np.mean(gaps)) if gaps else None,
+                                      "p50": float(np.median(gaps)) if gaps else None}}
+    if a.json:
+        print(json.dumps(out, indent=1))
+        return
+    for k, v in out["claimed_layers"].items():
+        print(f"{k} layers: {v['layers']}, of which re-issued as demand reads: {v['reissued']}")
+    print("| demand reads beside | prefetch reads | mean started-to-landed ms |\n|---|---|---|")
+    for n, v in out["prefetch_ms_by_demand_reads_beside"].items():
+        print(f"| {n} | {v['reads']} | {v['mean_ms']:.3f} |")
+    g = out["start_after_landing_ms"]
+    if g["reads"]:
+        print(f"queued prefetch reads started {g['mean']:.3f} ms (mean; p50 {g['p50']:.3f}) after the read before "
+              f"them landed ({g['reads']} reads)")
+
+
+if __name__ == "__main__":
+    main()
