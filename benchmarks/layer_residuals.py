@@ -7,7 +7,7 @@ The runtime plans on the modeled clock (plan parity), so a replay of the recipe 
 for layer. This runs one calibration arm (moetier.calibrate.default_arms) on the runtime, with the registry's
 terms (the last calibration's), then in the simulator, and groups the layers by shape: VRAM hits, cpu RAM picks,
 zerocopy picks, NVMe picks to the cpu and gpu lanes, and whether those are demand reads (d), prefetched (p) or
-both (m). Per shape, the mean ms a layer of the cpu lane (net of waits), the gpu and zerocopy lanes, the NVMe
+both (m), and the NVMe wait summed over the run by that kind. Per shape, the mean ms a layer of the cpu lane (net of waits), the gpu and zerocopy lanes, the NVMe
 wait, and for demand reads the host's work before its first wait (the runtime's read span, from the submit; the
 plan's wait_from, from the layer's start) and that read's latency, measured against modeled. A bucket
 that is right on average can be wrong per layer: the stall follows how far the work before a wait reaches into
@@ -102,7 +102,16 @@ def main(argv=None):
                      "reads": shp[5], "layers": g["layers"],
                      **{b: ({"measured": g[b][0] / g[b][2], "sim": g[b][1] / g[b][2]} if g[b][2] else None)
                         for b in BUCKETS}})
-    out = {"arm": a.arm, "layers": len(meas), "layers_whose_plan_parted": parted, "shapes": rows}
+    # the stall by kind of reads, summed over the run: where the bucket's error comes from
+    by_reads: dict = {}
+    for r in rows:
+        if r["reads"] and r["wait"]:
+            w = by_reads.setdefault(r["reads"], {"layers": 0, "measured_ms": 0.0, "sim_ms": 0.0})
+            w["layers"] += r["layers"]
+            w["measured_ms"] += r["wait"]["measured"] * r["layers"]
+            w["sim_ms"] += r["wait"]["sim"] * r["layers"]
+    out = {"arm": a.arm, "layers": len(meas), "layers_whose_plan_parted": parted, "shapes": rows,
+           "wait_by_reads": by_reads}
     if a.json:
         print(json.dumps(out, indent=1))
         return
@@ -113,6 +122,8 @@ def main(argv=None):
         cells = [f"{r[b]['measured']:.3f} ({r[b]['sim']:.3f})" if r[b] else "-" for b in BUCKETS]
         shp = "/".join(str(v) for v in r["shape"].values())
         print(f"| {shp} | {r['reads'] or '-'} | {r['layers']} | " + " | ".join(cells) + " |")
+    print("NVMe wait summed over the run, ms measured (sim): " + ", ".join(
+        f"{k} layers ({w['layers']}) {w['measured_ms']:.0f} ({w['sim_ms']:.0f})" for k, w in sorted(by_reads.items())))
 
 
 if __name__ == "__main__":

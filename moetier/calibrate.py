@@ -65,7 +65,8 @@ BUCKETS = ("cpu_moe", "gpu_moe", "nvme_stall", "copy", "host")
 # burst_table_for_rows), written and applied with it
 CHANNEL_TERMS = ("nvme_wake_ms_by_rows", "nvme_latency_cv_shared_by_rows", "nvme_latency_cv_own_by_rows",
                  "nvme_latency_by_rows_burst_ms", "nvme_latency_prefetch_factor_by_rows", "lane_lateness_sd_ms_by_rows",
-                 "nvme_prefetch_ms_by_rows", "nvme_prefetch_share_ms_by_rows", "nvme_latency_by_rows_burst_pf_ms")
+                 "nvme_prefetch_ms_by_rows", "nvme_prefetch_share_ms_by_rows", "nvme_latency_by_rows_burst_pf_ms",
+                 "nvme_prefetch_sd_ms_by_rows")
 # a VRAM tier on this machine: the SYCL backend's device slots (on the OpenCL CPU device, the same cores), whose
 # engine runs its lanes and copies one after another (policy.overlap false)
 VRAM_ENGINE = "sycl-opencl-cpu"
@@ -342,8 +343,8 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
     other table: the burst table of bursts whose every read found one (``nvme_latency_by_rows_burst_pf_ms``) and,
     for the sizes it lacks, how much longer such a read takes (``nvme_latency_prefetch_factor_by_rows``: its
     latency over what the model gives it without one, ratio of sums, ``prefetch_busy_refs``), and a prefetch read's
-    own time, alone and per demand read beside it (``nvme_prefetch_ms_by_rows``, ``nvme_prefetch_share_ms_by_rows``;
-    ``prefetch_service``). Means, not medians: the planner adds them into stalls, and the median of a right-skewed
+    own time, alone and per demand read beside it, and its spread about that (``nvme_prefetch_ms_by_rows``,
+    ``nvme_prefetch_share_ms_by_rows``, ``nvme_prefetch_sd_ms_by_rows``; ``prefetch_service``). Means, not medians: the planner adds them into stalls, and the median of a right-skewed
     latency understates their sum.
     The spread matters as much: a lane expects to wait E[max(0, arrival - free)], far more than the wait for a mean
     arrival that is about when the lane gets free (2026-12-01 VM: a layer's first read 0.70 ms against 0.03 for
@@ -377,7 +378,7 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
         w = {str(r): round(float(np.mean(v)), 4) for r, v in sorted(wake.get(eng, {}).items()) if len(v) >= 8}
         if w:
             out["nvme_wake_ms_by_rows"][eng] = w
-        shared, own, burst_tabs, pf_tabs, pf, alone, share = {}, {}, {}, {}, {}, {}, {}
+        shared, own, burst_tabs, pf_tabs, pf, alone, share, pf_sd = {}, {}, {}, {}, {}, {}, {}, {}
         for r in sorted(by_rows):
             samples = bursts.get(eng, {}).get(r, ())
             by_burst = burst_means(samples)
@@ -393,6 +394,7 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
             chain = prefetch_service(pf_svc.get(eng, {}).get(r, ()))
             if chain is not None:
                 alone[str(r)] = round(chain[0], 4)
+                pf_sd[str(r)] = round(chain[2], 4)
                 if chain[1] is not None:
                     share[str(r)] = round(chain[1], 4)
             if by_burst:
@@ -413,6 +415,8 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
             out["nvme_prefetch_ms_by_rows"][eng] = alone
         if share:
             out["nvme_prefetch_share_ms_by_rows"][eng] = share
+        if pf_sd:
+            out["nvme_prefetch_sd_ms_by_rows"][eng] = pf_sd
     return out
 
 
@@ -421,11 +425,12 @@ def _burst_record(by_burst: dict) -> dict:
     return {str(n): {str(q): round(v, 4) for q, v in row.items()} for n, row in sorted(by_burst.items())}
 
 
-def prefetch_service(samples, min_n: int = 8) -> tuple[float, float | None] | None:
-    """(alone, share) of prefetch reads [(demand reads submitted while it was in service, started-to-landed ms)]:
-    the mean of those no demand read joined, and how much longer one takes per demand read that joined (ratio of
-    sums of the excess over ``alone`` to the reads). None with fewer than ``min_n`` reads alone; share None with
-    fewer than ``min_n`` joined. A demand read takes the device from a prefetch read in service (2026-12-02, VM D,
+def prefetch_service(samples, min_n: int = 8) -> tuple[float, float | None, float] | None:
+    """(alone, share, sd) of prefetch reads [(demand reads submitted while it was in service, started-to-landed
+    ms)]: the mean of those no demand read joined, how much longer one takes per demand read that joined (ratio of
+    sums of the excess over ``alone`` to the reads), and the sd of all about alone + share per demand read (the
+    worker's chain adds it up: a read's start spreads, and with it whether it has started when its key is needed,
+    NvmeChannel.claim). None with fewer than ``min_n`` reads alone; share None with fewer than ``min_n`` joined. A demand read takes the device from a prefetch read in service (2026-12-02, VM D,
     tail-prefetch-C1: 1.44 ms alone, 1.75 / 2.20 / 2.52 with one / two / three demand reads beside it), so the
     prefetch chain runs later than back-to-back reads of the demand reads' latency, and the model had promoted as
     started prefetch reads the runtime had not started (half of them; docs/calibration.md, twelfth session)."""
@@ -435,7 +440,8 @@ def prefetch_service(samples, min_n: int = 8) -> tuple[float, float | None] | No
     a = float(np.mean(free))
     joined = [(n, ms) for n, ms in samples if n > 0]
     share = max(0.0, sum(ms - a for _, ms in joined) / sum(n for n, _ in joined)) if len(joined) >= min_n else None
-    return a, share
+    sd = math.sqrt(sum((ms - a - (share or 0.0) * n) ** 2 for n, ms in samples) / len(samples))
+    return a, share, sd
 
 
 def prefetch_busy_refs(busy, samples, by_burst: dict, mean_by_q: dict) -> list[tuple]:
@@ -680,6 +686,7 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
                                         f"a prefetch read in service, over the model's figure without one; "
                                         f"nvme_prefetch_ms_by_rows: started-to-landed of a prefetch read alone; "
                                         f"nvme_prefetch_share_ms_by_rows: how much longer per demand read beside it; "
+                                        f"nvme_prefetch_sd_ms_by_rows: the sd of a prefetch read about those; "
                                         f"nvme_latency_by_rows_burst_pf_ms: the burst table of bursts issued "
                                         f"beside a prefetch read in service")
         eng["source"] = src

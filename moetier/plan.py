@@ -63,12 +63,14 @@ class NvmeChannel:
 
     __slots__ = ("deep", "one", "lat", "dfree", "pf", "reads", "pf_reads", "pf_cancelled",
                  "pf_wasted", "qd_table", "outstanding", "pf_svc", "pf_lat", "pf_done", "wake", "cv_shared",
-                 "cv_own", "spread", "bursts", "pf_factor", "lane_sd", "pf_alone", "pf_share", "pf_bursts")
+                 "cv_own", "spread", "bursts", "pf_factor", "lane_sd", "pf_alone", "pf_share", "pf_bursts", "pf_var",
+                 "pf_gone")
 
     def __init__(self, record_bytes: int, bw_gbps: float, bw_qd1_gbps: float | None = None,
                  latency_ms: float = 0.1, latency_by_qd: dict | None = None, wake_ms: float = 0.0,
                  cv_shared: float = 0.0, cv_own: float = 0.0, bursts: dict | None = None, pf_factor: float = 1.0,
-                 lane_sd: float = 0.0, pf_alone: float = 0.0, pf_share: float = 0.0, pf_bursts: dict | None = None):
+                 lane_sd: float = 0.0, pf_alone: float = 0.0, pf_share: float = 0.0, pf_bursts: dict | None = None,
+                 pf_sd: float = 0.0):
         # latency_by_qd: {q: ms}; see also latency_table_for_rows() (tables measured under the runtime's load)
         # wake_ms: from a read landing to the lane blocked on it resuming (engine nvme_wake_ms_by_rows); paid only
         # by a lane that had to wait, so it is the planner's to add, not part of the arrival
@@ -78,7 +80,10 @@ class NvmeChannel:
         self.cv_shared, self.cv_own = float(cv_shared), float(cv_own)
         # lane_sd: the host's lateness to its first wait (ms; engine lane_lateness_sd_ms_by_rows, _Finish)
         self.lane_sd = float(lane_sd) if lane_sd and lane_sd > 0 else 0.0
-        self.spread = self.cv_shared > 0.0 or self.cv_own > 0.0 or self.lane_sd > 0.0
+        # pf_sd: the spread (ms) of a prefetch read's service around alone + share per demand read (engine
+        # nvme_prefetch_sd_ms_by_rows); the worker's chain accumulates it, so a read's start is a distribution
+        self.pf_var = float(pf_sd) ** 2 if pf_sd and pf_sd > 0 else 0.0
+        self.spread = self.cv_shared > 0.0 or self.cv_own > 0.0 or self.lane_sd > 0.0 or self.pf_var > 0.0
         # pf_factor: a demand read issued while a prefetch read is in service shares the device with it and takes
         # this times its latency (engine nvme_latency_prefetch_factor_by_rows; 1 where unmeasured)
         self.pf_factor = float(pf_factor) if pf_factor and pf_factor > 0 else 1.0
@@ -93,15 +98,20 @@ class NvmeChannel:
         self.one = record_bytes / ((bw_qd1_gbps or bw_gbps) * 1e6)
         self.lat = latency_ms
         self.dfree = 0.0                 # when the last demand read completes
-        self.pf: dict[int, list] = {}    # key -> [start, end] (insertion order = queue order)
+        self.pf: dict[int, list] = {}    # key -> [start, end, start variance] (insertion order = queue order)
+        self.pf_gone: list[list] = []    # reads that left the queue (claimed or wasted) after they had started
         self.reads = self.pf_reads = self.pf_cancelled = self.pf_wasted = 0
         self.pf_done = 0                 # prefetch reads that ran (used or wasted) whose CPU work is not yet charged
         self.outstanding: list[float] = []     # arrival times of demand reads in flight (queueing model)
         self.use_table(latency_by_qd)
 
     def _in_service(self, t: float) -> list | None:
-        """The [start, end] of the prefetch read in service at t (they run one at a time), or None."""
+        """The [start, end, var] of the prefetch read in service at t (they run one at a time), or None: queued, or
+        one that left the queue but runs to its end (the worker cannot drop a read it has started)."""
         for rec in self.pf.values():
+            if rec[0] < t < rec[1]:
+                return rec
+        for rec in self.pf_gone:
             if rec[0] < t < rec[1]:
                 return rec
         return None
@@ -111,14 +121,27 @@ class NvmeChannel:
         rec = self._in_service(t)
         return rec[1] if rec is not None else t
 
+    def _worker_free(self, base: float, rec) -> tuple[float, float]:
+        """When the prefetch worker can start a read, not before ``base``, behind ``rec`` ([start, end, var], the
+        last read queued before it, or None) and the reads that left the queue still running: the expected max and
+        its variance (a worker late on its chain starts the next read late, whatever the channel's means)."""
+        e, v = -INF, 0.0
+        for r in (rec, *self.pf_gone) if rec is not None else self.pf_gone:
+            if r[1] >= e:
+                e, v = r[1], r[2] + self.pf_var
+        if v > 0.0:
+            return _max_normal(e, v, base, 0.0)
+        return (e, v) if e > base else (base, 0.0)
+
     def _repack(self, t: float) -> None:
         """Reschedule prefetch reads that have not started at t after all demand work."""
-        cur = max(t, self.dfree, self._running_end(t))
-        svc = self.pf_svc
+        cur, v = self._worker_free(max(t, self.dfree), self._in_service(t))
+        svc, sv = self.pf_svc, self.pf_var
         for rec in self.pf.values():
             if rec[0] >= t:
-                rec[0] = cur
+                rec[0], rec[2] = cur, v
                 cur += svc
+                v += sv
                 rec[1] = cur
 
     def use_table(self, table: dict | None) -> None:
@@ -151,7 +174,7 @@ class NvmeChannel:
             busy = [a for a in self.outstanding if a > t]
             q0 = len(busy)
             f, bursts = 1.0, self.bursts
-            rec = self._in_service(t) if self.pf else None
+            rec = self._in_service(t) if self.pf or self.pf_gone else None
             if rec is not None:                    # the prefetch read in service shares the device
                 rec[1] += self.pf_share * n
                 if q0 == 0 and n in self.pf_bursts:
@@ -173,7 +196,7 @@ class NvmeChannel:
             if self.pf:
                 self._repack(t)
             return out
-        busy_until = max(self.dfree, self._running_end(t)) if self.pf else self.dfree
+        busy_until = max(self.dfree, self._running_end(t)) if self.pf or self.pf_gone else self.dfree
         start = t if t > busy_until else busy_until
         if start <= t:
             start += self.lat      # idle channel: pay the access latency once
@@ -187,30 +210,78 @@ class NvmeChannel:
 
     def promote(self, key: int, t: float):
         """A prefetched key is needed now. Returns its arrival if its read has started, else None (the caller then
-        issues it as a demand read; the queued prefetch read is withdrawn)."""
+        issues it as a demand read; the queued prefetch read is withdrawn). ``claim`` also says how sure that is."""
+        return self.claim(key, t)[0]
+
+    def claim(self, key: int, t: float) -> tuple:
+        """(arrival or None, p, arrival if started) of a prefetched key needed at t; (None, 0, None) if it has no
+        prefetch read. The read has started (arrival not None) when its expected start is before t, as promote
+        says; p is the chance that it has, from its start's spread (the worker's chain), and the last item its
+        expected arrival given that it has: the runtime's reader decides for real, and re-issues a read that has
+        not started as a demand read (docs/calibration.md, thirteenth session: 30% of the reads the model had
+        started at tail-prefetch-C2)."""
         rec = self.pf.pop(key, None)
         if rec is None:
-            return None
+            return None, 0.0, None
+        p, a = self._left(rec, t)
         if rec[0] < t:
             self.pf_done += 1
-            return rec[1]
+            return rec[1], p, a
         self.pf_cancelled += 1          # withdrawn before it started: it becomes a demand read
-        return None
+        return None, p, a
+
+    def _left(self, rec, t: float) -> tuple[float, float]:
+        """A prefetch read leaves the queue at t (claimed, or expired unused): (p, a), the chance that the worker
+        has started it by t and its expected end if it has (the truncated normal of its start). The model keeps it
+        running (if its expected start is before t) or withdraws it; the runtime's reader decides by its real start
+        (at tail-prefetch-C2, 650 of 10282 reads the model withdrew had started, and 779 of 4278 it let run had
+        not)."""
+        s, e, v = rec
+        if v > 0.0:
+            sd = math.sqrt(v)
+            z = (t - s) / sd
+            p = 0.5 * (1.0 + math.erf(z / _SQRT2))
+            a = e - sd * _INV_SQRT_2PI * math.exp(-0.5 * z * z) / p if p > 1e-9 else e
+        else:
+            p, a = (1.0 if s < t else 0.0), e
+        gone = [r for r in self.pf_gone if r[1] > t]
+        if s < t:
+            gone.append(rec)
+        self.pf_gone = gone
+        return p, a
+
+    def read_now(self, t: float, beside: int = 0) -> float:
+        """When one more demand read issued at t, beside the ``beside`` demand reads just issued at t, would land,
+        without issuing it (the other side of a claim's race): the last of their burst, as ``demand`` books one."""
+        if not self.qd_table:
+            return max(t + self.lat, self.dfree) + self.one
+        q = sum(1 for a in self.outstanding if a > t) + 1
+        n = beside + 1
+        f, bursts = 1.0, self.bursts
+        if (self.pf or self.pf_gone) and self._in_service(t) is not None:
+            if q == n and n in self.pf_bursts:
+                bursts = self.pf_bursts
+            else:
+                f = self.pf_factor
+        row = bursts.get(n) if q == n else None
+        return t + f * (row[-1] if row is not None else self.latency_at(q))
 
     def prefetch(self, t: float, keys) -> list[float]:
         """Queue prefetch reads behind demand work; returns their (current) arrival times."""
-        cur = max(t, self.dfree)
-        for s, e in self.pf.values():
-            if e > cur:
-                cur = e
+        last = None
+        for rec in self.pf.values():
+            if last is None or rec[1] > last[1]:
+                last = rec
+        cur, v = self._worker_free(max(t, self.dfree), last)
         if cur <= t:
             cur += self.pf_lat
         out = []
-        svc = self.pf_svc
+        svc, sv = self.pf_svc, self.pf_var
         for k in keys:
             s = cur
             cur += svc
-            self.pf[k] = [s, cur]
+            self.pf[k] = [s, cur, v]
+            v += sv
             out.append(cur)
         self.pf_reads += len(out)
         return out
@@ -226,6 +297,7 @@ class NvmeChannel:
             rec = self.pf.pop(k, None)
             if rec is None:
                 continue
+            self._left(rec, t)
             if rec[0] >= t:
                 cancelled.append(k)
             else:
@@ -326,8 +398,8 @@ def channel_term(field: str, rows: int, engines=(), record_bytes: int | None = N
     """A per-rows term of the NVMe channel at ``rows`` token rows - ``nvme_wake_ms_by_rows`` (the wake-up, ms),
     ``nvme_latency_cv_shared_by_rows`` / ``nvme_latency_cv_own_by_rows`` (the latency's spread),
     ``nvme_latency_prefetch_factor_by_rows`` (a demand read beside a prefetch read in service),
-    ``nvme_prefetch_ms_by_rows`` / ``nvme_prefetch_share_ms_by_rows`` (a prefetch read alone, and per demand read
-    beside it, ms),
+    ``nvme_prefetch_ms_by_rows`` / ``nvme_prefetch_share_ms_by_rows`` / ``nvme_prefetch_sd_ms_by_rows`` (a prefetch
+    read alone, per demand read beside it, and its spread, ms),
     ``lane_lateness_sd_ms_by_rows`` (the host's lateness to its first wait, ms) - from the engine whose latency
     table applies; 0 if unmeasured."""
     return _scalar_at_rows(_engine_tables(engines, record_bytes).get(field), rows, width)
@@ -690,11 +762,12 @@ class _Finish:
     def __init__(self, free: float, own: float):
         self.free, self.due, self.lat, self.m, self.v, self.own = free, -INF, 0.0, -INF, 0.0, own
 
-    def add(self, busy: float, ready: float, a: float) -> None:
+    def add(self, busy: float, ready: float, a: float, xv: float = 0.0) -> None:
         """A pick that keeps the lane ``busy`` ms more when its bytes are there; ``ready`` is when the lane could
-        end it if it waited for them (arrival + wake-up + its work); ``a`` is its read's latency."""
+        end it if it waited for them (arrival + wake-up + its work); ``a`` is its read's latency; ``xv`` a variance
+        of its arrival beyond the read's own (a claim's race, _plan_nvme)."""
         self.free += busy
-        xv = (self.own * a) ** 2
+        xv += (self.own * a) ** 2
         if self.due == -INF:
             self.due, self.lat, self.m, self.v = ready, a, ready, xv
             return
@@ -727,27 +800,36 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, he
     gpu, cpu = ctx.gpu, ctx.cpu
     push = ctx.push_ms
     arr = plan.arrivals
-    fresh = []
+    fresh, race = [], {}
     for k in keys:
-        a = nvme.promote(k, t0) if nvme.pf else None
+        a, p, a_pf = nvme.claim(k, t0) if nvme.pf else (None, 0.0, None)
         if a is None:
             fresh.append(k)
         else:
             arr[k] = a
+        if 0.0 < p < 1.0:
+            race[k] = (p, a_pf)
     if fresh:
         for k, a in zip(fresh, nvme.demand(t0, len(fresh))):
             arr[k] = a
         plan.demand_reads = len(fresh)
+    # a claim the model decided one way may go the other in the runtime: the pick's arrival is the mixture of its
+    # prefetch read (started, with chance p) and a demand read issued now; the mixture's variance joins its own
+    xvar = {}
+    for k, (p, a_pf) in race.items():
+        a_d = arr[k] if k in fresh else nvme.read_now(t0, len(fresh))
+        m = p * a_pf + (1.0 - p) * a_d
+        arr[k], xvar[k] = m, p * (1.0 - p) * (a_pf - a_d) ** 2
     can_gpu = gpu is not None      # a gpu lane exists only with a VRAM tier (from_recipe)
     if dealt is not None:
         order, to_cpu = dealt[0] + dealt[1], set(dealt[0])
     else:
         # arrival order; demand reads come back in issue order, so only promoted prefetches need a sort
-        order = sorted(keys, key=arr.__getitem__) if len(keys) > 1 and len(fresh) < len(keys) else keys
+        order = sorted(keys, key=arr.__getitem__) if len(keys) > 1 and (len(fresh) < len(keys) or race) else keys
         to_cpu = None
     wake = nvme.wake
     if not ctx.overlap:
-        _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nvme, ahead, head, to_cpu)
+        _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nvme, ahead, head, to_cpu, xvar)
         return
     wait = gwait = 0.0
     spread = nvme.spread
@@ -759,6 +841,7 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, he
     cpu_resume = wake + ctx.cpu_after_wait
     if spread:
         cf, gf = _Finish(c, nvme.cv_own), _Finish(g, nvme.cv_own)
+        xv = xvar.get
     for k in order:
         a = arr[k] - t0
         if a < 0.0:
@@ -784,7 +867,7 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, he
             if a > cs:
                 wait += a + wake - cs
             if spread:
-                cf.add(cs - c + cw, a + cpu_resume + cw, a)
+                cf.add(cs - c + cw, a + cpu_resume + cw, a, xv(k, 0.0))
             c = ce
             c_on = True
             plan.nvme_cpu.append(k)
@@ -793,7 +876,7 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, he
                 wait += ap - gs
                 gwait += ap - gs
             if spread:
-                gf.add(gs - g + gw, a + wake + push + gw, a)
+                gf.add(gs - g + gw, a + wake + push + gw, a, xv(k, 0.0))
             g = ge
             g_on = True
             plan.nvme_gpu.append(k)
@@ -809,7 +892,7 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, he
 
 
 def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nvme, ahead=0.0, head=0.0,
-                 to_cpu=None):
+                 to_cpu=None, xvar=None):
     """NVMe picks when lanes do not overlap (policy.overlap false): one timeline after the resident lanes (c + g).
 
     Lanes: each pick, in arrival order, goes to the lane that ends it sooner (``to_cpu``: the picks another plan
@@ -880,7 +963,7 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nv
                 c_on = True
             now += step
             if spread:
-                fin.add(work, a + wake + late + work, a)
+                fin.add(work, a + wake + late + work, a, xvar.get(k, 0.0) if xvar else 0.0)
     d = fin.extra(nvme.cv_shared, nvme.lane_sd) if spread else 0.0
     if d:
         wait += d

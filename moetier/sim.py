@@ -102,7 +102,8 @@ class Replay:
                                 channel_term("lane_lateness_sd_ms_by_rows", *at),
                                 channel_term("nvme_prefetch_ms_by_rows", *at),
                                 channel_term("nvme_prefetch_share_ms_by_rows", *at),
-                                burst_table_for_rows(*at, field="nvme_latency_by_rows_burst_pf_ms"))
+                                burst_table_for_rows(*at, field="nvme_latency_by_rows_burst_pf_ms"),
+                                channel_term("nvme_prefetch_sd_ms_by_rows", *at))
         self.llc = reuse_model(R)
         self.predictor = predictor
         pf = R.policy.get("prefetch") or {}

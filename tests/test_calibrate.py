@@ -340,15 +340,18 @@ def test_prefetch_factor_takes_the_burst_table_the_model_scales():
     assert calibrate.fit_channel(runs)["nvme_latency_by_rows_burst_pf_ms"] == {"e": {"1": {"1": {"1": 1.2}}}}
 
 
-def test_prefetch_service_is_the_lone_reads_mean_and_the_excess_per_demand_read_beside_one():
+def test_prefetch_service_is_the_lone_reads_mean_the_excess_per_demand_read_beside_one_and_the_spread_about_both():
     samples = [(0, 1.4)] * 4 + [(0, 1.6)] * 4 + [(1, 1.8)] * 6 + [(2, 2.4)] * 2
-    alone, share = calibrate.prefetch_service(samples)
+    alone, share, sd = calibrate.prefetch_service(samples)
     assert alone == pytest.approx(1.5) and share == pytest.approx((6 * 0.3 + 2 * 0.9) / 10)
+    # residuals about 1.5 + 0.36 n: +-0.1 alone, -0.06 with one beside, +0.18 with two
+    assert sd == pytest.approx(((8 * 0.1 ** 2 + 6 * 0.06 ** 2 + 2 * 0.18 ** 2) / 16) ** 0.5)
     assert calibrate.prefetch_service(samples[:7] + samples[8:]) is None                  # 7 alone: no entry
-    assert calibrate.prefetch_service(samples[:8] + [(1, 1.8)] * 7) == (pytest.approx(1.5), None)  # 7 joined
+    assert calibrate.prefetch_service(samples[:8] + [(1, 1.8)] * 7)[:2] == (pytest.approx(1.5), None)  # 7 joined
     got = calibrate.fit_channel([{"engine": "e", "conc": 1, "latency_by_qd": {1: [1.0] * 8}, "prefetch_ms": samples}])
     assert got["nvme_prefetch_ms_by_rows"] == {"e": {"1": 1.5}}
     assert got["nvme_prefetch_share_ms_by_rows"] == {"e": {"1": pytest.approx(0.36, abs=1e-4)}}
+    assert got["nvme_prefetch_sd_ms_by_rows"] == {"e": {"1": pytest.approx(sd, abs=1e-4)}}
 
 
 def one_run(samples):
