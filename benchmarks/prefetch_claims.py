@@ -8,7 +8,11 @@ the layers whose NVMe picks the plan served from prefetch reads (all of them, "p
 those the runtime had to re-issue as demand reads because its prefetch read had not started (plan parity keeps
 the plan, the real reader decides); a prefetch read's started-to-landed time by the demand reads submitted while
 it ran (the reader's ``prefetch_ms``, what calibrate fits nvme_prefetch_ms_by_rows / _share_ms_by_rows on); and
-how long after the read before it landed the prefetch worker started a queued one (its wake-up).
+how long after the read before it landed the prefetch worker started a queued one (its wake-up); and the share of
+demand reads issued while a prefetch read was in service (they share the device), the runtime's against the
+simulator's on the same arm (its ``prefetch.demand_reads_beside``), and the share of prefetch reads withdrawn before
+they started (the rest ran, used or wasted). The runtime's counts include its warm-up steps, the simulator's are its measured
+steps': compare the shares.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import numpy as np
 
 # benchmarks/ is on sys.path when this script runs
 from _recipe import calibration_arm, open_recipe, parser  # noqa: E402
-from moetier import runtime  # noqa: E402
+from moetier import runtime, sim  # noqa: E402
 
 
 def main(argv=None):
@@ -37,9 +41,11 @@ def main(argv=None):
         comps.append(c)
         return c
     reader.fill = booked_fill
-    mark = [0]
+    mark, first = [0], [None]
 
     def on_plan(s, layer, p):       # called after the layer ran: the demand fills since the last one are its
+        if first[0] is None:        # the fills before it seeded the tiers
+            first[0] = len(comps)
         nv = len(p.nvme_cpu) + len(p.nvme_gpu)
         fresh = sum(not c.prefetch for c in comps[mark[0]:])
         mark[0] = len(comps)
@@ -56,6 +62,10 @@ def main(argv=None):
     by_joined: dict = {}
     for n, ms in service:
         by_joined.setdefault(n, []).append(ms)
+    demand = [c for c in comps[first[0] or 0:] if not c.prefetch]
+    prefetched = [c for c in comps[first[0] or 0:] if c.prefetch]
+    srun = sim.run(R, tr, arm["conc"], max_steps=a.steps)
+    modeled = srun["prefetch"]
     landed = sorted(c.t_landed for c in comps if c.state == "landed")
     gaps = []
     for c in comps:
@@ -68,7 +78,13 @@ def main(argv=None):
            "prefetch_ms_by_demand_reads_beside": {n: {"reads": len(v), "mean_ms": float(np.mean(v))}
                                                   for n, v in sorted(by_joined.items())},
            "start_after_landing_ms": {"reads": len(gaps), "mean": float(np.mean(gaps)) if gaps else None,
-                                      "p50": float(np.median(gaps)) if gaps else None}}
+                                      "p50": float(np.median(gaps)) if gaps else None},
+           "demand_reads_beside_a_prefetch_read": {
+               "runtime": {"reads": len(demand), "beside": sum(c.pf_busy for c in demand)},
+               "sim": {"reads": modeled["demand_reads"], "beside": modeled["demand_reads_beside"]}},
+           "prefetch_reads_withdrawn": {
+               "runtime": {"reads": len(prefetched), "withdrawn": sum(c.state == "cancelled" for c in prefetched)},
+               "sim": {"reads": round(modeled["issued_per_tok"] * srun["tokens"]), "withdrawn": modeled["cancelled"]}}}
     if a.json:
         print(json.dumps(out, indent=1))
         return
@@ -81,6 +97,16 @@ def main(argv=None):
     if g["reads"]:
         print(f"queued prefetch reads started {g['mean']:.3f} ms (mean; p50 {g['p50']:.3f}) after the read before "
               f"them landed ({g['reads']} reads)")
+    for who, v in out["demand_reads_beside_a_prefetch_read"].items():
+        print(f"{who}: {v['beside']} of {v['reads']} demand reads ({_pct(v['beside'], v['reads'])}) issued beside a "
+              f"prefetch read in service")
+    for who, v in out["prefetch_reads_withdrawn"].items():
+        print(f"{who}: {v['withdrawn']} of {v['reads']} prefetch reads ({_pct(v['withdrawn'], v['reads'])}) withdrawn "
+              f"before they started")
+
+
+def _pct(n, d) -> str:
+    return f"{100.0 * n / d:.1f}%" if d else "-"
 
 
 if __name__ == "__main__":

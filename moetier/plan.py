@@ -45,7 +45,11 @@ class NvmeChannel:
     benchmarks/prefetch_claims.py). In the table model a prefetch read in service does not add to a demand read's
     depth: a demand read issued while one is in service takes ``pf_factor`` times its latency instead (measured:
     ~5% more on VM A, 6-22% on VM B; benchmarks/bench_read_latency.py, docs/calibration.md), and the prefetch read
-    ``pf_share`` longer per demand read (the prefetch reads queued behind it move with it).
+    ``pf_share`` longer per demand read (the prefetch reads queued behind it move with it). A read the worker has
+    started runs to its end even when it leaves the queue (claimed, or expired unused): the next one waits for it,
+    and it is in service beside the demand reads issued meanwhile. With ``pf_sd`` (a prefetch read's measured
+    spread) each read's start is a distribution that the chain accumulates, and ``claim`` says how likely a read
+    has started when its key is needed.
 
     With measured ``bursts`` the reads of a burst share the device: a burst of n demand reads issued with none in
     flight takes each position's mean latency in bursts of n (where that size was measured) instead of the depth
@@ -64,7 +68,7 @@ class NvmeChannel:
     __slots__ = ("deep", "one", "lat", "dfree", "pf", "reads", "pf_reads", "pf_cancelled",
                  "pf_wasted", "qd_table", "outstanding", "pf_svc", "pf_lat", "pf_done", "wake", "cv_shared",
                  "cv_own", "spread", "bursts", "pf_factor", "lane_sd", "pf_alone", "pf_share", "pf_bursts", "pf_var",
-                 "pf_gone")
+                 "pf_gone", "reads_beside_pf")
 
     def __init__(self, record_bytes: int, bw_gbps: float, bw_qd1_gbps: float | None = None,
                  latency_ms: float = 0.1, latency_by_qd: dict | None = None, wake_ms: float = 0.0,
@@ -101,6 +105,7 @@ class NvmeChannel:
         self.pf: dict[int, list] = {}    # key -> [start, end, start variance] (insertion order = queue order)
         self.pf_gone: list[list] = []    # reads that left the queue (claimed or wasted) after they had started
         self.reads = self.pf_reads = self.pf_cancelled = self.pf_wasted = 0
+        self.reads_beside_pf = 0         # demand reads issued while a prefetch read was in service
         self.pf_done = 0                 # prefetch reads that ran (used or wasted) whose CPU work is not yet charged
         self.outstanding: list[float] = []     # arrival times of demand reads in flight (queueing model)
         self.use_table(latency_by_qd)
@@ -177,6 +182,7 @@ class NvmeChannel:
             rec = self._in_service(t) if self.pf or self.pf_gone else None
             if rec is not None:                    # the prefetch read in service shares the device
                 rec[1] += self.pf_share * n
+                self.reads_beside_pf += n
                 if q0 == 0 and n in self.pf_bursts:
                     bursts = self.pf_bursts
                 else:
@@ -218,8 +224,8 @@ class NvmeChannel:
         prefetch read. The read has started (arrival not None) when its expected start is before t, as promote
         says; p is the chance that it has, from its start's spread (the worker's chain), and the last item its
         expected arrival given that it has: the runtime's reader decides for real, and re-issues a read that has
-        not started as a demand read (docs/calibration.md, thirteenth session: 30% of the reads the model had
-        started at tail-prefetch-C2)."""
+        not started as a demand read (on run 45's terms at tail-prefetch-C2, 134 of the 444 layers whose NVMe
+        picks the model served from started prefetch reads re-issued one: benchmarks/prefetch_claims.py)."""
         rec = self.pf.pop(key, None)
         if rec is None:
             return None, 0.0, None
@@ -233,9 +239,8 @@ class NvmeChannel:
     def _left(self, rec, t: float) -> tuple[float, float]:
         """A prefetch read leaves the queue at t (claimed, or expired unused): (p, a), the chance that the worker
         has started it by t and its expected end if it has (the truncated normal of its start). The model keeps it
-        running (if its expected start is before t) or withdraws it; the runtime's reader decides by its real start
-        (at tail-prefetch-C2, 650 of 10282 reads the model withdrew had started, and 779 of 4278 it let run had
-        not)."""
+        running (if its expected start is before t) or withdraws it; the runtime's reader decides by its real
+        start."""
         s, e, v = rec
         if v > 0.0:
             sd = math.sqrt(v)

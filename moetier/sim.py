@@ -373,6 +373,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
         meas = step >= warm_steps
         if meas and step == warm_steps:
             pf_used0, chan_pf0, wasted0, cancel0 = rp.pf_used, chan.pf_reads, chan.pf_wasted, chan.pf_cancelled
+            reads0, beside0 = chan.reads, chan.reads_beside_pf
         rp.begin_step(step)
         if dealer is not None:
             dealer.begin_step(step)
@@ -466,6 +467,10 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
             "cancelled": chan.pf_cancelled - cancel0,
             "wasted_reads": pf_wasted,
             "wasted_bytes": pf_wasted * R.nvme_expert_bytes,
+            # of the demand reads, those issued while a prefetch read was in service (they share the device; the
+            # runtime's reader marks the same, Completion.pf_busy)
+            "demand_reads": chan.reads - reads0,
+            "demand_reads_beside": chan.reads_beside_pf - beside0,
         },
         "ledger": dict(rp.ledger.counters),
         "layer_plans": total * L, "sim_seconds": wall,
