@@ -19,9 +19,9 @@ from pathlib import Path
 from moetier.bench import relative_lstsq
 
 # one call class's row: [per inline call, per split call, inline experts, split experts, extra rows, reads, wake,
-# inline calls after a blocked wait]
+# inline calls after a blocked wait, split calls that end with a worker's share]
 NAMES = ("per_call_ms", "per_layer_ms", "per_expert_ms", "per_split_expert_ms", "per_extra_token_ms", "per_read_ms",
-         "per_wake_ms", "per_after_wait_ms")
+         "per_wake_ms", "per_after_wait_ms", "per_handoff_ms")
 
 
 def class_rows(record: dict) -> list[dict]:
@@ -39,7 +39,8 @@ def class_rows(record: dict) -> list[dict]:
                         "experts_per_call": c[f"cpu_{cls}_experts"] / n, "ms": c[f"cpu_{cls}_s"] * 1e3,
                         "a": [0 if split else n, n if split else 0, 0 if split else e, e if split else 0, x,
                               c[f"cpu_{cls}_contended"], c.get("cpu_split_wake", 0.0) if split else 0.0,
-                              0 if split else c.get("cpu_inline_waited", 0)]})
+                              0 if split else c.get("cpu_inline_waited", 0),
+                              c.get("cpu_split_handoff", 0) if split else 0]})
     return out
 
 

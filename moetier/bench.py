@@ -125,7 +125,9 @@ def fit_cpu_lane(rows, workers: int, read_cpu: float | None = 0.0) -> dict:
     work, + ``per_after_wait`` where the host blocked on the pick's read right before it (``waited``: such calls;
     fitted where a row has any); split call = per_layer + the work of its longest share (the batch is dealt out
     strided over ``workers`` threads: ``crit_*``, else cold / workers and extra / workers) + ``per_wake`` per unit
-    of its worker's idle (``wake``, summed spec.idle_wake; fitted where a row has any), with work = per_expert *
+    of its worker's idle (``wake``, summed spec.idle_wake; fitted where a row has any) + ``per_handoff`` for each
+    call that ends with a worker's share (``handoff``: spec.hands_off; fitted where some split calls do and some do
+    not), with work = per_expert *
     cold + per_extra_token * extra_rows (one-thread costs; ``cold``: the experts in cold-expert equivalents under
     the host cache model, moetier.llc - the expert count without one), plus ``per_read`` for each NVMe read of the
     layer (``contended``).
@@ -138,6 +140,9 @@ def fit_cpu_lane(rows, workers: int, read_cpu: float | None = 0.0) -> dict:
     # with no read during any call, per_read is not identifiable: left out (the planner keeps the hardware figure)
     fit_read = read_cpu is None and any(r.get("contended", 0) for r in rows if r["calls"])
     fit_wake = any(r.get("wake", 0.0) for r in rows if r["calls"])
+    # the hand-off is identifiable only beside split calls that end with the caller's share (odd batches over two)
+    fit_handoff = any(r.get("handoff", 0) for r in rows if r["calls"]) and \
+        any(r["cls"] == "split" and r["calls"] > r.get("handoff", r["calls"]) for r in rows)
     fit_waited = any(r.get("waited", 0) for r in rows if r["calls"])
     read_cpu = read_cpu or 0.0
     for r in rows:
@@ -149,7 +154,8 @@ def fit_cpu_lane(rows, workers: int, read_cpu: float | None = 0.0) -> dict:
         else:
             a = [0.0, r["calls"], r.get("crit_cold", e / workers), r.get("crit_extra", r["extra"] / workers)]
         A.append(a + ([n] if fit_read else []) + ([r.get("wake", 0.0)] if fit_wake else [])
-                 + ([r.get("waited", 0)] if fit_waited else []))
+                 + ([r.get("waited", 0)] if fit_waited else [])
+                 + ([r.get("handoff", 0) if r["cls"] == "split" else 0] if fit_handoff else []))
         y.append(max(1e-6, r["ms"] - (0.0 if fit_read else read_cpu * n)))
     coef = relative_lstsq(A, y)
     out = dict(zip(("per_call_ms", "per_layer_ms", "per_expert_ms", "per_extra_token_ms"), coef))
@@ -158,7 +164,9 @@ def fit_cpu_lane(rows, workers: int, read_cpu: float | None = 0.0) -> dict:
     if fit_wake:
         out["per_wake_ms"] = coef[4 + fit_read]
     if fit_waited:
-        out["per_after_wait_ms"] = coef[-1]
+        out["per_after_wait_ms"] = coef[4 + fit_read + fit_wake]
+    if fit_handoff:
+        out["per_handoff_ms"] = coef[-1]
     return out
 
 

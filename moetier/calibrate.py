@@ -237,13 +237,15 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
 def cpu_lane_rows(c: dict) -> list[dict]:
     """One arm's cpu-lane calls as moetier.bench.fit_cpu_lane's rows, one per call class (aggregates over its
     counters: calls, experts and their cold equivalents, extra rows, reads of the layer in flight; inline calls
-    right after a blocked wait; a split call's longest share and its worker's idle)."""
+    right after a blocked wait; a split call's longest share, its worker's idle and the calls that ended with a
+    worker's share)."""
     return [{"cls": cls, "calls": c[f"cpu_{cls}_calls"], "experts": c[f"cpu_{cls}_experts"],
              "extra": c[f"cpu_{cls}_extra"], "ms": c[f"cpu_{cls}_s"] * 1e3, "contended": c[f"cpu_{cls}_contended"],
              "cold": c.get(f"cpu_{cls}_cold", c[f"cpu_{cls}_experts"]),
              **({"waited": c.get("cpu_inline_waited", 0)} if cls == "inline" else {}),
              **({"crit_cold": c["cpu_split_crit_cold"], "crit_extra": c["cpu_split_crit_extra"],
-                 "wake": c.get("cpu_split_wake", 0.0)} if cls == "split" and "cpu_split_crit_cold" in c else {})}
+                 "wake": c.get("cpu_split_wake", 0.0), "handoff": c.get("cpu_split_handoff", 0)}
+                if cls == "split" and "cpu_split_crit_cold" in c else {})}
             for cls in ("inline", "split")]
 
 

@@ -433,6 +433,7 @@ class PlanContext:
     cpu_pmin: int = 0          # ... once it has at least this many experts
     cpu_wake: float = 0.0      # ... and then pays this per unit of its worker's idle (spec.idle_wake)
     cpu_after_wait: float = 0.0   # cpu lane: what an inline call pays beyond cpu_call right after a blocked wait
+    cpu_handoff: float = 0.0   # cpu lane: what a split call pays when it ends with a worker's share (spec.hands_off)
     host_layer: float = 0.0    # serial host time per layer call outside the lanes (plan, bookkeeping, combine)
     host_pick: float = 0.0     # ... per pick
     host_read: float = 0.0     # ... and per NVMe pick (issue, slot, landing bookkeeping)
@@ -490,6 +491,7 @@ class PlanContext:
                    cpu_call=cl.per_call_ms if cl else 0.0, cpu_workers=cl.workers if cl else 1,
                    cpu_pmin=cl.parallel_min if cl else 0, cpu_wake=float(cl.per_wake_ms or 0.0) if cl else 0.0,
                    cpu_after_wait=float(cl.per_after_wait_ms or 0.0) if cl else 0.0,
+                   cpu_handoff=float(cl.per_handoff_ms or 0.0) if cl else 0.0,
                    host_layer=float(host.get("per_layer_ms", 0.0)), host_pick=float(host.get("per_pick_ms", 0.0)),
                    host_read=float(host.get("per_read_ms", 0.0)),
                    host_nvme_layer=float(host.get("per_nvme_layer_ms", 0.0)),
@@ -586,7 +588,8 @@ def _ram_lanes(ctx, ram_l, g, llc, cpu_list, zc_list, force=None, reads: int = 0
     ends sooner on ``ctx``'s costs - or, with ``force`` (the keys already dealt to the cpu lane), as dealt, only
     timed on them. Appends to the two lists; returns (g, c, the cpu batch's cold-expert equivalents, its longest
     share's (cold, extra rows) if the call is split else None). A split call deals its batch out strided
-    (spec.deal: thread i takes experts i, i + W, ...) and ends with its longest share. ``reads``: the layer's NVMe
+    (spec.deal: thread i takes experts i, i + W, ...) and ends with its longest share, plus the hand-off when a
+    worker's share is as long as the caller's by count (spec.hands_off). ``reads``: the layer's NVMe
     reads in flight during the zerocopy call (ctx.zc_read each, and ctx.zc_busy once if any; the cpu lane's share is
     booked by the caller).
     ``wake``: the idle units of the split call's worker (spec.idle_wake), ctx.cpu_wake each."""
@@ -595,7 +598,7 @@ def _ram_lanes(ctx, ram_l, g, llc, cpu_list, zc_list, force=None, reads: int = 0
     zpl, zpe, zpx = ctx.zerocopy if ctx.zerocopy else (INF, INF, 0.0)
     if reads:
         zpl += ctx.zc_read * reads + ctx.zc_busy
-    W, pmin, cpc = ctx.cpu_workers, ctx.cpu_pmin, ctx.cpu_call
+    W, pmin, cpc, hoff = ctx.cpu_workers, ctx.cpu_pmin, ctx.cpu_call, ctx.cpu_handoff
     c, zc_on = 0.0, False
     n_c, work_c = 0, 0.0              # the cpu batch so far: experts and summed one-thread work
     shares, crit = [0.0] * W, 0.0     # per thread of a split call: its work; the longest
@@ -612,6 +615,8 @@ def _ram_lanes(ctx, ram_l, g, llc, cpu_list, zc_list, force=None, reads: int = 0
             ce = cpc + work1
         else:
             ce = cpl + (s_i if s_i > crit else crit)
+            if hoff and n1 % W != 1:            # spec.hands_off
+                ce += hoff
         ge = (g if zc_on else g + zpl) + zpe
         if m > 1:
             ge += zpx * (m - 1)

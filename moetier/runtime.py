@@ -30,7 +30,7 @@ from moetier.errors import UserError
 from moetier.plan import plan_layer
 from moetier.predict import make_predictor
 from moetier.sim import Replay, Streams, _segment_plan, rank_keys
-from moetier.spec import deal, idle_wake
+from moetier.spec import deal, hands_off, idle_wake
 from moetier.transport import TransportError
 
 EPS = 1e-6
@@ -105,7 +105,7 @@ class Runtime:
                           cpu_inline_calls=0, cpu_inline_experts=0, cpu_inline_extra=0, cpu_inline_s=0.0,
                           cpu_inline_contended=0, cpu_split_calls=0, cpu_split_experts=0, cpu_split_extra=0,
                           cpu_split_s=0.0, cpu_split_contended=0, cpu_inline_cold=0.0, cpu_split_cold=0.0,
-                          cpu_split_crit_cold=0.0, cpu_split_crit_extra=0, cpu_split_wake=0.0,
+                          cpu_split_crit_cold=0.0, cpu_split_crit_extra=0, cpu_split_wake=0.0, cpu_split_handoff=0,
                           cpu_inline_waited=0,
                           predict_s=0.0, predict_layers=0, predict_rows=0,
                           gpu_calls=0, gpu_experts=0, gpu_extra=0, zc_calls=0, zc_experts=0, zc_extra=0, copies=0,
@@ -189,7 +189,8 @@ class Runtime:
         """cpu lane accounting per call (from t0 to t1, perf_counter seconds), split by how the backend ran it
         (inline vs split over workers): the inputs of the lane cost fit in moetier.bench.fit_cpu_lane. A split call
         also books its longest share (``crit``: cold-expert equivalents, extra rows; the plan's, else by count over
-        the strided deal) and how long its worker idled before it (spec.idle_wake); an inline call, whether the host
+        the strided deal), whether it ends with a worker's share (spec.hands_off) and how long its worker idled
+        before it (spec.idle_wake); an inline call, whether the host
         blocked on its pick's read right before it (``waited``)."""
         st = self.stats
         seconds = t1 - t0
@@ -213,6 +214,7 @@ class Runtime:
                         sum(picks[k] - 1 for k in share))
             st["cpu_split_crit_cold"] += crit[0]
             st["cpu_split_crit_extra"] += crit[1]
+            st["cpu_split_handoff"] += hands_off(len(keys), self.cpu_workers)
             if self._split_end is not None:
                 st["cpu_split_wake"] += idle_wake((t0 - self._split_end) * 1e3)
             self._split_end = t1

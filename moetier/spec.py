@@ -57,8 +57,9 @@ DEFAULT_POLICY = {
 LANE_COSTS = ("per_layer_ms", "per_expert_ms", "per_extra_token_ms", "per_call_ms")
 LANE_SHAPE = ("workers", "parallel_min")     # integers: how a batch call is executed
 # lane terms a record may leave out (absent: another record's figure, or 0), and those whose absence means 0
-LANE_OPTIONAL = ("per_read_ms", "per_read_busy_ms", "per_step_row_ms", "per_wake_ms", "per_after_wait_ms")
-LANE_ZERO_IF_ABSENT = ("per_read_busy_ms", "per_step_row_ms", "per_wake_ms", "per_after_wait_ms")
+LANE_OPTIONAL = ("per_read_ms", "per_read_busy_ms", "per_step_row_ms", "per_wake_ms", "per_after_wait_ms",
+                 "per_handoff_ms")
+LANE_ZERO_IF_ABSENT = ("per_read_busy_ms", "per_step_row_ms", "per_wake_ms", "per_after_wait_ms", "per_handoff_ms")
 # the recipe's calibration.host time terms outside its head start: the timed host work's (moetier.calibrate.fit_host's
 # columns, in order), then the part of the time outside the runtime's timers per zerocopy call (fit_fixed)
 HOST_TIMED_TERMS = ("per_layer_ms", "per_pick_ms", "per_read_ms", "per_nvme_layer_ms", "per_predict_ms",
@@ -395,6 +396,15 @@ def deal(items, workers: int) -> list:
     return [items[i::w] for i in range(w)]
 
 
+def hands_off(n: int, workers: int) -> bool:
+    """Whether a split call of ``n`` experts ends with a worker's share (``deal``): a worker takes as many experts
+    as the calling thread unless n leaves the caller the only one with an extra (n % workers == 1). Its share starts
+    a hand-off later than the caller's (the submit and its wake-up), so such a call pays the lane's
+    ``per_handoff_ms``; one whose caller has an expert more ends with the caller's share (a 7-expert call over two
+    threads ran 0.22 ms shorter than an 8-expert one, VM D: docs/calibration.md, thirteenth session)."""
+    return workers > 1 and n % workers != 1
+
+
 @dataclass(frozen=True)
 class Lane:
     """A place an expert can be computed; costs in ms."""
@@ -421,6 +431,8 @@ class Lane:
     # cpu lane: what an inline call made right after the host blocked on its pick's read pays beyond per_call_ms
     # (the core slept through the read; its caches went to the reader), fitted by `moetier calibrate`
     per_after_wait_ms: float | None = None
+    # cpu lane: what a split call pays when it ends with a worker's share (hands_off), fitted by `moetier calibrate`
+    per_handoff_ms: float | None = None
 
     def cost(self, rows) -> float:
         """One call over experts with these token rows (a sequence, or a mapping key -> rows): inline below
@@ -433,7 +445,8 @@ class Lane:
             return 0.0
         if len(work) < self.parallel_min:
             return self.per_call_ms + sum(work)
-        return self.per_layer_ms + max(sum(share) for share in deal(work, self.workers))
+        return (self.per_layer_ms + max(sum(share) for share in deal(work, self.workers))
+                + (self.per_handoff_ms or 0.0) * hands_off(len(work), self.workers))
 
 
 @dataclass

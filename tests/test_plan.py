@@ -567,6 +567,20 @@ def test_a_claim_near_its_reads_expected_start_is_a_race_and_the_picks_arrival_m
     assert plan_layer(ctx(), ledger(), {2: 1}, 1.2, plain).arrivals[2] == pytest.approx(2.0)
 
 
+def test_a_split_call_pays_the_hand_off_only_when_it_ends_with_a_workers_share():
+    """Two threads: 8 experts deal 4 + 4 and the call waits for the worker, which starts a hand-off later; 7 deal
+    4 + 3 and the call ends with the caller's 4 (spec.hands_off, Lane.cost the same)."""
+    lane = Lane("cpu", "ram", 0.05, 0.2, workers=2, parallel_min=4, per_handoff_ms=0.15)
+    c = ctx(lanes={"cpu": lane, "gpu": None, "zerocopy": None}, vram_slots=0)
+    for n, want in ((8, 0.05 + 4 * 0.2 + 0.15), (7, 0.05 + 4 * 0.2), (6, 0.05 + 3 * 0.2 + 0.15)):
+        keys = list(range(100, 100 + n))
+        L = Ledger(1000, 0, 16)
+        L.seed(keys)
+        p = plan_layer(c, L, {k: 1 for k in keys}, 0.0, None)
+        assert p.cpu == sorted(keys, reverse=True) and p.cpu_ms == pytest.approx(want)
+        assert lane.cost([1] * n) == pytest.approx(want)
+
+
 def _with_head(c, head, host=0.5):
     import dataclasses
     return dataclasses.replace(c, head_layer=head, host_layer=host)
