@@ -401,7 +401,7 @@ def hands_off(n: int, workers: int) -> bool:
     as the calling thread unless n leaves the caller the only one with an extra (n % workers == 1). Its share starts
     a hand-off later than the caller's (the submit and its wake-up), so such a call pays the lane's
     ``per_handoff_ms``; one whose caller has an expert more ends with the caller's share (a 7-expert call over two
-    threads ran 0.22 ms shorter than an 8-expert one, VM D: docs/calibration.md, thirteenth session)."""
+    threads ran 0.15-0.22 ms shorter than an 8-expert one, VM D: docs/calibration.md, points 22 and 25)."""
     return workers > 1 and n % workers != 1
 
 
