@@ -346,8 +346,8 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
     for the sizes it lacks, how much longer such a read takes (``nvme_latency_prefetch_factor_by_rows``: its
     latency over what the model gives it without one, ratio of sums, ``prefetch_busy_refs``), and a prefetch read's
     own time, alone and per demand read beside it, and its spread about that (``nvme_prefetch_ms_by_rows``,
-    ``nvme_prefetch_share_ms_by_rows``, ``nvme_prefetch_sd_ms_by_rows``; ``prefetch_service``). Means, not medians: the planner adds them into stalls, and the median of a right-skewed
-    latency understates their sum.
+    ``nvme_prefetch_share_ms_by_rows``, ``nvme_prefetch_sd_ms_by_rows``; ``prefetch_service``). Means, not medians:
+    the planner adds them into stalls, and the median of a right-skewed latency understates their sum.
     The spread matters as much: a lane expects to wait E[max(0, arrival - free)], far more than the wait for a mean
     arrival that is about when the lane gets free (2026-12-01 VM: a layer's first read 0.70 ms against 0.03 for
     its mean; its reads' latencies correlate 0.78 within a layer). Depths the runtime reached are measured under
@@ -432,10 +432,11 @@ def prefetch_service(samples, min_n: int = 8) -> tuple[float, float | None, floa
     ms)]: the mean of those no demand read joined, how much longer one takes per demand read that joined (ratio of
     sums of the excess over ``alone`` to the reads), and the sd of all about alone + share per demand read (the
     worker's chain adds it up: a read's start spreads, and with it whether it has started when its key is needed,
-    NvmeChannel.claim). None with fewer than ``min_n`` reads alone; share None with fewer than ``min_n`` joined. A demand read takes the device from a prefetch read in service (2026-12-02, VM D,
-    tail-prefetch-C1: 1.44 ms alone, 1.75 / 2.20 / 2.52 with one / two / three demand reads beside it), so the
-    prefetch chain runs later than back-to-back reads of the demand reads' latency, and the model had promoted as
-    started prefetch reads the runtime had not started (half of them; docs/calibration.md, twelfth session)."""
+    NvmeChannel.claim). None with fewer than ``min_n`` reads alone; share None with fewer than ``min_n`` joined.
+    A demand read takes the device from a prefetch read in service (2026-12-02, VM D, tail-prefetch-C1: 1.44 ms
+    alone, 1.75 / 2.20 / 2.52 with one / two / three demand reads beside it), so the prefetch chain runs later
+    than back-to-back reads of the demand reads' latency, and the model had promoted as started prefetch reads the
+    runtime had not started (half of them; docs/calibration.md, twelfth session)."""
     free = [ms for n, ms in samples if n == 0]
     if len(free) < min_n:
         return None
