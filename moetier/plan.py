@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from moetier.errors import UserError
 from moetier.ledger import ABSENT, PUSHING, RAM, VRAM
-from moetier.spec import idle_wake
+from moetier.spec import hands_off, idle_wake
 
 INF = float("inf")
 
@@ -177,24 +177,11 @@ class NvmeChannel:
             # and completes after the measured latency at that depth - the table is keyed the same way (the depth a
             # read joined when it was submitted)
             busy = [a for a in self.outstanding if a > t]
-            q0 = len(busy)
-            f, bursts = 1.0, self.bursts
-            rec = self._in_service(t) if self.pf or self.pf_gone else None
+            rec = self._in_service(t)
             if rec is not None:                    # the prefetch read in service shares the device
                 rec[1] += self.pf_share * n
                 self.reads_beside_pf += n
-                if q0 == 0 and n in self.pf_bursts:
-                    bursts = self.pf_bursts
-                else:
-                    f = self.pf_factor
-            if not bursts:
-                out = [t + f * self.latency_at(q0 + i + 1) for i in range(n)]
-            else:
-                # measured bursts: concurrent reads share the device and land together (a burst of 3 at 3.7 ms
-                # each, not 2.4 / 3.1 / 3.8); a size not measured (or joining reads in flight) lands at the
-                # depth table's latency for its last read
-                row = bursts.get(n) if q0 == 0 else None
-                out = [t + f * v for v in row] if row is not None else [t + f * self.latency_at(q0 + n)] * n
+            out = [t + x for x in self._burst(len(busy), n, rec is not None)]
             busy.extend(out)
             self.outstanding = busy
             self.dfree = max(self.dfree, out[-1])
@@ -202,7 +189,7 @@ class NvmeChannel:
             if self.pf:
                 self._repack(t)
             return out
-        busy_until = max(self.dfree, self._running_end(t)) if self.pf or self.pf_gone else self.dfree
+        busy_until = max(self.dfree, self._running_end(t))
         start = t if t > busy_until else busy_until
         if start <= t:
             start += self.lat      # idle channel: pay the access latency once
@@ -214,15 +201,27 @@ class NvmeChannel:
             self._repack(t)
         return out
 
-    def promote(self, key: int, t: float):
-        """A prefetched key is needed now. Returns its arrival if its read has started, else None (the caller then
-        issues it as a demand read; the queued prefetch read is withdrawn). ``claim`` also says how sure that is."""
-        return self.claim(key, t)[0]
+    def _burst(self, q0: int, n: int, beside_pf: bool) -> list[float]:
+        """The latencies of n demand reads issued together, joining q0 reads in flight, beside a prefetch read in
+        service or not (table model). Measured bursts: concurrent reads share the device and land together (a burst
+        of 3 at 3.7 ms each, not 2.4 / 3.1 / 3.8); a size not measured (or joining reads in flight) lands at the
+        depth table's latency for its last read. Beside a prefetch read, the burst table measured so where it has
+        the size, else ``pf_factor`` times the plain figure."""
+        f, bursts = 1.0, self.bursts
+        if beside_pf:
+            if q0 == 0 and n in self.pf_bursts:
+                bursts = self.pf_bursts
+            else:
+                f = self.pf_factor
+        if not bursts:
+            return [f * self.latency_at(q0 + i + 1) for i in range(n)]
+        row = bursts.get(n) if q0 == 0 else None
+        return [f * v for v in row] if row is not None else [f * self.latency_at(q0 + n)] * n
 
     def claim(self, key: int, t: float) -> tuple:
         """(arrival or None, p, arrival if started) of a prefetched key needed at t; (None, 0, None) if it has no
-        prefetch read. The read has started (arrival not None) when its expected start is before t, as promote
-        says; p is the chance that it has, from its start's spread (the worker's chain), and the last item its
+        prefetch read. The read has started (arrival not None, promoted; else it is withdrawn and the caller issues
+        a demand read) when its expected start is before t; p is the chance that it has, from its start's spread (the worker's chain), and the last item its
         expected arrival given that it has: the runtime's reader decides for real, and re-issues a read that has
         not started as a demand read (on run 45's terms at tail-prefetch-C2, 134 of the 444 layers whose NVMe
         picks the model served from started prefetch reads re-issued one: benchmarks/prefetch_claims.py)."""
@@ -260,16 +259,8 @@ class NvmeChannel:
         without issuing it (the other side of a claim's race): the last of their burst, as ``demand`` books one."""
         if not self.qd_table:
             return max(t + self.lat, self.dfree) + self.one
-        q = sum(1 for a in self.outstanding if a > t) + 1
-        n = beside + 1
-        f, bursts = 1.0, self.bursts
-        if (self.pf or self.pf_gone) and self._in_service(t) is not None:
-            if q == n and n in self.pf_bursts:
-                bursts = self.pf_bursts
-            else:
-                f = self.pf_factor
-        row = bursts.get(n) if q == n else None
-        return t + f * (row[-1] if row is not None else self.latency_at(q))
+        others = sum(1 for a in self.outstanding if a > t) - beside
+        return t + self._burst(others, beside + 1, self._in_service(t) is not None)[-1]
 
     def prefetch(self, t: float, keys) -> list[float]:
         """Queue prefetch reads behind demand work; returns their (current) arrival times."""
@@ -615,7 +606,7 @@ def _ram_lanes(ctx, ram_l, g, llc, cpu_list, zc_list, force=None, reads: int = 0
             ce = cpc + work1
         else:
             ce = cpl + (s_i if s_i > crit else crit)
-            if hoff and n1 % W != 1:            # spec.hands_off
+            if hoff and hands_off(n1, W):
                 ce += hoff
         ge = (g if zc_on else g + zpl) + zpe
         if m > 1:

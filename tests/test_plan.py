@@ -210,11 +210,11 @@ def test_channel_demand_preempts_queued_prefetch():
     assert ch.pf_wasted == 1 and ch.pf_cancelled == 2
 
 
-def test_promote_started_prefetch_keeps_arrival_unstarted_becomes_demand():
+def test_claim_of_a_started_prefetch_keeps_its_arrival_an_unstarted_one_becomes_demand():
     ch = NvmeChannel(1_000_000, 1.0, 1.0, 0.0)
     ch.prefetch(0.0, [1, 2])
-    assert ch.promote(1, 0.5) == pytest.approx(1.0)
-    assert ch.promote(2, 0.5) is None and ch.pf_cancelled == 1
+    assert ch.claim(1, 0.5)[0] == pytest.approx(1.0)
+    assert ch.claim(2, 0.5)[0] is None and ch.pf_cancelled == 1
 
 
 def test_channel_queueing_model_uses_measured_latency_by_queue_depth():
@@ -241,7 +241,7 @@ def test_prefetch_reads_that_ran_cost_the_cpu_lane_their_read_cpu_once():
     base = plan_layer(ctx(), L, {7: 1}, 2.0, None).cpu_ms
     ch = NvmeChannel(1_000_000, 1.0, 1.0, 0.0)
     ch.prefetch(0.0, [500, 501, 502])
-    assert ch.promote(500, 0.5) is not None      # ran, used
+    assert ch.claim(500, 0.5)[0] is not None      # ran, used
     ch.expire([501, 502], 1.5)                  # 501 ran (wasted), 502 never started (cancelled): no CPU work
     assert plan_layer(c, L, {7: 1}, 2.0, ch).cpu_ms == pytest.approx(base + 0.2)
     assert plan_layer(c, L, {7: 1}, 3.0, ch).cpu_ms == pytest.approx(base)      # charged once
@@ -520,14 +520,14 @@ def test_a_prefetch_read_takes_its_measured_time_plus_the_wake_and_demand_reads_
     ch = NvmeChannel(1_000_000, 1.0, latency_by_qd={1: 2.0, 2: 3.0}, wake_ms=0.1, pf_alone=1.5, pf_share=0.4)
     assert ch.prefetch(0.0, [7, 8]) == [pytest.approx(1.6), pytest.approx(3.2)]
     ch.demand(1.0, 2)                              # two demand reads while 7 is in service: it lands 0.8 later
-    assert ch.promote(7, 1.1) == pytest.approx(2.4)
+    assert ch.claim(7, 1.1)[0] == pytest.approx(2.4)
     assert ch.arrival(8) == pytest.approx(4.0 + 1.6)    # 8 waits for the demand reads (1.0 + 3.0), then its own
     assert ch.demand(20.0, 1) == [pytest.approx(22.0)]   # none in service: the plain latency, no prefetch moves
     assert ch.arrival(8) == pytest.approx(5.6)
     plain = NvmeChannel(1_000_000, 1.0, latency_by_qd={1: 2.0})     # unmeasured: the depth-1 latency, no share
     assert plain.prefetch(0.0, [7]) == [pytest.approx(2.0)]
     plain.demand(1.0, 1)
-    assert plain.promote(7, 1.5) == pytest.approx(2.0)
+    assert plain.claim(7, 1.5)[0] == pytest.approx(2.0)
 
 
 def test_a_prefetch_read_that_left_the_queue_keeps_the_worker_until_it_lands():
@@ -579,6 +579,13 @@ def test_a_split_call_pays_the_hand_off_only_when_it_ends_with_a_workers_share()
         p = plan_layer(c, L, {k: 1 for k in keys}, 0.0, None)
         assert p.cpu == sorted(keys, reverse=True) and p.cpu_ms == pytest.approx(want)
         assert lane.cost([1] * n) == pytest.approx(want)
+    one = Lane("cpu", "ram", 0.05, 0.2, workers=1, per_handoff_ms=0.15)      # no worker: nothing to hand off
+    keys = list(range(100, 108))
+    L = Ledger(1000, 0, 16)
+    L.seed(keys)
+    got = plan_layer(ctx(lanes={"cpu": one, "gpu": None, "zerocopy": None}, vram_slots=0), L, {k: 1 for k in keys},
+                     0.0, None)
+    assert got.cpu_ms == pytest.approx(0.05 + 8 * 0.2) == one.cost([1] * 8)
 
 
 def _with_head(c, head, host=0.5):
