@@ -102,7 +102,7 @@ class NvmeChannel:
         self.one = record_bytes / ((bw_qd1_gbps or bw_gbps) * 1e6)
         self.lat = latency_ms
         self.dfree = 0.0                 # when the last demand read completes
-        self.pf: dict[int, list] = {}    # key -> [start, end, start variance] (insertion order = queue order)
+        self.pf: dict[int, list] = {}    # key -> [start, end, start variance, busy from] (insertion order = queue order)
         self.pf_gone: list[list] = []    # reads that left the queue (claimed or wasted) after they had started
         self.reads = self.pf_reads = self.pf_cancelled = self.pf_wasted = 0
         self.reads_beside_pf = 0         # demand reads issued while a prefetch read was in service
@@ -111,13 +111,18 @@ class NvmeChannel:
         self.use_table(latency_by_qd)
 
     def _in_service(self, t: float) -> list | None:
-        """The [start, end, var] of the prefetch read in service at t (they run one at a time), or None: queued, or
-        one that left the queue but runs to its end (the worker cannot drop a read it has started)."""
+        """The [start, end, var, busy] of the prefetch read in service at t (they run one at a time), or None:
+        queued, or one that left the queue but runs to its end (the worker cannot drop a read it has started).
+        A read holds the worker from ``busy``: its start on the plain means, not its expected start. The two differ
+        where the read follows one whose end is spread: E[max(end, issue)] lies past both, and on expected starts
+        the worker would idle between two chained reads, which it does not: at tail-prefetch-C2 on run 49's terms
+        154 of 2314 modeled demand bursts found the worker idle with reads queued, against 67 of 2330 in the
+        runtime, and 87.9% found a read in service against 93.3% (93.7% on busy starts)."""
         for rec in self.pf.values():
-            if rec[0] < t < rec[1]:
+            if rec[3] < t < rec[1]:
                 return rec
         for rec in self.pf_gone:
-            if rec[0] < t < rec[1]:
+            if rec[3] < t < rec[1]:
                 return rec
         return None
 
@@ -126,28 +131,30 @@ class NvmeChannel:
         rec = self._in_service(t)
         return rec[1] if rec is not None else t
 
-    def _worker_free(self, base: float, rec) -> tuple[float, float]:
-        """When the prefetch worker can start a read, not before ``base``, behind ``rec`` ([start, end, var], the
-        last read queued before it, or None) and the reads that left the queue still running: the expected max and
-        its variance (a worker late on its chain starts the next read late, whatever the channel's means)."""
+    def _worker_free(self, base: float, rec) -> tuple[float, float, float]:
+        """When the prefetch worker can start a read, not before ``base``, behind ``rec`` (the last read queued
+        before it, or None) and the reads that left the queue still running: the expected max, its variance (a
+        worker late on its chain starts the next read late, whatever the channel's means) and the plain max (when
+        the worker takes the read up on the means: ``_in_service``)."""
         e, v = -INF, 0.0
         for r in (rec, *self.pf_gone) if rec is not None else self.pf_gone:
             if r[1] >= e:
                 e, v = r[1], r[2] + self.pf_var
+        busy = e if e > base else base
         if v > 0.0:
-            return _max_normal(e, v, base, 0.0)
-        return (e, v) if e > base else (base, 0.0)
+            return (*_max_normal(e, v, base, 0.0), busy)
+        return busy, 0.0, busy
 
     def _repack(self, t: float) -> None:
         """Reschedule prefetch reads that have not started at t after all demand work."""
-        cur, v = self._worker_free(max(t, self.dfree), self._in_service(t))
+        cur, v, busy = self._worker_free(max(t, self.dfree), self._in_service(t))
         svc, sv = self.pf_svc, self.pf_var
         for rec in self.pf.values():
             if rec[0] >= t:
-                rec[0], rec[2] = cur, v
+                rec[0], rec[2], rec[3] = cur, v, busy
                 cur += svc
                 v += sv
-                rec[1] = cur
+                rec[1] = busy = cur
 
     def use_table(self, table: dict | None) -> None:
         """Switch the queueing model's latency-vs-queue-depth table (e.g. the one measured at this many rows)."""
@@ -240,7 +247,7 @@ class NvmeChannel:
         has started it by t and its expected end if it has (the truncated normal of its start). The model keeps it
         running (if its expected start is before t) or withdraws it; the runtime's reader decides by its real
         start."""
-        s, e, v = rec
+        s, e, v, _ = rec
         if v > 0.0:
             sd = math.sqrt(v)
             z = (t - s) / sd
@@ -268,16 +275,18 @@ class NvmeChannel:
         for rec in self.pf.values():
             if last is None or rec[1] > last[1]:
                 last = rec
-        cur, v = self._worker_free(max(t, self.dfree), last)
+        cur, v, busy = self._worker_free(max(t, self.dfree), last)
         if cur <= t:
             cur += self.pf_lat
+            busy = cur
         out = []
         svc, sv = self.pf_svc, self.pf_var
         for k in keys:
             s = cur
             cur += svc
-            self.pf[k] = [s, cur, v]
+            self.pf[k] = [s, cur, v, busy]
             v += sv
+            busy = cur
             out.append(cur)
         self.pf_reads += len(out)
         return out
@@ -376,17 +385,42 @@ def burst_table_for_rows(rows: int, engines=(), record_bytes: int | None = None,
     """The mean latency by burst size and position ({n: {q: ms}}) at ``rows`` token rows, from the engine whose
     latency table applies (``field``: ``nvme_latency_by_rows_burst_ms``, or ``nvme_latency_by_rows_burst_pf_ms`` of
     bursts issued beside a prefetch read in service); between measured rows, the cells both have mix as
-    ``_at_rows`` does. {} if unmeasured: the depth table alone then sets arrivals."""
-    src = _engine_tables(engines, record_bytes).get(field) or {}
-    by_rows = {int(r): {int(n): {int(q): float(v) for q, v in row.items()} for n, row in tab.items()}
-               for r, tab in src.items() if tab}
-    if not by_rows:
-        return {}
+    ``_at_rows`` does. {} if unmeasured: the depth table alone then sets arrivals.
 
-    def mix(a, b, f):
-        return {n: {q: a[n][q] * (1 - f) + b[n][q] * f for q in a[n]} for n in sorted(set(a) & set(b))
-                if set(a[n]) == set(b[n])}
-    return _at_rows(by_rows, rows, mix, width)
+    The table beside a prefetch read is the plain table at ``rows`` times the ratio of the two where both were
+    measured (the ratio mixes across rows, not the latencies). A read's latency follows the work on the cores at
+    that many rows, which the plain table measures on its own fit arm, and the prefetch read in service is what the
+    ratio adds to it. Mixing the latencies ignored the rows-2 plain table: on run 49's terms a burst of one beside a
+    prefetch read took 1.51 ms at rows 2 (rows 1's 1.28 and rows 4's 1.95 mixed) and takes 1.56 now (rows 2's
+    plain 1.51 times the ratios 1.00 and 1.09 mixed); the held-out tail-prefetch-C2's stall, re-predicted from runs
+    46-49's records, went from -17 / -6 / -23 / -18% to -8 / +7 / -16 / -11% (docs/calibration.md)."""
+    eng = _engine_tables(engines, record_bytes)
+    plain = _burst_by_rows(eng.get("nvme_latency_by_rows_burst_ms"))
+    tabs = plain if field == "nvme_latency_by_rows_burst_ms" else _burst_by_rows(eng.get(field))
+    if not tabs:
+        return {}
+    if tabs is plain or not plain:
+        return _at_rows(tabs, rows, _mix_bursts, width)
+    ratios = {}
+    for r, tab in tabs.items():
+        base = _at_rows(plain, r, _mix_bursts, width)
+        ratios[r] = {n: {q: v / base[n][q] for q, v in row.items()} for n, row in tab.items()
+                     if n in base and set(base[n]) == set(row)}
+    base, ratio = _at_rows(plain, rows, _mix_bursts, width), _at_rows(ratios, rows, _mix_bursts, width)
+    return {n: {q: base[n][q] * f for q, f in row.items()} for n, row in ratio.items()
+            if n in base and set(base[n]) == set(row)}
+
+
+def _burst_by_rows(src: dict | None) -> dict:
+    """A record's {rows: {n: {q: ms}}} with int keys, the rows without a table left out."""
+    return {int(r): {int(n): {int(q): float(v) for q, v in row.items()} for n, row in tab.items()}
+            for r, tab in (src or {}).items() if tab}
+
+
+def _mix_bursts(a: dict, b: dict, f: float) -> dict:
+    """Two burst tables mixed cell by cell (``_at_rows``), the sizes whose positions both have."""
+    return {n: {q: a[n][q] * (1 - f) + b[n][q] * f for q in a[n]} for n in sorted(set(a) & set(b))
+            if set(a[n]) == set(b[n])}
 
 
 def channel_term(field: str, rows: int, engines=(), record_bytes: int | None = None,
