@@ -399,16 +399,19 @@ def burst_table_for_rows(rows: int, engines=(), record_bytes: int | None = None,
     tabs = plain if field == "nvme_latency_by_rows_burst_ms" else _burst_by_rows(eng.get(field))
     if not tabs:
         return {}
+    out = _at_rows(tabs, rows, _mix_bursts, width)
     if tabs is plain or not plain:
-        return _at_rows(tabs, rows, _mix_bursts, width)
+        return out
     ratios = {}
     for r, tab in tabs.items():
         base = _at_rows(plain, r, _mix_bursts, width)
         ratios[r] = {n: {q: v / base[n][q] for q, v in row.items()} for n, row in tab.items()
-                     if n in base and set(base[n]) == set(row)}
+                     if n in base and set(base[n]) == set(row) and min(base[n].values()) > 0.0}
     base, ratio = _at_rows(plain, rows, _mix_bursts, width), _at_rows(ratios, rows, _mix_bursts, width)
-    return {n: {q: base[n][q] * f for q, f in row.items()} for n, row in ratio.items()
-            if n in base and set(base[n]) == set(row)}
+    # a size the plain table lacks keeps the pf table's own mix
+    out.update({n: {q: base[n][q] * f for q, f in row.items()} for n, row in ratio.items()
+                if n in base and set(base[n]) == set(row)})
+    return out
 
 
 def _burst_by_rows(src: dict | None) -> dict:

@@ -446,6 +446,8 @@ def test_the_table_beside_a_prefetch_read_is_the_plain_table_times_the_ratio_mix
     assert burst_table_for_rows(2, eng, width=(64, 4), field=pf) == {1: {1: pytest.approx(3.0 * (1 + 0.5 * f))}}
     assert burst_table_for_rows(4, eng, width=(64, 4), field=pf) == {1: {1: pytest.approx(3.0)}}
     assert burst_table_for_rows(8, eng, width=(64, 4), field=pf) == {1: {1: pytest.approx(3.0)}}   # nearest rows
+    eng[0]["nvme_latency_by_rows_burst_pf_ms"]["4"]["2"] = {"1": 4.0, "2": 4.0}     # a size the plain table lacks
+    assert burst_table_for_rows(4, eng, field=pf)[2] == {1: 4.0, 2: 4.0}
     del eng[0]["nvme_latency_by_rows_burst_ms"]                 # no plain table: the pf table's own mix
     assert burst_table_for_rows(2, eng, width=(64, 4), field=pf) == {1: {1: pytest.approx(1 + 2 * f)}}
 
