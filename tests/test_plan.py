@@ -431,7 +431,6 @@ def test_burst_table_comes_from_the_engine_and_mixes_between_rows():
     assert burst_table_for_rows(1, [{"id": "a"}]) == {}
 
 
-
 def test_the_table_beside_a_prefetch_read_is_the_plain_table_times_the_ratio_mixed_between_rows():
     """nvme_latency_by_rows_burst_pf_ms at rows it was not measured at: the plain table there times the pf / plain
     ratio mixed between the rows that have both (the plain table at rows 2 is measured, the ratio is what the
@@ -450,6 +449,7 @@ def test_the_table_beside_a_prefetch_read_is_the_plain_table_times_the_ratio_mix
     assert burst_table_for_rows(4, eng, field=pf)[2] == {1: 4.0, 2: 4.0}
     del eng[0]["nvme_latency_by_rows_burst_ms"]                 # no plain table: the pf table's own mix
     assert burst_table_for_rows(2, eng, width=(64, 4), field=pf) == {1: {1: pytest.approx(1 + 2 * f)}}
+
 
 def test_serial_engine_waits_for_gpu_reads_after_the_admissions_it_runs_first():
     from moetier.plan import LayerPlan, _serial_nvme
@@ -564,7 +564,6 @@ def test_a_prefetch_read_that_left_the_queue_keeps_the_worker_until_it_lands():
     assert ch.demand(9.0, 1) == [pytest.approx(11.0)]      # nothing in service any more
 
 
-
 def test_the_worker_is_busy_between_chained_reads_whose_expected_starts_leave_a_gap():
     """With the chain's spread a read's expected start, E[max(end before it, issue)], lies past the end before it;
     the worker still takes it up as that one lands, so a demand read issued in the gap finds it in service."""
@@ -575,6 +574,7 @@ def test_the_worker_is_busy_between_chained_reads_whose_expected_starts_leave_a_
     assert s2 > 1.05
     assert ch.demand(1.02, 1) == [pytest.approx(1.02 + 1.5 * 2.0)]   # in the gap: beside 2, in service
     assert ch.reads_beside_pf == 1
+
 
 def test_a_claim_near_its_reads_expected_start_is_a_race_and_the_picks_arrival_mixes_both_sides():
     """With the prefetch reads' measured spread (pf_sd) a read's start spreads with the chain before it: a claim
