@@ -102,8 +102,8 @@ def default_arms(R, *, vram: bool = True) -> list[dict]:
     (plan._at_rows, in the layer's expected distinct experts) is a model of that shape, not a measurement of it. So
     is all-in-RAM: the cpu lane's split call is not linear in its batch (2026-12-02 VM: 0.68 / 1.13 / 1.76 ms per
     call at C1 / C2 / C4, and a fit on C1 and C4 put C2 13% short; all-in-RAM C2 was the held-out miss in runs 10,
-    15 and 17 on VM B). The held-out arms check what the fits do not see: a budget between, prefetch at C2, mask,
-    a VRAM tier at C2."""
+    15 and 17 on VM B). The held-out arms check what the fits do not see: a tighter budget (0.8 x the tail's: a
+    deeper NVMe tail than any fit arm has), prefetch at C2, mask, a VRAM tier at C2."""
     ram = float(R.raw["budget"]["ram_gb"])
     allram = round(R.keys * R.ram_expert_bytes / 1e9 * 1.05 + 0.01, 3)
     mid = round(ram * 0.8, 3)
