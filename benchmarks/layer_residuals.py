@@ -7,9 +7,10 @@ The runtime plans on the modeled clock (plan parity), so a replay of the recipe 
 for layer. This runs one calibration arm (moetier.calibrate.default_arms) on the runtime, with the registry's
 terms (the last calibration's), then in the simulator, and groups the layers by shape: VRAM hits, cpu RAM picks,
 zerocopy picks, NVMe picks to the cpu and gpu lanes, and whether those are demand reads (d), prefetched (p) or
-both (m), and the NVMe wait summed over the run by that kind. Per shape, the mean ms a layer of the cpu lane (net of waits), the gpu and zerocopy lanes, the NVMe
-wait, and for demand reads the host's work before its first wait (the runtime's read span, from the submit; the
-plan's wait_from, from the layer's start) and that read's latency, measured against modeled. A bucket
+both (m), and the NVMe wait summed over the run by that kind. Per shape, the mean ms a layer of the cpu lane (net
+of waits), the gpu and zerocopy lanes, the NVMe wait, and for demand reads the host's work before its first wait
+(the runtime's read span, from the submit; the plan's wait_from, from the layer's start) and that read's latency,
+measured against modeled. A bucket
 that is right on average can be wrong per layer: the stall follows how far the work before a wait reaches into
 the read, layer by layer.
 """

@@ -8,11 +8,12 @@ the layers whose NVMe picks the plan served from prefetch reads (all of them, "p
 those the runtime had to re-issue as demand reads because its prefetch read had not started (plan parity keeps
 the plan, the real reader decides); a prefetch read's started-to-landed time by the demand reads submitted while
 it ran (the reader's ``prefetch_ms``, what calibrate fits nvme_prefetch_ms_by_rows / _share_ms_by_rows on); and
-how long after the read before it landed the prefetch worker started a queued one (its wake-up); and the share of
-demand reads issued while a prefetch read was in service (they share the device), the runtime's against the
-simulator's on the same arm (its ``prefetch.demand_reads_beside``), and the share of prefetch reads withdrawn before
-they started (the rest ran, used or wasted). The runtime's counts include its warm-up steps, the simulator's are its measured
-steps': compare the shares.
+how long after the read before it landed the prefetch worker started a queued one (its wake-up); and, the
+runtime's against the simulator's on the same arm: the share of demand reads issued while a prefetch read was in
+service (they share the device; the simulator's ``prefetch.demand_reads_beside``), the state of the prefetch worker
+when a burst of demand reads began (a read in service, idle with reads queued, idle with none: NvmeChannel's
+``_in_service``, the reader's own state), and the share of prefetch reads withdrawn before they started (the rest
+ran, used or wasted). Counts are the measured steps' (the runtime's warm-up steps left out).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import numpy as np
 # benchmarks/ is on sys.path when this script runs
 from _recipe import calibration_arm, open_recipe, parser  # noqa: E402
 from moetier import runtime, sim  # noqa: E402
+from moetier.plan import NvmeChannel  # noqa: E402
 
 
 def main(argv=None):
@@ -35,17 +37,23 @@ def main(argv=None):
     be = runtime.make_backend(arm.get("backend", "cpu"), st, R, arm["conc"], 1.0)
     reader, comps, layers = be.reader, [], {}
     fill = reader.fill
+    bursts = {"runtime": [], "sim": []}       # [step, worker state] of each burst's first demand read
 
     def booked_fill(key, slot, prefetch=False):
+        if not prefetch:
+            with reader._lock:
+                if reader._demand == 0:
+                    queued = any(c.prefetch and not c.started and c.state == "pending"
+                                 for c in reader._pending.values())
+                    bursts["runtime"].append([None, _state(reader._pf_busy > 0, queued)])
         c = fill(key, slot, prefetch=prefetch)
         comps.append(c)
         return c
     reader.fill = booked_fill
-    mark, first = [0], [None]
+    mark, first, warm = [0], [0], [0]
 
     def on_plan(s, layer, p):       # called after the layer ran: the demand fills since the last one are its
-        if first[0] is None:        # the fills before it seeded the tiers
-            first[0] = len(comps)
+        _tag(bursts["runtime"], s)
         nv = len(p.nvme_cpu) + len(p.nvme_gpu)
         fresh = sum(not c.prefetch for c in comps[mark[0]:])
         mark[0] = len(comps)
@@ -54,17 +62,32 @@ def main(argv=None):
             g = layers.setdefault(kind, [0, 0])
             g[0] += 1
             g[1] += fresh > p.demand_reads
+
+    def on_step(ev):                # the fills before the first measured step seeded the tiers or warmed them up
+        if not ev["measured"]:
+            first[0], warm[0] = len(comps), ev["step"] + 1
     try:
-        runtime.run(R, st, be, tr, arm["conc"], max_steps=a.steps, plan_hook=on_plan)
+        runtime.run(R, st, be, tr, arm["conc"], max_steps=a.steps, plan_hook=on_plan, step_hook=on_step)
         service = list(reader.prefetch_ms)
     finally:
         be.close()
     by_joined: dict = {}
     for n, ms in service:
         by_joined.setdefault(n, []).append(ms)
-    demand = [c for c in comps[first[0] or 0:] if not c.prefetch]
-    prefetched = [c for c in comps[first[0] or 0:] if c.prefetch]
-    srun = sim.run(R, tr, arm["conc"], max_steps=a.steps)
+    demand = [c for c in comps[first[0]:] if not c.prefetch]
+    prefetched = [c for c in comps[first[0]:] if c.prefetch]
+    demand_call = NvmeChannel.demand
+
+    def booked_demand(ch, t, n):    # the simulator's channel, as the reader is booked above
+        if n > 0 and not any(x > t for x in ch.outstanding):
+            bursts["sim"].append([None, _state(ch._in_service(t) is not None,
+                                                any(rec[0] >= t for rec in ch.pf.values()))])
+        return demand_call(ch, t, n)
+    NvmeChannel.demand = booked_demand
+    try:
+        srun = sim.run(R, tr, arm["conc"], max_steps=a.steps, plan_hook=lambda s, layer, p: _tag(bursts["sim"], s))
+    finally:
+        NvmeChannel.demand = demand_call
     modeled = srun["prefetch"]
     landed = sorted(c.t_landed for c in comps if c.state == "landed")
     gaps = []
@@ -79,6 +102,9 @@ def main(argv=None):
                                                   for n, v in sorted(by_joined.items())},
            "start_after_landing_ms": {"reads": len(gaps), "mean": float(np.mean(gaps)) if gaps else None,
                                       "p50": float(np.median(gaps)) if gaps else None},
+           "worker_at_a_bursts_first_read": {
+               who: {k: sum(1 for step, state in v if step >= warm[0] and state == k) for k in STATES}
+               for who, v in bursts.items()},
            "demand_reads_beside_a_prefetch_read": {
                "runtime": {"reads": len(demand), "beside": sum(c.pf_busy for c in demand)},
                "sim": {"reads": modeled["demand_reads"], "beside": modeled["demand_reads_beside"]}},
@@ -100,9 +126,28 @@ def main(argv=None):
     for who, v in out["demand_reads_beside_a_prefetch_read"].items():
         print(f"{who}: {v['beside']} of {v['reads']} demand reads ({_pct(v['beside'], v['reads'])}) issued beside a "
               f"prefetch read in service")
+    for who, v in out["worker_at_a_bursts_first_read"].items():
+        n = sum(v.values())
+        print(f"{who}: of {n} demand bursts, the prefetch worker was " + ", ".join(
+            f"{k} at {v[k]} ({_pct(v[k], n)})" for k in STATES))
     for who, v in out["prefetch_reads_withdrawn"].items():
         print(f"{who}: {v['withdrawn']} of {v['reads']} prefetch reads ({_pct(v['withdrawn'], v['reads'])}) withdrawn "
               f"before they started")
+
+
+STATES = ("reading", "idle with reads queued", "idle with none queued")
+
+
+def _state(in_service: bool, queued: bool) -> str:
+    return STATES[0] if in_service else STATES[1] if queued else STATES[2]
+
+
+def _tag(rows: list, step: int) -> None:
+    """The bursts booked since the last plan hook were that layer's: give them its step."""
+    for r in reversed(rows):
+        if r[0] is not None:
+            break
+        r[0] = step
 
 
 def _pct(n, d) -> str:

@@ -102,7 +102,8 @@ class NvmeChannel:
         self.one = record_bytes / ((bw_qd1_gbps or bw_gbps) * 1e6)
         self.lat = latency_ms
         self.dfree = 0.0                 # when the last demand read completes
-        self.pf: dict[int, list] = {}    # key -> [start, end, start variance, busy from] (insertion order = queue order)
+        # key -> [start, end, start variance, busy from] (insertion order = queue order)
+        self.pf: dict[int, list] = {}
         self.pf_gone: list[list] = []    # reads that left the queue (claimed or wasted) after they had started
         self.reads = self.pf_reads = self.pf_cancelled = self.pf_wasted = 0
         self.reads_beside_pf = 0         # demand reads issued while a prefetch read was in service
@@ -115,9 +116,9 @@ class NvmeChannel:
         queued, or one that left the queue but runs to its end (the worker cannot drop a read it has started).
         A read holds the worker from ``busy``: its start on the plain means, not its expected start. The two differ
         where the read follows one whose end is spread: E[max(end, issue)] lies past both, and on expected starts
-        the worker would idle between two chained reads, which it does not: at tail-prefetch-C2 on run 49's terms
-        154 of 2314 modeled demand bursts found the worker idle with reads queued, against 67 of 2330 in the
-        runtime, and 87.9% found a read in service against 93.3% (93.7% on busy starts)."""
+        the worker would idle between two chained reads, which it does not: at tail-prefetch-C2 on run 52's terms
+        137 of 2316 modeled demand bursts found it idle with reads queued on expected starts (a939892), 24 of 2315
+        on busy starts, 43 of 2337 in the runtime (benchmarks/prefetch_claims.py --arm tail-prefetch-C2)."""
         for rec in self.pf.values():
             if rec[3] < t < rec[1]:
                 return rec
@@ -196,10 +197,7 @@ class NvmeChannel:
             if self.pf:
                 self._repack(t)
             return out
-        busy_until = max(self.dfree, self._running_end(t))
-        start = t if t > busy_until else busy_until
-        if start <= t:
-            start += self.lat      # idle channel: pay the access latency once
+        start = self._fifo_start(t)
         svc = self.deep if n > 1 else self.one
         out = [start + svc * (i + 1) for i in range(n)]
         self.dfree = out[-1]
@@ -207,6 +205,12 @@ class NvmeChannel:
         if self.pf:
             self._repack(t)
         return out
+
+    def _fifo_start(self, t: float) -> float:
+        """When a demand read issued at t starts in the FIFO model (no latency table): behind the demand reads and
+        the prefetch read in service, or at t plus the access latency on an idle channel."""
+        busy_until = max(self.dfree, self._running_end(t))
+        return busy_until if busy_until > t else t + self.lat
 
     def _burst(self, q0: int, n: int, beside_pf: bool) -> list[float]:
         """The latencies of n demand reads issued together, joining q0 reads in flight, beside a prefetch read in
@@ -228,10 +232,11 @@ class NvmeChannel:
     def claim(self, key: int, t: float) -> tuple:
         """(arrival or None, p, arrival if started) of a prefetched key needed at t; (None, 0, None) if it has no
         prefetch read. The read has started (arrival not None, promoted; else it is withdrawn and the caller issues
-        a demand read) when its expected start is before t; p is the chance that it has, from its start's spread (the worker's chain), and the last item its
-        expected arrival given that it has: the runtime's reader decides for real, and re-issues a read that has
-        not started as a demand read (on run 45's terms at tail-prefetch-C2, 134 of the 444 layers whose NVMe
-        picks the model served from started prefetch reads re-issued one: benchmarks/prefetch_claims.py)."""
+        a demand read) when its expected start is before t; p is the chance that it has, from its start's spread
+        (the worker's chain), and the last item its expected arrival given that it has: the runtime's reader
+        decides for real, and re-issues a read that has not started as a demand read (on run 45's terms at
+        tail-prefetch-C2, 134 of the 444 layers whose NVMe picks the model served from started prefetch reads
+        re-issued one: benchmarks/prefetch_claims.py)."""
         rec = self.pf.pop(key, None)
         if rec is None:
             return None, 0.0, None
@@ -265,7 +270,7 @@ class NvmeChannel:
         """When one more demand read issued at t, beside the ``beside`` demand reads just issued at t, would land,
         without issuing it (the other side of a claim's race): the last of their burst, as ``demand`` books one."""
         if not self.qd_table:
-            return max(t + self.lat, self.dfree) + self.one
+            return self._fifo_start(t) + self.one
         others = sum(1 for a in self.outstanding if a > t) - beside
         return t + self._burst(others, beside + 1, self._in_service(t) is not None)[-1]
 
@@ -277,8 +282,7 @@ class NvmeChannel:
                 last = rec
         cur, v, busy = self._worker_free(max(t, self.dfree), last)
         if cur <= t:
-            cur += self.pf_lat
-            busy = cur
+            cur = busy = cur + self.pf_lat
         out = []
         svc, sv = self.pf_svc, self.pf_var
         for k in keys:

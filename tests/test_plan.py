@@ -588,7 +588,8 @@ def test_a_claim_near_its_reads_expected_start_is_a_race_and_the_picks_arrival_m
     z = 0.2 / 0.5
     assert p == pytest.approx(0.5 * (1 + math.erf(z / math.sqrt(2))))           # 0.66: the model has it started
     # started, it started early: E[start | start < 1.2] + 1.0
-    assert a == pytest.approx(2.0) and a_pf == pytest.approx(2.0 - 0.5 * math.exp(-z * z / 2) / math.sqrt(2 * math.pi) / p)
+    assert a == pytest.approx(2.0)
+    assert a_pf == pytest.approx(2.0 - 0.5 * math.exp(-z * z / 2) / math.sqrt(2 * math.pi) / p)
     assert channel().claim(1, 0.5)[1:] == (1.0, pytest.approx(1.0))             # no spread before the first read
     assert channel().claim(2, -3.0)[:2] == (None, pytest.approx(0.0, abs=1e-6))  # far from its start: withdrawn
     plan = plan_layer(ctx(), ledger(), {2: 1}, 1.2, channel())
