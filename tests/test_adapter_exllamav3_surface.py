@@ -1,0 +1,53 @@
+"""The exllamav3 adapter's hook surface against the installed engine (1.6.5, stand-in extension on a CPU)."""
+from __future__ import annotations
+
+import copy
+
+from tests._exllamav3 import needs_engine
+
+pytestmark = needs_engine
+
+
+def test_surface_matches_installed_engine():
+    from adapters.exllamav3 import surface
+    rep = surface.check()
+    assert rep.version == "1.6.5"
+    assert rep.mismatches == [], rep.mismatches
+    assert set(rep.found) == set(surface.EXPECTED)
+
+
+def test_altered_surface_fails_with_one_line():
+    from adapters.exllamav3 import surface
+    # a fake: the expected table altered as if the adapter were written for an engine whose combine hook differs
+    fake = copy.deepcopy(surface.EXPECTED)
+    combine = "exllamav3.modules.block_sparse_mlp_cpu.BlockSparseMLP_CPU.cpu_split_combine"
+    fake[combine]["params"][-1] = "out_shape"
+    rep = surface.check(fake)
+    assert len(rep.mismatches) == 1
+    assert rep.mismatches[0].startswith(
+        "exllamav3 1.6.5: BlockSparseMLP_CPU.cpu_split_combine: parameter 'out_shape' missing")
+    lines = []
+    assert surface.adapter_check(lines.append, fake) == 2
+    assert lines[-1] == "error: " + rep.mismatches[0]
+    assert sum("MISMATCH" in ln for ln in lines) == 1
+
+
+def test_missing_hook_and_version_range():
+    from adapters.exllamav3 import surface
+    fake = copy.deepcopy(surface.EXPECTED)
+    fake["exllamav3.modules.block_sparse_mlp.BlockSparseMLP.cpu_split_gather"] = {"kind": "callable", "params": []}
+    import pytest
+    with pytest.raises(surface.SurfaceMismatch, match=r"^exllamav3 1.6.5: BlockSparseMLP.cpu_split_gather: missing"):
+        surface.require(fake)
+    assert surface.version_line("1.6.5") == ""
+    assert surface.version_line("1.7.0") == ("exllamav3 1.7.0 is installed; the adapter's hook surface is pinned to "
+                                            ">=1.6.5,<1.7.0")
+    assert "not installed" in surface.version_line(None)
+
+
+def test_adapter_check_passes_and_prints_every_hook():
+    from adapters.exllamav3 import surface
+    lines = []
+    assert surface.adapter_check(lines.append) == 0
+    assert lines[-1] == f"{len(surface.EXPECTED)} hooks match"
+    assert "compiled extension: stand-in" in lines[0]
