@@ -14,8 +14,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from moetier import spec, store  # noqa: E402
-from moetier.trace import load_trace  # noqa: E402
+from moetier.core import records as spec  # noqa: E402
+from moetier.bytes import store  # noqa: E402
+from moetier.traces.format import load_trace  # noqa: E402
 
 
 def parser(steps: int, overrides: bool = False) -> argparse.ArgumentParser:
@@ -33,7 +34,7 @@ def parser(steps: int, overrides: bool = False) -> argparse.ArgumentParser:
 def calibration_arm(R0, name: str, script: str) -> tuple[dict, object]:
     """(arm, its recipe) of the calibration arm ``name`` (moetier.calibrate.default_arms) with the registry's terms;
     an unknown name exits with the choices."""
-    from moetier import calibrate
+    from moetier.measure import calibrate
     arms = {x["name"]: x for x in calibrate.default_arms(R0, vram=True)}
     if name not in arms:
         raise SystemExit(f"{script}: --arm: expected one of {', '.join(arms)}, got {name!r}")

@@ -19,7 +19,8 @@ import time
 
 from _recipe import open_recipe, parser  # noqa: E402 - benchmarks/ is on sys.path when this script runs
 from backends.cpu import lane as lane_mod  # noqa: E402
-from moetier import calibrate, runtime  # noqa: E402
+from moetier.measure import calibrate  # noqa: E402
+from moetier.run import runtime  # noqa: E402
 
 BUCKETS_MS = ((0.0, 0.2), (0.2, 1.0), (1.0, float("inf")))
 

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _recipe import open_recipe, parser  # noqa: E402
-from moetier import calibrate  # noqa: E402
+from moetier.measure import calibrate  # noqa: E402
 
 
 def main(argv=None):

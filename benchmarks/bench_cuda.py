@@ -37,8 +37,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from moetier import expert, spec, store  # noqa: E402
-from moetier.bench import best_seconds  # noqa: E402
+from moetier.bytes import expert  # noqa: E402
+from moetier.core import records as spec  # noqa: E402
+from moetier.bytes import store  # noqa: E402
+from moetier.measure.bench import best_seconds  # noqa: E402
 
 TARGET_GPU_FRACTION = 0.6
 
@@ -88,7 +90,7 @@ def d2d_copy_gbps(cp, nbytes=1 << 30, reps=10) -> float:
 
 
 def h2d_pinned_gbps(cp, nbytes=256 << 20, reps=10) -> float:
-    from moetier.transport import SlotPool
+    from moetier.bytes.transport import SlotPool
     rt = cp.cuda.runtime
     pool = SlotPool(1, nbytes)
     rt.hostRegister(pool.base, pool.nbytes, 0x01 | 0x02)

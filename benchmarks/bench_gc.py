@@ -18,7 +18,8 @@ import statistics
 import time
 
 from _recipe import open_recipe, parser  # noqa: E402 - benchmarks/ is on sys.path when this script runs
-from moetier import calibrate, runtime  # noqa: E402
+from moetier.measure import calibrate  # noqa: E402
+from moetier.run import runtime  # noqa: E402
 
 
 class Pauses:

@@ -22,8 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from backends.cpu import kernels as K  # noqa: E402
-from moetier.bench import best_seconds  # noqa: E402
-from moetier import expert as E  # noqa: E402
+from moetier.measure.bench import best_seconds  # noqa: E402
+from moetier.bytes import expert as E  # noqa: E402
 
 
 def _slab(lay, n):

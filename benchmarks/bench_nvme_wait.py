@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 from _recipe import open_recipe, parser  # noqa: E402
-from moetier import runtime  # noqa: E402
-from moetier.calibrate import burst_means, spread_split  # noqa: E402
-from moetier.plan import late  # noqa: E402
+from moetier.run import runtime  # noqa: E402
+from moetier.measure.calibrate import burst_means, spread_split  # noqa: E402
+from moetier.core.plan import late  # noqa: E402
 
 
 def main(argv=None):

@@ -26,7 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _recipe import open_recipe, parser  # noqa: E402
-from moetier import runtime, transport  # noqa: E402
+from moetier.run import runtime  # noqa: E402
+from moetier.bytes import transport  # noqa: E402
 
 PREFETCH = ["policy.prefetch.depth=1", "policy.prefetch.predictor=transition"]
 

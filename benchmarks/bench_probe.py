@@ -19,8 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _recipe import open_recipe, parser  # noqa: E402
-from moetier import runtime  # noqa: E402
-from moetier.probe import Sampler  # noqa: E402
+from moetier.run import runtime  # noqa: E402
+from moetier.measure.probe import Sampler  # noqa: E402
 
 
 def one(R, st, tr, steps, probe_path, cost=None):

@@ -24,8 +24,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from backends.sycl.backend import SyclBackend, import_dpctl  # noqa: E402
-from moetier.bench import best_seconds  # noqa: E402
-from moetier import store  # noqa: E402
+from moetier.measure.bench import best_seconds  # noqa: E402
+from moetier.bytes import store  # noqa: E402
 
 
 def main(argv=None):

@@ -33,8 +33,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from moetier.bench import drop_cache  # noqa: E402
-from moetier.transport import Reader, SlotPool  # noqa: E402
+from moetier.measure.bench import drop_cache  # noqa: E402
+from moetier.bytes.transport import Reader, SlotPool  # noqa: E402
 
 FALLBACK_RECORD = 1_863_680  # Qwen3.8-Flash-Next record (registry/model/qwen3.8-flash-next-exl3-3.05bpw.json)
 
@@ -54,7 +54,7 @@ def default_record_bytes() -> tuple:
                 m = json.load(f)
             st = m.get("store") or {}
             if {"hidden", "ffn", "encoding"} <= set(st):
-                from moetier.expert import layout
+                from moetier.bytes.expert import layout
 
                 return layout(st["hidden"], st["ffn"], st["encoding"]).record_bytes, f"registry model {m.get('id')}"
         except Exception:

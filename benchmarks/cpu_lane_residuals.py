@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from moetier.bench import relative_lstsq
+from moetier.measure.bench import relative_lstsq
 
 # one call class's row: [per inline call, per split call, inline experts, split experts, extra rows, reads, wake,
 # inline calls after a blocked wait, split calls that end with a worker's share]

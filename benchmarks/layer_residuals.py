@@ -20,7 +20,8 @@ import json
 
 # benchmarks/ is on sys.path when this script runs
 from _recipe import calibration_arm, open_recipe, parser  # noqa: E402
-from moetier import runtime, sim  # noqa: E402
+from moetier.run import runtime  # noqa: E402
+from moetier.core import sim  # noqa: E402
 
 KEYS = ("lane_cpu_s", "lane_gpu_s", "lane_zc_s", "nvme_wait_s", "stage_s", "read_span_s", "read_layers",
         "read_latency_s", "read_latency_n")

@@ -17,8 +17,8 @@ import json
 import math
 from pathlib import Path
 
-from moetier.bench import relative_lstsq
-from moetier.calibrate import unbooked_ms
+from moetier.measure.bench import relative_lstsq
+from moetier.measure.calibrate import unbooked_ms
 
 COLUMNS = (("demand",), ("demand", "prefetch"), ("demand", "split"), ("demand", "inline"), ("demand", "computed"),
            ("demand", "nvme_layers"))

@@ -24,8 +24,9 @@ import numpy as np
 
 # benchmarks/ is on sys.path when this script runs
 from _recipe import calibration_arm, open_recipe, parser  # noqa: E402
-from moetier import runtime, sim  # noqa: E402
-from moetier.plan import NvmeChannel  # noqa: E402
+from moetier.run import runtime  # noqa: E402
+from moetier.core import sim  # noqa: E402
+from moetier.core.plan import NvmeChannel  # noqa: E402
 
 
 def main(argv=None):

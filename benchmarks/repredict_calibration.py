@@ -26,8 +26,10 @@ import sys
 from pathlib import Path
 
 from _recipe import recipe_trace  # noqa: E402 - benchmarks/ is on sys.path when this script runs
-from moetier import calibrate, sim, spec  # noqa: E402
-from moetier.bench import fit_cpu_lane  # noqa: E402
+from moetier.measure import calibrate  # noqa: E402
+from moetier.core import sim  # noqa: E402
+from moetier.core import records as spec  # noqa: E402
+from moetier.measure.bench import fit_cpu_lane  # noqa: E402
 
 
 def main(argv=None):

@@ -13,7 +13,7 @@ test names a backend.
 """
 from __future__ import annotations
 
-from moetier.contract import LANES, BackendUnavailable, get_backend
+from moetier.run.contract import LANES, BackendUnavailable, get_backend
 from moetier.errors import UserError
 
 REAL = ("cpu", "sycl", "cuda")
@@ -35,7 +35,7 @@ def check_name(name: str) -> str:
 
 def recipe_id(name: str) -> str:
     """The CI recipe a backend's runtime checks use: tiny-ci-<name> when it exists, else tiny-ci-cpu."""
-    from moetier import spec
+    from moetier.core import records as spec
     rid = f"tiny-ci-{name}"
     return rid if (spec.REGISTRY / "recipe" / f"{rid}.json").is_file() else "tiny-ci-cpu"
 

@@ -18,7 +18,7 @@ import pytest
 
 from conformance import capabilities as caps
 from conformance import report
-from moetier.contract import BackendUnavailable
+from moetier.run.contract import BackendUnavailable
 
 # the OpenCL CPU runtime of the venv, before dpctl's first device enumeration (same rule as backends.sycl)
 if not os.environ.get("OCL_ICD_FILENAMES") and os.path.exists(sys.prefix + "/lib/libintelocl.so"):
@@ -52,7 +52,7 @@ class Kit:
     """One backend instance over a small store of one encoding, with the canonical keys loaded."""
 
     def __init__(self, name: str, enc: str, root):
-        from moetier import store
+        from moetier.bytes import store
         self.enc = enc
         out = os.path.join(root, f"store-{enc}")
         store.pack(small_model(enc), out, seed=SEED)
@@ -84,7 +84,7 @@ class Kit:
 
     def ref(self, k: int, x: np.ndarray) -> np.ndarray:
         """float64 reference output of key k (moetier.expert.reference) for x."""
-        from moetier import expert
+        from moetier.bytes import expert
         ck = (k, x.shape, x.tobytes()[:64])
         r = self._refs.get(ck)
         if r is None:
@@ -149,8 +149,9 @@ def kits(tmp_path_factory, backend_name):
 @pytest.fixture(scope="session")
 def recipe_env(tmp_path_factory, backend_name):
     """(recipe id, Recipe, Store, Trace) of the backend's CI recipe (tiny-ci-<backend>, else tiny-ci-cpu)."""
-    from moetier import spec, store
-    from moetier.trace import load_trace
+    from moetier.core import records as spec
+    from moetier.bytes import store
+    from moetier.traces.format import load_trace
     rid = caps.recipe_id(backend_name)
     R = spec.resolve(rid)
     out = tmp_path_factory.mktemp("recipe") / "store"
@@ -201,7 +202,7 @@ def poll_landed(be, hs, check, deadline_s=30.0):
 def reference_hook(worst: list, every: int):
     """A runtime layer_hook that, every ``every`` steps, checks the layer output against the float64 reference MoE
     of the records as stored on disk, appending each NMSE to ``worst``."""
-    from moetier.expert import moe_reference
+    from moetier.bytes.expert import moe_reference
 
     def hook(step, layer, xin, y, rows_keys, rows_w, rt):
         if step % every:

@@ -15,7 +15,7 @@ import pytest
 from conformance import capabilities as caps
 from conformance import report
 from conformance.conftest import NK, RAM_SCRATCH, VRAM_SCRATCH
-from moetier.contract import LANES
+from moetier.run.contract import LANES
 
 EXPERTS = (1, 2, 4, 8, 16)
 ROWS = (1, 2, 4, 8)
@@ -110,7 +110,7 @@ def engine_record(eid: str, costs: dict, backend: str, device: str) -> dict:
 
 def test_engine_record(kits, backend_name):
     """The measured costs as an engine record: validated by moetier.spec; written next to the report."""
-    from moetier import spec
+    from moetier.core import records as spec
     kits(ENC)                                          # skips with the reason when the backend is unavailable
     c = _costs()
     if not c.get("lanes"):

@@ -6,7 +6,7 @@ import pytest
 
 from conformance import capabilities as caps
 from conformance.conftest import NK, nmse, xrows
-from moetier.contract import LANES
+from moetier.run.contract import LANES
 
 NMSE_MAX = 5e-4
 ROWS = range(1, 9)

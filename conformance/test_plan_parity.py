@@ -3,7 +3,8 @@ repeated runtime run gives bit-identical outputs."""
 from __future__ import annotations
 
 from conformance.conftest import runtime_backend
-from moetier import runtime, sim
+from moetier.run import runtime
+from moetier.core import sim
 
 STEPS = 10
 CONC = 2

@@ -19,8 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
 
 from conformance.conftest import runtime_backend
-from moetier import ledger as ledger_mod
-from moetier import runtime, spec
+from moetier.core import ledger as ledger_mod
+from moetier.run import runtime
+from moetier.core import records as spec
 
 STEPS = 5
 EXAMPLES = 6

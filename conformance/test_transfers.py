@@ -9,7 +9,7 @@ import pytest
 
 from conformance import capabilities as caps
 from conformance.conftest import NK, RAM_SCRATCH, VRAM_SCRATCH, poll_landed, xrows
-from moetier import store as _store
+from moetier.bytes import store as _store
 
 ENC = caps.ENCODINGS
 

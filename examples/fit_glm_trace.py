@@ -15,9 +15,10 @@ import json
 import random
 import sys
 
-from moetier import sim, spec
-from moetier.trace import save_trace
-from moetier.tracegen import GenParams, generate
+from moetier.core import sim
+from moetier.core import records as spec
+from moetier.traces.format import save_trace
+from moetier.traces.gen import GenParams, generate
 
 RECIPE = "glm53-rtx3090-55g-nvx4"
 TARGETS = {230: (27.5, 32.9, 36.3), 55: (23.4, 30.1, 33.4)}

@@ -15,8 +15,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from moetier import sim, spec  # noqa: E402
-from moetier.trace import load_trace  # noqa: E402
+from moetier.core import sim  # noqa: E402
+from moetier.core import records as spec  # noqa: E402
+from moetier.traces.format import load_trace  # noqa: E402
 
 RECIPE = "glm53-rtx3090-55g-nvx4"
 LEVERS = [

@@ -1,3 +1,3 @@
-from moetier.cli import main
+from moetier.cli.main import main
 
 raise SystemExit(main())

@@ -3,7 +3,9 @@ import pytest
 
 import numba  # noqa: F401  (the cpu extra: a missing install fails, it does not skip)
 
-from moetier import bench, spec, store
+from moetier.measure import bench
+from moetier.core import records as spec
+from moetier.bytes import store
 
 
 @pytest.fixture(scope="module")

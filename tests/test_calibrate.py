@@ -7,10 +7,12 @@ import pytest
 
 import numba  # noqa: E402,F401  (the cpu extra: a missing install fails, it does not skip)
 
-from moetier import calibrate, spec, store  # noqa: E402
-from moetier.cli import REPO  # noqa: E402
-from moetier.trace import load_trace  # noqa: E402
-from moetier.plan import PlanContext, layer_width  # noqa: E402
+from moetier.measure import calibrate  # noqa: E402
+from moetier.core import records as spec  # noqa: E402
+from moetier.bytes import store  # noqa: E402
+from moetier.cli.main import REPO  # noqa: E402
+from moetier.traces.format import load_trace  # noqa: E402
+from moetier.core.plan import PlanContext, layer_width  # noqa: E402
 
 
 @pytest.fixture()
@@ -187,7 +189,7 @@ def test_vram_arms_fit_device_lanes_copies_and_per_engine_latency(scratch):
 
 
 def test_cpu_lane_fit_recovers_both_call_classes_and_takes_out_contention():
-    from moetier.bench import fit_cpu_lane
+    from moetier.measure.bench import fit_cpu_lane
     pc, pl, pe, px, W, rc = 0.03, 0.2, 0.06, 0.02, 2, 0.05
     rows = []
     for e in (1, 2, 3, 4, 6, 8):
@@ -210,7 +212,7 @@ def test_cpu_lane_fit_recovers_both_call_classes_and_takes_out_contention():
 
 
 def test_cpu_lane_fit_follows_a_split_calls_longest_share():
-    from moetier.bench import fit_cpu_lane
+    from moetier.measure.bench import fit_cpu_lane
     pc, pl, pe, px, W = 0.03, 0.2, 0.06, 0.02, 2
     rows = []
     for e in (1, 2, 3, 4, 5, 7, 9):
@@ -227,8 +229,8 @@ def test_cpu_lane_fit_follows_a_split_calls_longest_share():
 
 
 def test_cpu_lane_fit_separates_the_workers_wake_up_from_the_split_calls_fixed_cost():
-    from moetier.bench import fit_cpu_lane
-    from moetier.spec import idle_wake
+    from moetier.measure.bench import fit_cpu_lane
+    from moetier.core.records import idle_wake
     pc, pl, pe, pw, W = 0.03, 0.2, 0.06, 0.02, 2
     rows = [{"cls": "inline", "calls": 50, "experts": 100, "extra": 0, "ms": 50 * (pc + 2 * pe)}]
     # arms whose split calls find the worker idle for different times: back to back, after inline calls, after
@@ -247,8 +249,8 @@ def test_cpu_lane_fit_separates_the_hand_off_of_calls_that_end_with_a_workers_sh
     """A split call over two threads whose worker takes as many experts as the caller waits for the worker, which
     starts a hand-off later (spec.hands_off); one whose caller has an expert more ends with the caller's share.
     Arms mix the two in different shares (resident batches of 4, 5, 7 and 8 at C1, C2)."""
-    from moetier.bench import fit_cpu_lane
-    from moetier.spec import hands_off
+    from moetier.measure.bench import fit_cpu_lane
+    from moetier.core.records import hands_off
     pc, pl, pe, ph, W = 0.03, 0.05, 0.2, 0.15, 2
     assert [n for n in range(4, 10) if hands_off(n, W)] == [4, 6, 8] and not hands_off(8, 1)
     assert [n for n in range(4, 10) if hands_off(n, 3)] == [5, 6, 8, 9]      # 7 = 3 + 2 + 2: the caller's
@@ -268,7 +270,7 @@ def test_cpu_lane_fit_separates_the_hand_off_of_calls_that_end_with_a_workers_sh
 
 
 def test_cpu_lane_fit_separates_a_call_after_a_blocked_wait_from_the_inline_calls_fixed_cost():
-    from moetier.bench import fit_cpu_lane
+    from moetier.measure.bench import fit_cpu_lane
     pc, pl, pe, pa, W = 0.04, 0.2, 0.06, 0.035, 2
     # arms whose inline calls follow a blocked read in different shares: all-in-RAM and mask (none), a tail
     # (most), a tail with prefetch (few: the reads had landed)
@@ -299,7 +301,7 @@ def test_a_lane_term_the_fit_did_not_make_is_zero_not_the_records():
 
 
 def test_cpu_lane_fit_counts_experts_in_cold_equivalents():
-    from moetier.bench import fit_cpu_lane
+    from moetier.measure.bench import fit_cpu_lane
     pl, pe, W = 0.2, 0.3, 2
     rows = [{"cls": "split", "calls": 10, "experts": 40, "extra": 0, "cold": 40 * f,
              "ms": 10 * (pl + pe * 4 * f / W), "contended": 0} for f in (0.6, 0.8, 1.0)]
@@ -406,7 +408,7 @@ def test_spread_splits_into_what_a_bursts_reads_share_and_each_ones_own():
 
 
 def test_relative_lstsq_refits_the_others_when_a_cost_would_be_negative():
-    from moetier.bench import relative_lstsq
+    from moetier.measure.bench import relative_lstsq
     # falling y: the unconstrained fit is 4 - x; clipping the slope at 0 would keep the intercept at 4. The best
     # non-negative fit is a constant: the relative least-squares mean sum(1/y) / sum(1/y^2)
     got = relative_lstsq([[1, 1], [1, 2], [1, 3]], [3.0, 2.0, 1.0])
@@ -415,7 +417,7 @@ def test_relative_lstsq_refits_the_others_when_a_cost_would_be_negative():
 
 
 def test_bench_rewrites_what_it_measures_and_keeps_the_vram_tier_it_does_not():
-    from moetier.bench import records
+    from moetier.measure.bench import records
     q = {"gbps": 2.0, "latency_ms_p50": 0.9, "latency_ms_p90": 1.1}
     lane = {"per_layer_ms": 0.2, "per_call_ms": 0.03, "per_expert_ms": 0.3, "per_extra_token_ms": 0.1, "workers": 2,
             "parallel_min": 4, "weight_gbps_1row": 7.0, "encoding": "int8"}

@@ -5,7 +5,7 @@ import shutil
 import numpy as np
 import pytest
 
-from moetier.cli import main
+from moetier.cli.main import main
 
 
 def run(capsys, *argv):
@@ -67,7 +67,7 @@ def test_bad_input_is_one_line_exit_2(capsys, argv, needles):
 
 
 def test_trace_with_out_of_range_ids_and_wrong_shape(capsys, tmp_path):
-    from moetier.trace import Trace, save_trace
+    from moetier.traces.format import Trace, save_trace
     ids = np.zeros((10, 8, 4), np.int16)
     ids[3, 2, 1] = 99
     save_trace(Trace(ids=ids, segments=np.array([0, 10])), tmp_path / "bad.npz")
@@ -79,7 +79,7 @@ def test_trace_with_out_of_range_ids_and_wrong_shape(capsys, tmp_path):
 
 
 def test_malformed_record_in_registry(capsys, tmp_path, monkeypatch):
-    from moetier import spec
+    from moetier.core import records as spec
     root = tmp_path / "registry"
     shutil.copytree(spec.REGISTRY, root)
     p = root / "recipe" / "tiny-ci-cpu.json"

@@ -68,9 +68,11 @@ def test_broken_backend_is_caught(tmp_path, backend, select, must_fail, must_pas
 def test_residency_instruments_flag_an_early_landing(tmp_path, monkeypatch):
     """A runtime that marks keys resident without waiting for the transfer trips the Ledger.land instrument."""
     from conformance.test_residency import Chaos, ResidencyViolation, _Instrumented
-    from moetier import runtime, spec, store
-    from moetier.contract import get_backend
-    from moetier.trace import load_trace
+    from moetier.run import runtime
+    from moetier.core import records as spec
+    from moetier.bytes import store
+    from moetier.run.contract import get_backend
+    from moetier.traces.format import load_trace
     R = spec.resolve("tiny-ci-cpu")
     store.pack(R.model, str(tmp_path / "s"))
     st = store.open_store(str(tmp_path / "s"), model=R.model)

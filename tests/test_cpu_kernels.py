@@ -6,7 +6,7 @@ import pytest
 import numba  # noqa: E402,F401  (the cpu extra: a missing install fails, it does not skip)
 
 from backends.cpu import kernels as K  # noqa: E402
-from moetier import expert as E  # noqa: E402
+from moetier.bytes import expert as E  # noqa: E402
 
 from conformance.conftest import nmse  # noqa: E402
 

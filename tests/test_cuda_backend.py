@@ -15,10 +15,12 @@ import sys
 import numpy as np
 import pytest
 
-from moetier import expert, spec, store
-from moetier.contract import BackendUnavailable, get_backend
-from moetier.expert import reference
-from moetier.transport import FaultPlan, TransportError
+from moetier.bytes import expert
+from moetier.core import records as spec
+from moetier.bytes import store
+from moetier.run.contract import BackendUnavailable, get_backend
+from moetier.bytes.expert import reference
+from moetier.bytes.transport import FaultPlan, TransportError
 
 from conformance.conftest import nmse, reference_hook
 
@@ -261,8 +263,8 @@ def test_failed_fill_raises_transport_error(tiny_store):
 
 @needs_gpu
 def test_runtime_run_uses_every_lane(tiny_store):
-    from moetier import runtime
-    from moetier.trace import load_trace
+    from moetier.run import runtime
+    from moetier.traces.format import load_trace
     R = spec.resolve(RECIPE)
     st = store.open_store(tiny_store, model=R.model)
     tr = load_trace(spec.REGISTRY.parent / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from moetier import expert as E
+from moetier.bytes import expert as E
 
 GEOMS = [(64, 32), (96, 64), (1024, 512)]
 

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from moetier.ledger import Ledger, ResidencyError, Ticket, TIER_NVME, TIER_RAM, TIER_VRAM
+from moetier.core.ledger import Ledger, ResidencyError, Ticket, TIER_NVME, TIER_RAM, TIER_VRAM
 
 
 def test_seed_places_hottest_in_vram_then_ram_with_hottest_at_protected_end():

@@ -4,9 +4,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from moetier.ledger import Ledger
-from moetier.plan import LayerPlan, NvmeChannel, PlanContext, plan_layer
-from moetier.spec import Lane
+from moetier.core.ledger import Ledger
+from moetier.core.plan import LayerPlan, NvmeChannel, PlanContext, plan_layer
+from moetier.core.records import Lane
 
 
 def ctx(**kw):
@@ -108,9 +108,9 @@ def test_nvme_stall_waits_for_arrival_and_mask_drops():
 
 def test_a_split_call_pays_for_its_idle_worker_and_says_when_it_ends():
     import dataclasses
-    from moetier.plan import LayerPlan
-    from moetier.sim import Replay
-    from moetier.spec import idle_wake
+    from moetier.core.plan import LayerPlan
+    from moetier.core.sim import Replay
+    from moetier.core.records import idle_wake
     assert idle_wake(0.0) == 0.0 and idle_wake(0.1) == pytest.approx(1.0) and idle_wake(0.3) == pytest.approx(2.0)
     c = dataclasses.replace(ctx(vram_slots=0, lanes={"zerocopy": None}), cpu_workers=2, cpu_pmin=4,
                             cpu_wake=0.05)
@@ -267,7 +267,7 @@ def test_serial_engine_runs_nvme_picks_after_both_resident_lanes():
 
 
 def test_latency_table_under_an_engines_load_wins_over_the_hardwares():
-    from moetier.plan import latency_table_for_rows
+    from moetier.core.plan import latency_table_for_rows
     nvme = {"latency_by_qd_ms": {"1": 0.4}, "latency_by_rows_qd_ms": {"1": {"1": 0.8}, "4": {"1": 1.2}}}
     # between measured rows: linear in the layer's expected distinct experts (64 experts, top-4: 4 / 7.75 / 14.56
     # at rows 1 / 2 / 4), or in rows without a width (every pick distinct)
@@ -308,7 +308,7 @@ def test_serial_engine_adds_the_wake_up_to_a_pick_that_waited():
 
 
 def test_wake_up_comes_from_the_engine_whose_latency_table_applies():
-    from moetier.plan import channel_term
+    from moetier.core.plan import channel_term
     eng = [{"id": "b", "nvme_latency_by_rows_qd_ms": {"1": {"1": 0.6}}, "nvme_wake_ms_by_rows": {"1": 0.1, "4": 0.4},
             "nvme_latency_cv_shared_by_rows": {"1": 0.3}}]
     wake = "nvme_wake_ms_by_rows"
@@ -318,7 +318,7 @@ def test_wake_up_comes_from_the_engine_whose_latency_table_applies():
 
 
 def test_late_is_the_expected_wait_of_a_normal_arrival():
-    from moetier.plan import late
+    from moetier.core.plan import late
     assert late(0.5, 0.0) == 0.5 and late(-0.5, 0.0) == 0.0
     assert late(0.0, 1.0) == pytest.approx(1.0 / math.sqrt(2 * math.pi))
     # far from the lane's free time the spread does not matter
@@ -332,7 +332,7 @@ def cpu_only_ledger():
 
 
 def test_reads_of_a_layer_are_late_together_one_expected_wait_per_lane():
-    from moetier.plan import late
+    from moetier.core.plan import late
     c = ctx(vram_slots=0, lanes={"zerocopy": None})
     L = cpu_only_ledger()
     picks = {500: 1, 501: 1, 502: 1}                    # demand reads land at 1, 2, 3 ms (1 ms per record)
@@ -353,7 +353,7 @@ def test_reads_of_a_layer_are_late_together_one_expected_wait_per_lane():
 
 
 def test_a_lane_busy_past_its_reads_expects_to_wait_only_when_they_could_be_late():
-    from moetier.plan import late
+    from moetier.core.plan import late
     c = ctx(vram_slots=0, lanes={"zerocopy": None})
     L = cpu_only_ledger()
     picks = {k: 3 for k in range(10, 18)} | {500: 1}   # resident work ends past the read's arrival at 1.0
@@ -366,7 +366,7 @@ def test_a_lane_busy_past_its_reads_expects_to_wait_only_when_they_could_be_late
 
 
 def test_serial_engine_charges_the_spread_on_its_one_timeline():
-    from moetier.plan import late
+    from moetier.core.plan import late
     c = ctx(overlap=False)
     L = ledger(vram=[1, 2, 3, 4], ram=[7])
     det = plan_layer(c, L, {1: 1, 7: 1, 500: 1}, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0))
@@ -379,7 +379,7 @@ def test_serial_engine_charges_the_spread_on_its_one_timeline():
 
 def test_max_normal_matches_a_sampled_max():
     import numpy as np
-    from moetier.plan import _max_normal
+    from moetier.core.plan import _max_normal
     rng = np.random.default_rng(0)
     x, y = rng.normal(1.0, 0.5, 400_000), rng.normal(1.3, 0.2, 400_000)
     m, v = _max_normal(1.0, 0.25, 1.3, 0.04)
@@ -421,7 +421,7 @@ def test_a_measured_burst_size_sets_each_positions_arrival():
 
 
 def test_burst_table_comes_from_the_engine_and_mixes_between_rows():
-    from moetier.plan import burst_table_for_rows
+    from moetier.core.plan import burst_table_for_rows
     eng = [{"id": "b", "nvme_latency_by_rows_qd_ms": {"1": {"1": 0.6}},
             "nvme_latency_by_rows_burst_ms": {"1": {"2": {"1": 1.0, "2": 2.0}, "3": {"1": 5.0, "2": 5.0, "3": 5.0}},
                                               "4": {"2": {"1": 2.0, "2": 4.0}}}}]
@@ -435,7 +435,7 @@ def test_the_table_beside_a_prefetch_read_is_the_plain_table_times_the_ratio_mix
     """nvme_latency_by_rows_burst_pf_ms at rows it was not measured at: the plain table there times the pf / plain
     ratio mixed between the rows that have both (the plain table at rows 2 is measured, the ratio is what the
     prefetch read in service adds); at measured rows the pf table itself."""
-    from moetier.plan import burst_table_for_rows
+    from moetier.core.plan import burst_table_for_rows
     eng = [{"id": "b", "nvme_latency_by_rows_qd_ms": {"1": {"1": 0.6}},
             "nvme_latency_by_rows_burst_ms": {"1": {"1": {"1": 1.0}}, "2": {"1": {"1": 3.0}},
                                               "4": {"1": {"1": 2.0}}},
@@ -452,7 +452,7 @@ def test_the_table_beside_a_prefetch_read_is_the_plain_table_times_the_ratio_mix
 
 
 def test_serial_engine_waits_for_gpu_reads_after_the_admissions_it_runs_first():
-    from moetier.plan import LayerPlan, _serial_nvme
+    from moetier.core.plan import LayerPlan, _serial_nvme
     c = ctx(overlap=False, lanes={"cpu": Lane("cpu", "ram", 0.145, 5.0, 0.0)})   # a slow cpu lane: the pick goes gpu
     push = c.push_ms
 
@@ -470,7 +470,7 @@ def test_serial_engine_waits_for_gpu_reads_after_the_admissions_it_runs_first():
 
 
 def test_serial_engine_runs_the_cpu_lanes_nvme_picks_before_the_gpu_lanes():
-    from moetier.plan import LayerPlan, _serial_nvme
+    from moetier.core.plan import LayerPlan, _serial_nvme
     c = ctx(overlap=False)
     plan = LayerPlan()
     arr = {500: 1.0, 501: 1.1}
@@ -488,7 +488,7 @@ def test_serial_engine_runs_the_cpu_lanes_nvme_picks_before_the_gpu_lanes():
 def test_serial_engine_charges_each_gpu_nvme_pick_a_call_of_its_own():
     """The serial runtime computes each NVMe -> VRAM pick in its own lane call (after its push), so the pick pays
     the gpu lane's per-call cost even when the lane already ran this layer."""
-    from moetier.plan import LayerPlan, _serial_nvme
+    from moetier.core.plan import LayerPlan, _serial_nvme
     c = ctx(overlap=False, lanes={"cpu": None})                           # the gpu lane is the only one
     plan = LayerPlan()
     # 0.3 ms of resident gpu work came first: the lane ran this layer, and the NVMe pick still pays per_layer
@@ -654,7 +654,7 @@ def test_no_head_start_without_nvme_reads():
 
 
 def test_the_hosts_lateness_races_the_reads_like_their_spread():
-    from moetier.plan import late
+    from moetier.core.plan import late
     c = ctx(vram_slots=0, lanes={"zerocopy": None})
     picks = {10: 1, 500: 1}
     det = plan_layer(c, cpu_only_ledger(), picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0))

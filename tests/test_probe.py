@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from moetier import probe
-from moetier.cli import main
+from moetier.measure import probe
+from moetier.cli.main import main
 
 T0 = 1000.0
 HW = {"id": "hw-test", "cpu": {"name": "test cpu", "cores": 2}, "nvme": {"name": "test disk", "bw_gbps": 1.0},
@@ -258,7 +258,7 @@ def test_cli_report_and_errors(tmp_path, capsys):
 
 
 def test_cli_report_write_fills_run_record(tmp_path, capsys, monkeypatch):
-    from moetier import spec
+    from moetier.core import records as spec
     reg = tmp_path / "registry"
     shutil.copytree(spec.REGISTRY / "schema", reg / "schema")
     (reg / "runs").mkdir()

@@ -7,12 +7,16 @@ import pytest
 
 import numba  # noqa: E402,F401  (the cpu extra: a missing install fails, it does not skip)
 
-from moetier import calibrate, runtime, sim, spec, store  # noqa: E402
-from moetier.contract import get_backend  # noqa: E402
+from moetier.measure import calibrate  # noqa: E402
+from moetier.run import runtime  # noqa: E402
+from moetier.core import sim  # noqa: E402
+from moetier.core import records as spec  # noqa: E402
+from moetier.bytes import store  # noqa: E402
+from moetier.run.contract import get_backend  # noqa: E402
 from moetier.errors import UserError  # noqa: E402
 from conformance.conftest import reference_hook  # noqa: E402
-from moetier.trace import load_trace  # noqa: E402
-from moetier.transport import FaultPlan  # noqa: E402
+from moetier.traces.format import load_trace  # noqa: E402
+from moetier.bytes.transport import FaultPlan  # noqa: E402
 
 RECIPE = "tiny-ci-cpu"
 STEPS = 12

@@ -5,8 +5,9 @@ This is the acceptance check of the generator fit (docs/traces.md): oracle seedi
 """
 import pytest
 
-from moetier import sim, spec
-from moetier.trace import load_trace
+from moetier.core import sim
+from moetier.core import records as spec
+from moetier.traces.format import load_trace
 
 PUBLISHED = {230: ((27.5, 32.9, 36.3), 0.05), 55: ((23.4, 30.1, 33.4), 0.10)}
 

@@ -1,9 +1,10 @@
 """Simulator: replay semantics, counters, prefetch, mask, seeding modes (small generated traces)."""
 import pytest
 
-from moetier import sim, spec
-from moetier.plan import PlanContext
-from moetier.tracegen import GenParams, generate
+from moetier.core import sim
+from moetier.core import records as spec
+from moetier.core.plan import PlanContext
+from moetier.traces.gen import GenParams, generate
 
 RECIPE = "glm53-rtx3090-55g-nvx4"
 
@@ -87,7 +88,7 @@ def test_warmup_seed_uses_only_the_held_out_warmup_tokens():
     RAM holds the warm-up set, so each measured key is read from NVMe exactly once (a whole-trace seed would hold the
     more frequent measured set and read nothing)."""
     import numpy as np
-    from moetier.trace import Trace
+    from moetier.traces.format import Trace
     R0 = spec.resolve("tiny-ci-cpu")
     L, K, T, W = R0.layers, R0.topk, 400, 100
     ids = np.empty((T, L, K), np.int16)

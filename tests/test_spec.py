@@ -6,7 +6,7 @@ import shutil
 import jsonschema
 import pytest
 
-from moetier import spec
+from moetier.core import records as spec
 from moetier.errors import UserError
 
 GLM = "glm53-rtx3090-55g-nvx4"

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from moetier import expert, store
+from moetier.bytes import expert
+from moetier.bytes import store
 from moetier.errors import UserError
 
 MODEL = {"id": "tiny", "moe": {"layers": 2, "experts": 4}, "store": {"hidden": 64, "ffn": 64, "encoding": "int8"}}

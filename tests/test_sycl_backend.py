@@ -17,8 +17,9 @@ import dpctl  # noqa: E402
 
 dpctl.select_default_device()
 
-from moetier import expert, store  # noqa: E402
-from moetier.contract import BackendUnavailable, get_backend  # noqa: E402
+from moetier.bytes import expert  # noqa: E402
+from moetier.bytes import store  # noqa: E402
+from moetier.run.contract import BackendUnavailable, get_backend  # noqa: E402
 
 from backends.sycl.backend import SyclBackend  # noqa: E402
 from conformance.conftest import nmse, poll_landed  # noqa: E402
@@ -176,7 +177,7 @@ def test_bad_slots_refused(be):
 def test_unavailable_without_dpctl():
     import subprocess
     code = ("import sys; sys.modules['dpctl'] = None\n"
-            "from moetier.contract import BackendUnavailable, get_backend\n"
+            "from moetier.run.contract import BackendUnavailable, get_backend\n"
             "try:\n    get_backend('sycl', None, ram_slots=1, vram_slots=1)\n"
             "except BackendUnavailable as e:\n    print('UNAVAILABLE', e)\n")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -202,7 +203,7 @@ def test_unavailable_when_arena_too_big(tmp_path):
 
 
 def _run_counting(monkeypatch, st, R, tr, steps):
-    from moetier import runtime
+    from moetier.run import runtime
     counts = {k: 0 for k in ("gpu", "zerocopy", "cpu", "nvme_cpu", "nvme_gpu", "masked")}
     orig = runtime.plan_layer
 
@@ -224,8 +225,8 @@ def _run_counting(monkeypatch, st, R, tr, steps):
 
 
 def test_runtime_tiny_ci_sycl_all_lanes(tmp_path, monkeypatch):
-    from moetier import spec
-    from moetier.trace import load_trace
+    from moetier.core import records as spec
+    from moetier.traces.format import load_trace
     R = spec.resolve("tiny-ci-sycl")
     out = tmp_path / "store"
     store.pack(R.model, out, seed=0)
@@ -244,8 +245,10 @@ def test_runtime_tiny_ci_sycl_all_lanes(tmp_path, monkeypatch):
 def test_serial_engine_plan_parity_and_copy_time(tmp_path):
     """policy.overlap false (lanes and copies one after another): the runtime makes the simulator's decisions on
     the same modeled clock, which now includes the admissions' and drains' copy time."""
-    from moetier import runtime, sim, spec
-    from moetier.trace import load_trace
+    from moetier.run import runtime
+    from moetier.core import sim
+    from moetier.core import records as spec
+    from moetier.traces.format import load_trace
     R = spec.resolve("tiny-ci-sycl", ["policy.overlap=false"])
     out = tmp_path / "store"
     store.pack(R.model, out, seed=0)

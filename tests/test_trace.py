@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from moetier.errors import UserError
-from moetier.trace import Trace, convert, load_trace, save_trace, segments_sibling, validate
-from moetier.tracegen import GenParams, generate
-from moetier.tracestats import belady_hits, format_stats, lru_hits, next_use, stats
+from moetier.traces.format import Trace, convert, load_trace, save_trace, segments_sibling, validate
+from moetier.traces.gen import GenParams, generate
+from moetier.traces.stats import belady_hits, format_stats, lru_hits, next_use, stats
 
 
 def _trace(T=20, L=3, K=2, E=8, seed=0, weights=True):

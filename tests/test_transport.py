@@ -7,8 +7,10 @@ import warnings
 import numpy as np
 import pytest
 
-from moetier import expert, store, transport
-from moetier.transport import FaultPlan, PoolExhausted, Reader, SlotPool, TransportError
+from moetier.bytes import expert
+from moetier.bytes import store
+from moetier.bytes import transport
+from moetier.bytes.transport import FaultPlan, PoolExhausted, Reader, SlotPool, TransportError
 
 MODEL = {"id": "tiny", "moe": {"layers": 2, "experts": 4}, "store": {"hidden": 64, "ffn": 64, "encoding": "int8"}}
 SEED = 3

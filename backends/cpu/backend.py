@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from moetier.contract import BackendUnavailable, Capabilities
-from moetier.transport import Reader, SlotPool
+from moetier.run.contract import BackendUnavailable, Capabilities
+from moetier.bytes.transport import Reader, SlotPool
 
 try:
     from backends.cpu import kernels

@@ -29,7 +29,7 @@ import time
 import numpy as np
 from numba import get_num_threads, njit, prange, set_num_threads
 
-from moetier.expert import ExpertLayout, act_range, section_offsets
+from moetier.bytes.expert import ExpertLayout, act_range, section_offsets
 
 _JIT = dict(fastmath=True, cache=True, nogil=True)
 BLOCK = 16  # output rows per parallel work item

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from backends.cpu import kernels
-from moetier.spec import deal
+from moetier.core.records import deal
 
 
 def cores() -> int:

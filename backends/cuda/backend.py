@@ -25,9 +25,9 @@ from collections import OrderedDict
 
 import numpy as np
 
-from moetier.contract import BackendUnavailable, Capabilities
-from moetier.expert import act_range, section_offsets
-from moetier.transport import Reader, SlotPool, TransportError
+from moetier.run.contract import BackendUnavailable, Capabilities
+from moetier.bytes.expert import act_range, section_offsets
+from moetier.bytes.transport import Reader, SlotPool, TransportError
 
 from backends.cuda import kernels as K
 

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from moetier.contract import BackendUnavailable, Capabilities
-from moetier.expert import act_range, section_offsets
-from moetier.transport import HUGE, PAGE, Reader, SlotPool, TransportError, _round_up
+from moetier.run.contract import BackendUnavailable, Capabilities
+from moetier.bytes.expert import act_range, section_offsets
+from moetier.bytes.transport import HUGE, PAGE, Reader, SlotPool, TransportError, _round_up
 
 try:
     from backends.cpu.lane import CpuLane

@@ -40,12 +40,12 @@ from pathlib import Path
 import numpy as np
 
 from moetier.errors import UserError
-from moetier.trace import Trace, ids_dtype
-from moetier.tracestats import nmi_counts, nmi_pairs
+from moetier.traces.format import Trace, ids_dtype
+from moetier.traces.stats import nmi_counts, nmi_pairs
 
 __all__ = ["GenParams", "generate", "fit_olmoe", "OLMOE_COUNTS", "inclusion_stats"]
 
-OLMOE_COUNTS = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "olmoe-routing-counts" / \
+OLMOE_COUNTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "olmoe-routing-counts" / \
     "routing_counts.npz"
 
 

@@ -23,11 +23,11 @@ import time
 
 import numpy as np
 
-from moetier.ledger import Ledger
-from moetier.llc import reuse_model
-from moetier.plan import (LayerPlan, NvmeChannel, PlanContext, burst_table_for_rows, channel_term,
+from moetier.core.ledger import Ledger
+from moetier.core.llc import reuse_model
+from moetier.core.plan import (LayerPlan, NvmeChannel, PlanContext, burst_table_for_rows, channel_term,
                           latency_table_for_rows, plan_layer)
-from moetier.predict import make_predictor
+from moetier.core.predict import make_predictor
 
 ORACLE_WARM_STEPS = 200
 

@@ -16,8 +16,8 @@ from itertools import combinations
 
 import numpy as np
 
-from moetier.spec import deal
-from moetier.transport import Reader, SlotPool
+from moetier.core.records import deal
+from moetier.bytes.transport import Reader, SlotPool
 
 
 def drop_cache(path: str) -> None:

@@ -33,7 +33,7 @@ from collections import OrderedDict
 import numpy as np
 
 from moetier.errors import UserError
-from moetier.trace import Trace
+from moetier.traces.format import Trace
 
 __all__ = ["stats", "format_stats", "lru_hits", "belady_hits", "default_cache_sizes", "next_use",
            "REUSE_BUCKETS"]

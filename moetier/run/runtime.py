@@ -27,11 +27,11 @@ import time
 import numpy as np
 
 from moetier.errors import UserError
-from moetier.plan import plan_layer
-from moetier.predict import make_predictor
-from moetier.sim import Replay, Streams, _segment_plan, rank_keys
-from moetier.spec import deal, hands_off, idle_wake
-from moetier.transport import TransportError
+from moetier.core.plan import plan_layer
+from moetier.core.predict import make_predictor
+from moetier.core.sim import Replay, Streams, _segment_plan, rank_keys
+from moetier.core.records import deal, hands_off, idle_wake
+from moetier.bytes.transport import TransportError
 
 EPS = 1e-6
 
@@ -471,7 +471,7 @@ class Runtime:
 def make_backend(name: str, st, R, conc: int, verify_rate: float = 1.0):
     """The backend ``name`` sized for recipe R at ``conc`` streams: the RAM tier plus headroom for the fills a layer
     can have in flight (demand picks of every row, prefetch budget, a few spare); unavailable -> one-line UserError."""
-    from moetier.contract import BackendUnavailable, get_backend
+    from moetier.run.contract import BackendUnavailable, get_backend
     headroom = 2 * conc * R.topk + 4 * int(R.policy["prefetch"].get("budget", 8)) + 8
     ram_slots = min(R.keys, R.ram_slots) + headroom
     try:

@@ -10,7 +10,7 @@ import json
 import platform
 import sys
 
-from moetier.cli import count, fraction, positive_int
+from moetier.cli.main import count, fraction, positive_int
 from moetier.errors import UserError
 
 
@@ -70,7 +70,8 @@ def register(sub, parser_class) -> None:
 
 
 def cmd_store(args) -> int:
-    from moetier import spec, store
+    from moetier.core import records as spec
+    from moetier.bytes import store
     if args.store_cmd == "pack":
         model = spec.load_record("model", args.model)
         m = store.pack(model, args.out, seed=args.seed)
@@ -95,26 +96,28 @@ def _run_record(rid, prefix: str, recipe: str, backend: str, when: str | None = 
 
 
 def _write(kind: str, rec: dict) -> None:
-    from moetier import spec
+    from moetier.core import records as spec
     print(f"wrote {spec.write_record(kind, rec)}", file=sys.stderr)
 
 
 def _existing(kind: str, rid: str) -> dict | None:
     """The record a write would replace, if there is one."""
-    from moetier import spec
+    from moetier.core import records as spec
     return spec.load_record(kind, rid) if rid in spec.record_ids(kind) else None
 
 
 def cmd_run(args) -> int:
-    from moetier import runtime, sim, store
-    from moetier.cli import _emit, _progress, _resolve, _trace
+    from moetier.run import runtime
+    from moetier.core import sim
+    from moetier.bytes import store
+    from moetier.cli.main import _emit, _progress, _resolve, _trace
     R = _resolve(args)
     st = store.open_store(args.store, model=R.model)
     tr = _trace(args, R)
     rows, preds = [], []
     sampler = None
     if args.probe:
-        from moetier.probe import Sampler
+        from moetier.measure.probe import Sampler
         sampler = Sampler(args.probe)
         sampler.start()
     try:
@@ -169,8 +172,10 @@ def cmd_run(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from moetier import calibrate, spec, store
-    from moetier.cli import _emit, _trace
+    from moetier.measure import calibrate
+    from moetier.core import records as spec
+    from moetier.bytes import store
+    from moetier.cli.main import _emit, _trace
     R = spec.resolve(args.recipe)
     st = store.open_store(args.store, model=R.model)
     tr = _trace(args, R)
@@ -219,8 +224,9 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from moetier import bench, store
-    from moetier.cli import _emit
+    from moetier.measure import bench
+    from moetier.bytes import store
+    from moetier.cli.main import _emit
     st = store.open_store(args.store)
     m = bench.measure(st, nrec=args.records)
     when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

@@ -57,7 +57,9 @@ import statistics
 
 import numpy as np
 
-from moetier import runtime, sim, spec
+from moetier.run import runtime
+from moetier.core import sim
+from moetier.core import records as spec
 from moetier.errors import UserError
 
 BUCKETS = ("cpu_moe", "gpu_moe", "nvme_stall", "copy", "host")
@@ -210,7 +212,7 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
     arm than in an all-in-RAM one on the 2026-12-01 VM). workers and parallel_min (how the lane splits a batch,
     measured by `moetier bench`) travel with the cpu lane's terms: every engine running this lane gets the same call
     classes."""
-    from moetier.bench import fit_cpu_lane
+    from moetier.measure.bench import fit_cpu_lane
     fit = [a for a in arms if a["fit"]]
     lane_rows = []
     for a in fit:
@@ -260,7 +262,7 @@ def fit_host(runs) -> dict:
     prediction, no copies) is left out and set to 0; so is the prediction's part per row without predicting arms
     at two concurrencies (the predictor reads every row's picks: tail-prefetch-C2's host time was 14-24% over a
     per-layer term fitted at C1)."""
-    from moetier.bench import relative_lstsq
+    from moetier.measure.bench import relative_lstsq
     A = [[c["layer_calls"], c["picks"] - c["masked"], c["reads"], c.get("nvme_layers", 0), c["predict_layers"],
           c.get("predict_rows", 0), c.get("copies", 0)] for c, _ in runs]
     y = [host_timed_s(c) * 1e3 for c, _ in runs]
@@ -282,7 +284,7 @@ def fit_head(counters: list[dict], engines: list | None = None) -> dict:
     fitted on C1 and C4 put tail-prefetch-C4's head at 0.37 ms against 0.57 measured (its stall +53%); one
     per-read term for both engines put the SYCL arms' head at 0.05-0.08 ms against 0.07-0.16 (their stall
     +14-23%)."""
-    from moetier.bench import relative_lstsq
+    from moetier.measure.bench import relative_lstsq
     engines = list(engines) if engines is not None else [None] * len(counters)
     data = [(e, c) for e, c in zip(engines, counters) if c.get("read_layers") and c.get("read_head_s")]
     if not data:
@@ -556,7 +558,7 @@ def fit_fixed(unbooked) -> tuple[dict, float, float]:
     + z x zerocopy calls, least squares over the fit arms; u and z are then charged per read and per zerocopy call
     (they join host per_read_ms and per_zc_call_ms). A part no two arms at one concurrency tell apart is not
     identifiable: 0 (per-conc means where neither is)."""
-    from moetier.bench import relative_lstsq
+    from moetier.measure.bench import relative_lstsq
     concs = sorted({u[0] for u in unbooked})
     # a column is fitted where two arms at one concurrency differ in it
     cols = [j for j in (1, 2) if any(len({u[j] for u in unbooked if u[0] == c}) > 1 for c in concs)]
@@ -581,7 +583,7 @@ def fit_device_terms(fit_runs: list[dict]) -> dict:
     VM D, run 39's vram102-C1: a one-expert gpu call 0.33 ms with none, 0.46 with one, 0.36 with two): fitted per read
     alone it came out 0.024 ms (run 38); with per_read_busy beside it the fit puts it all there (run 39: 0.092 ms
     gpu, 0.095 zerocopy) and the gpu calls with reads in flight within 10% (benchmarks/device_calls.py)."""
-    from moetier.bench import relative_lstsq
+    from moetier.measure.bench import relative_lstsq
     groups: dict[str, dict] = {}
     for m in fit_runs:
         s = int(m.get("conc", 1)) - 1

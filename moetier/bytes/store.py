@@ -14,7 +14,7 @@ import os
 import shutil
 import time
 
-from .errors import UserError
+from moetier.errors import UserError
 
 FORMAT = "moetier-store/1"
 CHECKSUM = "xxh3-128"
@@ -56,7 +56,7 @@ def _fsync_dir(path: str) -> None:
 
 def _geometry(model: dict, encoding=None):
     """(model id, layers, experts, ExpertLayout) from a model record dict; UserError naming the field."""
-    from . import expert
+    from moetier.bytes import expert
 
     if not isinstance(model, dict):
         raise UserError(f"store: model must be a model record object, got {type(model).__name__}")
@@ -100,7 +100,7 @@ def pack(model: dict, out_dir, *, seed: int = 0, encoding=None, progress=None) -
     fsynced). An existing store at ``out_dir`` is replaced; any other existing path is refused. ``progress`` is called
     as ``progress(done_records, total_records)``. Returns the manifest dict.
     """
-    from . import expert
+    from moetier.bytes import expert
 
     mid, L, E, lay = _geometry(model, encoding)
     out = os.path.abspath(os.fspath(out_dir))
@@ -210,7 +210,7 @@ class Store:
 
 def open_store(path, *, model: dict | None = None) -> Store:
     """Open and validate a store directory; with ``model`` also check it matches (layers, experts, layout)."""
-    from . import expert
+    from moetier.bytes import expert
 
     p = os.path.abspath(os.fspath(path))
     mpath = os.path.join(p, MANIFEST_NAME)
@@ -278,7 +278,7 @@ def verify(path, *, model: dict | None = None, progress=None, queue_depth: int =
     Returns {records, bad: [keys], bytes, seconds, direct}; raises UserError naming the first bad keys if any.
     ``progress`` is called as ``progress(done_records, total_records)``.
     """
-    from .transport import Reader, SlotPool, TransportError
+    from moetier.bytes.transport import Reader, SlotPool, TransportError
 
     st = open_store(path, model=model)
     n = st.nrecords

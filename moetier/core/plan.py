@@ -23,8 +23,8 @@ import math
 from dataclasses import dataclass
 
 from moetier.errors import UserError
-from moetier.ledger import ABSENT, PUSHING, RAM, VRAM
-from moetier.spec import hands_off, idle_wake
+from moetier.core.ledger import ABSENT, PUSHING, RAM, VRAM
+from moetier.core.records import hands_off, idle_wake
 
 INF = float("inf")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from moetier.errors import UserError
 
 DEFAULT_RECIPE = "glm53-rtx3090-55g-nvx4"
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _number(cast, ok, expected: str):
@@ -70,7 +70,7 @@ def _jsonable(x):
 
 
 def _resolve(args):
-    from moetier import spec
+    from moetier.core import records as spec
     return spec.resolve(args.recipe, spec.parse_overrides(args.set or []))
 
 
@@ -84,7 +84,7 @@ def find_path(p: str) -> Path:
 
 
 def _trace(args, R):
-    from moetier.trace import load_trace
+    from moetier.traces.format import load_trace
     path = args.trace or R.trace
     if not path:
         raise UserError(f"recipe {R.id}: no trace given (--trace) and the recipe names none")
@@ -93,7 +93,7 @@ def _trace(args, R):
 
 
 def _sim_runs(R, tr, concs, args):
-    from moetier import sim
+    from moetier.core import sim
     out = []
     for c in concs:
         kw = {}
@@ -149,7 +149,7 @@ def _print_decode(res) -> None:
 
 
 def standard_table(R, tr, concs) -> dict:
-    from moetier import sim
+    from moetier.core import sim
     decode = [sim.run(R, tr, c, progress=_progress(f"sim C{c}")) for c in concs]
     pre = {str(n): sim.prefill(R, n) for n in (8192, 32768)}
     return {"recipe": R.id, "vram_slots": R.vram_slots, "ram_slots": R.ram_slots, "nvme_only": R.nvme_only,
@@ -181,9 +181,9 @@ def cmd_table(args) -> int:
 
 
 def cmd_trace(args) -> int:
-    from moetier import trace as T
+    from moetier.traces import format as T
     if args.trace_cmd == "stats":
-        from moetier.tracestats import format_stats, stats
+        from moetier.traces.stats import format_stats, stats
         kw = _model_geometry(args.model) if args.model else {}
         tr = T.load_trace(find_path(args.path), args.segments, **kw)
         experts = kw.get("experts") or int(tr.meta.get("experts") or int(tr.ids.max()) + 1)
@@ -195,7 +195,7 @@ def cmd_trace(args) -> int:
             print(format_stats(d))
         return 0
     if args.trace_cmd == "gen":
-        from moetier.tracegen import GenParams, generate
+        from moetier.traces.gen import GenParams, generate
         geo = _model_geometry(args.model)
         params = GenParams.from_json(json.loads(args.params)) if args.params else GenParams()
         tr = generate(params, layers=geo["layers"], experts=geo["experts"], topk=geo["topk"], tokens=args.tokens,
@@ -212,7 +212,7 @@ def cmd_trace(args) -> int:
 
 
 def _model_geometry(model_id: str) -> dict:
-    from moetier import spec
+    from moetier.core import records as spec
     m = spec.load_record("model", model_id)
     return {"layers": m["moe"]["layers"], "experts": m["moe"]["experts"], "topk": m["moe"]["topk"],
             "model_id": model_id}
@@ -276,13 +276,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _extend(sub) -> None:
     """Verbs that need the runtime extras register here (kept out of the import path of the core verbs)."""
     try:
-        from moetier import cli_runtime
+        from moetier.cli import runtime as cli_runtime
     except ImportError:
         return
     cli_runtime.register(sub, _Parser)
-    from moetier import cli_conformance
+    from moetier.cli import conformance as cli_conformance
     cli_conformance.register(sub, _Parser)
-    from moetier import cli_probe
+    from moetier.cli import probe as cli_probe
     cli_probe.register(sub, _Parser)
 
 

@@ -41,7 +41,7 @@ def cmd_probe(args) -> int:
 
 
 def _record(args) -> int:
-    from moetier import probe
+    from moetier.measure import probe
     if not (math.isfinite(args.interval) and args.interval > 0):
         raise UserError(f"probe record: --interval must be a positive number of seconds, got {args.interval}")
     if not (math.isfinite(args.duration) and args.duration >= 0):
@@ -67,7 +67,7 @@ def _is_probe_file(path: Path) -> bool:
 
 def _load_run(target: str):
     """(run record, path or None) for a run id or a run-record file; (None, None) when target is a probe file."""
-    from moetier import spec
+    from moetier.core import records as spec
     p = Path(target)
     if p.is_file():
         if _is_probe_file(p):
@@ -88,7 +88,7 @@ def _resolve_probe(p: str, rec_path: Path | None) -> Path:
     q = Path(p)
     if q.is_file() or q.is_absolute():
         return q
-    from moetier.cli import REPO
+    from moetier.cli.main import REPO
     for base in ([rec_path.parent] if rec_path is not None else []) + [REPO]:
         if (base / q).is_file():
             return base / q
@@ -97,7 +97,7 @@ def _resolve_probe(p: str, rec_path: Path | None) -> Path:
 
 def _hardware_for(args, rec):
     """(hardware record or None, why it is None)."""
-    from moetier import spec
+    from moetier.core import records as spec
     if args.hardware:
         return spec.load_record("hardware", args.hardware), None
     if rec is None:
@@ -117,8 +117,9 @@ def _hardware_for(args, rec):
 
 
 def _report(args) -> int:
-    from moetier import probe, spec
-    from moetier.cli import _emit
+    from moetier.measure import probe
+    from moetier.core import records as spec
+    from moetier.cli.main import _emit
     rec, rec_path = _load_run(args.target)
     if rec is None:
         if args.write:

@@ -37,7 +37,7 @@ from pathlib import Path
 from moetier.atomic import atomic_write
 from moetier.errors import UserError
 
-REGISTRY = Path(__file__).resolve().parent.parent / "registry"
+REGISTRY = Path(__file__).resolve().parents[2] / "registry"
 KINDS = ("model", "hardware", "engine", "recipe", "runs")
 ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
@@ -143,7 +143,7 @@ _SCHEMAS: dict[tuple[str, int], object] = {}
 
 
 def _validator(kind: str, root: Path):
-    import jsonschema  # deferred: keeps `import moetier.spec` cheap
+    import jsonschema  # deferred: keeps `import moetier.core.records` cheap
 
     path = root / "schema" / f"{kind}.schema.json"
     if not path.is_file():  # a custom root without schemas falls back to the shipped ones
