@@ -239,6 +239,47 @@ def test_slot_pool_hugepage_advice_and_4k_control(st):
         assert bytes(pool.view(1)[:st.record_bytes]) == expert.make_expert(st.layout, 1, SEED)
 
 
+def _thp_mode() -> str:
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return "unavailable"
+    return text[text.index("[") + 1:text.index("]")]
+
+
+def _smaps_anon_huge_of(addr: int) -> int:
+    """AnonHugePages of the one mapping that holds addr, read here independently of the pool's own parser."""
+    hit = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            a, b = (int(x, 16) for x in head.split("-"))
+            hit = a <= addr < b
+        elif hit and head == "AnonHugePages:":
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no mapping holds the pool")
+
+
+@pytest.mark.parametrize("n, slot_bytes", [(1, 1_580_000), (2, 102_400), (3, 9_470_000)])
+def test_slot_pool_gets_the_huge_pages_it_reports(n, slot_bytes):
+    """A pool of any size, even one smaller than a huge page, is backed by huge pages once touched, and
+    huge_bytes() agrees with /proc/self/smaps; the 4 KiB control gets none."""
+    if _thp_mode() not in ("madvise", "always"):
+        pytest.skip(f"transparent huge pages are '{_thp_mode()}' on this machine")
+    with SlotPool(n, slot_bytes) as pool:
+        assert pool.huge_bytes() == 0                          # nothing is backed before the first touch
+        for i in range(n):
+            pool.view(i)[:] = 1
+        assert pool.huge_bytes() == pool.nbytes
+        whole = -(-pool.nbytes // (2 * 1024 * 1024)) * 2 * 1024 * 1024
+        assert _smaps_anon_huge_of(pool.base) == whole
+    if _thp_mode() == "madvise":
+        with SlotPool(n, slot_bytes, hugepage=False) as pool:
+            for i in range(n):
+                pool.view(i)[:] = 1
+            assert pool.huge_bytes() == 0 == _smaps_anon_huge_of(pool.base)
+
+
 def test_prefetch_yields_to_demand_and_cancels_until_started(st, monkeypatch):
     """A prefetch read does not start while a demand read is outstanding; until it starts it can be withdrawn."""
     import threading

@@ -53,6 +53,27 @@ def _round_up(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
 
+def smaps_huge_bytes(start: int, length: int) -> int:
+    """Bytes of [start, start + length) that this process has backed by transparent huge pages, from
+    /proc/self/smaps: the AnonHugePages of each mapping that overlaps the range, clipped to the overlap (huge pages
+    are counted whole, so a partial overlap counts the pages that lie inside it). 0 where smaps is not readable."""
+    end = start + length
+    total, lo, hi = 0, None, None
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split(None, 1)[0]
+                if "-" in head and not head.endswith(":"):
+                    a, b = (int(x, 16) for x in head.split("-"))
+                    lo, hi = (a, b) if a < end and b > start else (None, None)
+                elif lo is not None and head == "AnonHugePages:":
+                    huge = int(line.split()[1]) * 1024
+                    total += min(huge, min(hi, end) - max(lo, start))
+    except OSError:
+        return 0
+    return total
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Slot pool
 
@@ -60,8 +81,11 @@ def _round_up(n: int, a: int) -> int:
 class SlotPool:
     """``n`` RAM slots of ``slot_bytes`` (rounded up to 4096) in one 2 MiB-aligned anonymous private mapping.
 
+    The mapping is one huge page longer than the slots rounded up to whole huge pages, so that the aligned region
+    always holds whole huge pages, whatever the pool's size: a pool smaller than 2 MiB can be backed by one too.
     ``hugepage=False`` skips madvise(MADV_HUGEPAGE) (4 KiB pages; the bench uses it as a control arm).
-    ``self.hugepage`` tells whether the advice was accepted.
+    ``self.hugepage`` tells whether the advice was accepted; ``huge_bytes()`` tells how many bytes of the slots the
+    kernel actually backs with huge pages (from /proc/self/smaps), which is what a measurement should report.
     """
 
     def __init__(self, n: int, slot_bytes: int, *, hugepage: bool = True):
@@ -73,7 +97,7 @@ class SlotPool:
         self.slot_bytes = _round_up(int(slot_bytes), PAGE)
         self.nbytes = self.n * self.slot_bytes
         flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
-        total = self.nbytes + HUGE
+        total = _round_up(self.nbytes, HUGE) + HUGE
         if flags:
             self._mm = mmap.mmap(-1, total, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         else:  # pragma: no cover - non-POSIX
@@ -136,6 +160,12 @@ class SlotPool:
         parent = memoryview(self._mm)
         start = self._off + i * self.slot_bytes
         return parent, parent[start:start + nbytes]
+
+    def huge_bytes(self) -> int:
+        """Bytes of the slots backed by huge pages now (0 where /proc/self/smaps is not readable).
+
+        Pages are backed on first touch, so a fresh pool reports 0 until its slots are written."""
+        return smaps_huge_bytes(self.base, self.nbytes)
 
     def _zero(self, i: int) -> None:
         start = self._off + i * self.slot_bytes
