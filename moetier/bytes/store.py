@@ -8,26 +8,16 @@ of 4096 so every record can be read with O_DIRECT. ``manifest.json`` names the m
 from __future__ import annotations
 
 import errno
-import xxhash
 import json
 import os
 import shutil
 import time
 
+from moetier.bytes.layout import (CHECKSUM, DATA_NAME, DIGEST_BYTES, FORMAT, MANIFEST_NAME,  # noqa: F401
+                                  digest, record_offset)
 from moetier.errors import UserError
 
-FORMAT = "moetier-store/1"
-CHECKSUM = "xxh3-128"
-DIGEST_BYTES = 16
-DATA_NAME = "experts.bin"
-MANIFEST_NAME = "manifest.json"
 BATCH_BYTES = 8 * 1024 * 1024  # bytes gathered per write call
-
-
-def digest(buf) -> bytes:
-    """The record checksum: xxh3-128 (~20 GB/s, so landed bytes can be checked on the read path; blake2b would
-    cost ~1 ms per 1.5 MB record)."""
-    return xxhash.xxh3_128_digest(buf)
 
 
 def _write_all(fd: int, buf, offset: int) -> None:
@@ -199,7 +189,7 @@ class Store:
     def offset(self, key: int) -> int:
         if not 0 <= key < self.nrecords:
             raise ValueError(f"store {self.path}: key {key} out of range 0..{self.nrecords - 1}")
-        return key * self.record_bytes
+        return record_offset(key, self.record_bytes)
 
     def digest(self, key: int) -> bytes:
         return self._digests[key]

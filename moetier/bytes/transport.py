@@ -32,7 +32,7 @@ from concurrent.futures import TimeoutError as _FutTimeout
 
 import numpy as np
 
-from moetier.bytes.store import digest as record_digest   # the store format owns its checksum
+from moetier.bytes.layout import digest as record_digest   # the store format owns its checksum
 
 PAGE = 4096
 HUGE = 2 * 1024 * 1024

@@ -88,7 +88,7 @@ def _resolve_probe(p: str, rec_path: Path | None) -> Path:
     q = Path(p)
     if q.is_file() or q.is_absolute():
         return q
-    from moetier.cli.main import REPO
+    from moetier.cli.common import REPO
     for base in ([rec_path.parent] if rec_path is not None else []) + [REPO]:
         if (base / q).is_file():
             return base / q
@@ -119,7 +119,7 @@ def _hardware_for(args, rec):
 def _report(args) -> int:
     from moetier.measure import probe
     from moetier.core import records as spec
-    from moetier.cli.main import _emit
+    from moetier.cli.common import _emit
     rec, rec_path = _load_run(args.target)
     if rec is None:
         if args.write:

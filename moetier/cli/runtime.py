@@ -10,7 +10,7 @@ import json
 import platform
 import sys
 
-from moetier.cli.main import count, fraction, positive_int
+from moetier.cli.common import count, fraction, positive_int
 from moetier.errors import UserError
 
 
@@ -110,7 +110,7 @@ def cmd_run(args) -> int:
     from moetier.run import runtime
     from moetier.core import sim
     from moetier.bytes import store
-    from moetier.cli.main import _emit, _progress, _resolve, _trace
+    from moetier.cli.common import _emit, _progress, _resolve, _trace
     R = _resolve(args)
     st = store.open_store(args.store, model=R.model)
     tr = _trace(args, R)
@@ -175,7 +175,7 @@ def cmd_calibrate(args) -> int:
     from moetier.measure import calibrate
     from moetier.core import records as spec
     from moetier.bytes import store
-    from moetier.cli.main import _emit, _trace
+    from moetier.cli.common import _emit, _trace
     R = spec.resolve(args.recipe)
     st = store.open_store(args.store, model=R.model)
     tr = _trace(args, R)
@@ -226,7 +226,7 @@ def cmd_calibrate(args) -> int:
 def cmd_bench(args) -> int:
     from moetier.measure import bench
     from moetier.bytes import store
-    from moetier.cli.main import _emit
+    from moetier.cli.common import _emit
     st = store.open_store(args.store)
     m = bench.measure(st, nrec=args.records)
     when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
