@@ -27,9 +27,8 @@ def test_altered_surface_fails_with_one_line():
     assert rep.mismatches[0].startswith(
         "exllamav3 1.6.5: BlockSparseMLP_CPU.cpu_split_combine: parameter 'out_shape' missing")
     lines = []
-    assert surface.adapter_check(lines.append, fake) == 2
-    assert lines[-1] == "error: " + rep.mismatches[0]
-    assert sum("MISMATCH" in ln for ln in lines) == 1
+    assert surface.adapter_check(lines.append, fake).mismatches == rep.mismatches
+    assert sum("MISMATCH" in ln for ln in lines) == 1 and not lines[-1].endswith("hooks match")
 
 
 def test_missing_hook_and_version_range():
@@ -48,6 +47,13 @@ def test_missing_hook_and_version_range():
 def test_adapter_check_passes_and_prints_every_hook():
     from adapters.exllamav3 import surface
     lines = []
-    assert surface.adapter_check(lines.append) == 0
+    assert surface.adapter_check(lines.append).ok
     assert lines[-1] == f"{len(surface.EXPECTED)} hooks match"
     assert "compiled extension: stand-in" in lines[0]
+
+
+def test_cli_adapter_check(capsys):
+    from moetier.cli.main import main
+    assert main(["adapter", "check", "exllamav3"]) == 0
+    out = capsys.readouterr().out
+    assert "BlockSparseMLP_CPU.cpu_split_combine (self, final_hidden_states, cpu_partial, cpu_pending, shape)" in out

@@ -60,3 +60,9 @@ def test_missing_names_and_bases():
     assert found["json.NoSuchThing"]["kind"] == "missing"
     assert lines[0].startswith("NoSuchThing: missing (json has no attribute 'NoSuchThing')")
     assert lines[1] == "OrderedDict: base class 'list' missing (found bases ['dict'])"
+
+
+def test_cli_adapter_check_unknown_name(capsys):
+    from moetier.cli.main import main
+    assert main(["adapter", "check", "nosuchengine"]) == 2
+    assert capsys.readouterr().err.strip() == "moetier: error: adapter 'nosuchengine': unknown (expected one of exllamav3)"

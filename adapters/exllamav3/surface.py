@@ -11,7 +11,7 @@ their presence is pinned). ``VERSIONS`` is the range of engine versions the adap
 ``check(expected=EXPECTED)`` imports the installed engine (with the stand-in extension where no compiled one exists)
 and returns a ``Report``; ``require()`` raises ``SurfaceMismatch`` with the first mismatch as one line (attach calls
 it). ``adapter_check()`` is what ``moetier adapter check exllamav3`` runs: it prints the surface found against the one
-expected and returns the exit status (0 agree, 2 mismatch or engine missing).
+expected (moetier.cli.adapter exits 2 with the first mismatch as its one error line).
 """
 from __future__ import annotations
 
@@ -172,19 +172,20 @@ def _fmt(desc: dict) -> str:
     return k or "?"
 
 
-def adapter_check(out=print, expected: dict | None = None) -> int:
-    """``moetier adapter check exllamav3``: the surface found against the expected one; 0 if they agree, else 2
-    after one line naming the first mismatch (prefixed ``error:``)."""
+def adapter_check(out=print, expected: dict | None = None) -> Report:
+    """``moetier adapter check exllamav3``: print each expected hook beside what the installed engine has (nothing
+    to print where the engine is missing) and return the Report; the caller turns ``mismatches[0]`` into its one
+    error line and exit status 2."""
     rep = check(expected)
     lo, hi = VERSIONS
     out(f"{ENGINE} {rep.version or '(not installed)'}; adapter pinned to >={_vstr(lo)},<{_vstr(hi)}"
         + ("; compiled extension: stand-in" if rep.standin else ""))
     for name, want in rep.expected.items():
         got = rep.found.get(name)
-        mark = "ok" if got is not None and not check_surface({name: want}, {name: got}) else "MISMATCH"
-        out(f"  {mark:8s} {name} {_fmt(got) if got is not None else '(not looked up)'}")
-    if rep.mismatches:
-        out(f"error: {rep.mismatches[0]}")
-        return 2
-    out(f"{len(rep.expected)} hooks match")
-    return 0
+        if got is None:
+            continue
+        mark = "ok" if not check_surface({name: want}, {name: got}) else "MISMATCH"
+        out(f"  {mark:8s} {name} {_fmt(got)}")
+    if not rep.mismatches:
+        out(f"{len(rep.expected)} hooks match")
+    return rep

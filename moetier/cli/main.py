@@ -198,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _extend(sub) -> None:
     """Verbs that need the runtime extras register here (kept out of the import path of the core verbs)."""
+    from moetier.cli import adapter as cli_adapter       # imports its engine only when run
+    cli_adapter.register(sub, _Parser)
     try:
         from moetier.cli import runtime as cli_runtime
     except ImportError:
