@@ -1,25 +1,30 @@
-"""Benchmark the O_DIRECT record reader (moetier.transport.Reader) against fio on the same file.
+"""Benchmark the O_DIRECT record reader (moetier.bytes.transport.Reader) against fio at its best, on one file.
 
-    .venv/bin/python benchmarks/bench_transport.py [--json] [--size-mib N] [--record-bytes B] [--reps R] [--dir D]
+    .venv/bin/python benchmarks/bench_transport.py [--json] [--out FILE] [--size-mib N] [--record-bytes B]
+                                                   [--reps R] [--dir D] [--cold FILE]
 
-Creates a test file of --size-mib (default 1024) MiB holding whole records of --record-bytes (default: the record size
-of a registry model that has a local store geometry, else the Qwen3.8 record 1,863,680 B), drops it from the page
-cache before every pass (posix_fadvise DONTNEED), and reads every record once in a random order per pass:
+Writes a test file of --size-mib (default 1024) MiB of whole records of --record-bytes (default: the record size of a
+registry model with a local store geometry, else the Qwen3.8 record 1,863,680 B). Every pass reads every record of
+the file (or of its half, per job) once in a random order, after dropping the file from the page cache.
 
-  ours QD1        Reader(queue_depth=1), one fill+wait at a time (per-record latency p50/p90)
-  ours QD16       Reader(queue_depth=16): 16 worker threads doing preadv, 32 fills submitted ahead
-  ours QD16 4k    the same with SlotPool(hugepage=False): slots on 4 KiB pages, as fio's buffers are
-  fio psync QD1   --ioengine=psync --numjobs=1
-  fio psync 16j   --ioengine=psync --numjobs=16 (16 threads each doing blocking pread: like with like for ours QD16)
-  fio libaio QD16 --ioengine=libaio --iodepth=16 --numjobs=1 (one thread, 16 async reads in flight)
+Arms (each at queue depth 16 and 32, each with huge-page and 4 KiB-page buffers):
+  reader     Reader(queue_depth=QD) over a SlotPool of 2*QD slots (huge: THP-backed; 4k: no MADV_HUGEPAGE)
+  fio        libaio and io_uring (io_uring with registered buffers and files: --fixedbufs --registerfiles), one job
+             over the file and two jobs over its two disjoint halves; huge: --mem=shmhuge (hugetlb pages, reserved
+             here when running as root), 4k: --mem=malloc
+All arms run interleaved in each of --reps (default 4) passes; every arm reports min / median / max GB/s, and the
+ratio reader / best fio compares medians at the same queue depth and buffer kind.
 
-Arms are interleaved (ours, fio, ours, fio, ...) over --reps passes to cancel drift; medians are reported. The ratio
-ours/fio at QD16 is printed against both fio QD16 arms (target >= 0.9).
+Warm or cold: the file is written by this run moments before it is read. The guest page cache is dropped before each
+pass, but a virtual disk's host may still hold the data (reads then run at host-memory speed, not the device's).
+--cold FILE adds a cold arm over an existing file that nothing has read since it was written long ago (its age is
+printed); without one, the result says it measured warm data only.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -98,71 +103,136 @@ def make_file(path: str, nbytes: int) -> None:
         os.close(fd)
 
 
-def run_ours(raw: RawFile, qd: int, order, *, verify_rate: float = 0.0, hugepage: bool = True) -> dict:
+def run_reader(raw: RawFile, qd: int, order, *, hugepage: bool) -> dict:
     drop_cache(raw.data_path)
-    ahead = 1 if qd == 1 else 2 * qd
-    lat = []
+    ahead = 2 * qd
     with SlotPool(ahead, raw.record_bytes, hugepage=hugepage) as pool, \
-            Reader(raw, pool, queue_depth=qd, verify_rate=verify_rate) as rd:
-        direct = rd.direct
+            Reader(raw, pool, queue_depth=qd, verify_rate=0.0) as rd:
+        for slot in range(ahead):      # a runtime's pool is long-lived: its pages are backed before it reads
+            pool.view(slot)[:] = 0
+        inflight, free, i, n = [], list(range(ahead)), 0, len(order)
         t0 = time.perf_counter()
-        if qd == 1:
-            for k in order:
-                t = time.perf_counter()
-                rd.wait(rd.fill(int(k), 0))
-                lat.append((time.perf_counter() - t) * 1000.0)
-        else:
-            inflight = []
-            free = list(range(ahead))
-            i = 0
-            n = len(order)
-            while i < n or inflight:
-                while i < n and free:
-                    inflight.append(rd.fill(int(order[i]), free.pop()))
-                    i += 1
-                c = inflight.pop(0)
-                rd.wait(c)
-                free.append(c.slot)
+        while i < n or inflight:
+            while i < n and free:
+                inflight.append(rd.fill(int(order[i]), free.pop()))
+                i += 1
+            c = inflight.pop(0)
+            rd.wait(c)
+            free.append(c.slot)
         secs = time.perf_counter() - t0
-        nbytes = rd.stats["bytes"]
-    out = {"gbps": nbytes / secs / 1e9, "seconds": secs, "bytes": nbytes, "direct": direct}
-    if lat:
-        out["p50_ms"] = float(np.percentile(lat, 50))
-        out["p90_ms"] = float(np.percentile(lat, 90))
-    return out
+        return {"gbps": rd.stats["bytes"] / secs / 1e9, "direct": rd.direct, "huge_bytes": pool.huge_bytes(),
+                "pool_bytes": pool.nbytes}
 
 
-def run_fio(path: str, bs: int, size: int, engine: str, iodepth: int, numjobs: int) -> dict:
+def fio_cmd(path: str, bs: int, size: int, engine: str, qd: int, jobs: int, huge: bool) -> list:
+    part = size // jobs // bs * bs
+    cmd = ["fio", "--name=x", f"--filename={path}", "--direct=1", "--rw=randread", f"--bs={bs}", f"--iodepth={qd}",
+           f"--ioengine={engine}", f"--numjobs={jobs}", f"--size={part}", f"--offset_increment={part}",
+           f"--mem={'shmhuge' if huge else 'malloc'}", "--group_reporting", "--output-format=json"]
+    if engine == "io_uring":
+        cmd += ["--fixedbufs", "--registerfiles"]
+    return cmd
+
+
+def run_fio(cmd: list, path: str) -> dict:
     drop_cache(path)
-    per_job = size // numjobs // bs * bs
-    cmd = ["fio", "--name=x", f"--filename={path}", "--direct=1", "--rw=randread", f"--bs={bs}",
-           f"--iodepth={iodepth}", f"--ioengine={engine}", f"--numjobs={numjobs}", f"--size={size}",
-           f"--io_size={per_job}", "--group_reporting", "--output-format=json"]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"fio failed ({p.returncode}): {p.stderr.strip()[:400]}")
-    txt = p.stdout
-    j = json.loads(txt[txt.index("{"):])
-    rd = j["jobs"][0]["read"]
-    out = {"gbps": rd["bw_bytes"] / 1e9, "bytes": rd["io_bytes"], "seconds": rd["runtime"] / 1000.0,
-           "cmd": " ".join(cmd)}
-    pct = (rd.get("clat_ns") or {}).get("percentile") or {}
-    if "50.000000" in pct:
-        out["p50_ms"] = pct["50.000000"] / 1e6
-        out["p90_ms"] = pct["90.000000"] / 1e6
+    j = json.loads(p.stdout[p.stdout.index("{"):])
+    return {"gbps": j["jobs"][0]["read"]["bw_bytes"] / 1e9}
+
+
+def reserve_hugetlb(pages: int) -> str:
+    """Make sure the hugetlb pool holds `pages` pages for fio's shmhuge buffers; returns a note."""
+    path = "/proc/sys/vm/nr_hugepages"
+    try:
+        have = int(open(path).read())
+        if have < pages:
+            with open(path, "w") as f:
+                f.write(str(pages))
+            have = int(open(path).read())
+    except OSError as e:
+        return f"hugetlb pages not reserved ({e.strerror}): fio huge-page arms may fail"
+    return f"hugetlb pages reserved: {have}"
+
+
+def spread(values) -> dict:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values), "all": list(values)}
+
+
+def arms_for(raw: RawFile, path: str, size: int, fio: bool) -> list:
+    """(name, group, fn) for every arm; group = (qd, buffer kind) for the ratio, reader first within each."""
+    arms = []
+    for qd, huge in itertools.product((16, 32), (True, False)):
+        kind = "huge" if huge else "4k"
+        arms.append((f"reader qd{qd} {kind}", (qd, kind), lambda o, qd=qd, h=huge: run_reader(raw, qd, o, hugepage=h)))
+        if not fio:
+            continue
+        for engine, jobs in itertools.product(("libaio", "io_uring"), (1, 2)):
+            cmd = fio_cmd(path, raw.record_bytes, size, engine, qd, jobs, huge)
+            arms.append((f"fio {engine} qd{qd} {jobs}j {kind}", (qd, kind), lambda o, c=cmd: run_fio(c, path)))
+    return arms
+
+
+def measure(arms, nrec: int, reps: int, log) -> dict:
+    rng = np.random.default_rng(0)
+    runs = {name: [] for name, _, _ in arms}
+    extra = {}
+    for rep in range(reps):
+        order = rng.permutation(nrec)
+        for name, _, fn in arms:
+            r = fn(order)
+            runs[name].append(r["gbps"])
+            extra.setdefault(name, {k: v for k, v in r.items() if k != "gbps"})
+            log(f"  pass {rep + 1} {name:<26} {r['gbps']:.3f} GB/s")
+    return {name: {**spread(g), **extra[name]} for name, g in runs.items()}
+
+
+def ratios(arms, res: dict) -> dict:
+    out = {}
+    for group in sorted({g for _, g, _ in arms}):
+        names = [n for n, g, _ in arms if g == group]
+        fios = [n for n in names if n.startswith("fio")]
+        if not fios:
+            continue
+        reader = next(n for n in names if n.startswith("reader"))
+        best = max(fios, key=lambda n: res[n]["median"])
+        out[f"qd{group[0]} {group[1]}"] = {"reader": reader, "best_fio": best,
+                                           "ratio": res[reader]["median"] / res[best]["median"]}
     return out
+
+
+def cold_arm(path: str, rb: int, reps: int, log) -> dict:
+    """Reader and fio (io_uring, 4 KiB buffers, QD16) over an existing file that has not been read for a while."""
+    st = os.stat(path)
+    nrec = st.st_size // rb
+    age_h = (time.time() - max(st.st_mtime, st.st_atime)) / 3600.0
+    raw = RawFile(path, rb, nrec)
+    size = nrec * rb
+    arms = [("cold reader qd16 4k", (16, "4k"), lambda o: run_reader(raw, 16, o, hugepage=False)),
+            ("cold fio io_uring qd16 1j 4k", (16, "4k"),
+             lambda o: run_fio(fio_cmd(path, rb, size, "io_uring", 16, 1, False), path))]
+    # only the first pass over a region is cold: each pass reads a disjoint slice of the file
+    res = measure(arms, nrec, 1, log)
+    return {"file": path, "age_hours_since_last_access": age_h, "arms": res,
+            "note": "one pass per arm (a second would read warm data)"}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print only the JSON result")
+    ap.add_argument("--out", default=None, help="also write the JSON result to this file")
     ap.add_argument("--size-mib", type=int, default=1024, help="test file size in MiB (default 1024)")
     ap.add_argument("--record-bytes", type=float, default=None,
                     help="record size in bytes; a value < 4096 is read as MiB (1.5 -> 1.5 MiB); rounded to 4096")
-    ap.add_argument("--reps", type=int, default=3, help="interleaved passes per arm (default 3)")
+    ap.add_argument("--reps", type=int, default=4, help="interleaved passes per arm (default 4, at least 4)")
     ap.add_argument("--dir", default=None, help="folder for the test file (default: system temp dir)")
+    ap.add_argument("--cold", default=None, help="an existing file not read since it was written long ago")
     a = ap.parse_args(argv)
-
+    if a.reps < 4:
+        print("bench_transport: --reps must be at least 4", file=sys.stderr)
+        return 2
     if a.record_bytes is None:
         rb, src = default_record_bytes()
     else:
@@ -170,86 +240,51 @@ def main(argv=None) -> int:
         src = "--record-bytes"
     rb = int((int(rb) + 4095) // 4096 * 4096)
     nrec = (a.size_mib * 1024 * 1024) // rb
-    if nrec < 32:
-        print(f"bench_transport: --size-mib {a.size_mib} holds only {nrec} records of {rb} B; need >= 32",
+    if nrec < 64:
+        print(f"bench_transport: --size-mib {a.size_mib} holds only {nrec} records of {rb} B; need >= 64",
               file=sys.stderr)
         return 2
     size = nrec * rb
-    fio = shutil.which("fio")
+    fio = shutil.which("fio") is not None
     log = (lambda *x: None) if a.json else (lambda *x: print(*x, flush=True))
+    out = {"record_bytes": rb, "record_source": src, "records": nrec, "file_bytes": size, "reps": a.reps}
     if not fio:
-        log("fio not found: install it with `apt-get install -y fio`")
-
+        log("fio not found: install it with `apt-get install -y fio` (Debian/Ubuntu); reader arms only")
+        out["fio"] = "not found: apt-get install -y fio"
+    else:
+        out["hugetlb"] = reserve_hugetlb(2 * 2 * 32 * (-(-rb // (2 << 20))) + 8)
+        out["fio_version"] = subprocess.run(["fio", "--version"], capture_output=True, text=True).stdout.strip()
     d = tempfile.mkdtemp(prefix="moetier-bench-", dir=a.dir)
     path = os.path.join(d, "records.bin")
-    res: dict = {}
     try:
         log(f"record {rb} B ({src}), {nrec} records, file {size / 2**20:.0f} MiB at {path}")
         make_file(path, size)
         raw = RawFile(path, rb, nrec)
-        rng = np.random.default_rng(0)
-        arms = [("ours_qd1", lambda o: run_ours(raw, 1, o))]
-        if fio:
-            arms.append(("fio_psync_qd1", lambda o: run_fio(path, rb, size, "psync", 1, 1)))
-        arms.append(("ours_qd16", lambda o: run_ours(raw, 16, o)))
-        arms.append(("ours_qd16_4k", lambda o: run_ours(raw, 16, o, hugepage=False)))
-        if fio:
-            arms.append(("fio_psync_16jobs", lambda o: run_fio(path, rb, size, "psync", 1, 16)))
-            arms.append(("fio_libaio_qd16", lambda o: run_fio(path, rb, size, "libaio", 16, 1)))
-        runs = {name: [] for name, _ in arms}
-        for rep in range(a.reps):
-            order = rng.permutation(nrec)
-            for name, fn in arms:
-                r = fn(order)
-                runs[name].append(r)
-                log(f"  pass {rep + 1} {name:<17} {r['gbps']:.3f} GB/s")
-        for name, rs in runs.items():
-            g = [r["gbps"] for r in rs]
-            res[name] = {"gbps_median": statistics.median(g), "gbps_best": max(g), "gbps_all": g}
-            for k in ("p50_ms", "p90_ms"):
-                if k in rs[0]:
-                    res[name][k] = statistics.median(r[k] for r in rs)
-            if "direct" in rs[0]:
-                res[name]["direct"] = rs[0]["direct"]
-            if "cmd" in rs[0]:
-                res[name]["cmd"] = rs[0]["cmd"]
+        arms = arms_for(raw, path, size, fio)
+        out["arms"] = measure(arms, nrec, a.reps, log)
+        out["ratios"] = ratios(arms, out["arms"])
     finally:
         shutil.rmtree(d, ignore_errors=True)
-
-    out = {"record_bytes": rb, "record_source": src, "records": nrec, "file_bytes": size, "reps": a.reps,
-           "order": "random record order, every record once per pass", "arms": res}
-    if fio:
-        ours = res["ours_qd16"]["gbps_median"]
-        out["ratio_ours_qd16_vs_fio_psync_16jobs"] = ours / res["fio_psync_16jobs"]["gbps_median"]
-        out["ratio_ours_qd16_vs_fio_libaio_qd16"] = ours / res["fio_libaio_qd16"]["gbps_median"]
-        out["ratio_ours_qd16_4k_vs_fio_psync_16jobs"] = (res["ours_qd16_4k"]["gbps_median"]
-                                                         / res["fio_psync_16jobs"]["gbps_median"])
-        out["ratio_ours_qd1_vs_fio_psync_qd1"] = res["ours_qd1"]["gbps_median"] / res["fio_psync_qd1"]["gbps_median"]
-        out["target"] = ">= 0.9 at QD16"
+    out["warm"] = ("warm: the file was written moments before it was read; the guest page cache was dropped before "
+                   "each pass, a virtual disk's host may still have served it from memory")
+    if a.cold:
+        out["cold"] = cold_arm(a.cold, rb, a.reps, log) if fio else "needs fio"
     else:
-        out["fio"] = "not found: install it with `apt-get install -y fio`"
-
+        out["cold"] = "not measured: give --cold FILE (an existing file untouched for hours)"
+    text = json.dumps(out, indent=2)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text + "\n")
     if a.json:
-        print(json.dumps(out, indent=2))
+        print(text)
         return 0
     print()
-    print(f"{'arm':<18} {'GB/s med':>9} {'GB/s best':>10} {'p50 ms':>8} {'p90 ms':>8}  how")
-    how = {"ours_qd1": "Reader QD1, fill+wait one at a time",
-           "ours_qd16": "Reader 16 worker threads (preadv), 32 submitted ahead",
-           "ours_qd16_4k": "same, slots on 4 KiB pages (no MADV_HUGEPAGE), like fio's buffers",
-           "fio_psync_qd1": "fio psync, 1 job",
-           "fio_psync_16jobs": "fio psync, 16 jobs (16 threads in pread: like with like)",
-           "fio_libaio_qd16": "fio libaio iodepth 16, 1 job"}
-    for name, r in res.items():
-        p50 = f"{r['p50_ms']:.2f}" if "p50_ms" in r else "-"
-        p90 = f"{r['p90_ms']:.2f}" if "p90_ms" in r else "-"
-        print(f"{name:<18} {r['gbps_median']:>9.3f} {r['gbps_best']:>10.3f} {p50:>8} {p90:>8}  {how[name]}")
-    if fio:
-        print(f"ours/fio at QD16: {out['ratio_ours_qd16_vs_fio_psync_16jobs']:.2f} vs psync 16 jobs, "
-              f"{out['ratio_ours_qd16_vs_fio_libaio_qd16']:.2f} vs libaio iodepth 16 (target >= 0.9); "
-              f"QD1: {out['ratio_ours_qd1_vs_fio_psync_qd1']:.2f}; 4 KiB-page slots vs psync 16 jobs: "
-              f"{out['ratio_ours_qd16_4k_vs_fio_psync_16jobs']:.2f}")
-    print(json.dumps(out))
+    print(f"{'arm':<28} {'min':>7} {'median':>7} {'max':>7}  GB/s")
+    for name, r in out["arms"].items():
+        print(f"{name:<28} {r['min']:>7.3f} {r['median']:>7.3f} {r['max']:>7.3f}")
+    for group, r in out["ratios"].items():
+        print(f"{group}: reader / best fio ({r['best_fio']}) = {r['ratio']:.2f} (target >= 0.95)")
+    print(out["warm"] if not a.cold else f"cold arm: {out['cold']}")
     return 0
 
 
