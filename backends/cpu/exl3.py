@@ -1,0 +1,450 @@
+"""Numba CPU kernel for one EXL3 (trellis) SwiGLU expert, read in place from its trellis/suh/svh arrays.
+
+Contract: ``expert_forward(expert, x)`` computes, for token rows x [T, H], down(swiglu(gate(x), up(x))) times the
+routing weight (and routed scaling factor), float32 [T, H], where each linear is y = had(had(x * suh) @ W_inner) *
+svh as specified by ``moetier.bytes.exl3`` (the numpy reference it is checked against). Inputs are the record's own
+arrays: trellis int16 [k/16, n/16, 16K] (any K in 1..8, any codebook), suh/svh fp16 (or their uint16 bit patterns);
+nothing is copied or converted up front beyond the small scale vectors.
+
+Rounding: fp16 where exllamav3's CUDA kernels store fp16 (adapters.md section 2.4): the input x, the transformed input
+had(x * suh) * c, the raw GEMM output, the output after had * c * svh, and the SwiGLU intermediate; the GEMM
+accumulates in fp32. ``fp16=False`` skips the roundings (plain fp32). Rounding is an integer round-to-nearest-even
+on the float32 bits, identical to numpy's float32 -> float16 conversion.
+
+Decode strategy: a parallel work item is an output band of NB adjacent tiles (16 * NB columns), which streams down
+all tile rows of the trellis. For one tile row it first transposes the band's NB tiles' words into a [8K, NB]
+buffer, so that element t of all NB tiles is read with the same word index and shift: state extraction (the
+64-bit funnel shift of exl3_dq.cuh, in 32-bit lanes), the decode and the FMA into the per-token accumulators then
+run across the NB tiles as vector lanes. Element t of a tile lands at tile row r(t), column c(t) (the tensor-core
+placement), so accumulators are kept as [token, c, tile] and the input value x[16 i + r(t)] is broadcast. mul1 is
+decoded without a table: fp16(k_inv (1024 + s) + k_bias) with s the byte sum below, whose float32 value is exact, so
+one integer rounding of its bits gives the table's value; mcg and 3inst look the state up in a 65,536-entry table.
+
+``mode="affine"`` (mul1 only) is the fast path: a mul1 weight is affine in the byte sum s of state * 0x83DCD12D,
+w = k_inv (1024 + s) + k_bias, so sum_r w_r x_r = k_inv sum_r s_r x_r + (1024 k_inv + k_bias) sum_r x_r: the kernel
+accumulates integer byte sums (no table lookup) and adds one per-token constant per column. It skips the fp16
+rounding of each weight, so it agrees with the exact path to about 2e-4 relative (rel RMS), not bit-for-bit.
+
+Determinism: each output column is owned by one work item with a fixed reduction order (tile rows in order,
+elements in trellis order), so results are bit-identical across runs and thread counts. Kernels are compiled with
+nogil so a lane can run them from worker threads; parallel=False uses the calling thread only.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+
+import numpy as np
+from numba import get_num_threads, njit, prange, set_num_threads
+
+from moetier.bytes import exl3 as X
+
+_JIT = dict(cache=True, nogil=True)
+NB = 16                     # tiles per output band (256 columns, two Hadamard blocks)
+MODES = ("exact", "affine")
+KIND_LUT, KIND_MUL1, KIND_AFFINE = 0, 1, 2   # decode: table lookup (any codebook), mul1 arithmetic, mul1 affine
+
+_K_INV = np.float32(X.MUL1_K_INV)
+_K_CONST = np.float32(1024.0 * X.MUL1_K_INV + X.MUL1_K_BIAS)   # exact in float32 (a multiple of 2**-18)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# fp16 helpers (integer routines: independent of fastmath and of numba's float16 support)
+
+
+@njit(**_JIT)
+def _round16_(a):
+    """Round a float32 array in place to the nearest fp16 value (ties to even; overflow to inf), like numpy's
+    float32 -> float16 -> float32."""
+    flat = a.reshape(-1)
+    u = flat.view(np.uint32)
+    for i in range(u.shape[0]):
+        v = u[i]
+        sign = v & np.uint32(0x80000000)
+        m = v & np.uint32(0x7FFFFFFF)
+        if m >= np.uint32(0x7F800000):            # inf / nan stay
+            continue
+        if m >= np.uint32(0x477FF000):            # >= 65520 rounds past the largest fp16
+            u[i] = sign | np.uint32(0x7F800000)
+        elif m >= np.uint32(0x38800000):          # fp16 normal: keep 10 of 23 mantissa bits
+            m = (m + np.uint32(0xFFF) + ((m >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
+            u[i] = sign | m
+        else:                                     # fp16 subnormal: a multiple of 2**-24
+            e = m >> np.uint32(23)
+            if e < 102:
+                u[i] = sign
+            else:
+                sh = np.uint32(126) - e
+                q = (m & np.uint32(0x7FFFFF)) | np.uint32(0x800000)
+                half = np.uint32(1) << (sh - np.uint32(1))
+                q = (q + half - np.uint32(1) + ((q >> sh) & np.uint32(1))) >> sh
+                f = np.float32(q) * np.float32(2.0 ** -24)
+                flat[i] = -f if sign else f
+
+
+@njit(**_JIT)
+def _h2f(bits, out):
+    """fp16 bit patterns (uint16) -> float32 values, exactly."""
+    for i in range(bits.shape[0]):
+        h = np.int64(bits[i])
+        e = (h >> 10) & 31
+        m = h & 1023
+        if e == 0:
+            v = m * 2.0 ** -24
+        elif e == 31:
+            v = math.inf if m == 0 else math.nan
+        else:
+            v = (1024 + m) * 2.0 ** (e - 25)
+        out[i] = np.float32(-v if h & 0x8000 else v)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Hadamard (fp32, exllamav3's butterfly order)
+
+
+@njit(**_JIT)
+def _had_rows_(a, scale):
+    """In place: each 128-wide block of each row of a [T, n] -> butterfly, times scale."""
+    T, n = a.shape
+    for r in range(T):
+        for b0 in range(0, n, 128):
+            h = 1
+            while h < 128:
+                for s in range(b0, b0 + 128, 2 * h):
+                    for q in range(s, s + h):
+                        p = a[r, q]
+                        o = a[r, q + h]
+                        a[r, q] = p + o
+                        a[r, q + h] = p - o
+                h *= 2
+            for q in range(b0, b0 + 128):
+                a[r, q] *= scale
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Decode and GEMM
+
+
+@njit(fastmath=True, **_JIT)
+def _gather_band(words, i, j0, nb, wbuf):
+    """wbuf[w, jj] = words[i, j0 + jj, w]: the band's tiles side by side, word-major."""
+    for jj in range(nb):
+        for w in range(words.shape[2]):
+            wbuf[w, jj] = words[i, j0 + jj, w]
+    for jj in range(nb, wbuf.shape[1]):
+        for w in range(words.shape[2]):
+            wbuf[w, jj] = 0
+
+
+@njit(fastmath=True, **_JIT)
+def _state(wbuf, a0, a1, sh, jj):
+    """The 16-bit window ending sh (0..31) bits before the end of word a1 (started in word a0), in 32-bit ops only:
+    the explicit truncations let LLVM keep 32-bit vector lanes. (a << 1) << (31 - sh) is a << (32 - sh) without the
+    undefined shift by 32 when sh = 0."""
+    a = wbuf[a0, jj]
+    b = wbuf[a1, jj]
+    # the "& 31" tells LLVM the counts are below 32, so it can keep 32-bit shifts
+    hi = np.uint32(np.uint32(a << np.uint32(1)) << np.uint32((31 - sh) & 31))
+    return np.uint32(np.uint32(hi | np.uint32(b >> np.uint32(sh & 31))) & np.uint32(0xFFFF))
+
+
+@njit(fastmath=True, **_JIT)
+def _byte_sum(st):
+    """Sum of the four bytes of st * 0x83DCD12D mod 2**32, in 32-bit ops."""
+    p = np.uint32(st * np.uint32(X.MUL1_MULT))
+    q = np.uint32(np.uint32(p & np.uint32(0x00FF00FF)) + np.uint32(np.uint32(p >> np.uint32(8)) & np.uint32(0x00FF00FF)))
+    return np.uint32(np.uint32(q & np.uint32(0xFFFF)) + np.uint32(q >> np.uint32(16)))
+
+
+@njit(fastmath=True, **_JIT)
+def _decode_band(wbuf, i0, i1, sh, lut, wdec):
+    """wdec[t, jj] = lut[state of element t of band tile jj] for all 256 elements (exact fp16 values)."""
+    for t in range(256):
+        a0, a1, s = i0[t], i1[t], sh[t]
+        for jj in range(NB):
+            wdec[t, jj] = lut[_state(wbuf, a0, a1, s, jj)]
+
+
+@njit(fastmath=True, **_JIT)
+def _mul1_band(wbuf, i0, i1, sh, exact, wdec, wbits):
+    """mul1 without a table: wdec[t, jj] = the byte sum s of element t's state (affine), or the weight
+    fp16(k_inv (1024 + s) + k_bias) (exact). The float32 affine value is exact (a multiple of 2**-18 below 4), so one
+    integer round-to-nearest-even of its bits to 10 mantissa bits (wbits: wdec's uint32 view) is the single fp16
+    rounding; values below 2**-14 have too few bits to round, so no subnormal case arises."""
+    for t in range(256):
+        a0, a1, s = i0[t], i1[t], sh[t]
+        for jj in range(NB):
+            v = np.float32(_byte_sum(_state(wbuf, a0, a1, s, jj)))
+            wdec[t, jj] = v * _K_INV + _K_CONST if exact else v
+    if exact:
+        for t in range(256):
+            for jj in range(NB):
+                m = wbits[t, jj]
+                wbits[t, jj] = np.uint32(np.uint32(m + np.uint32(0xFFF) + np.uint32(np.uint32(m >> np.uint32(13))
+                                                                                    & np.uint32(1)))
+                                         & np.uint32(0xFFFFE000))
+
+
+@njit(fastmath=True, **_JIT)
+def _decode_tile_row(words, i, j0, nb, kind, lut, i0, i1, sh, wbuf, wdec, wbits):
+    """wdec[t, jj] = element t of tile (i, j0 + jj) for the band's tiles (byte sums for KIND_AFFINE)."""
+    _gather_band(words, i, j0, nb, wbuf)
+    if kind == KIND_LUT:
+        _decode_band(wbuf, i0, i1, sh, lut, wdec)
+    else:
+        _mul1_band(wbuf, i0, i1, sh, kind == KIND_MUL1, wdec, wbits)
+
+
+@njit(parallel=True, fastmath=True, **_JIT)
+def _gemm(words, xh, lut, i0, i1, sh, prow, pcol, kind, out):
+    """out[T, n] = xh[T, k] @ W_inner, W_inner decoded on the fly from words [kt, nt, 8K] (uint32 view)."""
+    kt, nt, nw = words.shape
+    T = xh.shape[0]
+    nbands = (nt + NB - 1) // NB
+    for b in prange(nbands):
+        j0 = b * NB
+        nb = min(NB, nt - j0)
+        wbuf = np.empty((nw, NB), np.uint32)
+        wdec = np.empty((256, NB), np.float32)
+        wbits = wdec.view(np.uint32)
+        acc = np.zeros((T, 16, NB), np.float32)
+        affine = kind == KIND_AFFINE
+        for i in range(kt):
+            _decode_tile_row(words, i, j0, nb, kind, lut, i0, i1, sh, wbuf, wdec, wbits)
+            base = 16 * i
+            for t in range(256):
+                c = pcol[t]
+                r = base + prow[t]
+                for tok in range(T):
+                    xv = xh[tok, r]
+                    for jj in range(NB):
+                        acc[tok, c, jj] += wdec[t, jj] * xv
+        for tok in range(T):
+            cst = np.float32(0.0)
+            if affine:
+                xs = np.float32(0.0)
+                for q in range(xh.shape[1]):
+                    xs += xh[tok, q]
+                cst = _K_CONST * xs
+            for jj in range(nb):
+                for c in range(16):
+                    v = acc[tok, c, jj]
+                    if affine:
+                        v = _K_INV * v + cst
+                    out[tok, 16 * (j0 + jj) + c] = v
+
+
+@njit(parallel=True, **_JIT)
+def _decode_inner(words, kind, lut, i0, i1, sh, prow, pcol, out):
+    """W_inner [k, n] float32 through the same band decode as _gemm (for bit-exact checks)."""
+    kt, nt, nw = words.shape
+    for b in prange((nt + NB - 1) // NB):
+        j0 = b * NB
+        nb = min(NB, nt - j0)
+        wbuf = np.empty((nw, NB), np.uint32)
+        wdec = np.empty((256, NB), np.float32)
+        wbits = wdec.view(np.uint32)
+        for i in range(kt):
+            _decode_tile_row(words, i, j0, nb, kind, lut, i0, i1, sh, wbuf, wdec, wbits)
+            for t in range(256):
+                for jj in range(nb):
+                    out[16 * i + prow[t], 16 * (j0 + jj) + pcol[t]] = wdec[t, jj]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Linear and expert
+
+
+@njit(**_JIT)
+def _input_transform(x, suh, fp16, xh):
+    """xh = had(x * suh) (rounded to fp16 when fp16)."""
+    for r in range(x.shape[0]):
+        for q in range(x.shape[1]):
+            xh[r, q] = x[r, q] * suh[q]
+    _had_rows_(xh, np.float32(X.HAD_SCALE))
+    if fp16:
+        _round16_(xh)
+
+
+@njit(**_JIT)
+def _output_transform(y, svh, fp16):
+    """y = had(y) * c * svh in place, with the engine's fp16 roundings before and after."""
+    if fp16:
+        _round16_(y)
+    _had_rows_(y, np.float32(X.HAD_SCALE))
+    for r in range(y.shape[0]):
+        for q in range(y.shape[1]):
+            y[r, q] *= svh[q]
+    if fp16:
+        _round16_(y)
+
+
+@njit(**_JIT)
+def _swiglu_(g, u, limit, fp16):
+    """g = min(silu(g), limit) * clamp(u, -limit, limit) in place (limit <= 0: no clamp), fp32."""
+    for r in range(g.shape[0]):
+        for q in range(g.shape[1]):
+            gv = g[r, q]
+            s = gv / (np.float32(1.0) + np.float32(math.exp(min(-gv, np.float32(80.0)))))
+            uv = u[r, q]
+            if limit > 0:
+                s = min(s, limit)
+                uv = min(max(uv, -limit), limit)
+            g[r, q] = s * uv
+    if fp16:
+        _round16_(g)
+
+
+class _Linear:
+    """One linear's kernel arguments: the trellis as uint32 words (a view), float32 scale vectors, tables."""
+
+    __slots__ = ("words", "suh", "svh", "lut", "i0", "i1", "sh", "k", "n", "kind")
+
+    def __init__(self, lin, mode: str):
+        t = lin.trellis
+        if not t.flags.c_contiguous:
+            raise ValueError("trellis: expected a contiguous array (it is read in place)")
+        self.words = t.view(np.uint32)           # little-endian pairs of int16: e[2i] | e[2i+1] << 16
+        self.k, self.n = lin.k, lin.n
+        self.suh = _scales(lin.suh)
+        self.svh = _scales(lin.svh)
+        self.i0, self.i1, self.sh = _tables(lin.K)
+        if mode == "affine" and lin.codebook != "mul1":
+            raise ValueError(f"mode 'affine' needs the mul1 codebook, this linear uses {lin.codebook!r}")
+        if lin.codebook == "mul1":
+            self.kind = KIND_AFFINE if mode == "affine" else KIND_MUL1
+        else:
+            self.kind = KIND_LUT
+        self.lut = _lut32(lin.codebook)
+
+
+_LUTS: dict = {}
+_TABLES: dict = {}
+_PROW = (X.TC_PERM // 16).astype(np.uint64)
+_PCOL = (X.TC_PERM % 16).astype(np.uint64)
+
+
+def _lut32(codebook) -> np.ndarray:
+    cb = X.codebook_index(codebook)
+    if cb not in _LUTS:
+        _LUTS[cb] = X.codebook_lut(cb).astype(np.float32)
+    return _LUTS[cb]
+
+
+def _tables(K: int):
+    if K not in _TABLES:
+        # unsigned: numba then emits no negative-index wraparound code in the hot loops
+        _TABLES[K] = tuple(np.ascontiguousarray(a, dtype=np.uint64) for a in X.window_tables(K))
+    return _TABLES[K]
+
+
+def _scales(v: np.ndarray) -> np.ndarray:
+    bits = np.ascontiguousarray(v).view(np.uint16).reshape(-1)
+    out = np.empty(bits.shape[0], np.float32)
+    _h2f(bits, out)
+    return out
+
+
+def _linear(L: _Linear, x: np.ndarray, fp16: bool) -> np.ndarray:
+    xh = np.empty_like(x)
+    _input_transform(x, L.suh, fp16, xh)
+    y = np.empty((x.shape[0], L.n), np.float32)
+    _gemm(L.words, xh, L.lut, L.i0, L.i1, L.sh, _PROW, _PCOL, L.kind, y)
+    _output_transform(y, L.svh, fp16)
+    return y
+
+
+@contextmanager
+def _team(parallel: bool):
+    """parallel=False: the same compiled kernels on a one-thread team for the calling thread (numba's thread count
+    is thread-local), so results are bit-identical and no barrier waits on other cores."""
+    old = get_num_threads()
+    if not parallel:
+        set_num_threads(1)
+    try:
+        yield
+    finally:
+        set_num_threads(old)
+
+
+def _rows(x, width: int) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim == 1:
+        x = x[None, :]
+    if x.ndim != 2 or x.shape[1] != width:
+        raise ValueError(f"x: expected float32 [rows, {width}], got shape {list(x.shape)}")
+    return x
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
+
+
+def decode_inner(trellis: np.ndarray, codebook="mul1", table: bool = False) -> np.ndarray:
+    """W_inner (k, n) float32 through the kernel's band decode (every value an exact fp16). mul1 is decoded
+    arithmetically as in the GEMM unless table=True (the lookup path every other codebook takes)."""
+    t = np.ascontiguousarray(trellis)
+    K = X.trellis_bits(t)
+    out = np.empty((t.shape[0] * 16, t.shape[1] * 16), np.float32)
+    i0, i1, sh = _tables(K)
+    kind = KIND_MUL1 if X.codebook_index(codebook) == 2 and not table else KIND_LUT
+    _decode_inner(t.view(np.uint32), kind, _lut32(codebook), i0, i1, sh, _PROW, _PCOL, out)
+    return out
+
+
+def raw_gemm(xh, lin, mode: str = "exact", parallel: bool = True) -> np.ndarray:
+    """The Hadamard-domain GEMM xh [T, k] @ W_inner, float32, no transforms or roundings (the one-hot check)."""
+    _check_mode(mode)
+    L = _Linear(lin, mode)
+    xh = _rows(xh, L.k)
+    y = np.empty((xh.shape[0], L.n), np.float32)
+    with _team(parallel):
+        _gemm(L.words, xh, L.lut, L.i0, L.i1, L.sh, _PROW, _PCOL, L.kind, y)
+    return y
+
+
+def linear_forward(x, lin, mode: str = "exact", fp16: bool = True, parallel: bool = True) -> np.ndarray:
+    """y = x @ W for one EXL3 linear, float32 [T, n]."""
+    _check_mode(mode)
+    L = _Linear(lin, mode)
+    x = _rows(x, L.k)
+    if fp16:
+        x = round16(x)
+    with _team(parallel):
+        return _linear(L, x, fp16)
+
+
+def expert_forward(expert, x, act_limit: float | None = None, routing_weight=1.0, routed_scaling_factor: float = 1.0,
+                   mode: str = "exact", fp16: bool = True, parallel: bool = True) -> np.ndarray:
+    """One EXL3 expert (moetier.bytes.exl3.Exl3Expert or anything with gate/up/down linears) on token rows
+    x [T, H] -> float32 [T, H], times routing_weight (scalar or per row) * routed_scaling_factor."""
+    _check_mode(mode)
+    gate, up, down = (_Linear(lin, mode) for lin in (expert.gate, expert.up, expert.down))
+    x = _rows(x, gate.k)
+    w = np.asarray(routing_weight, dtype=np.float32) * np.float32(routed_scaling_factor)
+    with _team(parallel):
+        if fp16:
+            x = x.copy()
+            _round16_(x)
+        g = _linear(gate, x, fp16)
+        u = _linear(up, x, fp16)
+        _swiglu_(g, u, np.float32(act_limit or 0.0), fp16)
+        y = _linear(down, g, fp16)
+    return y * (w[:, None] if w.ndim else w)
+
+
+def round16(a) -> np.ndarray:
+    """float32 copy of a rounded to fp16 values by the kernels' integer routine."""
+    out = np.array(a, dtype=np.float32, copy=True)
+    _round16_(out)
+    return out
+
+
+def warmup(K: int = 3, codebook="mul1") -> None:
+    """Compile (or load from numba's cache) the kernels: a one-tile-band expert at K bits."""
+    rng = np.random.default_rng(0)
+    ex = X.random_expert(rng, 128, 128, K, codebook)
+    for mode in ("exact", "affine") if codebook == "mul1" else ("exact",):
+        expert_forward(ex, np.zeros((1, 128), np.float32), act_limit=10.0, mode=mode)
