@@ -83,7 +83,9 @@ def test_residency_instruments_flag_an_early_landing(tmp_path, monkeypatch):
         monkeypatch.setattr(runtime.Runtime, "_wait", lambda self, h, ticket=None: None)
         with _Instrumented(chaos), pytest.raises(ResidencyViolation, match="before its fill handle reported landed"):
             runtime.run(R, st, chaos, tr, 1, max_steps=2)
-        # and compute() on a slot whose fill was never reported landed
+        # and compute() on a slot whose fill was never reported landed; the run above never waited for its reads,
+        # so on a slow disk slot 0 may still have one in flight
+        be.fence()
         chaos = Chaos(be, 1)
         chaos.fill(0, 0)
         with pytest.raises(ResidencyViolation, match="has not been reported landed"):
