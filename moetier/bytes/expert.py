@@ -16,6 +16,13 @@ Encodings (all multi-byte values little-endian):
   byte = (q[2j] + 8) | ((q[2j + 1] + 8) << 4) (low nibble = even column); ``*_s`` float32 [rows, cols // 32];
   w[r, c] = q[r, c] * s[r, c // 32], q in [-8, 7].
 
+* ``exl3`` (EXL3 trellis, moetier.bytes.exl3): nine sections, the three trellises first so that their bytes are one
+  VRAM slot image in exllamav3's native tile layout, then the sign/scale vectors:
+  ``gate_trellis``, ``up_trellis`` int16 [H/16, F/16, 16K], ``down_trellis`` int16 [F/16, H/16, 16K],
+  ``gate_suh``, ``up_suh`` fp16 [H], ``gate_svh``, ``up_svh`` fp16 [F], ``down_suh`` fp16 [F], ``down_svh`` fp16 [H].
+  The layout carries what decoding needs beside the bytes: ``bits`` (K, one for all three linears), ``codebook``
+  ("3inst", "mcg" or "mul1") and ``act_limit`` (the SwiGLU clamp; 0 = none). H and F must be multiples of 128.
+
 Everything here is plain NumPy; it is the ground truth the backends are checked against.
 """
 
@@ -25,8 +32,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ENCODINGS = ("int8", "int4g32")
+ENCODINGS = ("int8", "int4g32")     # the dense quantized encodings (make_expert, pack_expert, the int kernels)
+EXL3 = "exl3"
+RECORD_KINDS = ENCODINGS + (EXL3,)  # every encoding a record (and a store) can hold
 SECTION_ORDER = ("gate_q", "up_q", "down_q", "gate_s", "up_s", "down_s")
+EXL3_SECTION_ORDER = ("gate_trellis", "up_trellis", "down_trellis", "gate_suh", "gate_svh", "up_suh", "up_svh",
+                      "down_suh", "down_svh")
+EXL3_ALIGN = 128                    # the Hadamard block: H and F of an EXL3 expert are multiples of it
 SECTION_ALIGN = 64
 RECORD_ALIGN = 4096
 GROUP = 32
@@ -47,8 +59,9 @@ def act_range(n: int) -> int:
 
 
 def section_offsets(lay) -> list[int]:
-    """Byte offsets of the record's sections in SECTION_ORDER (the kernels' argument order)."""
-    return [int(lay.sections[s][0]) for s in SECTION_ORDER]
+    """Byte offsets of the record's sections in its order (SECTION_ORDER, or EXL3_SECTION_ORDER for exl3: the
+    kernels' argument order)."""
+    return [int(lay.sections[s][0]) for s in lay.order]
 
 
 @dataclass(frozen=True)
@@ -61,17 +74,28 @@ class ExpertLayout:
     sections: dict  # name -> (offset, nbytes, dtype str, shape tuple)
     record_bytes: int  # multiple of 4096
     weight_bytes: int  # bytes of quantized weights + scales read per expert compute
+    bits: int = 0              # exl3: K, bits per weight of all three linears
+    codebook: str = ""         # exl3: "3inst", "mcg" or "mul1"
+    act_limit: float = 0.0     # exl3: SwiGLU clamp (silu(g) <= limit, |u| <= limit); 0 = none
 
     def __hash__(self) -> int:  # sections is a dict; the geometry determines everything else
-        return hash((self.hidden, self.ffn, self.encoding))
+        return hash((self.hidden, self.ffn, self.encoding, self.bits, self.codebook, self.act_limit))
+
+    @property
+    def order(self) -> tuple:
+        """The section names in record order."""
+        return EXL3_SECTION_ORDER if self.encoding == EXL3 else SECTION_ORDER
 
     def to_json(self) -> dict:
         """JSON-ready dict for the model record's "store" section."""
+        exl3 = {"bits": self.bits, "codebook": self.codebook, "act_limit": self.act_limit} \
+            if self.encoding == EXL3 else {}
         return {
             "format": FORMAT,
             "hidden": self.hidden,
             "ffn": self.ffn,
             "encoding": self.encoding,
+            **exl3,
             "section_align": SECTION_ALIGN,
             "record_bytes": self.record_bytes,
             "weight_bytes": self.weight_bytes,
@@ -95,7 +119,8 @@ class ExpertLayout:
             if not isinstance(d[f], int) or isinstance(d[f], bool):
                 raise ValueError(f"expert layout field {f!r}: expected an integer, got {d[f]!r}")
         try:
-            lay = layout(d["hidden"], d["ffn"], d["encoding"])
+            extra = {f: d.get(f) for f in ("bits", "codebook", "act_limit") if f in d} if d["encoding"] == EXL3 else {}
+            lay = layout(d["hidden"], d["ffn"], d["encoding"], **extra)
         except ValueError as e:
             raise ValueError(f"expert layout: {e}") from None
         for f in ("record_bytes", "weight_bytes"):
@@ -105,8 +130,8 @@ class ExpertLayout:
             raise ValueError(f"expert layout field 'section_align': expected {SECTION_ALIGN}, got {d['section_align']!r}")
         if "sections" in d:
             secs = d["sections"]
-            if not isinstance(secs, dict) or set(secs) != set(SECTION_ORDER):
-                raise ValueError(f"expert layout field 'sections': expected exactly {list(SECTION_ORDER)}")
+            if not isinstance(secs, dict) or set(secs) != set(lay.order):
+                raise ValueError(f"expert layout field 'sections': expected exactly {list(lay.order)}")
             for name, (off, nb, dt, shape) in lay.sections.items():
                 s = secs[name]
                 want = {"offset": off, "nbytes": nb, "dtype": dt, "shape": list(shape)}
@@ -119,14 +144,53 @@ class ExpertLayout:
         return lay
 
 
-def layout(hidden: int, ffn: int, encoding: str) -> ExpertLayout:
-    """The record layout for one expert of this geometry; hidden and ffn must be positive multiples of 32."""
-    if encoding not in ENCODINGS:
-        raise ValueError(f"encoding: expected one of {list(ENCODINGS)}, got {encoding!r}")
+def _sections(spec: dict, order) -> tuple[dict, int, int]:
+    """(sections, record_bytes, weight_bytes) of sections laid out in ``order`` at SECTION_ALIGN."""
+    sections = {}
+    off = 0
+    total = 0
+    for name in order:
+        dt, shape = spec[name]
+        nb = int(np.prod(shape)) * np.dtype(dt).itemsize
+        off = _align(off, SECTION_ALIGN)
+        sections[name] = (off, nb, dt, tuple(int(x) for x in shape))
+        off += nb
+        total += nb
+    return sections, _align(off, RECORD_ALIGN), total
+
+
+def _exl3_layout(H: int, F: int, bits, codebook, act_limit) -> ExpertLayout:
+    from moetier.bytes import exl3
+
+    if not isinstance(bits, (int, np.integer)) or isinstance(bits, bool) or bits not in exl3.KS:
+        raise ValueError(f"bits: expected an integer K in 1..8 for exl3, got {bits!r}")
+    if codebook not in exl3.CODEBOOKS:
+        raise ValueError(f"codebook: expected one of {list(exl3.CODEBOOKS)} for exl3, got {codebook!r}")
+    if not isinstance(act_limit, (int, float)) or isinstance(act_limit, bool) or not act_limit >= 0:
+        raise ValueError(f"act_limit: expected a number >= 0 (0 = no clamp), got {act_limit!r}")
+    K, T = int(bits), exl3.TILE
+    spec = {"gate_trellis": ("int16", (H // T, F // T, 16 * K)), "up_trellis": ("int16", (H // T, F // T, 16 * K)),
+            "down_trellis": ("int16", (F // T, H // T, 16 * K)),
+            "gate_suh": ("float16", (H,)), "gate_svh": ("float16", (F,)), "up_suh": ("float16", (H,)),
+            "up_svh": ("float16", (F,)), "down_suh": ("float16", (F,)), "down_svh": ("float16", (H,))}
+    sections, rb, wb = _sections(spec, EXL3_SECTION_ORDER)
+    return ExpertLayout(H, F, EXL3, sections, rb, wb, K, codebook, float(act_limit))
+
+
+def layout(hidden: int, ffn: int, encoding: str, bits=None, codebook=None, act_limit=0.0) -> ExpertLayout:
+    """The record layout for one expert of this geometry; hidden and ffn must be positive multiples of 32 (of 128
+    for exl3, which also needs ``bits`` and ``codebook``; ``act_limit`` is its SwiGLU clamp)."""
+    if encoding not in RECORD_KINDS:
+        raise ValueError(f"encoding: expected one of {list(RECORD_KINDS)}, got {encoding!r}")
+    mult = EXL3_ALIGN if encoding == EXL3 else GROUP
     for name, v in (("hidden", hidden), ("ffn", ffn)):
-        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0 or v % GROUP:
-            raise ValueError(f"{name}: expected a positive multiple of {GROUP}, got {v!r}")
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0 or v % mult:
+            raise ValueError(f"{name}: expected a positive multiple of {mult}, got {v!r}")
     H, F = int(hidden), int(ffn)
+    if encoding == EXL3:
+        return _exl3_layout(H, F, bits, codebook, act_limit)
+    if bits is not None or codebook is not None:
+        raise ValueError(f"bits/codebook: only an exl3 layout takes them (encoding {encoding!r})")
     if encoding == "int8":
         q = {"gate_q": ("int8", (F, H)), "up_q": ("int8", (F, H)), "down_q": ("int8", (H, F))}
         s = {"gate_s": ("float32", (F,)), "up_s": ("float32", (F,)), "down_s": ("float32", (H,))}
@@ -134,18 +198,8 @@ def layout(hidden: int, ffn: int, encoding: str) -> ExpertLayout:
         q = {"gate_q": ("uint8", (F, H // 2)), "up_q": ("uint8", (F, H // 2)), "down_q": ("uint8", (H, F // 2))}
         s = {"gate_s": ("float32", (F, H // GROUP)), "up_s": ("float32", (F, H // GROUP)),
              "down_s": ("float32", (H, F // GROUP))}
-    spec = {**q, **s}
-    sections = {}
-    off = 0
-    total = 0
-    for name in SECTION_ORDER:
-        dt, shape = spec[name]
-        nb = int(np.prod(shape)) * np.dtype(dt).itemsize
-        off = _align(off, SECTION_ALIGN)
-        sections[name] = (off, nb, dt, tuple(int(x) for x in shape))
-        off += nb
-        total += nb
-    return ExpertLayout(H, F, encoding, sections, _align(off, RECORD_ALIGN), total)
+    sections, rb, wb = _sections({**q, **s}, SECTION_ORDER)
+    return ExpertLayout(H, F, encoding, sections, rb, wb)
 
 
 def _as_u8(lay: ExpertLayout, buf) -> np.ndarray:
@@ -231,13 +285,48 @@ def make_weights(lay: ExpertLayout, key: int, seed: int) -> dict:
 
 
 def make_expert(lay: ExpertLayout, key: int, seed: int) -> bytes:
-    """A deterministic synthetic expert record (len == record_bytes, padding zero) for tests and benchmarks."""
+    """A deterministic synthetic expert record (len == record_bytes, padding zero) for tests and benchmarks; for exl3
+    a random expert (synth_exl3.random_expert: random trellises, scales that keep activations of order one)."""
+    if lay.encoding == EXL3:
+        from moetier.bytes import synth_exl3
+        rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, int(key) & 0xFFFFFFFF, lay.hidden, lay.ffn, lay.bits])
+        return pack_exl3(lay, synth_exl3.random_expert(rng, lay.hidden, lay.ffn, lay.bits, lay.codebook))
     w = make_weights(lay, key, seed)
     return pack_expert(lay, w["gate"], w["up"], w["down"])
 
 
+def pack_exl3(lay: ExpertLayout, ex) -> bytes:
+    """One exl3 record (len == record_bytes) from an exl3.Exl3Expert whose shapes, K and codebook match lay."""
+    if lay.encoding != EXL3:
+        raise ValueError(f"pack_exl3: layout encoding {lay.encoding!r}, expected {EXL3!r}")
+    buf = np.zeros(lay.record_bytes, dtype=np.uint8)
+    v = views(lay, buf)
+    for p in ("gate", "up", "down"):
+        lin = getattr(ex, p)
+        if lin.codebook != lay.codebook:
+            raise ValueError(f"{p}: codebook {lin.codebook!r}, the layout's is {lay.codebook!r}")
+        for part in ("trellis", "suh", "svh"):
+            a, dst = getattr(lin, part), v[f"{p}_{part}"]
+            if a.shape != dst.shape or a.dtype != dst.dtype:
+                raise ValueError(f"{p}.{part}: {a.dtype} {list(a.shape)}, expected {dst.dtype} {list(dst.shape)}")
+            dst[...] = a
+    return buf.tobytes()
+
+
+def exl3_expert(lay: ExpertLayout, buf):
+    """The exl3.Exl3Expert a record holds (zero-copy views of its trellises and scales)."""
+    from moetier.bytes import exl3
+    v = views(lay, buf)
+    return exl3.Exl3Expert(*(exl3.Exl3Linear(v[f"{p}_trellis"], v[f"{p}_suh"], v[f"{p}_svh"], lay.codebook)
+                             for p in ("gate", "up", "down")))
+
+
 def dequant(lay: ExpertLayout, buf) -> dict:
     """Dense float64 gate, up ([F, H]) and down ([H, F]) matrices of one record."""
+    if lay.encoding == EXL3:
+        from moetier.bytes import exl3
+        ex = exl3_expert(lay, buf)
+        return {p: exl3.reconstruct(getattr(ex, p)).T for p in ("gate", "up", "down")}
     v = views(lay, buf)
     out = {}
     for name in ("gate", "up", "down"):
@@ -254,10 +343,14 @@ def silu(z):
 
 
 def reference(lay: ExpertLayout, buf, x) -> np.ndarray:
-    """Float64 expert output for token rows x [rows, H] (or [H]) -> [rows, H]."""
+    """Float64 expert output for token rows x [rows, H] (or [H]) -> [rows, H] (exl3: exl3.expert_forward with the
+    layout's act_limit, no fp16 rounding)."""
     x = np.atleast_2d(np.asarray(x, dtype=np.float64))
     if x.shape[1] != lay.hidden:
         raise ValueError(f"x: expected [rows, {lay.hidden}], got {list(x.shape)}")
+    if lay.encoding == EXL3:
+        from moetier.bytes import exl3
+        return exl3.expert_forward(x, exl3_expert(lay, buf), lay.act_limit or None)
     w = dequant(lay, buf)
     g = x @ w["gate"].T
     u = x @ w["up"].T

@@ -13,6 +13,8 @@ import os
 import shutil
 import time
 
+import numpy as np
+
 from moetier.bytes.layout import (CHECKSUM, DATA_NAME, DIGEST_BYTES, FORMAT, MANIFEST_NAME,  # noqa: F401
                                   digest, record_offset)
 from moetier.errors import UserError
@@ -65,14 +67,32 @@ def _geometry(model: dict, encoding=None):
             raise UserError(f"model {mid}: field '{sec}.{field}' expected a positive integer, got {v!r}")
         vals[field] = v
     enc = encoding if encoding is not None else st.get("encoding")
+    extra = {f: st.get(f) for f in ("bits", "codebook", "act_limit") if f in st} if enc == expert.EXL3 else {}
     try:
-        lay = expert.layout(vals["hidden"], vals["ffn"], enc)
+        lay = expert.layout(vals["hidden"], vals["ffn"], enc, **extra)
     except ValueError as e:
         raise UserError(f"model {mid}: store geometry: {e}") from None
     rb = st.get("record_bytes")
     if rb is not None and encoding is None and rb != lay.record_bytes:
         raise UserError(f"model {mid}: field 'store.record_bytes' is {rb!r} but the layout gives {lay.record_bytes}")
     return mid, vals["layers"], vals["experts"], lay
+
+
+def _describe(lay) -> str:
+    exl3 = f" K={lay.bits} {lay.codebook}" if lay.encoding == "exl3" else ""
+    return f"{lay.hidden}x{lay.ffn} {lay.encoding}{exl3}"
+
+
+def _match_model(model: dict, what: str, L: int, E: int, lay) -> str:
+    """The model's id, if ``what`` (L layers x E experts of layout lay) matches its record; else UserError."""
+    mid, mL, mE, mlay = _geometry(model)
+    if (L, E) != (mL, mE):
+        raise UserError(f"{what}: holds {L} layers x {E} experts but model {mid} has moe.layers {mL} x "
+                        f"moe.experts {mE}")
+    if mlay.to_json() != lay.to_json():
+        raise UserError(f"{what}: layout {_describe(lay)} does not match model {mid} store geometry "
+                        f"{_describe(mlay)}")
+    return mid
 
 
 def _is_store_dir(path: str) -> bool:
@@ -93,6 +113,38 @@ def pack(model: dict, out_dir, *, seed: int = 0, encoding=None, progress=None) -
     from moetier.bytes import expert
 
     mid, L, E, lay = _geometry(model, encoding)
+
+    def fill(key: int, buf) -> None:
+        rec = expert.make_expert(lay, key, seed)
+        if len(rec) != lay.record_bytes:
+            raise RuntimeError(f"make_expert returned {len(rec)} bytes for key {key}, expected {lay.record_bytes}")
+        buf[:] = np.frombuffer(rec, dtype=np.uint8)
+
+    return write_store(out_dir, mid, L, E, lay, fill, seed=seed, progress=progress)
+
+
+def pack_checkpoint(ckpt_dir, out_dir, *, model: dict | None = None, progress=None) -> dict:
+    """Pack the routed experts of an EXL3 checkpoint directory into a store at ``out_dir``: the trunk's MoE layers
+    (keys ordinal * experts + expert), then its MTP layers as ``extra_layers``; one record in memory at a time.
+    With ``model`` (a model record) the checkpoint must match its layers, experts and layout."""
+    from moetier.bytes import checkpoint, hf_config
+
+    with checkpoint.open_exl3(ckpt_dir) as ck:
+        geo, lay = ck.geometry, ck.layout
+        mid = hf_config.slug(os.path.basename(ck.path.rstrip(os.sep)))
+        if model is not None:
+            mid = _match_model(model, f"--checkpoint {ck.path}", ck.trunk_layers, ck.experts, lay)
+        source = {"checkpoint": ck.path, "architecture": geo.family, "moe_layers": ck.prefixes}
+        return write_store(out_dir, mid, ck.trunk_layers, ck.experts, lay, ck.fill, extra_layers=ck.mtp_layers,
+                           source=source, progress=progress)
+
+
+def write_store(out_dir, mid: str, L: int, E: int, lay, fill, *, seed: int = 0, extra_layers: int = 0,
+                source: dict | None = None, progress=None) -> dict:
+    """Write a store of (L + extra_layers) * E records at ``out_dir``: ``fill(key, buf)`` writes record ``key`` into
+    ``buf`` (a zeroed uint8 array of record_bytes, reused: at most BATCH_BYTES or one record is held at a time, so
+    memory stays bounded whatever the store's size). ``extra_layers`` are layers kept past the model's (an MTP layer,
+    keys L*E..); ``source`` says where the bytes came from. Atomic like ``pack``; returns the manifest dict."""
     out = os.path.abspath(os.fspath(out_dir))
     if os.path.lexists(out) and not (os.path.isdir(out) and _is_store_dir(out)):
         raise UserError(f"pack: {out} exists and is not a moetier store; refusing to overwrite it")
@@ -101,8 +153,9 @@ def pack(model: dict, out_dir, *, seed: int = 0, encoding=None, progress=None) -
         raise UserError(f"pack: parent directory {parent} does not exist")
     tmp = f"{out}.tmp-{os.getpid()}"
     rb = lay.record_bytes
-    n = L * E
+    n = (L + extra_layers) * E
     batch = max(1, BATCH_BYTES // rb)
+    buf = np.zeros(batch * rb, dtype=np.uint8)
     digests = []
     t0 = time.perf_counter()
     data_path = os.path.join(tmp, DATA_NAME)
@@ -115,14 +168,12 @@ def pack(model: dict, out_dir, *, seed: int = 0, encoding=None, progress=None) -
             key = 0
             while key < n:
                 stop = min(n, key + batch)
-                chunks = []
+                buf[:] = 0
                 for k in range(key, stop):
-                    rec = expert.make_expert(lay, k, seed)
-                    if len(rec) != rb:
-                        raise RuntimeError(f"make_expert returned {len(rec)} bytes for key {k}, expected {rb}")
+                    rec = buf[(k - key) * rb:(k - key + 1) * rb]
+                    fill(k, rec)
                     digests.append(digest(rec).hex())
-                    chunks.append(rec)
-                _write_all(fd, b"".join(chunks), key * rb)
+                _write_all(fd, buf[:(stop - key) * rb], key * rb)
                 key = stop
                 if progress is not None:
                     progress(key, n)
@@ -134,8 +185,10 @@ def pack(model: dict, out_dir, *, seed: int = 0, encoding=None, progress=None) -
             "model": mid,
             "layers": L,
             "experts": E,
+            **({"extra_layers": int(extra_layers)} if extra_layers else {}),
             "layout": lay.to_json(),
             "seed": int(seed),
+            **({"source": source} if source is not None else {}),
             "record_bytes": rb,
             "records": n,
             "checksum": CHECKSUM,
@@ -223,9 +276,12 @@ def open_store(path, *, model: dict | None = None) -> Store:
         raise UserError(f"store {mpath}: field 'checksum' expected {CHECKSUM!r}, got {m.get('checksum')!r}")
     if m["record_bytes"] <= 0 or m["record_bytes"] % 4096:
         raise UserError(f"store {mpath}: field 'record_bytes' must be a positive multiple of 4096, got {m['record_bytes']}")
-    if m["records"] != m["layers"] * m["experts"]:
-        raise UserError(f"store {mpath}: field 'records' is {m['records']}, expected layers*experts = "
-                        f"{m['layers'] * m['experts']}")
+    xl = m.get("extra_layers", 0)
+    if not isinstance(xl, int) or isinstance(xl, bool) or xl < 0:
+        raise UserError(f"store {mpath}: field 'extra_layers' expected a non-negative integer, got {xl!r}")
+    if m["records"] != (m["layers"] + xl) * m["experts"]:
+        raise UserError(f"store {mpath}: field 'records' is {m['records']}, expected (layers+extra_layers)*experts = "
+                        f"{(m['layers'] + xl) * m['experts']}")
     try:
         lay = expert.ExpertLayout.from_json(m.get("layout"))
     except ValueError as e:
@@ -252,13 +308,7 @@ def open_store(path, *, model: dict | None = None) -> Store:
     except ValueError as e:
         raise UserError(f"store {mpath}: field 'digests': {e}") from None
     if model is not None:
-        mid, L, E, mlay = _geometry(model)
-        if (L, E) != (st.layers, st.experts):
-            raise UserError(f"store {p}: holds {st.layers} layers x {st.experts} experts but model {mid} has "
-                            f"moe.layers {L} x moe.experts {E}")
-        if mlay.to_json() != lay.to_json():
-            raise UserError(f"store {p}: layout {lay.hidden}x{lay.ffn} {lay.encoding} does not match model {mid} "
-                            f"store geometry {mlay.hidden}x{mlay.ffn} {mlay.encoding}")
+        _match_model(model, f"store {p}", st.layers, st.experts, lay)
     return st
 
 

@@ -192,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("dst")
     c.add_argument("--segments")
     sp.set_defaults(fn=cmd_trace)
+    from moetier.cli import model as cli_model
+    cli_model.register(sub, _Parser)
     _extend(sub)
     return p
 

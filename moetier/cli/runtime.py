@@ -10,15 +10,17 @@ import json
 import platform
 import sys
 
-from moetier.cli.common import count, fraction, positive_int
+from moetier.cli.common import _progress, count, fraction, positive_int
 from moetier.errors import UserError
 
 
 def register(sub, parser_class) -> None:
     sp = sub.add_parser("store", help="the packed expert record store")
     ssub = sp.add_subparsers(dest="store_cmd", parser_class=parser_class)
-    p = ssub.add_parser("pack", help="write a store of deterministic seeded experts for a model record")
-    p.add_argument("model")
+    p = ssub.add_parser("pack", help="write a store of deterministic seeded experts for a model record, or of the "
+                        "routed experts of an EXL3 checkpoint (--checkpoint)")
+    p.add_argument("model", nargs="?", help="model record id (with --checkpoint: checked against the checkpoint)")
+    p.add_argument("--checkpoint", metavar="DIR", help="pack this EXL3 checkpoint's routed experts")
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
     v = ssub.add_parser("verify", help="re-read every record and check its checksum")
@@ -73,8 +75,13 @@ def cmd_store(args) -> int:
     from moetier.core import records as spec
     from moetier.bytes import store
     if args.store_cmd == "pack":
-        model = spec.load_record("model", args.model)
-        m = store.pack(model, args.out, seed=args.seed)
+        if args.model is None and args.checkpoint is None:
+            raise UserError("store pack: expected a model id, or --checkpoint DIR")
+        model = spec.load_record("model", args.model) if args.model else None
+        if args.checkpoint:
+            m = store.pack_checkpoint(args.checkpoint, args.out, model=model, progress=_progress("pack"))
+        else:
+            m = store.pack(model, args.out, seed=args.seed)
         print(f"packed {m['records']} records of {m['record_bytes']:,} B into {args.out} "
               f"({m['records'] * m['record_bytes'] / 1e9:.2f} GB, {m.get('seconds', 0):.1f} s)")
         return 0
