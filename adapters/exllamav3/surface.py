@@ -8,7 +8,7 @@ the routing functions it wraps (``routing_fn`` is one of them, called as ``(bsz,
 ``RoutingCFG`` fields it reads, and the constructors the tiny test model is built with (keyword arguments, so only
 their presence is pinned). ``VERSIONS`` is the range of engine versions the adapter accepts.
 
-``check(expected=EXPECTED)`` imports the installed engine (with the stand-in extension where no compiled one exists)
+``check(expected=EXPECTED)`` imports the installed engine (with the stand-in extension where there is no CUDA device)
 and returns a ``Report``; ``require()`` raises ``SurfaceMismatch`` with the first mismatch as one line (attach calls
 it). ``adapter_check()`` is what ``moetier adapter check exllamav3`` runs: it prints the surface found against the one
 expected (moetier.cli.adapter exits 2 with the first mismatch as its one error line).
@@ -117,9 +117,15 @@ class Report:
 
 
 def import_engine() -> bool:
-    """Import exllamav3's MoE modules; returns whether the stand-in extension was used. ImportError if it cannot."""
+    """Import exllamav3's MoE modules; returns whether the stand-in extension was used. Where torch sees a CUDA
+    device the engine imports as it is (its compiled or JIT-built extension); elsewhere the stand-in goes in first.
+    ImportError if the engine cannot be imported."""
     from adapters.exllamav3 import standin
-    used = standin.install() is not None
+    used = standin.installed()
+    if not used:
+        import torch
+        if not torch.cuda.is_available():
+            used = standin.install() is not None
     import exllamav3.modules.block_sparse_mlp  # noqa: F401  (imports ext, routing, the CPU split base)
     return used
 

@@ -25,6 +25,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from backends.transfers import CopyHandle, EventTransfers, FillHandle
 from moetier.run.contract import BackendUnavailable, Capabilities
 from moetier.bytes.expert import act_range, section_offsets
 from moetier.bytes.transport import Reader, SlotPool, TransportError
@@ -50,38 +51,7 @@ def _import_cupy():
     return cupy
 
 
-class FillHandle:
-    """A fill (NVMe record -> RAM slot) with the backend-wide seq; wraps the Reader's Completion."""
-
-    __slots__ = ("seq", "key", "slot", "comp")
-    kind = "fill"
-
-    def __init__(self, seq, key, slot, comp):
-        self.seq, self.key, self.slot, self.comp = seq, key, slot, comp
-
-    @property
-    def state(self):
-        return self.comp.state
-
-    def __repr__(self):
-        return f"FillHandle(seq={self.seq}, key={self.key}, slot={self.slot}, state={self.comp.state})"
-
-
-class CopyHandle:
-    """A push (RAM slot -> VRAM slot) or drain (VRAM slot -> RAM slot) on the copy stream, completed by an event."""
-
-    __slots__ = ("seq", "key", "kind", "src", "dst", "event", "state", "error")
-
-    def __init__(self, seq, key, kind, src, dst, event):
-        self.seq, self.key, self.kind, self.src, self.dst, self.event = seq, key, kind, src, dst, event
-        self.state = "pending"
-        self.error = None
-
-    def __repr__(self):
-        return f"CopyHandle(seq={self.seq}, key={self.key}, {self.kind} {self.src}->{self.dst}, state={self.state})"
-
-
-class CudaBackend:
+class CudaBackend(EventTransfers):
     def __init__(self, store, *, ram_slots: int, vram_slots: int, queue_depth: int = 16, verify_rate: float = 1.0,
                  faults=None, direct: bool = True, device: int = 0):
         cupy = _import_cupy()
@@ -379,41 +349,12 @@ class CudaBackend:
             h.state = "landed"
         return done
 
-    def landed(self, handle) -> bool:
-        if isinstance(handle, FillHandle):
-            return self.reader.landed(handle.comp)
-        return self._copy_done(handle, block=False)
-
-    def wait(self, handle):
-        if isinstance(handle, FillHandle):
-            self.reader.wait(handle.comp)
-        else:
-            self._copy_done(handle, block=True)
-        return handle
-
     def fence(self) -> None:
         if self.reader is not None:
             self.reader.fence()
         if not self._closed:
             self.copy_stream.synchronize()
             self.compute_stream.synchronize()
-
-    def completed_seq(self) -> int:
-        """Highest s such that every fill/push/drain with seq <= s finished (landed or failed)."""
-        pend = self._pending
-        while pend:
-            seq, h = next(iter(pend.items()))
-            if isinstance(h, FillHandle):
-                if h.comp.state == "pending":
-                    break
-            elif h.state == "pending":
-                try:
-                    if not self._copy_done(h, block=False):
-                        break
-                except TransportError:
-                    pass                      # failed counts as finished
-            pend.popitem(last=False)
-        return (next(iter(pend)) - 1) if pend else self._seq
 
     @property
     def stats(self) -> dict:

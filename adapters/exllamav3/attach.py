@@ -1,0 +1,245 @@
+"""attach(model, recipe, records): exllamav3's MoE blocks routed through moetier's planner, ledger and lanes.
+
+Contract
+--------
+For every ``BlockSparseMLP`` of the model (MoE ordinal = its position), ``attach`` wraps two per-instance hooks:
+
+* ``routing_fn(bsz, cfg, z, params)`` (the engine's router, called inside ``BlockSparseMLP.forward``): it calls the
+  router, turns its selection into the layer's picks (key = ordinal * experts + expert, in the router's slot order)
+  and runs one layer of moetier's runtime (moetier.run.runtime.Runtime.layer, the simulator's ``plan_layer`` on the
+  modeled clock, so its lane deal is the simulator's): demand NVMe reads, the cpu lane (moetier's EXL3 CPU lane on
+  the RAM slots), the plan's residency intents through ledger tickets - a key becomes resident only after its
+  transfer's handle reported landed - and, for the gpu / zerocopy / NVMe -> VRAM picks, the engine's pointer-table
+  rows of those keys pointed at their slot (rows change only when the runtime hands a lane a landed slot). It then
+  masks, in the router's own buffers, every pick the engine must not compute (moetier's cpu lane, masked picks) as
+  expert -1, weight 0, and returns the selection. The engine's kernels compute the rest after it returns.
+* ``cpu_split_combine(final, cpu_partial, cpu_pending, shape)`` (called after the engine's expert kernels): the
+  engine's own combine, then ``final + moetier's partial`` (moetier's partial summed in the router's slot order: one
+  fixed order whatever lane computed a pick), then ``fence`` (transfers done and, on CUDA, the kernels that read
+  the slots) and only then the layer's slot frees.
+
+Decode only: with more than ``MAX_BSZN`` (8) rows the engine's grouped path counts raw expert ids and cannot take
+the -1 sentinel, so such calls (prefill) and the engine's own warm-up / autosplit passes bypass moetier and run on
+the rows the tables hold. ``exact=True`` turns the cpu lane off (every computed pick runs on the engine's kernels:
+upstream numerics); the recipe's ``policy.exact = "mask"`` drops NVMe picks (lossy). Prefetch is not supported yet
+(a recipe with policy.prefetch.depth > 0 is refused). ``attach`` checks the hook surface first
+(adapters.exllamav3.surface.require) and the recipe against the model; a mismatch is one line (UserError).
+``Attached.detach()`` restores the hooks and the tables' home rows.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from adapters.exllamav3 import surface
+from adapters.exllamav3.backend import EngineBackend
+from moetier.errors import UserError
+from moetier.run.runtime import Runtime
+
+MAX_BSZN = 8
+PROJ = ("gate", "up", "down")
+
+
+class Tables:
+    """The engine's expert pointer tables of one BlockSparseMLP and the row writes the adapter makes.
+
+    Per projection the MultiLinear tables ``ptrs_trellis`` / ``ptrs_suh`` / ``ptrs_svh`` [E], and the fused
+    kernels' ``gu_*_ptr`` [E, 2] (gate, up) that ``ext.BC_BlockSparseMLP`` receives at load and does not keep as an
+    attribute: ``capture`` rebuilds the module's bound class once (``load_local``) and finds them among its
+    arguments by matching their columns against the gate/up tables (not by argument position)."""
+
+    def __init__(self, module, layout):
+        self.m, self.layout = module, layout
+        self.multi = {p: getattr(module, f"multi_{p}") for p in PROJ}
+        if any(v is None for v in self.multi.values()):
+            raise UserError(f"{module.key}: the engine built no expert pointer tables (multi_gate/up/down); the "
+                            f"block is not on exllamav3's quantized paths")
+        self.gu = self.capture()
+        self.home = {name: t.clone() for name, t in self._all()}
+
+    def capture(self) -> dict:
+        import torch
+        from exllamav3.ext import exllamav3_ext as ext
+        args: list = []
+        orig = ext.BC_BlockSparseMLP
+        had = "BC_BlockSparseMLP" in vars(ext)
+
+        def spy(*a, **kw):
+            args.extend(a)
+            return orig(*a, **kw)
+
+        ext.BC_BlockSparseMLP = spy
+        try:
+            self.m.load_local()
+        finally:
+            if had:
+                ext.BC_BlockSparseMLP = orig
+            else:
+                delattr(ext, "BC_BlockSparseMLP")
+        self.multi = {p: getattr(self.m, f"multi_{p}") for p in PROJ}
+        found = {}
+        for part in ("trellis", "suh", "svh"):
+            g = getattr(self.multi["gate"], f"ptrs_{part}").cpu()
+            u = getattr(self.multi["up"], f"ptrs_{part}").cpu()
+            for a in args:
+                if (isinstance(a, torch.Tensor) and a.dim() == 2 and a.shape[1] == 2 and a.dtype == torch.long
+                        and torch.equal(a[:, 0].cpu(), g) and torch.equal(a[:, 1].cpu(), u)):
+                    found[part] = a
+                    break
+            else:
+                raise UserError(f"{self.m.key}: ext.BC_BlockSparseMLP received no gate/up {part} table [E, 2] "
+                                f"(exllamav3 {surface.installed_version()}: the fused kernels' tables moved)")
+        return found
+
+    def _all(self):
+        for p in PROJ:
+            for part in ("trellis", "suh", "svh"):
+                yield f"{p}.{part}", getattr(self.multi[p], f"ptrs_{part}")
+        for part, t in self.gu.items():
+            yield f"gu.{part}", t
+
+    def point(self, expert: int, base: int) -> None:
+        """Rows of ``expert`` -> the record image at address ``base`` (every table, every projection)."""
+        addr = self.layout.addresses(base)
+        for p in PROJ:
+            for part in ("trellis", "suh", "svh"):
+                getattr(self.multi[p], f"ptrs_{part}")[expert] = addr[f"{p}.{part}"]
+        for part, t in self.gu.items():
+            t[expert, 0] = addr[f"gate.{part}"]
+            t[expert, 1] = addr[f"up.{part}"]
+
+    def row(self, expert: int) -> dict:
+        """The current rows of ``expert`` (section -> address), as the gate/up/down tables hold them."""
+        return {f"{p}.{part}": int(getattr(self.multi[p], f"ptrs_{part}")[expert])
+                for p in PROJ for part in ("trellis", "suh", "svh")}
+
+    def restore(self) -> None:
+        for name, t in self._all():
+            t.copy_(self.home[name])
+
+
+def recipe_for(R, modules, records, *, exact: bool = False):
+    """The recipe checked against the model and the records (one line naming the mismatch), with the cpu lane off
+    in exact mode and the expert sizes of the records."""
+    m0 = modules[0]
+    for field, want, got in (("moe.layers", len(modules), R.layers), ("moe.experts", m0.num_experts, R.experts),
+                             ("moe.topk", m0.num_experts_per_tok, R.topk),
+                             ("moe.layers (records)", records.layers, R.layers),
+                             ("moe.experts (records)", records.experts, R.experts)):
+        if want != got:
+            raise UserError(f"recipe {R.id}: {field} is {got} but the exllamav3 model has {want}")
+    if int((R.policy.get("prefetch") or {}).get("depth") or 0) > 0:
+        raise UserError(f"recipe {R.id}: policy.prefetch.depth > 0 is not supported by the exllamav3 adapter yet "
+                        f"(set policy.prefetch.depth=0)")
+    lanes = {k: v for k, v in R.lanes.items() if not (exact and k == "cpu")}
+    rb = records.record_bytes
+    return dataclasses.replace(R, lanes=lanes, expert_bytes=rb, ram_expert_bytes=rb, nvme_expert_bytes=rb)
+
+
+class Attached:
+    """moetier attached to the MoE blocks of one exllamav3 model (see the module docstring)."""
+
+    def __init__(self, modules, R, records, *, exact: bool = False, prior=None, wrap=None, device=None,
+                 queue_depth: int = 16):
+        surface.require()
+        self.modules = list(modules)
+        self.R = recipe_for(R, self.modules, records, exact=exact)
+        self.records = records
+        self.E = self.R.experts
+        m0 = self.modules[0]
+        dev = device if device is not None else m0.multi_up.ptrs_trellis.device
+        headroom = 2 * MAX_BSZN * self.R.topk + 8
+        self.backend = EngineBackend(records, ram_slots=min(self.R.keys, self.R.ram_slots) + headroom,
+                                     vram_slots=self.R.vram_slots, device=dev, act_limit=float(m0.act_limit or 0.0),
+                                     queue_depth=queue_depth)
+        self.be = wrap(self.backend) if wrap is not None else self.backend
+        self.tables = [Tables(m, records.layout) for m in self.modules]
+        self.backend.point = self._point
+        self.rt = Runtime(self.R, records, self.be, conc=1)
+        self.rt.seed_tiers(list(prior) if prior is not None else list(range(self.R.keys)))
+        self.rt.rp.settle()
+        self.step, self.t_model = -1, 0.0
+        self._last = None
+        self._partial: dict = {}
+        self.deals: list = []           # (step, ordinal, picks, {lane: keys}) of every planned layer call
+        self.routing: dict = {}         # ordinal -> (selected, weights) the router gave last (before masking)
+        self.bypassed = 0
+        self._hooks = []
+        for o, m in enumerate(self.modules):
+            self._hook(o, m)
+
+    # -- hooks --------------------------------------------------------------------------------------------------
+    def _hook(self, o: int, m) -> None:
+        route0, combine0 = m.routing_fn, m.cpu_split_combine
+
+        def routing_fn(bsz, cfg, z, params):
+            sel, w = route0(bsz, cfg, z, params)
+            if bsz > MAX_BSZN or params.get("autosplit_measure") or params.get("tp_warmup"):
+                self.bypassed += 1
+                return sel, w
+            return self._layer(o, sel, w, z)
+
+        def cpu_split_combine(final, cpu_partial, cpu_pending, shape):
+            final = combine0(final, cpu_partial, cpu_pending, shape)
+            part = self._partial.pop(o, None)
+            if part is not None:
+                final = final + part.view(shape)
+                self.be.fence()           # the engine's kernels and every transfer done: slots may be reused
+                self.rt.end_layer()
+            return final
+
+        m.routing_fn, m.cpu_split_combine = routing_fn, cpu_split_combine
+        self._hooks.append((m, route0))
+
+    def _point(self, key: int, address: int) -> None:
+        o, e = divmod(int(key), self.E)
+        self.tables[o].point(e, address)
+
+    def _layer(self, o: int, sel, w, z):
+        import torch
+        rp = self.rt.rp
+        if self._last is None or o <= self._last:
+            self.step += 1
+            rp.begin_step(self.step)
+        self._last = o
+        sel_h, w_h = sel.cpu(), w.float().cpu()
+        self.routing[o] = (sel_h.clone(), w_h.clone())
+        base = o * self.E
+        rows_keys = [[base + int(e) for e in row] for row in sel_h.tolist()]
+        rows_w = w_h.tolist()
+        x = z.float().cpu().numpy().reshape(len(rows_keys), -1)
+        self.t_model += self.R.fixed(1) / self.R.layers
+        self.backend.engine_keys.clear()
+        y, plan, picks = self.rt.layer(o, rows_keys, rows_w, x, self.t_model)
+        rp.after_layer(picks)
+        self.t_model += plan.ms + sum(rp.settle())
+        self.deals.append((self.step, o, dict(picks), {k: list(v) for k, v in plan.lanes().items()}))
+        mine = self.backend.engine_keys
+        engine = torch.tensor([[k in mine for k in row] for row in rows_keys], device=sel.device)
+        sel.masked_fill_(~engine, -1)                      # in place: bsz-1 buffers sit at fixed addresses
+        w.masked_fill_(~engine, 0.0)
+        self._partial[o] = torch.from_numpy(y).to(device=z.device, dtype=torch.float)
+        return sel, w
+
+    def detach(self) -> None:
+        for m, route0 in self._hooks:
+            m.routing_fn = route0
+            m.__dict__.pop("cpu_split_combine", None)
+        for t in self.tables:
+            t.restore()
+        self._hooks.clear()
+        self.rt.close()
+        self.backend.close()
+
+
+def attach(model, recipe, records, **kw) -> Attached:
+    """Attach moetier to every BlockSparseMLP of ``model`` (an object with ``.modules``, a list of them in MoE
+    ordinal order, or the list itself); ``records``: adapters.exllamav3.records.Records of the model's experts."""
+    modules = getattr(model, "modules", model)
+    if callable(modules):                      # an exllamav3 Model: walk its module tree for the MoE blocks
+        from exllamav3.modules.block_sparse_mlp import BlockSparseMLP
+        modules = [m for m in model.modules() if isinstance(m, BlockSparseMLP)]
+    if not modules:
+        raise UserError("attach: the model has no BlockSparseMLP blocks")
+    return Attached(list(modules), recipe, records, **kw)

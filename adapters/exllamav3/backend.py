@@ -1,0 +1,205 @@
+"""The moetier backend of the exllamav3 adapter: RAM and VRAM slots, transfers, and the lanes as the engine runs them.
+
+Contract: moetier.run.contract. The runtime (moetier.run.runtime.Runtime) drives it exactly as it drives the other
+backends; what differs is who computes which lane:
+
+* ``cpu``: moetier's EXL3 CPU lane on the RAM slot's record bytes: ``moetier.bytes.exl3.expert_forward`` with the
+  engine's fp16 rounding points (the NumPy reference, until the Numba EXL3 kernel is a lane of its own); it returns
+  each expert's output rows, unweighted, as every backend does.
+* ``gpu`` and ``zerocopy``: exllamav3's own kernels compute these picks after its router returns, reading the
+  experts through its pointer tables. ``compute`` therefore points the tables' rows of those keys at the slot it is
+  handed (a VRAM slot, or a RAM slot's device-visible address) - the runtime hands a lane only slots whose bytes it
+  saw land, so a row never points at bytes that have not landed - and returns zero partials (the engine adds its
+  own). ``point`` is set by ``attach`` (adapters.exllamav3.attach.Tables.point). A push or drain that lands
+  points the key's rows at its new slot too (``_landed_copy``): rows follow bytes, never precede them.
+
+RAM slots are a moetier.bytes.transport.SlotPool filled by its O_DIRECT Reader from the adapter's record store
+(adapters.exllamav3.records); on CUDA the pool is registered with ``cudaHostRegister`` (mapped) so the zerocopy
+lane's rows are its device addresses. VRAM slots are one uint8 torch tensor on the engine's device (on a CPU-only
+machine that device is the CPU). Pushes and drains are torch copies on a copy stream with an event each (CUDA) or
+immediate copies (CPU); fills, pushes and drains share one monotonic seq.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from backends.transfers import CopyHandle, EventTransfers, FillHandle
+from moetier.bytes import exl3
+from moetier.bytes.transport import Reader, SlotPool, TransportError
+from moetier.run.contract import BackendUnavailable, Capabilities
+
+
+class EngineBackend(EventTransfers):
+    def __init__(self, records, *, ram_slots: int, vram_slots: int, device="cpu", act_limit: float = 0.0,
+                 queue_depth: int = 16, verify_rate: float = 1.0, direct: bool = True):
+        import torch
+        self.torch = torch
+        self.records, self.layout = records, records.layout
+        self.record_bytes = int(records.record_bytes)
+        self.act_limit = float(act_limit)
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.pool = SlotPool(max(1, int(ram_slots)), self.record_bytes)
+        self.reader = Reader(records, self.pool, queue_depth=queue_depth, verify_rate=verify_rate, direct=direct)
+        self.vram_slots = int(vram_slots)
+        self.arena = torch.zeros((max(1, self.vram_slots), self.record_bytes), dtype=torch.uint8, device=self.device)
+        self._host = torch.from_numpy(np.frombuffer(self.pool._mm, np.uint8, self.pool.nbytes, self.pool._off)
+                                      ).view(self.pool.n, self.pool.slot_bytes)
+        self._ram_dev = self.pool.base          # the zerocopy lane's address of RAM slot 0 (device alias on CUDA)
+        self.copy_stream = None
+        if self.cuda:
+            self._register_pool()
+            self.copy_stream = torch.cuda.Stream(self.device)
+        self.capabilities = Capabilities(
+            name="exllamav3", device=f"exllamav3 on {self.device}", lanes=frozenset({"cpu", "zerocopy", "gpu"}),
+            encodings=frozenset({"exl3"}), vram_slots=self.vram_slots,
+            notes=("gpu and zerocopy picks are computed by exllamav3's kernels through its pointer tables",))
+        self.point = None                       # (key, address) -> None: set by attach
+        self.engine_keys: set = set()           # keys handed to the gpu / zerocopy lanes since the caller cleared it
+        self._seq = 0
+        self._pending: OrderedDict = OrderedDict()
+        self._stats = dict(pushes=0, drains=0, push_bytes=0, drain_bytes=0, rows_pointed=0)
+
+    # -- memory -------------------------------------------------------------------------------------------------
+    def _register_pool(self) -> None:
+        """Pin and map the RAM pool so that a kernel can read a RAM slot over the bus (the zerocopy lane)."""
+        import ctypes
+        cudart = self.torch.cuda.cudart()
+        err = cudart.cudaHostRegister(self.pool.base, self.pool.nbytes, 2 | 1)   # Mapped | Portable
+        if int(err) != 0:
+            raise BackendUnavailable(f"exllamav3 backend: cudaHostRegister of the RAM pool failed ({err})")
+        from exllamav3.ext import exllamav3_ext as ext
+        alias = ext.pinned_cuda_view(self._host, self.device.index or 0)
+        self._ram_dev = int(alias.data_ptr()) if hasattr(alias, "data_ptr") else int(ctypes.c_void_p(alias).value)
+
+    @property
+    def ram_slot_count(self) -> int:
+        return self.pool.n
+
+    def ram_view(self, slot: int) -> np.ndarray:
+        return self.pool.view(slot)
+
+    def ram_address(self, slot: int) -> int:
+        """Where the engine's kernels read RAM slot ``slot`` (the zerocopy lane's table rows)."""
+        return self._ram_dev + int(slot) * self.pool.slot_bytes
+
+    def vram_address(self, slot: int) -> int:
+        return int(self.arena[int(slot)].data_ptr())
+
+    def read_vram(self, slot: int) -> np.ndarray:
+        return self.arena[int(slot)].cpu().numpy()
+
+    # -- compute ------------------------------------------------------------------------------------------------
+    def expert(self, slot: int):
+        """The EXL3 expert in RAM slot ``slot`` (views of its landed bytes)."""
+        return self.layout.expert(self.pool.view(slot))
+
+    def compute(self, lane: str, jobs, x: np.ndarray) -> dict:
+        if lane == "cpu":
+            return {k: exl3.expert_forward(x[rows], self.expert(slot), self.act_limit, fp16=True).astype(np.float32)
+                    for k, slot, rows in jobs}
+        if lane not in ("gpu", "zerocopy"):
+            raise BackendUnavailable(f"exllamav3 backend: no {lane!r} lane")
+        if self.point is None:
+            raise BackendUnavailable("exllamav3 backend: the gpu and zerocopy lanes run inside exllamav3; attach "
+                                     "the backend to a model first (adapters.exllamav3.attach)")
+        where = self.vram_address if lane == "gpu" else self.ram_address
+        out = {}
+        for k, slot, rows in jobs:
+            self.point(int(k), where(slot))
+            self.engine_keys.add(int(k))
+            self._stats["rows_pointed"] += 1
+            out[k] = np.zeros((len(rows), x.shape[1]), np.float32)
+        return out
+
+    # -- transfers ------------------------------------------------------------------------------------------------
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def fill(self, key: int, slot: int, *, prefetch: bool = False):
+        h = FillHandle(self._next_seq(), int(key), int(slot), self.reader.fill(key, slot, prefetch=prefetch))
+        self._pending[h.seq] = h
+        return h
+
+    def cancel(self, handle) -> bool:
+        return isinstance(handle, FillHandle) and self.reader.cancel(handle.comp)
+
+    def _copy(self, key: int, kind: str, ram_slot: int, vram_slot: int):
+        torch = self.torch
+        host = self._host[int(ram_slot), :self.record_bytes]
+        dev = self.arena[int(vram_slot)]
+        src, dst = (host, dev) if kind == "push" else (dev, host)
+        event = None
+        if self.cuda:
+            # the copy stream waits for the compute stream's work so far: a drain never overtakes a kernel
+            # still reading the slot, a push never overwrites it
+            self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self.copy_stream):
+                dst.copy_(src, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self.copy_stream)
+        else:
+            dst.copy_(src)
+        h = CopyHandle(self._next_seq(), int(key), kind, ram_slot if kind == "push" else vram_slot,
+                       vram_slot if kind == "push" else ram_slot, event)
+        self._pending[h.seq] = h
+        if event is None:                   # a synchronous copy: its bytes are there now
+            self._landed_copy(h)
+        self._stats[kind + "es" if kind == "push" else kind + "s"] += 1
+        self._stats[kind + "_bytes"] += self.record_bytes
+        return h
+
+    def push(self, key: int, src_slot: int, vram_slot: int):
+        return self._copy(key, "push", int(src_slot), int(vram_slot))
+
+    def drain(self, key: int, vram_slot: int, ram_slot: int):
+        return self._copy(key, "drain", int(ram_slot), int(vram_slot))
+
+    def victims(self) -> list:
+        return []                 # admission is host-planned: evictions reach drain() directly
+
+    def _landed_copy(self, h) -> None:
+        """A push or drain landed: the key's rows follow its bytes (VRAM slot after a push, RAM slot after a
+        drain), so a row is written only once the bytes it points at are there."""
+        h.state = "landed"
+        if self.point is not None:
+            self.point(h.key, self.vram_address(h.dst) if h.kind == "push" else self.ram_address(h.dst))
+            self._stats["rows_pointed"] += 1
+
+    def _copy_done(self, h, block: bool) -> bool:
+        if h.state == "landed":
+            return True
+        if h.state == "failed":
+            raise TransportError(h.error)
+        try:
+            if block:
+                h.event.synchronize()
+                done = True
+            else:
+                done = bool(h.event.query())
+        except RuntimeError as e:
+            h.state, h.error = "failed", f"exllamav3 backend: {h.kind} of key {h.key} failed: {e}"
+            raise TransportError(h.error) from None
+        if done:
+            self._landed_copy(h)
+        return done
+
+    def fence(self) -> None:
+        """Every transfer finished and, on CUDA, every kernel enqueued so far done (a slot may then be reused)."""
+        self.reader.fence()
+        if self.cuda:
+            self.copy_stream.synchronize()
+            self.torch.cuda.current_stream(self.device).synchronize()
+
+    @property
+    def stats(self) -> dict:
+        st = dict(self.reader.stats)
+        st.update(self._stats)
+        return st
+
+    def close(self) -> None:
+        self.fence()
+        self.reader.close()

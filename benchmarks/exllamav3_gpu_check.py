@@ -1,0 +1,217 @@
+"""The exllamav3 adapter on a CUDA GPU with the engine's real kernels: the checks a CPU cannot make.
+
+    python benchmarks/exllamav3_gpu_check.py --out RECORD.json [--steps N] [--checkpoint DIR --recipe ID]
+
+Run by benchmarks/exllamav3_gpu_check.sh after it has installed and built exllamav3. On the tiny synthetic model
+(adapters.exllamav3.checkpoint: 2 MoE layers x 16 experts, top-2, hidden 256, intermediate 128, K 3, shared
+expert), each check prints PASS or FAIL with its figure, and the script exits 1 if any failed:
+
+1. surface   - the hook surface against the installed engine (compiled extension, not the stand-in);
+2. decode    - ext.reconstruct (the engine's W_inner) bit-identical to moetier.bytes.exl3.decode_inner;
+3. cpu lane  - moetier's EXL3 CPU lane (expert_forward, fp16 points) against the expert computed in float64 from
+               the engine's reconstructed weights: rel RMS < 2e-3;
+4. gpu/zc    - the attached block with every pick on the gpu lane (all resident, exact) and on the zerocopy lane
+               (RAM only, exact): outputs bit-identical (same kernel, same bytes, rows at VRAM vs pinned host);
+5. split     - the attached block under an NVMe tail against the engine's own (unattached) output: rel RMS < 2e-3;
+6. speed     - decode tok/s of the MoE blocks without moetier and with it (nvme-tail), and the simulator's
+               prediction for the attached run's deals beside it (reported, not judged).
+
+With ``--checkpoint`` a real EXL3 checkpoint is loaded through exllamav3's own Config/Model, its routed experts are
+packed into adapter records next to ``--out``, and checks 5-6 run on its MoE blocks under ``--recipe`` (untried: no
+GPU with such a checkpoint has been available to the project). The record (every figure, the engine version, the
+device) is written to ``--out`` as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+RESULTS: list = []
+
+
+def report(name: str, ok: bool | None, figure: str, **data) -> None:
+    tag = "PASS" if ok else ("INFO" if ok is None else "FAIL")
+    print(f"{tag:4s} {name}: {figure}", flush=True)
+    RESULTS.append({"check": name, "ok": ok, "figure": figure, **data})
+
+
+def rel_rms(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.sqrt(np.mean((a - b) ** 2) / np.mean(b ** 2)))
+
+
+def tiny_recipe(vram: int, ram: int, **policy):
+    from moetier.core.records import resolve
+    R = resolve("tiny-ci-cuda")
+    return dataclasses.replace(R, layers=2, experts=16, topk=2, vram_slots=vram, ram_slots=ram,
+                               policy={**R.policy, **policy, "prefetch": {"depth": 0, "predictor": "none"}})
+
+
+def decode_checks(model, recs, ext, torch) -> None:
+    from moetier.bytes import exl3
+    worst_bits, worst_rms = 0, 0.0
+    for m in model.modules:
+        for e in (0, len(m.ups) - 1):
+            for lin in (m.gates[e], m.ups[e], m.downs[e]):
+                inner = lin.inner
+                w = torch.empty((inner.in_features, inner.out_features), dtype=torch.half, device=inner.trellis.device)
+                ext.reconstruct(w, inner.trellis, inner.K, inner.mcg, inner.mul1)
+                ours = exl3.decode_inner(inner.trellis.cpu().numpy(), "mul1")
+                worst_bits += int(np.count_nonzero(w.cpu().numpy().view(np.uint16) != ours.view(np.uint16)))
+            x = np.random.default_rng(e).standard_normal((2, m.hidden_size)).astype(np.float16)
+            ex = exl3.Exl3Expert(*(exl3.Exl3Linear(ls[e].inner.trellis.cpu().numpy(), ls[e].inner.suh.cpu().numpy(),
+                                                   ls[e].inner.svh.cpu().numpy()) for ls in (m.gates, m.ups, m.downs)))
+            cpu_lane = exl3.expert_forward(x, ex, float(m.act_limit), fp16=True)
+            # float64 from the engine's own reconstructed dense weights (get_weight_tensor: W = suh H W_inner H svh)
+            W = [ls[e].inner.get_weight_tensor().double().cpu().numpy() for ls in (m.gates, m.ups, m.downs)]
+            xd = x.astype(np.float64)
+            a = exl3.swiglu(xd @ W[0], xd @ W[1], float(m.act_limit))
+            worst_rms = max(worst_rms, rel_rms(cpu_lane, a @ W[2]))
+    report("decode", worst_bits == 0, f"{worst_bits} weights differ between ext.reconstruct and the numpy decode")
+    report("cpu lane", worst_rms < 2e-3, f"rel RMS {worst_rms:.2e} against the engine's reconstructed weights")
+
+
+def forward_all(modules, xs):
+    return [[m.forward(x[o], {}).float().cpu().clone() for o, m in enumerate(modules)] for x in xs]
+
+
+def timed(modules, xs, torch) -> float:
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for x in xs:
+        for o, m in enumerate(modules):
+            m.forward(x[o], {})
+    torch.cuda.synchronize()
+    return len(xs) / (time.perf_counter() - t)
+
+
+def simulated_tok_s(att) -> float:
+    """The simulator's replay of the attached run's picks on the same recipe: modeled tok/s of the MoE part."""
+    from moetier.core.sim import Replay
+    R = att.R
+    rp = Replay(R, rows=1)
+    rp.ledger.seed(range(R.keys))
+    t, last, steps = 0.0, None, set()
+    for step, o, picks, _ in att.deals:
+        if step != last:
+            rp.begin_step(step)
+            last = step
+        steps.add(step)
+        plan = rp.layer(o, dict(picks), t, None, None)
+        t += plan.ms + sum(rp.settle())
+    return len(steps) / (t / 1000.0) if t else 0.0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="run record (JSON) to write")
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--checkpoint", help="a real EXL3 MoE checkpoint directory (optional)")
+    ap.add_argument("--recipe", help="the recipe for --checkpoint")
+    args = ap.parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print("exllamav3_gpu_check: no CUDA device", file=sys.stderr)
+        return 2
+    from adapters.exllamav3 import checkpoint, records, standin, surface
+    from adapters.exllamav3.attach import attach
+    rep = surface.check()
+    report("surface", rep.ok and not rep.standin, rep.mismatches[0] if rep.mismatches else
+           f"{len(rep.expected)} hooks match exllamav3 {rep.version} (compiled extension)")
+    if not rep.ok or standin.installed():
+        return finish(args)
+    from exllamav3.ext import exllamav3_ext as ext
+    work = Path(tempfile.mkdtemp(prefix="exllamav3-gpu-check-"))
+    spec = checkpoint.TinySpec()
+    checkpoint.write_checkpoint(work / "ckpt", spec, seed=3)
+    recs = records.pack(work / "ckpt", work / "records", [spec.module_key(o) for o in range(spec.moe_layers)],
+                        experts=spec.experts, hidden=spec.hidden, ffn=spec.inter, K=spec.K)
+    model = checkpoint.build_tiny_model(work / "ckpt", device="cuda")
+    decode_checks(model, recs, ext, torch)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    xs = [[torch.randn((1, spec.hidden), generator=g, device="cuda").half() for _ in range(spec.moe_layers)]
+          for _ in range(args.steps)]
+    base = forward_all(model.modules, xs)
+    tok_plain = timed(model.modules, xs, torch)
+    outs = {}
+    for lane, (vram, ram) in (("gpu", (32, 0)), ("zerocopy", (0, 32))):
+        att = attach(model, tiny_recipe(vram, ram), recs, exact=True)
+        outs[lane] = forward_all(model.modules, xs)
+        att.detach()
+    same = all(torch.equal(a, b) for sa, sb in zip(outs["gpu"], outs["zerocopy"]) for a, b in zip(sa, sb))
+    report("gpu/zc", same, "bit-identical" if same else "outputs differ between the gpu and zerocopy lanes")
+    att = attach(model, tiny_recipe(8, 12), recs)
+    got = forward_all(model.modules, xs)
+    worst = max(rel_rms(a.numpy(), b.numpy()) for sa, sb in zip(got, base) for a, b in zip(sa, sb))
+    report("split", worst < 2e-3, f"nvme-tail vs the engine alone: rel RMS {worst:.2e}")
+    att.deals.clear()
+    tok_moetier = timed(model.modules, xs, torch)
+    tok_sim = simulated_tok_s(att)
+    report("speed", None, f"MoE blocks at bsz 1: {tok_plain:.1f} tok/s alone, {tok_moetier:.1f} tok/s with moetier "
+           f"(nvme-tail), simulator {tok_sim:.1f} tok/s", tok_s_engine=tok_plain, tok_s_moetier=tok_moetier,
+           tok_s_simulated=tok_sim)
+    att.detach()
+    if args.checkpoint:
+        real_checkpoint(args, torch)
+    return finish(args)
+
+
+def real_checkpoint(args, torch) -> None:
+    """Checks 5-6 on a real checkpoint's MoE blocks (exllamav3's Config/Model load; experts packed beside --out)."""
+    from exllamav3 import Config, Model
+    from exllamav3.modules.block_sparse_mlp import BlockSparseMLP
+
+    from adapters.exllamav3 import records
+    from adapters.exllamav3.attach import attach
+    from moetier.core.records import resolve
+    config = Config.from_directory(args.checkpoint)
+    model = Model.from_config(config)
+    model.load()
+    blocks = [m for m in model.modules() if isinstance(m, BlockSparseMLP)]
+    m0 = blocks[0]
+    lin = m0.ups[0].inner
+    recs = records.pack(args.checkpoint, Path(args.out).with_suffix(".records"), [m.key for m in blocks],
+                        experts=m0.num_experts, hidden=m0.hidden_size, ffn=m0.intermediate_size, K=int(lin.K))
+    R = resolve(args.recipe)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    xs = [[torch.randn((1, m0.hidden_size), generator=g, device="cuda").half() for _ in blocks]
+          for _ in range(min(args.steps, 16))]
+    base = forward_all(blocks, xs)
+    tok_plain = timed(blocks, xs, torch)
+    att = attach(blocks, dataclasses.replace(R, policy={**R.policy, "prefetch": {"depth": 0, "predictor": "none"}}),
+                 recs)
+    got = forward_all(blocks, xs)
+    worst = max(rel_rms(a.numpy(), b.numpy()) for sa, sb in zip(got, base) for a, b in zip(sa, sb))
+    report("checkpoint split", worst < 2e-3, f"{args.recipe}: rel RMS {worst:.2e} against the engine alone")
+    tok_moetier = timed(blocks, xs, torch)
+    report("checkpoint speed", None, f"MoE blocks at bsz 1: {tok_plain:.2f} tok/s alone, {tok_moetier:.2f} with "
+           f"moetier, simulator {simulated_tok_s(att):.2f}")
+    att.detach()
+
+
+def finish(args) -> int:
+    import torch
+
+    from adapters.exllamav3 import surface
+    rec = {"kind": "exllamav3-gpu-check", "engine": {"exllamav3": surface.installed_version(),
+                                                     "torch": torch.__version__},
+           "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+           "t": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "checks": RESULTS}
+    Path(args.out).write_text(json.dumps(rec, indent=1))
+    failed = [r["check"] for r in RESULTS if r["ok"] is False]
+    print(f"{len(RESULTS) - len(failed)} passed, {len(failed)} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

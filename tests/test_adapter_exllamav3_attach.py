@@ -1,0 +1,335 @@
+"""The exllamav3 adapter on a CPU: a tiny synthetic EXL3 MoE built from exllamav3 1.6.5's own module classes, its
+real BlockSparseMLP.forward run with the stand-in extension, the router and decode kernels as named fakes
+(tests/exllamav3_fakes.py), moetier attached through the engine's routing_fn / cpu_split_combine hooks."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tests._exllamav3 import needs_engine
+
+pytestmark = needs_engine
+
+STEPS, ROWS = 4, 2
+# (VRAM slots, RAM slots) of the 32 keys; with VRAM an NVMe pick is read and pushed (nvme_gpu), without it read and
+# computed by the cpu lane (nvme_cpu)
+SPLITS = {"all-resident": (32, 0), "ram-only": (0, 32), "nvme-tail": (8, 12), "nvme-tail-no-vram": (0, 20)}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from safetensors.numpy import load_file
+
+    from adapters.exllamav3 import checkpoint, records
+    d = tmp_path_factory.mktemp("exllamav3-tiny")
+    spec = checkpoint.TinySpec()
+    checkpoint.write_checkpoint(d / "ckpt", spec, seed=3)
+    recs = records.pack(d / "ckpt", d / "records", [spec.module_key(o) for o in range(spec.moe_layers)],
+                        experts=spec.experts, hidden=spec.hidden, ffn=spec.inter, K=spec.K)
+    return spec, d / "ckpt", recs, load_file(str(d / "ckpt" / "model.safetensors"))
+
+
+@pytest.fixture
+def engine(tiny):
+    """A freshly loaded tiny model (its blocks) with the fake kernels installed."""
+    from adapters.exllamav3 import checkpoint
+    from tests.exllamav3_fakes import FakeEngine
+    spec, path, _, _ = tiny
+    with FakeEngine(spec) as fake:
+        model = checkpoint.build_tiny_model(path)
+        fake.load(model)
+        yield model, fake
+
+
+def recipe(vram: int, ram: int, **policy):
+    """The CI cuda recipe at the tiny model's geometry, its zerocopy lane per expert a little dearer than the cpu
+    lane's (as for GLM's 9.4 MB experts over PCIe), so that RAM picks go to both lanes."""
+    from moetier.core.records import resolve
+    R = resolve("tiny-ci-cuda")
+    lanes = dict(R.lanes)
+    lanes["cpu"] = dataclasses.replace(lanes["cpu"], per_expert_ms=0.05, per_extra_token_ms=0.01)
+    lanes["zerocopy"] = dataclasses.replace(lanes["zerocopy"], per_expert_ms=0.08)
+    return dataclasses.replace(R, layers=2, experts=16, topk=2, vram_slots=vram, ram_slots=ram, lanes=lanes,
+                               policy={**R.policy, **policy})
+
+
+def attach(model, fake, R, recs, **kw):
+    from adapters.exllamav3.attach import attach as attach_
+    att = attach_(model, R, recs, **kw)
+    fake.memory.add_tensor(att.backend.arena)
+    fake.memory.add(att.backend.pool.base, att.backend.pool.nbytes)
+    return att
+
+
+def inputs(spec, seed=11):
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    return [[torch.randn((ROWS, spec.hidden), generator=g).half() for _ in range(spec.moe_layers)]
+            for _ in range(STEPS)]
+
+
+def ckpt_expert(tensors, key: str):
+    from moetier.bytes import exl3
+    lin = [exl3.Exl3Linear(tensors[f"{key}.{p}.trellis"], tensors[f"{key}.{p}.suh"], tensors[f"{key}.{p}.svh"])
+           for p in ("gate_proj", "up_proj", "down_proj")]
+    return exl3.Exl3Expert(*lin)
+
+
+def reference(tiny, o, x, sel, w, skip=()):
+    """float64 output of MoE block ``o`` for rows x under the router's selection, from the checkpoint's tensors
+    (not the records or slots): the routed sum (less the experts in ``skip``) plus the shared expert."""
+    from moetier.bytes import exl3
+    spec, _, _, tensors = tiny
+    mk = spec.module_key(o)
+    xn = x.float().numpy().astype(np.float64)
+    y = exl3.expert_forward(xn, ckpt_expert(tensors, f"{mk}.shared_experts"), spec.act_limit)
+    for r in range(xn.shape[0]):
+        for j in range(sel.shape[1]):
+            e = int(sel[r, j])
+            if (o * spec.experts + e) in skip:
+                continue
+            y[r] += exl3.expert_forward(xn[r:r + 1], ckpt_expert(tensors, f"{mk}.experts.{e}"), spec.act_limit,
+                                        float(w[r, j]))[0]
+    return y
+
+
+def rel_rms(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.sqrt(np.mean((a - b) ** 2) / np.mean(b ** 2)))
+
+
+def run(model, att, xs):
+    """Every step's every block forward; (output, the router's unmasked selection and weights) per call."""
+    out = []
+    for step in xs:
+        row = []
+        for o, m in enumerate(model.modules):
+            y = m.forward(step[o], {})
+            sel, w = att.routing[o]
+            row.append((y.detach().clone(), sel, w))
+        out.append(row)
+    return out
+
+
+@pytest.mark.parametrize("split", list(SPLITS))
+def test_block_output_matches_float64_under_each_split(tiny, engine, split):
+    model, fake = engine
+    spec, _, recs, _ = tiny
+    att = attach(model, fake, recipe(*SPLITS[split]), recs)
+    xs = inputs(spec)
+    got = run(model, att, xs)
+    lanes = {ln: 0 for ln in ("gpu", "zerocopy", "cpu", "nvme_cpu", "nvme_gpu", "masked")}
+    for _, _, _, dealt in att.deals:
+        for ln, keys in dealt.items():
+            lanes[ln] += len(keys)
+    worst = 0.0
+    for s, step in enumerate(got):
+        for o, (y, sel, w) in enumerate(step):
+            worst = max(worst, rel_rms(y.numpy(), reference(tiny, o, xs[s][o], sel, w)))
+    assert worst < 2e-3, (split, worst)
+    assert att.bypassed == 0 and len(att.deals) == STEPS * spec.moe_layers
+    if split == "all-resident":
+        assert lanes["gpu"] > 0 and lanes["cpu"] == lanes["zerocopy"] == lanes["nvme_cpu"] == 0
+    elif split == "ram-only":
+        assert lanes["gpu"] == 0 and lanes["cpu"] > 0 and lanes["zerocopy"] > 0 and lanes["nvme_cpu"] == 0
+    elif split == "nvme-tail":
+        assert lanes["nvme_gpu"] > 0 and lanes["gpu"] > 0
+    else:
+        assert lanes["nvme_cpu"] > 0 and lanes["gpu"] == lanes["nvme_gpu"] == 0
+    engine_picks = sum(len(d["gpu"]) + len(d["zerocopy"]) + len(d["nvme_gpu"]) for *_, d in att.deals)
+    assert engine_picks == 0 or sum(bc.picks for bc in fake.bcs) > 0
+    att.detach()
+
+
+def test_exact_mode_runs_every_pick_on_the_engine(tiny, engine):
+    model, fake = engine
+    spec, _, recs, _ = tiny
+    att = attach(model, fake, recipe(*SPLITS["ram-only"]), recs, exact=True)
+    xs = inputs(spec, seed=5)
+    got = run(model, att, xs)
+    assert all(not d["cpu"] and not d["nvme_cpu"] for *_, d in att.deals)
+    assert sum(len(d["zerocopy"]) for *_, d in att.deals) > 0
+    for s, step in enumerate(got):
+        for o, (y, sel, w) in enumerate(step):
+            assert rel_rms(y.numpy(), reference(tiny, o, xs[s][o], sel, w)) < 2e-3
+    att.detach()
+
+
+def test_mask_equals_exact_minus_masked_contributions(tiny, engine):
+    model, fake = engine
+    spec, _, recs, _ = tiny
+    att = attach(model, fake, recipe(*SPLITS["nvme-tail"], exact="mask"), recs)   # NVMe picks dropped
+    xs = inputs(spec, seed=7)
+    got = run(model, att, xs)
+    masked_total = 0
+    for s, step in enumerate(got):
+        for o, (y, sel, w) in enumerate(step):
+            masked = set(att.deals[s * spec.moe_layers + o][3]["masked"])
+            masked_total += len(masked)
+            full = reference(tiny, o, xs[s][o], sel, w)
+            less = reference(tiny, o, xs[s][o], sel, w, skip=masked)
+            assert rel_rms(y.numpy(), less) < 2e-3
+            if masked:      # the masked contributions are really gone, not within tolerance of the full output
+                assert rel_rms(y.numpy(), full) > 10 * rel_rms(y.numpy(), less)
+    assert masked_total > 0
+    att.detach()
+
+
+@pytest.mark.parametrize("split", ["nvme-tail", "nvme-tail-no-vram", "ram-only"])
+def test_lane_deal_equals_the_simulators(tiny, engine, split):
+    from moetier.core.sim import Replay
+    model, fake = engine
+    spec, _, recs, _ = tiny
+    att = attach(model, fake, recipe(*SPLITS[split]), recs)
+    run(model, att, inputs(spec, seed=13))
+    R = att.R
+    rp = Replay(R, rows=1)
+    rp.ledger.seed(range(R.keys))
+    t, last = 0.0, None
+    for step, o, picks, dealt in att.deals:
+        if last is None or step != last:
+            rp.begin_step(step)
+            last = step
+        t += R.fixed(1) / R.layers
+        plan = rp.layer(o, dict(picks), t, None, None)
+        t += plan.ms + sum(rp.settle())
+        assert {k: list(v) for k, v in plan.lanes().items()} == dealt, (step, o)
+    assert len(att.deals) == STEPS * spec.moe_layers
+    att.detach()
+
+
+def test_rows_point_only_at_landed_slots_and_cpu_picks_never_reach_the_engine(tiny, engine):
+    from tests.exllamav3_fakes import A_GU
+    model, fake = engine
+    spec, _, recs, _ = tiny
+    att = attach(model, fake, recipe(*SPLITS["nvme-tail"]), recs)
+    seen = {"engine": 0, "masked": 0}
+
+    def check(bc, sel):
+        """As the engine's kernel runs: every pick it gets has its rows on the slot the ledger has its landed bytes
+        in; every pick of moetier's lanes reaches it as -1."""
+        o = next(i for i, t in enumerate(att.tables) if t.gu["trellis"] is bc.args[A_GU[0]])
+        _, o2, picks, dealt = att.deals[-1]
+        assert o2 == o
+        mine = set(dealt["gpu"] + dealt["zerocopy"] + dealt["nvme_gpu"])
+        base = o * spec.experts
+        routed, _ = att.routing[o]
+        L, rt, be = att.rt.L, att.rt, att.backend
+        for r in range(sel.shape[0]):
+            for j in range(sel.shape[1]):
+                k = base + int(routed[r, j])
+                if int(sel[r, j]) < 0:
+                    assert k not in mine
+                    seen["masked"] += 1
+                    continue
+                assert k in mine
+                row = att.tables[o].row(k - base)["gate.trellis"]
+                if L.state_of(k) == "vram" and row == be.vram_address(rt.vram_slot[k]):
+                    pass
+                else:      # a RAM (or staging) slot whose fill landed, not yet freed
+                    assert k in rt.ram_slot and row == be.ram_address(rt.ram_slot[k]), (k, L.state_of(k))
+                seen["engine"] += 1
+
+    for bc in fake.bcs:
+        bc.on_run = check
+    run(model, att, inputs(spec, seed=17))
+    assert seen["engine"] > 0 and seen["masked"] > 0, seen
+    att.detach()
+
+
+def test_residency_rule_through_the_adapter_under_adversarial_timing(tiny, engine):
+    """The conformance suite's Chaos wrapper (delayed and reordered completions) around the adapter's backend,
+    with its two instruments: every slot a lane (the engine's included) is handed holds bytes the host saw land,
+    and Ledger.land only follows a landed handle."""
+    from conformance.test_residency import Chaos, _Instrumented
+    model, fake = engine
+    spec, _, recs, _ = tiny
+    chaos = None
+
+    def wrap(be):
+        nonlocal chaos
+        chaos = Chaos(be, seed=5)
+        return chaos
+
+    with _Instrumented(_Lazy(lambda: chaos)):
+        att = attach(model, fake, recipe(4, 10), recs, wrap=wrap)
+        run(model, att, inputs(spec, seed=19))
+    assert chaos.n["computed"] > 0 and chaos.n["landed_checks"] > 0 and chaos.n["false_polls"] >= 0, chaos.n
+    att.detach()
+
+
+class _Lazy:
+    """The Chaos wrapper, once attach has built it (the instruments are installed before)."""
+
+    def __init__(self, get):
+        self._get = get
+
+    def __getattr__(self, name):
+        return getattr(self._get(), name)
+
+    def __setattr__(self, name, value):
+        if name == "_get":
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._get(), name, value)
+
+
+def test_gpu_and_zerocopy_lanes_are_bit_identical(tiny, engine):
+    """The same kernel reading the same bytes through rows that point at a VRAM slot (all resident) or at a RAM slot
+    (exact mode, RAM only): identical bits."""
+    model, fake = engine
+    spec, _, recs, _ = tiny
+    xs = inputs(spec, seed=23)
+    outs = {}
+    for name, (vram, ram) in (("gpu", SPLITS["all-resident"]), ("zerocopy", SPLITS["ram-only"])):
+        att = attach(model, fake, recipe(vram, ram), recs, exact=True)
+        outs[name] = [[y.numpy() for y, _, _ in step] for step in run(model, att, xs)]
+        lanes = {ln for *_, d in att.deals for ln, keys in d.items() if keys}
+        assert lanes == {name}, lanes
+        att.detach()
+    for a, b in zip(outs["gpu"], outs["zerocopy"]):
+        for ya, yb in zip(a, b):
+            assert np.array_equal(ya, yb)
+
+
+def test_attach_refuses_a_recipe_that_does_not_fit_the_model(tiny, engine):
+    from moetier.errors import UserError
+    model, fake = engine
+    _, _, recs, _ = tiny
+    R = dataclasses.replace(recipe(8, 12), experts=32)
+    with pytest.raises(UserError, match=r"^recipe tiny-ci-cuda: moe.experts is 32 but the exllamav3 model has 16$"):
+        attach(model, fake, R, recs)
+    R = recipe(8, 12, prefetch={"depth": 1, "predictor": "recall", "recall": 0.5, "budget": 4})
+    with pytest.raises(UserError, match=r"policy.prefetch.depth > 0 is not supported"):
+        attach(model, fake, R, recs)
+
+
+def test_records_hold_the_checkpoint_tensors(tiny):
+    from adapters.exllamav3 import records
+    spec, path, recs, tensors = tiny
+    again = records.open_records(recs.path)
+    assert again.nrecords == spec.moe_layers * spec.experts and again.record_bytes % 4096 == 0
+    for key in (0, 17, again.nrecords - 1):
+        o, e = divmod(key, spec.experts)
+        ex = again.layout.expert(again.read(key))
+        name = f"{spec.module_key(o)}.experts.{e}"
+        assert np.array_equal(ex.down.trellis, tensors[f"{name}.down_proj.trellis"])
+        assert np.array_equal(ex.gate.suh, tensors[f"{name}.gate_proj.suh"])
+        assert again.digest(key) == records.digest(again.read(key))
+
+
+def test_records_pack_names_a_missing_tensor(tiny, tmp_path):
+    from safetensors.numpy import save_file
+
+    from adapters.exllamav3 import records
+    from moetier.errors import UserError
+    spec, _, _, tensors = tiny
+    broken = {k: v for k, v in tensors.items() if k != f"{spec.module_key(1)}.experts.3.up_proj.svh"}
+    (tmp_path / "ckpt").mkdir()
+    save_file(broken, str(tmp_path / "ckpt" / "model.safetensors"))
+    with pytest.raises(UserError, match=r"tensor 'model.language_model.layers.2.mlp.experts.3.up_proj.svh' missing"):
+        records.pack(tmp_path / "ckpt", tmp_path / "out", [spec.module_key(o) for o in range(2)],
+                     experts=16, hidden=256, ffn=128, K=3)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob("out.tmp-*"))
