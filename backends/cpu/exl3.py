@@ -12,13 +12,15 @@ accumulates in fp32. ``fp16=False`` skips the roundings (plain fp32). Rounding i
 on the float32 bits, identical to numpy's float32 -> float16 conversion.
 
 Decode strategy: a parallel work item is an output band of NB adjacent tiles (16 * NB columns), which streams down
-all tile rows of the trellis. For one tile row it first transposes the band's NB tiles' words into a [8K, NB]
-buffer, so that element t of all NB tiles is read with the same word index and shift: state extraction (the
-64-bit funnel shift of exl3_dq.cuh, in 32-bit lanes), the decode and the FMA into the per-token accumulators then
-run across the NB tiles as vector lanes. Element t of a tile lands at tile row r(t), column c(t) (the tensor-core
-placement), so accumulators are kept as [token, c, tile] and the input value x[16 i + r(t)] is broadcast. mul1 is
-decoded without a table: fp16(k_inv (1024 + s) + k_bias) with s the byte sum below, whose float32 value is exact, so
-one integer rounding of its bits gives the table's value; mcg and 3inst look the state up in a 65,536-entry table.
+all tile rows of the trellis. For one tile row it first lays the band's NB tiles side by side as 16-bit units of
+their bit rings, [16K + 1, NB], so that one weight position of all NB tiles is read with the same unit index and
+offset: state extraction (exl3_dq.cuh's funnel shift, done on two 16-bit units with a multiply so every lane stays
+32-bit), the decode and the FMA then run across the NB tiles as vector lanes. Positions are visited in the tile's
+row-major order (the tensor-core placement is folded into the window tables), so a decoded tile row is
+[16 rows, 16 columns, NB tiles] in memory and input row r adds one contiguous 256-float block times x[16 i + r] into
+each token's accumulators. mul1 is decoded without a table: fp16(k_inv (1024 + s) + k_bias) with s the byte sum
+below, whose float32 value is exact, so one integer rounding of its bits gives the table's value; mcg and 3inst look
+the state up in a 65,536-entry table.
 
 ``mode="affine"`` (mul1 only) is the fast path: a mul1 weight is affine in the byte sum s of state * 0x83DCD12D,
 w = k_inv (1024 + s) + k_bias, so sum_r w_r x_r = k_inv sum_r s_r x_r + (1024 k_inv + k_bias) sum_r x_r: the kernel
@@ -127,26 +129,27 @@ def _had_rows_(a, scale):
 
 
 @njit(fastmath=True, **_JIT)
-def _gather_band(words, i, j0, nb, wbuf):
-    """wbuf[w, jj] = words[i, j0 + jj, w]: the band's tiles side by side, word-major."""
+def _gather_band(units, i, j0, nb, ubuf):
+    """ubuf[m, jj] = 16-bit unit m of the ring of tile (i, j0 + jj), band tiles side by side; row 16K repeats unit 0
+    (the wrap). The ring is the tile's uint32 words MSB-first, word i = e[2i] | e[2i+1] << 16, so unit m is
+    e[m ^ 1]. Tiles past the trellis edge (a partial band) read as zeros."""
+    nu = units.shape[2]
     for jj in range(nb):
-        for w in range(words.shape[2]):
-            wbuf[w, jj] = words[i, j0 + jj, w]
-    for jj in range(nb, wbuf.shape[1]):
-        for w in range(words.shape[2]):
-            wbuf[w, jj] = 0
+        for m in range(nu):
+            ubuf[m, jj] = units[i, j0 + jj, m ^ 1]
+        ubuf[nu, jj] = ubuf[0, jj]
+    for jj in range(nb, ubuf.shape[1]):
+        for m in range(nu + 1):
+            ubuf[m, jj] = 0
 
 
 @njit(fastmath=True, **_JIT)
-def _state(wbuf, a0, a1, sh, jj):
-    """The 16-bit window ending sh (0..31) bits before the end of word a1 (started in word a0), in 32-bit ops only:
-    the explicit truncations let LLVM keep 32-bit vector lanes. (a << 1) << (31 - sh) is a << (32 - sh) without the
-    undefined shift by 32 when sh = 0."""
-    a = wbuf[a0, jj]
-    b = wbuf[a1, jj]
-    # the "& 31" tells LLVM the counts are below 32, so it can keep 32-bit shifts
-    hi = np.uint32(np.uint32(a << np.uint32(1)) << np.uint32((31 - sh) & 31))
-    return np.uint32(np.uint32(hi | np.uint32(b >> np.uint32(sh & 31))) & np.uint32(0xFFFF))
+def _state(ubuf, m, mul, jj):
+    """The 16-bit window starting k bits into unit m (mul = 2**k) of band tile jj: the top half of
+    ((U_m << 16 | U_m+1) << k) mod 2**32. Only constant shifts and a multiply, with explicit uint32 truncations, so
+    LLVM keeps 32-bit lanes (numba types integer arithmetic as 64-bit)."""
+    v = np.uint32(np.uint32(ubuf[m, jj] << np.uint32(16)) | ubuf[m + np.uint64(1), jj])
+    return np.uint32(np.uint32(v * mul) >> np.uint32(16))
 
 
 @njit(fastmath=True, **_JIT)
@@ -158,98 +161,91 @@ def _byte_sum(st):
 
 
 @njit(fastmath=True, **_JIT)
-def _decode_band(wbuf, i0, i1, sh, lut, wdec):
-    """wdec[t, jj] = lut[state of element t of band tile jj] for all 256 elements (exact fp16 values)."""
-    for t in range(256):
-        a0, a1, s = i0[t], i1[t], sh[t]
-        for jj in range(NB):
-            wdec[t, jj] = lut[_state(wbuf, a0, a1, s, jj)]
+def _decode_band(ubuf, um, umul, kind, lut, wdec, wbits):
+    """wdec[p, jj] = the weight at row-major position p of band tile jj, for all 256 positions (um/umul: the window
+    tables in placement order; ubuf: the band's units): its table value (KIND_LUT), its mul1 weight (KIND_MUL1) or its mul1 byte sum
+    (KIND_AFFINE).
 
-
-@njit(fastmath=True, **_JIT)
-def _mul1_band(wbuf, i0, i1, sh, exact, wdec, wbits):
-    """mul1 without a table: wdec[t, jj] = the byte sum s of element t's state (affine), or the weight
-    fp16(k_inv (1024 + s) + k_bias) (exact). The float32 affine value is exact (a multiple of 2**-18 below 4), so one
-    integer round-to-nearest-even of its bits to 10 mantissa bits (wbits: wdec's uint32 view) is the single fp16
-    rounding; values below 2**-14 have too few bits to round, so no subnormal case arises."""
-    for t in range(256):
-        a0, a1, s = i0[t], i1[t], sh[t]
-        for jj in range(NB):
-            v = np.float32(_byte_sum(_state(wbuf, a0, a1, s, jj)))
-            wdec[t, jj] = v * _K_INV + _K_CONST if exact else v
-    if exact:
-        for t in range(256):
-            for jj in range(NB):
-                m = wbits[t, jj]
-                wbits[t, jj] = np.uint32(np.uint32(m + np.uint32(0xFFF) + np.uint32(np.uint32(m >> np.uint32(13))
-                                                                                    & np.uint32(1)))
-                                         & np.uint32(0xFFFFE000))
-
-
-@njit(fastmath=True, **_JIT)
-def _decode_tile_row(words, i, j0, nb, kind, lut, i0, i1, sh, wbuf, wdec, wbits):
-    """wdec[t, jj] = element t of tile (i, j0 + jj) for the band's tiles (byte sums for KIND_AFFINE)."""
-    _gather_band(words, i, j0, nb, wbuf)
+    KIND_MUL1 decodes without a table: fp16(k_inv (1024 + s) + k_bias). The float32 affine value is exact (a multiple
+    of 2**-18 below 4), so one integer round-to-nearest-even of its bits to 10 mantissa bits (wbits: wdec's uint32
+    view) is the single fp16 rounding; values below 2**-14 have too few bits to round, so no subnormal case arises."""
     if kind == KIND_LUT:
-        _decode_band(wbuf, i0, i1, sh, lut, wdec)
-    else:
-        _mul1_band(wbuf, i0, i1, sh, kind == KIND_MUL1, wdec, wbits)
+        for p in range(256):
+            m, mul = um[p], umul[p]
+            for jj in range(NB):
+                wdec[p, jj] = lut[_state(ubuf, m, mul, jj)]
+        return
+    # one loop for both mul1 kinds (the byte sum s itself is s * 1 + 0): LLVM vectorises this form
+    scale = _K_INV if kind == KIND_MUL1 else np.float32(1.0)
+    offset = _K_CONST if kind == KIND_MUL1 else np.float32(0.0)
+    for p in range(256):
+        m, mul = um[p], umul[p]
+        for jj in range(NB):
+            wdec[p, jj] = np.float32(np.int32(_byte_sum(_state(ubuf, m, mul, jj)))) * scale + offset
+    if kind == KIND_AFFINE:
+        return
+    for q in range(256 * NB):
+        m = wbits[q]
+        wbits[q] = np.uint32(np.uint32(m + np.uint32(0xFFF) + np.uint32(np.uint32(m >> np.uint32(13)) & np.uint32(1)))
+                             & np.uint32(0xFFFFE000))
 
 
 @njit(parallel=True, fastmath=True, **_JIT)
-def _gemm(words, xh, lut, i0, i1, sh, prow, pcol, kind, out):
-    """out[T, n] = xh[T, k] @ W_inner, W_inner decoded on the fly from words [kt, nt, 8K] (uint32 view)."""
-    kt, nt, nw = words.shape
+def _gemm(units, xh, lut, um, umul, kind, out):
+    """out[T, n] = xh[T, k] @ W_inner, W_inner decoded on the fly from the trellis [kt, nt, 16K] (uint16 view).
+
+    A decoded tile row is [16 rows, 16 columns, NB tiles] in memory, so each input row r adds one contiguous
+    256-float block times x[r] into the [16 columns, NB tiles] accumulator of each token."""
+    kt, nt, nu = units.shape
     T = xh.shape[0]
     nbands = (nt + NB - 1) // NB
     for b in prange(nbands):
         j0 = b * NB
         nb = min(NB, nt - j0)
-        wbuf = np.empty((nw, NB), np.uint32)
+        ubuf = np.empty((nu + 1, NB), np.uint32)
         wdec = np.empty((256, NB), np.float32)
-        wbits = wdec.view(np.uint32)
-        acc = np.zeros((T, 16, NB), np.float32)
-        affine = kind == KIND_AFFINE
+        wflat = wdec.reshape(-1)
+        wbits = wflat.view(np.uint32)
+        acc = np.zeros((T, 16 * NB), np.float32)
         for i in range(kt):
-            _decode_tile_row(words, i, j0, nb, kind, lut, i0, i1, sh, wbuf, wdec, wbits)
-            base = 16 * i
-            for t in range(256):
-                c = pcol[t]
-                r = base + prow[t]
-                for tok in range(T):
-                    xv = xh[tok, r]
-                    for jj in range(NB):
-                        acc[tok, c, jj] += wdec[t, jj] * xv
+            _gather_band(units, i, j0, nb, ubuf)
+            _decode_band(ubuf, um, umul, kind, lut, wdec, wbits)
+            for tok in range(T):
+                for r in range(16):
+                    xv = xh[tok, 16 * i + r]
+                    for q in range(16 * NB):
+                        acc[tok, q] += wflat[r * 16 * NB + q] * xv
         for tok in range(T):
             cst = np.float32(0.0)
-            if affine:
+            if kind == KIND_AFFINE:
                 xs = np.float32(0.0)
                 for q in range(xh.shape[1]):
                     xs += xh[tok, q]
                 cst = _K_CONST * xs
             for jj in range(nb):
                 for c in range(16):
-                    v = acc[tok, c, jj]
-                    if affine:
+                    v = acc[tok, c * NB + jj]
+                    if kind == KIND_AFFINE:
                         v = _K_INV * v + cst
                     out[tok, 16 * (j0 + jj) + c] = v
 
 
 @njit(parallel=True, **_JIT)
-def _decode_inner(words, kind, lut, i0, i1, sh, prow, pcol, out):
+def _decode_inner(units, kind, lut, um, umul, out):
     """W_inner [k, n] float32 through the same band decode as _gemm (for bit-exact checks)."""
-    kt, nt, nw = words.shape
+    kt, nt, nu = units.shape
     for b in prange((nt + NB - 1) // NB):
         j0 = b * NB
         nb = min(NB, nt - j0)
-        wbuf = np.empty((nw, NB), np.uint32)
+        ubuf = np.empty((nu + 1, NB), np.uint32)
         wdec = np.empty((256, NB), np.float32)
-        wbits = wdec.view(np.uint32)
+        wbits = wdec.reshape(-1).view(np.uint32)
         for i in range(kt):
-            _decode_tile_row(words, i, j0, nb, kind, lut, i0, i1, sh, wbuf, wdec, wbits)
-            for t in range(256):
+            _gather_band(units, i, j0, nb, ubuf)
+            _decode_band(ubuf, um, umul, kind, lut, wdec, wbits)
+            for p in range(256):
                 for jj in range(nb):
-                    out[16 * i + prow[t], 16 * (j0 + jj) + pcol[t]] = wdec[t, jj]
+                    out[16 * i + p // 16, 16 * (j0 + jj) + p % 16] = wdec[p, jj]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -297,19 +293,19 @@ def _swiglu_(g, u, limit, fp16):
 
 
 class _Linear:
-    """One linear's kernel arguments: the trellis as uint32 words (a view), float32 scale vectors, tables."""
+    """One linear's kernel arguments: the trellis as uint16 units (a view), float32 scale vectors, tables."""
 
-    __slots__ = ("words", "suh", "svh", "lut", "i0", "i1", "sh", "k", "n", "kind")
+    __slots__ = ("units", "suh", "svh", "lut", "um", "umul", "k", "n", "kind")
 
     def __init__(self, lin, mode: str):
         t = lin.trellis
         if not t.flags.c_contiguous:
             raise ValueError("trellis: expected a contiguous array (it is read in place)")
-        self.words = t.view(np.uint32)           # little-endian pairs of int16: e[2i] | e[2i+1] << 16
+        self.units = t.view(np.uint16)
         self.k, self.n = lin.k, lin.n
         self.suh = _scales(lin.suh)
         self.svh = _scales(lin.svh)
-        self.i0, self.i1, self.sh = _tables(lin.K)
+        self.um, self.umul = _tables(lin.K)
         if mode == "affine" and lin.codebook != "mul1":
             raise ValueError(f"mode 'affine' needs the mul1 codebook, this linear uses {lin.codebook!r}")
         if lin.codebook == "mul1":
@@ -321,8 +317,6 @@ class _Linear:
 
 _LUTS: dict = {}
 _TABLES: dict = {}
-_PROW = (X.TC_PERM // 16).astype(np.uint64)
-_PCOL = (X.TC_PERM % 16).astype(np.uint64)
 
 
 def _lut32(codebook) -> np.ndarray:
@@ -333,9 +327,14 @@ def _lut32(codebook) -> np.ndarray:
 
 
 def _tables(K: int):
+    """(um, umul) per row-major tile position p: the state of the element placed at p is the 16-bit window starting
+    at ring bit S = (t+1)K - 16 (mod 256K), t = TC_PERM_INV[p], i.e. o = S % 16 bits into 16-bit unit um = S // 16;
+    umul = 2**o. Unsigned, so numba emits no negative-index wraparound code in the hot loops."""
     if K not in _TABLES:
-        # unsigned: numba then emits no negative-index wraparound code in the hot loops
-        _TABLES[K] = tuple(np.ascontiguousarray(a, dtype=np.uint64) for a in X.window_tables(K))
+        X.window_tables(K)                     # validates K
+        t = X.TC_PERM_INV.astype(np.int64)
+        start = ((t + 1) * K - 16) % (256 * K)
+        _TABLES[K] = ((start // 16).astype(np.uint64), (np.uint32(1) << (start % 16).astype(np.uint32)))
     return _TABLES[K]
 
 
@@ -350,7 +349,7 @@ def _linear(L: _Linear, x: np.ndarray, fp16: bool) -> np.ndarray:
     xh = np.empty_like(x)
     _input_transform(x, L.suh, fp16, xh)
     y = np.empty((x.shape[0], L.n), np.float32)
-    _gemm(L.words, xh, L.lut, L.i0, L.i1, L.sh, _PROW, _PCOL, L.kind, y)
+    _gemm(L.units, xh, L.lut, L.um, L.umul, L.kind, y)
     _output_transform(y, L.svh, fp16)
     return y
 
@@ -388,9 +387,9 @@ def decode_inner(trellis: np.ndarray, codebook="mul1", table: bool = False) -> n
     t = np.ascontiguousarray(trellis)
     K = X.trellis_bits(t)
     out = np.empty((t.shape[0] * 16, t.shape[1] * 16), np.float32)
-    i0, i1, sh = _tables(K)
+    um, umul = _tables(K)
     kind = KIND_MUL1 if X.codebook_index(codebook) == 2 and not table else KIND_LUT
-    _decode_inner(t.view(np.uint32), kind, _lut32(codebook), i0, i1, sh, _PROW, _PCOL, out)
+    _decode_inner(t.view(np.uint16), kind, _lut32(codebook), um, umul, out)
     return out
 
 
@@ -401,7 +400,7 @@ def raw_gemm(xh, lin, mode: str = "exact", parallel: bool = True) -> np.ndarray:
     xh = _rows(xh, L.k)
     y = np.empty((xh.shape[0], L.n), np.float32)
     with _team(parallel):
-        _gemm(L.words, xh, L.lut, L.i0, L.i1, L.sh, _PROW, _PCOL, L.kind, y)
+        _gemm(L.units, xh, L.lut, L.um, L.umul, L.kind, y)
     return y
 
 
