@@ -43,6 +43,16 @@ def cmd_show(args) -> int:
     for ln in R.lanes.values():
         print(f"    {ln.name:<14} {ln.per_layer_ms:>9.4f}  {ln.per_expert_ms:>10.4f}  {ln.per_extra_token_ms:>15.4f}"
               f"  {ln.reads}")
+    print("  lanes (GB/s implied by per_expert_ms, against the hardware record):")
+    for c in s["lane_checks"]:
+        got = "n/a (no per-expert cost)" if c["gbps"] is None else f"{c['gbps']:.2f} GB/s"
+        cap = f"{c['what']} {c['ceiling_gbps']:g} GB/s ({c['ceiling']})" if c["ceiling_gbps"] else \
+            "no ceiling in the hardware record"
+        print(f"    {c['lane']:<14} {got:<24} {'ABOVE' if c['over'] else 'within'} {cap}")
+    for c in (c for c in s["lane_checks"] if c["over"]):
+        print(f"  warning: {c['lane']} at {c['gbps']:.2f} GB/s is faster than the hardware record allows "
+              f"({c['what']} {c['ceiling_gbps']:g} GB/s): its engine or hardware record is wrong for this model",
+              file=sys.stderr)
     print(f"  policy: {json.dumps(R.policy, sort_keys=True)}")
     print(f"  fixed_ms: {json.dumps({str(k): v for k, v in sorted(R.fixed_ms.items())})}")
     return 0

@@ -56,6 +56,7 @@ DEFAULT_POLICY = {
 }
 LANE_COSTS = ("per_layer_ms", "per_expert_ms", "per_extra_token_ms", "per_call_ms")
 LANE_SHAPE = ("workers", "parallel_min")     # integers: how a batch call is executed
+BYTE_TERMS = ("per_expert_ms", "per_extra_token_ms")   # terms that stream an expert's weights: scale with its bytes
 # lane terms a record may leave out (absent: another record's figure, or 0), and those whose absence means 0
 LANE_OPTIONAL = ("per_read_ms", "per_read_busy_ms", "per_step_row_ms", "per_wake_ms", "per_after_wait_ms",
                  "per_handoff_ms")
@@ -396,6 +397,55 @@ def deal(items, workers: int) -> list:
     return [items[i::w] for i in range(w)]
 
 
+def lane_terms(spec: dict, expert_bytes: int, ram_expert_bytes: int) -> dict:
+    """An engine lane's terms for a model of ``expert_bytes`` per expert: per_expert_ms and per_extra_token_ms scaled
+    by expert_bytes / the lane's measured ``expert_bytes``, when the engine records it (an expert's cost is streaming
+    its weights; per-layer and per-call terms are dispatch and stay). A recipe whose RAM tier holds another form of the
+    expert (tiers.ram_expert_bytes) gives its ram lanes' costs in lane_overrides; the lane's ``expert_bytes`` is what
+    it reads (the tier's), which is what its implied GB/s is of."""
+    out = {"reads": spec["reads"], **{c: float(spec.get(c, 0.0)) for c in LANE_COSTS},
+           **{c: int(spec[c]) for c in LANE_SHAPE if c in spec},
+           **{c: float(spec[c]) for c in LANE_OPTIONAL if c in spec},
+           "expert_bytes": int(ram_expert_bytes if spec["reads"] == "ram" else expert_bytes),
+           "measured_bytes": spec.get("expert_bytes")}
+    if out["measured_bytes"]:
+        for c in BYTE_TERMS:
+            out[c] *= expert_bytes / out["measured_bytes"]
+    return out
+
+
+# what each lane reads its expert bytes through, as (hardware record fields tried in order, what it is)
+LANE_CEILINGS = {
+    "cpu": ((("ceilings", "ddr_practical_gbps"), ("ceilings", "ddr_theoretical_gbps")), "memory read bandwidth"),
+    "gpu": ((("gpu", "vram_bw_gbps"), ("ceilings", "vram_bw_gbps")), "VRAM bandwidth"),
+    "zerocopy": ((("ceilings", "pcie_h2d_gbps"), ("gpu", "h2d_gbps")), "host-to-device link"),
+}
+
+
+def _hw_value(hw: dict, paths) -> tuple[float | None, str]:
+    for a, b in paths:
+        v = (hw.get(a) or {}).get(b)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            return float(v), f"{a}.{b}"
+    return None, ""
+
+
+def lane_checks(R) -> list[dict]:
+    """Each lane's implied GB/s (expert bytes / per_expert_ms) against what the hardware record allows it (the
+    cpu lane: memory bandwidth; gpu: VRAM bandwidth; zerocopy: the host-to-device link), and the NVMe figures against
+    the device's read ceiling (nvme.bw_gbps against ceilings.nvme_read_gbps). ``over`` marks a figure the hardware cannot deliver."""
+    out = []
+    for name, ln in R.lanes.items():
+        paths, what = LANE_CEILINGS.get(name, ((), ""))
+        cap, field_ = _hw_value(R.hardware, paths)
+        out.append({"lane": name, "gbps": ln.gbps, "ceiling_gbps": cap, "ceiling": field_, "what": what,
+                    "over": None not in (cap, ln.gbps) and ln.gbps > cap})
+    cap, field_ = _hw_value(R.hardware, (("ceilings", "nvme_read_gbps"),))
+    out.append({"lane": "nvme", "gbps": R.nvme_bw_gbps, "ceiling_gbps": cap, "ceiling": field_,
+                "what": "NVMe device read ceiling", "over": cap is not None and R.nvme_bw_gbps > cap})
+    return out
+
+
 def hands_off(n: int, workers: int) -> bool:
     """Whether a split call of ``n`` experts ends with a worker's share (``deal``): a worker takes as many experts
     as the calling thread unless n leaves the caller the only one with an extra (n % workers == 1). Its share starts
@@ -433,6 +483,16 @@ class Lane:
     per_after_wait_ms: float | None = None
     # cpu lane: what a split call pays when it ends with a worker's share (hands_off), fitted by `moetier calibrate`
     per_handoff_ms: float | None = None
+    # bytes of one expert as this lane reads it (its tier's: moe.expert_bytes for vram lanes, tiers.ram_expert_bytes
+    # for ram lanes), and those of the model the engine's per-expert terms were measured on (engine lane
+    # "expert_bytes"; None: not recorded, so not rescaled); see lane_terms
+    expert_bytes: int = field(default=0, compare=False)
+    measured_bytes: int | None = field(default=None, compare=False)
+
+    @property
+    def gbps(self) -> float | None:
+        """The expert bytes this lane's per_expert_ms implies per second, GB/s (None for a zero cost)."""
+        return self.expert_bytes / (self.per_expert_ms * 1e6) if self.per_expert_ms > 0 else None
 
     def cost(self, rows) -> float:
         """One call over experts with these token rows (a sequence, or a mapping key -> rows): inline below
@@ -510,6 +570,7 @@ class Recipe:
             "ram_expert_bytes": self.ram_expert_bytes,
             "nvme_expert_bytes": self.nvme_expert_bytes,
             "lanes": {name: asdict(lane) for name, lane in self.lanes.items()},
+            "lane_checks": lane_checks(self),
             "policy": copy.deepcopy(self.policy),
             "fixed_ms": dict(self.fixed_ms),
             "prefill": dict(self.prefill),
@@ -570,9 +631,7 @@ def resolve(recipe_id: str, overrides=(), root=None) -> Recipe:
     lanes: dict[str, dict] = {}
     for eng in engines:
         for name, spec in eng["lanes"].items():
-            lanes[name] = {"reads": spec["reads"], **{c: float(spec.get(c, 0.0)) for c in LANE_COSTS},
-                           **{c: int(spec[c]) for c in LANE_SHAPE if c in spec},
-                           **{c: float(spec[c]) for c in LANE_OPTIONAL if c in spec}}
+            lanes[name] = lane_terms(spec, expert_bytes, ram_b)
     for eng in engines:
         for name, costs in (eng.get("model_lanes") or {}).get(model["id"], {}).items():
             if name in lanes:

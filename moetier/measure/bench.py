@@ -334,7 +334,7 @@ def records(m: dict, hardware_id: str, engine_id: str, when: str, previous_hw: d
     hw = {**{k: v for k, v in (previous_hw or {}).items() if k not in hw}, **hw}
     eng = {
         "id": engine_id,
-        "lanes": {"cpu": {"reads": "ram", **{k: round(lane[k], 5) for k in
+        "lanes": {"cpu": {"reads": "ram", "expert_bytes": m["record_bytes"], **{k: round(lane[k], 5) for k in
                                              ("per_layer_ms", "per_call_ms", "per_expert_ms", "per_extra_token_ms")},
                           "workers": lane["workers"], "parallel_min": lane["parallel_min"]}},
         "overheads": {"weight_gbps_1row": round(lane["weight_gbps_1row"], 3)},

@@ -649,7 +649,8 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
     which runs the same cpu lane; gpu/zerocopy lanes: the VRAM engine), the hardware record (NVMe latency table,
     gpu.h2d_gbps from the copy time) and the recipe's calibration block (validated, atomic)."""
     rec = spec.load_record("recipe", recipe_id)
-    record_bytes = spec.resolve(recipe_id).nvme_expert_bytes
+    R0 = spec.resolve(recipe_id)
+    record_bytes = R0.nvme_expert_bytes
     with_cpu = [e for e in rec["engines"] if "cpu" in spec.load_record("engine", e)["lanes"]]
     if not with_cpu:
         raise UserError(f"calibrate {recipe_id}: no engine of the recipe has a cpu lane to calibrate")
@@ -663,6 +664,7 @@ def write_terms(recipe_id: str, terms: dict, when: str) -> None:
                 for c in spec.LANE_OPTIONAL:                    # one fitted by an earlier run must not outlive it
                     eng["lanes"][ln].pop(c, None)
                 eng["lanes"][ln].update({k: round(v, 6) for k, v in vals.items()})
+                eng["lanes"][ln]["expert_bytes"] = R0.expert_bytes   # the terms hold at this model's expert size
         eng.pop("head_per_read_ms", None)
         if eng_id == VRAM_ENGINE:
             eng.pop("copy_ms_by_rows", None)
