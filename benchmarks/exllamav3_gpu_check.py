@@ -3,8 +3,8 @@
     python benchmarks/exllamav3_gpu_check.py --out RECORD.json [--steps N] [--checkpoint DIR --recipe ID]
 
 Run by benchmarks/exllamav3_gpu_check.sh after it has installed and built exllamav3. On the tiny synthetic model
-(adapters.exllamav3.checkpoint: 2 MoE layers x 16 experts, top-2, hidden 256, intermediate 128, K 3, shared
-expert), each check prints PASS or FAIL with its figure, and the script exits 1 if any failed:
+(adapters.exllamav3.checkpoint.TINY: 2 MoE layers x 16 experts, top-2, hidden 256, intermediate 128, K 3, shared
+expert; its experts packed with moetier.bytes.store.pack_checkpoint), each check prints PASS or FAIL with its figure, and the script exits 1 if any failed:
 
 1. surface   - the hook surface against the installed engine (compiled extension, not the stand-in);
 2. decode    - ext.reconstruct (the engine's W_inner) bit-identical to moetier.bytes.exl3.decode_inner;
@@ -17,7 +17,7 @@ expert), each check prints PASS or FAIL with its figure, and the script exits 1 
                prediction for the attached run's deals beside it (reported, not judged).
 
 With ``--checkpoint`` a real EXL3 checkpoint is loaded through exllamav3's own Config/Model, its routed experts are
-packed into adapter records next to ``--out``, and checks 5-6 run on its MoE blocks under ``--recipe`` (untried: no
+packed into a moetier store next to ``--out``, and checks 5-6 run on its MoE blocks under ``--recipe`` (untried: no
 GPU with such a checkpoint has been available to the project). The record (every figure, the engine version, the
 device) is written to ``--out`` as JSON.
 """
@@ -57,7 +57,7 @@ def tiny_recipe(vram: int, ram: int, **policy):
                                policy={**R.policy, **policy, "prefetch": {"depth": 0, "predictor": "none"}})
 
 
-def decode_checks(model, recs, ext, torch) -> None:
+def decode_checks(model, ext, torch) -> None:
     from moetier.bytes import exl3
     worst_bits, worst_rms = 0, 0.0
     for m in model.modules:
@@ -123,8 +123,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("exllamav3_gpu_check: no CUDA device", file=sys.stderr)
         return 2
-    from adapters.exllamav3 import checkpoint, records, standin, surface
+    from adapters.exllamav3 import checkpoint, standin, surface
     from adapters.exllamav3.attach import attach
+    from moetier.bytes import store
     rep = surface.check()
     report("surface", rep.ok and not rep.standin, rep.mismatches[0] if rep.mismatches else
            f"{len(rep.expected)} hooks match exllamav3 {rep.version} (compiled extension)")
@@ -132,12 +133,12 @@ def main(argv=None) -> int:
         return finish(args)
     from exllamav3.ext import exllamav3_ext as ext
     work = Path(tempfile.mkdtemp(prefix="exllamav3-gpu-check-"))
-    spec = checkpoint.TinySpec()
-    checkpoint.write_checkpoint(work / "ckpt", spec, seed=3)
-    recs = records.pack(work / "ckpt", work / "records", [spec.module_key(o) for o in range(spec.moe_layers)],
-                        experts=spec.experts, hidden=spec.hidden, ffn=spec.inter, K=spec.K)
-    model = checkpoint.build_tiny_model(work / "ckpt", device="cuda")
-    decode_checks(model, recs, ext, torch)
+    spec = checkpoint.TINY
+    checkpoint.write_tiny(work / "ckpt", seed=3)
+    store.pack_checkpoint(work / "ckpt", work / "store")
+    recs = store.open_store(work / "store")
+    model = checkpoint.build_model(work / "ckpt", device="cuda")
+    decode_checks(model, ext, torch)
     g = torch.Generator(device="cuda").manual_seed(11)
     xs = [[torch.randn((1, spec.hidden), generator=g, device="cuda").half() for _ in range(spec.moe_layers)]
           for _ in range(args.steps)]
@@ -171,17 +172,17 @@ def real_checkpoint(args, torch) -> None:
     from exllamav3 import Config, Model
     from exllamav3.modules.block_sparse_mlp import BlockSparseMLP
 
-    from adapters.exllamav3 import records
     from adapters.exllamav3.attach import attach
+    from moetier.bytes import store
     from moetier.core.records import resolve
     config = Config.from_directory(args.checkpoint)
     model = Model.from_config(config)
     model.load()
     blocks = [m for m in model.modules() if isinstance(m, BlockSparseMLP)]
     m0 = blocks[0]
-    lin = m0.ups[0].inner
-    recs = records.pack(args.checkpoint, Path(args.out).with_suffix(".records"), [m.key for m in blocks],
-                        experts=m0.num_experts, hidden=m0.hidden_size, ffn=m0.intermediate_size, K=int(lin.K))
+    where = Path(args.out).with_suffix(".store")
+    store.pack_checkpoint(args.checkpoint, where)
+    recs = store.open_store(where)
     R = resolve(args.recipe)
     g = torch.Generator(device="cuda").manual_seed(5)
     xs = [[torch.randn((1, m0.hidden_size), generator=g, device="cuda").half() for _ in blocks]

@@ -107,6 +107,7 @@ class FakeEngine:
     """Installs the fakes on the stand-in extension for the duration of a ``with`` block."""
 
     def __init__(self, spec):
+        """``spec``: the model's moetier.bytes.synth_exl3.SynthSpec (hidden, inter, bits)."""
         self.spec, self.memory, self.router = spec, Memory(), FakeRouter()
         self.bcs: list = []
 
@@ -117,7 +118,7 @@ class FakeEngine:
         s = self.spec
 
         def make_bc(*args, **kwargs):
-            bc = FakeBlockSparseBC(self.memory, s.hidden, s.inter, s.K, *args, **kwargs)
+            bc = FakeBlockSparseBC(self.memory, s.hidden, s.inter, s.bits, *args, **kwargs)
             self.bcs.append(bc)
             return bc
 

@@ -20,15 +20,20 @@ SPLITS = {"all-resident": (32, 0), "ram-only": (0, 32), "nvme-tail": (8, 12), "n
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
+    """The tiny model's checkpoint, its routed experts packed into a moetier store, and its tensors."""
+    import dataclasses as dc
+
     from safetensors.numpy import load_file
 
-    from adapters.exllamav3 import checkpoint, records
+    from adapters.exllamav3 import checkpoint
+    from moetier.bytes import store
     d = tmp_path_factory.mktemp("exllamav3-tiny")
-    spec = checkpoint.TinySpec()
-    checkpoint.write_checkpoint(d / "ckpt", spec, seed=3)
-    recs = records.pack(d / "ckpt", d / "records", [spec.module_key(o) for o in range(spec.moe_layers)],
-                        experts=spec.experts, hidden=spec.hidden, ffn=spec.inter, K=spec.K)
-    return spec, d / "ckpt", recs, load_file(str(d / "ckpt" / "model.safetensors"))
+    checkpoint.write_tiny(d / "ckpt", seed=3)
+    store.pack_checkpoint(d / "ckpt", d / "store")
+    tensors = {}
+    for f in sorted((d / "ckpt").glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    return dc.replace(checkpoint.TINY, seed=3), d / "ckpt", store.open_store(d / "store"), tensors
 
 
 @pytest.fixture
@@ -38,7 +43,7 @@ def engine(tiny):
     from tests.exllamav3_fakes import FakeEngine
     spec, path, _, _ = tiny
     with FakeEngine(spec) as fake:
-        model = checkpoint.build_tiny_model(path)
+        model = checkpoint.build_model(path)
         fake.load(model)
         yield model, fake
 
@@ -55,9 +60,9 @@ def recipe(vram: int, ram: int, **policy):
                                policy={**R.policy, **policy})
 
 
-def attach(model, fake, R, recs, **kw):
+def attach(model, fake, R, st, **kw):
     from adapters.exllamav3.attach import attach as attach_
-    att = attach_(model, R, recs, **kw)
+    att = attach_(model, R, st, **kw)
     fake.memory.add_tensor(att.backend.arena)
     fake.memory.add(att.backend.pool.base, att.backend.pool.nbytes)
     return att
@@ -78,11 +83,12 @@ def ckpt_expert(tensors, key: str):
 
 
 def reference(tiny, o, x, sel, w, skip=()):
-    """float64 output of MoE block ``o`` for rows x under the router's selection, from the checkpoint's tensors
-    (not the records or slots): the routed sum (less the experts in ``skip``) plus the shared expert."""
-    from moetier.bytes import exl3
+    """float64 output of MoE block ``o`` for rows x under the router's selection, from the synthetic checkpoint's
+    own generator (synth_exl3.expert: not the files, records or slots) and its shared expert's tensors: the routed
+    sum (less the experts in ``skip``) plus the shared expert."""
+    from moetier.bytes import exl3, synth_exl3
     spec, _, _, tensors = tiny
-    mk = spec.module_key(o)
+    mk = synth_exl3.moe_prefixes(spec)[o]
     xn = x.float().numpy().astype(np.float64)
     y = exl3.expert_forward(xn, ckpt_expert(tensors, f"{mk}.shared_experts"), spec.act_limit)
     for r in range(xn.shape[0]):
@@ -90,7 +96,7 @@ def reference(tiny, o, x, sel, w, skip=()):
             e = int(sel[r, j])
             if (o * spec.experts + e) in skip:
                 continue
-            y[r] += exl3.expert_forward(xn[r:r + 1], ckpt_expert(tensors, f"{mk}.experts.{e}"), spec.act_limit,
+            y[r] += exl3.expert_forward(xn[r:r + 1], synth_exl3.expert(spec, o, e), spec.act_limit,
                                         float(w[r, j]))[0]
     return y
 
@@ -116,8 +122,8 @@ def run(model, att, xs):
 @pytest.mark.parametrize("split", list(SPLITS))
 def test_block_output_matches_float64_under_each_split(tiny, engine, split):
     model, fake = engine
-    spec, _, recs, _ = tiny
-    att = attach(model, fake, recipe(*SPLITS[split]), recs)
+    spec, _, st, _ = tiny
+    att = attach(model, fake, recipe(*SPLITS[split]), st)
     xs = inputs(spec)
     got = run(model, att, xs)
     lanes = {ln: 0 for ln in ("gpu", "zerocopy", "cpu", "nvme_cpu", "nvme_gpu", "masked")}
@@ -145,8 +151,8 @@ def test_block_output_matches_float64_under_each_split(tiny, engine, split):
 
 def test_exact_mode_runs_every_pick_on_the_engine(tiny, engine):
     model, fake = engine
-    spec, _, recs, _ = tiny
-    att = attach(model, fake, recipe(*SPLITS["ram-only"]), recs, exact=True)
+    spec, _, st, _ = tiny
+    att = attach(model, fake, recipe(*SPLITS["ram-only"]), st, exact=True)
     xs = inputs(spec, seed=5)
     got = run(model, att, xs)
     assert all(not d["cpu"] and not d["nvme_cpu"] for *_, d in att.deals)
@@ -159,8 +165,8 @@ def test_exact_mode_runs_every_pick_on_the_engine(tiny, engine):
 
 def test_mask_equals_exact_minus_masked_contributions(tiny, engine):
     model, fake = engine
-    spec, _, recs, _ = tiny
-    att = attach(model, fake, recipe(*SPLITS["nvme-tail"], exact="mask"), recs)   # NVMe picks dropped
+    spec, _, st, _ = tiny
+    att = attach(model, fake, recipe(*SPLITS["nvme-tail"], exact="mask"), st)   # NVMe picks dropped
     xs = inputs(spec, seed=7)
     got = run(model, att, xs)
     masked_total = 0
@@ -181,8 +187,8 @@ def test_mask_equals_exact_minus_masked_contributions(tiny, engine):
 def test_lane_deal_equals_the_simulators(tiny, engine, split):
     from moetier.core.sim import Replay
     model, fake = engine
-    spec, _, recs, _ = tiny
-    att = attach(model, fake, recipe(*SPLITS[split]), recs)
+    spec, _, st, _ = tiny
+    att = attach(model, fake, recipe(*SPLITS[split]), st)
     run(model, att, inputs(spec, seed=13))
     R = att.R
     rp = Replay(R, rows=1)
@@ -203,8 +209,8 @@ def test_lane_deal_equals_the_simulators(tiny, engine, split):
 def test_rows_point_only_at_landed_slots_and_cpu_picks_never_reach_the_engine(tiny, engine):
     from tests.exllamav3_fakes import A_GU
     model, fake = engine
-    spec, _, recs, _ = tiny
-    att = attach(model, fake, recipe(*SPLITS["nvme-tail"]), recs)
+    spec, _, st, _ = tiny
+    att = attach(model, fake, recipe(*SPLITS["nvme-tail"]), st)
     seen = {"engine": 0, "masked": 0}
 
     def check(bc, sel):
@@ -225,7 +231,7 @@ def test_rows_point_only_at_landed_slots_and_cpu_picks_never_reach_the_engine(ti
                     seen["masked"] += 1
                     continue
                 assert k in mine
-                row = att.tables[o].row(k - base)["gate.trellis"]
+                row = att.tables[o].row(k - base)["gate_trellis"]
                 if L.state_of(k) == "vram" and row == be.vram_address(rt.vram_slot[k]):
                     pass
                 else:      # a RAM (or staging) slot whose fill landed, not yet freed
@@ -245,7 +251,7 @@ def test_residency_rule_through_the_adapter_under_adversarial_timing(tiny, engin
     and Ledger.land only follows a landed handle."""
     from conformance.test_residency import Chaos, _Instrumented
     model, fake = engine
-    spec, _, recs, _ = tiny
+    spec, _, st, _ = tiny
     chaos = None
 
     def wrap(be):
@@ -254,7 +260,7 @@ def test_residency_rule_through_the_adapter_under_adversarial_timing(tiny, engin
         return chaos
 
     with _Instrumented(_Lazy(lambda: chaos)):
-        att = attach(model, fake, recipe(4, 10), recs, wrap=wrap)
+        att = attach(model, fake, recipe(4, 10), st, wrap=wrap)
         run(model, att, inputs(spec, seed=19))
     assert chaos.n["computed"] > 0 and chaos.n["landed_checks"] > 0 and chaos.n["false_polls"] >= 0, chaos.n
     att.detach()
@@ -280,11 +286,11 @@ def test_gpu_and_zerocopy_lanes_are_bit_identical(tiny, engine):
     """The same kernel reading the same bytes through rows that point at a VRAM slot (all resident) or at a RAM slot
     (exact mode, RAM only): identical bits."""
     model, fake = engine
-    spec, _, recs, _ = tiny
+    spec, _, st, _ = tiny
     xs = inputs(spec, seed=23)
     outs = {}
     for name, (vram, ram) in (("gpu", SPLITS["all-resident"]), ("zerocopy", SPLITS["ram-only"])):
-        att = attach(model, fake, recipe(vram, ram), recs, exact=True)
+        att = attach(model, fake, recipe(vram, ram), st, exact=True)
         outs[name] = [[y.numpy() for y, _, _ in step] for step in run(model, att, xs)]
         lanes = {ln for *_, d in att.deals for ln, keys in d.items() if keys}
         assert lanes == {name}, lanes
@@ -297,39 +303,10 @@ def test_gpu_and_zerocopy_lanes_are_bit_identical(tiny, engine):
 def test_attach_refuses_a_recipe_that_does_not_fit_the_model(tiny, engine):
     from moetier.errors import UserError
     model, fake = engine
-    _, _, recs, _ = tiny
+    _, _, st, _ = tiny
     R = dataclasses.replace(recipe(8, 12), experts=32)
     with pytest.raises(UserError, match=r"^recipe tiny-ci-cuda: moe.experts is 32 but the exllamav3 model has 16$"):
-        attach(model, fake, R, recs)
+        attach(model, fake, R, st)
     R = recipe(8, 12, prefetch={"depth": 1, "predictor": "recall", "recall": 0.5, "budget": 4})
     with pytest.raises(UserError, match=r"policy.prefetch.depth > 0 is not supported"):
-        attach(model, fake, R, recs)
-
-
-def test_records_hold_the_checkpoint_tensors(tiny):
-    from adapters.exllamav3 import records
-    spec, path, recs, tensors = tiny
-    again = records.open_records(recs.path)
-    assert again.nrecords == spec.moe_layers * spec.experts and again.record_bytes % 4096 == 0
-    for key in (0, 17, again.nrecords - 1):
-        o, e = divmod(key, spec.experts)
-        ex = again.layout.expert(again.read(key))
-        name = f"{spec.module_key(o)}.experts.{e}"
-        assert np.array_equal(ex.down.trellis, tensors[f"{name}.down_proj.trellis"])
-        assert np.array_equal(ex.gate.suh, tensors[f"{name}.gate_proj.suh"])
-        assert again.digest(key) == records.digest(again.read(key))
-
-
-def test_records_pack_names_a_missing_tensor(tiny, tmp_path):
-    from safetensors.numpy import save_file
-
-    from adapters.exllamav3 import records
-    from moetier.errors import UserError
-    spec, _, _, tensors = tiny
-    broken = {k: v for k, v in tensors.items() if k != f"{spec.module_key(1)}.experts.3.up_proj.svh"}
-    (tmp_path / "ckpt").mkdir()
-    save_file(broken, str(tmp_path / "ckpt" / "model.safetensors"))
-    with pytest.raises(UserError, match=r"tensor 'model.language_model.layers.2.mlp.experts.3.up_proj.svh' missing"):
-        records.pack(tmp_path / "ckpt", tmp_path / "out", [spec.module_key(o) for o in range(2)],
-                     experts=16, hidden=256, ffn=128, K=3)
-    assert not (tmp_path / "out").exists() and not list(tmp_path.glob("out.tmp-*"))
+        attach(model, fake, R, st)

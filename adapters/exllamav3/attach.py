@@ -1,4 +1,4 @@
-"""attach(model, recipe, records): exllamav3's MoE blocks routed through moetier's planner, ledger and lanes.
+"""attach(model, recipe, store): exllamav3's MoE blocks routed through moetier's planner, ledger and lanes.
 
 Contract
 --------
@@ -24,7 +24,8 @@ the rows the tables hold. ``exact=True`` turns the cpu lane off (every computed 
 upstream numerics); the recipe's ``policy.exact = "mask"`` drops NVMe picks (lossy). Prefetch is not supported yet
 (a recipe with policy.prefetch.depth > 0 is refused). ``attach`` checks the hook surface first
 (adapters.exllamav3.surface.require) and the recipe against the model; a mismatch is one line (UserError).
-``Attached.detach()`` restores the hooks and the tables' home rows.
+The store holds the model's routed experts as exl3 records (moetier.bytes.store; the record's section offsets are
+the rows' offsets from a slot's address). ``Attached.detach()`` restores the hooks and the tables' home rows.
 """
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ class Tables:
     attribute: ``capture`` rebuilds the module's bound class once (``load_local``) and finds them among its
     arguments by matching their columns against the gate/up tables (not by argument position)."""
 
-    def __init__(self, module, layout):
-        self.m, self.layout = module, layout
+    def __init__(self, module, addresses):
+        self.m, self.addresses = module, addresses
         self.multi = {p: getattr(module, f"multi_{p}") for p in PROJ}
         if any(v is None for v in self.multi.values()):
             raise UserError(f"{module.key}: the engine built no expert pointer tables (multi_gate/up/down); the "
@@ -101,17 +102,17 @@ class Tables:
 
     def point(self, expert: int, base: int) -> None:
         """Rows of ``expert`` -> the record image at address ``base`` (every table, every projection)."""
-        addr = self.layout.addresses(base)
+        addr = self.addresses(base)
         for p in PROJ:
             for part in ("trellis", "suh", "svh"):
-                getattr(self.multi[p], f"ptrs_{part}")[expert] = addr[f"{p}.{part}"]
+                getattr(self.multi[p], f"ptrs_{part}")[expert] = addr[f"{p}_{part}"]
         for part, t in self.gu.items():
-            t[expert, 0] = addr[f"gate.{part}"]
-            t[expert, 1] = addr[f"up.{part}"]
+            t[expert, 0] = addr[f"gate_{part}"]
+            t[expert, 1] = addr[f"up_{part}"]
 
     def row(self, expert: int) -> dict:
         """The current rows of ``expert`` (section -> address), as the gate/up/down tables hold them."""
-        return {f"{p}.{part}": int(getattr(self.multi[p], f"ptrs_{part}")[expert])
+        return {f"{p}_{part}": int(getattr(self.multi[p], f"ptrs_{part}")[expert])
                 for p in PROJ for part in ("trellis", "suh", "svh")}
 
     def restore(self) -> None:
@@ -119,44 +120,46 @@ class Tables:
             t.copy_(self.home[name])
 
 
-def recipe_for(R, modules, records, *, exact: bool = False):
-    """The recipe checked against the model and the records (one line naming the mismatch), with the cpu lane off
-    in exact mode and the expert sizes of the records."""
+def recipe_for(R, modules, store, *, exact: bool = False):
+    """The recipe checked against the model and the store (one line naming the mismatch), with the cpu lane off
+    in exact mode and the expert sizes of the store's records."""
     m0 = modules[0]
     for field, want, got in (("moe.layers", len(modules), R.layers), ("moe.experts", m0.num_experts, R.experts),
                              ("moe.topk", m0.num_experts_per_tok, R.topk),
-                             ("moe.layers (records)", records.layers, R.layers),
-                             ("moe.experts (records)", records.experts, R.experts)):
+                             ("moe.layers (store)", store.layers, R.layers),
+                             ("moe.experts (store)", store.experts, R.experts)):
         if want != got:
             raise UserError(f"recipe {R.id}: {field} is {got} but the exllamav3 model has {want}")
     if int((R.policy.get("prefetch") or {}).get("depth") or 0) > 0:
         raise UserError(f"recipe {R.id}: policy.prefetch.depth > 0 is not supported by the exllamav3 adapter yet "
                         f"(set policy.prefetch.depth=0)")
     lanes = {k: v for k, v in R.lanes.items() if not (exact and k == "cpu")}
-    rb = records.record_bytes
+    rb = store.record_bytes
     return dataclasses.replace(R, lanes=lanes, expert_bytes=rb, ram_expert_bytes=rb, nvme_expert_bytes=rb)
 
 
 class Attached:
     """moetier attached to the MoE blocks of one exllamav3 model (see the module docstring)."""
 
-    def __init__(self, modules, R, records, *, exact: bool = False, prior=None, wrap=None, device=None,
+    def __init__(self, modules, R, store, *, exact: bool = False, prior=None, wrap=None, device=None,
                  queue_depth: int = 16):
         surface.require()
         self.modules = list(modules)
-        self.R = recipe_for(R, self.modules, records, exact=exact)
-        self.records = records
+        self.R = recipe_for(R, self.modules, store, exact=exact)
+        self.store = store
         self.E = self.R.experts
         m0 = self.modules[0]
         dev = device if device is not None else m0.multi_up.ptrs_trellis.device
         headroom = 2 * MAX_BSZN * self.R.topk + 8
-        self.backend = EngineBackend(records, ram_slots=min(self.R.keys, self.R.ram_slots) + headroom,
-                                     vram_slots=self.R.vram_slots, device=dev, act_limit=float(m0.act_limit or 0.0),
-                                     queue_depth=queue_depth)
+        self.backend = EngineBackend(store, ram_slots=min(self.R.keys, self.R.ram_slots) + headroom,
+                                     vram_slots=self.R.vram_slots, device=dev, queue_depth=queue_depth)
+        if abs(float(m0.act_limit or 0.0) - self.backend.act_limit) > 1e-6:
+            raise UserError(f"store {store.path}: act_limit {self.backend.act_limit} but the model's blocks clamp at "
+                            f"{m0.act_limit}")
         self.be = wrap(self.backend) if wrap is not None else self.backend
-        self.tables = [Tables(m, records.layout) for m in self.modules]
+        self.tables = [Tables(m, self.backend.addresses) for m in self.modules]
         self.backend.point = self._point
-        self.rt = Runtime(self.R, records, self.be, conc=1)
+        self.rt = Runtime(self.R, store, self.be, conc=1)
         self.rt.seed_tiers(list(prior) if prior is not None else list(range(self.R.keys)))
         self.rt.rp.settle()
         self.step, self.t_model = -1, 0.0
@@ -233,13 +236,14 @@ class Attached:
         self.backend.close()
 
 
-def attach(model, recipe, records, **kw) -> Attached:
+def attach(model, recipe, store, **kw) -> Attached:
     """Attach moetier to every BlockSparseMLP of ``model`` (an object with ``.modules``, a list of them in MoE
-    ordinal order, or the list itself); ``records``: adapters.exllamav3.records.Records of the model's experts."""
+    ordinal order, or the list itself); ``store``: the moetier store of the model's routed experts (exl3 records,
+    ``moetier store pack --checkpoint``; key = MoE ordinal * experts + expert)."""
     modules = getattr(model, "modules", model)
     if callable(modules):                      # an exllamav3 Model: walk its module tree for the MoE blocks
         from exllamav3.modules.block_sparse_mlp import BlockSparseMLP
         modules = [m for m in model.modules() if isinstance(m, BlockSparseMLP)]
     if not modules:
         raise UserError("attach: the model has no BlockSparseMLP blocks")
-    return Attached(list(modules), recipe, records, **kw)
+    return Attached(list(modules), recipe, store, **kw)

@@ -13,8 +13,8 @@ backends; what differs is who computes which lane:
   own). ``point`` is set by ``attach`` (adapters.exllamav3.attach.Tables.point). A push or drain that lands
   points the key's rows at its new slot too (``_landed_copy``): rows follow bytes, never precede them.
 
-RAM slots are a moetier.bytes.transport.SlotPool filled by its O_DIRECT Reader from the adapter's record store
-(adapters.exllamav3.records); on CUDA the pool is registered with ``cudaHostRegister`` (mapped) so the zerocopy
+RAM slots are a moetier.bytes.transport.SlotPool filled by its O_DIRECT Reader from a store of exl3 records
+(moetier.bytes.store; ``moetier store pack --checkpoint`` writes one); on CUDA the pool is registered with ``cudaHostRegister`` (mapped) so the zerocopy
 lane's rows are its device addresses. VRAM slots are one uint8 torch tensor on the engine's device (on a CPU-only
 machine that device is the CPU). Pushes and drains are torch copies on a copy stream with an event each (CUDA) or
 immediate copies (CPU); fills, pushes and drains share one monotonic seq.
@@ -27,22 +27,26 @@ import numpy as np
 
 from backends.transfers import CopyHandle, EventTransfers, FillHandle
 from moetier.bytes import exl3
+from moetier.bytes.expert import EXL3, exl3_expert
 from moetier.bytes.transport import Reader, SlotPool, TransportError
 from moetier.run.contract import BackendUnavailable, Capabilities
 
 
 class EngineBackend(EventTransfers):
-    def __init__(self, records, *, ram_slots: int, vram_slots: int, device="cpu", act_limit: float = 0.0,
-                 queue_depth: int = 16, verify_rate: float = 1.0, direct: bool = True):
+    def __init__(self, store, *, ram_slots: int, vram_slots: int, device="cpu", queue_depth: int = 16,
+                 verify_rate: float = 1.0, direct: bool = True):
         import torch
+        if store.layout.encoding != EXL3:
+            raise BackendUnavailable(f"exllamav3 backend: store {store.path} holds {store.layout.encoding!r} "
+                                     f"records, expected {EXL3!r} (moetier store pack --checkpoint)")
         self.torch = torch
-        self.records, self.layout = records, records.layout
-        self.record_bytes = int(records.record_bytes)
-        self.act_limit = float(act_limit)
+        self.store, self.layout = store, store.layout
+        self.record_bytes = int(store.record_bytes)
+        self.act_limit = float(self.layout.act_limit or 0.0)
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.pool = SlotPool(max(1, int(ram_slots)), self.record_bytes)
-        self.reader = Reader(records, self.pool, queue_depth=queue_depth, verify_rate=verify_rate, direct=direct)
+        self.reader = Reader(store, self.pool, queue_depth=queue_depth, verify_rate=verify_rate, direct=direct)
         self.vram_slots = int(vram_slots)
         self.arena = torch.zeros((max(1, self.vram_slots), self.record_bytes), dtype=torch.uint8, device=self.device)
         self._host = torch.from_numpy(np.frombuffer(self.pool._mm, np.uint8, self.pool.nbytes, self.pool._off)
@@ -85,6 +89,10 @@ class EngineBackend(EventTransfers):
         """Where the engine's kernels read RAM slot ``slot`` (the zerocopy lane's table rows)."""
         return self._ram_dev + int(slot) * self.pool.slot_bytes
 
+    def addresses(self, base: int) -> dict:
+        """section -> address of that tensor in a record image at ``base`` (a key's table rows)."""
+        return {name: base + sec[0] for name, sec in self.layout.sections.items()}
+
     def vram_address(self, slot: int) -> int:
         return int(self.arena[int(slot)].data_ptr())
 
@@ -94,7 +102,7 @@ class EngineBackend(EventTransfers):
     # -- compute ------------------------------------------------------------------------------------------------
     def expert(self, slot: int):
         """The EXL3 expert in RAM slot ``slot`` (views of its landed bytes)."""
-        return self.layout.expert(self.pool.view(slot))
+        return exl3_expert(self.layout, self.pool.view(slot))
 
     def compute(self, lane: str, jobs, x: np.ndarray) -> dict:
         if lane == "cpu":
