@@ -10,5 +10,5 @@ bash .ci/torch-extra.sh
 .venv-torch/bin/pip install -q jsonschema psutil xxhash numba pytest hypothesis
 PYTHONPATH="$PWD" .venv-torch/bin/python -m pytest -q -p no:cacheprovider -o addopts= -rs \
     tests/test_adapter_surface.py tests/test_adapter_exllamav3_standin.py tests/test_adapter_exllamav3_surface.py \
-    tests/test_adapter_exllamav3_attach.py
+    tests/test_adapter_exllamav3_attach.py tests/test_adapter_exllamav3_backend.py
 PYTHONPATH="$PWD" .venv-torch/bin/python -m moetier adapter check exllamav3 | tail -1

@@ -1,0 +1,83 @@
+"""The exllamav3 adapter's backend on its own (torch, no engine kernels): transfers land exactly the store's bytes,
+landed() is never early - and a backend that says so too soon is caught by the same check."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests._exllamav3 import needs_engine
+
+pytestmark = needs_engine
+
+
+@pytest.fixture(scope="module")
+def st(tmp_path_factory):
+    from adapters.exllamav3 import checkpoint
+    from moetier.bytes import store
+    d = tmp_path_factory.mktemp("exllamav3-backend")
+    checkpoint.write_tiny(d / "ckpt", seed=1)
+    store.pack_checkpoint(d / "ckpt", d / "store")
+    return store.open_store(d / "store")
+
+
+def record(st, key: int) -> np.ndarray:
+    with open(st.data_path, "rb") as f:
+        f.seek(st.offset(key))
+        return np.frombuffer(f.read(st.record_bytes), np.uint8)
+
+
+def early_landings(be, st, keys, pushes: bool = True) -> list:
+    """Fill ``keys`` into zeroed RAM slots and (``pushes``) push them over other bytes in VRAM, polling landed();
+    every handle whose first landed() == True came before its destination held the record is returned."""
+    rb, early = st.record_bytes, []
+    for s in range(len(keys)):
+        be.ram_view(s)[:] = 0
+    hs = [(be.fill(k, s), k, s) for s, k in enumerate(keys)]
+    pending = list(hs)
+    while pending:
+        for item in list(pending):
+            h, k, s = item
+            if be.landed(h):
+                if not np.array_equal(be.ram_view(s)[:rb], record(st, k)):
+                    early.append(("fill", k))
+                pending.remove(item)
+    be.fence()
+    for s, k in enumerate(keys if pushes else ()):
+        be.wait(be.push(keys[(s + 1) % len(keys)], (s + 1) % len(keys), s))    # another key's bytes first
+        h = be.push(k, s, s)
+        while not be.landed(h):
+            pass
+        if not np.array_equal(be.read_vram(s)[:rb], record(st, k)):
+            early.append(("push", k))
+    return early
+
+
+def test_transfers_land_the_store_bytes_and_landed_is_never_early(st):
+    from adapters.exllamav3.backend import EngineBackend
+    be = EngineBackend(st, ram_slots=8, vram_slots=4)
+    keys = [3, 17, 30, 8]
+    assert early_landings(be, st, keys) == []
+    h = be.drain(keys[0], 0, 5)                       # VRAM slot 0 holds keys[0] since its push
+    be.wait(h)
+    assert np.array_equal(be.ram_view(5)[:st.record_bytes], record(st, keys[0]))
+    assert be.completed_seq() == h.seq
+    be.close()
+
+
+def test_an_early_landing_backend_is_caught(st):
+    from adapters.exllamav3.backend import EngineBackend
+    from conformance.broken import BrokenLandedEarly
+    be = BrokenLandedEarly(EngineBackend(st, ram_slots=8, vram_slots=4))
+    assert ("fill", 3) in early_landings(be, st, [3, 17, 30, 8], pushes=False)   # (it wraps fills only)
+    be.close()
+
+
+def test_a_store_of_other_records_is_refused(tmp_path):
+    from adapters.exllamav3.backend import EngineBackend
+    from moetier.bytes import store
+    from moetier.run.contract import BackendUnavailable
+    model = {"id": "m", "moe": {"layers": 1, "experts": 2, "topk": 1}, "store": {"hidden": 64, "ffn": 64,
+                                                                                  "encoding": "int8"}}
+    store.pack(model, tmp_path / "s")
+    with pytest.raises(BackendUnavailable, match=r"holds 'int8' records, expected 'exl3'"):
+        EngineBackend(store.open_store(tmp_path / "s"), ram_slots=2, vram_slots=0)
