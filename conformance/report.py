@@ -33,6 +33,8 @@ def pytest_addoption(parser):
     g.addoption("--report", default=None, help="JSON report path (default conformance-report-<backend>.json)")
     g.addoption("--write-engine", default=None, metavar="ID",
                 help="also write the measured engine record to registry/engine/<ID>.json")
+    g.addoption("--replace-engine", action="store_true", default=False,
+                help="with --write-engine: replace an existing engine record of that id")
 
 
 def option(config, name: str):
@@ -57,7 +59,8 @@ def pytest_configure(config):
         raise pytest.UsageError(str(e)) from None
     STATE.clear()
     STATE.update(backend=name, report=option(config, "report") or f"conformance-report-{name}.json",
-                 write_engine=option(config, "write_engine"), unavailable=None, capabilities=None, checks={},
+                 write_engine=option(config, "write_engine"),
+                 replace_engine=bool(config.getoption("replace_engine", False)), unavailable=None, capabilities=None, checks={},
                  costs={}, engine=None, engine_path=None, t0=time.time())
 
 

@@ -128,4 +128,5 @@ def test_engine_record(kits, backend_name):
     report.STATE["engine"] = rec
     report.STATE["engine_path"] = path
     if report.STATE.get("write_engine"):
-        report.STATE["engine_path"] = str(spec.write_record("engine", rec))
+        report.STATE["engine_path"] = str(spec.write_record("engine", rec,
+                                                                  force=report.STATE.get("replace_engine", False)))

@@ -2,7 +2,11 @@
 
 Contract: ``atomic_write(path, write)`` calls ``write(f)`` with a binary file object; on any error the temporary
 file is removed and the destination is untouched (no half-written record or trace ever exists under its name).
-The file gets the usual permissions (0666 minus the umask), not mkstemp's 0600.
+``cannot_write(folder)`` says why a file cannot be created there (None if it can), for checks made before a
+command starts its work. ``atomic_write_many([(path, write), ...])`` stages every file first and renames them only when all are staged, so a
+command that writes several files writes all of them or none (a failure while staging - a full disk, a folder
+that is not writable - leaves every destination untouched). The files get the usual permissions (0666 minus the
+umask), not mkstemp's 0600.
 """
 from __future__ import annotations
 
@@ -11,8 +15,7 @@ import tempfile
 from pathlib import Path
 
 
-def atomic_write(path, write) -> Path:
-    path = Path(path)
+def _stage(path: Path, write) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
     try:
@@ -23,11 +26,51 @@ def atomic_write(path, write) -> Path:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _unlink(tmp)
         raise
-    return path
+    return tmp
+
+
+def _unlink(tmp: str) -> None:
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
+
+
+def cannot_write(folder) -> str | None:
+    """Why a file cannot be created in ``folder`` (or its nearest existing parent, for a folder a write would
+    create), or None if it can. Tried for real: permission bits say nothing to root or on a read-only mount."""
+    folder = Path(folder)
+    probe = folder if folder.is_dir() else next((q for q in folder.parents if q.is_dir()), folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".moetier-check-", dir=probe)
+    except OSError as e:
+        return e.strerror or str(e)
+    os.close(fd)
+    _unlink(tmp)
+    return None
+
+
+def atomic_write(path, write) -> Path:
+    return atomic_write_many([(path, write)])[0]
+
+
+def atomic_write_many(items) -> list[Path]:
+    """Stage every (path, write) pair, then rename each over its destination; on a failure while staging, remove
+    what was staged and re-raise (no destination changed)."""
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, write in items:
+            path = Path(path)
+            staged.append((_stage(path, write), path))
+        for i, (tmp, path) in enumerate(staged):
+            os.replace(tmp, path)
+            staged[i] = ("", path)
+    except BaseException:
+        for tmp, _ in staged:
+            if tmp:
+                _unlink(tmp)
+        raise
+    return [path for _, path in staged]

@@ -103,12 +103,45 @@ def _is_store_dir(path: str) -> bool:
         return False
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:      # someone else's live process
+        return True
+    return True
+
+
+def remove_stale(out: str) -> list:
+    """Remove ``<out>.tmp-<pid>`` / ``<out>.old-<pid>`` folders whose process is no longer alive (a pack killed
+    by SIGKILL, or a machine that lost power, cannot clean up after itself); returns the removed paths."""
+    parent, name = os.path.split(out)
+    removed = []
+    try:
+        entries = os.listdir(parent)
+    except OSError:
+        return removed
+    for e in sorted(entries):
+        for tag in (".tmp-", ".old-"):
+            head, sep, pid = e.rpartition(tag)
+            if tag == ".old-" and not os.path.isdir(out):
+                continue            # killed mid-swap: the old store is the only complete one; keep it
+            if sep and head == name and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+                path = os.path.join(parent, e)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                    removed.append(path)
+    return removed
+
+
 def pack(model: dict, out_dir, *, seed: int = 0, encoding=None, progress=None) -> dict:
     """Generate every expert record of ``model`` with expert.make_expert and write a store at ``out_dir``.
 
     Writes into ``out_dir + ".tmp-<pid>"`` and renames onto ``out_dir`` only when complete (file and directories
-    fsynced). An existing store at ``out_dir`` is replaced; any other existing path is refused. ``progress`` is called
-    as ``progress(done_records, total_records)``. Returns the manifest dict.
+    fsynced). An existing store at ``out_dir`` is replaced; any other existing path is refused. Staging folders of
+    ``out_dir`` left by a process that is no longer alive are removed first (listed in the manifest's
+    ``removed_stale``). ``progress`` is called as ``progress(done_records, total_records)``. Returns the manifest.
     """
     from moetier.bytes import expert
 
@@ -151,6 +184,7 @@ def write_store(out_dir, mid: str, L: int, E: int, lay, fill, *, seed: int = 0, 
     parent = os.path.dirname(out)
     if not os.path.isdir(parent):
         raise UserError(f"pack: parent directory {parent} does not exist")
+    stale = remove_stale(out)
     tmp = f"{out}.tmp-{os.getpid()}"
     rb = lay.record_bytes
     n = (L + extra_layers) * E
@@ -219,6 +253,7 @@ def write_store(out_dir, mid: str, L: int, E: int, lay, fill, *, seed: int = 0, 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     manifest["seconds"] = round(time.perf_counter() - t0, 3)
+    manifest["removed_stale"] = stale
     return manifest
 
 

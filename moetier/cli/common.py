@@ -6,7 +6,7 @@ Contract: nothing here imports a verb module, so every verb module imports this 
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import sys
 from pathlib import Path
 
@@ -21,9 +21,9 @@ def _number(cast, ok, expected: str):
     def parse(s: str):
         try:
             v = cast(s)
-        except ValueError:
+        except (ValueError, OverflowError):
             v = None
-        if v is None or not ok(v):
+        if v is None or (isinstance(v, float) and not math.isfinite(v)) or not ok(v):
             raise argparse.ArgumentTypeError(f"expected {expected}, got {s!r}")
         return v
     parse.__name__ = expected
@@ -35,6 +35,36 @@ count = _number(int, lambda v: v >= 0, "an integer >= 0")
 positive_float = _number(float, lambda v: v > 0, "a positive number")
 count_float = _number(float, lambda v: v >= 0, "a number >= 0")
 fraction = _number(float, lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]")
+seed = _number(int, lambda v: 0 <= v < 2**63, "an integer in [0, 2**63)")
+
+
+def int_list(s: str) -> list:
+    """An argparse type: comma-separated positive integers (``--cache-sizes 64,128``)."""
+    try:
+        out = [int(x) for x in s.split(",")]
+    except ValueError:
+        out = []
+    if not out or any(v < 1 for v in out):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {s!r}")
+    return out
+
+
+int_list.__name__ = "comma-separated positive integers"
+
+
+def json_object(s: str) -> dict:
+    """An argparse type: a JSON object, strictly parsed (finite numbers)."""
+    from moetier import strictjson
+    try:
+        v = strictjson.loads(s, "value")
+    except UserError as e:
+        raise argparse.ArgumentTypeError(f"expected a JSON object: {e}") from None
+    if not isinstance(v, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {s!r}")
+    return v
+
+
+json_object.__name__ = "a JSON object"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,17 +85,35 @@ def _progress(label: str):
 
 
 def _emit(obj) -> None:
-    print(json.dumps(obj, sort_keys=True, indent=1, default=_jsonable))
+    """One strict JSON document on stdout (no NaN or Infinity tokens): a figure that is not a finite number is
+    written as null, and its JSON path is listed under "null_reasons" with why."""
+    from moetier import strictjson
+    obj, reasons = _finite_or_null(obj)
+    if reasons and isinstance(obj, dict):
+        obj = {**obj, "null_reasons": reasons}
+    print(strictjson.dumps(obj, sort_keys=True, indent=1))
 
 
-def _jsonable(x):
-    try:
-        import numpy as np
-        if isinstance(x, np.generic):
-            return x.item()
-    except ImportError:
-        pass
-    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+def _finite_or_null(obj, path="$"):
+    """(a copy of obj with NaN/infinite floats as None, {json path: reason})."""
+    reasons: dict = {}
+
+    def walk(x, p):
+        if isinstance(x, float) and not math.isfinite(x):
+            reasons[p] = f"not a finite number ({x})"
+            return None
+        if isinstance(x, dict):
+            return {k: walk(v, f"{p}.{k}") for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [walk(v, f"{p}[{i}]") for i, v in enumerate(x)]
+        try:
+            import numpy as np
+            if isinstance(x, np.floating):
+                return walk(float(x), p)
+        except ImportError:
+            pass
+        return x
+    return walk(obj, path), reasons
 
 
 def _resolve(args):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 
+from moetier.atomic import cannot_write
 from moetier.errors import UserError
 
 
@@ -26,6 +27,7 @@ def register(sub, parser_class) -> None:
     p.add_argument("--report", help="JSON report path (default conformance-report-<backend>.json)")
     p.add_argument("--write-engine", metavar="ID", help="also write the measured engine record to "
                    "registry/engine/<ID>.json")
+    p.add_argument("--force", action="store_true", help="with --write-engine: replace an existing record")
     p.add_argument("-k", dest="select", metavar="EXPR", help="pytest -k expression selecting checks")
     p.add_argument("-x", dest="exitfirst", action="store_true", help="stop at the first failure")
     p.add_argument("-v", dest="verbose", action="store_true", help="verbose pytest output")
@@ -33,13 +35,15 @@ def register(sub, parser_class) -> None:
 
 
 def pytest_args(backend: str, report: str, *, write_engine=None, select=None, exitfirst=False,
-                verbose=False) -> list:
+                verbose=False, force=False) -> list:
     from conformance import capabilities
     pkg = os.path.dirname(os.path.abspath(capabilities.__file__))   # a path, not --pyargs: works from any cwd even
     args = ["-p", "conformance.report", pkg, "--backend", backend, "--report", report,  # under an old editable install
             "-rs", "-p", "no:cacheprovider", "-o", "addopts=", "-o", "testpaths=", "-q"]
     if write_engine:
         args += ["--write-engine", write_engine]
+        if force:
+            args.append("--replace-engine")
     if select:
         args += ["-k", select]
     if exitfirst:
@@ -47,6 +51,17 @@ def pytest_args(backend: str, report: str, *, write_engine=None, select=None, ex
     if verbose:
         args.append("-v")
     return args
+
+
+def _check_report_path(report: str) -> None:
+    folder = os.path.dirname(report)
+    if os.path.isdir(report):
+        raise UserError(f"--report {report}: is a directory; expected a file path")
+    if not os.path.isdir(folder):
+        raise UserError(f"--report {report}: folder {folder} does not exist")
+    why = cannot_write(folder)
+    if why:
+        raise UserError(f"--report {report}: cannot write there ({why}); expected a writable path")
 
 
 def cmd_conformance(args) -> int:
@@ -57,10 +72,14 @@ def cmd_conformance(args) -> int:
     except ImportError:
         raise UserError("conformance: pytest is not installed (pip install 'moetier[test]')") from None
     report = os.path.abspath(args.report or f"conformance-report-{args.backend}.json")
+    _check_report_path(report)                          # before the suite runs, not after
+    if args.write_engine:
+        from moetier.core import records as spec
+        spec.check_writable("engine", args.write_engine, force=args.force)
     if os.path.exists(report):
         os.unlink(report)
     rc = pytest.main(pytest_args(args.backend, report, write_engine=args.write_engine, select=args.select,
-                                 exitfirst=args.exitfirst, verbose=args.verbose))
+                                 exitfirst=args.exitfirst, verbose=args.verbose, force=args.force))
     try:
         with open(report, encoding="utf-8") as f:
             rep = json.load(f)

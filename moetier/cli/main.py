@@ -8,10 +8,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 
 from moetier.cli.common import (DEFAULT_RECIPE, _emit, _Parser, _progress, _resolve, _trace, count,  # noqa: F401
-                                count_float, find_path, fraction, positive_float, positive_int, REPO)
+                                count_float, find_path, fraction, int_list, json_object, positive_float,
+                                positive_int, REPO, seed)
 from moetier.errors import UserError
 
 
@@ -59,6 +62,9 @@ def cmd_show(args) -> int:
 
 
 def cmd_sim(args) -> int:
+    if args.window is not None and args.accept > args.window:
+        raise UserError(f"--accept {args.accept:g}: more than --window {args.window} (a stream cannot accept more "
+                        f"tokens per step than its verify window holds)")
     R = _resolve(args)
     tr = _trace(args, R)
     res = _sim_runs(R, tr, args.conc or [1, 2, 4], args)
@@ -120,8 +126,7 @@ def cmd_trace(args) -> int:
         kw = _model_geometry(args.model) if args.model else {}
         tr = T.load_trace(find_path(args.path), args.segments, **kw)
         experts = kw.get("experts") or int(tr.meta.get("experts") or int(tr.ids.max()) + 1)
-        sizes = [int(x) for x in args.cache_sizes.split(",")] if args.cache_sizes else None
-        d = stats(tr, experts, cache_sizes=sizes)
+        d = stats(tr, experts, cache_sizes=args.cache_sizes)
         if args.json:
             _emit(d)
         else:
@@ -130,7 +135,7 @@ def cmd_trace(args) -> int:
     if args.trace_cmd == "gen":
         from moetier.traces.gen import GenParams, generate
         geo = _model_geometry(args.model)
-        params = GenParams.from_json(json.loads(args.params)) if args.params else GenParams()
+        params = GenParams.from_json(args.params) if args.params is not None else GenParams()
         tr = generate(params, layers=geo["layers"], experts=geo["experts"], topk=geo["topk"], tokens=args.tokens,
                       segments=args.segments, seed=args.seed, model_id=args.model)
         T.save_trace(tr, args.out)
@@ -188,15 +193,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("path")
     s.add_argument("--segments")
     s.add_argument("--model", help="model id to validate against")
-    s.add_argument("--cache-sizes", help="comma-separated slot counts for the hit-rate curves")
+    s.add_argument("--cache-sizes", type=int_list, help="comma-separated slot counts for the hit-rate curves")
     s.add_argument("--json", action="store_true")
     g = tsub.add_parser("gen", help="synthetic trace (docs/traces.md)")
     g.add_argument("--model", required=True)
     g.add_argument("--out", required=True)
     g.add_argument("--tokens", type=positive_int, default=4000)
     g.add_argument("--segments", type=positive_int, default=4)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--params", help="GenParams as JSON")
+    g.add_argument("--seed", type=seed, default=0)
+    g.add_argument("--params", type=json_object, help="GenParams as JSON")
     c = tsub.add_parser("convert", help="reference .npy (+ .segments.npy) <-> .npz")
     c.add_argument("src")
     c.add_argument("dst")
@@ -223,23 +228,48 @@ def _extend(sub) -> None:
     cli_probe.register(sub, _Parser)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that it unwinds (and cleans up) as Ctrl-C does."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
 def main(argv=None) -> int:
     parser = build_parser()
-    try:
+
+    def dispatch() -> int:
         args = parser.parse_args(argv)
         if not getattr(args, "fn", None):
             parser.print_help()
             return 2
         return args.fn(args) or 0
+    return guarded(dispatch)
+
+
+def guarded(work) -> int:
+    """Run ``work()`` at the command line's edge: its return value is the exit status; a UserError prints one line
+    ``moetier: error: ...`` and gives 2; SIGTERM unwinds like Ctrl-C (130), as 143."""
+    old = None
+    if threading.current_thread() is threading.main_thread():
+        old = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return work()
     except UserError as e:
         print(f"moetier: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         os._exit(0)
+    except Terminated:
+        print("moetier: terminated (SIGTERM)", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("moetier: interrupted", file=sys.stderr)
         return 130
-
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -142,7 +142,7 @@ def _report(args) -> int:
         rec["chokepoints"] = rep["chokepoints"]
         if "probe" not in rec:
             rec["probe"] = str(probe_path)
-        print(f"wrote {spec.write_record('runs', rec)}", file=sys.stderr)
+        print(f"wrote {spec.write_record('runs', rec, force=True)}", file=sys.stderr)   # --write updates the run's record
     if args.md:
         print(probe.to_markdown(rep), end="")
     else:

@@ -10,7 +10,7 @@ import json
 import platform
 import sys
 
-from moetier.cli.common import _progress, count, fraction, positive_int
+from moetier.cli.common import _progress, count, fraction, positive_int, seed
 from moetier.errors import UserError
 
 
@@ -22,7 +22,7 @@ def register(sub, parser_class) -> None:
     p.add_argument("model", nargs="?", help="model record id (with --checkpoint: checked against the checkpoint)")
     p.add_argument("--checkpoint", metavar="DIR", help="pack this EXL3 checkpoint's routed experts")
     p.add_argument("--out", required=True)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     v = ssub.add_parser("verify", help="re-read every record and check its checksum")
     v.add_argument("dir")
     v.add_argument("--model")
@@ -40,6 +40,7 @@ def register(sub, parser_class) -> None:
     r.add_argument("--verify-rate", type=fraction, default=1.0, help="fraction of reads checksum-checked on landing")
     r.add_argument("--record", help="run record id (default: <recipe>-run-<utc time>)")
     r.add_argument("--no-record", action="store_true", help="do not write a run record")
+    r.add_argument("--force", action="store_true", help="replace an existing run record of the --record id")
     r.add_argument("--probe", metavar="FILE", help="sample the host at 100 ms and the runtime's counters per step "
                    "into FILE (JSON lines; see `moetier probe`)")
     r.add_argument("--json", action="store_true")
@@ -58,6 +59,7 @@ def register(sub, parser_class) -> None:
     c.add_argument("--verify-rate", type=fraction, default=1.0)
     c.add_argument("--no-write", action="store_true", help="do not write the fitted terms or the run record")
     c.add_argument("--record", help="run record id (default calibration-<recipe>-<utc time>)")
+    c.add_argument("--force", action="store_true", help="replace an existing run record of the --record id")
     c.add_argument("--json", action="store_true")
     c.set_defaults(fn=cmd_calibrate)
 
@@ -67,6 +69,7 @@ def register(sub, parser_class) -> None:
     b.add_argument("--engine", default="numba-cpu", help="engine record id to write")
     b.add_argument("--records", type=positive_int, default=256, help="records read per bandwidth pass")
     b.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
+    b.add_argument("--force", action="store_true", help="replace existing hardware/engine records of these ids")
     b.add_argument("--json", action="store_true")
     b.set_defaults(fn=cmd_bench)
 
@@ -82,6 +85,9 @@ def cmd_store(args) -> int:
             m = store.pack_checkpoint(args.checkpoint, args.out, model=model, progress=_progress("pack"))
         else:
             m = store.pack(model, args.out, seed=args.seed)
+        if m.get("removed_stale"):
+            print(f"removed {len(m['removed_stale'])} staging folder(s) left by a pack that is no longer running: "
+                  f"{', '.join(m['removed_stale'])}", file=sys.stderr)
         print(f"packed {m['records']} records of {m['record_bytes']:,} B into {args.out} "
               f"({m['records'] * m['record_bytes'] / 1e9:.2f} GB, {m.get('seconds', 0):.1f} s)")
         return 0
@@ -94,17 +100,32 @@ def cmd_store(args) -> int:
     raise UserError("store: expected a subcommand: pack or verify")
 
 
-def _run_record(rid, prefix: str, recipe: str, backend: str, when: str | None = None) -> dict:
-    """The common head of a run record; the id defaults to prefix + the measurement time."""
-    when = when or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    stamp = _dt.datetime.fromisoformat(when).strftime("%Y%m%dt%H%M%S")
-    return {"id": rid or f"{prefix}-{stamp}".lower(), "kind": "run", "recipe": recipe, "measured": when,
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _record_id(rid, prefix: str, when: str, *, write: bool, force: bool) -> str:
+    """The run record's id, checked before any work: the one given (an existing record is replaced only with
+    --force), else prefix + the measurement time, with -2, -3, ... when that id is taken (a new id each time)."""
+    from moetier.core import records as spec
+    if rid is None:
+        base = f"{prefix}-{_dt.datetime.fromisoformat(when).strftime('%Y%m%dt%H%M%S')}".lower()
+        taken = set(spec.record_ids("runs"))
+        rid = next(c for c in [base] + [f"{base}-{i}" for i in range(2, len(taken) + 3)] if c not in taken)
+    if write:
+        spec.check_writable("runs", rid, force=force)
+    return rid
+
+
+def _run_record(rid: str, recipe: str, backend: str, when: str) -> dict:
+    """The common head of a run record."""
+    return {"id": rid, "kind": "run", "recipe": recipe, "measured": when,
             "backend": backend, "machine": f"{platform.node()} {platform.machine()}"}
 
 
-def _write(kind: str, rec: dict) -> None:
+def _write(kind: str, rec: dict, force: bool = False) -> None:
     from moetier.core import records as spec
-    print(f"wrote {spec.write_record(kind, rec)}", file=sys.stderr)
+    print(f"wrote {spec.write_record(kind, rec, force=force)}", file=sys.stderr)
 
 
 def _existing(kind: str, rid: str) -> dict | None:
@@ -119,6 +140,8 @@ def cmd_run(args) -> int:
     from moetier.bytes import store
     from moetier.cli.common import _emit, _progress, _resolve, _trace
     R = _resolve(args)
+    when = _now()
+    rid = _record_id(args.record, f"{R.id}-run", when, write=not args.no_record, force=args.force)
     st = store.open_store(args.store, model=R.model)
     tr = _trace(args, R)
     rows, preds = [], []
@@ -155,13 +178,13 @@ def cmd_run(args) -> int:
                       "sim_error_pct": err, "reads_per_token": r["reads_per_token"],
                       "sim_nvme_per_tok": p["nvme_per_tok"], "checksum_failures": r["checksum_failures"]})
     record = {
-        **_run_record(args.record, f"{R.id}-run", R.id, args.backend), "store": str(args.store),
+        **_run_record(rid, R.id, args.backend, when), "store": str(args.store),
         "trace": args.trace or R.trace, "overrides": args.set or [], "lossy": any(r["lossy"] for r in rows),
         "table": table, "measured_runs": rows, "sim": preds, "probe": args.probe,
         "note": "sim_error_pct = simulator prediction vs measured decode tok/s, same recipe, trace and steps",
     }
     if not args.no_record:
-        _write("runs", record)
+        _write("runs", record, force=args.force)
     if args.json:
         _emit(record)
         return 0
@@ -184,12 +207,13 @@ def cmd_calibrate(args) -> int:
     from moetier.bytes import store
     from moetier.cli.common import _emit, _trace
     R = spec.resolve(args.recipe)
+    rid = _record_id(args.record, f"calibration-{R.id}", _now(), write=not args.no_write, force=args.force)
     st = store.open_store(args.store, model=R.model)
     tr = _trace(args, R)
     prog = (lambda msg: print(f"calibrate: {msg}", file=sys.stderr)) if sys.stderr.isatty() else None
     res = calibrate.calibrate(args.recipe, st, tr, steps=args.steps, repeats=args.repeats, backend=args.backend,
                               verify_rate=args.verify_rate, write=not args.no_write, progress=prog)
-    record = {**_run_record(args.record, f"calibration-{R.id}", R.id, args.backend, res["when"]),
+    record = {**_run_record(rid, R.id, args.backend, res["when"]),
               "title": f"calibration matrix for {R.id}",
               "table": [{"arm": r["arm"], "conc": r["conc"], "decode": r["measured_tok_s"], "sim_decode": r["sim_tok_s"],
                          "error_pct": r["error_pct"], "fit": r["fit"]} for r in res["rows"]],
@@ -197,7 +221,7 @@ def cmd_calibrate(args) -> int:
               "note": "arms interleaved A B .. A B ..; the fit arms of the checked pass set the cost terms, the others "
                       "are held out; errors are simulator vs measured decode tok/s"}
     if not args.no_write:
-        _write("runs", record)
+        _write("runs", record, force=args.force)
     if args.json:
         _emit(record)
         return 0
@@ -234,13 +258,16 @@ def cmd_bench(args) -> int:
     from moetier.measure import bench
     from moetier.bytes import store
     from moetier.cli.common import _emit
+    from moetier.core import records as spec
+    if not args.dry_run:     # before measuring: both ids can be written (replacing a record needs --force)
+        for kind, rid in (("hardware", args.hardware), ("engine", args.engine)):
+            spec.check_writable(kind, rid, force=args.force)
     st = store.open_store(args.store)
     m = bench.measure(st, nrec=args.records)
-    when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    hw, eng = bench.records(m, args.hardware, args.engine, when, _existing("hardware", args.hardware))
-    if not args.dry_run:
-        for kind, rec in (("hardware", hw), ("engine", eng)):
-            _write(kind, rec)
+    hw, eng = bench.records(m, args.hardware, args.engine, _now(), _existing("hardware", args.hardware))
+    if not args.dry_run:     # both records or neither
+        for path in spec.write_records([("hardware", hw), ("engine", eng)], force=args.force):
+            print(f"wrote {path}", file=sys.stderr)
     if args.json:
         _emit({"measured": m, "hardware": hw, "engine": eng})
         return 0

@@ -20,7 +20,11 @@ Contract
   ``vram_slots = budget.vram_expert_slots`` (clamped to ``keys``).
 * Lanes: engine lanes in ``engines[]`` order (a later engine overwrites a lane of the same name), then each engine's
   ``model_lanes[<model id>]`` costs for lanes that exist, then the recipe's ``lane_overrides`` (the lane must exist).
-* ``write_record`` validates first and writes atomically (temporary file in the same folder, then ``os.replace``).
+* ``write_record`` validates first and writes atomically (temporary file in the same folder, then ``os.replace``);
+  it refuses to replace an existing record unless ``force=True`` (the CLI's ``--force``). ``write_records`` writes
+  several records all or none; ``check_writable`` is the same check made before a command starts its work.
+* Every number read from a record or an override is finite (``moetier.strictjson``): NaN, Infinity and numbers too
+  large for a float are refused with the file or the override named; the schemas bound every numeric field.
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ from dataclasses import asdict, dataclass, field
 from decimal import Decimal, ROUND_FLOOR
 from pathlib import Path
 
-from moetier.atomic import atomic_write
+from moetier.atomic import atomic_write_many, cannot_write
 from moetier.errors import UserError
+from moetier import strictjson
 
 REGISTRY = Path(__file__).resolve().parents[2] / "registry"
 KINDS = ("model", "hardware", "engine", "recipe", "runs")
@@ -131,10 +136,7 @@ def _read_json(path: Path):
         raise UserError(f"{shown}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except OSError as e:
         raise UserError(f"{shown}: cannot read ({e.strerror})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{shown}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    return strictjson.loads(text, shown)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -149,11 +151,18 @@ def _validator(kind: str, root: Path):
     path = root / "schema" / f"{kind}.schema.json"
     if not path.is_file():  # a custom root without schemas falls back to the shipped ones
         path = REGISTRY / "schema" / f"{kind}.schema.json"
-    key = (str(path.resolve()), path.stat().st_mtime_ns)
+    try:
+        key = (str(path.resolve()), path.stat().st_mtime_ns)
+    except OSError as e:
+        raise UserError(f"{_show(path)}: the {kind} schema cannot be read ({e.strerror}); "
+                        f"expected the schema file shipped with moetier (reinstall it)") from None
     v = _SCHEMAS.get(key)
     if v is None:
         schema = _read_json(path)
-        jsonschema.Draft202012Validator.check_schema(schema)
+        try:
+            jsonschema.Draft202012Validator.check_schema(schema)
+        except jsonschema.exceptions.SchemaError as e:
+            raise UserError(f"{_show(path)}: not a valid JSON Schema ({e.message})") from None
         v = jsonschema.Draft202012Validator(schema)
         _SCHEMAS[key] = v
     return v
@@ -302,17 +311,49 @@ def _check_refs(recipe: dict, path: Path, root: Path, known=None) -> None:
                             f"(known: {', '.join(sorted(engines)) or 'none'})")
 
 
-def write_record(kind: str, record: dict, root=None) -> Path:
-    """Validate, then atomically write registry/<kind>/<id>.json; returns the path."""
+def check_writable(kind: str, rid, root=None, *, force: bool = False) -> Path:
+    """Before any work: ``rid`` is a valid id, an existing record of that id is replaced only with ``force``, and
+    the folder can be written. Returns the record's path; UserError naming the id and what to do otherwise."""
     _check_kind(kind)
     r = _root(root)
-    rid = record.get("id") if isinstance(record, dict) else None
     path = _check_id(kind, rid, r)
-    validate(kind, record, path)
-    if kind == "recipe":
-        _check_refs(record, path, r)
-    text = json.dumps(record, indent=2, ensure_ascii=False) + "\n"
-    return atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+    if path.exists() and not force:
+        raise UserError(f"{_show(path)}: a {kind} record {rid!r} exists; not replacing it (pass --force to replace "
+                        f"it, or give another id)")
+    why = cannot_write(path.parent)
+    if why:
+        raise UserError(f"{_show(path.parent)}: cannot write {kind} records there ({why}); expected a writable "
+                        f"registry folder")
+    return path
+
+
+def write_record(kind: str, record: dict, root=None, *, force: bool = False) -> Path:
+    """Validate, then atomically write registry/<kind>/<id>.json; returns the path. An existing record is replaced
+    only with ``force`` (no record is replaced silently)."""
+    return write_records([(kind, record)], root, force=force)[0]
+
+
+def write_records(items, root=None, *, force: bool = False) -> list[Path]:
+    """Validate every (kind, record), then write them all or none (moetier.atomic.atomic_write_many)."""
+    r = _root(root)
+    staged = []
+    for kind, record in items:
+        _check_kind(kind)
+        rid = record.get("id") if isinstance(record, dict) else None
+        path = _check_id(kind, rid, r)
+        validate(kind, record, path)
+        if kind == "recipe":
+            _check_refs(record, path, r)
+        if path.exists() and not force:
+            raise UserError(f"{_show(path)}: a {kind} record {rid!r} exists; not replacing it (pass --force to "
+                            f"replace it, or give another id)")
+        text = strictjson.dumps(record, indent=2, ensure_ascii=False) + "\n"
+        staged.append((path, lambda f, b=text.encode("utf-8"): f.write(b)))
+    try:
+        return atomic_write_many(staged)
+    except OSError as e:
+        where = _show(Path(e.filename)) if e.filename else _show(staged[0][0].parent)
+        raise UserError(f"{where}: cannot write the record ({e.strerror or e}); nothing was written") from None
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -331,9 +372,14 @@ def parse_overrides(items) -> list[tuple[str, object]]:
         if not key or any(not p for p in parts):
             raise UserError(f"--set {item}: empty path (expected dotted.path=value)")
         try:
-            value = json.loads(raw)
+            json.loads(raw)
+            is_json = True
+        except RecursionError:
+            is_json = True
         except ValueError:
-            value = raw
+            is_json = False
+        # JSON values are parsed strictly (finite numbers, bounded nesting); anything else is the raw string
+        value = strictjson.loads(raw, f"--set {item}") if is_json else raw
         out.append((key, value))
     return out
 
@@ -598,6 +644,18 @@ def _policy(p: dict) -> dict:
     return out
 
 
+def _check_budget(rec: dict, model: dict, hw: dict, shown: str) -> None:
+    """Cross-field rules a schema cannot state: the budget fits the hardware. One line names both fields. (Reserves
+    above the RAM cap are allowed: they leave no RAM slots, a what-if the capacity tests use.)"""
+    b = rec["budget"]
+    gpu = hw.get("gpu") or {}
+    slots, eb = int(b["vram_expert_slots"]), int(model["moe"]["expert_bytes"])
+    if slots and "vram_gb" in gpu and slots * eb > gpu["vram_gb"] * 1e9:
+        raise UserError(f"{shown}: $.budget.vram_expert_slots ({slots} x {eb:,} B = {slots * eb / 1e9:.2f} GB) "
+                        f"exceeds hardware {hw['id']} $.gpu.vram_gb ({gpu['vram_gb']} GB); expected slots that fit "
+                        f"the device")
+
+
 def resolve(recipe_id: str, overrides=(), root=None) -> Recipe:
     """Load recipe `recipe_id`, apply overrides ([(path, value)] or ["path=value"]), join its records."""
     r = _root(root)
@@ -616,6 +674,7 @@ def resolve(recipe_id: str, overrides=(), root=None) -> Recipe:
     model = load_record("model", rec["model"], r)
     hw = load_record("hardware", rec["hardware"], r)
     engines = [load_record("engine", e, r) for e in rec["engines"]]
+    _check_budget(rec, model, hw, f"{_show(path)}{' (with --set)' if ovr else ''}")
 
     moe = model["moe"]
     layers, experts = int(moe["layers"]), int(moe["experts"])

@@ -316,6 +316,28 @@ def _reject_constant(name):
     raise ValueError(f"non-finite number {name}")
 
 
+MAX_VALUE = 1e18        # no counter, byte count or time a probe writes comes near this (1 EB; 3e10 years)
+MAX_T = 1e11            # a Unix time in seconds before the year 5138
+
+
+def _plausible(d: dict) -> bool:
+    """Every number in a probe line is finite and within MAX_VALUE, its time within [0, MAX_T]: a line that is
+    not (a corrupted or hand-made file, 1e308 values) is a bad line, not arithmetic that overflows."""
+    t = d.get("t")
+    if t is not None and not (_finite(t) and 0 <= t <= MAX_T):
+        return False
+    stack = [d]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and not (_finite(v) and abs(v) <= MAX_VALUE):
+            return False
+    return True
+
+
 def read_probe(path) -> dict:
     """Parse a probe file: {header, samples, counters, marks, bad_lines, truncated_last_line, errors}."""
     p = Path(path)
@@ -334,13 +356,13 @@ def read_probe(path) -> dict:
         out["lines"] += 1
         try:
             d = json.loads(ln, parse_constant=_reject_constant)
-        except ValueError:
+        except (ValueError, RecursionError):
             if i == len(lines) - 1 and truncated:
                 out["truncated_last_line"] = True
             else:
                 out["bad_lines"] += 1
             continue
-        if not isinstance(d, dict):
+        if not isinstance(d, dict) or not _plausible(d):
             out["bad_lines"] += 1
             continue
         kind = d.get("kind")

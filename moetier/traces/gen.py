@@ -65,6 +65,8 @@ class GenParams:
 
     @classmethod
     def from_json(cls, d: dict) -> "GenParams":
+        if not isinstance(d, dict):
+            raise UserError(f"generator params: expected a JSON object, got {type(d).__name__}")
         unknown = set(d) - set(cls.__dataclass_fields__)
         if unknown:
             raise UserError(f"generator params: unknown field(s) {sorted(unknown)}; expected "
@@ -85,6 +87,18 @@ class GenParams:
         w = self.affinity_width
         if not (isinstance(w, (int, np.integer)) and w >= 1 and (experts is None or w <= experts)):
             bad("affinity_width", f"an integer in 1..{experts if experts else 'experts'}")
+
+
+def _check_memory(T: int, L: int, K: int) -> None:
+    """Refuse a trace that cannot fit in memory before allocating it (the ids, the weights and a copy while
+    saving: 24 bytes a pick), rather than dying in numpy's allocator."""
+    import psutil
+    avail = psutil.virtual_memory().available
+    per_token = L * K * 24
+    if T * per_token > avail // 2:
+        raise UserError(f"generate: tokens={T}: a {T} x {L} x {K} trace needs about {T * per_token / 1e9:.1f} GB, "
+                        f"more than half the free memory ({avail / 1e9:.1f} GB); expected at most "
+                        f"{avail // 2 // per_token} tokens")
 
 
 def _segments(segments, tokens: int) -> np.ndarray:
@@ -123,6 +137,7 @@ def generate(params: GenParams, *, layers: int, experts: int, topk: int, tokens:
     if topk > experts:
         raise UserError(f"generate: topk={topk} exceeds experts={experts}")
     L, E, K, T = int(layers), int(experts), int(topk), int(tokens)
+    _check_memory(T, L, K)
     seg = _segments(segments, T)
     nseg = len(seg) - 1
     rng = np.random.default_rng(seed)

@@ -1,0 +1,32 @@
+"""Shared test configuration: hypothesis profiles for the fuzz suite (tests/fuzz) and its example counts.
+
+Profiles: ``ci`` (2,000 examples per target, derandomized: the same examples on every CI run; chosen when the
+environment has CI=true), ``long`` (20,000 per target, random: for a local soak, HYPOTHESIS_PROFILE=long) and
+``dev`` (200 per target, the default for a quick local run). The session summary prints how many examples each
+fuzz target ran.
+"""
+import os
+import sys
+
+from hypothesis import HealthCheck, settings
+
+_QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
+          HealthCheck.function_scoped_fixture]
+settings.register_profile("ci", max_examples=2000, deadline=None, derandomize=True, database=None,
+                          suppress_health_check=_QUIET, print_blob=True)
+settings.register_profile("long", max_examples=20000, deadline=None, suppress_health_check=_QUIET, print_blob=True)
+settings.register_profile("dev", max_examples=200, deadline=None, suppress_health_check=_QUIET, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or
+                      ("ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "dev"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    harness = sys.modules.get("tests.fuzz._harness") or sys.modules.get("fuzz._harness") \
+        or sys.modules.get("_harness")
+    counts = getattr(harness, "COUNTS", None)
+    if not counts:
+        return
+    profile = settings._current_profile
+    terminalreporter.write_sep("-", f"fuzz examples (hypothesis profile {profile!r})")
+    for target, n in sorted(counts.items()):
+        terminalreporter.write_line(f"{target}: {n} examples")
