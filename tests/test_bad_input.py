@@ -417,7 +417,13 @@ def _json_commands():
 
 
 def test_json_output_is_strict_for_every_command(capsys, packed, reg, tmp_path):
+    hf = tmp_path / "olmoe"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({
+        "architectures": ["OlmoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 1024, "num_hidden_layers": 16,
+        "num_experts": 64, "num_experts_per_tok": 8, "torch_dtype": "bfloat16"}))
     argvs = {
+        "model import": ["model", "import", str(hf), "--out", str(tmp_path / "m.json"), "--json"],
         "show": ["show", "tiny-ci-cpu", "--json"],
         "sim": ["sim", "tiny-ci-cpu", "--steps", "3", "--conc", "1", "2", "--json"],
         "table": ["table", "tiny-ci-cpu", "--conc", "1", "--json"],

@@ -43,9 +43,10 @@ def cmd_model(args) -> int:
     else:
         if rec["id"] in spec.record_ids("model") and not args.force:
             raise UserError(f"model id {rec['id']!r} already in the registry; pass --id NAME or --force")
-        where = spec.write_record("model", rec)
+        where = spec.write_record("model", rec, force=args.force)
     if args.json:
-        print(json.dumps(rec, indent=1, sort_keys=True))
+        from moetier.cli.common import _emit
+        _emit(rec)
     m, st = rec["moe"], rec["store"]
     print(f"wrote {where}: {m['layers']} MoE layers x {m['experts']} experts (top-{m['topk']}, {m['shared']} shared), "
           f"{rec['geometry']['hidden']} x {rec['geometry']['intermediate']} at {rec['geometry']['bits']:g} bits: "
