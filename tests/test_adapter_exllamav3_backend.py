@@ -81,3 +81,17 @@ def test_a_store_of_other_records_is_refused(tmp_path):
     store.pack(model, tmp_path / "s")
     with pytest.raises(BackendUnavailable, match=r"holds 'int8' records, expected 'exl3'"):
         EngineBackend(store.open_store(tmp_path / "s"), ram_slots=2, vram_slots=0)
+
+
+def test_cpu_lane_is_the_numba_exl3_kernel_on_the_landed_bytes(st):
+    pytest.importorskip("numba", reason="the Numba EXL3 kernel needs numba (the cpu extra)")
+    from adapters.exllamav3.backend import EngineBackend
+    from backends.cpu import exl3 as kernel
+    from moetier.bytes.expert import exl3_expert
+    be = EngineBackend(st, ram_slots=2, vram_slots=0)
+    be.wait(be.fill(21, 1))
+    x = np.random.default_rng(2).standard_normal((3, st.layout.hidden)).astype(np.float32)
+    got = be.compute("cpu", [(21, 1, [0, 2])], x)[21]
+    want = kernel.expert_forward(exl3_expert(st.layout, record(st, 21)), x[[0, 2]], st.layout.act_limit, fp16=True)
+    assert got.dtype == np.float32 and np.array_equal(got, want)
+    be.close()

@@ -3,9 +3,10 @@
 Contract: moetier.run.contract. The runtime (moetier.run.runtime.Runtime) drives it exactly as it drives the other
 backends; what differs is who computes which lane:
 
-* ``cpu``: moetier's EXL3 CPU lane on the RAM slot's record bytes: ``moetier.bytes.exl3.expert_forward`` with the
-  engine's fp16 rounding points (the NumPy reference, until the Numba EXL3 kernel is a lane of its own); it returns
-  each expert's output rows, unweighted, as every backend does.
+* ``cpu``: moetier's EXL3 CPU lane on the RAM slot's record bytes, in place: the Numba kernel
+  (``backends.cpu.exl3.expert_forward``, exact mode, fp16 at the engine's rounding points; the NumPy reference
+  ``moetier.bytes.exl3.expert_forward`` where numba is not installed); it returns each expert's output rows,
+  unweighted, as every backend does.
 * ``gpu`` and ``zerocopy``: exllamav3's own kernels compute these picks after its router returns, reading the
   experts through its pointer tables. ``compute`` therefore points the tables' rows of those keys at the slot it is
   handed (a VRAM slot, or a RAM slot's device-visible address) - the runtime hands a lane only slots whose bytes it
@@ -26,10 +27,20 @@ from collections import OrderedDict
 import numpy as np
 
 from backends.transfers import CopyHandle, EventTransfers, FillHandle
-from moetier.bytes import exl3
 from moetier.bytes.expert import EXL3, exl3_expert
 from moetier.bytes.transport import Reader, SlotPool, TransportError
 from moetier.run.contract import BackendUnavailable, Capabilities
+
+try:
+    from backends.cpu import exl3 as _numba_exl3
+
+    def _cpu_expert(x, expert, act_limit):
+        return _numba_exl3.expert_forward(expert, x, act_limit, fp16=True)
+except ImportError:       # numba is the cpu extra; the NumPy reference rounds at the same points, slower
+    from moetier.bytes import exl3 as _ref_exl3
+
+    def _cpu_expert(x, expert, act_limit):
+        return _ref_exl3.expert_forward(x, expert, act_limit, fp16=True)
 
 
 class EngineBackend(EventTransfers):
@@ -106,7 +117,7 @@ class EngineBackend(EventTransfers):
 
     def compute(self, lane: str, jobs, x: np.ndarray) -> dict:
         if lane == "cpu":
-            return {k: exl3.expert_forward(x[rows], self.expert(slot), self.act_limit, fp16=True).astype(np.float32)
+            return {k: np.asarray(_cpu_expert(x[rows], self.expert(slot), self.act_limit), np.float32)
                     for k, slot, rows in jobs}
         if lane not in ("gpu", "zerocopy"):
             raise BackendUnavailable(f"exllamav3 backend: no {lane!r} lane")
