@@ -3,8 +3,9 @@
     python benchmarks/exllamav3_gpu_check.py --out RECORD.json [--steps N] [--checkpoint DIR --recipe ID]
 
 Run by benchmarks/exllamav3_gpu_check.sh after it has installed and built exllamav3. On the tiny synthetic model
-(adapters.exllamav3.checkpoint.TINY: 2 MoE layers x 16 experts, top-2, hidden 256, intermediate 128, K 3, shared
-expert; its experts packed with moetier.bytes.store.pack_checkpoint), each check prints PASS or FAIL with its figure, and the script exits 1 if any failed:
+(adapters.exllamav3.checkpoint.TINY: 2 MoE layers x 16 experts, top-2, hidden 256, intermediate 128, K 3, shared expert;
+its experts packed with moetier.bytes.store.pack_checkpoint), each check prints PASS or FAIL with its figure, and the
+script exits 1 if any failed:
 
 1. surface   - the hook surface against the installed engine (compiled extension, not the stand-in);
 2. decode    - ext.reconstruct (the engine's W_inner) bit-identical to moetier.bytes.exl3.decode_inner;
@@ -151,7 +152,7 @@ def main(argv=None) -> int:
         att.detach()
     same = all(torch.equal(a, b) for sa, sb in zip(outs["gpu"], outs["zerocopy"]) for a, b in zip(sa, sb))
     report("gpu/zc", same, "bit-identical" if same else "outputs differ between the gpu and zerocopy lanes")
-    att = attach(model, tiny_recipe(8, 12), recs)
+    att = attach(model, tiny_recipe(8, 12), recs, record=True)
     got = forward_all(model.modules, xs)
     worst = max(rel_rms(a.numpy(), b.numpy()) for sa, sb in zip(got, base) for a, b in zip(sa, sb))
     report("split", worst < 2e-3, f"nvme-tail vs the engine alone: rel RMS {worst:.2e}")
@@ -190,7 +191,7 @@ def real_checkpoint(args, torch) -> None:
     base = forward_all(blocks, xs)
     tok_plain = timed(blocks, xs, torch)
     att = attach(blocks, dataclasses.replace(R, policy={**R.policy, "prefetch": {"depth": 0, "predictor": "none"}}),
-                 recs)
+                 recs, record=True)
     got = forward_all(blocks, xs)
     worst = max(rel_rms(a.numpy(), b.numpy()) for sa, sb in zip(got, base) for a, b in zip(sa, sb))
     report("checkpoint split", worst < 2e-3, f"{args.recipe}: rel RMS {worst:.2e} against the engine alone")

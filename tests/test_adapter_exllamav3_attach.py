@@ -62,7 +62,7 @@ def recipe(vram: int, ram: int, **policy):
 
 def attach(model, fake, R, st, **kw):
     from adapters.exllamav3.attach import attach as attach_
-    att = attach_(model, R, st, **kw)
+    att = attach_(model, R, st, record=True, **kw)
     fake.memory.add_tensor(att.backend.arena)
     fake.memory.add(att.backend.pool.base, att.backend.pool.nbytes)
     return att
@@ -310,3 +310,27 @@ def test_attach_refuses_a_recipe_that_does_not_fit_the_model(tiny, engine):
     R = recipe(8, 12, prefetch={"depth": 1, "predictor": "recall", "recall": 0.5, "budget": 4})
     with pytest.raises(UserError, match=r"policy.prefetch.depth > 0 is not supported"):
         attach(model, fake, R, st)
+
+
+def test_prefill_bypasses_moetier_on_the_home_rows(tiny, engine):
+    """More than 8 rows: the engine's grouped path cannot skip picks, so the router's selection goes back as it
+    came, no layer is planned, and the block's tables hold their home rows again."""
+    import torch
+    model, fake = engine
+    spec, _, st, _ = tiny
+    att = attach(model, fake, recipe(*SPLITS["nvme-tail"]), st)
+    run(model, att, inputs(spec, seed=29)[:1])            # decode: rows now point at slots
+    m, t = model.modules[0], att.tables[0]
+    assert any(t.row(e) != t_home for e, t_home in enumerate(_home_rows(t)))
+    z = torch.randn((9, spec.hidden), generator=torch.Generator().manual_seed(3)).half()
+    planned = att.plans
+    sel, w = m.routing_fn(9, m.routing_cfg, z, {})
+    assert att.bypassed == 1 and att.plans == planned
+    assert int(sel.min()) >= 0 and float(w.min()) > 0
+    assert [t.row(e) for e in range(spec.experts)] == _home_rows(t)
+    att.detach()
+
+
+def _home_rows(t) -> list:
+    return [{f"{p}_{part}": int(t.home[f"{p}.{part}"][e]) for p in ("gate", "up", "down")
+             for part in ("trellis", "suh", "svh")} for e in range(len(t.home["gate.trellis"]))]

@@ -65,4 +65,5 @@ def test_missing_names_and_bases():
 def test_cli_adapter_check_unknown_name(capsys):
     from moetier.cli.main import main
     assert main(["adapter", "check", "nosuchengine"]) == 2
-    assert capsys.readouterr().err.strip() == "moetier: error: adapter 'nosuchengine': unknown (expected one of exllamav3)"
+    assert capsys.readouterr().err.strip() == ("moetier: error: adapter 'nosuchengine': unknown "
+                                               "(expected one of exllamav3)")

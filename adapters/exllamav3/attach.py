@@ -18,14 +18,15 @@ For every ``BlockSparseMLP`` of the model (MoE ordinal = its position), ``attach
   fixed order whatever lane computed a pick), then ``fence`` (transfers done and, on CUDA, the kernels that read
   the slots) and only then the layer's slot frees.
 
-Decode only: with more than ``MAX_BSZN`` (8) rows the engine's grouped path counts raw expert ids and cannot take
-the -1 sentinel, so such calls (prefill) and the engine's own warm-up / autosplit passes bypass moetier and run on
-the rows the tables hold. ``exact=True`` turns the cpu lane off (every computed pick runs on the engine's kernels:
-upstream numerics); the recipe's ``policy.exact = "mask"`` drops NVMe picks (lossy). Prefetch is not supported yet
-(a recipe with policy.prefetch.depth > 0 is refused). ``attach`` checks the hook surface first
-(adapters.exllamav3.surface.require) and the recipe against the model; a mismatch is one line (UserError).
-The store holds the model's routed experts as exl3 records (moetier.bytes.store; the record's section offsets are
-the rows' offsets from a slot's address). ``Attached.detach()`` restores the hooks and the tables' home rows.
+Decode only: with more than ``MAX_BSZN`` (8) rows the engine's grouped path counts raw expert ids and cannot take the -1
+sentinel, so such calls (prefill) and the engine's own warm-up / autosplit passes bypass moetier: the block's tables go
+back to their home rows (the experts as the engine loaded them) and the engine computes every pick. ``exact=True`` turns
+the cpu lane off (every computed pick runs on the engine's kernels: upstream numerics); the recipe's ``policy.exact =
+"mask"`` drops NVMe picks (lossy). Prefetch is not supported yet (a recipe with policy.prefetch.depth > 0 is refused).
+``attach`` checks the hook surface first (adapters.exllamav3.surface.require) and the recipe against the model; a
+mismatch is one line (UserError). The store holds the model's routed experts as exl3 records (moetier.bytes.store; the
+record's section offsets are the rows' offsets from a slot's address). ``Attached.detach()`` restores the hooks and the
+tables' home rows.
 """
 from __future__ import annotations
 
@@ -142,7 +143,7 @@ class Attached:
     """moetier attached to the MoE blocks of one exllamav3 model (see the module docstring)."""
 
     def __init__(self, modules, R, store, *, exact: bool = False, prior=None, wrap=None, device=None,
-                 queue_depth: int = 16):
+                 queue_depth: int = 16, record: bool = False):
         surface.require()
         self.modules = list(modules)
         self.R = recipe_for(R, self.modules, store, exact=exact)
@@ -165,8 +166,10 @@ class Attached:
         self.step, self.t_model = -1, 0.0
         self._last = None
         self._partial: dict = {}
-        self.deals: list = []           # (step, ordinal, picks, {lane: keys}) of every planned layer call
+        self.record = record
+        self.deals: list = []           # with record: (step, ordinal, picks, {lane: keys}) of every planned call
         self.routing: dict = {}         # ordinal -> (selected, weights) the router gave last (before masking)
+        self.plans: int = 0             # layer calls planned
         self.bypassed = 0
         self._hooks = []
         for o, m in enumerate(self.modules):
@@ -179,6 +182,9 @@ class Attached:
         def routing_fn(bsz, cfg, z, params):
             sel, w = route0(bsz, cfg, z, params)
             if bsz > MAX_BSZN or params.get("autosplit_measure") or params.get("tp_warmup"):
+                # the engine computes every pick itself, from the experts as it loaded them: rows back home (a
+                # row moetier pointed may name a slot that now holds another key); decode re-points its own
+                self.tables[o].restore()
                 self.bypassed += 1
                 return sel, w
             return self._layer(o, sel, w, z)
@@ -216,8 +222,10 @@ class Attached:
         self.backend.engine_keys.clear()
         y, plan, picks = self.rt.layer(o, rows_keys, rows_w, x, self.t_model)
         rp.after_layer(picks)
+        self.plans += 1
         self.t_model += plan.ms + sum(rp.settle())
-        self.deals.append((self.step, o, dict(picks), {k: list(v) for k, v in plan.lanes().items()}))
+        if self.record:
+            self.deals.append((self.step, o, dict(picks), {k: list(v) for k, v in plan.lanes().items()}))
         mine = self.backend.engine_keys
         engine = torch.tensor([[k in mine for k in row] for row in rows_keys], device=sel.device)
         sel.masked_fill_(~engine, -1)                      # in place: bsz-1 buffers sit at fixed addresses

@@ -15,10 +15,10 @@ backends; what differs is who computes which lane:
   points the key's rows at its new slot too (``_landed_copy``): rows follow bytes, never precede them.
 
 RAM slots are a moetier.bytes.transport.SlotPool filled by its O_DIRECT Reader from a store of exl3 records
-(moetier.bytes.store; ``moetier store pack --checkpoint`` writes one); on CUDA the pool is registered with ``cudaHostRegister`` (mapped) so the zerocopy
-lane's rows are its device addresses. VRAM slots are one uint8 torch tensor on the engine's device (on a CPU-only
-machine that device is the CPU). Pushes and drains are torch copies on a copy stream with an event each (CUDA) or
-immediate copies (CPU); fills, pushes and drains share one monotonic seq.
+(moetier.bytes.store; ``moetier store pack --checkpoint`` writes one); on CUDA the pool is registered with
+``cudaHostRegister`` (mapped) so the zerocopy lane's rows are its device addresses. VRAM slots are one uint8 torch
+tensor on the engine's device (on a CPU-only machine that device is the CPU). Pushes and drains are torch copies on a
+copy stream with an event each (CUDA) or immediate copies (CPU); fills, pushes and drains share one monotonic seq.
 """
 from __future__ import annotations
 
