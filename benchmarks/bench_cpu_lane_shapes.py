@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _recipe import open_recipe, parser  # noqa: E402
 from moetier.measure import calibrate  # noqa: E402
+from moetier.measure import fit  # noqa: E402
 
 
 def main(argv=None):
@@ -84,7 +85,7 @@ def device_shapes(a, R, st, tr):
     # the same calls with reads in flight and concurrency taken out: the fit without those two terms
     plain = [{**m, "conc": 1, "call_groups": [[p, e, x, 0, n, sec] for p, e, x, _, n, sec in m["call_groups"]]}
              for m in fit]
-    terms = {"with": calibrate.fit_device_terms(fit), "without": calibrate.fit_device_terms(plain)}
+    terms = {"with": fit.fit_device_terms(fit), "without": fit.fit_device_terms(plain)}
     errors = {}
     for name, m in runs.items():
         for lane, key in (("gpu", "gpu"), ("zc", "zerocopy")):

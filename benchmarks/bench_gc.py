@@ -8,7 +8,7 @@ step 26-30% below all-in-RAM C1's, docs/calibration.md). A collection runs where
 threshold, and a full one walks every tracked object - the trace's routing lists included - so how often it runs
 depends on what an arm allocates. This runs each arm's runtime (the calibration's cpu arms, interleaved A B A B)
 and records every collection's pause (gc.callbacks): ms per step, collections per step by generation, and the
-step's time outside the timers (calibrate.unbooked_ms) with and without the pauses.
+step's time outside the timers (fit.unbooked_ms) with and without the pauses.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import time
 
 from _recipe import open_recipe, parser  # noqa: E402 - benchmarks/ is on sys.path when this script runs
 from moetier.measure import calibrate  # noqa: E402
+from moetier.measure import fit  # noqa: E402
 from moetier.run import runtime  # noqa: E402
 
 
@@ -59,7 +60,7 @@ def one(recipe_id, arm, st, tr, steps) -> dict:
     finally:
         be.close()
     n = max(1, p.steps)                            # warm-up steps too: pauses are not booked to a step
-    outside = calibrate.unbooked_ms({"counters": res["counters"], "steps": res["steps"], "wall_s": res["wall_s"]})
+    outside = fit.unbooked_ms({"counters": res["counters"], "steps": res["steps"], "wall_s": res["wall_s"]})
     return {"tok_s": res["tok_s"], "outside_ms": outside, "gc_ms": p.ms / n,
             "gc_per_step": [g / n for g in p.by_gen]}
 

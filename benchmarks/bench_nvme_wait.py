@@ -11,7 +11,7 @@ written (warm-up steps included); for the first demand read each layer waits on,
 started waiting), both from the read's submit time. It prints mean X, the mean wait E[max(0, X)], the read
 latency's sd / mean, the wait a normal arrival with that spread would give (moetier.plan.late), and how much of
 the spread the reads of a layer share: the correlation of the lateness of its first two reads and the shared /
-own split the calibration fits (moetier.calibrate.spread_split; the planner's moetier.plan._Finish), and the
+own split the calibration fits (moetier.measure.fit_nvme.spread_split; the planner's moetier.core.arrivals.Finish), and the
 mean latency by burst size and position (reads issued together land together) beside the depth table's.
 """
 from __future__ import annotations
@@ -28,8 +28,8 @@ import numpy as np  # noqa: E402
 
 from _recipe import open_recipe, parser  # noqa: E402
 from moetier.run import runtime  # noqa: E402
-from moetier.measure.calibrate import burst_means, spread_split  # noqa: E402
-from moetier.core.plan import late  # noqa: E402
+from moetier.measure.fit_nvme import burst_means, spread_split  # noqa: E402
+from moetier.core.arrivals import late  # noqa: E402
 
 
 def main(argv=None):
@@ -73,7 +73,7 @@ def main(argv=None):
            "free_mean_ms": statistics.mean(v for _, v in first), "free_sd_ms": statistics.pstdev(v for _, v in first),
            "x_sd_ms": statistics.pstdev(x)}
     # how much of the spread a layer's reads share: the correlation of its first two reads' lateness (each about
-    # its depth's mean), and the split the calibration fits (moetier.calibrate.spread_split)
+    # its depth's mean), and the split the calibration fits (moetier.measure.fit_nvme.spread_split)
     rel: dict = {}
     for _, b, q, ms in bursts:
         if q in means:

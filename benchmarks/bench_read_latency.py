@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _recipe import open_recipe, parser  # noqa: E402
 from moetier.measure import calibrate  # noqa: E402
+from moetier.measure import fit_nvme  # noqa: E402
 
 PREFETCH = ["policy.prefetch.depth=1", "policy.prefetch.predictor=transition"]
 
@@ -40,8 +41,8 @@ def main(argv=None):
         cols["prefetch on, one in service"].setdefault(q, []).append(ms)
     res = {name: {q: {"reads": len(v), "mean_ms": statistics.mean(v), "p50_ms": statistics.median(v)}
                   for q, v in sorted(lat.items()) if len(v) >= 8} for name, lat in cols.items()}
-    # the simulator's factor as `moetier calibrate` fits it from these two arms (moetier.calibrate.fit_channel)
-    fit = calibrate.fit_channel([{**m, "conc": a.conc, "engine": "e"} for m in merged.values()])
+    # the simulator's factor as `moetier calibrate` fits it from these two arms (moetier.measure.fit_nvme.fit_channel)
+    fit = fit_nvme.fit_channel([{**m, "conc": a.conc, "engine": "e"} for m in merged.values()])
     res["prefetch_factor"] = fit["nvme_latency_prefetch_factor_by_rows"].get("e", {}).get(str(a.conc))
     if a.json:
         print(json.dumps(res, indent=1))

@@ -5,7 +5,7 @@
 Records made since the eleventh session keep each arm's device-lane calls by shape (``rows[].measured_run
 .call_groups``: lane, experts, extra rows, reads of the layer in flight, calls, seconds). Per VRAM arm and lane,
 the mean ms of a call with 1..max-experts experts and no extra rows, by reads in flight (0, 1, 2, 3 or more), and
-beside it the model's error with the record's fitted terms (moetier.calibrate.fit_device_terms' model): how the
+beside it the model's error with the record's fitted terms (moetier.measure.fit.fit_device_terms' model): how the
 cost of a read in flight grows with the reads (per_read_ms against per_read_busy_ms).
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
     python benchmarks/outside_time_fit.py RECORD [RECORD ...]
 
 Per record, the step wall less everything booked to layers (the part `moetier calibrate` fits as
-``calibration.fixed_ms`` + parts per demand read and per zerocopy call, ``calibrate.fit_fixed``) of every arm, then
+``calibration.fixed_ms`` + parts per demand read and per zerocopy call, ``fit.fit_fixed``) of every arm, then
 of the cpu arms fitted by least squares on the concurrency plus candidate columns per step: demand reads alone
 (fit_fixed's model on these arms), then with prefetch reads, split calls, inline calls, computed picks or layers
 with NVMe picks. Every cpu arm is in the fit, held-out ones too: this asks which counter explains the time, it
@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 
 from moetier.measure.bench import relative_lstsq
-from moetier.measure.calibrate import unbooked_ms
+from moetier.measure.fit import unbooked_ms
 
 COLUMNS = (("demand",), ("demand", "prefetch"), ("demand", "split"), ("demand", "inline"), ("demand", "computed"),
            ("demand", "nvme_layers"))

@@ -26,7 +26,7 @@ import numpy as np
 from _recipe import calibration_arm, open_recipe, parser  # noqa: E402
 from moetier.run import runtime  # noqa: E402
 from moetier.core import sim  # noqa: E402
-from moetier.core.plan import NvmeChannel  # noqa: E402
+from moetier.core.channel import NvmeChannel  # noqa: E402
 
 
 def main(argv=None):

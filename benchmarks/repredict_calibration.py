@@ -6,7 +6,7 @@
 What a new simulator term would have predicted for a run already made, without the 25-35 minutes of measuring
 again: ``--spread`` sets the NVMe arrival spread (engine nvme_latency_cv_shared_by_rows / _own_by_rows, sd / mean)
 at every measured rows per step, for records made before calibrate fitted it. A record made before calibrate
-fitted the copy time per rows gets it from its own VRAM fit arms' counters (calibrate.fit_device_terms).
+fitted the copy time per rows gets it from its own VRAM fit arms' counters (fit.fit_device_terms).
 ``--no-wake`` refits the cpu lane on the record's fit arms without the split call's wake-up term
 (lanes.cpu.per_wake_ms), to show what that term does to the same run. ``--refit-host`` refits the host and non-MoE time
 terms on the record's fit arms with today's fits (a record made before the part per zerocopy call, tenth session).
@@ -27,6 +27,7 @@ from pathlib import Path
 
 from _recipe import recipe_trace  # noqa: E402 - benchmarks/ is on sys.path when this script runs
 from moetier.measure import calibrate  # noqa: E402
+from moetier.measure import fit  # noqa: E402
 from moetier.core import sim  # noqa: E402
 from moetier.core import records as spec  # noqa: E402
 from moetier.measure.bench import fit_cpu_lane  # noqa: E402
@@ -38,9 +39,9 @@ def main(argv=None):
     ap.add_argument("--spread", nargs=2, type=float, metavar=("SHARED", "OWN"))
     ap.add_argument("--no-wake", action="store_true", help="refit the cpu lane without its wake-up term")
     ap.add_argument("--refit-host", action="store_true",
-                    help="refit the host and non-MoE time terms with today's fits (calibrate.fit_host_and_fixed)")
+                    help="refit the host and non-MoE time terms with today's fits (fit.fit_host_and_fixed)")
     ap.add_argument("--refit-device", action="store_true",
-                    help="refit the gpu and zerocopy lanes with today's fit (calibrate.fit_device_terms)")
+                    help="refit the gpu and zerocopy lanes with today's fit (fit.fit_device_terms)")
     ap.add_argument("--term", nargs=2, action="append", default=[], metavar=("FIELD", "JSON"),
                     help="replace one of the record's terms (repeatable)")
     ap.add_argument("--json", action="store_true")
@@ -59,7 +60,7 @@ def main(argv=None):
             terms[field] = {eng: {rows: v for rows in t} for eng, t in tables.items()}
     fit_runs = [{"conc": r["conc"], "call_groups": r["measured_run"].get("call_groups", []),
                  "counters": r["measured_run"]["counters"]} for r in cal["rows"] if r["fit"]]
-    device = calibrate.fit_device_terms(fit_runs)
+    device = fit.fit_device_terms(fit_runs)
     if a.refit_device:
         if not any(m["call_groups"] for m in fit_runs):
             sys.exit(f"repredict_calibration: {a.record}: --refit-device needs the device lanes' calls, which records "
@@ -72,11 +73,11 @@ def main(argv=None):
         terms["copy_ms_by_rows"] = device.get("copy_ms_by_rows", {})
     if a.no_wake:
         rows = [{k: v for k, v in row.items() if k != "wake"} for m in fit_runs
-                if not m["counters"]["predict_layers"] for row in calibrate.cpu_lane_rows(m["counters"])]
+                if not m["counters"]["predict_layers"] for row in fit.cpu_lane_rows(m["counters"])]
         terms["cpu"] = {**fit_cpu_lane(rows, terms["cpu"]["workers"], None),
                         **{k: terms["cpu"][k] for k in ("workers", "parallel_min")}}
     if a.refit_host:
-        host, terms["fixed_ms"] = calibrate.fit_host_and_fixed([(r["measured_run"], r["conc"]) for r in cal["rows"]
+        host, terms["fixed_ms"] = fit.fit_host_and_fixed([(r["measured_run"], r["conc"]) for r in cal["rows"]
                                                                 if r["fit"]])
         terms["host"] = {**terms["host"], **host}
         if not a.json:

@@ -8,11 +8,14 @@ import pytest
 import numba  # noqa: E402,F401  (the cpu extra: a missing install fails, it does not skip)
 
 from moetier.measure import calibrate  # noqa: E402
+from moetier.measure import fit  # noqa: E402
+from moetier.measure import fit_nvme  # noqa: E402
+from moetier.measure import write  # noqa: E402
 from moetier.core import records as spec  # noqa: E402
 from moetier.bytes import store  # noqa: E402
 from moetier.cli.main import REPO  # noqa: E402
 from moetier.traces.format import load_trace  # noqa: E402
-from moetier.core.plan import PlanContext, layer_width  # noqa: E402
+from moetier.core.terms import PlanContext, layer_width  # noqa: E402
 
 
 @pytest.fixture()
@@ -92,21 +95,21 @@ def test_device_lane_and_copy_terms_recover_known_costs():
     calls += [["zc", 1, 0, 0, 7, 7 * 0.2 / 1e3]]           # one shape only: booked per expert, no launch term
     calls += [["cpu_inline", 1, 0, 0, 50, 1.0]]             # not a device lane: ignored here
     run = {"call_groups": calls, "counters": {"copies": 40, "copy_s": 30 * copy / 1e3, "stage_s": 10 * copy / 1e3}}
-    t = calibrate.fit_device_terms([run])
+    t = fit.fit_device_terms([run])
     none = {"per_read_ms": 0.0, "per_step_row_ms": 0.0, "per_read_busy_ms": 0.0}
     assert t["gpu"] == pytest.approx({"per_layer_ms": pl, "per_expert_ms": pe, "per_extra_token_ms": px, **none},
                                      rel=1e-6)
     assert t["zerocopy"] == pytest.approx({"per_layer_ms": 0.0, "per_expert_ms": 0.2, "per_extra_token_ms": 0.0,
                                            **none})
     assert t["copy_ms"] == pytest.approx(copy)
-    assert calibrate.fit_device_terms([{"call_groups": [], "counters": {"copies": 0}}]) == {}
+    assert fit.fit_device_terms([{"call_groups": [], "counters": {"copies": 0}}]) == {}
 
 
 def test_copy_time_is_fitted_per_rows_and_pooled_for_the_link():
     # C1: 10 copies at 0.1 ms; C4: 30 at 0.2 ms (a copy on the host's cores costs more in a larger step)
     runs = [{"conc": 1, "call_groups": [], "counters": {"copies": 10, "copy_s": 1e-3, "stage_s": 0.0}},
             {"conc": 4, "call_groups": [], "counters": {"copies": 30, "copy_s": 5e-3, "stage_s": 1e-3}}]
-    t = calibrate.fit_device_terms(runs)
+    t = fit.fit_device_terms(runs)
     assert t["copy_ms_by_rows"] == {"1": pytest.approx(0.1), "4": pytest.approx(0.2)}
     assert t["copy_ms"] == pytest.approx(7.0 / 40)          # the link figure pools every copy
     # the planner takes the per-rows figure of the arm's VRAM engine, between rows in the layer's distinct experts
@@ -138,12 +141,12 @@ def test_device_lane_fit_separates_reads_in_flight_and_step_rows():
     c4 = [["gpu", e, x, r, n, n * ms(e, x, r, 4) / 1e3] for e, n in ((1, 8), (3, 2), (5, 8)) for x in (0, 2)
           for r in (1, 3)]
     runs = [{"conc": 1, "call_groups": c1, "counters": {}}, {"conc": 4, "call_groups": c4, "counters": {}}]
-    t = calibrate.fit_device_terms(runs)
+    t = fit.fit_device_terms(runs)
     assert t["gpu"] == pytest.approx({"per_layer_ms": pl, "per_expert_ms": pe, "per_extra_token_ms": px,
                                       "per_read_ms": pr, "per_step_row_ms": ps, "per_read_busy_ms": pb}, rel=1e-6)
     # one concurrency and no read in flight: neither term is identifiable; both are written as 0, so that they
     # replace what an earlier calibration left in the engine record
-    only = calibrate.fit_device_terms([{"conc": 1, "call_groups": [[*g[:3], 0, *g[4:]] for g in c1],
+    only = fit.fit_device_terms([{"conc": 1, "call_groups": [[*g[:3], 0, *g[4:]] for g in c1],
                                         "counters": {}}])
     assert only["gpu"]["per_read_ms"] == only["gpu"]["per_step_row_ms"] == only["gpu"]["per_read_busy_ms"] == 0.0
 
@@ -183,7 +186,7 @@ def test_vram_arms_fit_device_lanes_copies_and_per_engine_latency(scratch):
     assert eng["lanes"]["gpu"]["per_expert_ms"] == pytest.approx(round(t["gpu"]["per_expert_ms"], 6))
     assert eng["lanes"]["cpu"]["workers"] == t["cpu"]["workers"]
     R = spec.resolve("tiny-ci-cpu")
-    assert R.h2d_gbps == pytest.approx(calibrate.copy_gbps(R.nvme_expert_bytes, t["copy_ms"]), rel=1e-3)
+    assert R.h2d_gbps == pytest.approx(write.copy_gbps(R.nvme_expert_bytes, t["copy_ms"]), rel=1e-3)
     assert eng["copy_ms_by_rows"] == {r: pytest.approx(v, abs=1e-6) for r, v in t["copy_ms_by_rows"].items()}
     assert eng["copy_record_bytes"] == R.nvme_expert_bytes      # what the copy time holds for (plan._push_ms)
 
@@ -315,13 +318,13 @@ def test_fixed_time_splits_into_per_concurrency_per_read_and_per_zerocopy_call_p
     # cpu arms with and without reads, and a VRAM arm per concurrency whose zerocopy lane computes
     arms = [(c, r, 0.0, truth[c] + u * r) for c in (1, 4) for r in (0.0, 8.0, 20.0)]
     arms += [(1, 5.0, 2.0, truth[1] + u * 5 + z * 2), (4, 30.0, 16.0, truth[4] + u * 30 + z * 16)]
-    fixed, per_read, per_zc = calibrate.fit_fixed(arms)
+    fixed, per_read, per_zc = fit.fit_fixed(arms)
     assert fixed == {"1": pytest.approx(0.4, abs=1e-4), "4": pytest.approx(0.9, abs=1e-4)}
     assert per_read == pytest.approx(u) and per_zc == pytest.approx(z)
     # no zerocopy calls: that part is 0, the rest as before
-    assert calibrate.fit_fixed(arms[:6])[2] == 0.0 and calibrate.fit_fixed(arms[:6])[1] == pytest.approx(u)
+    assert fit.fit_fixed(arms[:6])[2] == 0.0 and fit.fit_fixed(arms[:6])[1] == pytest.approx(u)
     # reads never vary at one concurrency: not identifiable, plain means
-    assert calibrate.fit_fixed([(1, 5.0, 0, 0.5), (1, 5.0, 0, 0.7), (2, 0.0, 0, 0.6)]) == ({"1": 0.6, "2": 0.6}, 0.0,
+    assert fit.fit_fixed([(1, 5.0, 0, 0.5), (1, 5.0, 0, 0.7), (2, 0.0, 0, 0.6)]) == ({"1": 0.6, "2": 0.6}, 0.0,
                                                                                            0.0)
 
 
@@ -330,7 +333,7 @@ def test_channel_terms_are_means_by_engine_and_rows_with_idle_figures_beyond():
     runs = [{"engine": "e", "conc": 1, "latency_by_qd": {1: skewed, 2: [2.0] * 3}, "wake_ms": [0.1] * 7 + [0.8]},
             {"engine": "e", "conc": 4, "latency_by_qd": {1: [2.0] * 8}, "wake_ms": [0.2] * 4},
             {"engine": "f", "conc": 1, "latency_by_qd": {}, "wake_ms": []}]
-    got = calibrate.fit_channel(runs, {"1": 0.5, "2": 0.9, "8": 4.0})
+    got = fit_nvme.fit_channel(runs, {"1": 0.5, "2": 0.9, "8": 4.0})
     # depth 2 had 3 samples (< 8): the idle-disk figure stays; depth 8 never reached: idle too
     assert got["nvme_latency_by_rows_qd_ms"] == {"e": {"1": {"1": 1.2, "2": 0.9, "8": 4.0},
                                                        "4": {"1": 2.0, "2": 0.9, "8": 4.0}}}
@@ -344,7 +347,7 @@ def test_prefetch_factor_is_the_shared_reads_latency_over_the_depth_means():
     runs = [{"engine": "e", "conc": 1, "latency_by_qd": {1: [1.0] * 8, 2: [2.0] * 8}, "latency_pf_busy": busy},
             {"engine": "e", "conc": 2, "latency_by_qd": {1: [1.5] * 8},
              "latency_pf_busy": [(0, b, 1, 2.0) for b in range(7)]}]
-    got = calibrate.fit_channel(runs)["nvme_latency_prefetch_factor_by_rows"]
+    got = fit_nvme.fit_channel(runs)["nvme_latency_prefetch_factor_by_rows"]
     assert got == {"e": {"1": pytest.approx(13.0 / 9.0, abs=1e-4)}}          # rows 2: 7 samples, no entry
 
 
@@ -359,22 +362,22 @@ def test_prefetch_factor_takes_the_burst_table_the_model_scales():
     busy += [(0, 400, 2, 3.0)]                     # a pair with its first read lost: not whole, the depth mean
     runs = [{"engine": "e", "conc": 1, "latency_by_qd": {1: [1.0] * 8 + [2.0] * 8, 2: [2.5] * 8},
              "burst_ms": alone + pairs + [(0, 300, 2, 2.0)], "latency_pf_busy": busy}]
-    got = calibrate.fit_channel(runs)["nvme_latency_prefetch_factor_by_rows"]["e"]["1"]
+    got = fit_nvme.fit_channel(runs)["nvme_latency_prefetch_factor_by_rows"]["e"]["1"]
     assert got == pytest.approx((8 * 1.2 + 2.4 + 3.0) / (8 * 1.0 + 2.0 + 2.5), abs=1e-4)
     # the bursts whose every read found a prefetch read in service have their own table (eight lone ones here;
     # the pairs 300 and 400 are not whole among them)
-    assert calibrate.fit_channel(runs)["nvme_latency_by_rows_burst_pf_ms"] == {"e": {"1": {"1": {"1": 1.2}}}}
+    assert fit_nvme.fit_channel(runs)["nvme_latency_by_rows_burst_pf_ms"] == {"e": {"1": {"1": {"1": 1.2}}}}
 
 
 def test_prefetch_service_is_the_lone_reads_mean_the_excess_per_demand_read_beside_one_and_the_spread_about_both():
     samples = [(0, 1.4)] * 4 + [(0, 1.6)] * 4 + [(1, 1.8)] * 6 + [(2, 2.4)] * 2
-    alone, share, sd = calibrate.prefetch_service(samples)
+    alone, share, sd = fit_nvme.prefetch_service(samples)
     assert alone == pytest.approx(1.5) and share == pytest.approx((6 * 0.3 + 2 * 0.9) / 10)
     # residuals about 1.5 + 0.36 n: +-0.1 alone, -0.06 with one beside, +0.18 with two
     assert sd == pytest.approx(((8 * 0.1 ** 2 + 6 * 0.06 ** 2 + 2 * 0.18 ** 2) / 16) ** 0.5)
-    assert calibrate.prefetch_service(samples[:7] + samples[8:]) is None                  # 7 alone: no entry
-    assert calibrate.prefetch_service(samples[:8] + [(1, 1.8)] * 7)[:2] == (pytest.approx(1.5), None)  # 7 joined
-    got = calibrate.fit_channel([{"engine": "e", "conc": 1, "latency_by_qd": {1: [1.0] * 8}, "prefetch_ms": samples}])
+    assert fit_nvme.prefetch_service(samples[:7] + samples[8:]) is None                  # 7 alone: no entry
+    assert fit_nvme.prefetch_service(samples[:8] + [(1, 1.8)] * 7)[:2] == (pytest.approx(1.5), None)  # 7 joined
+    got = fit_nvme.fit_channel([{"engine": "e", "conc": 1, "latency_by_qd": {1: [1.0] * 8}, "prefetch_ms": samples}])
     assert got["nvme_prefetch_ms_by_rows"] == {"e": {"1": 1.5}}
     assert got["nvme_prefetch_share_ms_by_rows"] == {"e": {"1": pytest.approx(0.36, abs=1e-4)}}
     assert got["nvme_prefetch_sd_ms_by_rows"] == {"e": {"1": pytest.approx(sd, abs=1e-4)}}
@@ -391,18 +394,18 @@ def test_spread_splits_into_what_a_bursts_reads_share_and_each_ones_own():
     samples = []
     for b, (shift, d) in enumerate([(0.25, 0.1), (-0.25, 0.1), (0.25, -0.1), (-0.25, -0.1)] * 3):
         samples += one_run([(b, 1, 2.0 * (1 + shift + d)), (b, 2, 4.0 * (1 + shift - d))])
-    shared, own = calibrate.spread_split(samples, {1: 2.0, 2: 4.0})
+    shared, own = fit_nvme.spread_split(samples, {1: 2.0, 2: 4.0})
     # total variance 0.25^2 + 0.1^2; within a burst (ddof 1): 2 x 0.1^2 / 1
     within = 2 * 0.1 ** 2
     assert own == pytest.approx(within ** 0.5)
     assert shared == pytest.approx((0.25 ** 2 + 0.1 ** 2 - within) ** 0.5)
-    assert calibrate.spread_split(samples[:6], {1: 2.0, 2: 4.0}) is None            # fewer than 8 samples
-    assert calibrate.spread_split(one_run((b, 1, 2.0) for b in range(9)), {1: 2.0}) is None   # no burst of two
+    assert fit_nvme.spread_split(samples[:6], {1: 2.0, 2: 4.0}) is None            # fewer than 8 samples
+    assert fit_nvme.spread_split(one_run((b, 1, 2.0) for b in range(9)), {1: 2.0}) is None   # no burst of two
     # through fit_channel: the runs' bursts stay apart (a burst id repeats across runs)
     runs = [{"engine": "e", "conc": 2, "latency_by_qd": {1: [s[3] for s in samples if s[2] == 1],
                                                           2: [s[3] for s in samples if s[2] == 2]},
              "burst_ms": samples}]
-    got = calibrate.fit_channel(runs + runs)
+    got = fit_nvme.fit_channel(runs + runs)
     assert got["nvme_latency_cv_own_by_rows"] == {"e": {"2": pytest.approx(round(own, 4))}}
     assert got["nvme_latency_cv_shared_by_rows"] == {"e": {"2": pytest.approx(round(shared, 4))}}
 
@@ -436,13 +439,13 @@ def test_burst_means_by_size_and_position_and_the_spread_about_them():
     samples = one_run((b, 1, 1.0) for b in range(8))
     samples += one_run((b, q, ms) for b in range(8, 16) for q, ms in ((1, 2.0), (2, 2.2)))
     samples += one_run([(99, 2, 7.0)])
-    means = calibrate.burst_means(samples)
+    means = fit_nvme.burst_means(samples)
     assert means == {1: {1: 1.0}, 2: {1: pytest.approx(2.0), 2: pytest.approx(2.2)}}
-    assert calibrate.burst_means(samples, min_n=9) == {}
+    assert fit_nvme.burst_means(samples, min_n=9) == {}
     # about the burst means there is no spread left; about the depth means (q1 = 1.5) bursts look late together
-    assert calibrate.spread_split(samples[:-1], {1: 1.5, 2: 2.2}, means) == (0.0, 0.0)
+    assert fit_nvme.spread_split(samples[:-1], {1: 1.5, 2: 2.2}, means) == (0.0, 0.0)
     # lateness -1/3 (bursts of one), +1/3 and 0 (bursts of two): total variance 2/27, within a burst 1/18
-    shared, own = calibrate.spread_split(samples[:-1], {1: 1.5, 2: 2.2})
+    shared, own = fit_nvme.spread_split(samples[:-1], {1: 1.5, 2: 2.2})
     assert own == pytest.approx((1 / 18) ** 0.5) and shared == pytest.approx((2 / 27 - 1 / 18) ** 0.5)
 
 
@@ -451,17 +454,17 @@ def test_a_runs_drift_is_not_lateness_within_a_layer():
     samples = [(run, b, q, ms * (1.0 if run == 0 else 1.2)) for run in (0, 1) for b in range(10)
                for q, ms in ((1, 2.0), (2, 3.0))]
     means = {1: 2.2, 2: 3.3}
-    assert calibrate.spread_split(samples, means) == pytest.approx((0.0, 0.0), abs=1e-9)
+    assert fit_nvme.spread_split(samples, means) == pytest.approx((0.0, 0.0), abs=1e-9)
     # the same reads named as bursts of one run: run 2's drift shows as lateness its bursts share
     as_one = [(0, run * 10 + b, q, ms) for run, b, q, ms in samples]
-    shared, own = calibrate.spread_split(as_one, means)
+    shared, own = fit_nvme.spread_split(as_one, means)
     assert shared == pytest.approx(0.2 / 2.2, rel=1e-6) and own == pytest.approx(0.0, abs=1e-9)
 
 
 def test_spread_is_winsorized_so_one_outlier_does_not_set_every_layers_width():
     samples = one_run((b, q, 1.0 + 0.1 * ((b + q) % 3 - 1)) for b in range(400) for q in (1, 2))
-    base = calibrate.spread_split(samples, {1: 1.0, 2: 1.0})
-    outlier = calibrate.spread_split(samples[:-1] + one_run([(399, 2, 36.0)]), {1: 1.0, 2: 1.0})
+    base = fit_nvme.spread_split(samples, {1: 1.0, 2: 1.0})
+    outlier = fit_nvme.spread_split(samples[:-1] + one_run([(399, 2, 36.0)]), {1: 1.0, 2: 1.0})
     assert outlier == pytest.approx(base, abs=0.01)
 
 
@@ -502,9 +505,9 @@ def test_host_fit_recovers_per_read_and_per_nvme_layer_costs():
             arm(1, 1600, 6400, 850, 700), arm(2, 800, 6150, 990, 600), arm(4, 400, 5630, 1090, 380),
             arm(1, 1600, 6400, 660, 560, 1600), arm(4, 400, 5630, 800, 300, 400),
             arm(1, 1600, 6400, 550, 490, 0, 350), arm(4, 400, 5630, 740, 350, 0, 1215)]
-    assert calibrate.fit_host(runs) == pytest.approx(true, rel=1e-6)
+    assert fit.fit_host(runs) == pytest.approx(true, rel=1e-6)
     # no arm reads: neither read term is identifiable beside the others, both 0
-    got = calibrate.fit_host(runs[:3])
+    got = fit.fit_host(runs[:3])
     assert got["per_nvme_layer_ms"] == 0.0 and got["per_layer_ms"] == pytest.approx(0.02, rel=1e-6)
 
 
@@ -513,17 +516,17 @@ def test_head_start_fit_recovers_per_layer_per_read_per_predict_and_per_row_cost
     def arm(layers, reads, pred, rows=1):
         return {"read_layers": layers, "read_reads": reads, "read_predict": pred, "read_predict_rows": pred * rows,
                 "read_head_s": (0.2 * layers + 0.05 * reads + 0.3 * pred + 0.1 * pred * rows) / 1e3}
-    got = calibrate.fit_head([arm(100, 150, 0), arm(200, 500, 0), arm(300, 1200, 300), arm(50, 60, 0),
+    got = fit.fit_head([arm(100, 150, 0), arm(200, 500, 0), arm(300, 1200, 300), arm(50, 60, 0),
                               arm(250, 900, 200, 4)])
     assert got == pytest.approx({"head_per_layer_ms": 0.2, "head_per_read_ms": 0.05, "head_per_predict_ms": 0.3,
                                  "head_per_predict_row_ms": 0.1}, rel=1e-6)
     # predicting at one concurrency only: the per-row part is not identifiable, the per-layer one takes it all
-    got = calibrate.fit_head([arm(100, 150, 0), arm(200, 500, 0), arm(300, 1200, 300), arm(50, 60, 0)])
+    got = fit.fit_head([arm(100, 150, 0), arm(200, 500, 0), arm(300, 1200, 300), arm(50, 60, 0)])
     assert got["head_per_predict_ms"] == pytest.approx(0.4, rel=1e-6) and got["head_per_predict_row_ms"] == 0.0
     # no arm predicts: that term is 0, not a guess; no read layers at all: nothing to fit
-    got = calibrate.fit_head([arm(100, 150, 0), arm(200, 500, 0)])
+    got = fit.fit_head([arm(100, 150, 0), arm(200, 500, 0)])
     assert got["head_per_predict_ms"] == 0.0 and got["head_per_layer_ms"] == pytest.approx(0.2, rel=1e-6)
-    assert calibrate.fit_head([{"read_layers": 0, "read_head_s": 0.0}]) == {}
+    assert fit.fit_head([{"read_layers": 0, "read_head_s": 0.0}]) == {}
 
 
 def test_head_start_per_read_is_fitted_per_engine():
@@ -531,7 +534,7 @@ def test_head_start_per_read_is_fitted_per_engine():
     def arm(layers, reads, per_read):
         return {"read_layers": layers, "read_reads": reads, "read_head_s": (0.02 * layers + per_read * reads) / 1e3}
     engines = ["numba-cpu"] * 3 + ["sycl-opencl-cpu"] * 2
-    got = calibrate.fit_head([arm(100, 150, 0.03), arm(200, 500, 0.03), arm(50, 60, 0.03),
+    got = fit.fit_head([arm(100, 150, 0.03), arm(200, 500, 0.03), arm(50, 60, 0.03),
                               arm(100, 120, 0.08), arm(300, 900, 0.08)], engines)
     assert got["head_per_read_ms_by_engine"] == pytest.approx({"numba-cpu": 0.03, "sycl-opencl-cpu": 0.08},
                                                               rel=1e-6)

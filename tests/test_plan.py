@@ -7,6 +7,7 @@ import pytest
 from moetier.core.ledger import Ledger
 from moetier.core.plan import LayerPlan, NvmeChannel, PlanContext, plan_layer
 from moetier.core.records import Lane
+from moetier.core.terms import ChannelTerms
 
 
 def ctx(**kw):
@@ -17,6 +18,16 @@ def ctx(**kw):
                         vram_slots=kw.pop("vram_slots", 4), nvme_expert_bytes=9_474_048, h2d_gbps=23.5,
                         policy={"exact": kw.pop("exact", "stall"), "overlap": kw.pop("overlap", True)})
     return PlanContext.from_recipe(R)
+
+
+def flat(**terms):
+    """A channel of 1 MB records at 1 GB/s (1 ms a read, no access latency) with these measured terms."""
+    return NvmeChannel(1_000_000, 1.0, bw_qd1_gbps=1.0, latency_ms=0.0, terms=ChannelTerms(**terms))
+
+
+def measured(**terms):
+    """A channel of 1 MB records with these measured terms (a latency table among them)."""
+    return NvmeChannel(1_000_000, 1.0, terms=ChannelTerms(**terms))
 
 
 def ledger(vram=(), ram=()):
@@ -89,7 +100,7 @@ def test_plan_does_not_mutate_residency():
 
 
 def test_nvme_stall_waits_for_arrival_and_mask_drops():
-    ch = NvmeChannel(9_474_048, 24.0, 12.6, 0.12)
+    ch = NvmeChannel(9_474_048, 24.0, bw_qd1_gbps=12.6, latency_ms=0.12)
     L = ledger()
     p = plan_layer(ctx(), L, {500: 1}, 10.0, ch)
     one = 9_474_048 / 12.6e6
@@ -185,7 +196,7 @@ def test_host_time_per_nvme_read_and_once_per_layer_that_reads():
 
 
 def test_nvme_without_cpu_lane_goes_to_gpu_with_push():
-    ch = NvmeChannel(9_474_048, 24.0, 24.0, 0.0)
+    ch = NvmeChannel(9_474_048, 24.0, bw_qd1_gbps=24.0, latency_ms=0.0)
     p = plan_layer(ctx(lanes={"cpu": None}), ledger(), {500: 1}, 0.0, ch)
     push = 9_474_048 / 23.5e6
     assert p.nvme_gpu == [500] and p.gpu_ms == pytest.approx(ch.one + push + 0.023)
@@ -200,7 +211,7 @@ def test_missing_lanes_are_user_errors():
 
 
 def test_channel_demand_preempts_queued_prefetch():
-    ch = NvmeChannel(1_000_000, 1.0, 1.0, 0.0)  # 1 ms per record
+    ch = flat()  # 1 ms per record
     ch.prefetch(0.0, [1, 2, 3])                 # 1: 0-1, 2: 1-2, 3: 2-3
     arr = ch.demand(0.5, 1)                     # read 1 in service until 1.0; demand goes next
     assert arr == [pytest.approx(2.0)]
@@ -211,14 +222,14 @@ def test_channel_demand_preempts_queued_prefetch():
 
 
 def test_claim_of_a_started_prefetch_keeps_its_arrival_an_unstarted_one_becomes_demand():
-    ch = NvmeChannel(1_000_000, 1.0, 1.0, 0.0)
+    ch = flat()
     ch.prefetch(0.0, [1, 2])
     assert ch.claim(1, 0.5)[0] == pytest.approx(1.0)
     assert ch.claim(2, 0.5)[0] is None and ch.pf_cancelled == 1
 
 
 def test_channel_queueing_model_uses_measured_latency_by_queue_depth():
-    ch = NvmeChannel(1_000_000, 1.0, 1.0, 0.0, latency_by_qd={"1": 1.0, "4": 2.0, "16": 6.0})
+    ch = flat(latency_by_qd={"1": 1.0, "4": 2.0, "16": 6.0})
     assert ch.latency_at(1) == 1.0 and ch.latency_at(2) == pytest.approx(1 + 1 / 3)
     assert ch.latency_at(32) == pytest.approx(12.0)          # beyond the table: bandwidth-bound, linear in q
     assert ch.demand(0.0, 1) == [1.0]
@@ -228,7 +239,8 @@ def test_channel_queueing_model_uses_measured_latency_by_queue_depth():
 
 
 def test_table_model_prefetch_runs_one_at_a_time_at_qd1_latency_and_adds_no_demand_depth():
-    ch = NvmeChannel(1_000_000, 1.0, 1.0, 0.5, latency_by_qd={"1": 0.8, "2": 1.2})
+    ch = NvmeChannel(1_000_000, 1.0, bw_qd1_gbps=1.0, latency_ms=0.5,
+                     terms=ChannelTerms(latency_by_qd={"1": 0.8, "2": 1.2}))
     assert ch.prefetch(0.0, [1, 2]) == [pytest.approx(0.8), pytest.approx(1.6)]   # no idle latency on top
     assert ch.demand(0.4, 1) == [pytest.approx(1.2)]      # prefetch 1 in service: the demand read still joins at q=1
     assert ch.arrival(2) == pytest.approx(2.0)            # the queued prefetch waits for the demand read
@@ -239,7 +251,7 @@ def test_prefetch_reads_that_ran_cost_the_cpu_lane_their_read_cpu_once():
     c.read_cpu = 0.1
     L = ledger(vram=[90, 91, 92, 93], ram=[7])
     base = plan_layer(ctx(), L, {7: 1}, 2.0, None).cpu_ms
-    ch = NvmeChannel(1_000_000, 1.0, 1.0, 0.0)
+    ch = flat()
     ch.prefetch(0.0, [500, 501, 502])
     assert ch.claim(500, 0.5)[0] is not None      # ran, used
     ch.expire([501, 502], 1.5)                  # 501 ran (wasted), 502 never started (cancelled): no CPU work
@@ -248,7 +260,7 @@ def test_prefetch_reads_that_ran_cost_the_cpu_lane_their_read_cpu_once():
 
 
 def test_nvme_pick_served_by_a_started_prefetch_is_planned():
-    ch = NvmeChannel(1_000_000, 1.0, 1.0, 0.0)
+    ch = flat()
     ch.prefetch(0.0, [500])                     # read in service from t=0, lands at 1.0
     p = plan_layer(ctx(), ledger(), {500: 1}, 0.5, ch)
     assert p.nvme_cpu + p.nvme_gpu == [500] and p.demand_reads == 0 and p.arrivals[500] == pytest.approx(1.0)
@@ -257,7 +269,7 @@ def test_nvme_pick_served_by_a_started_prefetch_is_planned():
 def test_serial_engine_runs_nvme_picks_after_both_resident_lanes():
     c = ctx(overlap=False)
     L = ledger(vram=[1, 2, 3, 4], ram=[7])
-    ch = NvmeChannel(1_000_000, 1.0, 1.0, 0.0)            # the NVMe pick lands at 1.0
+    ch = flat()            # the NVMe pick lands at 1.0
     p = plan_layer(c, L, {1: 1, 7: 1, 500: 1}, 0.0, ch)
     resident = (0.17 + 0.023) + (0.145 + 0.104)           # gpu lane, then the cpu lane, one after the other
     assert p.gpu == [1] and p.cpu == [7] and p.nvme_cpu == [500]
@@ -267,7 +279,7 @@ def test_serial_engine_runs_nvme_picks_after_both_resident_lanes():
 
 
 def test_latency_table_under_an_engines_load_wins_over_the_hardwares():
-    from moetier.core.plan import latency_table_for_rows
+    from moetier.core.terms import latency_table_for_rows
     nvme = {"latency_by_qd_ms": {"1": 0.4}, "latency_by_rows_qd_ms": {"1": {"1": 0.8}, "4": {"1": 1.2}}}
     # between measured rows: linear in the layer's expected distinct experts (64 experts, top-4: 4 / 7.75 / 14.56
     # at rows 1 / 2 / 4), or in rows without a width (every pick distinct)
@@ -288,27 +300,27 @@ def test_wake_up_is_paid_only_by_a_lane_that_waited_for_its_bytes():
     cpu_only = ctx(vram_slots=0, lanes={"zerocopy": None})
     L = Ledger(1000, 0, 8)
     L.seed(range(10, 18))
-    waited = plan_layer(cpu_only, L, {500: 1}, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0, wake_ms=0.25))
+    waited = plan_layer(cpu_only, L, {500: 1}, 0.0, flat(wake_ms=0.25))
     # the read lands at 1.0; the idle cpu lane waits from 0, resumes 0.25 ms later, makes the call (per_layer), runs it
     assert waited.nvme_wait_ms == pytest.approx(1.0 + 0.25)
     assert waited.cpu_ms == pytest.approx(1.0 + 0.25 + 0.145 + 0.104)
     # a lane still busy when the bytes land (8 resident picks of 3 rows: 0.145 + 8 x 0.184 > 1.0) finds them there
     picks = {k: 3 for k in range(10, 18)} | {500: 1}
-    p = plan_layer(cpu_only, L, picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0, wake_ms=0.25))
-    q = plan_layer(cpu_only, L, picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0))
+    p = plan_layer(cpu_only, L, picks, 0.0, flat(wake_ms=0.25))
+    q = plan_layer(cpu_only, L, picks, 0.0, flat())
     assert p.nvme_wait_ms == q.nvme_wait_ms == 0.0 and p.cpu_ms == pytest.approx(q.cpu_ms)
 
 
 def test_serial_engine_adds_the_wake_up_to_a_pick_that_waited():
     c = ctx(overlap=False)
     L = ledger(vram=[1, 2, 3, 4], ram=[7])
-    p = plan_layer(c, L, {1: 1, 7: 1, 500: 1}, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0, wake_ms=0.1))
+    p = plan_layer(c, L, {1: 1, 7: 1, 500: 1}, 0.0, flat(wake_ms=0.1))
     resident = (0.17 + 0.023) + (0.145 + 0.104)
     assert p.nvme_wait_ms == pytest.approx(1.0 + 0.1 - resident)
 
 
 def test_wake_up_comes_from_the_engine_whose_latency_table_applies():
-    from moetier.core.plan import channel_term
+    from moetier.core.terms import channel_term
     eng = [{"id": "b", "nvme_latency_by_rows_qd_ms": {"1": {"1": 0.6}}, "nvme_wake_ms_by_rows": {"1": 0.1, "4": 0.4},
             "nvme_latency_cv_shared_by_rows": {"1": 0.3}}]
     wake = "nvme_wake_ms_by_rows"
@@ -318,7 +330,7 @@ def test_wake_up_comes_from_the_engine_whose_latency_table_applies():
 
 
 def test_late_is_the_expected_wait_of_a_normal_arrival():
-    from moetier.core.plan import late
+    from moetier.core.arrivals import late
     assert late(0.5, 0.0) == 0.5 and late(-0.5, 0.0) == 0.0
     assert late(0.0, 1.0) == pytest.approx(1.0 / math.sqrt(2 * math.pi))
     # far from the lane's free time the spread does not matter
@@ -332,12 +344,12 @@ def cpu_only_ledger():
 
 
 def test_reads_of_a_layer_are_late_together_one_expected_wait_per_lane():
-    from moetier.core.plan import late
+    from moetier.core.arrivals import late
     c = ctx(vram_slots=0, lanes={"zerocopy": None})
     L = cpu_only_ledger()
     picks = {500: 1, 501: 1, 502: 1}                    # demand reads land at 1, 2, 3 ms (1 ms per record)
-    det = plan_layer(c, L, picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0))
-    spread = plan_layer(c, L, picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0, cv_shared=0.4))
+    det = plan_layer(c, L, picks, 0.0, flat())
+    spread = plan_layer(c, L, picks, 0.0, flat(cv_shared=0.4))
     assert det.nvme_cpu == spread.nvme_cpu == [500, 501, 502]
     # the lane waits for each read (each takes 0.104 < 1 ms): its end is set by the last read, 3 + 0.104; its free
     # end (no read late) is per_layer + 3 inline picks; the common shift has sd 0.4 x 3 ms
@@ -353,12 +365,12 @@ def test_reads_of_a_layer_are_late_together_one_expected_wait_per_lane():
 
 
 def test_a_lane_busy_past_its_reads_expects_to_wait_only_when_they_could_be_late():
-    from moetier.core.plan import late
+    from moetier.core.arrivals import late
     c = ctx(vram_slots=0, lanes={"zerocopy": None})
     L = cpu_only_ledger()
     picks = {k: 3 for k in range(10, 18)} | {500: 1}   # resident work ends past the read's arrival at 1.0
-    det = plan_layer(c, L, picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0))
-    spread = plan_layer(c, L, picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0, cv_shared=0.4))
+    det = plan_layer(c, L, picks, 0.0, flat())
+    spread = plan_layer(c, L, picks, 0.0, flat(cv_shared=0.4))
     assert det.nvme_wait_ms == 0.0
     margin = det.cpu_ms - (1.0 + 0.104)                # how far the lane is free after the read is due
     assert spread.nvme_wait_ms == pytest.approx(late(-margin, 0.4)) and 0 < spread.nvme_wait_ms < 0.4
@@ -366,11 +378,11 @@ def test_a_lane_busy_past_its_reads_expects_to_wait_only_when_they_could_be_late
 
 
 def test_serial_engine_charges_the_spread_on_its_one_timeline():
-    from moetier.core.plan import late
+    from moetier.core.arrivals import late
     c = ctx(overlap=False)
     L = ledger(vram=[1, 2, 3, 4], ram=[7])
-    det = plan_layer(c, L, {1: 1, 7: 1, 500: 1}, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0))
-    spread = plan_layer(c, L, {1: 1, 7: 1, 500: 1}, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0, cv_shared=0.5))
+    det = plan_layer(c, L, {1: 1, 7: 1, 500: 1}, 0.0, flat())
+    spread = plan_layer(c, L, {1: 1, 7: 1, 500: 1}, 0.0, flat(cv_shared=0.5))
     resident = (0.17 + 0.023) + (0.145 + 0.104)
     extra = late(1.0 - resident, 0.5) - (1.0 - resident)
     assert spread.nvme_wait_ms == pytest.approx(det.nvme_wait_ms + extra)
@@ -379,7 +391,7 @@ def test_serial_engine_charges_the_spread_on_its_one_timeline():
 
 def test_max_normal_matches_a_sampled_max():
     import numpy as np
-    from moetier.core.plan import _max_normal
+    from moetier.core.arrivals import max_normal as _max_normal
     rng = np.random.default_rng(0)
     x, y = rng.normal(1.0, 0.5, 400_000), rng.normal(1.3, 0.2, 400_000)
     m, v = _max_normal(1.0, 0.25, 1.3, 0.04)
@@ -393,9 +405,9 @@ def test_each_reads_own_lateness_makes_the_lane_end_the_expected_max():
     c = ctx(vram_slots=0, lanes={"zerocopy": None})
     L = cpu_only_ledger()
     picks = {500: 1, 501: 1, 502: 1}                    # reads land at 1, 2, 3 ms; each takes 0.104 on the lane
-    det = plan_layer(c, L, picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0))
-    own = plan_layer(c, L, picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0, cv_own=0.3))
-    both = plan_layer(c, L, picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0, cv_shared=0.3, cv_own=0.3))
+    det = plan_layer(c, L, picks, 0.0, flat())
+    own = plan_layer(c, L, picks, 0.0, flat(cv_own=0.3))
+    both = plan_layer(c, L, picks, 0.0, flat(cv_shared=0.3, cv_own=0.3))
     # Monte Carlo of the lane: inline picks in arrival order, each waiting for its own late read
     rng = np.random.default_rng(1)
     n = 200_000
@@ -408,20 +420,20 @@ def test_each_reads_own_lateness_makes_the_lane_end_the_expected_max():
 
 
 def test_a_measured_burst_size_sets_each_positions_arrival():
-    ch = NvmeChannel(1_000_000, 1.0, 1.0, 0.0, latency_by_qd={"1": 1.0, "2": 1.5},
-                     bursts={"2": {"1": 1.8, "2": 2.0}, "3": {"1": 2.5, "3": 3.0}})   # size 3 lacks a position
+    # size 3 lacks a position
+    ch = flat(latency_by_qd={"1": 1.0, "2": 1.5}, bursts={"2": {"1": 1.8, "2": 2.0}, "3": {"1": 2.5, "3": 3.0}})
     assert ch.demand(0.0, 2) == [pytest.approx(1.8), pytest.approx(2.0)]    # both land late: they share the device
     assert ch.demand(10.0, 1) == [pytest.approx(11.0)]                     # size 1 not measured: the depth table
     # size 3's row is incomplete: the three land together, at the depth table's latency for the third
     assert ch.demand(20.0, 3) == [pytest.approx(22.25)] * 3
     ch.demand(30.0, 1)                                                      # one read still in flight ...
     assert ch.demand(30.1, 2) == [pytest.approx(30.1 + 2.25)] * 2          # ... two join it: depth 3
-    fifo = NvmeChannel(1_000_000, 1.0, 1.0, 0.0, latency_by_qd={"1": 1.0, "2": 1.5})
+    fifo = flat(latency_by_qd={"1": 1.0, "2": 1.5})
     assert fifo.demand(0.0, 2) == [pytest.approx(1.0), pytest.approx(1.5)]  # no bursts measured: by join depth
 
 
 def test_burst_table_comes_from_the_engine_and_mixes_between_rows():
-    from moetier.core.plan import burst_table_for_rows
+    from moetier.core.terms import burst_table_for_rows
     eng = [{"id": "b", "nvme_latency_by_rows_qd_ms": {"1": {"1": 0.6}},
             "nvme_latency_by_rows_burst_ms": {"1": {"2": {"1": 1.0, "2": 2.0}, "3": {"1": 5.0, "2": 5.0, "3": 5.0}},
                                               "4": {"2": {"1": 2.0, "2": 4.0}}}}]
@@ -435,7 +447,7 @@ def test_the_table_beside_a_prefetch_read_is_the_plain_table_times_the_ratio_mix
     """nvme_latency_by_rows_burst_pf_ms at rows it was not measured at: the plain table there times the pf / plain
     ratio mixed between the rows that have both (the plain table at rows 2 is measured, the ratio is what the
     prefetch read in service adds); at measured rows the pf table itself."""
-    from moetier.core.plan import burst_table_for_rows
+    from moetier.core.terms import burst_table_for_rows
     eng = [{"id": "b", "nvme_latency_by_rows_qd_ms": {"1": {"1": 0.6}},
             "nvme_latency_by_rows_burst_ms": {"1": {"1": {"1": 1.0}}, "2": {"1": {"1": 3.0}},
                                               "4": {"1": {"1": 2.0}}},
@@ -459,7 +471,7 @@ def test_serial_engine_waits_for_gpu_reads_after_the_admissions_it_runs_first():
     def run(ahead):
         plan = LayerPlan()
         _serial_nvme(c, plan, {500: 1}, [500], {500: 1.0}, 0.0, 0.2, 0.0, False, True, 0.0,
-                     NvmeChannel(1_000_000, 1.0, 1.0, 0.0), ahead)
+                     flat(), ahead)
         return plan
 
     now, later = run(0.0), run(0.5)
@@ -478,7 +490,7 @@ def test_serial_engine_runs_the_cpu_lanes_nvme_picks_before_the_gpu_lanes():
     # computes 501 on the cpu lane first, then waits for 500's push
     picks = {500: 40, 501: 1}
     _serial_nvme(c, plan, picks, [500, 501], arr, 0.0, 0.0, 0.0, False, True, 0.0,
-                 NvmeChannel(1_000_000, 1.0, 1.0, 0.0))
+                 flat())
     assert plan.nvme_gpu == [500] and plan.nvme_cpu == [501]
     cpu_end = 1.1 + 0.145 + 0.104                                          # 501 waits for its bytes, runs
     assert plan.cpu_ms == pytest.approx(cpu_end)
@@ -493,7 +505,7 @@ def test_serial_engine_charges_each_gpu_nvme_pick_a_call_of_its_own():
     plan = LayerPlan()
     # 0.3 ms of resident gpu work came first: the lane ran this layer, and the NVMe pick still pays per_layer
     _serial_nvme(c, plan, {500: 1}, [500], {500: 0.0}, 0.0, 0.3, 0.0, False, True, 0.0,
-                 NvmeChannel(1_000_000, 1.0, 1.0, 0.0))
+                 flat())
     assert plan.nvme_gpu == [500]
     assert plan.gpu_ms == pytest.approx(0.3 + c.push_ms + 0.17 + 0.023)
 
@@ -511,22 +523,21 @@ def test_prefetch_issue_time_is_after_the_lanes_the_host_runs():
 def test_a_demand_read_beside_a_prefetch_read_in_service_takes_the_measured_factor():
     """With a measured latency table, a demand read issued while a prefetch read is in service takes pf_factor
     times its latency (the device is shared); once the prefetch read is done, the table's latency."""
-    ch = NvmeChannel(1_000_000, 1.0, latency_by_qd={1: 2.0, 2: 3.0}, pf_factor=1.25)
+    ch = measured(latency_by_qd={1: 2.0, 2: 3.0}, pf_factor=1.25)
     ch.prefetch(0.0, [7])                          # in service from 0 to 2.0 (the depth-1 latency)
     assert ch.demand(1.0, 1) == [pytest.approx(1.0 + 1.25 * 2.0)]
     assert ch.demand(10.0, 1) == [pytest.approx(12.0)]
-    assert NvmeChannel(1_000_000, 1.0, latency_by_qd={1: 2.0}, pf_factor=0.0).pf_factor == 1.0   # unmeasured
+    assert measured(latency_by_qd={1: 2.0}, pf_factor=0.0).pf_factor == 1.0   # unmeasured
 
 
 def test_a_burst_beside_a_prefetch_read_in_service_takes_its_own_measured_table():
     """nvme_latency_by_rows_burst_pf_ms: a burst issued while a prefetch read is in service lands at that table's
     figures where it has the size (no factor on top); a size it lacks takes the factor on the plain table."""
-    ch = NvmeChannel(1_000_000, 1.0, latency_by_qd={1: 2.0, 2: 3.0}, pf_factor=1.5,
-                     bursts={1: {1: 1.0}, 2: {1: 2.0, 2: 2.0}}, pf_bursts={1: {1: 1.3}, 2: {1: 2.0}})
+    tables = {"bursts": {1: {1: 1.0}, 2: {1: 2.0, 2: 2.0}}, "pf_bursts": {1: {1: 1.3}, 2: {1: 2.0}}}
+    ch = measured(latency_by_qd={1: 2.0, 2: 3.0}, pf_factor=1.5, **tables)
     ch.prefetch(0.0, [7])                          # in service from 0 to 2.0
     assert ch.demand(1.0, 1) == [pytest.approx(1.0 + 1.3)]
-    ch2 = NvmeChannel(1_000_000, 1.0, latency_by_qd={1: 2.0, 2: 3.0}, pf_factor=1.5,
-                      bursts={1: {1: 1.0}, 2: {1: 2.0, 2: 2.0}}, pf_bursts={1: {1: 1.3}, 2: {1: 2.0}})
+    ch2 = measured(latency_by_qd={1: 2.0, 2: 3.0}, pf_factor=1.5, **tables)
     ch2.prefetch(0.0, [7])
     # the pf table's size 2 misses a position: the plain table's pair, times the factor
     assert ch2.demand(1.0, 2) == [pytest.approx(1.0 + 3.0), pytest.approx(1.0 + 3.0)]
@@ -537,14 +548,14 @@ def test_a_prefetch_read_takes_its_measured_time_plus_the_wake_and_demand_reads_
     """Measured prefetch reads (nvme_prefetch_ms_by_rows, nvme_prefetch_share_ms_by_rows): one alone takes pf_alone
     and its worker's wake-up, not the demand reads' depth-1 latency; each demand read issued while it is in
     service makes it pf_share longer, and the prefetch reads queued behind it start later by as much."""
-    ch = NvmeChannel(1_000_000, 1.0, latency_by_qd={1: 2.0, 2: 3.0}, wake_ms=0.1, pf_alone=1.5, pf_share=0.4)
+    ch = measured(latency_by_qd={1: 2.0, 2: 3.0}, wake_ms=0.1, pf_alone=1.5, pf_share=0.4)
     assert ch.prefetch(0.0, [7, 8]) == [pytest.approx(1.6), pytest.approx(3.2)]
     ch.demand(1.0, 2)                              # two demand reads while 7 is in service: it lands 0.8 later
     assert ch.claim(7, 1.1)[0] == pytest.approx(2.4)
     assert ch.arrival(8) == pytest.approx(4.0 + 1.6)    # 8 waits for the demand reads (1.0 + 3.0), then its own
     assert ch.demand(20.0, 1) == [pytest.approx(22.0)]   # none in service: the plain latency, no prefetch moves
     assert ch.arrival(8) == pytest.approx(5.6)
-    plain = NvmeChannel(1_000_000, 1.0, latency_by_qd={1: 2.0})     # unmeasured: the depth-1 latency, no share
+    plain = measured(latency_by_qd={1: 2.0})     # unmeasured: the depth-1 latency, no share
     assert plain.prefetch(0.0, [7]) == [pytest.approx(2.0)]
     plain.demand(1.0, 1)
     assert plain.claim(7, 1.5)[0] == pytest.approx(2.0)
@@ -555,7 +566,7 @@ def test_a_prefetch_read_that_left_the_queue_keeps_the_worker_until_it_lands():
     reader cannot drop a started read: the worker starts the next one after it, and a demand read issued meanwhile
     finds it in service (a model that freed the worker ran too many prefetch reads: at tail-prefetch-C1 it withdrew
     68.6% before they started, the runtime 78.0%; docs/calibration.md, thirteenth session)."""
-    ch = NvmeChannel(1_000_000, 1.0, latency_by_qd={1: 2.0}, pf_alone=1.5, pf_factor=1.5)
+    ch = measured(latency_by_qd={1: 2.0}, pf_alone=1.5, pf_factor=1.5)
     ch.prefetch(0.0, [7])                                  # in service 0 .. 1.5
     assert ch.expire([7], 1.0) == ([], [7])                # started: wasted, and still running
     assert ch.prefetch(1.0, [8]) == [pytest.approx(3.0)]   # the worker takes 8 once 7 has landed
@@ -567,7 +578,7 @@ def test_a_prefetch_read_that_left_the_queue_keeps_the_worker_until_it_lands():
 def test_the_worker_is_busy_between_chained_reads_whose_expected_starts_leave_a_gap():
     """With the chain's spread a read's expected start, E[max(end before it, issue)], lies past the end before it;
     the worker still takes it up as that one lands, so a demand read issued in the gap finds it in service."""
-    ch = NvmeChannel(1_000_000, 1.0, latency_by_qd={1: 2.0}, pf_alone=1.0, pf_sd=0.5, pf_factor=1.5)
+    ch = measured(latency_by_qd={1: 2.0}, pf_alone=1.0, pf_sd=0.5, pf_factor=1.5)
     ch.prefetch(0.0, [1])
     ch.expire([1], 0.5)                              # started: runs to 1.0, its end spread by sd 0.5
     s2 = ch.prefetch(0.9, [2])[0] - 1.0              # 2's expected start: past 1.0 by the spread
@@ -581,7 +592,7 @@ def test_a_claim_near_its_reads_expected_start_is_a_race_and_the_picks_arrival_m
     says how likely its read has started (the runtime re-issues one that has not as a demand read) and when it
     lands if it has; the planner's arrival for the pick is the mixture of that and a demand read issued now."""
     def channel():
-        ch = NvmeChannel(1_000_000, 1.0, latency_by_qd={1: 2.0}, pf_alone=1.0, pf_sd=0.5)
+        ch = measured(latency_by_qd={1: 2.0}, pf_alone=1.0, pf_sd=0.5)
         ch.prefetch(0.0, [1, 2])         # 1 in service at 0 (start certain), 2 expected 1.0 .. 2.0, start sd 0.5
         return ch
     a, p, a_pf = channel().claim(2, 1.2)
@@ -595,7 +606,7 @@ def test_a_claim_near_its_reads_expected_start_is_a_race_and_the_picks_arrival_m
     plan = plan_layer(ctx(), ledger(), {2: 1}, 1.2, channel())
     assert plan.demand_reads == 0
     assert plan.arrivals[2] == pytest.approx(p * a_pf + (1 - p) * (1.2 + 2.0))   # or re-issued: lands at 1.2 + 2.0
-    plain = NvmeChannel(1_000_000, 1.0, latency_by_qd={1: 2.0}, pf_alone=1.0)    # unmeasured spread: no race
+    plain = measured(latency_by_qd={1: 2.0}, pf_alone=1.0)    # unmeasured spread: no race
     plain.prefetch(0.0, [1, 2])
     assert plan_layer(ctx(), ledger(), {2: 1}, 1.2, plain).arrivals[2] == pytest.approx(2.0)
 
@@ -633,8 +644,10 @@ def test_the_hosts_head_start_runs_in_the_reads_time(overlap):
     base = ctx(vram_slots=0, lanes={"zerocopy": None}, overlap=overlap)
     picks = {10: 1, 500: 1}
     for rb, late_read in ((1_000_000, True), (10_000, False)):     # lands at 1.0 ms, or at 0.01 ms
-        no = plan_layer(_with_head(base, 0.0), cpu_only_ledger(), picks, 0.0, NvmeChannel(rb, 1.0, 1.0, 0.0))
-        hd = plan_layer(_with_head(base, 0.3), cpu_only_ledger(), picks, 0.0, NvmeChannel(rb, 1.0, 1.0, 0.0))
+        no = plan_layer(_with_head(base, 0.0), cpu_only_ledger(), picks, 0.0,
+                        NvmeChannel(rb, 1.0, bw_qd1_gbps=1.0, latency_ms=0.0))
+        hd = plan_layer(_with_head(base, 0.3), cpu_only_ledger(), picks, 0.0,
+                        NvmeChannel(rb, 1.0, bw_qd1_gbps=1.0, latency_ms=0.0))
         assert hd.nvme_cpu == no.nvme_cpu == [500] and hd.head_ms == 0.3
         if late_read:
             assert no.nvme_wait_ms > 0.3
@@ -649,17 +662,16 @@ def test_the_hosts_head_start_runs_in_the_reads_time(overlap):
 
 def test_no_head_start_without_nvme_reads():
     c = _with_head(ctx(vram_slots=0, lanes={"zerocopy": None}), 0.3)
-    p = plan_layer(c, cpu_only_ledger(), {10: 1, 11: 2}, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0))
+    p = plan_layer(c, cpu_only_ledger(), {10: 1, 11: 2}, 0.0, flat())
     assert p.head_ms == 0.0 and p.ms == pytest.approx(p.cpu_ms + 0.5)
 
 
 def test_the_hosts_lateness_races_the_reads_like_their_spread():
-    from moetier.core.plan import late
+    from moetier.core.arrivals import late
     c = ctx(vram_slots=0, lanes={"zerocopy": None})
     picks = {10: 1, 500: 1}
-    det = plan_layer(c, cpu_only_ledger(), picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0))
-    both = plan_layer(c, cpu_only_ledger(), picks, 0.0, NvmeChannel(1_000_000, 1.0, 1.0, 0.0, cv_shared=0.3,
-                                                                       lane_sd=0.4))
+    det = plan_layer(c, cpu_only_ledger(), picks, 0.0, flat())
+    both = plan_layer(c, cpu_only_ledger(), picks, 0.0, flat(cv_shared=0.3, lane_sd=0.4))
     free = 0.145 + 0.104 + c.cpu_call + 0.104       # the lane's end had the read been there
     due = 1.0 + 0.104
     extra = late(due - free, math.hypot(0.3 * 1.0, 0.4)) - (due - free)

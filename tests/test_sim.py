@@ -3,7 +3,7 @@ import pytest
 
 from moetier.core import sim
 from moetier.core import records as spec
-from moetier.core.plan import PlanContext
+from moetier.core.terms import PlanContext
 from moetier.traces.gen import GenParams, generate
 
 RECIPE = "glm53-rtx3090-55g-nvx4"

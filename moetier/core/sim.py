@@ -25,8 +25,9 @@ import numpy as np
 
 from moetier.core.ledger import Ledger
 from moetier.core.llc import reuse_model
-from moetier.core.plan import (LayerPlan, NvmeChannel, PlanContext, burst_table_for_rows, channel_term,
-                          latency_table_for_rows, plan_layer)
+from moetier.core.channel import NvmeChannel
+from moetier.core.plan import LayerPlan, plan_layer
+from moetier.core.terms import ChannelTerms, PlanContext
 from moetier.core.predict import make_predictor
 
 ORACLE_WARM_STEPS = 200
@@ -91,19 +92,9 @@ class Replay:
         self.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, exclusive=R.policy.get("ram", "exclusive")
                              == "exclusive", ram_policy=R.policy.get("ram_evict", "lru"))
         nvme, engines = R.hardware.get("nvme", {}), getattr(R, "engines", ())
-        at = (rows, engines, R.nvme_expert_bytes, (R.experts, R.topk))   # per-rows terms: plan._at_rows
-        self.chan = NvmeChannel(R.nvme_expert_bytes, R.nvme_bw_gbps, R.nvme_bw_qd1_gbps, R.nvme_latency_ms,
-                                latency_table_for_rows(nvme, *at),
-                                channel_term("nvme_wake_ms_by_rows", *at),
-                                channel_term("nvme_latency_cv_shared_by_rows", *at),
-                                channel_term("nvme_latency_cv_own_by_rows", *at),
-                                burst_table_for_rows(*at),
-                                channel_term("nvme_latency_prefetch_factor_by_rows", *at),
-                                channel_term("lane_lateness_sd_ms_by_rows", *at),
-                                channel_term("nvme_prefetch_ms_by_rows", *at),
-                                channel_term("nvme_prefetch_share_ms_by_rows", *at),
-                                burst_table_for_rows(*at, field="nvme_latency_by_rows_burst_pf_ms"),
-                                channel_term("nvme_prefetch_sd_ms_by_rows", *at))
+        terms = ChannelTerms.at_rows(nvme, rows, engines, R.nvme_expert_bytes, (R.experts, R.topk))
+        self.chan = NvmeChannel(R.nvme_expert_bytes, R.nvme_bw_gbps, bw_qd1_gbps=R.nvme_bw_qd1_gbps,
+                                latency_ms=R.nvme_latency_ms, terms=terms)
         self.llc = reuse_model(R)
         self.predictor = predictor
         pf = R.policy.get("prefetch") or {}
@@ -398,29 +389,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
                 if meas:
                     acc["copy"] += link
             if meas:
-                acc["gpu"] += plan.gpu_ms
-                acc["cpu"] += plan.cpu_ms
-                acc["wait"] += plan.nvme_wait_ms
-                acc["gwait"] += plan.gpu_wait_ms
-                acc["picks"] += sum(picks.values())
-                acc["vram_picks"] += sum(picks[k] for k in plan.gpu)
-                acc["gpu_exp"] += len(plan.gpu)
-                acc["cpu_exp"] += len(plan.cpu)
-                acc["zc"] += len(plan.zerocopy)
-                acc["ncpu"] += len(plan.nvme_cpu)
-                acc["ngpu"] += len(plan.nvme_gpu)
-                acc["masked"] += len(plan.masked)
-                acc["demand"] += plan.demand_reads
-                nv = plan.nvme_cpu or plan.nvme_gpu
-                if nv and plan.demand_reads == len(plan.nvme_cpu) + len(plan.nvme_gpu):
-                    acc["rl"] += 1                # read coverage, as the runtime books it (Runtime._wait_read)
-                    span, arr = plan.wait_from, plan.arrivals[nv[0]] - t0_layer
-                    acc["span"] += span
-                    acc["arr"] += arr
-                    # the gap (arrival - wait) spreads over layers by the plan, and within a layer by the first
-                    # read's own and shared lateness (channel cv_own, cv_shared) and the host's (lane_sd)
-                    acc["gap_sq"] += (arr - span) ** 2
-                    acc["gap_var"] += cv2 * arr * arr + lane_var
+                _book(acc, plan, picks, t0_layer, cv2, lane_var)
         if meas:
             acc["ms"] += t - t0_step
             acc["fixed"] += fixed_step
@@ -476,6 +445,33 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
         "layer_plans": total * L, "sim_seconds": wall,
     }
     return out
+
+
+def _book(acc: dict, plan, picks: dict, t0_layer: float, cv2: float, lane_var: float) -> None:
+    """Add one measured layer's plan to run's accumulators."""
+    acc["gpu"] += plan.gpu_ms
+    acc["cpu"] += plan.cpu_ms
+    acc["wait"] += plan.nvme_wait_ms
+    acc["gwait"] += plan.gpu_wait_ms
+    acc["picks"] += sum(picks.values())
+    acc["vram_picks"] += sum(picks[k] for k in plan.gpu)
+    acc["gpu_exp"] += len(plan.gpu)
+    acc["cpu_exp"] += len(plan.cpu)
+    acc["zc"] += len(plan.zerocopy)
+    acc["ncpu"] += len(plan.nvme_cpu)
+    acc["ngpu"] += len(plan.nvme_gpu)
+    acc["masked"] += len(plan.masked)
+    acc["demand"] += plan.demand_reads
+    nv = plan.nvme_cpu or plan.nvme_gpu
+    if nv and plan.demand_reads == len(plan.nvme_cpu) + len(plan.nvme_gpu):
+        acc["rl"] += 1                # read coverage, as the runtime books it (Runtime._wait_read)
+        span, arr = plan.wait_from, plan.arrivals[nv[0]] - t0_layer
+        acc["span"] += span
+        acc["arr"] += arr
+        # the gap (arrival - wait) spreads over layers by the plan, and within a layer by the first
+        # read's own and shared lateness (channel cv_own, cv_shared) and the host's (lane_sd)
+        acc["gap_sq"] += (arr - span) ** 2
+        acc["gap_var"] += cv2 * arr * arr + lane_var
 
 
 def prefill(R, prompt: int) -> dict:

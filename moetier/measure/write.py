@@ -1,0 +1,94 @@
+"""Record writing for `moetier calibrate`: the fitted terms into the engine, hardware and recipe records.
+
+Contract
+--------
+``write_terms(recipe_id, terms, when, vram_engine)`` writes the cpu lane's terms into the recipe's engine (and the
+VRAM engine, which runs the same cpu lane), the gpu / zerocopy lanes and the copy time per rows into the VRAM
+engine, the NVMe tables into the engines that produced the load, gpu.h2d_gbps into the hardware record and the
+host and non-MoE terms into the recipe's calibration block; each record validated and written atomically
+(moetier.core.records.write_record). A term an earlier calibration left and this one did not fit is removed.
+"""
+from __future__ import annotations
+
+from moetier.core import records as spec
+from moetier.core.terms import CHANNEL_FIELDS
+from moetier.errors import UserError
+
+
+def write_terms(recipe_id: str, terms: dict, when: str, vram_engine: str) -> None:
+    """Write the fitted terms into the engines (cpu lane: the recipe's engine and, with VRAM arms, the VRAM engine,
+    which runs the same cpu lane; gpu/zerocopy lanes: the VRAM engine), the hardware record (NVMe latency table,
+    gpu.h2d_gbps from the copy time) and the recipe's calibration block (validated; all of them or none)."""
+    rec = spec.load_record("recipe", recipe_id)
+    writes = []       # calibrate updates these records by design (force); all are staged, then renamed
+    R0 = spec.resolve(recipe_id)
+    record_bytes = R0.nvme_expert_bytes
+    with_cpu = [e for e in rec["engines"] if "cpu" in spec.load_record("engine", e)["lanes"]]
+    if not with_cpu:
+        raise UserError(f"calibrate {recipe_id}: no engine of the recipe has a cpu lane to calibrate")
+    src = f"moetier calibrate {when}: lanes fitted in situ from runtime counters ({recipe_id} fit arms)"
+    device = {ln: terms[ln] for ln in ("gpu", "zerocopy") if ln in terms}
+    tables = terms["nvme_latency_by_rows_qd_ms"]
+    for eng_id in dict.fromkeys([with_cpu[-1]] + ([vram_engine] if device else []) + list(tables)):
+        eng = spec.load_record("engine", eng_id)
+        for ln, vals in [("cpu", terms["cpu"])] + (list(device.items()) if eng_id == vram_engine else []):
+            if ln in eng["lanes"]:
+                for c in spec.LANE_OPTIONAL:                    # one fitted by an earlier run must not outlive it
+                    eng["lanes"][ln].pop(c, None)
+                eng["lanes"][ln].update({k: round(v, 6) for k, v in vals.items()})
+                eng["lanes"][ln]["expert_bytes"] = R0.expert_bytes   # the terms hold at this model's expert size
+        eng.pop("head_per_read_ms", None)
+        if eng_id == vram_engine:
+            eng.pop("copy_ms_by_rows", None)
+            eng.pop("copy_record_bytes", None)
+            if terms.get("copy_ms_by_rows"):
+                eng["copy_ms_by_rows"] = {r: round(v, 6) for r, v in terms["copy_ms_by_rows"].items()}
+                eng["copy_record_bytes"] = record_bytes
+        if eng_id in terms.get("head_per_read_ms_by_engine", {}):
+            eng["head_per_read_ms"] = round(terms["head_per_read_ms_by_engine"][eng_id], 6)
+        if eng_id in tables:
+            eng["nvme_latency_by_rows_qd_ms"] = tables[eng_id]
+            eng["nvme_latency_record_bytes"] = record_bytes
+            for field in CHANNEL_FIELDS:
+                eng.pop(field, None)          # a table from an earlier run must not outlive its own
+                if terms.get(field, {}).get(eng_id):
+                    eng[field] = terms[field][eng_id]
+            eng["nvme_latency_note"] = (f"moetier calibrate {when}: mean submit-to-landed of the runtime's demand "
+                                        f"reads by rows per step and demand queue depth, under this engine's load "
+                                        f"(fit arms, measured steps); deeper queues: the hardware's idle-disk "
+                                        f"figures. nvme_wake_ms_by_rows: mean delay from a read landing to the "
+                                        f"blocked waiter resuming; nvme_latency_cv_shared/own_by_rows: latency sd / "
+                                        f"mean, the part a layer's reads share and each read's own; "
+                                        f"lane_lateness_sd_ms_by_rows: sd of the host reaching its first wait "
+                                        f"beyond the plan's, from landing minus wait start; "
+                                        f"nvme_latency_prefetch_factor_by_rows: latency of a demand read that found "
+                                        f"a prefetch read in service, over the model's figure without one; "
+                                        f"nvme_prefetch_ms_by_rows: started-to-landed of a prefetch read alone; "
+                                        f"nvme_prefetch_share_ms_by_rows: how much longer per demand read beside it; "
+                                        f"nvme_prefetch_sd_ms_by_rows: the sd of a prefetch read about those; "
+                                        f"nvme_latency_by_rows_burst_pf_ms: the burst table of bursts issued "
+                                        f"beside a prefetch read in service")
+        eng["source"] = src
+        writes.append(("engine", eng))
+    rec["calibration"]["fixed_ms"] = terms["fixed_ms"]
+    rec["calibration"]["host"] = {**{k: round(v, 6) for k, v in terms["host"].items()},
+                                  "source": f"moetier calibrate {when}"}
+    rec["calibration"]["source"] = f"moetier calibrate {when}: fixed_ms = measured step wall outside the layers"
+    writes.append(("recipe", rec))
+    hw = spec.load_record("hardware", rec["hardware"])
+    hw_changed = False
+    if terms.get("copy_ms") and hw.get("gpu"):
+        hw["gpu"]["h2d_gbps"] = round(copy_gbps(record_bytes, terms["copy_ms"]), 4)
+        hw["gpu"]["note"] = (f"h2d_gbps: moetier calibrate {when}: one record pushed or drained by the runtime "
+                             f"(copy + stage time over copies, VRAM fit arms)")
+        hw_changed = True
+    if tables and hw["nvme"].pop("latency_by_rows_qd_ms", None) is not None:
+        # the tables under load now live with the engines that produced the load
+        hw["nvme"]["latency_note"] = "latency_by_qd_ms: moetier bench on an idle disk"
+        hw_changed = True
+    spec.write_records(writes + ([("hardware", hw)] if hw_changed else []), force=True)
+
+
+def copy_gbps(record_bytes: int, copy_ms: float) -> float:
+    """The link speed that moves one record in copy_ms."""
+    return record_bytes / (copy_ms * 1e6)
