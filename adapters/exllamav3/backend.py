@@ -63,6 +63,7 @@ class EngineBackend(EventTransfers):
         self._host = torch.from_numpy(np.frombuffer(self.pool._mm, np.uint8, self.pool.nbytes, self.pool._off)
                                       ).view(self.pool.n, self.pool.slot_bytes)
         self._ram_dev = self.pool.base          # the zerocopy lane's address of RAM slot 0 (device alias on CUDA)
+        self._registered = False
         self.copy_stream = None
         if self.cuda:
             self._register_pool()
@@ -79,15 +80,19 @@ class EngineBackend(EventTransfers):
 
     # -- memory -------------------------------------------------------------------------------------------------
     def _register_pool(self) -> None:
-        """Pin and map the RAM pool so that a kernel can read a RAM slot over the bus (the zerocopy lane)."""
-        import ctypes
+        """Pin and map the RAM pool so that a kernel can read a RAM slot over the bus (the zerocopy lane). With
+        unified addressing the device address of mapped host memory is the host address; where the engine offers
+        ext.pinned_cuda_view its alias is taken instead (glm53 checks the two agree)."""
         cudart = self.torch.cuda.cudart()
         err = cudart.cudaHostRegister(self.pool.base, self.pool.nbytes, 2 | 1)   # Mapped | Portable
         if int(err) != 0:
             raise BackendUnavailable(f"exllamav3 backend: cudaHostRegister of the RAM pool failed ({err})")
-        from exllamav3.ext import exllamav3_ext as ext
-        alias = ext.pinned_cuda_view(self._host, self.device.index or 0)
-        self._ram_dev = int(alias.data_ptr()) if hasattr(alias, "data_ptr") else int(ctypes.c_void_p(alias).value)
+        self._registered = True
+        try:
+            from exllamav3.ext import exllamav3_ext as ext
+            self._ram_dev = int(ext.pinned_cuda_view(self._host, self.device.index or 0).data_ptr())
+        except (AttributeError, RuntimeError, TypeError):
+            self._ram_dev = self.pool.base
 
     @property
     def ram_slot_count(self) -> int:
@@ -222,3 +227,6 @@ class EngineBackend(EventTransfers):
     def close(self) -> None:
         self.fence()
         self.reader.close()
+        if self._registered:
+            self.torch.cuda.cudart().cudaHostUnregister(self.pool.base)
+            self._registered = False
