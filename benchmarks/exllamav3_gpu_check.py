@@ -171,15 +171,14 @@ def main(argv=None) -> int:
 def real_checkpoint(args, torch) -> None:
     """Checks 5-6 on a real checkpoint's MoE blocks (exllamav3's Config/Model load; experts packed beside --out)."""
     from exllamav3 import Config, Model
-    from exllamav3.modules.block_sparse_mlp import BlockSparseMLP
 
-    from adapters.exllamav3.attach import attach
+    from adapters.exllamav3.attach import attach, moe_blocks
     from moetier.bytes import store
     from moetier.core.records import resolve
     config = Config.from_directory(args.checkpoint)
     model = Model.from_config(config)
     model.load()
-    blocks = [m for m in model.modules() if isinstance(m, BlockSparseMLP)]
+    blocks = moe_blocks(model)
     m0 = blocks[0]
     where = Path(args.out).with_suffix(".store")
     store.pack_checkpoint(args.checkpoint, where)

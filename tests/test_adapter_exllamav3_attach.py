@@ -334,3 +334,27 @@ def test_prefill_bypasses_moetier_on_the_home_rows(tiny, engine):
 def _home_rows(t) -> list:
     return [{f"{p}_{part}": int(t.home[f"{p}.{part}"][e]) for p in ("gate", "up", "down")
              for part in ("trellis", "suh", "svh")} for e in range(len(t.home["gate.trellis"]))]
+
+
+def test_moe_blocks_are_found_in_a_module_tree(tiny, engine):
+    """attach finds the blocks wherever the engine's module tree holds them (an exllamav3 Model's ``modules`` are its
+    layers, each iterating over its submodules), in order."""
+    from adapters.exllamav3.attach import moe_blocks
+    from exllamav3.modules.module import Module
+    model, _ = engine
+
+    class Layer(Module):            # a stand-in for a transformer layer holding one MoE block
+        def __init__(self, mlp):
+            super().__init__(None, f"layer.{mlp.key}", None)
+            self.modules = [mlp]
+
+        def forward(self, x, params, out_dtype=None):
+            raise NotImplementedError
+
+        def optimizer_targets(self):
+            return []
+
+    class Tree:
+        modules = [Layer(m) for m in model.modules]
+
+    assert moe_blocks(Tree()) == model.modules == moe_blocks(model) == moe_blocks(model.modules)

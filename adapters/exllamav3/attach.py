@@ -244,14 +244,24 @@ class Attached:
         self.backend.close()
 
 
+def moe_blocks(model) -> list:
+    """The BlockSparseMLP blocks of ``model`` in MoE ordinal order: an exllamav3 Model (its module tree walked in
+    order), an object with ``.modules`` (a list of blocks or of modules holding them), or a list."""
+    from exllamav3.modules.block_sparse_mlp import BlockSparseMLP
+    top = getattr(model, "modules", model)
+    out = []
+    for m in top:
+        for sub in (m if hasattr(m, "modules") and not isinstance(m, BlockSparseMLP) else (m,)):
+            if isinstance(sub, BlockSparseMLP):
+                out.append(sub)
+    return out
+
+
 def attach(model, recipe, store, **kw) -> Attached:
-    """Attach moetier to every BlockSparseMLP of ``model`` (an object with ``.modules``, a list of them in MoE
-    ordinal order, or the list itself); ``store``: the moetier store of the model's routed experts (exl3 records,
-    ``moetier store pack --checkpoint``; key = MoE ordinal * experts + expert)."""
-    modules = getattr(model, "modules", model)
-    if callable(modules):                      # an exllamav3 Model: walk its module tree for the MoE blocks
-        from exllamav3.modules.block_sparse_mlp import BlockSparseMLP
-        modules = [m for m in model.modules() if isinstance(m, BlockSparseMLP)]
+    """Attach moetier to every BlockSparseMLP of ``model`` (see moe_blocks); ``store``: the moetier store of the
+    model's routed experts (exl3 records, ``moetier store pack --checkpoint``; key = MoE ordinal * experts +
+    expert)."""
+    modules = moe_blocks(model)
     if not modules:
         raise UserError("attach: the model has no BlockSparseMLP blocks")
-    return Attached(list(modules), recipe, store, **kw)
+    return Attached(modules, recipe, store, **kw)
