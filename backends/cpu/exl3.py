@@ -12,24 +12,24 @@ accumulates in fp32. ``fp16=False`` skips the roundings (plain fp32). Rounding i
 on the float32 bits, identical to numpy's float32 -> float16 conversion.
 
 Decode strategy: a parallel work item is an output band of NB adjacent tiles (16 * NB columns), which streams down
-all tile rows of the trellis. For one tile row it first lays the band's NB tiles side by side as 16-bit units of
-their bit rings, [16K + 1, NB], so that one weight position of all NB tiles is read with the same unit index and
-offset: state extraction (exl3_dq.cuh's funnel shift, done on two 16-bit units with a multiply so every lane stays
-32-bit), the decode and the FMA then run across the NB tiles as vector lanes. Positions are visited in the tile's
-row-major order (the tensor-core placement is folded into the window tables), so a decoded tile row is
-[16 rows, 16 columns, NB tiles] in memory and input row r adds one contiguous 256-float block times x[16 i + r] into
-each token's accumulators. mul1 is decoded without a table: fp16(k_inv (1024 + s) + k_bias) with s the byte sum
-below, whose float32 value is exact, so one integer rounding of its bits gives the table's value; mcg and 3inst look
-the state up in a 65,536-entry table.
+all tile rows of the trellis, ROWS at a time. For those it first lays the band's tiles side by side as 16-bit units
+of their bit rings, [16K + 1, ROWS * NB], so that one weight position of all ROWS * NB tiles is read with the same
+unit index and offset: state extraction (exl3_dq.cuh's funnel shift, done on two 16-bit units with a multiply so
+every lane stays 32-bit), the decode and the FMA then run across the tiles as vector lanes. Positions are visited
+in the tile's row-major order (the tensor-core placement is folded into the window tables), so the decoded tile
+rows are [ROWS, 16 rows, 16 columns, NB tiles] in memory and each input row adds one contiguous 256-float block
+times its x into each token's accumulators. mul1 is decoded without a table: fp16(k_inv (1024 + s) + k_bias) with s
+the byte sum below, whose float32 value is exact, so one integer rounding of its bits gives the table's value; mcg
+and 3inst look the state up in a 65,536-entry table.
 
 ``mode="affine"`` (mul1 only) is the fast path: a mul1 weight is affine in the byte sum s of state * 0x83DCD12D,
 w = k_inv (1024 + s) + k_bias, so sum_r w_r x_r = k_inv sum_r s_r x_r + (1024 k_inv + k_bias) sum_r x_r: the kernel
 accumulates integer byte sums (no table lookup) and adds one per-token constant per column. It skips the fp16
 rounding of each weight, so it agrees with the exact path to about 2e-4 relative (rel RMS), not bit-for-bit.
 
-Determinism: each output column is owned by one work item with a fixed reduction order (tile rows in order,
-elements in trellis order), so results are bit-identical across runs and thread counts. Kernels are compiled with
-nogil so a lane can run them from worker threads; parallel=False uses the calling thread only.
+Determinism: each output column is owned by one work item with a fixed reduction order (input rows in order), so
+results are bit-identical across runs and thread counts. Kernels are compiled with nogil so a lane can run them from
+worker threads; parallel=False uses the calling thread only.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from moetier.bytes import exl3 as X
 
 _JIT = dict(cache=True, nogil=True)
 NB = 16                     # tiles per output band (256 columns, two Hadamard blocks)
+ROWS = 2                    # tile rows decoded per step (they share the window tables, halving their cost)
 MODES = ("exact", "affine")
 KIND_LUT, KIND_MUL1, KIND_AFFINE = 0, 1, 2   # decode: table lookup (any codebook), mul1 arithmetic, mul1 affine
 
@@ -130,17 +131,21 @@ def _had_rows_(a, scale):
 
 @njit(fastmath=True, **_JIT)
 def _gather_band(units, i, j0, nb, ubuf):
-    """ubuf[m, jj] = 16-bit unit m of the ring of tile (i, j0 + jj), band tiles side by side; row 16K repeats unit 0
-    (the wrap). The ring is the tile's uint32 words MSB-first, word i = e[2i] | e[2i+1] << 16, so unit m is
-    e[m ^ 1]. Tiles past the trellis edge (a partial band) read as zeros."""
-    nu = units.shape[2]
-    for jj in range(nb):
-        for m in range(nu):
-            ubuf[m, jj] = units[i, j0 + jj, m ^ 1]
-        ubuf[nu, jj] = ubuf[0, jj]
-    for jj in range(nb, ubuf.shape[1]):
-        for m in range(nu + 1):
-            ubuf[m, jj] = 0
+    """ubuf[m, h NB + jj] = 16-bit unit m of the ring of tile (i + h, j0 + jj) for the ROWS tile rows from i, band
+    tiles side by side; row 16K repeats unit 0 (the wrap). The ring is the tile's uint32 words MSB-first, word
+    i = e[2i] | e[2i+1] << 16, so unit m is e[m ^ 1]. Tiles past the trellis edge (a partial band, or a last odd
+    tile row) read as zeros."""
+    kt, _, nu = units.shape
+    for h in range(ROWS):
+        for jj in range(NB):
+            col = h * NB + jj
+            if jj < nb and i + h < kt:
+                for m in range(nu):
+                    ubuf[m, col] = units[i + h, j0 + jj, m ^ 1]
+                ubuf[nu, col] = ubuf[0, col]
+            else:
+                for m in range(nu + 1):
+                    ubuf[m, col] = 0
 
 
 @njit(fastmath=True, **_JIT)
@@ -156,15 +161,16 @@ def _state(ubuf, m, mul, jj):
 def _byte_sum(st):
     """Sum of the four bytes of st * 0x83DCD12D mod 2**32, in 32-bit ops."""
     p = np.uint32(st * np.uint32(X.MUL1_MULT))
-    q = np.uint32(np.uint32(p & np.uint32(0x00FF00FF)) + np.uint32(np.uint32(p >> np.uint32(8)) & np.uint32(0x00FF00FF)))
+    lo = np.uint32(p & np.uint32(0x00FF00FF))
+    q = np.uint32(lo + np.uint32(np.uint32(p >> np.uint32(8)) & np.uint32(0x00FF00FF)))
     return np.uint32(np.uint32(q & np.uint32(0xFFFF)) + np.uint32(q >> np.uint32(16)))
 
 
 @njit(fastmath=True, **_JIT)
 def _decode_band(ubuf, um, umul, kind, lut, wdec, wbits):
-    """wdec[p, jj] = the weight at row-major position p of band tile jj, for all 256 positions (um/umul: the window
-    tables in placement order; ubuf: the band's units): its table value (KIND_LUT), its mul1 weight (KIND_MUL1) or its mul1 byte sum
-    (KIND_AFFINE).
+    """wdec[h, p, jj] = the weight at row-major position p of tile (i + h, j0 + jj), for all 256 positions (um/umul:
+    the window tables in placement order; ubuf: the band's units): its table value (KIND_LUT), its mul1 weight
+    (KIND_MUL1) or its mul1 byte sum (KIND_AFFINE).
 
     KIND_MUL1 decodes without a table: fp16(k_inv (1024 + s) + k_bias). The float32 affine value is exact (a multiple
     of 2**-18 below 4), so one integer round-to-nearest-even of its bits to 10 mantissa bits (wbits: wdec's uint32
@@ -172,19 +178,21 @@ def _decode_band(ubuf, um, umul, kind, lut, wdec, wbits):
     if kind == KIND_LUT:
         for p in range(256):
             m, mul = um[p], umul[p]
-            for jj in range(NB):
-                wdec[p, jj] = lut[_state(ubuf, m, mul, jj)]
+            for h in range(ROWS):
+                for jj in range(NB):
+                    wdec[h, p, jj] = lut[_state(ubuf, m, mul, h * NB + jj)]
         return
     # one loop for both mul1 kinds (the byte sum s itself is s * 1 + 0): LLVM vectorises this form
     scale = _K_INV if kind == KIND_MUL1 else np.float32(1.0)
     offset = _K_CONST if kind == KIND_MUL1 else np.float32(0.0)
     for p in range(256):
         m, mul = um[p], umul[p]
-        for jj in range(NB):
-            wdec[p, jj] = np.float32(np.int32(_byte_sum(_state(ubuf, m, mul, jj)))) * scale + offset
+        for h in range(ROWS):
+            for jj in range(NB):
+                wdec[h, p, jj] = np.float32(np.int32(_byte_sum(_state(ubuf, m, mul, h * NB + jj)))) * scale + offset
     if kind == KIND_AFFINE:
         return
-    for q in range(256 * NB):
+    for q in range(256 * ROWS * NB):
         m = wbits[q]
         wbits[q] = np.uint32(np.uint32(m + np.uint32(0xFFF) + np.uint32(np.uint32(m >> np.uint32(13)) & np.uint32(1)))
                              & np.uint32(0xFFFFE000))
@@ -194,24 +202,25 @@ def _decode_band(ubuf, um, umul, kind, lut, wdec, wbits):
 def _gemm(units, xh, lut, um, umul, kind, out):
     """out[T, n] = xh[T, k] @ W_inner, W_inner decoded on the fly from the trellis [kt, nt, 16K] (uint16 view).
 
-    A decoded tile row is [16 rows, 16 columns, NB tiles] in memory, so each input row r adds one contiguous
-    256-float block times x[r] into the [16 columns, NB tiles] accumulator of each token."""
+    The ROWS decoded tile rows are [ROWS, 16 rows, 16 columns, NB tiles] in memory, so each input row adds one
+    contiguous 256-float block times its x into the [16 columns, NB tiles] accumulator of each token."""
     kt, nt, nu = units.shape
     T = xh.shape[0]
     nbands = (nt + NB - 1) // NB
     for b in prange(nbands):
         j0 = b * NB
         nb = min(NB, nt - j0)
-        ubuf = np.empty((nu + 1, NB), np.uint32)
-        wdec = np.empty((256, NB), np.float32)
+        ubuf = np.empty((nu + 1, ROWS * NB), np.uint32)
+        wdec = np.empty((ROWS, 256, NB), np.float32)
         wflat = wdec.reshape(-1)
         wbits = wflat.view(np.uint32)
         acc = np.zeros((T, 16 * NB), np.float32)
-        for i in range(kt):
+        for i in range(0, kt, ROWS):
             _gather_band(units, i, j0, nb, ubuf)
             _decode_band(ubuf, um, umul, kind, lut, wdec, wbits)
+            hs = min(ROWS, kt - i)
             for tok in range(T):
-                for r in range(16):
+                for r in range(16 * hs):
                     xv = xh[tok, 16 * i + r]
                     for q in range(16 * NB):
                         acc[tok, q] += wflat[r * 16 * NB + q] * xv
@@ -237,15 +246,16 @@ def _decode_inner(units, kind, lut, um, umul, out):
     for b in prange((nt + NB - 1) // NB):
         j0 = b * NB
         nb = min(NB, nt - j0)
-        ubuf = np.empty((nu + 1, NB), np.uint32)
-        wdec = np.empty((256, NB), np.float32)
+        ubuf = np.empty((nu + 1, ROWS * NB), np.uint32)
+        wdec = np.empty((ROWS, 256, NB), np.float32)
         wbits = wdec.reshape(-1).view(np.uint32)
-        for i in range(kt):
+        for i in range(0, kt, ROWS):
             _gather_band(units, i, j0, nb, ubuf)
             _decode_band(ubuf, um, umul, kind, lut, wdec, wbits)
-            for p in range(256):
-                for jj in range(nb):
-                    out[16 * i + p // 16, 16 * (j0 + jj) + p % 16] = wdec[p, jj]
+            for h in range(min(ROWS, kt - i)):
+                for p in range(256):
+                    for jj in range(nb):
+                        out[16 * (i + h) + p // 16, 16 * (j0 + jj) + p % 16] = wdec[h, p, jj]
 
 
 # --------------------------------------------------------------------------------------------------------------------
