@@ -111,3 +111,19 @@ def test_bad_arguments_name_what_was_expected():
         C.expert_forward(ex, np.zeros((1, 128), np.float32), mode="fast")
     with pytest.raises(ValueError, match=r"x: expected float32 \[rows, 128\]"):
         C.expert_forward(ex, np.zeros((1, 64), np.float32))
+
+
+@pytest.mark.parametrize("K", [2, 3])
+def test_int_stand_in_is_bit_identical_to_the_reference(K):
+    rng = np.random.default_rng(30 + K)
+    ex = X.random_expert(rng, 256, COLS, K=K)
+    x = rng.integers(-7, 8, size=(3, 256))
+    weight = np.array([5, -3, 7])
+    ref = X.int_expert_forward(x, ex, shift=40, a_max=7, weight=weight)
+    assert np.abs(ref).max() > 0
+    got = C.int_expert_forward(ex, x, shift=40, a_max=7, weight=weight)
+    assert got.dtype == np.int64 and np.array_equal(got, ref)
+    assert np.array_equal(C.int_expert_forward(ex, x, shift=40, weight=weight, parallel=False), ref)
+    assert np.array_equal(C.int_linear_forward(x, ex.gate), X.int_linear_forward(x, ex.gate))
+    with pytest.raises(ValueError, match="expected integers"):
+        C.int_linear_forward(x.astype(np.float32), ex.gate)

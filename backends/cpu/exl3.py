@@ -27,6 +27,10 @@ w = k_inv (1024 + s) + k_bias, so sum_r w_r x_r = k_inv sum_r s_r x_r + (1024 k_
 accumulates integer byte sums (no table lookup) and adds one per-token constant per column. It skips the fp16
 rounding of each weight, so it agrees with the exact path to about 2e-4 relative (rel RMS), not bit-for-bit.
 
+``int_expert_forward`` is the exl3-int stand-in (adapters.md section 2.6, moetier.bytes.exl3): the same containers
+and band decode, integer weights (byte sum - 510), +-1 scales, the unscaled butterfly, int64 GEMMs and the integer
+gate, so its output is bit-identical to the numpy reference and to any other lane.
+
 Determinism: each output column is owned by one work item with a fixed reduction order (input rows in order), so
 results are bit-identical across runs and thread counts. Kernels are compiled with nogil so a lane can run them from
 worker threads; parallel=False uses the calling thread only.
@@ -46,7 +50,8 @@ _JIT = dict(cache=True, nogil=True)
 NB = 16                     # tiles per output band (256 columns, two Hadamard blocks)
 ROWS = 2                    # tile rows decoded per step (they share the window tables, halving their cost)
 MODES = ("exact", "affine")
-KIND_LUT, KIND_MUL1, KIND_AFFINE = 0, 1, 2   # decode: table lookup (any codebook), mul1 arithmetic, mul1 affine
+# decode: table lookup (any codebook), mul1 arithmetic, mul1 affine (byte sums), exl3-int (byte sum - 510)
+KIND_LUT, KIND_MUL1, KIND_AFFINE, KIND_INT = 0, 1, 2, 3
 
 _K_INV = np.float32(X.MUL1_K_INV)
 _K_CONST = np.float32(1024.0 * X.MUL1_K_INV + X.MUL1_K_BIAS)   # exact in float32 (a multiple of 2**-18)
@@ -170,7 +175,7 @@ def _byte_sum(st):
 def _decode_band(ubuf, um, umul, kind, lut, wdec, wbits):
     """wdec[h, p, jj] = the weight at row-major position p of tile (i + h, j0 + jj), for all 256 positions (um/umul:
     the window tables in placement order; ubuf: the band's units): its table value (KIND_LUT), its mul1 weight
-    (KIND_MUL1) or its mul1 byte sum (KIND_AFFINE).
+    (KIND_MUL1), its mul1 byte sum (KIND_AFFINE) or its exl3-int weight (KIND_INT).
 
     KIND_MUL1 decodes without a table: fp16(k_inv (1024 + s) + k_bias). The float32 affine value is exact (a multiple
     of 2**-18 below 4), so one integer round-to-nearest-even of its bits to 10 mantissa bits (wbits: wdec's uint32
@@ -182,15 +187,16 @@ def _decode_band(ubuf, um, umul, kind, lut, wdec, wbits):
                 for jj in range(NB):
                     wdec[h, p, jj] = lut[_state(ubuf, m, mul, h * NB + jj)]
         return
-    # one loop for both mul1 kinds (the byte sum s itself is s * 1 + 0): LLVM vectorises this form
+    # one loop for all mul1 kinds (the byte sum s itself is s * 1 + 0, exl3-int's weight s * 1 - 510, both exact):
+    # LLVM vectorises this form
     scale = _K_INV if kind == KIND_MUL1 else np.float32(1.0)
-    offset = _K_CONST if kind == KIND_MUL1 else np.float32(0.0)
+    offset = _K_CONST if kind == KIND_MUL1 else np.float32(-X.MUL1_BYTE_SUM_MID if kind == KIND_INT else 0.0)
     for p in range(256):
         m, mul = um[p], umul[p]
         for h in range(ROWS):
             for jj in range(NB):
                 wdec[h, p, jj] = np.float32(np.int32(_byte_sum(_state(ubuf, m, mul, h * NB + jj)))) * scale + offset
-    if kind == KIND_AFFINE:
+    if kind != KIND_MUL1:
         return
     for q in range(256 * ROWS * NB):
         m = wbits[q]
@@ -198,9 +204,20 @@ def _decode_band(ubuf, um, umul, kind, lut, wdec, wbits):
                              & np.uint32(0xFFFFE000))
 
 
+@njit(**_JIT)
+def _band_scratch(nu):
+    """One work item's buffers: units [16K + 1, ROWS NB], decoded weights [ROWS, 256, NB], and its flat and
+    uint32 views."""
+    ubuf = np.empty((nu + 1, ROWS * NB), np.uint32)
+    wdec = np.empty((ROWS, 256, NB), np.float32)
+    wflat = wdec.reshape(-1)
+    return ubuf, wdec, wflat, wflat.view(np.uint32)
+
+
 @njit(parallel=True, fastmath=True, **_JIT)
 def _gemm(units, xh, lut, um, umul, kind, out):
     """out[T, n] = xh[T, k] @ W_inner, W_inner decoded on the fly from the trellis [kt, nt, 16K] (uint16 view).
+    Accumulates in out's dtype: float32, or int64 for KIND_INT (each integer product is exact in float64).
 
     The ROWS decoded tile rows are [ROWS, 16 rows, 16 columns, NB tiles] in memory, so each input row adds one
     contiguous 256-float block times its x into the [16 columns, NB tiles] accumulator of each token."""
@@ -210,11 +227,8 @@ def _gemm(units, xh, lut, um, umul, kind, out):
     for b in prange(nbands):
         j0 = b * NB
         nb = min(NB, nt - j0)
-        ubuf = np.empty((nu + 1, ROWS * NB), np.uint32)
-        wdec = np.empty((ROWS, 256, NB), np.float32)
-        wflat = wdec.reshape(-1)
-        wbits = wflat.view(np.uint32)
-        acc = np.zeros((T, 16 * NB), np.float32)
+        ubuf, wdec, wflat, wbits = _band_scratch(nu)
+        acc = np.zeros((T, 16 * NB), out.dtype)
         for i in range(0, kt, ROWS):
             _gather_band(units, i, j0, nb, ubuf)
             _decode_band(ubuf, um, umul, kind, lut, wdec, wbits)
@@ -246,9 +260,7 @@ def _decode_inner(units, kind, lut, um, umul, out):
     for b in prange((nt + NB - 1) // NB):
         j0 = b * NB
         nb = min(NB, nt - j0)
-        ubuf = np.empty((nu + 1, ROWS * NB), np.uint32)
-        wdec = np.empty((ROWS, 256, NB), np.float32)
-        wbits = wdec.reshape(-1).view(np.uint32)
+        ubuf, wdec, _, wbits = _band_scratch(nu)
         for i in range(0, kt, ROWS):
             _gather_band(units, i, j0, nb, ubuf)
             _decode_band(ubuf, um, umul, kind, lut, wdec, wbits)
@@ -256,6 +268,17 @@ def _decode_inner(units, kind, lut, um, umul, out):
                 for p in range(256):
                     for jj in range(nb):
                         out[16 * (i + h) + p // 16, 16 * (j0 + jj) + p % 16] = wdec[h, p, jj]
+
+
+@njit(**_JIT)
+def _int_gate_(g, u, shift, a_max):
+    """g = clamp((min(max(g, 0), 2**31-1) * clamp(u, +-(2**31-1))) >> shift, +-a_max) in place (exl3-int)."""
+    lim = np.int64(X.INT_CLAMP)
+    for r in range(g.shape[0]):
+        for q in range(g.shape[1]):
+            gv = min(max(g[r, q], np.int64(0)), lim)
+            uv = min(max(u[r, q], -lim), lim)
+            g[r, q] = min(max((gv * uv) >> shift, -a_max), a_max)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -305,7 +328,7 @@ def _swiglu_(g, u, limit, fp16):
 class _Linear:
     """One linear's kernel arguments: the trellis as uint16 units (a view), float32 scale vectors, tables."""
 
-    __slots__ = ("units", "suh", "svh", "lut", "um", "umul", "k", "n", "kind")
+    __slots__ = ("units", "suh", "svh", "suh_sign", "svh_sign", "lut", "um", "umul", "k", "n", "kind")
 
     def __init__(self, lin, mode: str):
         t = lin.trellis
@@ -315,6 +338,8 @@ class _Linear:
         self.k, self.n = lin.k, lin.n
         self.suh = _scales(lin.suh)
         self.svh = _scales(lin.svh)
+        self.suh_sign = np.where(np.signbit(self.suh), -1, 1).astype(np.int64)    # exl3-int's +-1 scales
+        self.svh_sign = np.where(np.signbit(self.svh), -1, 1).astype(np.int64)
         self.um, self.umul = _tables(lin.K)
         if mode == "affine" and lin.codebook != "mul1":
             raise ValueError(f"mode 'affine' needs the mul1 codebook, this linear uses {lin.codebook!r}")
@@ -322,7 +347,7 @@ class _Linear:
             self.kind = KIND_AFFINE if mode == "affine" else KIND_MUL1
         else:
             self.kind = KIND_LUT
-        self.lut = _lut32(lin.codebook)
+        self.lut = _lut32(lin.codebook if self.kind == KIND_LUT else "mul1")
 
 
 _LUTS: dict = {}
@@ -441,6 +466,46 @@ def expert_forward(expert, x, act_limit: float | None = None, routing_weight=1.0
         u = _linear(up, x, fp16)
         _swiglu_(g, u, np.float32(act_limit or 0.0), fp16)
         y = _linear(down, g, fp16)
+    return y * (w[:, None] if w.ndim else w)
+
+
+def _int_linear(L: _Linear, x: np.ndarray) -> np.ndarray:
+    xh = x * L.suh_sign
+    _had_rows_(xh, np.int64(1))
+    y = np.empty((x.shape[0], L.n), np.int64)
+    _gemm(L.units, xh, L.lut, L.um, L.umul, KIND_INT, y)
+    _had_rows_(y, np.int64(1))
+    y *= L.svh_sign
+    return y
+
+
+def _int_rows(x, width: int) -> np.ndarray:
+    x = np.ascontiguousarray(x)
+    if x.ndim == 1:
+        x = x[None, :]
+    if x.ndim != 2 or x.shape[1] != width or x.dtype.kind not in "iu":
+        raise ValueError(f"x: expected integers [rows, {width}], got {x.dtype} shape {list(x.shape)}")
+    return x.astype(np.int64)
+
+
+def int_linear_forward(x, lin, parallel: bool = True) -> np.ndarray:
+    """exl3-int y = B(B(x * sign(suh)) @ W_int) * sign(svh), int64 [T, n] (moetier.bytes.exl3.int_linear_forward)."""
+    L = _Linear(lin, "exact")
+    x = _int_rows(x, L.k)
+    with _team(parallel):
+        return _int_linear(L, x)
+
+
+def int_expert_forward(expert, x, shift: int, a_max: int = 7, weight=1, parallel: bool = True) -> np.ndarray:
+    """exl3-int expert, int64 [T, H]: bit-identical to moetier.bytes.exl3.int_expert_forward on any lane."""
+    gate, up, down = (_Linear(lin, "exact") for lin in (expert.gate, expert.up, expert.down))
+    x = _int_rows(x, gate.k)
+    w = np.asarray(weight, dtype=np.int64)
+    with _team(parallel):
+        g = _int_linear(gate, x)
+        u = _int_linear(up, x)
+        _int_gate_(g, u, np.int64(shift), np.int64(a_max))
+        y = _int_linear(down, g)
     return y * (w[:, None] if w.ndim else w)
 
 
