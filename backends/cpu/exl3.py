@@ -328,7 +328,7 @@ def _swiglu_(g, u, limit, fp16):
 class _Linear:
     """One linear's kernel arguments: the trellis as uint16 units (a view), float32 scale vectors, tables."""
 
-    __slots__ = ("units", "suh", "svh", "suh_sign", "svh_sign", "lut", "um", "umul", "k", "n", "kind")
+    __slots__ = ("units", "suh", "svh", "lut", "um", "umul", "k", "n", "kind")
 
     def __init__(self, lin, mode: str):
         t = lin.trellis
@@ -338,8 +338,6 @@ class _Linear:
         self.k, self.n = lin.k, lin.n
         self.suh = _scales(lin.suh)
         self.svh = _scales(lin.svh)
-        self.suh_sign = np.where(np.signbit(self.suh), -1, 1).astype(np.int64)    # exl3-int's +-1 scales
-        self.svh_sign = np.where(np.signbit(self.svh), -1, 1).astype(np.int64)
         self.um, self.umul = _tables(lin.K)
         if mode == "affine" and lin.codebook != "mul1":
             raise ValueError(f"mode 'affine' needs the mul1 codebook, this linear uses {lin.codebook!r}")
@@ -469,13 +467,18 @@ def expert_forward(expert, x, act_limit: float | None = None, routing_weight=1.0
     return y * (w[:, None] if w.ndim else w)
 
 
+def _signs(v: np.ndarray) -> np.ndarray:
+    """exl3-int's +-1 scales: the signs of suh/svh."""
+    return np.where(np.signbit(v), -1, 1).astype(np.int64)
+
+
 def _int_linear(L: _Linear, x: np.ndarray) -> np.ndarray:
-    xh = x * L.suh_sign
+    xh = x * _signs(L.suh)
     _had_rows_(xh, np.int64(1))
     y = np.empty((x.shape[0], L.n), np.int64)
     _gemm(L.units, xh, L.lut, L.um, L.umul, KIND_INT, y)
     _had_rows_(y, np.int64(1))
-    y *= L.svh_sign
+    y *= _signs(L.svh)
     return y
 
 
