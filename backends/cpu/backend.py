@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from moetier.bytes.expert import RECORD_KINDS
 from moetier.run.contract import BackendUnavailable, Capabilities
 from moetier.bytes.transport import Reader, SlotPool
 
@@ -30,7 +31,7 @@ class CpuBackend:
         self.reader = Reader(store, self.pool, queue_depth=queue_depth, verify_rate=verify_rate, direct=direct,
                              faults=faults)
         self.capabilities = Capabilities(name="cpu", device="host CPU (Numba)", lanes=frozenset({"cpu"}),
-                                         encodings=frozenset({"int8", "int4g32"}), vram_slots=0)
+                                         encodings=frozenset(RECORD_KINDS), vram_slots=0)
         self.lane = CpuLane(self.layout)
         self.workers, self.parallel_min = self.lane.workers, self.lane.parallel_min
 

@@ -29,7 +29,7 @@ import time
 import numpy as np
 from numba import get_num_threads, njit, prange, set_num_threads
 
-from moetier.bytes.expert import ExpertLayout, act_range, section_offsets
+from moetier.bytes.expert import EXL3, ExpertLayout, act_range, exl3_expert, section_offsets
 
 _JIT = dict(fastmath=True, cache=True, nogil=True)
 BLOCK = 16  # output rows per parallel work item
@@ -297,6 +297,8 @@ def expert_forward(lay: ExpertLayout, buf_u8, x_f32, out_f32=None, parallel: boo
     parallel=False runs on the calling thread only (GIL released): use it from several Python threads when the
     cores are shared, since a numba parallel region waits for its slowest thread. Results are bit-identical.
     """
+    if lay.encoding == EXL3:
+        return _exl3_forward(lay, buf_u8, x_f32, out_f32, parallel)
     slab = _as_u8(buf_u8)
     x = _check_x(lay, x_f32)
     rows = x.shape[0]
@@ -305,6 +307,17 @@ def expert_forward(lay: ExpertLayout, buf_u8, x_f32, out_f32=None, parallel: boo
     elif out_f32.shape != (rows, lay.hidden) or out_f32.dtype != np.float32 or not out_f32.flags.c_contiguous:
         raise ValueError(f"out_f32: expected contiguous float32 [{rows}, {lay.hidden}]")
     return _run(lay, slab, np.zeros(1, np.int64), x, np.array([0, rows], np.int64), out_f32, parallel)
+
+
+def _exl3_forward(lay: ExpertLayout, buf_u8, x_f32, out_f32=None, parallel: bool = True) -> np.ndarray:
+    """An exl3 record through the EXL3 kernel (backends/cpu/exl3.py), reading the record's sections in place."""
+    from backends.cpu import exl3 as kx
+    y = kx.expert_forward(exl3_expert(lay, _as_u8(buf_u8)), _check_x(lay, x_f32), lay.act_limit or None,
+                          parallel=parallel)
+    if out_f32 is None:
+        return y
+    out_f32[...] = y
+    return out_f32
 
 
 def _root(a: np.ndarray) -> np.ndarray:
@@ -321,6 +334,9 @@ def experts_forward(lay: ExpertLayout, bufs, xs, outs=None, parallel: bool = Tru
     Returns float32 [n, rows, H] (array input) or a list of [rows_e, H] arrays; bit-identical to expert_forward.
     """
     n = len(bufs)
+    if lay.encoding == EXL3:    # one expert at a time: the EXL3 kernel parallelises over an expert's output bands
+        ys = [_exl3_forward(lay, bufs[e], xs[e], None, parallel) for e in range(n)]
+        return np.stack(ys) if isinstance(xs, np.ndarray) and xs.ndim == 3 else ys
     as_array = isinstance(xs, np.ndarray) and xs.ndim == 3
     xl = [_check_x(lay, xs[e]) for e in range(n)] if not as_array else None
     if as_array:
@@ -373,6 +389,9 @@ def warmup(lay: ExpertLayout) -> None:
     Numba specialises on writability, so both a writable buffer (RAM slot) and a read-only one (bytes,
     read-only mmap) are warmed.
     """
+    if lay.encoding == EXL3:
+        from backends.cpu import exl3 as kx
+        kx.warmup(lay.bits, lay.codebook)
     buf = np.zeros(lay.record_bytes, np.uint8)
     x = np.zeros((1, lay.hidden), np.float32)
     ro = buf.view()
