@@ -1,6 +1,6 @@
 """The cumulative lever study on the default recipe (glm53-rtx3090-55g-nvx4 and its shipped trace).
 
-    python examples/levers.py [--seed oracle|warmup] [--json]
+    python examples/levers.py [--seed oracle|warmup] [--json] [--plot levers.png] [--quiet]
 
 Each row adds one lever to the previous ones (the first row, all experts in RAM, is the calibration reference and
 is not cumulative). `--seed oracle` reproduces the reference's semantics (whole-trace frequency seeding).
@@ -15,6 +15,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from moetier.cli import progress  # noqa: E402
 from moetier.core import sim  # noqa: E402
 from moetier.core import records as spec  # noqa: E402
 from moetier.traces.format import load_trace  # noqa: E402
@@ -35,25 +36,40 @@ def study(seed: str, concs=(1, 2, 4)) -> list[dict]:
     base = spec.resolve(RECIPE)
     tr = load_trace(REPO / base.trace, layers=base.layers, experts=base.experts, topk=base.topk)
     rows, acc = [], []
-    for name, sets, cumulative in LEVERS:
-        overrides = (acc + sets if cumulative else sets) + [f"policy.seed={seed}"]
-        if cumulative:
-            acc = acc + sets
-        R = spec.resolve(RECIPE, overrides)
-        res = {c: sim.run(R, tr, c) for c in concs}
-        c1 = res[concs[0]]
-        rows.append({"lever": name, "overrides": overrides, "tok_s": {str(c): r["tok_s"] for c, r in res.items()},
-                     "c1_ms": {"fixed": c1["ms_fixed"], "gpu": c1["ms_gpu_moe"], "cpu": c1["ms_cpu_moe"]},
-                     "nvme_per_tok": c1["nvme_per_tok"], "cpu_experts_per_tok": c1["cpu_experts_per_tok"]})
+    with progress.task("levers", unit="replays", total=len(LEVERS) * len(concs)) as bar:
+        for name, sets, cumulative in LEVERS:
+            overrides = (acc + sets if cumulative else sets) + [f"policy.seed={seed}"]
+            if cumulative:
+                acc = acc + sets
+            R = spec.resolve(RECIPE, overrides)
+            res = {}
+            for c in concs:
+                res[c] = sim.run(R, tr, c)
+                bar(len(rows) * len(concs) + len(res))
+            rows.append(_row(name, overrides, res, concs))
     return rows
+
+
+def _row(name, overrides, res, concs) -> dict:
+    c1 = res[concs[0]]
+    return {"lever": name, "overrides": overrides, "tok_s": {str(c): r["tok_s"] for c, r in res.items()},
+            "c1_ms": {"fixed": c1["ms_fixed"], "gpu": c1["ms_gpu_moe"], "cpu": c1["ms_cpu_moe"]},
+            "nvme_per_tok": c1["nvme_per_tok"], "cpu_experts_per_tok": c1["cpu_experts_per_tok"]}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seed", default="warmup", choices=["warmup", "oracle"])
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--seed", default="warmup", choices=["warmup", "oracle"],
+                    help="tier seeding: warmup (held-out warm-up tokens) or oracle (the reference's)")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    ap.add_argument("--plot", metavar="PNG", help="also draw the study: bars per lever and concurrency")
+    ap.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     a = ap.parse_args(argv)
-    rows = study(a.seed)
+    with progress.session(quiet=a.quiet):
+        rows = study(a.seed)
+    if a.plot:
+        from moetier.cli.plots import plot_levers
+        print(f"wrote {plot_levers(rows, a.plot)}", file=sys.stderr)
     if a.json:
         print(json.dumps(rows, indent=1, sort_keys=True))
         return 0

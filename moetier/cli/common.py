@@ -1,5 +1,5 @@
 """Helpers shared by the CLI's verb modules (main, runtime, probe, conformance): argument types, the parser that
-turns argparse errors into UserError, progress on a terminal, JSON output, recipe and trace resolution.
+turns argparse errors into UserError, JSON output (strict: no NaN/Infinity), recipe and trace resolution.
 
 Contract: nothing here imports a verb module, so every verb module imports this one and none imports another.
 """
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from pathlib import Path
 
 from moetier.errors import UserError
@@ -70,18 +69,6 @@ json_object.__name__ = "a JSON object"
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         raise UserError(f"{self.prog}: {message}")
-
-
-def _progress(label: str):
-    if not sys.stderr.isatty():
-        return None
-
-    def cb(i, n):
-        sys.stderr.write(f"\r{label}: step {i}/{n}")
-        sys.stderr.flush()
-        if i + 64 >= n:
-            sys.stderr.write("\r" + " " * (len(label) + 30) + "\r")
-    return cb
 
 
 def _emit(obj) -> None:

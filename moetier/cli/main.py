@@ -1,4 +1,4 @@
-"""The moetier command line: show, table, sim, trace, store, run, bench.
+"""The moetier command line: show, table, sim, trace, list, plot, doctor, store, run, bench, ...
 
 Contract: user errors (UserError, bad arguments) print one line ``moetier: error: ...`` on stderr and exit 2, with no
 traceback. ``--json`` output is one JSON document with sorted keys. Progress goes to stderr, only on a terminal.
@@ -12,9 +12,10 @@ import signal
 import sys
 import threading
 
-from moetier.cli.common import (DEFAULT_RECIPE, _emit, _Parser, _progress, _resolve, _trace, count,  # noqa: F401
+from moetier.cli.common import (DEFAULT_RECIPE, _emit, _Parser, _resolve, _trace, count,  # noqa: F401
                                 count_float, find_path, fraction, int_list, json_object, positive_float,
                                 positive_int, REPO, seed)
+from moetier.cli import progress, views
 from moetier.errors import UserError
 
 
@@ -25,8 +26,9 @@ def _sim_runs(R, tr, concs, args):
         kw = {}
         if getattr(args, "window", None):
             kw = dict(window=args.window, accept=args.accept, draft_ms=args.draft_ms)
-        out.append(sim.run(R, tr, c, max_steps=getattr(args, "steps", 0) or 0,
-                           progress=_progress(f"sim C{c}"), **kw))
+        with progress.task(f"sim C{c}") as cb:
+            out.append(sim.run(R, tr, c, max_steps=getattr(args, "steps", 0) or 0, progress=cb,
+                               timeline=bool(args.plot), **kw))
     return out
 
 
@@ -68,28 +70,25 @@ def cmd_sim(args) -> int:
     R = _resolve(args)
     tr = _trace(args, R)
     res = _sim_runs(R, tr, args.conc or [1, 2, 4], args)
+    if args.plot:
+        from moetier.cli.plots import plot_timeline
+        print(f"wrote {plot_timeline(res, args.plot)}", file=sys.stderr)
+        for r in res:
+            r.pop("timeline")
     if args.json:
         _emit(res if len(res) > 1 else res[0])
         return 0
-    _print_decode(res)
+    views.print_decode(res, title=f"sim {R.id} (trace {tr.meta.get('name') or args.trace or R.trace}, "
+                                  f"seed {R.policy.get('seed')})")
     return 0
-
-
-def _print_decode(res) -> None:
-    print("| conc | decode tok/s | ms/step: fixed + max(gpu, cpu) | vram hit | cpu exp/tok | zc/tok | nvme/tok "
-          "| masked/tok | prefetch P/R |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for o in res:
-        pf = o["prefetch"]
-        pr = "-" if pf["precision"] is None else f"{pf['precision']:.2f} / {pf['recall']:.2f}"
-        print(f"| {o['conc']} | {o['tok_s']:.2f} | {o['ms_fixed']:.1f} + max({o['ms_gpu_moe']:.2f}, "
-              f"{o['ms_cpu_moe']:.2f}) | {o['vram_hit']:.3f} | {o['cpu_experts_per_tok']:.1f} | "
-              f"{o['zerocopy_per_tok']:.1f} | {o['nvme_per_tok']:.1f} | {o['masked_per_tok']:.1f} | {pr} |")
 
 
 def standard_table(R, tr, concs) -> dict:
     from moetier.core import sim
-    decode = [sim.run(R, tr, c, progress=_progress(f"sim C{c}")) for c in concs]
+    decode = []
+    for c in concs:
+        with progress.task(f"sim C{c}") as cb:
+            decode.append(sim.run(R, tr, c, progress=cb))
     pre = {str(n): sim.prefill(R, n) for n in (8192, 32768)}
     return {"recipe": R.id, "vram_slots": R.vram_slots, "ram_slots": R.ram_slots, "nvme_only": R.nvme_only,
             "decode": decode, "prefill": pre}
@@ -104,18 +103,9 @@ def cmd_table(args) -> int:
     if args.json:
         _emit(t)
         return 0
-    print(f"recipe {R.id}: vram {R.vram_slots:,} / ram {R.ram_slots:,} / nvme {R.nvme_only:,} experts "
-          f"(trace {tr.meta.get('name') or args.trace or R.trace}, seed {R.policy.get('seed')})")
-    print("| prefill | conc | decode tok/s | prefill tok/s | per step ms: fixed + max(gpu, cpu) | bound |")
-    print("|---|---|---|---|---|---|")
-    p8, p32 = t["prefill"]["8192"], t["prefill"]["32768"]
-    for o in t["decode"]:
-        bound = "cpu" if o["ms_cpu_moe"] > o["ms_gpu_moe"] else "gpu"
-        pf = f"{p8['tok_s']:.1f}" if o["conc"] == 1 else ""
-        print(f"| 8k | {o['conc']} | {o['tok_s']:.2f} | {pf} | {o['ms_fixed']:.1f} + max({o['ms_gpu_moe']:.2f}, "
-              f"{o['ms_cpu_moe']:.2f}) | {bound}-moe |")
-    print(f"| 32k | 1 | (not modeled: decode cost of a long context) | {p32['tok_s']:.1f} | | "
-          f"prefill {p32['bound']}-bound |")
+    views.print_standard(t, f"recipe {R.id}: vram {R.vram_slots:,} / ram {R.ram_slots:,} / nvme {R.nvme_only:,} "
+                            f"experts (trace {tr.meta.get('name') or args.trace or R.trace}, "
+                            f"seed {R.policy.get('seed')}); decode")
     return 0
 
 
@@ -126,7 +116,14 @@ def cmd_trace(args) -> int:
         kw = _model_geometry(args.model) if args.model else {}
         tr = T.load_trace(find_path(args.path), args.segments, **kw)
         experts = kw.get("experts") or int(tr.meta.get("experts") or int(tr.ids.max()) + 1)
-        d = stats(tr, experts, cache_sizes=args.cache_sizes)
+        with progress.task("trace stats", unit="parts") as cb:
+            d = stats(tr, experts, cache_sizes=args.cache_sizes, progress=cb)
+        if args.plot:
+            from moetier.cli.plot import cache_curves
+            from moetier.cli.plots import plot_cache
+            curves = cache_curves(args.path, args.model)
+            curves.update({"cache": d["cache"], "layers": d["layers"]})
+            print(f"wrote {plot_cache(curves, args.plot)}", file=sys.stderr)
         if args.json:
             _emit(d)
         else:
@@ -159,6 +156,8 @@ def _model_geometry(model_id: str) -> dict:
 # ---- parser ----------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="moetier", description="Tiered MoE expert residency: records, planner, simulator, runtime.")
+    p.add_argument("--version", action="version", version=f"moetier {_version()}",
+                   help="print the version and exit")
     sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
 
     def recipe_args(sp, optional=False):
@@ -185,38 +184,67 @@ def build_parser() -> argparse.ArgumentParser:
                             help="speculative verify window (tokens per stream)")
             sp.add_argument("--accept", type=positive_float, default=1.0, help="tokens accepted per stream per step")
             sp.add_argument("--draft-ms", type=count_float, default=0.0, help="draft cost per step (ms)")
+            sp.add_argument("--plot", metavar="PNG", help="also draw tier use and VRAM hit rate over the replay "
+                            "(moetier plot timeline)")
         sp.set_defaults(fn=fn)
 
     sp = sub.add_parser("trace", help="routing traces: stats, gen, convert")
     tsub = sp.add_subparsers(dest="trace_cmd", parser_class=_Parser)
     s = tsub.add_parser("stats", help="popularity, reuse distance, LRU/Belady curves")
-    s.add_argument("path")
-    s.add_argument("--segments")
+    s.add_argument("path", help="trace file (.npz, or a reference .npy with --segments)")
+    s.add_argument("--segments", help="segments .npy for a reference .npy trace")
     s.add_argument("--model", help="model id to validate against")
     s.add_argument("--cache-sizes", type=int_list, help="comma-separated slot counts for the hit-rate curves")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--plot", metavar="PNG", help="also draw per-layer hit-rate curves, LRU vs Belady (moetier plot "
+                   "cache)")
     g = tsub.add_parser("gen", help="synthetic trace (docs/traces.md)")
-    g.add_argument("--model", required=True)
-    g.add_argument("--out", required=True)
-    g.add_argument("--tokens", type=positive_int, default=4000)
-    g.add_argument("--segments", type=positive_int, default=4)
-    g.add_argument("--seed", type=seed, default=0)
+    g.add_argument("--model", required=True, help="model id whose geometry (layers, experts, top-k) to use")
+    g.add_argument("--out", required=True, help="trace file to write (.npz)")
+    g.add_argument("--tokens", type=positive_int, default=4000, help="tokens to generate (default 4000)")
+    g.add_argument("--segments", type=positive_int, default=4, help="independent segments (streams; default 4)")
+    g.add_argument("--seed", type=seed, default=0, help="random seed (default 0)")
     g.add_argument("--params", type=json_object, help="GenParams as JSON")
     c = tsub.add_parser("convert", help="reference .npy (+ .segments.npy) <-> .npz")
-    c.add_argument("src")
-    c.add_argument("dst")
-    c.add_argument("--segments")
+    c.add_argument("src", help="trace to read (.npz or reference .npy)")
+    c.add_argument("dst", help="trace to write (.npz or .npy)")
+    c.add_argument("--segments", help="segments .npy beside a reference .npy trace")
     sp.set_defaults(fn=cmd_trace)
     from moetier.cli import model as cli_model
     cli_model.register(sub, _Parser)
     _extend(sub)
+    _finish(p)
     return p
+
+
+def _version() -> str:
+    from moetier import __version__
+    return __version__
+
+
+def _finish(p: argparse.ArgumentParser) -> None:
+    """Every (sub)command takes --quiet (no progress bars); the top level keeps its own value unless given."""
+    for sp in _subparsers(p):
+        if not any("--quiet" in a.option_strings for a in sp._actions):
+            sp.add_argument("--quiet", "-q", action="store_true", default=argparse.SUPPRESS,
+                            help="no progress bars (they draw only on a terminal anyway)")
+
+
+def _subparsers(p: argparse.ArgumentParser):
+    """p and every parser below it."""
+    yield p
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for sp in dict.fromkeys(a.choices.values()):
+                yield from _subparsers(sp)
 
 
 def _extend(sub) -> None:
     """Verbs that need the runtime extras register here (kept out of the import path of the core verbs)."""
     from moetier.cli import adapter as cli_adapter       # imports its engine only when run
-    cli_adapter.register(sub, _Parser)
+    from moetier.cli import doctor, listing, plot, sweep
+    for m in (cli_adapter, listing, plot, doctor, sweep):
+        m.register(sub, _Parser)
     try:
         from moetier.cli import runtime as cli_runtime
     except ImportError:
@@ -244,7 +272,8 @@ def main(argv=None) -> int:
         if not getattr(args, "fn", None):
             parser.print_help()
             return 2
-        return args.fn(args) or 0
+        with progress.session(quiet=getattr(args, "quiet", False)):
+            return args.fn(args) or 0
     return guarded(dispatch)
 
 

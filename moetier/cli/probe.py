@@ -29,6 +29,8 @@ def register(sub, parser_class) -> None:
                    "recipe's)")
     p.add_argument("--md", action="store_true", help="markdown tables instead of JSON")
     p.add_argument("--write", action="store_true", help="store utilization and chokepoints in the run record")
+    p.add_argument("--plot", metavar="PNG", help="also draw the per-layer chokepoint waterfall (moetier plot "
+                   "waterfall)")
     sp.set_defaults(fn=cmd_probe)
 
 
@@ -143,6 +145,9 @@ def _report(args) -> int:
         if "probe" not in rec:
             rec["probe"] = str(probe_path)
         print(f"wrote {spec.write_record('runs', rec, force=True)}", file=sys.stderr)   # --write updates the run's record
+    if args.plot:
+        from moetier.cli.plots import plot_waterfall
+        print(f"wrote {plot_waterfall(rep, args.plot)}", file=sys.stderr)
     if args.md:
         print(probe.to_markdown(rep), end="")
     else:

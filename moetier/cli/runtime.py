@@ -10,7 +10,8 @@ import json
 import platform
 import sys
 
-from moetier.cli.common import _progress, count, fraction, positive_int, seed
+from moetier.cli import progress
+from moetier.cli.common import count, fraction, positive_int, seed
 from moetier.errors import UserError
 
 
@@ -21,46 +22,49 @@ def register(sub, parser_class) -> None:
                         "routed experts of an EXL3 checkpoint (--checkpoint)")
     p.add_argument("model", nargs="?", help="model record id (with --checkpoint: checked against the checkpoint)")
     p.add_argument("--checkpoint", metavar="DIR", help="pack this EXL3 checkpoint's routed experts")
-    p.add_argument("--out", required=True)
-    p.add_argument("--seed", type=seed, default=0)
+    p.add_argument("--out", required=True, help="store directory to write (replaced atomically if a store)")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the deterministic expert weights (default 0)")
     v = ssub.add_parser("verify", help="re-read every record and check its checksum")
-    v.add_argument("dir")
-    v.add_argument("--model")
+    v.add_argument("dir", help="store directory")
+    v.add_argument("--model", help="model record id the store must match")
     sp.set_defaults(fn=cmd_store)
 
     r = sub.add_parser("run", help="run a recipe for real on a backend (real reads, real kernels)")
-    r.add_argument("recipe")
-    r.add_argument("--store", required=True)
-    r.add_argument("--trace")
-    r.add_argument("--segments")
+    r.add_argument("recipe", help="recipe id (registry/recipe/<id>.json)")
+    r.add_argument("--store", required=True, help="packed store directory (moetier store pack)")
+    r.add_argument("--trace", help="routing trace (.npz, or reference .npy); default: the recipe's")
+    r.add_argument("--segments", help="segments .npy for a reference .npy trace")
     r.add_argument("--backend", default="cpu", help="cpu, sycl or cuda")
-    r.add_argument("--conc", type=positive_int, nargs="+", default=[1, 2, 4])
+    r.add_argument("--conc", type=positive_int, nargs="+", default=[1, 2, 4],
+                   help="concurrency levels (default 1 2 4)")
     r.add_argument("--steps", type=count, default=0, help="cap on measured steps per concurrency (0 = the trace's)")
-    r.add_argument("--set", nargs="+", metavar="PATH=VALUE")
+    r.add_argument("--set", nargs="+", metavar="PATH=VALUE", help="dotted recipe overrides, values as JSON")
     r.add_argument("--verify-rate", type=fraction, default=1.0, help="fraction of reads checksum-checked on landing")
     r.add_argument("--record", help="run record id (default: <recipe>-run-<utc time>)")
     r.add_argument("--no-record", action="store_true", help="do not write a run record")
     r.add_argument("--force", action="store_true", help="replace an existing run record of the --record id")
     r.add_argument("--probe", metavar="FILE", help="sample the host at 100 ms and the runtime's counters per step "
                    "into FILE (JSON lines; see `moetier probe`)")
-    r.add_argument("--json", action="store_true")
+    r.add_argument("--json", action="store_true", help="machine-readable output (the run record)")
     r.set_defaults(fn=cmd_run)
 
     c = sub.add_parser("calibrate", help="run a matrix of configurations for real, fit the simulator's cost terms "
                        "from the runtime's counters, and report prediction errors")
-    c.add_argument("recipe")
-    c.add_argument("--store", required=True)
-    c.add_argument("--trace")
-    c.add_argument("--segments")
-    c.add_argument("--backend", default="cpu")
+    c.add_argument("recipe", help="recipe id (registry/recipe/<id>.json)")
+    c.add_argument("--store", required=True, help="packed store directory (moetier store pack)")
+    c.add_argument("--trace", help="routing trace (.npz, or reference .npy); default: the recipe's")
+    c.add_argument("--segments", help="segments .npy for a reference .npy trace")
+    c.add_argument("--backend", default="cpu", help="cpu, sycl or cuda (default cpu)")
     c.add_argument("--steps", type=positive_int, default=200, help="measured steps per arm and repeat")
     c.add_argument("--repeats", type=positive_int, default=2,
                    help="interleaved repeats of the whole matrix (A B .. A B ..)")
-    c.add_argument("--verify-rate", type=fraction, default=1.0)
+    c.add_argument("--verify-rate", type=fraction, default=1.0,
+                   help="fraction of reads checksum-checked on landing (default 1)")
     c.add_argument("--no-write", action="store_true", help="do not write the fitted terms or the run record")
     c.add_argument("--record", help="run record id (default calibration-<recipe>-<utc time>)")
     c.add_argument("--force", action="store_true", help="replace an existing run record of the --record id")
-    c.add_argument("--json", action="store_true")
+    c.add_argument("--json", action="store_true", help="machine-readable output (the run record)")
+    c.add_argument("--plot", metavar="PNG", help="also draw measured vs predicted tok/s (moetier plot calibration)")
     c.set_defaults(fn=cmd_calibrate)
 
     b = sub.add_parser("bench", help="measure this machine; write its hardware and engine records")
@@ -70,7 +74,7 @@ def register(sub, parser_class) -> None:
     b.add_argument("--records", type=positive_int, default=256, help="records read per bandwidth pass")
     b.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
     b.add_argument("--force", action="store_true", help="replace existing hardware/engine records of these ids")
-    b.add_argument("--json", action="store_true")
+    b.add_argument("--json", action="store_true", help="machine-readable output (measures and both records)")
     b.set_defaults(fn=cmd_bench)
 
 
@@ -81,10 +85,11 @@ def cmd_store(args) -> int:
         if args.model is None and args.checkpoint is None:
             raise UserError("store pack: expected a model id, or --checkpoint DIR")
         model = spec.load_record("model", args.model) if args.model else None
-        if args.checkpoint:
-            m = store.pack_checkpoint(args.checkpoint, args.out, model=model, progress=_progress("pack"))
-        else:
-            m = store.pack(model, args.out, seed=args.seed)
+        with progress.task(f"pack {args.model or args.checkpoint}", unit="records") as cb:
+            if args.checkpoint:
+                m = store.pack_checkpoint(args.checkpoint, args.out, model=model, progress=cb)
+            else:
+                m = store.pack(model, args.out, seed=args.seed, progress=cb)
         if m.get("removed_stale"):
             print(f"removed {len(m['removed_stale'])} staging folder(s) left by a pack that is no longer running: "
                   f"{', '.join(m['removed_stale'])}", file=sys.stderr)
@@ -93,7 +98,8 @@ def cmd_store(args) -> int:
         return 0
     if args.store_cmd == "verify":
         model = spec.load_record("model", args.model) if args.model else None
-        res = store.verify(args.dir, model=model)
+        with progress.task(f"verify {args.dir}", unit="records") as cb:
+            res = store.verify(args.dir, model=model, progress=cb)
         print(f"verified {res['records']} records, {res['bytes'] / 1e9:.2f} GB in {res['seconds']:.1f} s "
               f"({'O_DIRECT' if res.get('direct') else 'buffered'}): 0 bad")
         return 0
@@ -138,7 +144,7 @@ def cmd_run(args) -> int:
     from moetier.run import runtime
     from moetier.core import sim
     from moetier.bytes import store
-    from moetier.cli.common import _emit, _progress, _resolve, _trace
+    from moetier.cli.common import _emit, _resolve, _trace
     R = _resolve(args)
     when = _now()
     rid = _record_id(args.record, f"{R.id}-run", when, write=not args.no_record, force=args.force)
@@ -156,8 +162,9 @@ def cmd_run(args) -> int:
             try:
                 if sampler is not None:
                     sampler.mark(f"decode_C{c}")
-                res = runtime.run(R, st, be, tr, c, max_steps=args.steps, progress=_progress(f"run C{c}"),
-                                  step_hook=sampler.counters if sampler is not None else None)
+                with progress.task(f"run C{c}") as cb:
+                    res = runtime.run(R, st, be, tr, c, max_steps=args.steps, progress=cb,
+                                      step_hook=sampler.counters if sampler is not None else None)
             finally:
                 be.close()
             rows.append(res)
@@ -168,7 +175,8 @@ def cmd_run(args) -> int:
         c = res["conc"]
         res.pop("outputs")
         res["digest_last"] = res.pop("digests")[-1]
-        p = sim.run(R, tr, c, max_steps=args.steps)
+        with progress.task(f"sim C{c}") as cb:
+            p = sim.run(R, tr, c, max_steps=args.steps, progress=cb)
         preds.append({k: p[k] for k in ("conc", "tok_s", "ms_per_token", "nvme_per_tok", "cpu_experts_per_tok",
                                          "ms_fixed", "ms_cpu_moe", "ms_gpu_moe", "ms_nvme_wait", "masked_per_tok")})
     table = []
@@ -210,9 +218,10 @@ def cmd_calibrate(args) -> int:
     rid = _record_id(args.record, f"calibration-{R.id}", _now(), write=not args.no_write, force=args.force)
     st = store.open_store(args.store, model=R.model)
     tr = _trace(args, R)
-    prog = (lambda msg: print(f"calibrate: {msg}", file=sys.stderr)) if sys.stderr.isatty() else None
-    res = calibrate.calibrate(args.recipe, st, tr, steps=args.steps, repeats=args.repeats, backend=args.backend,
-                              verify_rate=args.verify_rate, write=not args.no_write, progress=prog)
+    with progress.status("calibrate") as prog:
+        res = calibrate.calibrate(args.recipe, st, tr, steps=args.steps, repeats=args.repeats,
+                                  backend=args.backend, verify_rate=args.verify_rate, write=not args.no_write,
+                                  progress=prog)
     record = {**_run_record(rid, R.id, args.backend, res["when"]),
               "title": f"calibration matrix for {R.id}",
               "table": [{"arm": r["arm"], "conc": r["conc"], "decode": r["measured_tok_s"], "sim_decode": r["sim_tok_s"],
@@ -222,6 +231,9 @@ def cmd_calibrate(args) -> int:
                       "are held out; errors are simulator vs measured decode tok/s"}
     if not args.no_write:
         _write("runs", record, force=args.force)
+    if args.plot:
+        from moetier.cli.plots import plot_calibration
+        print(f"wrote {plot_calibration(record, args.plot)}", file=sys.stderr)
     if args.json:
         _emit(record)
         return 0
@@ -263,7 +275,8 @@ def cmd_bench(args) -> int:
         for kind, rid in (("hardware", args.hardware), ("engine", args.engine)):
             spec.check_writable(kind, rid, force=args.force)
     st = store.open_store(args.store)
-    m = bench.measure(st, nrec=args.records)
+    with progress.status("bench", total=len(bench.STAGES)) as prog:
+        m = bench.measure(st, nrec=args.records, progress=prog)
     hw, eng = bench.records(m, args.hardware, args.engine, _now(), _existing("hardware", args.hardware))
     if not args.dry_run:     # both records or neither
         for path in spec.write_records([("hardware", hw), ("engine", eng)], force=args.force):

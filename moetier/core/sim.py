@@ -44,7 +44,10 @@ def rank_keys(ids: np.ndarray, experts: int) -> np.ndarray:
 class Streams:
     """Lockstep streams over trace segments; yields per step, per layer, the union of picks with row counts."""
 
-    def __init__(self, trace, conc: int, topk: int, experts: int, *, offsets: list[int], window: int = 1):
+    def __init__(self, trace, conc: int, topk: int, experts: int, *, offsets: list[int], window: int = 1,
+                 span: int | None = None):
+        """``span``: the tokens per stream the caller will step through (steps x window); when it is shorter than
+        a segment only those tokens are turned into lists (a short replay's set-up cost was the whole segment's)."""
         self.conc, self.window = conc, window
         nseg = trace.nseg
         L = trace.ids.shape[1]
@@ -53,13 +56,19 @@ class Streams:
         cache = {}
         for i in range(conc):
             si = i % nseg
-            if si not in cache:
-                seg = np.ascontiguousarray(trace.segment(si)[:, :, :topk])
-                cache[si] = (seg.tolist(), (seg.astype(np.int64) + base).tolist())
-            loc, ks = cache[si]
+            seg = trace.segment(si)
+            n = len(seg)
+            off = offsets[i] % n
+            part = span is not None and span < n
+            ck = (si, off) if part else si
+            if ck not in cache:
+                sel = seg[(off + np.arange(span)) % n] if part else seg
+                sel = np.ascontiguousarray(sel[:, :, :topk])
+                cache[ck] = (sel.tolist(), (sel.astype(np.int64) + base).tolist())
+            loc, ks = cache[ck]
             self.local.append(loc)
             self.keys.append(ks)
-            self.offsets.append(offsets[i] % len(ks))
+            self.offsets.append(0 if part else off)
         self.layers = L
 
     def rows(self, step: int):
@@ -329,8 +338,10 @@ def _same_tiers(a: LayerPlan, b: LayerPlan) -> bool:
 
 
 def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_ms: float = 0.0,
-        max_steps: int = 0, progress=None, plan_hook=None, choose=None) -> dict:
+        max_steps: int = 0, progress=None, plan_hook=None, choose=None, timeline: bool = False) -> dict:
     """Replay ``trace`` through recipe ``R`` at ``conc`` streams; returns the report dict (see module docstring).
+    ``timeline``: also return, per measured step, the experts each tier served and the tiers' occupancy
+    (``out["timeline"]``, _Timeline: a few integers a step, read from counters the replay keeps anyway)
     ``choose``: the recipe a predicted run planned on (moetier.calibrate: the plan pass's terms): a replay of it on
     its own clock deals every pick to its lane, as that run did, and ``R``'s terms time the deal (_Dealer)."""
     seed_mode = R.policy.get("seed", "warmup")
@@ -341,7 +352,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
     if max_steps:
         measured = min(measured, max_steps)
     topk, E, L = R.topk, R.experts, R.layers
-    streams = Streams(trace, conc, topk, E, offsets=offsets, window=window)
+    streams = Streams(trace, conc, topk, E, offsets=offsets, window=window, span=(warm_steps + measured) * window)
 
     predictor = make_predictor(R.policy, L, E)
     nrows = conc * window
@@ -358,6 +369,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
     t = 0.0
     total = warm_steps + measured
     t_wall = time.perf_counter()
+    tl = _Timeline(rp.ledger) if timeline else None
     chan = rp.chan
     cv2, lane_var = chan.cv_own ** 2 + chan.cv_shared ** 2, chan.lane_sd ** 2
     for step in range(total):
@@ -393,6 +405,8 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
         if meas:
             acc["ms"] += t - t0_step
             acc["fixed"] += fixed_step
+            if tl is not None:
+                tl.step(acc, t - t0_step)
         if progress is not None and step % 64 == 0:
             progress(step, total)
     wall = time.perf_counter() - t_wall
@@ -444,6 +458,8 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
         "ledger": dict(rp.ledger.counters),
         "layer_plans": total * L, "sim_seconds": wall,
     }
+    if tl is not None:
+        out["timeline"] = tl.series
     return out
 
 
@@ -472,6 +488,30 @@ def _book(acc: dict, plan, picks: dict, t0_layer: float, cv2: float, lane_var: f
         # read's own and shared lateness (channel cv_own, cv_shared) and the host's (lane_sd)
         acc["gap_sq"] += (arr - span) ** 2
         acc["gap_var"] += cv2 * arr * arr + lane_var
+
+
+class _Timeline:
+    """Per measured step: experts served by each tier (vram = gpu lane from a VRAM slot, ram = cpu lane in place
+    plus zero-copy, nvme = read from NVMe, masked = dropped), picks and VRAM-served picks (for the hit rate), the
+    step's modeled ms, and the VRAM slots and RAM slots in use when the step ended."""
+
+    FIELDS = {"vram": ("gpu_exp",), "ram": ("cpu_exp", "zc"), "nvme": ("ncpu", "ngpu"), "masked": ("masked",),
+              "picks": ("picks",), "vram_picks": ("vram_picks",)}
+
+    def __init__(self, ledger):
+        self.ledger = ledger
+        self.prev = dict.fromkeys(self.FIELDS, 0)
+        self.series = {k: [] for k in (*self.FIELDS, "ms", "vram_used", "ram_used")}
+
+    def step(self, acc: dict, ms: float) -> None:
+        for k, src in self.FIELDS.items():
+            v = sum(acc[s] for s in src)
+            self.series[k].append(v - self.prev[k])
+            self.prev[k] = v
+        L = self.ledger
+        self.series["ms"].append(ms)
+        self.series["vram_used"].append(len(L.clock.slot_of))
+        self.series["ram_used"].append(L.keys if L.all_in_ram else len(L.ram))
 
 
 def prefill(R, prompt: int) -> dict:

@@ -292,14 +292,25 @@ def monotone(y) -> list[float]:
     return [m for m, n in blocks for _ in range(n)]
 
 
-def measure(st, *, nrec: int = 256) -> dict:
+STAGES = ("memory bandwidth", "NVMe reads QD1-16", "cpu lane costs", "cache reuse curve", "CPU time per read")
+
+
+def measure(st, *, nrec: int = 256, progress=None) -> dict:
+    """The machine sheet; ``progress(stage)`` is called before each of STAGES."""
     from backends.cpu import kernels
+    stage = iter(STAGES)
+    say = (lambda: progress(next(stage))) if progress is not None else (lambda: None)
+    say()
     membw = kernels.membw_read_gbps(nbytes=512 << 20)
+    say()
     by_qd = {q: read_bandwidth(st, q, max(16 * q, nrec // 4), seed=q) for q in (1, 2, 4, 8, 16)}
     qd1, qd16 = by_qd[1], by_qd[16]
+    say()
     lane = cpu_lane_costs(st)
     llc = llc_bytes()
+    say()
     reuse = reuse_curve(st)
+    say()
     read_cpu = read_cpu_ms(st, nrec)
     return {"membw_read_gbps": membw, "nvme_qd1": qd1, "nvme_qd16": qd16, "cpu_lane": lane,
             "llc_bytes": llc, "reuse": reuse,

@@ -175,8 +175,9 @@ def _r(x, nd=4):
     return round(float(x), nd)
 
 
-def stats(trace: Trace, experts: int, cache_sizes=None, *, cache: bool = True) -> dict:
-    """Statistics of ``trace`` for a model with ``experts`` experts per layer (see module docstring)."""
+def stats(trace: Trace, experts: int, cache_sizes=None, *, cache: bool = True, progress=None) -> dict:
+    """Statistics of ``trace`` for a model with ``experts`` experts per layer (see module docstring).
+    ``progress(done, total)`` is called per layer pair and per cache size (the slow parts)."""
     ids = np.asarray(trace.ids).astype(np.int64)
     if ids.ndim != 3:
         raise UserError(f"trace stats: expected ids [tokens, layers, topk], found shape {list(ids.shape)}")
@@ -218,7 +219,11 @@ def stats(trace: Trace, experts: int, cache_sizes=None, *, cache: bool = True) -
 
     # cross-layer
     nmi, lift = [], []
+    n_sizes = len(cache_sizes) if cache_sizes is not None else len(default_cache_sizes(L, E))
+    work = (L - 1) + (n_sizes if cache else 0)
     for l in range(L - 1):
+        if progress is not None:
+            progress(l, work)
         nmi.append(nmi_pairs(ids[:, l, :].ravel(), ids[:, l + 1, :].ravel(), E, seed=l))
         pa = ids[:, l, :, None] * E + ids[:, l + 1, None, :]                       # all K x K pairs
         jc = np.bincount(pa.ravel(), minlength=E * E)
@@ -257,11 +262,12 @@ def stats(trace: Trace, experts: int, cache_sizes=None, *, cache: bool = True) -
         "per_layer": per_layer,
     }
     if cache:
-        out["cache"] = cache_curves(ids, E, cache_sizes)
+        step = None if progress is None else (lambda i, n: progress(L - 1 + i, work))
+        out["cache"] = cache_curves(ids, E, cache_sizes, progress=step)
     return out
 
 
-def cache_curves(ids: np.ndarray, experts: int, cache_sizes=None) -> dict:
+def cache_curves(ids: np.ndarray, experts: int, cache_sizes=None, *, progress=None) -> dict:
     """LRU and OPT hit rates over all keys, one stream in (token, layer, slot) order."""
     T, L, K = ids.shape
     E = int(experts)
@@ -279,7 +285,9 @@ def cache_curves(ids: np.ndarray, experts: int, cache_sizes=None) -> dict:
             raise UserError(f"trace stats: cache sizes must be >= 1 slot, found {sizes}")
     nxt = next_use(seq)
     lru, opt = [], []
-    for s in sizes:
+    for i, s in enumerate(sizes):
+        if progress is not None:
+            progress(i, len(sizes))
         if s >= distinct:
             h = n - distinct
             lru.append(h)
