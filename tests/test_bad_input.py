@@ -432,6 +432,10 @@ def test_json_output_is_strict_for_every_command(capsys, packed, reg, tmp_path):
         "bench": ["bench", "--store", packed, "--records", "8", "--dry-run", "--json"],
         "calibrate": ["calibrate", "tiny-ci-cpu", "--store", packed, "--steps", "1", "--repeats", "1", "--no-write",
                       "--json"],
+        "list": ["list", "--json"],
+        "doctor": ["doctor", "--store-dir", str(tmp_path), "--json"],
+        "sweep": ["sweep", "tiny-ci-cpu", "--conc", "1", "--steps", "2", "--workers", "1", "--out",
+                  str(tmp_path / "sweep.jsonl"), "--json"],
     }
     assert set(_json_commands()) <= set(argvs), "a command with --json has no strict-JSON check here"
     for name in _json_commands():

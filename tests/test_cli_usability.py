@@ -79,8 +79,8 @@ def test_table_legend_says_what_bound_and_fixed_are(capsys):
 def test_json_is_strict(capsys):
     from moetier.cli.common import _emit
     _emit({"a": float("nan"), "b": [float("inf"), 1.5]})
-    out = capsys.readouterr().out
-    assert json.loads(out) == {"a": None, "b": [None, 1.5]}
+    d = json.loads(capsys.readouterr().out)
+    assert (d["a"], d["b"]) == (None, [None, 1.5]) and set(d["null_reasons"]) == {"$.a", "$.b[0]"}
     rc, out, _ = run(capsys, "sim", "tiny-ci-cpu", "--conc", "1", "--steps", "10", "--json")
     json.loads(out, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
 
@@ -121,3 +121,11 @@ def test_progress_outside_a_session_is_a_noop():
         assert cb(1, 2) is None
     with progress.status("y") as cb:
         assert cb("stage") is None
+
+
+def test_tables_draw_with_rich_on_a_terminal(capsys, monkeypatch):
+    from moetier.cli import render
+    monkeypatch.setattr(render, "_rich", lambda: True)
+    rc, out, _ = run(capsys, "sim", "tiny-ci-cpu", "--conc", "1", "--steps", "10")
+    assert rc == 0 and "|---|" not in out and "decode" in out and "C1" in out
+    assert "conc: streams decoded together" in out             # the legend is under the rich table too

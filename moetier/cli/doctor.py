@@ -188,8 +188,8 @@ def check_ram(R) -> dict:
     need = float(R.raw.get("budget", {}).get("ram_gb") or 0) * 1e9
     ok = need <= total
     return _check("RAM", "ok" if ok else "fail", f"{total / 1e9:.1f} GB here; the recipe's budget.ram_gb is "
-                  f"{need / 1e9:.1f} GB", f"moetier doctor --recipe {R.id} (with a smaller budget: moetier sim "
-                  f"{R.id} --set budget.ram_gb={max(1, int(total / 1e9 * 0.6))})")
+                  f"{need / 1e9:.1f} GB", f"a recipe whose budget.ram_gb fits (try it first: moetier sim {R.id} "
+                  f"--set budget.ram_gb={max(1, int(total / 1e9 * 0.6))})")
 
 
 def check_registry() -> dict:

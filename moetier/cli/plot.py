@@ -128,4 +128,6 @@ def cache_curves(trace_path: str, model: str | None, layers=None, sizes=None) ->
         kw = {"layers": m["layers"], "experts": m["experts"], "topk": m["topk"], "model_id": model}
     tr = T.load_trace(find_path(trace_path), None, **kw)
     experts = kw.get("experts") or int(tr.meta.get("experts") or int(tr.ids.max()) + 1)
-    return plots.layer_curves(tr, experts, layers, sizes)
+    from moetier.cli import progress
+    with progress.task("hit-rate curves", unit="layers") as cb:
+        return plots.layer_curves(tr, experts, layers, sizes, progress=cb)

@@ -191,7 +191,7 @@ def plot_waterfall(report, path, title: str | None = None) -> str:
     return _save(fig, path)
 
 
-def layer_curves(trace, experts: int, layers=None, sizes=None) -> dict:
+def layer_curves(trace, experts: int, layers=None, sizes=None, progress=None) -> dict:
     """Per-layer LRU and Belady hit rates of ``trace`` for ``layers`` (default: first, a third, two thirds,
     last) at ``sizes`` slots per layer (default a ladder up to ``experts``): {"layer N": {slots, lru, belady}}."""
     import numpy as np
@@ -204,7 +204,9 @@ def layer_curves(trace, experts: int, layers=None, sizes=None) -> dict:
         raise UserError(f"plot cache: --layers {bad} out of range 0..{L - 1}")
     sizes = sizes or sorted({max(1, round(experts * f)) for f in (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4)})
     out = {}
-    for l in layers:
+    for i, l in enumerate(layers):
+        if progress is not None:
+            progress(i, len(layers))
         seq = ids[:, l, :].reshape(-1)
         n, nxt = len(seq), next_use(seq)
         out[f"layer {l}"] = {"slots": list(sizes), "lru": [lru_hits(seq, s) / n for s in sizes],

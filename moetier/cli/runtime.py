@@ -196,16 +196,23 @@ def cmd_run(args) -> int:
     if args.json:
         _emit(record)
         return 0
-    print(f"run {record['id']}: recipe {R.id} on backend {args.backend} ({'lossy' if record['lossy'] else 'exact'})")
-    print("| conc | measured tok/s | sim tok/s | sim error | reads/tok (sim) | cpu ms/tok | nvme wait ms/tok "
-          "| checksum failures |")
-    print("|---|---|---|---|---|---|---|---|")
+    from moetier.cli.render import table as render
+    rows_out = []
     for t, r in zip(table, rows):
         ln = r["lanes_ms_per_token"]
         err = "n/a" if t["sim_error_pct"] is None else f"{t['sim_error_pct']:+.1f}%"
-        print(f"| {t['conc']} | {t['measured_tok_s']:.2f} | {t['sim_tok_s']:.2f} | {err} | "
-              f"{t['reads_per_token']:.2f} ({t['sim_nvme_per_tok']:.2f}) | {ln['cpu']:.2f} | {ln['nvme_wait']:.2f} "
-              f"| {t['checksum_failures']} |")
+        rows_out.append([t["conc"], f"{t['measured_tok_s']:.2f}", f"{t['sim_tok_s']:.2f}", err,
+                         f"{t['reads_per_token']:.2f} ({t['sim_nvme_per_tok']:.2f})", f"{ln['cpu']:.2f}",
+                         f"{ln['nvme_wait']:.2f}", t["checksum_failures"]])
+    render(["conc", "measured tok/s", "sim tok/s", "sim error", "reads/tok (sim)", "cpu ms/tok", "nvme wait ms/tok",
+            "checksum failures"], rows_out,
+           title=f"run {record['id']}: recipe {R.id} on backend {args.backend} "
+                 f"({'lossy' if record['lossy'] else 'exact'})",
+           legend=("measured tok/s: decode tokens per second over all streams, real reads and kernels; sim tok/s: "
+                   "the simulator's prediction for the same recipe, trace and steps; sim error = sim / measured - 1",
+                   "reads/tok: NVMe reads per generated token (the simulator's in brackets: they match when the "
+                   "runtime planned as the simulator did)",
+                   "cpu ms/tok, nvme wait ms/tok: the cpu lane's compute and its waits for reads, per token"))
     return 0
 
 
@@ -284,19 +291,20 @@ def cmd_bench(args) -> int:
     if args.json:
         _emit({"measured": m, "hardware": hw, "engine": eng})
         return 0
+    from moetier.cli.render import table as render
     lane = m["cpu_lane"]
-    print("| measure | value |\n|---|---|")
-    print(f"| CPU time per O_DIRECT read (checksummed) | {m['nvme_cpu_ms_per_read']:.3f} ms |")
-    print(f"| memory read bandwidth, all cores | {m['membw_read_gbps']:.2f} GB/s |")
+    rows = [["CPU time per O_DIRECT read (checksummed)", f"{m['nvme_cpu_ms_per_read']:.3f} ms"],
+            ["memory read bandwidth, all cores", f"{m['membw_read_gbps']:.2f} GB/s"]]
     for q in (m["nvme_qd1"], m["nvme_qd16"]):
-        print(f"| {'O_DIRECT' if q['direct'] else 'buffered'} read QD{q['qd']}, {m['record_bytes']:,} B records | "
-              f"{q['gbps']:.2f} GB/s, latency p50 {q['latency_ms_p50']:.2f} ms / p90 {q['latency_ms_p90']:.2f} ms |")
-    print(f"| cpu lane ({lane['encoding']}) | per_layer {lane['per_layer_ms']:.4f} ms, per_expert "
-          f"{lane['per_expert_ms']:.4f} ms, per_extra_token {lane['per_extra_token_ms']:.4f} ms |")
-    print(f"| cpu lane weight bytes/s, 1 row | {lane['weight_gbps_1row']:.2f} GB/s "
-          f"({lane['weight_gbps_1row'] / m['membw_read_gbps']:.2f} of memory bandwidth) |")
-    print(f"| last-level cache (sysfs) | {m['llc_bytes'] / 2**20:.0f} MiB |" if m["llc_bytes"] else
-          "| last-level cache (sysfs) | not reported |")
-    print("| cpu lane expert cost after N MB streamed, of a cold one | "
-          + ", ".join(f"{int(b) / 1e6:.0f} MB {f:.2f}" for b, f in m["reuse"]["curve"].items()) + " |")
+        rows.append([f"{'O_DIRECT' if q['direct'] else 'buffered'} read QD{q['qd']}, {m['record_bytes']:,} B records",
+                     f"{q['gbps']:.2f} GB/s, latency p50 {q['latency_ms_p50']:.2f} ms / p90 "
+                     f"{q['latency_ms_p90']:.2f} ms"])
+    rows += [[f"cpu lane ({lane['encoding']})", f"per_layer {lane['per_layer_ms']:.4f} ms, per_expert "
+              f"{lane['per_expert_ms']:.4f} ms, per_extra_token {lane['per_extra_token_ms']:.4f} ms"],
+             ["cpu lane weight bytes/s, 1 row", f"{lane['weight_gbps_1row']:.2f} GB/s "
+              f"({lane['weight_gbps_1row'] / m['membw_read_gbps']:.2f} of memory bandwidth)"],
+             ["last-level cache (sysfs)", f"{m['llc_bytes'] / 2**20:.0f} MiB" if m["llc_bytes"] else "not reported"],
+             ["cpu lane expert cost after N MB streamed, of a cold one",
+              ", ".join(f"{int(b) / 1e6:.0f} MB {f:.2f}" for b, f in m["reuse"]["curve"].items())]]
+    render(["measure", "value"], rows)
     return 0
