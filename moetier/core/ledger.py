@@ -232,37 +232,48 @@ class Ledger:
 
     def push_landed(self, key: int, protect=(), staged: bool = False) -> bool:
         """RAM (or staged) -> VRAM including the victim's drain; False if admission was refused."""
-        state = self.state
+        return self.pushes_landed((key,), protect, staged) == 1
+
+    def pushes_landed(self, keys, protect=(), staged: bool = False) -> int:
+        """``push_landed`` of each of ``keys`` in turn (a lane's admissions in one call: the simulator's commit);
+        returns how many were admitted."""
         clock = self.clock
         if not clock.n:
-            raise ResidencyError(f"push_landed({key}): no VRAM tier")
-        slot = clock.find_victim_slot(protect, state)
-        if slot < 0:
-            self.counters["refused_admissions"] += 1
-            return False
-        victim = clock.owner[slot]               # Clock.place, inlined: this runs per admission in the simulator
-        if victim >= 0:
-            del clock.slot_of[victim]
-        clock.owner[slot] = key
-        clock.slot_of[key] = slot
-        clock.ref[slot] = 1
-        ram = self.ram
-        if victim >= 0:
-            # the victim drains into RAM while the pushed key's RAM copy is still held (the ticket path's order)
-            self.counters["vram_evictions"] += 1
-            if self.all_in_ram:
-                state.pop(victim, None)
-            elif victim in ram:
-                state[victim] = RAM
-            elif self.exclusive:
-                del state[victim]
-                self._ram_put(victim, protect)
-            else:
-                del state[victim]
-        state[key] = VRAM
-        if not staged and self.exclusive and key in ram:
-            del ram[key]
-        return True
+            if keys:
+                raise ResidencyError(f"push_landed({keys[0]}): no VRAM tier")
+            return 0
+        state, ram, counters = self.state, self.ram, self.counters
+        find, owner, slot_of, ref = clock.find_victim_slot, clock.owner, clock.slot_of, clock.ref
+        all_in_ram, exclusive = self.all_in_ram, self.exclusive
+        admitted = 0
+        for key in keys:
+            slot = find(protect, state)
+            if slot < 0:
+                counters["refused_admissions"] += 1
+                continue
+            victim = owner[slot]                 # Clock.place, inlined: this runs per admission in the simulator
+            if victim >= 0:
+                del slot_of[victim]
+            owner[slot] = key
+            slot_of[key] = slot
+            ref[slot] = 1
+            if victim >= 0:
+                # the victim drains into RAM while the pushed key's RAM copy is still held (the ticket path's order)
+                counters["vram_evictions"] += 1
+                if all_in_ram:
+                    state.pop(victim, None)
+                elif victim in ram:
+                    state[victim] = RAM
+                elif exclusive:
+                    del state[victim]
+                    self._ram_put(victim, protect)
+                else:
+                    del state[victim]
+            state[key] = VRAM
+            if not staged and exclusive and key in ram:
+                del ram[key]
+            admitted += 1
+        return admitted
 
     def abort(self, ticket: Ticket) -> None:
         """A transfer failed (EIO, checksum): the key returns to where its bytes really are."""

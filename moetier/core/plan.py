@@ -89,8 +89,12 @@ def _ram_lanes(ctx, ram_l, g, llc, cpu_list, zc_list, force=None, reads: int = 0
     shares, crit = [0.0] * W, 0.0     # per thread of a split call: its work; the longest
     share_cold, share_extra = [0.0] * W, [0] * W
     factor = llc.factor if llc is not None else None
+    dealt = force is not None
+    to_c, to_z = cpu_list.append, zc_list.append
+    f = 1.0
     for m, k in ram_l:
-        f = factor(k) if factor is not None else 1.0
+        if factor is not None:
+            f = factor(k)
         w = cpe * f + cpx * (m - 1) if m > 1 else cpe * f
         work1 = work_c + w
         n1 = n_c + 1
@@ -105,11 +109,7 @@ def _ram_lanes(ctx, ram_l, g, llc, cpu_list, zc_list, force=None, reads: int = 0
         ge = (g if zc_on else g + zpl) + zpe
         if m > 1:
             ge += zpx * (m - 1)
-        if force is not None:
-            to_cpu = k in force
-        else:
-            to_cpu = (ce if ce > g else g) <= (c if c > ge else ge)
-        if to_cpu:
+        if (k in force) if dealt else (ce if ce > g else g) <= (c if c > ge else ge):
             c = ce
             n_c, work_c = n1, work1
             shares[i] = s_i
@@ -117,11 +117,11 @@ def _ram_lanes(ctx, ram_l, g, llc, cpu_list, zc_list, force=None, reads: int = 0
                 crit = s_i
             share_cold[i] += f
             share_extra[i] += m - 1
-            cpu_list.append(k)
+            to_c(k)
         else:
             g = ge
             zc_on = True
-            zc_list.append(k)
+            to_z(k)
     if n_c < pmin or not n_c:
         return g, c, sum(share_cold), None
     i = shares.index(crit)
@@ -191,14 +191,15 @@ def _by_tier(ledger, picks: dict, vram_l: list) -> tuple[list, list]:
     sget = ledger.state.get
     absent = RAM if ledger.all_in_ram else ABSENT    # state of a key the ledger does not track
     ram_l, nvme_l = [], []
+    to_ram, to_vram, to_nvme = ram_l.append, vram_l.append, nvme_l.append
     for k, m in picks.items():
         s = sget(k, absent)
         if s == RAM or s == PUSHING:
-            ram_l.append((m, k))
+            to_ram((m, k))
         elif s == VRAM:
-            vram_l.append(k)
+            to_vram(k)
         else:
-            nvme_l.append(k)
+            to_nvme(k)
     return ram_l, nvme_l
 
 

@@ -203,29 +203,30 @@ class Replay:
     def commit(self, plan: LayerPlan, picks: dict) -> None:
         L = self.ledger
         self.touch(plan)
-        admit = self.ctx.can_admit
         pft = self.pf_tickets
-        for k in plan.nvme_cpu:
-            tk = pft.pop(k, None)
-            if tk is None:
-                L.fill_landed(k, picks)
-            else:
-                self.pf_used += 1
-                L.land(tk)
-                L.adopt(k, picks)
-        if admit:
-            push = L.push_landed
-            n = 0
-            for k in plan.zerocopy:
-                n += push(k, picks)
-            self.admissions += n
-        for k in plan.nvme_gpu:
-            tk = pft.pop(k, None)
-            if tk is not None:
-                self.pf_used += 1
-                L.land(tk)
-                L.drop_staged(k)      # landed in the ring; the push below takes it from there
-            L.push_landed(k, picks, staged=True)   # refused (all slots pinned): computed from staging, dropped
+        if plan.nvme_cpu:
+            fill = L.fill_landed
+            for k in plan.nvme_cpu:
+                tk = pft.pop(k, None) if pft else None
+                if tk is None:
+                    fill(k, picks)
+                else:
+                    self.pf_used += 1
+                    L.land(tk)
+                    L.adopt(k, picks)
+        if plan.zerocopy and self.ctx.can_admit:
+            self.admissions += L.pushes_landed(plan.zerocopy, picks)
+        if plan.nvme_gpu:
+            if pft:
+                # each prefetched record landed in the ring first; the pushes below take them from there (a key's
+                # landing touches no other key's tier, so landing them all before the pushes is the same)
+                for k in plan.nvme_gpu:
+                    tk = pft.pop(k, None)
+                    if tk is not None:
+                        self.pf_used += 1
+                        L.land(tk)
+                        L.drop_staged(k)
+            L.pushes_landed(plan.nvme_gpu, picks, staged=True)   # refused (all slots pinned): computed from staging
 
     # -- prefetch -----------------------------------------------------------------------------------------------
     def prefetch(self, layer: int, rows_local, future, t: float) -> list:
