@@ -37,9 +37,12 @@ def pytest_addoption(parser, pluginmanager):
         pluginmanager.register(report, "conformance.report")
 
 
+EXL3_STORE = {"bits": 3, "codebook": "mul1", "act_limit": 10.0}   # GLM-5.3-Flash's experts, at small shapes
+
+
 def small_model(enc: str) -> dict:
     return {"id": f"conformance-{enc}", "moe": {"layers": LAYERS, "experts": EXPERTS, "topk": 2},
-            "store": {"hidden": H, "ffn": F, "encoding": enc}}
+            "store": {"hidden": H, "ffn": F, "encoding": enc, **(EXL3_STORE if enc == "exl3" else {})}}
 
 
 def unavailable_skip():

@@ -49,6 +49,18 @@ class CpuBackend:
             raise BackendUnavailable(f"cpu backend: no {lane!r} lane")
         return self.lane.run(jobs, x, self.pool.view)
 
+    def exl3_decode(self, lane: str, trellis: np.ndarray, codebook) -> np.ndarray:
+        """W_inner [k, n] float32 of a trellis as the lane's EXL3 kernel decodes it (conformance hook)."""
+        if lane != "cpu":
+            raise BackendUnavailable(f"cpu backend: no {lane!r} lane")
+        return self.lane.exl3_decode(trellis, codebook)
+
+    def exl3_raw_gemm(self, lane: str, xh: np.ndarray, trellis: np.ndarray, codebook) -> np.ndarray:
+        """xh [T, k] @ W_inner, float32, as the lane's EXL3 kernel computes it (conformance hook)."""
+        if lane != "cpu":
+            raise BackendUnavailable(f"cpu backend: no {lane!r} lane")
+        return self.lane.exl3_raw_gemm(xh, trellis, codebook)
+
     # -- transfers --------------------------------------------------------------------------------------------
     def fill(self, key: int, slot: int, *, prefetch: bool = False):
         return self.reader.fill(key, slot, prefetch=prefetch)

@@ -54,6 +54,21 @@ class CpuLane:
             out.update(f.result())
         return out
 
+    # the EXL3 kernel's decode and raw GEMM alone (conformance: bit-exact decode, one-hot raw GEMM)
+    @staticmethod
+    def exl3_decode(trellis: np.ndarray, codebook) -> np.ndarray:
+        from backends.cpu import exl3 as kx
+        return kx.decode_inner(trellis, codebook)
+
+    @staticmethod
+    def exl3_raw_gemm(xh: np.ndarray, trellis: np.ndarray, codebook) -> np.ndarray:
+        from backends.cpu import exl3 as kx
+        from moetier.bytes import exl3
+        k, n = trellis.shape[0] * exl3.TILE, trellis.shape[1] * exl3.TILE
+        lin = exl3.Exl3Linear(np.ascontiguousarray(trellis), np.ones(k, np.float16), np.ones(n, np.float16),
+                              exl3.CODEBOOKS[exl3.codebook_index(codebook)])
+        return kx.raw_gemm(xh, lin, parallel=False)
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown()

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from moetier.run.contract import BackendUnavailable, Capabilities
-from moetier.bytes.expert import act_range, section_offsets
+from moetier.bytes.expert import EXL3, RECORD_KINDS, act_range, section_offsets
 from moetier.bytes.transport import HUGE, PAGE, Reader, SlotPool, TransportError, _round_up
 
 try:
@@ -35,7 +35,7 @@ try:
 except ImportError:  # numba is the `cpu` extra; the cpu lane is then missing
     CpuLane = None
 
-_SRC = Path(__file__).with_name("kernels.cl")
+_SRC = (Path(__file__).with_name("kernels.cl"), Path(__file__).with_name("exl3.cl"))
 
 
 
@@ -206,7 +206,8 @@ class CopyHandle:
 # --------------------------------------------------------------------------------------------------------------------
 # Backend
 
-_KERNELS = ("quant_rows", "i8_gate_up", "i8_down", "i4_gate_up", "i4_down")
+_KERNELS = ("quant_rows", "i8_gate_up", "i8_down", "i4_gate_up", "i4_down",
+            "exl3_in", "exl3_out", "exl3_gemm", "exl3_decode", "exl3_swiglu")
 _BUILT: dict = {}     # device filter string -> (context, program, kernels): one build per device and process
 
 
@@ -222,7 +223,8 @@ def _built(dpctl, dp, dev):
     except Exception as e:
         raise BackendUnavailable(f"--backend sycl: cannot create a queue on {dev.name}: {e}") from None
     try:
-        prog = dp.create_program_from_source(q, _SRC.read_text(), "-cl-fp32-correctly-rounded-divide-sqrt")
+        prog = dp.create_program_from_source(q, "\n".join(p.read_text() for p in _SRC),
+                                             "-cl-fp32-correctly-rounded-divide-sqrt")
     except Exception as e:
         raise BackendUnavailable(f"--backend sycl: OpenCL C kernels did not build on {dev.name} "
                                  f"({dev.backend}; dpctl builds OpenCL C only for OpenCL devices): {e}") from None
@@ -273,7 +275,7 @@ class SyclBackend:
                  if self.odirect_note is None else f"O_DIRECT into USM host refused ({self.odirect_note}); "
                                                    "fills are buffered reads into the USM host pool"]
         self.capabilities = Capabilities(name="sycl", device=f"{dev.name} ({dev.backend}, {dev.device_type})",
-                                         lanes=frozenset(lanes), encodings=frozenset({"int8", "int4g32"}),
+                                         lanes=frozenset(lanes), encodings=frozenset(RECORD_KINDS),
                                          vram_slots=vram_slots, notes=tuple(notes))
         self._lock = threading.Lock()
         self._seq = 0
@@ -355,23 +357,35 @@ class SyclBackend:
             raise BackendUnavailable(f"sycl backend: no {lane!r} lane")
         return self._device_forward(base, jobs, x)
 
-    def _device_forward(self, base, jobs, x) -> dict:
-        import ctypes as C
-        lay = self.layout
-        H, F, enc = lay.hidden, lay.ffn, lay.encoding
-        n = len(jobs)
+    def _stage(self, jobs, x):
+        """The jobs' token rows, record offsets and row pointers in device-readable buffers: (R, x, recs, rp,
+        rp as an array), or None when there are no rows."""
+        H = self.layout.hidden
         rows = [len(r) for _, _, r in jobs]
         R = int(sum(rows))
         if R == 0:
-            return {key: np.empty((0, H), np.float32) for key, _, _ in jobs}
+            return None
         x = np.asarray(x, dtype=np.float32)
         mx, ax = self._arr("x", np.float32, R * H)
         ax.reshape(R, H)[...] = np.concatenate([x[np.asarray(r, dtype=np.intp)] for _, _, r in jobs])
-        mrecs, recs = self._arr("recs", np.int64, n)
+        mrecs, recs = self._arr("recs", np.int64, len(jobs))
         recs[:] = [int(s) * self.slot_bytes for _, s, _ in jobs]
-        mrp, rp = self._arr("rp", np.int32, n + 1)
+        mrp, rp = self._arr("rp", np.int32, len(jobs) + 1)
         rp[0] = 0
         rp[1:] = np.cumsum(rows)
+        return R, mx, mrecs, mrp, rp
+
+    def _device_forward(self, base, jobs, x) -> dict:
+        import ctypes as C
+        lay = self.layout
+        if lay.encoding == EXL3:
+            return self._exl3_forward(base, jobs, x)
+        H, F, enc = lay.hidden, lay.ffn, lay.encoding
+        n = len(jobs)
+        staged = self._stage(jobs, x)
+        if staged is None:
+            return {key: np.empty((0, H), np.float32) for key, _, _ in jobs}
+        R, mx, mrecs, mrp, rp = staged
         mxq, _ = self._arr("xq", np.int16, R * H)
         msx, _ = self._arr("sx", np.float32, R)
         mxg, _ = self._arr("xg", np.int32, R * (H // 32))
@@ -400,6 +414,107 @@ class SyclBackend:
         self._copy_stats["kernel_calls"] += 1
         res = out.reshape(R, H).copy()
         return {key: res[rp[e]:rp[e + 1]] for e, (key, _, _) in enumerate(jobs)}
+
+    # -- EXL3 (exl3.cl) -----------------------------------------------------------------------------------------
+    def _exl3_tables(self, codebook):
+        """(codebook table, inverse tensor-core placement) as device-readable buffers, built once per backend."""
+        from moetier.bytes import exl3
+        m = self._scratch.get(("lut", codebook))
+        if m is None:
+            lut = exl3.codebook_lut(codebook).astype(np.float32)
+            m = self._scratch[("lut", codebook)] = self._dm.MemoryUSMShared(lut.nbytes, queue=self.q)
+            np.frombuffer(m, np.float32)[:] = lut
+        p = self._scratch.get("pinv")
+        if p is None:
+            p = self._scratch["pinv"] = self._dm.MemoryUSMShared(256 * 4, queue=self.q)
+            np.frombuffer(p, np.int32)[:] = exl3.TC_PERM_INV
+        return m, p
+
+    def _exl3_linear(self, base, mrecs, mrp, mrexp, n_exp, R, lin, k, n, xin, round_x, mout):
+        """One EXL3 linear of every job's expert: input transform, raw GEMM, output transform (fp16 roundings)."""
+        import ctypes as C
+        lay, q, kk = self.layout, self.q, self.k
+        sec = lay.sections
+        i32, i64 = C.c_int32, C.c_int64
+        lut, pinv = self._exl3_tables(lay.codebook)
+        mxh, _ = self._arr(f"xh{k}", np.float32, R * k)
+        q.submit_async(kk["exl3_in"], [base, mrecs, mrexp, i64(sec[f"{lin}_suh"][0]), i32(k), xin, i32(round_x),
+                                       i32(1), mxh], [R * (k // 128)])
+        q.submit_async(kk["exl3_gemm"], [base, mrecs, mrp, i64(sec[f"{lin}_trellis"][0]), i32(k), i32(n),
+                                         i32(lay.bits), lut, pinv, mxh, mout], [n_exp * n])
+        return q.submit_async(kk["exl3_out"], [base, mrecs, mrexp, i64(sec[f"{lin}_svh"][0]), i32(n), i32(1), mout],
+                              [R * (n // 128)])
+
+    def _exl3_forward(self, base, jobs, x) -> dict:
+        import ctypes as C
+        lay = self.layout
+        H, F = lay.hidden, lay.ffn
+        n = len(jobs)
+        staged = self._stage(jobs, x)
+        if staged is None:
+            return {key: np.empty((0, H), np.float32) for key, _, _ in jobs}
+        R, mx, mrecs, mrp, rp = staged
+        mrexp, rexp = self._arr("rexp", np.int32, R)
+        rexp[:] = np.repeat(np.arange(n, dtype=np.int32), np.diff(rp))
+        mg, _ = self._arr("g", np.float32, R * F)
+        mu, _ = self._arr("u", np.float32, R * F)
+        mout, out = self._arr("out", np.float32, R * H)
+        self._exl3_linear(base, mrecs, mrp, mrexp, n, R, "gate", H, F, mx, 1, mg)
+        self._exl3_linear(base, mrecs, mrp, mrexp, n, R, "up", H, F, mx, 1, mu)
+        self.q.submit_async(self.k["exl3_swiglu"], [mg, mu, C.c_float(lay.act_limit), C.c_int32(1)], [R * F])
+        self._exl3_linear(base, mrecs, mrp, mrexp, n, R, "down", F, H, mg, 0, mout).wait()
+        self._copy_stats["kernel_calls"] += 1
+        res = out.reshape(R, H).copy()
+        return {key: res[rp[e]:rp[e + 1]] for e, (key, _, _) in enumerate(jobs)}
+
+    def _lane_buffer(self, lane: str, a: np.ndarray):
+        """A copy of a host array in the memory a lane's kernels read (device memory for gpu, host USM for
+        zerocopy)."""
+        if lane not in ("gpu", "zerocopy"):
+            raise BackendUnavailable(f"sycl backend: no {lane!r} device lane")
+        a = np.ascontiguousarray(a)
+        cls = self._dm.MemoryUSMDevice if lane == "gpu" else self._dm.MemoryUSMHost
+        m = cls(max(256, a.nbytes), queue=self.q)
+        m.copy_from_host(a.view(np.uint8).reshape(-1))
+        return m
+
+    def exl3_decode(self, lane: str, trellis: np.ndarray, codebook) -> np.ndarray:
+        """W_inner [k, n] float32 of a trellis as the lane's kernel decodes it (test hook: bit-exact decode)."""
+        if lane == "cpu":
+            return self.lane.exl3_decode(trellis, codebook)
+        import ctypes as C
+        from moetier.bytes import exl3
+        K = exl3.trellis_bits(trellis)
+        k, n = trellis.shape[0] * 16, trellis.shape[1] * 16
+        tr = self._lane_buffer(lane, trellis)
+        lut, pinv = self._exl3_tables(exl3.CODEBOOKS[exl3.codebook_index(codebook)])
+        mout, out = self._arr("decode", np.float32, k * n)
+        self.q.submit_async(self.k["exl3_decode"], [tr, C.c_int32(k), C.c_int32(n), C.c_int32(K), lut, pinv, mout],
+                            [k * n]).wait()
+        return out.reshape(k, n).copy()
+
+    def exl3_raw_gemm(self, lane: str, xh: np.ndarray, trellis: np.ndarray, codebook) -> np.ndarray:
+        """xh [T, k] @ W_inner, float32, as the lane's kernel computes it (test hook: the one-hot raw GEMM)."""
+        if lane == "cpu":
+            return self.lane.exl3_raw_gemm(xh, trellis, codebook)
+        import ctypes as C
+        from moetier.bytes import exl3
+        K = exl3.trellis_bits(trellis)
+        k, n = trellis.shape[0] * 16, trellis.shape[1] * 16
+        xh = np.ascontiguousarray(xh, dtype=np.float32).reshape(-1, k)
+        T = xh.shape[0]
+        tr = self._lane_buffer(lane, trellis)
+        lut, pinv = self._exl3_tables(exl3.CODEBOOKS[exl3.codebook_index(codebook)])
+        mx, ax = self._arr("rg_x", np.float32, T * k)
+        ax[:] = xh.reshape(-1)
+        mrecs, recs = self._arr("rg_recs", np.int64, 1)
+        recs[0] = 0
+        mrp, rp = self._arr("rg_rp", np.int32, 2)
+        rp[:] = (0, T)
+        mout, out = self._arr("rg_out", np.float32, T * n)
+        self.q.submit_async(self.k["exl3_gemm"], [tr, mrecs, mrp, C.c_int64(0), C.c_int32(k), C.c_int32(n),
+                                                  C.c_int32(K), lut, pinv, mx, mout], [n]).wait()
+        return out.reshape(T, n).copy()
 
     # -- transfers --------------------------------------------------------------------------------------------
     def _track(self, make):

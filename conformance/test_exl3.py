@@ -1,0 +1,115 @@
+"""EXL3: each lane's EXL3 kernel against the numpy reference (moetier.bytes.exl3; adapters.md sections 2.4, 2.6).
+
+* decoded W_inner bit-exact on random trellises for every K (1..8) and codebook (3inst, mcg, mul1);
+* the raw Hadamard-domain GEMM bit-exact under one-hot activation rows (each output row is one decoded weight row,
+  so the summation order cannot matter);
+* a full expert from its record bytes (``compute`` on an exl3 store) within rel RMS 2e-3 of float64, fp16 rounded
+  where the engines round, and bit-identical whichever slot the bytes landed in.
+
+The decode and raw GEMM go through the backend's test hooks ``exl3_decode(lane, trellis, codebook)`` and
+``exl3_raw_gemm(lane, xh, trellis, codebook)`` (the trellis copied into the memory that lane reads); a backend
+without them skips those checks as NOT_SUPPORTED.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conformance import capabilities as caps
+from conformance.conftest import NK, xrows
+from moetier.bytes import exl3
+from moetier.run.contract import LANES
+
+REL_RMS_MAX = 2e-3
+ROWS = (1, 3, 8)
+
+
+def _lane(be, lane):
+    why = caps.lane_skip(be, lane)
+    if why:
+        pytest.skip(why)
+
+
+def _hook(be, name):
+    f = getattr(be, name, None)
+    if not callable(f):
+        pytest.skip(f"NOT_SUPPORTED: backend {be.capabilities.name} has no {name} hook")
+    return f
+
+
+def _kit(kits, lane):
+    kit = kits("exl3")
+    _lane(kit.be, lane)
+    return kit
+
+
+@pytest.mark.parametrize("codebook", exl3.CODEBOOKS)
+@pytest.mark.parametrize("lane", LANES)
+def test_exl3_decode_bit_exact(kits, lane, codebook):
+    """W_inner of random trellises, K = 1..8, bit-for-bit the reference's decode (every value an exact fp16)."""
+    be = _kit(kits, lane).be
+    decode = _hook(be, "exl3_decode")
+    rng = np.random.default_rng([exl3.codebook_index(codebook), 11])
+    for K in exl3.KS:
+        t = exl3.random_trellis(rng, 48, 272, K)      # 3 x 17 tiles: a partial band of tiles
+        got = np.asarray(decode(lane, t, codebook))
+        want = exl3.decode_inner(t, codebook).astype(np.float32)
+        assert got.dtype == np.float32 and got.shape == want.shape, (K, got.dtype, got.shape)
+        bad = np.argwhere(got.view(np.uint32) != want.view(np.uint32))
+        assert not len(bad), f"K={K} {codebook}: {len(bad)} weights differ, first at {bad[0].tolist()}"
+
+
+@pytest.mark.parametrize("codebook", exl3.CODEBOOKS)
+@pytest.mark.parametrize("lane", LANES)
+def test_exl3_one_hot_raw_gemm_bit_exact(kits, lane, codebook):
+    """xh = one-hot rows (and a scaled one): each output row is one decoded weight row, bit-for-bit."""
+    be = _kit(kits, lane).be
+    gemm = _hook(be, "exl3_raw_gemm")
+    rng = np.random.default_rng([exl3.codebook_index(codebook), 12])
+    for K in (2, 3, 5):
+        t = exl3.random_trellis(rng, 256, 128, K)
+        rows = np.array([0, 17, 128, 255])
+        xh = np.zeros((len(rows), 256), np.float32)
+        xh[np.arange(len(rows)), rows] = (1.0, -1.0, 0.5, 2.0)
+        got = np.asarray(gemm(lane, xh, t, codebook))
+        want = (exl3.raw_gemm(xh, exl3.Exl3Linear(t, np.ones(256, np.float16), np.ones(128, np.float16), codebook))
+                .astype(np.float32))
+        assert got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32)), \
+            f"K={K} {codebook}: one-hot raw GEMM differs in {int((got != want).sum())} of {got.size} outputs"
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_exl3_expert_vs_float64(kits, lane):
+    """compute() on exl3 records: every key, 1/3/8 rows, rel RMS vs float64 below 2e-3 (and not exactly float64:
+    the lane rounds to fp16 where the engines do)."""
+    kit = _kit(kits, lane)
+    x = xrows(8, seed=5)
+    worst = []
+    for m in ROWS:
+        out = kit.be.compute(lane, [(k, kit.slot_for(lane, k), list(range(m))) for k in range(NK)], x)
+        for k in range(NK):
+            y, ref = out[k], kit.ref(k, x)[:m]
+            assert y.dtype == np.float32 and y.shape == ref.shape and np.isfinite(y).all(), (k, m)
+            worst.append(float(np.sqrt(np.mean((y - ref) ** 2) / np.mean(ref ** 2))))
+    assert max(worst) < REL_RMS_MAX, f"rel RMS {max(worst):.3g} >= {REL_RMS_MAX}"
+    assert min(worst) > 0
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_exl3_deterministic_and_slot_invariant(kits, lane):
+    """Same bytes + same rows -> same bits: a repeat, one expert alone vs in a batch, and the bytes filled into
+    another RAM slot (RAM lanes) or pushed into another VRAM slot (gpu lane)."""
+    kit = _kit(kits, lane)
+    be, x = kit.be, xrows(4, seed=6)
+    jobs = [(k, k, list(range(k % 4 + 1))) for k in range(NK)]
+    a = be.compute(lane, jobs, x)
+    b = be.compute(lane, jobs, x)
+    solo = be.compute(lane, [jobs[3]], x)
+    assert all(a[k].tobytes() == b[k].tobytes() for k in range(NK)) and solo[3].tobytes() == a[3].tobytes()
+    k, other = NK - 1, NK + 1
+    if lane == "gpu":
+        be.wait(be.push(k, k, other))
+    else:
+        be.wait(be.fill(k, other))
+    moved = be.compute(lane, [(k, other, jobs[k][2])], x)
+    assert moved[k].tobytes() == a[k].tobytes(), f"lane {lane}: key {k} from another slot differs"
