@@ -9,13 +9,11 @@ import numpy as np
 import pytest
 
 from tests._exllamav3 import needs_engine
+from tests.adapter_checks import SPLITS, assert_deals_replay, chaos_instruments, recipe, rel_rms
 
 pytestmark = needs_engine
 
 STEPS, ROWS = 4, 2
-# (VRAM slots, RAM slots) of the 32 keys; with VRAM an NVMe pick is read and pushed (nvme_gpu), without it read and
-# computed by the cpu lane (nvme_cpu)
-SPLITS = {"all-resident": (32, 0), "ram-only": (0, 32), "nvme-tail": (8, 12), "nvme-tail-no-vram": (0, 20)}
 
 
 @pytest.fixture(scope="module")
@@ -46,18 +44,6 @@ def engine(tiny):
         model = checkpoint.build_model(path)
         fake.load(model)
         yield model, fake
-
-
-def recipe(vram: int, ram: int, **policy):
-    """The CI cuda recipe at the tiny model's geometry, its zerocopy lane per expert a little dearer than the cpu
-    lane's (as for GLM's 9.4 MB experts over PCIe), so that RAM picks go to both lanes."""
-    from moetier.core.records import resolve
-    R = resolve("tiny-ci-cuda")
-    lanes = dict(R.lanes)
-    lanes["cpu"] = dataclasses.replace(lanes["cpu"], per_expert_ms=0.05, per_extra_token_ms=0.01)
-    lanes["zerocopy"] = dataclasses.replace(lanes["zerocopy"], per_expert_ms=0.08)
-    return dataclasses.replace(R, layers=2, experts=16, topk=2, vram_slots=vram, ram_slots=ram, lanes=lanes,
-                               policy={**R.policy, **policy})
 
 
 def attach(model, fake, R, st, **kw):
@@ -99,11 +85,6 @@ def reference(tiny, o, x, sel, w, skip=()):
             y[r] += exl3.expert_forward(xn[r:r + 1], synth_exl3.expert(spec, o, e), spec.act_limit,
                                         float(w[r, j]))[0]
     return y
-
-
-def rel_rms(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.sqrt(np.mean((a - b) ** 2) / np.mean(b ** 2)))
 
 
 def run(model, att, xs):
@@ -185,23 +166,11 @@ def test_mask_equals_exact_minus_masked_contributions(tiny, engine):
 
 @pytest.mark.parametrize("split", ["nvme-tail", "nvme-tail-no-vram", "ram-only"])
 def test_lane_deal_equals_the_simulators(tiny, engine, split):
-    from moetier.core.sim import Replay
     model, fake = engine
     spec, _, st, _ = tiny
     att = attach(model, fake, recipe(*SPLITS[split]), st)
     run(model, att, inputs(spec, seed=13))
-    R = att.R
-    rp = Replay(R, rows=1)
-    rp.ledger.seed(range(R.keys))
-    t, last = 0.0, None
-    for step, o, picks, dealt in att.deals:
-        if last is None or step != last:
-            rp.begin_step(step)
-            last = step
-        t += R.fixed(1) / R.layers
-        plan = rp.layer(o, dict(picks), t, None, None)
-        t += plan.ms + sum(rp.settle())
-        assert {k: list(v) for k, v in plan.lanes().items()} == dealt, (step, o)
+    assert_deals_replay(att)
     assert len(att.deals) == STEPS * spec.moe_layers
     att.detach()
 
@@ -249,37 +218,14 @@ def test_residency_rule_through_the_adapter_under_adversarial_timing(tiny, engin
     """The conformance suite's Chaos wrapper (delayed and reordered completions) around the adapter's backend,
     with its two instruments: every slot a lane (the engine's included) is handed holds bytes the host saw land,
     and Ledger.land only follows a landed handle."""
-    from conformance.test_residency import Chaos, _Instrumented
     model, fake = engine
     spec, _, st, _ = tiny
-    chaos = None
-
-    def wrap(be):
-        nonlocal chaos
-        chaos = Chaos(be, seed=5)
-        return chaos
-
-    with _Instrumented(_Lazy(lambda: chaos)):
+    with chaos_instruments(seed=5) as (wrap, box):
         att = attach(model, fake, recipe(4, 10), st, wrap=wrap)
         run(model, att, inputs(spec, seed=19))
+    chaos = box["chaos"]
     assert chaos.n["computed"] > 0 and chaos.n["landed_checks"] > 0 and chaos.n["false_polls"] >= 0, chaos.n
     att.detach()
-
-
-class _Lazy:
-    """The Chaos wrapper, once attach has built it (the instruments are installed before)."""
-
-    def __init__(self, get):
-        self._get = get
-
-    def __getattr__(self, name):
-        return getattr(self._get(), name)
-
-    def __setattr__(self, name, value):
-        if name == "_get":
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self._get(), name, value)
 
 
 def test_gpu_and_zerocopy_lanes_are_bit_identical(tiny, engine):

@@ -66,4 +66,4 @@ def test_cli_adapter_check_unknown_name(capsys):
     from moetier.cli.main import main
     assert main(["adapter", "check", "nosuchengine"]) == 2
     assert capsys.readouterr().err.strip() == ("moetier: error: adapter 'nosuchengine': unknown "
-                                               "(expected one of exllamav3)")
+                                               "(expected one of exl3xpu, exllamav3)")

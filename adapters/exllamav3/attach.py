@@ -30,12 +30,11 @@ tables' home rows.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from adapters.exllamav3 import surface
 from adapters.exllamav3.backend import EngineBackend
+from adapters.recipe import fit_recipe
 from moetier.errors import UserError
 from moetier.run.runtime import Runtime
 
@@ -125,18 +124,7 @@ def recipe_for(R, modules, store, *, exact: bool = False):
     """The recipe checked against the model and the store (one line naming the mismatch), with the cpu lane off
     in exact mode and the expert sizes of the store's records."""
     m0 = modules[0]
-    for field, want, got in (("moe.layers", len(modules), R.layers), ("moe.experts", m0.num_experts, R.experts),
-                             ("moe.topk", m0.num_experts_per_tok, R.topk),
-                             ("moe.layers (store)", store.layers, R.layers),
-                             ("moe.experts (store)", store.experts, R.experts)):
-        if want != got:
-            raise UserError(f"recipe {R.id}: {field} is {got} but the exllamav3 model has {want}")
-    if int((R.policy.get("prefetch") or {}).get("depth") or 0) > 0:
-        raise UserError(f"recipe {R.id}: policy.prefetch.depth > 0 is not supported by the exllamav3 adapter yet "
-                        f"(set policy.prefetch.depth=0)")
-    lanes = {k: v for k, v in R.lanes.items() if not (exact and k == "cpu")}
-    rb = store.record_bytes
-    return dataclasses.replace(R, lanes=lanes, expert_bytes=rb, ram_expert_bytes=rb, nvme_expert_bytes=rb)
+    return fit_recipe(R, "exllamav3", len(modules), m0.num_experts, m0.num_experts_per_tok, store, exact=exact)
 
 
 class Attached:

@@ -22,28 +22,16 @@ copy stream with an event each (CUDA) or immediate copies (CPU); fills, pushes a
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import numpy as np
 
-from backends.transfers import CopyHandle, EventTransfers, FillHandle
-from moetier.bytes.expert import EXL3, exl3_expert
+from adapters.engine_lanes import EngineLanes
+from backends.transfers import CopyHandle
+from moetier.bytes.expert import EXL3
 from moetier.bytes.transport import Reader, SlotPool, TransportError
 from moetier.run.contract import BackendUnavailable, Capabilities
 
-try:
-    from backends.cpu import exl3 as _numba_exl3
 
-    def _cpu_expert(x, expert, act_limit):
-        return _numba_exl3.expert_forward(expert, x, act_limit, fp16=True)
-except ImportError:       # numba is the cpu extra; the NumPy reference rounds at the same points, slower
-    from moetier.bytes import exl3 as _ref_exl3
-
-    def _cpu_expert(x, expert, act_limit):
-        return _ref_exl3.expert_forward(x, expert, act_limit, fp16=True)
-
-
-class EngineBackend(EventTransfers):
+class EngineBackend(EngineLanes):
     def __init__(self, store, *, ram_slots: int, vram_slots: int, device="cpu", queue_depth: int = 16,
                  verify_rate: float = 1.0, direct: bool = True):
         import torch
@@ -53,7 +41,6 @@ class EngineBackend(EventTransfers):
         self.torch = torch
         self.store, self.layout = store, store.layout
         self.record_bytes = int(store.record_bytes)
-        self.act_limit = float(self.layout.act_limit or 0.0)
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.pool = SlotPool(max(1, int(ram_slots)), self.record_bytes)
@@ -72,11 +59,7 @@ class EngineBackend(EventTransfers):
             name="exllamav3", device=f"exllamav3 on {self.device}", lanes=frozenset({"cpu", "zerocopy", "gpu"}),
             encodings=frozenset({"exl3"}), vram_slots=self.vram_slots,
             notes=("gpu and zerocopy picks are computed by exllamav3's kernels through its pointer tables",))
-        self.point = None                       # (key, address) -> None: set by attach
-        self.engine_keys: set = set()           # keys handed to the gpu / zerocopy lanes since the caller cleared it
-        self._seq = 0
-        self._pending: OrderedDict = OrderedDict()
-        self._stats = dict(pushes=0, drains=0, push_bytes=0, drain_bytes=0, rows_pointed=0)
+        self._init_lanes("exllamav3")
 
     # -- memory -------------------------------------------------------------------------------------------------
     def _register_pool(self) -> None:
@@ -94,13 +77,6 @@ class EngineBackend(EventTransfers):
         except (AttributeError, RuntimeError, TypeError):
             self._ram_dev = self.pool.base
 
-    @property
-    def ram_slot_count(self) -> int:
-        return self.pool.n
-
-    def ram_view(self, slot: int) -> np.ndarray:
-        return self.pool.view(slot)
-
     def ram_address(self, slot: int) -> int:
         """Where the engine's kernels read RAM slot ``slot`` (the zerocopy lane's table rows)."""
         return self._ram_dev + int(slot) * self.pool.slot_bytes
@@ -115,42 +91,7 @@ class EngineBackend(EventTransfers):
     def read_vram(self, slot: int) -> np.ndarray:
         return self.arena[int(slot)].cpu().numpy()
 
-    # -- compute ------------------------------------------------------------------------------------------------
-    def expert(self, slot: int):
-        """The EXL3 expert in RAM slot ``slot`` (views of its landed bytes)."""
-        return exl3_expert(self.layout, self.pool.view(slot))
-
-    def compute(self, lane: str, jobs, x: np.ndarray) -> dict:
-        if lane == "cpu":
-            return {k: np.asarray(_cpu_expert(x[rows], self.expert(slot), self.act_limit), np.float32)
-                    for k, slot, rows in jobs}
-        if lane not in ("gpu", "zerocopy"):
-            raise BackendUnavailable(f"exllamav3 backend: no {lane!r} lane")
-        if self.point is None:
-            raise BackendUnavailable("exllamav3 backend: the gpu and zerocopy lanes run inside exllamav3; attach "
-                                     "the backend to a model first (adapters.exllamav3.attach)")
-        where = self.vram_address if lane == "gpu" else self.ram_address
-        out = {}
-        for k, slot, rows in jobs:
-            self.point(int(k), where(slot))
-            self.engine_keys.add(int(k))
-            self._stats["rows_pointed"] += 1
-            out[k] = np.zeros((len(rows), x.shape[1]), np.float32)
-        return out
-
     # -- transfers ------------------------------------------------------------------------------------------------
-    def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
-
-    def fill(self, key: int, slot: int, *, prefetch: bool = False):
-        h = FillHandle(self._next_seq(), int(key), int(slot), self.reader.fill(key, slot, prefetch=prefetch))
-        self._pending[h.seq] = h
-        return h
-
-    def cancel(self, handle) -> bool:
-        return isinstance(handle, FillHandle) and self.reader.cancel(handle.comp)
-
     def _copy(self, key: int, kind: str, ram_slot: int, vram_slot: int):
         torch = self.torch
         host = self._host[int(ram_slot), :self.record_bytes]
@@ -172,26 +113,8 @@ class EngineBackend(EventTransfers):
         self._pending[h.seq] = h
         if event is None:                   # a synchronous copy: its bytes are there now
             self._landed_copy(h)
-        self._stats[kind + "es" if kind == "push" else kind + "s"] += 1
-        self._stats[kind + "_bytes"] += self.record_bytes
+        self._count_copy(kind, self.record_bytes)
         return h
-
-    def push(self, key: int, src_slot: int, vram_slot: int):
-        return self._copy(key, "push", int(src_slot), int(vram_slot))
-
-    def drain(self, key: int, vram_slot: int, ram_slot: int):
-        return self._copy(key, "drain", int(ram_slot), int(vram_slot))
-
-    def victims(self) -> list:
-        return []                 # admission is host-planned: evictions reach drain() directly
-
-    def _landed_copy(self, h) -> None:
-        """A push or drain landed: the key's rows follow its bytes (VRAM slot after a push, RAM slot after a
-        drain), so a row is written only once the bytes it points at are there."""
-        h.state = "landed"
-        if self.point is not None:
-            self.point(h.key, self.vram_address(h.dst) if h.kind == "push" else self.ram_address(h.dst))
-            self._stats["rows_pointed"] += 1
 
     def _copy_done(self, h, block: bool) -> bool:
         if h.state == "landed":
@@ -217,12 +140,6 @@ class EngineBackend(EventTransfers):
         if self.cuda:
             self.copy_stream.synchronize()
             self.torch.cuda.current_stream(self.device).synchronize()
-
-    @property
-    def stats(self) -> dict:
-        st = dict(self.reader.stats)
-        st.update(self._stats)
-        return st
 
     def close(self) -> None:
         self.fence()

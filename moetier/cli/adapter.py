@@ -1,7 +1,8 @@
 """`moetier adapter check NAME`: the hook surface an engine adapter expects against the installed engine.
 
 Contract: ``moetier adapter check exllamav3`` imports the installed engine (with the stand-in extension where no
-compiled one exists), prints each expected hook beside what it found, and exits 0 when they agree; a mismatch, an
+compiled one exists); ``moetier adapter check exl3xpu`` checks exl3xpu's ops, or moetier's provider of them where
+exl3xpu does not run. Each prints each expected hook beside what it found, and exits 0 when they agree; a mismatch, an
 engine outside the adapter's pinned version range, or a missing engine exits 2 after one line naming it. An unknown
 adapter name is a user error (one line, exit 2).
 """
@@ -12,7 +13,7 @@ import importlib
 from moetier.errors import UserError
 
 # adapter name -> the module whose adapter_check(out) prints the check and returns its report (imported when asked for)
-ADAPTERS = {"exllamav3": "adapters.exllamav3.surface"}
+ADAPTERS = {"exllamav3": "adapters.exllamav3.surface", "exl3xpu": "adapters.exl3xpu.surface"}
 
 
 def register(sub, parser_class) -> None:

@@ -1,0 +1,123 @@
+"""What every engine adapter's backend shares: the cpu lane, the engine lanes as pointer-row writes, and transfers.
+
+Contract
+--------
+``cpu_rows(x, expert, act_limit)`` is moetier's EXL3 CPU lane on token rows (the Numba kernel, exact mode, fp16 at the
+engines' rounding points; the NumPy reference ``moetier.bytes.exl3.expert_forward`` where numba is not installed).
+
+``EngineLanes`` (a mixin over backends.transfers.EventTransfers) is the moetier backend side of an adapter whose
+engine computes the ``gpu`` and ``zerocopy`` picks itself, reading experts through pointer tables. The class using it
+calls ``_init_lanes(name)`` and provides ``reader`` (the fills' moetier.bytes.transport.Reader), ``pool`` (the RAM
+SlotPool), ``layout``, ``vram_address(slot)``, ``ram_address(slot)`` and ``_copy(key, kind, ram_slot,
+vram_slot)`` (a push or drain). It gets ``ram_slot_count`` / ``ram_view``, ``push`` / ``drain`` (through ``_copy``),
+
+* ``compute``: ``cpu`` runs ``cpu_rows`` on the RAM slot's landed record; ``gpu`` / ``zerocopy`` point the key's rows
+  at the slot handed (``point(key, address)``, set by the adapter's attach) - the runtime hands a lane only slots
+  whose bytes it saw land - add the key to ``engine_keys`` and return zero partials (the engine adds its own);
+* ``fill`` / ``cancel`` (FillHandles with the backend-wide seq), ``victims`` (none: admission is host-planned);
+* ``_landed_copy(handle)``: a push or drain landed, so the key's rows follow its bytes (never precede them);
+* ``stats``: the Reader's counters plus pushes, drains, their bytes and the rows pointed.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from backends.transfers import EventTransfers, FillHandle
+from moetier.bytes.expert import exl3_expert
+from moetier.run.contract import BackendUnavailable
+
+try:
+    from backends.cpu import exl3 as _numba_exl3
+
+    def cpu_rows(x, expert, act_limit):
+        return _numba_exl3.expert_forward(expert, x, act_limit, fp16=True)
+
+    CPU_KERNEL = "moetier Numba EXL3 kernel"
+except ImportError:       # numba is the cpu extra; the NumPy reference rounds at the same points, slower
+    from moetier.bytes import exl3 as _ref_exl3
+
+    def cpu_rows(x, expert, act_limit):
+        return _ref_exl3.expert_forward(x, expert, act_limit, fp16=True)
+
+    CPU_KERNEL = "moetier NumPy EXL3 reference"
+
+
+class EngineLanes(EventTransfers):
+    def _init_lanes(self, name: str) -> None:
+        self.name = name
+        self.act_limit = float(self.layout.act_limit or 0.0)
+        self.point = None                       # (key, address) -> None: set by attach
+        self.engine_keys: set = set()           # keys handed to the gpu / zerocopy lanes since the caller cleared it
+        self._seq = 0
+        self._pending: OrderedDict = OrderedDict()
+        self._stats = dict(pushes=0, drains=0, push_bytes=0, drain_bytes=0, rows_pointed=0)
+
+    @property
+    def ram_slot_count(self) -> int:
+        return self.pool.n
+
+    def ram_view(self, slot: int) -> np.ndarray:
+        return self.pool.view(slot)
+
+    def expert(self, slot: int):
+        """The EXL3 expert in RAM slot ``slot`` (views of its landed bytes)."""
+        return exl3_expert(self.layout, self.pool.view(slot))
+
+    def compute(self, lane: str, jobs, x: np.ndarray) -> dict:
+        if lane == "cpu":
+            return {k: np.asarray(cpu_rows(x[rows], self.expert(slot), self.act_limit), np.float32)
+                    for k, slot, rows in jobs}
+        if lane not in ("gpu", "zerocopy"):
+            raise BackendUnavailable(f"{self.name} backend: no {lane!r} lane")
+        if self.point is None:
+            raise BackendUnavailable(f"{self.name} backend: the gpu and zerocopy lanes run inside {self.name}; "
+                                     f"attach the backend to a model first (adapters.{self.name}.attach)")
+        where = self.vram_address if lane == "gpu" else self.ram_address
+        out = {}
+        for k, slot, rows in jobs:
+            self.point(int(k), where(slot))
+            self.engine_keys.add(int(k))
+            self._stats["rows_pointed"] += 1
+            out[k] = np.zeros((len(rows), x.shape[1]), np.float32)
+        return out
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def fill(self, key: int, slot: int, *, prefetch: bool = False):
+        h = FillHandle(self._next_seq(), int(key), int(slot), self.reader.fill(key, slot, prefetch=prefetch))
+        self._pending[h.seq] = h
+        return h
+
+    def cancel(self, handle) -> bool:
+        return isinstance(handle, FillHandle) and self.reader.cancel(handle.comp)
+
+    def push(self, key: int, src_slot: int, vram_slot: int):
+        return self._copy(key, "push", int(src_slot), int(vram_slot))
+
+    def drain(self, key: int, vram_slot: int, ram_slot: int):
+        return self._copy(key, "drain", int(ram_slot), int(vram_slot))
+
+    def victims(self) -> list:
+        return []                 # admission is host-planned: evictions reach drain() directly
+
+    def _count_copy(self, kind: str, nbytes: int) -> None:
+        self._stats["pushes" if kind == "push" else "drains"] += 1
+        self._stats[kind + "_bytes"] += nbytes
+
+    def _landed_copy(self, h) -> None:
+        """A push or drain landed: the key's rows follow its bytes (VRAM slot after a push, RAM slot after a
+        drain), so a row is written only once the bytes it points at are there."""
+        h.state = "landed"
+        if self.point is not None:
+            self.point(h.key, self.vram_address(h.dst) if h.kind == "push" else self.ram_address(h.dst))
+            self._stats["rows_pointed"] += 1
+
+    @property
+    def stats(self) -> dict:
+        st = dict(self.reader.stats)
+        st.update(self._stats)
+        return st

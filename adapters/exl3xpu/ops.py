@@ -1,0 +1,141 @@
+"""moetier's provider of exl3xpu's op surface, for machines without exl3xpu (no Intel XPU, no oneAPI, no _moe.so).
+
+Contract
+--------
+``ProvidedOps`` has the ``torch.ops.exl3xpu_moe`` ops the adapter calls (adapters.exl3xpu.surface.OPS), with the same
+argument lists and semantics, over numpy arrays:
+
+* ``moe_forward(x, topk_ids, topk_w, ptrs, I, K, n_experts)``: the grouped MoE with every expert addressed only
+  through ``ptrs`` (int64[n_experts], one address per expert): y[r] = sum over j (in slot order, fp32) of
+  topk_w[r, j] * expert(ptrs[topk_ids[r, j]])(x[r]). Each expert is computed by moetier's EXL3 CPU kernel
+  (backends.cpu.exl3, fp16 at the engine's rounding points; the NumPy reference where numba is missing) on the
+  record at that address. Every address a pick reads must lie inside memory the ops know (``memory``: their own
+  ``host_alloc`` buffers and the regions a backend registers as device memory), or the op raises - a row that
+  points nowhere fails loudly instead of reading junk. A pick of weight 0 (the masked "safe expert, weight 0" of
+  the tier) contributes exactly 0 and its row is still checked.
+* ``host_alloc(nbytes)`` (USM host memory: a uint8 array), ``usm_kind(ptr)`` ("host", "device" or "unknown"),
+  ``memcpy_async(dst, src, nbytes)`` (synchronous here: the bytes are there when it returns) and
+  ``blob_bytes(H, I, K)``.
+
+What is NOT the engine's: the bytes at an address are a moetier exl3 record (moetier.bytes.expert's section
+layout), not exl3xpu's PLANAR4 blob; the numerics are the CPU kernel's (exllamav3's rounding points), not the
+Arc kernel's. Where moetier's SYCL EXL3 kernel is built (backends/sycl) it is the provider for the OpenCL device.
+"""
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+
+from adapters.engine_lanes import CPU_KERNEL, cpu_rows
+from adapters.exl3xpu import surface
+from moetier.bytes.expert import EXL3, exl3_expert, layout
+
+class OpError(RuntimeError):
+    """An op was called with arguments the real op would fault or fail on (bad id, address outside any region)."""
+
+
+class Memory:
+    """The address ranges the ops may read: (base, nbytes, kind, the array that owns them)."""
+
+    def __init__(self):
+        self._bases: list = []
+        self._regions: list = []
+
+    def add(self, arr: np.ndarray, kind: str) -> int:
+        a = arr.reshape(-1).view(np.uint8)
+        base = int(a.ctypes.data)
+        i = bisect.bisect(self._bases, base)
+        self._bases.insert(i, base)
+        self._regions.insert(i, (base, a.size, kind, a))
+        return base
+
+    def remove(self, arr: np.ndarray) -> None:
+        base = int(arr.reshape(-1).view(np.uint8).ctypes.data)
+        if base in self._bases:
+            i = self._bases.index(base)
+            del self._bases[i], self._regions[i]
+
+    def _find(self, ptr: int, nbytes: int = 1):
+        i = bisect.bisect(self._bases, int(ptr)) - 1
+        if i >= 0:
+            base, size, kind, a = self._regions[i]
+            if ptr + nbytes <= base + size:
+                return base, kind, a
+        return None
+
+    def kind(self, ptr: int) -> str:
+        hit = self._find(ptr)
+        return hit[1] if hit else "unknown"
+
+    def view(self, ptr: int, nbytes: int) -> np.ndarray:
+        hit = self._find(ptr, nbytes)
+        if hit is None:
+            raise OpError(f"address {ptr:#x} (+{nbytes} B) is not inside any host or device allocation")
+        base, _, a = hit
+        return a[ptr - base:ptr - base + nbytes]
+
+
+class ProvidedOps:
+    provider = f"moetier ({CPU_KERNEL})"
+
+    def __init__(self, codebook: str = "mul1", act_limit: float = 0.0):
+        self.codebook, self.act_limit = codebook, float(act_limit)
+        self.memory = Memory()
+        self._layouts: dict = {}
+        self.calls = {"moe_forward": 0, "pairs": 0, "experts": 0}
+
+    def _layout(self, H: int, I: int, K: int):  # noqa: E741
+        key = (H, I, K)
+        if key not in self._layouts:
+            self._layouts[key] = layout(H, I, EXL3, bits=K, codebook=self.codebook, act_limit=self.act_limit)
+        return self._layouts[key]
+
+    # -- compute ----------------------------------------------------------------------------------------------
+    def moe_forward(self, x, topk_ids, topk_w, ptrs, I, K, n_experts):  # noqa: E741
+        x = np.asarray(x, np.float32)
+        ids, w = np.asarray(topk_ids, np.int32), np.asarray(topk_w, np.float32)
+        ptrs = np.asarray(ptrs, np.int64)
+        M, H = x.shape
+        if ids.shape != w.shape or ids.shape[0] != M or ptrs.shape != (int(n_experts),):
+            raise OpError(f"moe_forward: x {x.shape}, topk_ids {ids.shape}, topk_w {w.shape}, ptrs {ptrs.shape} "
+                          f"(expected [M, H], [M, k], [M, k], [{n_experts}])")
+        if ids.size and (ids.min() < 0 or ids.max() >= n_experts):
+            raise OpError(f"moe_forward: topk_ids outside 0..{n_experts - 1}")
+        lay = self._layout(H, int(I), int(K))
+        self.calls["moe_forward"] += 1
+        rows: dict = {}
+        for r in range(M):
+            for j in range(ids.shape[1]):
+                e = int(ids[r, j])
+                rec = self.memory.view(int(ptrs[e]), lay.record_bytes)     # every row read is checked
+                if w[r, j] != 0.0:
+                    rows.setdefault(e, (rec, []))[1].append(r)
+        out = {}
+        for e, (rec, rs) in rows.items():
+            rs = sorted(set(rs))
+            out[e] = dict(zip(rs, np.asarray(cpu_rows(x[rs], exl3_expert(lay, rec), self.act_limit), np.float32)))
+            self.calls["experts"] += 1
+        y = np.zeros((M, H), np.float32)
+        for r in range(M):                  # combine: fixed order, slot j ascending, fp32
+            for j in range(ids.shape[1]):
+                if w[r, j] != 0.0:
+                    y[r] += w[r, j] * out[int(ids[r, j])][r]
+                    self.calls["pairs"] += 1
+        return y
+
+    # -- memory -------------------------------------------------------------------------------------------------
+    def host_alloc(self, nbytes):
+        a = np.zeros(int(nbytes), np.uint8)
+        self.memory.add(a, "host")
+        return a
+
+    def usm_kind(self, ptr):
+        return self.memory.kind(int(ptr))
+
+    def memcpy_async(self, dst, src, nbytes):
+        n = int(nbytes)
+        np.asarray(dst).reshape(-1).view(np.uint8)[:n] = np.asarray(src).reshape(-1).view(np.uint8)[:n]
+
+    def blob_bytes(self, H, I, K):  # noqa: E741
+        return surface.blob_bytes(int(H), int(I), int(K))

@@ -1,0 +1,163 @@
+"""The exl3xpu op surface the adapter expects, the blob layout it pins, and the check of an op table against them.
+
+Contract
+--------
+``EXPECTED`` is the surface (``adapters.surface`` format, keyed ``exl3xpu_moe.OP``) of the ``torch.ops.exl3xpu_moe``
+ops the adapter calls, with the argument lists of exl3xpu's ``exl3_moe.sycl`` ``TORCH_LIBRARY`` block (adapters.md
+section 4.2). ``blob_bytes(H, I, K)`` / ``record_bytes(H, I, K)`` are the expert blob's size and its store stride
+(4096-aligned), ``QWEN`` the published Qwen3.8-Flash-Next geometry they must reproduce (blob 1,862,400 B, record
+1,863,680 B).
+
+``op_table()`` is the op table the adapter runs on: exl3xpu's own ops where exl3xpu imports (its ``_moe.so`` loaded
+by ``exl3xpu.moe_offload.ops()``), else moetier's provider (``adapters.exl3xpu.ops.ProvidedOps``). ``check(table)``
+returns a ``Report`` (never raises for a mismatch); ``require(table)`` raises ``SurfaceMismatch`` with the first
+mismatch as one line (attach calls it); ``adapter_check()`` is ``moetier adapter check exl3xpu``.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass, field
+
+from adapters.surface import check_surface, describe
+
+ENGINE = "exl3xpu"
+NAMESPACE = "exl3xpu_moe"
+ALIGN = 4096
+
+OPS = {
+    "moe_forward": ["x", "topk_ids", "topk_w", "ptrs", "I", "K", "n_experts"],
+    "host_alloc": ["nbytes"],
+    "usm_kind": ["ptr"],
+    "memcpy_async": ["dst", "src", "nbytes"],
+    "blob_bytes": ["H", "I", "K"],
+}
+EXPECTED: dict = {f"{NAMESPACE}.{op}": {"kind": "callable", "params": list(p)} for op, p in OPS.items()}
+
+# the blob of one expert (moe_offload.py's docstring, the kernel's Geom): gate|up trellis uint32 [H/16][2I/16][8K],
+# down trellis [I/16][H/16][8K], then fp16 suh_g[H] suh_u[H] svh_g[I] svh_u[I] suh_d[I] svh_d[H]
+QWEN = {"L": 48, "E": 512, "K": 3, "H": 2560, "I": 640, "blob": 1_862_400, "rec": 1_863_680}
+PLANAR4_K = (3, 5, 7)                  # the K planar4() supports
+
+
+def blob_bytes(H: int, I: int, K: int) -> int:  # noqa: E741  (the kernel's names)
+    gu = (H // 16) * (2 * I // 16) * 8 * K * 4
+    dn = (I // 16) * (H // 16) * 8 * K * 4
+    return gu + dn + 2 * (3 * H + 3 * I)
+
+
+def record_bytes(H: int, I: int, K: int) -> int:  # noqa: E741
+    """The store stride of one blob (serve/pack_store.py: record r = layer*E + e at r * rec)."""
+    return -(-blob_bytes(H, I, K) // ALIGN) * ALIGN
+
+
+class SurfaceMismatch(RuntimeError):
+    """The op table does not offer the surface the adapter expects; str() is one line naming it."""
+
+
+def installed_version() -> str | None:
+    try:
+        return importlib.metadata.version(ENGINE)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+class EngineOps:
+    """exl3xpu's own ops (``torch.ops.exl3xpu_moe``), once its ``_moe.so`` is loaded; attributes are the ops."""
+
+    provider = "exl3xpu"
+
+    def __init__(self):
+        import torch
+        from exl3xpu import moe_offload
+        moe_offload.ops()                  # loads _moe.so (EXL3_MOE_LIB), which registers the namespace
+        self._ns = getattr(torch.ops, NAMESPACE)
+
+    def __getattr__(self, op):
+        return getattr(self._ns, op)
+
+    def params(self, op: str) -> dict:
+        """The op's description from its registered schema (arguments with a default end in '=')."""
+        try:
+            schema = getattr(self._ns, op).default._schema
+        except (AttributeError, RuntimeError) as e:
+            return {"kind": "missing", "why": f"no op {NAMESPACE}.{op} ({e})"}
+        return {"kind": "callable", "params": [a.name + ("=" if a.has_default_value() else "")
+                                               for a in schema.arguments]}
+
+
+def op_table(**provider_kw):
+    """exl3xpu's ops where the engine imports with its kernels, else moetier's provider of the same surface."""
+    if installed_version() is not None:
+        try:
+            return EngineOps()
+        except (ImportError, OSError, RuntimeError):
+            pass                           # no XPU / no _moe.so: the provider runs the same surface
+    from adapters.exl3xpu.ops import ProvidedOps
+    return ProvidedOps(**provider_kw)
+
+
+def found_surface(table, expected: dict) -> dict:
+    """What ``table`` offers under each expected ``exl3xpu_moe.OP`` name."""
+    out = {}
+    for name in expected:
+        op = name.split(".", 1)[1]
+        if hasattr(table, "params"):
+            out[name] = table.params(op)
+        elif callable(getattr(table, op, None)):
+            out[name] = describe(getattr(table, op), "callable")
+        else:
+            out[name] = {"kind": "missing", "why": f"{table.provider} has no op {op!r}"}
+    return out
+
+
+@dataclass
+class Report:
+    version: str | None
+    provider: str
+    expected: dict
+    found: dict = field(default_factory=dict)
+    mismatches: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
+
+
+def check(table=None, expected: dict | None = None) -> Report:
+    """Compare ``table`` (default op_table()) with ``expected`` (default EXPECTED), and its blob_bytes with QWEN."""
+    expected = EXPECTED if expected is None else expected
+    table = op_table() if table is None else table
+    rep = Report(version=installed_version(), provider=table.provider, expected=expected)
+    rep.found = found_surface(table, expected)
+    rep.mismatches = [f"{table.provider}: {m}" for m in check_surface(expected, rep.found)]
+    if not rep.mismatches and f"{NAMESPACE}.blob_bytes" in expected:
+        got = int(table.blob_bytes(QWEN["H"], QWEN["I"], QWEN["K"]))
+        if got != QWEN["blob"]:
+            rep.mismatches.append(f"{table.provider}: blob_bytes(2560, 640, 3) is {got}, the pinned blob layout "
+                                  f"has {QWEN['blob']}")
+    return rep
+
+
+def require(table=None, expected: dict | None = None) -> Report:
+    rep = check(table, expected)
+    if rep.mismatches:
+        raise SurfaceMismatch(rep.mismatches[0])
+    return rep
+
+
+def adapter_check(out=print, expected: dict | None = None, table=None) -> Report:
+    """``moetier adapter check exl3xpu``: each expected op beside what the op table has; the caller turns
+    ``mismatches[0]`` into its one error line and exit status 2."""
+    rep = check(table, expected)
+    src = ("exl3xpu " + rep.version) if rep.provider == "exl3xpu" else (
+        f"exl3xpu {'(' + rep.version + ', no XPU) ' if rep.version else '(not installed) '}"
+        f"- ops provided by {rep.provider}")
+    out(f"{src}; blob {QWEN['blob']} B / record {QWEN['rec']} B at the Qwen geometry")
+    for name, want in rep.expected.items():
+        got = rep.found.get(name, {"kind": "missing", "why": "not looked up"})
+        mark = "ok" if not check_surface({name: want}, {name: got}) else "MISMATCH"
+        shown = "(" + ", ".join(got["params"]) + ")" if got["kind"] == "callable" else " MISSING: " + got.get("why", "")
+        out(f"  {mark:8s} {name}{shown}")
+    if not rep.mismatches:
+        out(f"{len(rep.expected)} ops match")
+    return rep
