@@ -107,6 +107,16 @@ def test_kernel_source_compiles_with_nvcc(tmp_path):
     assert not re.search(r"[1-9][0-9]* bytes spill stores", log), log
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_exl3_kernel_source_compiles_with_nvcc(tmp_path):
+    """The EXL3 kernels (backends/cuda/exl3.py) compile; they run in the conformance EXL3 section where a GPU is."""
+    from backends.cuda import exl3, kernels
+    log = kernels.nvcc_check(arch="sm_90", workdir=str(tmp_path), source=exl3.SOURCE)
+    for name in exl3.KERNEL_NAMES:
+        assert f"entry function '{name}'" in log
+    assert not re.search(r"[1-9][0-9]* bytes spill stores", log), log
+
+
 # -- GPU -----------------------------------------------------------------------------------------------------------
 
 def _backend(st, ram=32, vram=16, **kw):

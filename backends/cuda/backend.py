@@ -27,10 +27,11 @@ import numpy as np
 
 from backends.transfers import CopyHandle, EventTransfers, FillHandle
 from moetier.run.contract import BackendUnavailable, Capabilities
-from moetier.bytes.expert import act_range, section_offsets
+from moetier.bytes.expert import EXL3, RECORD_KINDS, act_range, section_offsets
 from moetier.bytes.transport import Reader, SlotPool, TransportError
 
 from backends.cuda import kernels as K
+from backends.cuda.exl3 import Exl3Kernels
 
 try:
     from backends.cpu.lane import CpuLane
@@ -59,8 +60,9 @@ class CudaBackend(EventTransfers):
         self._closed = True            # close() is a no-op until construction succeeded
         self.store = store
         self.layout = lay = store.layout
-        if lay.encoding not in ("int8", "int4g32"):
-            raise BackendUnavailable(f"--backend cuda: encoding {lay.encoding!r} not supported (int8, int4g32)")
+        if lay.encoding not in RECORD_KINDS:
+            raise BackendUnavailable(f"--backend cuda: encoding {lay.encoding!r} not supported {RECORD_KINDS}")
+        self.exl3 = None
         self.record_bytes = rb = int(store.record_bytes)
         self.nvram = int(vram_slots)
         if self.nvram < 0:
@@ -95,6 +97,8 @@ class CudaBackend(EventTransfers):
             try:
                 self.module = cupy.RawModule(code=K.SOURCE, options=K.NVRTC_OPTIONS)
                 self.fn = {n: self.module.get_function(n) for n in K.KERNEL_NAMES}
+                if lay.encoding == EXL3:
+                    self.exl3 = Exl3Kernels(cupy, cupy.RawModule, K.NVRTC_OPTIONS)
             except errs:
                 raise
             except Exception as e:
@@ -142,7 +146,7 @@ class CudaBackend(EventTransfers):
         if CpuLane is None:
             notes += ("no cpu lane: numba is not installed (pip install 'moetier[cpu]')",)
         self.capabilities = Capabilities(name="cuda", device=f"{self.device_name} (sm_{self.cc[0]}{self.cc[1]}, CuPy)",
-                                         lanes=frozenset(lanes), encodings=frozenset({"int8", "int4g32"}),
+                                         lanes=frozenset(lanes), encodings=frozenset(RECORD_KINDS),
                                          vram_slots=self.nvram, notes=notes)
         self._offs = section_offsets(lay)
         self._seq = 0
@@ -235,6 +239,50 @@ class CudaBackend(EventTransfers):
             r0 += n
         return res
 
+    # -- EXL3 test hooks (conformance: bit-exact decode, one-hot raw GEMM) ------------------------------------------
+    def _exl3_on_lane(self, lane, trellis, run):
+        """run(device address of a copy of trellis in the memory the lane reads) -> device array, fetched to host."""
+        cp = self.cp
+        t = np.ascontiguousarray(trellis)
+        if lane == "gpu":
+            d = cp.asarray(t.view(np.uint8).reshape(-1))
+            with self.compute_stream as s:
+                return run(int(d.data.ptr)).get(stream=s)
+        if lane != "zerocopy":
+            raise BackendUnavailable(f"cuda backend: no {lane!r} device lane")
+        pool = SlotPool(1, t.nbytes)      # pinned + mapped like the RAM tier, so the kernel reads it over the link
+        rt = cp.cuda.runtime
+        try:
+            rt.hostRegister(pool.base, pool.nbytes, HOST_REGISTER_PORTABLE | HOST_REGISTER_MAPPED)
+            try:
+                pool.view(0)[:t.nbytes] = t.view(np.uint8).reshape(-1)
+                dptr = int(rt.pointerGetAttributes(pool.base).devicePointer) or pool.base
+                with self.compute_stream as s:
+                    return run(dptr).get(stream=s)
+            finally:
+                rt.hostUnregister(pool.base)
+        finally:
+            pool.close()
+
+    def exl3_decode(self, lane: str, trellis: np.ndarray, codebook) -> np.ndarray:
+        """W_inner [k, n] float32 of a trellis as the lane's EXL3 kernel decodes it."""
+        from moetier.bytes import exl3
+        if lane == "cpu":
+            return self.lane.exl3_decode(trellis, codebook)
+        kern = self.exl3 or Exl3Kernels(self.cp, self.cp.RawModule, K.NVRTC_OPTIONS)
+        k, n, Kb = trellis.shape[0] * 16, trellis.shape[1] * 16, exl3.trellis_bits(trellis)
+        return self._exl3_on_lane(lane, trellis, lambda p: kern.decode(p, k, n, Kb, codebook))
+
+    def exl3_raw_gemm(self, lane: str, xh: np.ndarray, trellis: np.ndarray, codebook) -> np.ndarray:
+        """xh [T, k] @ W_inner, float32, as the lane's EXL3 kernel computes it."""
+        from moetier.bytes import exl3
+        if lane == "cpu":
+            return self.lane.exl3_raw_gemm(xh, trellis, codebook)
+        kern = self.exl3 or Exl3Kernels(self.cp, self.cp.RawModule, K.NVRTC_OPTIONS)
+        k, n, Kb = trellis.shape[0] * 16, trellis.shape[1] * 16, exl3.trellis_bits(trellis)
+        d_x = self.cp.asarray(np.ascontiguousarray(xh, dtype=np.float32).reshape(-1, k))
+        return self._exl3_on_lane(lane, trellis, lambda p: kern.raw_gemm(p, d_x, k, n, Kb, codebook))
+
     def forward_ptrs(self, ptrs, rows, x, waits=()):
         """Bench/test entry: experts at device-readable record addresses ``ptrs`` on token rows ``rows`` of x."""
         return self._forward(ptrs, rows, x, waits)
@@ -261,7 +309,8 @@ class CudaBackend(EventTransfers):
                 s.wait_event(ev)
             d_x = cp.asarray(xcat)
             d_jobs = cp.asarray(table)
-            out = self._launch(d_jobs, nj, R, d_x)
+            out = self.exl3.forward(lay, d_jobs, counts, d_x) if self.exl3 is not None else \
+                self._launch(d_jobs, nj, R, d_x)
             res = out.get(stream=s)          # blocking: compute results are host arrays
         return res
 

@@ -322,8 +322,9 @@ KERNEL_NAMES = ("quant_rows", "gate_up_i8", "down_i8", "gate_up_q4", "down_q4")
 NVRTC_OPTIONS = ("--std=c++14",)
 
 
-def nvcc_check(nvcc: str = "nvcc", arch: str = "sm_90", workdir: str | None = None) -> str:
-    """Compile SOURCE with nvcc (-c, no GPU needed); returns ptxas output; raises RuntimeError with the log."""
+def nvcc_check(nvcc: str = "nvcc", arch: str = "sm_90", workdir: str | None = None, source: str | None = None) -> str:
+    """Compile SOURCE (or ``source``) with nvcc (-c, no GPU needed); returns ptxas output; raises RuntimeError with
+    the log."""
     import os
     import subprocess
     import tempfile
@@ -331,7 +332,7 @@ def nvcc_check(nvcc: str = "nvcc", arch: str = "sm_90", workdir: str | None = No
     with tempfile.TemporaryDirectory(dir=workdir) as d:
         src = os.path.join(d, "moetier_experts.cu")
         with open(src, "w") as f:
-            f.write(SOURCE)
+            f.write(SOURCE if source is None else source)
         cmd = [nvcc, f"-arch={arch}", "-std=c++14", "-Xptxas", "-v", "-c", src, "-o", os.path.join(d, "k.o")]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if p.returncode != 0:
