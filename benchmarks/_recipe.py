@@ -32,8 +32,8 @@ def parser(steps: int, overrides: bool = False) -> argparse.ArgumentParser:
 
 
 def calibration_arm(R0, name: str, script: str) -> tuple[dict, object]:
-    """(arm, its recipe) of the calibration arm ``name`` (moetier.calibrate.default_arms) with the registry's terms;
-    an unknown name exits with the choices."""
+    """(arm, its recipe) of the calibration arm ``name`` (moetier.measure.calibrate.default_arms) with the registry's
+    terms; an unknown name exits with the choices."""
     from moetier.measure import calibrate
     arms = {x["name"]: x for x in calibrate.default_arms(R0, vram=True)}
     if name not in arms:

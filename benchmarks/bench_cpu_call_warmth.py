@@ -4,7 +4,7 @@ had just blocked on a read.
     python benchmarks/bench_cpu_call_warmth.py --store DIR [--recipe tiny-local-cpu] [--steps 150] [--repeats 3]
         [--arms allram-C1 tail-C1 tail-mask-C1] [--json]
 
-The findings it reproduces (docs/calibration.md, ninth session, point 15 and after run 33): the calibration's
+What it measures (the split call's wake-up term, docs/calibration.md): the calibration's
 arms, interleaved, each call timed where the lane runs it (``CpuLane.run``). A split call's worker idle is the time
 since the lane's last split call ended (what ``spec.idle_wake`` turns into the planner's units); an inline call
 "after a wait" is the first call made after the decode thread blocked on a read (a ``wait`` that took over 50 us).

@@ -12,7 +12,7 @@ reaches.
 
 ``--vram``: the same for the VRAM arms' gpu and zerocopy lanes (SYCL device slots, calibrate.vram_arms), and the
 device-lane fit on the fit arms (C1, C4) with and without its reads-in-flight and step-rows terms, as each arm's
-lane time predicted over measured (docs/calibration.md, eighth session, point 7).
+lane time predicted over measured (docs/calibration.md).
 """
 from __future__ import annotations
 

@@ -9,10 +9,11 @@ The VRAM arms of the calibration: --backend sycl --set 'engines=["sycl-opencl-cp
 The finding it reproduces (docs/calibration.md, "An arrival is a distribution"): one runtime run of the recipe as
 written (warm-up steps included); for the first demand read each layer waits on, X = landed - (when the thread
 started waiting), both from the read's submit time. It prints mean X, the mean wait E[max(0, X)], the read
-latency's sd / mean, the wait a normal arrival with that spread would give (moetier.plan.late), and how much of
-the spread the reads of a layer share: the correlation of the lateness of its first two reads and the shared /
-own split the calibration fits (moetier.measure.fit_nvme.spread_split; the planner's moetier.core.arrivals.Finish), and the
-mean latency by burst size and position (reads issued together land together) beside the depth table's.
+latency's sd / mean, the wait a normal arrival with that spread would give (moetier.core.arrivals.late), and how
+much of the spread the reads of a layer share: the correlation of the lateness of its first two reads and the
+shared / own split the calibration fits (moetier.measure.fit_nvme.spread_split; the planner's
+moetier.core.arrivals.Finish), and the mean latency by burst size and position (reads issued together land
+together) beside the depth table's.
 """
 from __future__ import annotations
 

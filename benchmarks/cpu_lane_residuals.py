@@ -4,11 +4,11 @@
 
 For each arm, the runtime's inline and split calls (counters pooled over the kept repeats: calls, experts in cold
 equivalents, extra rows, reads of the layer in flight, a split call's longest share and its worker's idle in
-spec.idle_wake units, booked since the ninth session; inline calls right after a blocked wait, since the tenth)
-and the mean ms per call measured against what the record's fitted cpu lane gives (moetier.bench.fit_cpu_lane's
+spec.idle_wake units; inline calls right after a blocked wait, where the record books them)
+and the mean ms per call measured against what the record's fitted cpu lane gives (moetier.measure.bench.fit_cpu_lane's
 model). ``--by-class``
 refits the lane on the record's fit arms (no prefetch, as calibrate does) with a per-expert cost of its own for
-each call class, and shows the same residuals under it (docs/calibration.md, eighth session, run 27).
+each call class, and shows the same residuals under it.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
     python benchmarks/device_calls.py RECORD [--max-experts 3]
 
-Records made since the eleventh session keep each arm's device-lane calls by shape (``rows[].measured_run
+Calibration records keep each arm's device-lane calls by shape (``rows[].measured_run
 .call_groups``: lane, experts, extra rows, reads of the layer in flight, calls, seconds). Per VRAM arm and lane,
 the mean ms of a call with 1..max-experts experts and no extra rows, by reads in flight (0, 1, 2, 3 or more), and
 beside it the model's error with the record's fitted terms (moetier.measure.fit.fit_device_terms' model): how the
@@ -30,7 +30,7 @@ def main(argv=None):
     terms = cal["terms"]
     rows = [r for r in cal["rows"] if r["measured_run"].get("call_groups")]
     if not rows:
-        sys.exit(f"device_calls: {a.record}: no device-lane calls (records keep them since the eleventh session)")
+        sys.exit(f"device_calls: {a.record}: no device-lane calls (rows[].measured_run.call_groups)")
     print("| arm | lane | experts | ms per call by reads in flight 0 / 1 / 2 / 3+ (model error) |\n|---|---|---|---|")
     for r in rows:
         for lane, name in (("gpu", "gpu"), ("zc", "zerocopy")):

@@ -4,7 +4,7 @@
                                          [--top 8] [--json]
 
 The runtime plans on the modeled clock (plan parity), so a replay of the recipe it ran makes its decisions layer
-for layer. This runs one calibration arm (moetier.calibrate.default_arms) on the runtime, with the registry's
+for layer. This runs one calibration arm (moetier.measure.calibrate.default_arms) on the runtime, with the registry's
 terms (the last calibration's), then in the simulator, and groups the layers by shape: VRAM hits, cpu RAM picks,
 zerocopy picks, NVMe picks to the cpu and gpu lanes, and whether those are demand reads (d), prefetched (p) or
 both (m), and the NVMe wait summed over the run by that kind. Per shape, the mean ms a layer of the cpu lane (net

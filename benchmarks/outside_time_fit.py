@@ -8,7 +8,7 @@ of the cpu arms fitted by least squares on the concurrency plus candidate column
 (fit_fixed's model on these arms), then with prefetch reads, split calls, inline calls, computed picks or layers
 with NVMe picks. Every cpu arm is in the fit, held-out ones too: this asks which counter explains the time, it
 sets no term. Prints each fit's coefficients, its rms relative error and the arms it misses by more than 6%
-(docs/calibration.md, tenth session).
+(the non-MoE row of docs/calibration.md).
 """
 from __future__ import annotations
 

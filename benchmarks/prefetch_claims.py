@@ -3,7 +3,7 @@
     python benchmarks/prefetch_claims.py --store DIR [--recipe tiny-local-cpu] [--arm tail-prefetch-C1]
                                          [--steps 200] [--json]
 
-Runs one calibration arm (moetier.calibrate.default_arms) on the runtime with the registry's terms and prints:
+Runs one calibration arm (moetier.measure.calibrate.default_arms) on the runtime with the registry's terms and prints:
 the layers whose NVMe picks the plan served from prefetch reads (all of them, "p", or some, "m") and how many of
 those the runtime had to re-issue as demand reads because its prefetch read had not started (plan parity keeps
 the plan, the real reader decides); a prefetch read's started-to-landed time by the demand reads submitted while

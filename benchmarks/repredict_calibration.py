@@ -8,15 +8,15 @@ again: ``--spread`` sets the NVMe arrival spread (engine nvme_latency_cv_shared_
 at every measured rows per step, for records made before calibrate fitted it. A record made before calibrate
 fitted the copy time per rows gets it from its own VRAM fit arms' counters (fit.fit_device_terms).
 ``--no-wake`` refits the cpu lane on the record's fit arms without the split call's wake-up term
-(lanes.cpu.per_wake_ms), to show what that term does to the same run. ``--refit-host`` refits the host and non-MoE time
-terms on the record's fit arms with today's fits (a record made before the part per zerocopy call, tenth session).
-``--refit-device`` refits the gpu and zerocopy lanes on the record's VRAM fit arms' calls (records made since the
-eleventh session keep them). ``--term FIELD JSON`` replaces one of the record's terms (``calibration.terms``; a
-channel term is {engine: {rows: value}}, an empty object drops it): what another figure would have predicted.
-Run with the registry the record was made with (its hardware record is not in the run
-record). Prints each arm's recorded and new tok/s error, NVMe stall (ms per token) and zerocopy computes per token, then
-the record's summary figures recomputed (moetier.calibrate.summary): median / max / held-out max |error| and the
-buckets within 15%.
+(lanes.cpu.per_wake_ms), to show what that term does to the same run. ``--refit-host`` refits the host and
+non-MoE time terms on the record's fit arms with today's fits (for a record made before a host term existed).
+``--refit-device`` refits the gpu and zerocopy lanes on the record's VRAM fit arms' calls (where the record keeps
+them: ``rows[].measured_run.call_groups``). ``--term FIELD JSON`` replaces one of the record's terms
+(``calibration.terms``; a channel term is {engine: {rows: value}}, an empty object drops it): what another figure
+would have predicted. Run with the registry the record was made with (its hardware record is not in the run
+record). Prints each arm's recorded and new tok/s error, NVMe stall (ms per token) and zerocopy computes per token,
+then the record's summary figures recomputed (moetier.measure.ablate.repredict): median / max / held-out max
+|error| and the buckets within 15%. `moetier calibrate --ablate RECORD` removes terms one at a time instead.
 """
 from __future__ import annotations
 
@@ -25,11 +25,8 @@ import json
 import sys
 from pathlib import Path
 
-from _recipe import recipe_trace  # noqa: E402 - benchmarks/ is on sys.path when this script runs
-from moetier.measure import calibrate  # noqa: E402
-from moetier.measure import fit  # noqa: E402
-from moetier.core import sim  # noqa: E402
-from moetier.core import records as spec  # noqa: E402
+import _recipe  # noqa: E402,F401 - puts the repository on sys.path
+from moetier.measure import ablate, fit  # noqa: E402
 from moetier.measure.bench import fit_cpu_lane  # noqa: E402
 
 
@@ -63,8 +60,8 @@ def main(argv=None):
     device = fit.fit_device_terms(fit_runs)
     if a.refit_device:
         if not any(m["call_groups"] for m in fit_runs):
-            sys.exit(f"repredict_calibration: {a.record}: --refit-device needs the device lanes' calls, which records "
-                     "keep since the eleventh session")
+            sys.exit(f"repredict_calibration: {a.record}: --refit-device needs the device lanes' calls "
+                     "(rows[].measured_run.call_groups), which this record lacks")
         terms.update({ln: v for ln, v in device.items() if ln in ("gpu", "zerocopy")})
         if not a.json:
             print("refitted device lanes: " + json.dumps({ln: {k: round(v, 4) for k, v in terms[ln].items()}
@@ -83,28 +80,8 @@ def main(argv=None):
         if not a.json:
             print("refitted host: " + ", ".join(f"{k} {v:.4f}" for k, v in host.items()) + "; fixed_ms "
                   + json.dumps(terms["fixed_ms"]))
-    R = spec.resolve(rec["recipe"])
-    tr = recipe_trace(R)
-    arms = {arm["name"]: arm for arm in calibrate.default_arms(R, vram=True)}
-    rows = []
-    for row in cal["rows"]:
-        arm = arms.get(row["arm"])
-        if arm is None:
-            sys.exit(f"repredict_calibration: {a.record}: arm {row['arm']!r} is not in today's default matrix")
-        Ra = calibrate.arm_recipe(rec["recipe"], arm, terms)
-        # the runtime planned on the plan pass's terms: a replay of them deals the picks (calibrate.predict_and_compare)
-        choose = calibrate.arm_recipe(rec["recipe"], arm, cal["plan_terms"]) if cal.get("plan_terms") else None
-        p = sim.run(Ra, tr, arm["conc"], max_steps=cal["steps"], choose=choose)
-        meas, pred = row["ms_per_token"]["measured"], calibrate.sim_buckets(Ra, p)
-        rows.append({"arm": row["arm"], "fit": row["fit"], "recorded_error_pct": row["error_pct"],
-                     "error_pct": (p["tok_s"] / row["measured_tok_s"] - 1) * 100,
-                     "ms_per_token": {"measured": meas, "sim": pred, "recorded_sim": row["ms_per_token"]["sim"]},
-                     "bucket_error_pct": calibrate.bucket_errors(meas, pred),
-                     # zerocopy computes per token: the runtime's against the replay's deal (they agree when the
-                     # replay of the plan pass deals as the run did)
-                     "zerocopy_per_token": {"measured": row.get("lane_experts_per_token", {}).get("measured", {})
-                                            .get("zerocopy"), "sim": p["zerocopy_per_tok"]}})
-    out = {"rows": rows, "summary": calibrate.summary(rows)}
+    out = ablate.repredict(rec, terms=terms)
+    rows = out["rows"]
     if a.json:
         print(json.dumps(out, indent=1))
         return

@@ -188,7 +188,7 @@ def test_vram_arms_fit_device_lanes_copies_and_per_engine_latency(scratch):
     R = spec.resolve("tiny-ci-cpu")
     assert R.h2d_gbps == pytest.approx(write.copy_gbps(R.nvme_expert_bytes, t["copy_ms"]), rel=1e-3)
     assert eng["copy_ms_by_rows"] == {r: pytest.approx(v, abs=1e-6) for r, v in t["copy_ms_by_rows"].items()}
-    assert eng["copy_record_bytes"] == R.nvme_expert_bytes      # what the copy time holds for (plan._push_ms)
+    assert eng["copy_record_bytes"] == R.nvme_expert_bytes      # what the copy time holds for (terms._push_ms)
 
 
 def test_cpu_lane_fit_recovers_both_call_classes_and_takes_out_contention():
@@ -354,7 +354,7 @@ def test_prefetch_factor_is_the_shared_reads_latency_over_the_depth_means():
 def test_prefetch_factor_takes_the_burst_table_the_model_scales():
     """A lone read is faster than the depth-1 mean (the first reads of longer bursts share the device): the factor
     must be over what the channel model would give the same read, or it scales the burst table by a ratio to
-    another figure (2026-12-02, VM D: 1.08 over the depth mean, the lone reads' own ratio about 1.2)."""
+    another figure (measured: 1.08 over the depth mean, the lone reads' own ratio about 1.2)."""
     alone = [(0, b, 1, 1.0) for b in range(8)]                                    # bursts of one: 1.0
     pairs = [(0, 100 + b, q, ms) for b in range(8) for q, ms in ((1, 2.0), (2, 2.0))]    # of two: 2.0 each
     busy = [(0, 200 + b, 1, 1.2) for b in range(8)]                               # lone reads beside a prefetch
@@ -455,7 +455,7 @@ def test_a_runs_drift_is_not_lateness_within_a_layer():
                for q, ms in ((1, 2.0), (2, 3.0))]
     means = {1: 2.2, 2: 3.3}
     assert fit_nvme.spread_split(samples, means) == pytest.approx((0.0, 0.0), abs=1e-9)
-    # the same reads named as bursts of one run: run 2's drift shows as lateness its bursts share
+    # the same reads named as bursts of one run: the second run's drift shows as lateness its bursts share
     as_one = [(0, run * 10 + b, q, ms) for run, b, q, ms in samples]
     shared, own = fit_nvme.spread_split(as_one, means)
     assert shared == pytest.approx(0.2 / 2.2, rel=1e-6) and own == pytest.approx(0.0, abs=1e-9)

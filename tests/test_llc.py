@@ -1,10 +1,11 @@
-"""The host cache model (moetier.llc) and the planner's use of it: known answers."""
+"""The host cache model (moetier.core.llc) and the planner's use of it: known answers."""
 import pytest
 
 from moetier.core import records as spec
 from moetier.core.ledger import Ledger
 from moetier.core.llc import ReuseModel, reuse_model
-from moetier.core.plan import PlanContext, plan_layer
+from moetier.core.plan import plan_layer
+from moetier.core.terms import PlanContext
 
 
 def test_factor_interpolates_over_records_streamed_since_last_use():

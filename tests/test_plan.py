@@ -565,7 +565,7 @@ def test_a_prefetch_read_that_left_the_queue_keeps_the_worker_until_it_lands():
     """A prefetch read that had started when it was expired (wasted) or claimed runs to its end, as the runtime's
     reader cannot drop a started read: the worker starts the next one after it, and a demand read issued meanwhile
     finds it in service (a model that freed the worker ran too many prefetch reads: at tail-prefetch-C1 it withdrew
-    68.6% before they started, the runtime 78.0%; docs/calibration.md, thirteenth session)."""
+    68.6% before they started, the runtime 78.0%)."""
     ch = measured(latency_by_qd={1: 2.0}, pf_alone=1.5, pf_factor=1.5)
     ch.prefetch(0.0, [7])                                  # in service 0 .. 1.5
     assert ch.expire([7], 1.0) == ([], [7])                # started: wasted, and still running

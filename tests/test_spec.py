@@ -1,4 +1,5 @@
-"""moetier.spec: shipped records, derived index, capacities, lanes, fixed(), overrides and every bad-input path."""
+"""moetier.core.records: shipped records, derived index, capacities, lanes, fixed(), overrides, every bad-input
+path."""
 
 import json
 import shutil

@@ -50,8 +50,12 @@ def register(sub, parser_class) -> None:
 
     c = sub.add_parser("calibrate", help="run a matrix of configurations for real, fit the simulator's cost terms "
                        "from the runtime's counters, and report prediction errors")
-    c.add_argument("recipe", help="recipe id (registry/recipe/<id>.json)")
-    c.add_argument("--store", required=True, help="packed store directory (moetier store pack)")
+    c.add_argument("recipe", nargs="?", help="recipe id (registry/recipe/<id>.json)")
+    c.add_argument("--store", help="packed store directory (moetier store pack); required unless --ablate")
+    c.add_argument("--ablate", nargs="+", metavar="RECORD",
+                   help="measure nothing: re-predict these calibration run records with each term and family of "
+                        "terms removed, and print what each removal does to the errors")
+    c.add_argument("--only", nargs="+", metavar="TERM", help="with --ablate: remove only these terms or families")
     c.add_argument("--trace", help="routing trace (.npz, or reference .npy); default: the recipe's")
     c.add_argument("--segments", help="segments .npy for a reference .npy trace")
     c.add_argument("--backend", default="cpu", help="cpu, sycl or cuda (default cpu)")
@@ -221,6 +225,10 @@ def cmd_calibrate(args) -> int:
     from moetier.core import records as spec
     from moetier.bytes import store
     from moetier.cli.common import _emit, _trace
+    if args.ablate:
+        return _ablate(args)
+    if not args.recipe or not args.store:
+        raise UserError("calibrate: expected RECIPE and --store DIR (or --ablate RECORD...)")
     R = spec.resolve(args.recipe)
     rid = _record_id(args.record, f"calibration-{R.id}", _now(), write=not args.no_write, force=args.force)
     st = store.open_store(args.store, model=R.model)
@@ -271,6 +279,68 @@ def cmd_calibrate(args) -> int:
               f"come from the checked pass): "
               f"{s['pass_drift_pct']:+.1f}%")
     return 0
+
+
+def _ablate(args) -> int:
+    """`moetier calibrate --ablate RECORD...`: the ablation table (moetier.measure.ablate), one column group per
+    record; a term is kept where its removal worsens the median or max |error| by more than the record's pass
+    drift on at least two of the records (on all of them, with fewer than two)."""
+    from moetier.measure import ablate
+    from moetier.cli.common import _emit
+    recs = [_load_run(path) for path in args.ablate]
+    unknown = [t for t in args.only or () if t not in ablate.TERMS and t not in ablate.FAMILIES]
+    if unknown:
+        raise UserError(f"calibrate --only {unknown[0]}: expected a term or family of `moetier calibrate --ablate` "
+                        f"({', '.join([*ablate.TERMS, *ablate.FAMILIES])})")
+    prog = (lambda msg: print(f"ablate: {msg}", file=sys.stderr)) if sys.stderr.isatty() else None
+    res = [ablate.ablate(rec, terms=args.only, progress=prog) for rec in recs]
+    need = min(2, len(recs))
+    verdict = {}
+    for name in dict.fromkeys(n for r in res for n, _, _ in r["rows"]):
+        hits = sum(ablate.earns(c, r["drift"]) for r in res for n, _, c in r["rows"] if n == name)
+        verdict[name] = hits >= need
+    if args.json:
+        _emit({"records": [{"id": rec.get("id"), "base": r["base"], "drift": r["drift"],
+                            "rows": [{"removed": n, "terms": m, **c} for n, m, c in r["rows"]]}
+                           for rec, r in zip(recs, res)], "earns": verdict})
+        return 0
+    for rec, r in zip(recs, res):
+        b = r["base"]
+        print(f"{rec.get('id')}: median |error| {b['median_abs_error_pct']:.2f}%, max {b['max_abs_error_pct']:.2f}%, "
+              f"held-out max {b['held_out_max_abs_error_pct'] or 0:.2f}%, buckets within 15% "
+              f"{b['buckets_within_15pct']}/{b['buckets_checked']}; pass drift {r['drift']:.2f} points")
+    print("\n| removed | " + " | ".join(f"{rec.get('id')} d median / d max / d held-out / buckets / worst bucket"
+                                        for rec in recs) + " | earns |")
+    print("|---|" + "---|" * len(recs) + "---|")
+    for name in verdict:
+        cells = []
+        for r in res:
+            c = next((c for n, _, c in r["rows"] if n == name), None)
+            if c is None:
+                cells.append("-")
+                continue
+            w = f"{c['worst_bucket'][0]} {c['worst_bucket'][1]:+.1f}" if c["worst_bucket"] else "-"
+            mark = "*" if ablate.earns(c, r["drift"]) else ""
+            cells.append(f"{c['median']:+.2f} / {c['max']:+.2f} / {c['held_out']:+.2f} / {c['buckets'][0]}/"
+                         f"{c['buckets'][1]} / {w}{mark}")
+        print(f"| {name} | " + " | ".join(cells) + f" | {'yes' if verdict[name] else 'no'} |")
+    print(f"\n*: worsens the median or max |error| by more than that record's pass drift; earns: on at least "
+          f"{need} record(s)")
+    return 0
+
+
+def _load_run(path: str) -> dict:
+    from moetier import strictjson
+    from moetier.cli.common import find_path
+    try:
+        text = find_path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"calibrate --ablate {path}: expected a calibration run record (a JSON file): {e}") from None
+    rec = strictjson.loads(text, f"calibrate --ablate {path}")
+    if not isinstance(rec, dict) or not isinstance(rec.get("calibration"), dict):
+        raise UserError(f"calibrate --ablate {path}: expected a calibration run record (a 'calibration' object), "
+                        f"got {type(rec).__name__}" + (" without one" if isinstance(rec, dict) else ""))
+    return rec
 
 
 def cmd_bench(args) -> int:

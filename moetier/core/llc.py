@@ -1,16 +1,15 @@
 """The host's last-level cache: what an expert costs the cpu lane depends on how much streamed since its last use.
 
-Contract
---------
-``ReuseModel(curve, record_bytes)``: ``curve`` is the hardware record's ``cpu.reuse_curve`` {bytes: factor}, the
-measured cost of one expert on the cpu lane against the bytes the host streamed since that expert was last computed,
-relative to a cold expert (1.0). ``factor(key)`` is that cost factor for ``key`` now (linear between the measured
-points, the end values beyond them; 1.0 for a key never seen); ``touch(keys)`` records that keys streamed through
-the host, in order, one record each. The planner charges a RAM pick ``per_expert_ms * factor`` on the cpu lane;
-the simulator and the runtime touch the same keys in the same order (``moetier.sim.Replay.touch``: the cpu lane's RAM
-picks, then the layer's NVMe reads, which land and are checksummed in host memory), so they plan the same lanes.
+Contract -------- ``ReuseModel(curve, record_bytes)``: ``curve`` is the hardware record's ``cpu.reuse_curve`` {bytes:
+factor}, the measured cost of one expert on the cpu lane against the bytes the host streamed since that expert was
+last computed, relative to a cold expert (1.0). ``factor(key)`` is that cost factor for ``key`` now (linear between
+the measured points, the end values beyond them; 1.0 for a key never seen); ``touch(keys)`` records that keys streamed
+through the host, in order, one record each. The planner charges a RAM pick ``per_expert_ms * factor`` on the cpu
+lane; the simulator and the runtime touch the same keys in the same order (``moetier.core.sim.Replay.touch``: the cpu
+lane's RAM picks, then the layer's NVMe reads, which land and are checksummed in host memory), so they plan the same
+lanes.
 
-Why: on a host whose last-level cache holds many experts (300 MiB on the 2026-12-01 VM, ~190 records of 1.58 MB)
+Why: on a host whose last-level cache holds many experts (e.g. 300 MiB, ~190 records of 1.58 MB)
 an expert computed again soon is cheaper, and NVMe reads stream through the same cache. The same cpu call shape
 costs more in a run with an NVMe tail than in an all-in-RAM run (13 experts, no read in flight: 3.08 ms against
 2.52 ms). Distance is counted in records streamed, not distinct records: it needs one dict entry per key and

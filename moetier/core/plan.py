@@ -4,7 +4,7 @@ Contract
 --------
 ``plan_layer(ctx, ledger, picks, t0, nvme, llc=None, lanes=None, idle=0.0)`` takes ``picks`` = {key: m} (m =
 token rows routed to that expert in this layer call), the layer start time ``t0`` (ms, the caller's clock), the
-NVMe channel, the host cache model (moetier.llc: a RAM pick recently used costs the cpu lane less; read only here)
+NVMe channel, the host cache model (moetier.core.llc: a RAM pick recently used costs the cpu lane less; read only here)
 and how long the cpu lane's worker has idled (a split call wakes it: spec.idle_wake), and returns a
 ``LayerPlan``: the lane of every pick, each lane's busy time and the layer cost (max over lanes when lanes overlap,
 their sum when they do not). It reads residency but never changes it: the plan's lists are residency *intents*
@@ -39,7 +39,7 @@ class LayerPlan:
         self.gpu, self.zerocopy, self.cpu, self.nvme_cpu, self.nvme_gpu, self.masked = [], [], [], [], [], []
         self.arrivals: dict = {}
         self.demand_reads = 0
-        self.cpu_cold = 0.0        # the cpu lane's RAM picks in cold-expert equivalents (host cache, moetier.llc)
+        self.cpu_cold = 0.0        # the cpu lane's RAM picks in cold-expert equivalents (host cache, moetier.core.llc)
         # a split batch: (cold-expert equivalents, extra rows) of its longest share, what the call's time follows
         self.cpu_crit = None
         self.split_end = None      # a split call: when it ends (the caller's clock), its worker idle from then on
@@ -131,7 +131,7 @@ def _ram_lanes(ctx, ram_l, g, llc, cpu_list, zc_list, force=None, reads: int = 0
 def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChannel | None,
                llc=None, lanes: LayerPlan | None = None, idle: float = 0.0) -> LayerPlan:
     """Plan one layer call. See the module docstring for the contract. ``llc``: the host cache model
-    (moetier.llc.ReuseModel) or None; a RAM pick costs the cpu lane per_expert x its reuse factor. ``lanes``: a
+    (moetier.core.llc.ReuseModel) or None; a RAM pick costs the cpu lane per_expert x its reuse factor. ``lanes``: a
     plan of the same picks and tiers made elsewhere (on other terms and another clock) whose lane deal this plan
     keeps, only timing it on ``ctx``'s terms: a calibration predicting a run times the decisions that run made
     (sim.run's ``choose``); None: ``ctx`` deals. ``idle``: ms since the cpu lane's last split call ended
@@ -355,7 +355,7 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nv
 
     Lanes: each pick, in arrival order, goes to the lane that ends it sooner (``to_cpu``: the picks another plan
     dealt to the cpu lane, the rest to the gpu lane, ``order`` theirs). Time, in the order the serial runtime
-    runs them (moetier.runtime.Runtime.layer): the cpu lane's NVMe picks, each waiting for its bytes (and the
+    runs them (moetier.run.runtime.Runtime.layer): the cpu lane's NVMe picks, each waiting for its bytes (and the
     wake-up and the cpu lane's after-wait cost, if it had to wait); then the admissions of the layer's zerocopy
     picks (``ahead`` ms of copies, booked by the simulator after the layer, not here: the gpu picks' reads land
     meanwhile); then the gpu lane's NVMe picks, whose push to VRAM follows the read and is booked as stall (read +

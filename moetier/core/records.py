@@ -66,7 +66,7 @@ BYTE_TERMS = ("per_expert_ms", "per_extra_token_ms")   # terms that stream an ex
 LANE_OPTIONAL = ("per_read_ms", "per_read_busy_ms", "per_step_row_ms", "per_wake_ms", "per_after_wait_ms",
                  "per_handoff_ms")
 LANE_ZERO_IF_ABSENT = ("per_read_busy_ms", "per_step_row_ms", "per_wake_ms", "per_after_wait_ms", "per_handoff_ms")
-# the recipe's calibration.host time terms outside its head start: the timed host work's (moetier.calibrate.fit_host's
+# the recipe's calibration.host time terms outside its head start: the timed host work's (moetier.measure.fit.fit_host's
 # columns, in order), then the part of the time outside the runtime's timers per zerocopy call (fit_fixed)
 HOST_TIMED_TERMS = ("per_layer_ms", "per_pick_ms", "per_read_ms", "per_nvme_layer_ms", "per_predict_ms",
                     "per_predict_row_ms", "per_copy_ms")
@@ -79,7 +79,7 @@ def idle_wake(idle_ms: float) -> float:
     idle / 0.1 ms), idle = the time since the lane's last split call ended. A worker thread that idled longer wakes
     slower and colder (on a VM its vCPU halts after its poll window; its core's caches go to others): a 4-expert
     split call with the worker idle under 0.1 ms took 0.33-0.36 ms, after 1.6-3.2 ms 0.40-0.48 ms, and growing
-    roughly by a constant per doubling of the idle (2026-12-02, VM C; docs/calibration.md, ninth session)."""
+    roughly by a constant per doubling of the idle (benchmarks/bench_cpu_call_warmth.py measures it)."""
     return math.log2(1.0 + idle_ms / WAKE_SCALE_MS) if idle_ms > 0.0 else 0.0
 
 
@@ -436,7 +436,7 @@ def apply_overrides(recipe: dict, overrides, schema: dict | None = None) -> dict
 
 
 def deal(items, workers: int) -> list:
-    """How a split cpu-lane call deals its batch out (backends/cpu/lane.py runs it, moetier.plan and Lane.cost
+    """How a split cpu-lane call deals its batch out (backends/cpu/lane.py runs it, moetier.core.plan and Lane.cost
     model it): thread i takes items i, i + w, i + 2w, ... for w = min(workers, len(items)); share 0 is the calling
     thread's and the longest."""
     w = max(1, min(workers, len(items)))
@@ -497,7 +497,7 @@ def hands_off(n: int, workers: int) -> bool:
     as the calling thread unless n leaves the caller the only one with an extra (n % workers == 1). Its share starts
     a hand-off later than the caller's (the submit and its wake-up), so such a call pays the lane's
     ``per_handoff_ms``; one whose caller has an expert more ends with the caller's share (a 7-expert call over two
-    threads ran 0.15-0.22 ms shorter than an 8-expert one, VM D: docs/calibration.md, points 22 and 25)."""
+    threads ran 0.15-0.22 ms shorter than an 8-expert one; benchmarks/cpu_lane_residuals.py)."""
     return workers > 1 and n % workers != 1
 
 
@@ -514,13 +514,13 @@ class Lane:
     workers: int = 1              # a batch of >= parallel_min experts is split over this many threads
     parallel_min: int = 0
     # cpu lane: what one NVMe read of the layer costs it (cores and cache shared with the reader), fitted in situ by
-    # `moetier calibrate`; None: the hardware's nvme.cpu_ms_per_read / cores (moetier.plan._read_cpu)
+    # `moetier calibrate`; None: the hardware's nvme.cpu_ms_per_read / cores (moetier.core.terms._read_cpu)
     per_read_ms: float | None = None
     # gpu / zerocopy lanes: what a call pays once when any NVMe read of its layer is in flight, beside per_read_ms
     # per read (a device on the host's cores loses about one core to the reader's threads, however many reads)
     per_read_busy_ms: float | None = None
     # gpu / zerocopy lanes: what each token row of the step beyond the first adds to every call of the lane, fitted
-    # by `moetier calibrate` over arms at several concurrencies (moetier.plan.PlanContext folds it into per_layer)
+    # by `moetier calibrate` over arms at several concurrencies (moetier.core.terms.PlanContext folds it into per_layer)
     per_step_row_ms: float | None = None
     # cpu lane: what a split call pays per unit of its worker's idle (idle_wake), fitted by `moetier calibrate`
     per_wake_ms: float | None = None
@@ -543,7 +543,7 @@ class Lane:
     def cost(self, rows) -> float:
         """One call over experts with these token rows (a sequence, or a mapping key -> rows): inline below
         parallel_min, else split heaviest first, strided over the workers, ending with the longest share (as
-        moetier.plan deals a batch)."""
+        moetier.core.plan deals a batch)."""
         if isinstance(rows, Mapping):
             rows = rows.values()
         work = sorted((self.per_expert_ms + self.per_extra_token_ms * (m - 1) for m in rows), reverse=True)

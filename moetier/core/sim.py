@@ -164,9 +164,8 @@ class Replay:
         runtime: expiry of this layer's unused prefetches, prediction + prefetch for layer + depth, predictor
         learning. Issued at t0 + plan.issue_ms: past the layer's resident lanes and before its waits, so a read has
         the rest of the layer to land in; issued after the layer, a depth-1 read was still queued when the next
-        layer needed it (2 of 493 used prefetches had started, tail-prefetch-C1: benchmarks/bench_prefetch_timing.py
-        at f456357). The runtime's hooks move real bytes: ``on_expire(layer)`` before the model expires,
-        ``on_issue(key, ticket)`` per read."""
+        layer needed it (benchmarks/bench_prefetch_timing.py counts the prefetches that had started). The runtime's
+        hooks move real bytes: ``on_expire(layer)`` before the model expires, ``on_issue(key, ticket)`` per read."""
         pred, depth, t = self.predictor, self.pf_depth, t0 + plan.issue_ms
         if on_expire is not None:
             on_expire(layer)
@@ -314,7 +313,7 @@ class _Dealer:
     """A replay of the recipe a predicted run planned on, on its own clock: it makes every lane decision that run
     made (the runtime plans on the modeled clock: plan parity), which the predicting replay then times on its own
     terms. Dealing on the predicting replay's clock instead parted from the runtime's deal wherever the lanes' ends
-    lay close: 7.1 against 11.6 zerocopy experts a token in run 37's vram102-C2 (docs/calibration.md)."""
+    lay close (zerocopy experts a token at vram102-C2 fell to about 60% of the runtime's)."""
 
     def __init__(self, R, trace, seed_mode: str, wtok: int, rows: int, draft_ms: float):
         self.rp = Replay(R, predictor=make_predictor(R.policy, R.layers, R.experts), rows=rows)
@@ -328,7 +327,7 @@ class _Dealer:
     def deal(self, layer: int, picks: dict, streams, rows) -> LayerPlan:
         self.t += self.f_layer
         plan = self.rp.layer(layer, picks, self.t, streams, rows)
-        self.t += plan.ms + sum(self.rp.settle())     # the runtime's modeled clock (moetier.runtime.run)
+        self.t += plan.ms + sum(self.rp.settle())     # the runtime's modeled clock (moetier.run.runtime.run)
         return plan
 
 
@@ -343,8 +342,8 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
     """Replay ``trace`` through recipe ``R`` at ``conc`` streams; returns the report dict (see module docstring).
     ``timeline``: also return, per measured step, the experts each tier served and the tiers' occupancy
     (``out["timeline"]``, _Timeline: a few integers a step, read from counters the replay keeps anyway)
-    ``choose``: the recipe a predicted run planned on (moetier.calibrate: the plan pass's terms): a replay of it on
-    its own clock deals every pick to its lane, as that run did, and ``R``'s terms time the deal (_Dealer)."""
+    ``choose``: the recipe a predicted run planned on (moetier.measure.calibrate: the plan pass's terms): a replay of
+    it on its own clock deals every pick to its lane, as that run did, and ``R``'s terms time the deal (_Dealer)."""
     seed_mode = R.policy.get("seed", "warmup")
     if seed_mode not in ("warmup", "oracle", "none"):
         raise ValueError(f"policy.seed: expected 'warmup', 'oracle' or 'none', got {seed_mode!r}")

@@ -4,7 +4,7 @@ Contract: ``measure(store, ...)`` returns a dict of measured figures; ``records(
 record (memory read bandwidth, O_DIRECT bandwidth at QD1 / QD16 for the store's record size, read latency, ceilings)
 and an engine record (cpu lane per_layer / per_expert / per_extra_token, fitted by least squares over a grid of
 experts x rows), plus the host cache: its size (sysfs) and the cpu lane's reuse curve (``reuse_curve``: the cost of
-an expert against the bytes streamed since its last use, moetier.llc). Both are validated and written atomically by
+an expert against the bytes streamed since its last use, moetier.core.llc). Both are validated and written atomically by
 spec.write_record; the simulator and the runtime then use them through the recipe."""
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def fit_cpu_lane(rows, workers: int, read_cpu: float | None = 0.0) -> dict:
     call that ends with a worker's share (``handoff``: spec.hands_off; fitted where some split calls do and some do
     not), with work = per_expert *
     cold + per_extra_token * extra_rows (one-thread costs; ``cold``: the experts in cold-expert equivalents under
-    the host cache model, moetier.llc - the expert count without one), plus ``per_read`` for each NVMe read of the
+    the host cache model, moetier.core.llc - the expert count without one), plus ``per_read`` for each NVMe read of the
     layer (``contended``).
     The longest share, not the mean: a batch of 7 runs 4 experts on one thread of two. ``read_cpu``: a known per_read
     (the bench's reader CPU time per core, taken out first); None: per_read is fitted too and returned as
@@ -233,7 +233,7 @@ def llc_bytes() -> int:
 
 
 def reuse_curve(st, *, max_bytes: int | None = None, rounds: int = 6, calls: int = 24) -> dict:
-    """The cpu lane's cost of one expert against the bytes streamed since it was last computed (moetier.llc), as a
+    """The cpu lane's cost of one expert against the bytes streamed since it was last computed (moetier.core.llc), as a
     factor of a cold expert's. cpu calls cycle over working sets of growing size (the reuse distance of a cyclic
     walk is its working set); an expert's cost is the difference between calls of 3b and b experts over 2b, so the
     per-call overhead drops out. The working sets are interleaved, ``rounds`` times, each after one untimed cycle

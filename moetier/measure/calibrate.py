@@ -65,13 +65,13 @@ def sycl_available() -> str | None:
 def default_arms(R, *, vram: bool = True) -> list[dict]:
     """At least 8 configurations of a cpu-backend recipe: all-in-RAM, two NVMe-tail budgets, prefetch, mask,
     C1/C2/C4, and (``vram``) the same tail with a VRAM tier. ``fit`` arms set cost terms; the others are held out.
-    The tail is fitted at C2 too: read latency under load is not linear in rows (measured mean at depth 1 on the
-    2026-12-01 VM: 1.33 ms at C1, 2.03 at C2, 2.90 at C4), and the simulator's rule between C1 and C4
-    (plan._at_rows, in the layer's expected distinct experts) is a model of that shape, not a measurement of it. So
-    is all-in-RAM: the cpu lane's split call is not linear in its batch (2026-12-02 VM: 0.68 / 1.13 / 1.76 ms per
-    call at C1 / C2 / C4, and a fit on C1 and C4 put C2 13% short; all-in-RAM C2 was the held-out miss in runs 10,
-    15 and 17 on VM B). The held-out arms check what the fits do not see: a tighter budget (0.8 x the tail's: a
-    deeper NVMe tail than any fit arm has), prefetch at C2, mask, a VRAM tier at C2."""
+    The tail is fitted at C2 too: read latency under load is not linear in rows (e.g. a mean at depth 1 of 1.33 ms
+    at C1, 2.03 at C2, 2.90 at C4), and the simulator's rule between C1 and C4 (terms._at_rows, in the layer's
+    expected distinct experts) is a model of that shape, not a measurement of it. So is all-in-RAM: the cpu lane's
+    split call is not linear in its batch (e.g. 0.68 / 1.13 / 1.76 ms per call at C1 / C2 / C4, where a fit on C1
+    and C4 put C2 13% short). The arms not fitted check what the fits do not see: a tighter budget (0.8 x the
+    tail's: a deeper NVMe tail than any fit arm has), prefetch at C2, mask, a VRAM tier at C2; of those, the ones
+    no fit arm covers at their concurrency and budget are held out (``held_out``)."""
     ram = float(R.raw["budget"]["ram_gb"])
     allram = round(R.keys * R.ram_expert_bytes / 1e9 * 1.05 + 0.01, 3)
     mid = round(ram * 0.8, 3)
@@ -175,7 +175,7 @@ def fit_lane_lateness(recipe_id, tr, fit_arms, measured, steps, terms, min_layer
     """The host's lateness to its first wait (engine ``lane_lateness_sd_ms_by_rows``, ms): per fit arm, the
     variance of the measured gap (landing minus wait start, ``read_coverage``) beyond the simulator's own for that
     arm with ``terms`` (the plan's spread over layers and the reads' modeled lateness), pooled by engine and rows
-    over the read layers. The reads' spread alone gave ~0.3-0.5 ms where the runtime's waits implied ~1.4 (run 18,
+    over the read layers. The reads' spread alone can give a third of what the runtime's waits imply (e.g. at
     tail-prefetch-C2). Arms with fewer than ``min_layers`` read layers set nothing. ``planned_on``: the terms the
     runtime planned on (None: the registry's); the simulator times the deal they made (predict_and_compare)."""
     pool: dict = {}
@@ -202,8 +202,8 @@ def term_overrides(terms: dict, lanes=("cpu",)) -> list[str]:
     """The fitted terms as recipe overrides, so predictions use exactly them whether or not they were written.
     lanes: the arm's lanes that get fitted values (gpu/zerocopy only where its engine has them). A lane term whose
     absence means 0 and that the fit did not make is 0 here, not what an earlier calibration left in the engine
-    record (run 26: a per_step_row_ms inherited that way; a record from before the wake-up term re-predicted on a
-    registry with one)."""
+    record (a per_step_row_ms inherited that way, or a record from before a term re-predicted on a registry with
+    one, would plan on a term the fit never made)."""
     host = {k: round(v, 6) for k, v in terms["host"].items()}
     return ([f"lane_overrides.{ln}.{k}={round(v, 6)}" for ln in lanes if ln in terms
              for k, v in {**dict.fromkeys(spec.LANE_ZERO_IF_ABSENT, 0.0), **terms[ln]}.items()]
@@ -214,10 +214,10 @@ def predict_and_compare(recipe_id, tr, arms, measured, steps, terms, plan_terms=
     """Predict every arm with the fitted ``terms``. The runtime planned on ``plan_terms`` (the plan pass's; None: the
     registry's): the simulator replays that plan on its own clock to deal every pick as the runtime did and times
     the deal on ``terms`` (sim.run's ``choose``), so that neither a cost that moved between the passes nor the
-    fitted clock changes which lane computes what (2026-12-02 VM, pass drift +31%: vram102-C2 computed 11.4
-    zerocopy picks per token, the simulator on the checked terms alone 6.8; run 37, dealing on plan_terms' costs
-    but the fitted clock: 7.1 against 11.6)."""
+    fitted clock changes which lane computes what (with a pass drift of +31%, the simulator on the checked terms
+    alone dealt vram102-C2 60% of the runtime's zerocopy picks)."""
     rows = []
+    out_of_fit = set(held_out(arms))
     for a in arms:
         R = arm_recipe(recipe_id, a, terms)
         p = sim.run(R, tr, a["conc"], max_steps=steps, choose=arm_recipe(recipe_id, a, plan_terms))
@@ -234,7 +234,8 @@ def predict_and_compare(recipe_id, tr, arms, measured, steps, terms, plan_terms=
         # host terms, and the time outside every timer against its non-MoE fixed time
         timed = host_timed_s(c) * 1e3 / tok
         fixed = p["ms_fixed"] / ptok
-        rows.append({"arm": a["name"], "conc": a["conc"], "fit": a["fit"], "set": a["set"],
+        rows.append({"arm": a["name"], "conc": a["conc"], "fit": a["fit"], "held_out": a["name"] in out_of_fit,
+                     "set": a["set"],
                      "measured_tok_s": meas_tok_s, "measured_each": m["tok_s_each"],
                      "noise_pct": noise_pct(m["tok_s_each"]), "sim_tok_s": p["tok_s"],
                      "error_pct": (p["tok_s"] / meas_tok_s - 1) * 100,
@@ -317,9 +318,23 @@ def noise_pct(tok_s_each) -> float | None:
     return 200.0 * statistics.stdev(kept) / math.sqrt(len(kept)) / statistics.fmean(kept)
 
 
+def held_out(arms) -> list[str]:
+    """The arms no fit arm covers: none shares its concurrency and its budget (RAM GB, VRAM slots, engines), so
+    every per-rows table it takes is interpolated or no fit arm ran its tiers. An arm not fitted that shares both
+    with a fit arm (the same budget at the same concurrency with another policy: prefetch, mask) is not held out:
+    the tables it uses were fitted on that arm's reads. In the default matrix: the VRAM tier at C2 and the tighter
+    RAM budget at C2."""
+    def key(a):
+        return a["conc"], tuple(sorted(x for x in a["set"] if x.startswith(("budget.", "engines="))))
+    covered = {key(a) for a in arms if a["fit"]}
+    return [a["name"] for a in arms if not a["fit"] and key(a) not in covered]
+
+
 def summary(rows) -> dict:
+    """The figures a calibration is read by: median and max |tok/s error| over every arm and the max over the
+    held-out ones (a row's ``held_out``, else not ``fit``), the buckets within 15%, the noisy arms."""
     errs = [abs(r["error_pct"]) for r in rows]
-    held = [abs(r["error_pct"]) for r in rows if not r["fit"]]
+    held = [abs(r["error_pct"]) for r in rows if r.get("held_out", not r["fit"])]
     # per-bucket check: buckets of at least 0.25 ms/token (smaller ones are within timer noise either way)
     checked = [(r["arm"], b, e) for r in rows for b, e in r["bucket_error_pct"].items()
                if e is not None and r["ms_per_token"]["measured"][b] >= 0.25]

@@ -8,9 +8,9 @@ fit below is a pure function of counters and may be re-run on a stored record (m
 channel's fits are moetier.measure.fit_nvme's.
 
 The fits, from the fit arms' runtime counters:
-   - cpu lane (engine record): ``moetier.bench.fit_cpu_lane`` on the runtime's calls split by how the lane ran them
-     (inline: per_call + work; split over workers: per_layer + the work of its longest share), work in cold-expert
-     equivalents under the host cache model (hardware ``cpu.reuse_curve``, `moetier bench`; moetier.llc), plus
+   - cpu lane (engine record): ``moetier.measure.bench.fit_cpu_lane`` on the runtime's calls split by how the lane
+     ran them (inline: per_call + work; split over workers: per_layer + the work of its longest share), work in cold-expert
+     equivalents under the host cache model (hardware ``cpu.reuse_curve``, `moetier bench`; moetier.core.llc), plus
      ``per_read_ms`` per NVMe read of the layer (the reader's CPU work and the cache it streams through);
    - gpu / zerocopy lanes (the VRAM engine's record): per call = per_layer + per_expert x experts + per_extra_token
      x extra rows, over the runtime's calls grouped by shape (``fit_device_terms``);
@@ -32,7 +32,7 @@ The fits, from the fit arms' runtime counters:
    - latency spread (engine ``nvme_latency_cv_shared_by_rows``, ``nvme_latency_cv_own_by_rows``): sd / mean of
      those reads' latency about the burst means, within each run, winsorized, split into the part a layer's reads
      share (they are late together) and each read's own; the planner charges each lane its expected end
-     (``moetier.plan._Finish``);
+     (``moetier.core.arrivals.Finish``);
    - the host's head start (recipe ``calibration.host.head_per_*_ms``): the host work between a layer's first NVMe
      submit and its first wait, less the lane and copy time in it (``fit_head``); the planner puts it before the
      first wait, in the reads' time, instead of after the lanes;
@@ -55,7 +55,7 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
     """Cost terms from the fit arms' runtime counters. The cpu lane's cost per NVMe read of the layer
     (``per_read_ms``) is fitted with its other costs: the bench's reader CPU time per core (0.14 ms here) left out
     what a read does to the cache the lane computes from (uncontended calls of one shape cost ~20% more in a tail
-    arm than in an all-in-RAM one on the 2026-12-01 VM). workers and parallel_min (how the lane splits a batch,
+    arm than in an all-in-RAM one). workers and parallel_min (how the lane splits a batch,
     measured by `moetier bench`) travel with the cpu lane's terms: every engine running this lane gets the same call
     classes."""
     from moetier.measure.bench import fit_cpu_lane
@@ -83,7 +83,7 @@ def fit_terms(measured: dict, arms: list[dict], workers: int = 1, parallel_min: 
 
 
 def cpu_lane_rows(c: dict) -> list[dict]:
-    """One arm's cpu-lane calls as moetier.bench.fit_cpu_lane's rows, one per call class (aggregates over its
+    """One arm's cpu-lane calls as moetier.measure.bench.fit_cpu_lane's rows, one per call class (aggregates over its
     counters: calls, experts and their cold equivalents, extra rows, reads of the layer in flight; inline calls
     right after a blocked wait; a split call's longest share, its worker's idle and the calls that ended with a
     worker's share)."""
@@ -102,9 +102,8 @@ def fit_host(runs) -> dict:
     [(counters, conc)]: per layer call, per computed pick, per NVMe read, per layer call with NVMe picks, per
     predicting layer, per row it predicts for, per copy (non-negative relative least squares). The part per
     layer with NVMe picks is the work a layer's reads share: planning them (the channel, the arrival spread),
-    one issue loop and one wait loop. Per read alone put tail0.8g-C2 (held out: 14.7 reads a token in 7.0 such
-    layers, against tail-C2's 9.9 in 6.0) 25-47% over in runs 27-30 (run 30, 2026-12-02k: +0.72 ms a token over
-    all-in-RAM C2 measured, +0.96 per read; +0.76 per layer with NVMe picks). A term no fit arm exercises (no
+    one issue loop and one wait loop (a term per read alone put tail0.8g-C2, with more reads per such layer than
+    any fit arm, 25-47% over). A term no fit arm exercises (no
     prediction, no copies) is left out and set to 0; so is the prediction's part per row without predicting arms
     at two concurrencies (the predictor reads every row's picks: tail-prefetch-C2's host time was 14-24% over a
     per-layer term fitted at C1)."""
@@ -125,10 +124,10 @@ def fit_head(counters: list[dict], engines: list | None = None) -> dict:
     parts), over the fit arms' read layers. ``engines``: each arm's engine; the per-read part is the backend's
     (submitting a read) and is fitted per engine, returned as ``head_per_read_ms_by_engine`` (``head_per_read_ms``:
     that of the engine most arms ran on, the recipe's own). Empty without read layers; a column no arm exercises
-    is 0, and so is the per-row part without predicting arms at two concurrencies. Sixth session, VM B: the
-    runtime's span was 0.2-0.9 ms longer than the resident lanes'. Eighth session, VM C: one per-predict term
-    fitted on C1 and C4 put tail-prefetch-C4's head at 0.37 ms against 0.57 measured (its stall +53%); one
-    per-read term for both engines put the SYCL arms' head at 0.05-0.08 ms against 0.07-0.16 (their stall
+    is 0, and so is the per-row part without predicting arms at two concurrencies. The runtime's span can be
+    0.2-0.9 ms longer than the resident lanes'; one per-predict term fitted on C1 and C4 put tail-prefetch-C4's
+    head at 0.37 ms against 0.57 measured (its stall +53%); one per-read term for both engines put the SYCL arms'
+    head at 0.05-0.08 ms against 0.07-0.16 (their stall
     +14-23%)."""
     from moetier.measure.bench import relative_lstsq
     engines = list(engines) if engines is not None else [None] * len(counters)
@@ -197,8 +196,8 @@ def fit_fixed(unbooked) -> tuple[dict, float, float]:
     unbooked: (conc, demand reads, zerocopy lane calls, ms outside every timer), per step. That time is not
     constant: reader threads finishing reads take the interpreter from the decode thread between the timed sections
     (measured here: allram arms 0.1-0.2 ms per step below the tail arms at the same concurrency), and so does a
-    zerocopy call on the SYCL CPU device (0.008-0.059 ms a call fitted on runs 30-37; vram102-C2's host bucket was
-    -22% without it in run 34, and its outside time twice all-in-RAM C2's). Model: ms = fixed[conc] + u x reads
+    zerocopy call on the SYCL CPU device (0.008-0.059 ms a call; without it vram102-C2's host bucket came out
+    -22%, its outside time being twice all-in-RAM C2's). Model: ms = fixed[conc] + u x reads
     + z x zerocopy calls, least squares over the fit arms; u and z are then charged per read and per zerocopy call
     (they join host per_read_ms and per_zc_call_ms). A part no two arms at one concurrency tell apart is not
     identifiable: 0 (per-conc means where neither is)."""
@@ -219,14 +218,13 @@ def fit_device_terms(fit_runs: list[dict]) -> dict:
     copy (pushes and drains: copy + stage time over copies), as ``copy_ms``. A lane call costs per_layer +
     per_expert x experts + per_extra_token x extra rows + per_read x the layer's NVMe reads in flight +
     per_read_busy if any is + per_step_row x (the step's rows - 1), fitted over the runtime's calls grouped by
-    shape. On the SYCL CPU device (2026-12-02 VM) a one-expert gpu call took 0.25 ms with no read in flight, 0.29
+    shape. On the SYCL CPU device a one-expert gpu call took 0.25 ms with no read in flight, 0.29
     with one, 0.30 with two - the lanes share the cores with the reader - and its fixed cost grew with the step's
     rows, ~0.20 ms at C1, 0.28 at C2, 0.43 at C4, more than the per-call arguments (the call's own rows) explain.
     Fitted on C1 and C4 without these two terms, C1's gpu calls came out 8-22% long and C4's 21% short; with them,
-    C1 -0.4%, C4 -1.7%, C2 (held out) -1.2%. What a read in flight costs does not grow with the reads (2026-12-02,
-    VM D, run 39's vram102-C1: a one-expert gpu call 0.33 ms with none, 0.46 with one, 0.36 with two): fitted per read
-    alone it came out 0.024 ms (run 38); with per_read_busy beside it the fit puts it all there (run 39: 0.092 ms
-    gpu, 0.095 zerocopy) and the gpu calls with reads in flight within 10% (benchmarks/device_calls.py)."""
+    C1 -0.4%, C4 -1.7%, C2 (held out) -1.2%. What a read in flight costs does not grow with the reads (a one-expert
+    gpu call 0.33 ms with none, 0.46 with one, 0.36 with two): with per_read_busy beside per_read the fit puts it
+    all in per_read_busy, and the gpu calls with reads in flight come within 10% (benchmarks/device_calls.py)."""
     groups: dict[str, dict] = {}
     for m in fit_runs:
         s = int(m.get("conc", 1)) - 1

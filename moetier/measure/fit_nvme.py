@@ -18,22 +18,22 @@ from moetier.core.terms import CHANNEL_FIELDS
 
 def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
     """The NVMe channel's terms per engine from the fit arms' reads, as {field: {engine: {rows: ...}}}:
-    ``nvme_latency_by_rows_qd_ms`` (mean submit-to-landed by rows per step and the demand queue depth a read
-    joined), ``nvme_latency_by_rows_burst_ms`` (the same by burst size and position: the reads of a burst land
-    together, ``burst_means``), ``nvme_wake_ms_by_rows`` (mean wake-up: landed to the blocked waiter resuming),
-    and the latency's spread as sd / mean about those means, split into the part the reads of one burst (a
-    layer's) share and each read's own (``nvme_latency_cv_shared_by_rows``, ``nvme_latency_cv_own_by_rows``;
-    ``spread_split``, moetier.plan._Finish), and the reads that found a prefetch read in service, kept out of every
-    other table: the burst table of bursts whose every read found one (``nvme_latency_by_rows_burst_pf_ms``) and,
-    for the sizes it lacks, how much longer such a read takes (``nvme_latency_prefetch_factor_by_rows``: its
-    latency over what the model gives it without one, ratio of sums, ``prefetch_busy_refs``), and a prefetch read's
-    own time, alone and per demand read beside it, and its spread about that (``nvme_prefetch_ms_by_rows``,
+    ``nvme_latency_by_rows_qd_ms`` (mean submit-to-landed by rows per step and the demand queue depth a read joined),
+    ``nvme_latency_by_rows_burst_ms`` (the same by burst size and position: the reads of a burst land together,
+    ``burst_means``), ``nvme_wake_ms_by_rows`` (mean wake-up: landed to the blocked waiter resuming), and the
+    latency's spread as sd / mean about those means, split into the part the reads of one burst (a layer's) share and
+    each read's own (``nvme_latency_cv_shared_by_rows``, ``nvme_latency_cv_own_by_rows``; ``spread_split``,
+    moetier.core.arrivals.Finish), and the reads that found a prefetch read in service, kept out of every other table:
+    the burst table of bursts whose every read found one (``nvme_latency_by_rows_burst_pf_ms``) and, for the sizes it
+    lacks, how much longer such a read takes (``nvme_latency_prefetch_factor_by_rows``: its latency over what the
+    model gives it without one, ratio of sums, ``prefetch_busy_refs``), and a prefetch read's own time, alone and per
+    demand read beside it, and its spread about that (``nvme_prefetch_ms_by_rows``,
     ``nvme_prefetch_share_ms_by_rows``, ``nvme_prefetch_sd_ms_by_rows``; ``prefetch_service``). Means, not medians:
-    the planner adds them into stalls, and the median of a right-skewed latency understates their sum.
-    The spread matters as much: a lane expects to wait E[max(0, arrival - free)], far more than the wait for a mean
-    arrival that is about when the lane gets free (2026-12-01 VM: a layer's first read 0.70 ms against 0.03 for
-    its mean; its reads' latencies correlate 0.78 within a layer). Depths the runtime reached are measured under
-    its load; deeper ones keep the idle-disk bench figures. Fewer than 8 samples make no entry."""
+    the planner adds them into stalls, and the median of a right-skewed latency understates their sum. The spread
+    matters as much: a lane expects to wait E[max(0, arrival - free)], far more than the wait for a mean arrival that
+    is about when the lane gets free (e.g. a layer's first read 0.70 ms against 0.03 for its mean; its reads'
+    latencies correlate 0.78 within a layer). Depths the runtime reached are measured under its load; deeper ones keep
+    the idle-disk bench figures. Fewer than 8 samples make no entry."""
     lat, wake, bursts, pf_busy, pf_svc = _pool(fit_runs)
     idle = {int(q): float(v) for q, v in (idle_latency or {}).items()}
     out = {f: {} for f in ("nvme_latency_by_rows_qd_ms", *CHANNEL_FIELDS)}
@@ -116,10 +116,9 @@ def prefetch_service(samples, min_n: int = 8) -> tuple[float, float | None, floa
     sums of the excess over ``alone`` to the reads), and the sd of all about alone + share per demand read (the
     worker's chain adds it up: a read's start spreads, and with it whether it has started when its key is needed,
     NvmeChannel.claim). None with fewer than ``min_n`` reads alone; share None with fewer than ``min_n`` joined.
-    A demand read takes the device from a prefetch read in service (2026-12-02, VM D, tail-prefetch-C1: 1.44 ms
-    alone, 1.75 / 2.20 / 2.52 with one / two / three demand reads beside it), so the prefetch chain runs later
-    than back-to-back reads of the demand reads' latency, and the model had promoted as started prefetch reads the
-    runtime had not started (half of them; docs/calibration.md, twelfth session)."""
+    A demand read takes the device from a prefetch read in service (e.g. at tail-prefetch-C1 1.44 ms alone, 1.75 /
+    2.20 / 2.52 with one / two / three demand reads beside it), so the prefetch chain runs later than back-to-back
+    reads of the demand reads' latency."""
     free = [ms for n, ms in samples if n == 0]
     if len(free) < min_n:
         return None
