@@ -89,7 +89,7 @@ def main(argv=None):
           "zerocopy/token |\n|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         ms = r["ms_per_token"]
-        print(f"| {r['arm']} | {'fit' if r['fit'] else 'held-out'} | {r['recorded_error_pct']:+.1f}% | "
+        print(f"| {r['arm']} | {'fit' if r['fit'] else 'held-out' if r['held_out'] else 'checked'} | {r['recorded_error_pct']:+.1f}% | "
               f"{r['error_pct']:+.1f}% | {ms['measured']['nvme_stall']:.2f} | {ms['recorded_sim']['nvme_stall']:.2f} | "
               f"{ms['sim']['nvme_stall']:.2f} | {_num(r['zerocopy_per_token']['measured'])} | "
               f"{r['zerocopy_per_token']['sim']:.2f} |")
