@@ -29,10 +29,13 @@ def tiny(tmp_path_factory):
 @pytest.fixture
 def engine(tiny):
     from adapters.exl3xpu import model, ops
-    m = model.build_model(tiny[1], ops.ProvidedOps())
+    return tempered(model.build_model(tiny[1], ops.ProvidedOps()))
+
+
+def tempered(m):
+    """The synthetic gate (N(0, 1) over 256 inputs) gives logits of std ~16, so softmax puts ~all weight on one pick;
+    a trained router's logits are O(1): scaled so that every pick's contribution is measurable."""
     for layer in m.layers:
-        # the synthetic gate (N(0, 1) over 256 inputs) gives logits of std ~16, so softmax puts ~all weight on one
-        # pick; a trained router's logits are O(1): scaled so that every pick's contribution is measurable
         layer.gate_w = (layer.gate_w.astype(np.float32) / 16).astype(np.float16)
     return m
 
@@ -276,3 +279,28 @@ def test_graph_mode_computes_only_published_rows_and_observes_landings_one_step_
     assert total > 0 and len(att.misses[0]) > 0
     att.detach()
 
+
+
+@pytest.mark.parametrize("split", ["all-resident", "nvme-tail"])
+def test_layer_output_on_the_sycl_provider(tiny, split):
+    """The same path with the ops on moetier's SYCL EXL3 kernel (the OpenCL CPU device in CI): within rel RMS 2e-3 of
+    float64, and gpu picks bit-identical to the CPU provider's."""
+    import os
+    import sys
+    os.environ.setdefault("OCL_ICD_FILENAMES", sys.prefix + "/lib/libintelocl.so")
+    pytest.importorskip("dpctl", reason="the SYCL provider needs dpctl (the sycl extra)")
+    from adapters.exl3xpu import model, ops, surface
+    spec, path, st, _ = tiny
+    table = surface.op_table(st)
+    assert isinstance(table, ops.SyclOps), table.provider
+    assert surface.check(table).ok
+    m = tempered(model.build_model(path, table))
+    att = attach(m, recipe(*SPLITS[split]), st)
+    xs = inputs(spec, seed=41)
+    got = run(m, att, xs)
+    worst = max(rel_rms(y, reference(tiny, o, xs[s][o], ids, w))
+                for s, step in enumerate(got) for o, (y, ids, w) in enumerate(step))
+    assert worst < 2e-3, worst
+    assert table.calls["pairs"] > 0 and table.sycl.stats["kernel_calls"] > 0
+    att.detach()
+    table.close()

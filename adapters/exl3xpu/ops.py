@@ -19,7 +19,9 @@ argument lists and semantics, over numpy arrays:
 
 What is NOT the engine's: the bytes at an address are a moetier exl3 record (moetier.bytes.expert's section
 layout), not exl3xpu's PLANAR4 blob; the numerics are the CPU kernel's (exllamav3's rounding points), not the
-Arc kernel's. Where moetier's SYCL EXL3 kernel is built (backends/sycl) it is the provider for the OpenCL device.
+Arc kernel's. ``SyclOps(store)`` is the same provider with the experts computed by moetier's SYCL EXL3 kernel
+(backends/sycl) on a dpctl device - the OpenCL CPU device in CI; ``surface.op_table(store)`` picks it where dpctl has
+a device.
 """
 from __future__ import annotations
 
@@ -111,11 +113,10 @@ class ProvidedOps:
                 rec = self.memory.view(int(ptrs[e]), lay.record_bytes)     # every row read is checked
                 if w[r, j] != 0.0:
                     rows.setdefault(e, (rec, []))[1].append(r)
-        out = {}
-        for e, (rec, rs) in rows.items():
-            rs = sorted(set(rs))
-            out[e] = dict(zip(rs, np.asarray(cpu_rows(x[rs], exl3_expert(lay, rec), self.act_limit), np.float32)))
-            self.calls["experts"] += 1
+        jobs = [(e, rec, sorted(set(rs))) for e, (rec, rs) in rows.items()]
+        done = self._experts(lay, jobs, x)
+        out = {e: dict(zip(rs, np.asarray(done[e], np.float32))) for e, _, rs in jobs}
+        self.calls["experts"] += len(jobs)
         y = np.zeros((M, H), np.float32)
         for r in range(M):                  # combine: fixed order, slot j ascending, fp32
             for j in range(ids.shape[1]):
@@ -123,6 +124,10 @@ class ProvidedOps:
                     y[r] += w[r, j] * out[int(ids[r, j])][r]
                     self.calls["pairs"] += 1
         return y
+
+    def _experts(self, lay, jobs, x) -> dict:
+        """{expert: its unweighted output rows} for jobs [(expert, record bytes, rows)]."""
+        return {e: cpu_rows(x[rs], exl3_expert(lay, rec), self.act_limit) for e, rec, rs in jobs}
 
     # -- memory -------------------------------------------------------------------------------------------------
     def host_alloc(self, nbytes):
@@ -139,3 +144,31 @@ class ProvidedOps:
 
     def blob_bytes(self, H, I, K):  # noqa: E741
         return surface.blob_bytes(int(H), int(I), int(K))
+
+
+class SyclOps(ProvidedOps):
+    """The same ops with every expert computed by moetier's SYCL EXL3 kernel (backends/sycl, ``exl3.cl``) on a
+    dpctl device - the OpenCL CPU device in CI. The kernel reads its experts from USM host slots of a SyclBackend over
+    ``store`` (the zerocopy path): each record a pick addresses is copied there from its address first, so ``ptrs``
+    alone still says which bytes are computed. ``device``: a dpctl filter string (default: dpctl's default)."""
+
+    def __init__(self, store, codebook: str = "mul1", act_limit: float = 0.0, *, slots: int = 64, device=None):
+        from backends.sycl.backend import SyclBackend
+        super().__init__(codebook, act_limit)
+        self.sycl = SyclBackend(store, ram_slots=slots, vram_slots=0, device=device)
+        self.provider = f"moetier (SYCL EXL3 kernel on {self.sycl.device.name})"
+
+    def _experts(self, lay, jobs, x) -> dict:
+        if lay != self.sycl.layout:
+            raise OpError("moe_forward: the records' geometry differs from the SYCL provider's store")
+        out = {}
+        n = self.sycl.ram_slot_count
+        for i in range(0, len(jobs), n):
+            batch = jobs[i:i + n]
+            for s, (_, rec, _) in enumerate(batch):
+                self.sycl.ram_view(s)[:lay.record_bytes] = rec
+            out.update(self.sycl.compute("zerocopy", [(e, s, rs) for s, (e, _, rs) in enumerate(batch)], x))
+        return out
+
+    def close(self) -> None:
+        self.sycl.close()

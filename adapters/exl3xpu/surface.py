@@ -8,8 +8,9 @@ section 4.2). ``blob_bytes(H, I, K)`` / ``record_bytes(H, I, K)`` are the expert
 (4096-aligned), ``QWEN`` the published Qwen3.8-Flash-Next geometry they must reproduce (blob 1,862,400 B, record
 1,863,680 B).
 
-``op_table()`` is the op table the adapter runs on: exl3xpu's own ops where exl3xpu imports (its ``_moe.so`` loaded
-by ``exl3xpu.moe_offload.ops()``), else moetier's provider (``adapters.exl3xpu.ops.ProvidedOps``). ``check(table)``
+``op_table(store)`` is the op table the adapter runs on: exl3xpu's own ops where exl3xpu imports (its ``_moe.so``
+loaded by ``exl3xpu.moe_offload.ops()``), else moetier's provider (adapters.exl3xpu.ops: ``SyclOps`` on moetier's
+SYCL EXL3 kernel where dpctl has a device, ``ProvidedOps`` on its CPU kernel otherwise; the same surface). ``check(table)``
 returns a ``Report`` (never raises for a mismatch); ``require(table)`` raises ``SurfaceMismatch`` with the first
 mismatch as one line (attach calls it); ``adapter_check()`` is ``moetier adapter check exl3xpu``.
 """
@@ -85,14 +86,22 @@ class EngineOps:
                                                for a in schema.arguments]}
 
 
-def op_table(**provider_kw):
-    """exl3xpu's ops where the engine imports with its kernels, else moetier's provider of the same surface."""
+def op_table(store=None, **provider_kw):
+    """exl3xpu's ops where the engine imports with its kernels; else moetier's provider of the same surface: on
+    moetier's SYCL EXL3 kernel when a ``store`` (the records' geometry) is given and dpctl finds a device, else on its
+    EXL3 CPU kernel."""
     if installed_version() is not None:
         try:
             return EngineOps()
         except (ImportError, OSError, RuntimeError):
             pass                           # no XPU / no _moe.so: the provider runs the same surface
-    from adapters.exl3xpu.ops import ProvidedOps
+    from adapters.exl3xpu.ops import ProvidedOps, SyclOps
+    if store is not None:
+        from moetier.run.contract import BackendUnavailable
+        try:
+            return SyclOps(store, **provider_kw)
+        except (ImportError, BackendUnavailable):
+            pass                           # no dpctl / no SYCL device: the CPU kernel
     return ProvidedOps(**provider_kw)
 
 
