@@ -113,3 +113,42 @@ def test_exl3_deterministic_and_slot_invariant(kits, lane):
         be.wait(be.fill(k, other))
     moved = be.compute(lane, [(k, other, jobs[k][2])], x)
     assert moved[k].tobytes() == a[k].tobytes(), f"lane {lane}: key {k} from another slot differs"
+
+
+INT_SHIFT, INT_AMAX = 16, 7
+
+
+def test_exl3_int_layer_bit_identical_whatever_the_lanes(kits):
+    """exl3-int (adapters.md 2.6): a routed layer (4 rows x top-3, fixed-point weights) combined in int64 equals
+    the numpy integer reference bit for bit, for the all-one-lane assignments and random mixes of the lanes."""
+    from conformance.conftest import SEED
+    from moetier.bytes.expert import exl3_expert
+    kit = kits("exl3")
+    be = kit.be
+    run = _hook(be, "exl3_int_forward")
+    lanes = [ln for ln in LANES if not caps.lane_skip(be, ln)]
+    rng = np.random.default_rng([SEED, 21])
+    x = rng.integers(-7, 8, size=(4, kit.layout.hidden), dtype=np.int64)
+    picks = [rng.choice(NK, size=3, replace=False).tolist() for _ in range(4)]
+    w = rng.integers(1, 2**12, size=(4, 3), dtype=np.int64)
+    ref = np.zeros_like(x)
+    for r, ks in enumerate(picks):
+        for j, k in enumerate(ks):
+            ref[r] += w[r, j] * exl3.int_expert_forward(x[r:r + 1], exl3_expert(kit.layout, kit.rec(k)), INT_SHIFT,
+                                                         INT_AMAX)[0]
+    assert np.abs(ref).max() > 0
+    keys = sorted({k for ks in picks for k in ks})
+    rows_of = {k: [r for r, ks in enumerate(picks) if k in ks] for k in keys}
+    assignments = [{k: ln for k in keys} for ln in lanes]
+    assignments += [{k: lanes[int(rng.integers(len(lanes)))] for k in keys} for _ in range(3)]
+    for assign in assignments:
+        out = {}
+        for ln in lanes:
+            ks = [k for k in keys if assign[k] == ln]
+            if ks:
+                out.update(run(ln, [(k, kit.slot_for(ln, k), rows_of[k]) for k in ks], x, INT_SHIFT, INT_AMAX))
+        y = np.zeros_like(x)
+        for r, ks in enumerate(picks):
+            for j, k in enumerate(ks):
+                y[r] += w[r, j] * out[k][rows_of[k].index(r)]
+        assert y.dtype == np.int64 and np.array_equal(y, ref), f"lanes {assign}: layer output differs from exl3-int"

@@ -61,6 +61,12 @@ class CpuBackend:
             raise BackendUnavailable(f"cpu backend: no {lane!r} lane")
         return self.lane.exl3_raw_gemm(xh, trellis, codebook)
 
+    def exl3_int_forward(self, lane: str, jobs, x: np.ndarray, shift: int, a_max: int) -> dict:
+        """exl3-int of each job's expert, {key: int64 [rows, H]} (conformance hook)."""
+        if lane != "cpu":
+            raise BackendUnavailable(f"cpu backend: no {lane!r} lane")
+        return self.lane.exl3_int_forward(jobs, x, shift, a_max, self.pool.view)
+
     # -- transfers --------------------------------------------------------------------------------------------
     def fill(self, key: int, slot: int, *, prefetch: bool = False):
         return self.reader.fill(key, slot, prefetch=prefetch)

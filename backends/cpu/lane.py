@@ -69,6 +69,14 @@ class CpuLane:
                               exl3.CODEBOOKS[exl3.codebook_index(codebook)])
         return kx.raw_gemm(xh, lin, parallel=False)
 
+    def exl3_int_forward(self, jobs, x: np.ndarray, shift: int, a_max: int, view) -> dict:
+        """exl3-int of each job's record (the Numba kernel's integer path): {key: int64 [rows, H]}."""
+        from backends.cpu import exl3 as kx
+        from moetier.bytes.expert import exl3_expert
+        x = np.asarray(x, np.int64)
+        return {k: kx.int_expert_forward(exl3_expert(self.layout, view(s)), np.ascontiguousarray(x[rows]), shift,
+                                         a_max, parallel=False) for k, s, rows in jobs}
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown()

@@ -207,7 +207,8 @@ class CopyHandle:
 # Backend
 
 _KERNELS = ("quant_rows", "i8_gate_up", "i8_down", "i4_gate_up", "i4_down",
-            "exl3_in", "exl3_out", "exl3_gemm", "exl3_decode", "exl3_swiglu")
+            "exl3_in", "exl3_out", "exl3_gemm", "exl3_decode", "exl3_swiglu",
+            "exl3i_in", "exl3i_out", "exl3i_gemm", "exl3i_gate")
 _BUILT: dict = {}     # device filter string -> (context, program, kernels): one build per device and process
 
 
@@ -464,6 +465,49 @@ class SyclBackend:
         self.q.submit_async(self.k["exl3_swiglu"], [mg, mu, C.c_float(lay.act_limit), C.c_int32(1)], [R * F])
         self._exl3_linear(base, mrecs, mrp, mrexp, n, R, "down", F, H, mg, 0, mout).wait()
         self._copy_stats["kernel_calls"] += 1
+        res = out.reshape(R, H).copy()
+        return {key: res[rp[e]:rp[e + 1]] for e, (key, _, _) in enumerate(jobs)}
+
+    def exl3_int_forward(self, lane: str, jobs, x: np.ndarray, shift: int, a_max: int) -> dict:
+        """exl3-int (moetier.bytes.exl3.int_expert_forward) of each job's expert on integer rows x: {key: int64
+        [rows, H]}, bit-identical on every lane (conformance hook)."""
+        if lane == "cpu":
+            return self.lane.exl3_int_forward(jobs, x, shift, a_max, self.pool.view)
+        import ctypes as C
+        lay = self.layout
+        H, F = lay.hidden, lay.ffn
+        base = self.dev_mem if lane == "gpu" else self.pool.mem
+        n = len(jobs)
+        rows = [len(r) for _, _, r in jobs]
+        R = int(sum(rows))
+        mx, ax = self._arr("ix", np.int64, R * H)
+        ax.reshape(R, H)[...] = np.concatenate([np.asarray(x, np.int64)[np.asarray(r, np.intp)] for _, _, r in jobs])
+        mrecs, recs = self._arr("irecs", np.int64, n)
+        recs[:] = [int(s) * self.slot_bytes for _, s, _ in jobs]
+        mrp, rp = self._arr("irp", np.int32, n + 1)
+        rp[0] = 0
+        rp[1:] = np.cumsum(rows)
+        mrexp, rexp = self._arr("irexp", np.int32, R)
+        rexp[:] = np.repeat(np.arange(n, dtype=np.int32), rows)
+        _, pinv = self._exl3_tables(lay.codebook)
+        sec, q, kk, i32, i64 = lay.sections, self.q, self.k, C.c_int32, C.c_int64
+
+        def linear(lin, k, nn, xin, out):
+            mxh, _ = self._arr(f"ixh{k}", np.int64, R * k)
+            q.submit_async(kk["exl3i_in"], [base, mrecs, mrexp, i64(sec[f"{lin}_suh"][0]), i32(k), xin, mxh],
+                           [R * (k // 128)])
+            q.submit_async(kk["exl3i_gemm"], [base, mrecs, mrp, i64(sec[f"{lin}_trellis"][0]), i32(k), i32(nn),
+                                              i32(lay.bits), pinv, mxh, out], [n * nn])
+            return q.submit_async(kk["exl3i_out"], [base, mrecs, mrexp, i64(sec[f"{lin}_svh"][0]), i32(nn), out],
+                                  [R * (nn // 128)])
+
+        mg, _ = self._arr("ig", np.int64, R * F)
+        mu, _ = self._arr("iu", np.int64, R * F)
+        mout, out = self._arr("iout", np.int64, R * H)
+        linear("gate", H, F, mx, mg)
+        linear("up", H, F, mx, mu)
+        q.submit_async(kk["exl3i_gate"], [mg, mu, i32(shift), i64(a_max)], [R * F])
+        linear("down", F, H, mg, mout).wait()
         res = out.reshape(R, H).copy()
         return {key: res[rp[e]:rp[e + 1]] for e, (key, _, _) in enumerate(jobs)}
 

@@ -126,3 +126,78 @@ __kernel void exl3_swiglu(__global float* g, __global const float* u, const floa
     const float a = s * uv;
     g[i] = fp16 ? r16(a) : a;
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// exl3-int (adapters.md section 2.6): the same containers, integer arithmetic, so every lane gives the same bits.
+// weight = mul1 byte sum of the state - 510; suh/svh -> their signs; the butterfly without the 1/sqrt(128) scale;
+// int64 throughout; gate = clamp((min(max(g, 0), 2^31-1) * clamp(u, +-(2^31-1))) >> shift, +-a_max) (floor shift).
+
+inline long sgn16(__global const ushort* v, const int i) { return (v[i] & 0x8000) ? -1 : 1; }
+
+inline void butterfly128_l(long* v) {
+    for (int h = 1; h < 128; h *= 2)
+        for (int s = 0; s < 128; s += 2 * h)
+            for (int q = s; q < s + h; q++) {
+                const long a = v[q], b = v[q + h];
+                v[q] = a + b;
+                v[q + h] = a - b;
+            }
+}
+
+__kernel void exl3i_in(__global const uchar* base, __global const long* recs, __global const int* rexp,
+                       const long suh_off, const int k, __global const long* x, __global long* xh) {
+    const int nb = k / 128;
+    const int r = get_global_id(0) / nb, blk = get_global_id(0) % nb;
+    __global const ushort* suh = (__global const ushort*)(base + recs[rexp[r]] + suh_off);
+    long v[128];
+    for (int q = 0; q < 128; q++) v[q] = x[(long)r * k + blk * 128 + q] * sgn16(suh, blk * 128 + q);
+    butterfly128_l(v);
+    for (int q = 0; q < 128; q++) xh[(long)r * k + blk * 128 + q] = v[q];
+}
+
+__kernel void exl3i_out(__global const uchar* base, __global const long* recs, __global const int* rexp,
+                        const long svh_off, const int n, __global long* y) {
+    const int nb = n / 128;
+    const int r = get_global_id(0) / nb, blk = get_global_id(0) % nb;
+    __global const ushort* svh = (__global const ushort*)(base + recs[rexp[r]] + svh_off);
+    __global long* row = y + (long)r * n + blk * 128;
+    long v[128];
+    for (int q = 0; q < 128; q++) v[q] = row[q];
+    butterfly128_l(v);
+    for (int q = 0; q < 128; q++) row[q] = v[q] * sgn16(svh, blk * 128 + q);
+}
+
+inline long int_weight(const uint st) {
+    const uint p = st * 0x83DCD12Du;
+    return (long)((p & 255u) + ((p >> 8) & 255u) + ((p >> 16) & 255u) + (p >> 24)) - 510;
+}
+
+__kernel void exl3i_gemm(__global const uchar* base, __global const long* recs, __global const int* rp,
+                         const long tr_off, const int k, const int n, const int K, __global const int* pinv,
+                         __global const long* xh, __global long* out) {
+    const int e = get_global_id(0) / n, col = get_global_id(0) % n;
+    const int r0 = rp[e], r1 = rp[e + 1];
+    const int j = col / 16, c = col % 16, nt = n / 16;
+    __global const uchar* tr = base + recs[e] + tr_off;
+    for (int r = r0; r < r1; r++) out[(long)r * n + col] = 0;
+    for (int i = 0; i < k / 16; i++) {
+        __global const uint* w = (__global const uint*)(tr + ((long)i * nt + j) * 32 * K);
+        long wv[16];
+        for (int rr = 0; rr < 16; rr++) wv[rr] = int_weight(state_of(w, pinv[rr * 16 + c], K));
+        for (int r = r0; r < r1; r++) {
+            long acc = out[(long)r * n + col];
+            __global const long* xr = xh + (long)r * k + 16 * i;
+            for (int rr = 0; rr < 16; rr++) acc += wv[rr] * xr[rr];
+            out[(long)r * n + col] = acc;
+        }
+    }
+}
+
+__kernel void exl3i_gate(__global long* g, __global const long* u, const int shift, const long a_max) {
+    const long i = get_global_id(0);
+    const long C = 2147483647L;
+    const long gv = min(max(g[i], 0L), C), uv = min(max(u[i], -C), C);
+    const long p = gv * uv;
+    const long q = p >= 0 ? (p >> shift) : -((-p + (1L << shift) - 1) >> shift);     // floor(p / 2^shift)
+    g[i] = min(max(q, -a_max), a_max);
+}
