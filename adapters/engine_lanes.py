@@ -54,6 +54,20 @@ class EngineLanes(EventTransfers):
         self._pending: OrderedDict = OrderedDict()
         self._stats = dict(pushes=0, drains=0, push_bytes=0, drain_bytes=0, rows_pointed=0)
 
+    # the rest of the backend contract (moetier.run.contract): the cpu lane computes its experts one after another,
+    # unsplit; the engine routes, so there is no router here; read timing is the reader's
+    workers, parallel_min = 1, 0
+
+    def route(self, layer: int, x, rows=None):
+        raise BackendUnavailable(f"{self.name} backend: the engine routes (its router picks and weights the experts; "
+                                 f"moetier receives its picks), so this backend has no router of its own")
+
+    def begin_measured(self) -> None:
+        self.reader.begin_measured()
+
+    def read_timing(self) -> dict:
+        return self.reader.read_timing()
+
     @property
     def ram_slot_count(self) -> int:
         return self.pool.n

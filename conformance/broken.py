@@ -35,9 +35,6 @@ class _Wrap:
     def drain(self, key, vram_slot, ram_slot):
         return self._inner.drain(key, vram_slot, ram_slot)
 
-    def victims(self):
-        return self._inner.victims()
-
     def landed(self, h):
         return self._inner.landed(h)
 
@@ -58,9 +55,22 @@ class _H:
     """A wrapped handle (seq, key) around the inner backend's handle."""
 
     __slots__ = ("seq", "key", "inner", "slot", "started")
+    prefetch = False
 
     def __init__(self, seq, key, inner=None, slot=-1):
         self.seq, self.key, self.inner, self.slot, self.started = seq, key, inner, slot, inner is not None
+
+    @property
+    def state(self):
+        return self.inner.state if self.inner is not None else "pending"
+
+    @property
+    def t_submit(self):
+        return self.inner.t_submit if self.inner is not None else 0.0
+
+    @property
+    def t_landed(self):
+        return self.inner.t_landed if self.inner is not None else 0.0
 
 
 class BrokenLandedEarly(_Wrap):

@@ -2,8 +2,8 @@
 
 Contract
 --------
-``known()`` lists every name ``--backend`` accepts: the real backends (``moetier.contract.get_backend``: cpu, sycl,
-cuda) and the deliberately broken test-only ones (``conformance.broken.BROKEN``, names ``broken-*``).
+``known()`` lists every name ``--backend`` accepts: the registered backends (``moetier.run.registry``: cpu, sycl,
+cuda and any other distribution's ``moetier.backends`` entry point) and the deliberately broken test-only ones (``conformance.broken.BROKEN``, names ``broken-*``).
 ``open_backend(name, store, ram_slots=, vram_slots=)`` constructs one (``BackendUnavailable`` with the backend's own
 one-line reason when its runtime or device is missing). ``table(be)`` is the capability table of a constructed
 backend: what it declares (``capabilities``: lanes, encodings, VRAM slots) plus the optional test hooks it offers
@@ -13,23 +13,29 @@ test names a backend.
 """
 from __future__ import annotations
 
-from moetier.run.contract import LANES, BackendUnavailable, get_backend
 from moetier.errors import UserError
+from moetier.run import registry
+from moetier.run.contract import LANES, BackendUnavailable
+from moetier.run.registry import get_backend
 
-REAL = ("cpu", "sycl", "cuda")
 ENCODINGS = ("int8", "int4g32")
+
+
+def real() -> tuple:
+    """The registered backends (moetier.run.registry: the moetier.backends entry points and the built-ins)."""
+    return registry.names()
 
 
 def known() -> tuple:
     from conformance.broken import BROKEN
-    return REAL + tuple(BROKEN)
+    return real() + tuple(BROKEN)
 
 
 def check_name(name: str) -> str:
     """The name, or UserError (one line) when no such backend exists."""
     if name not in known():
-        raise UserError(f"--backend {name!r}: unknown backend (known: {', '.join(REAL)}; test-only: "
-                        f"{', '.join(k for k in known() if k not in REAL)})")
+        raise UserError(f"--backend {name!r}: unknown backend (known: {', '.join(real())}; test-only: "
+                        f"{', '.join(k for k in known() if k not in real())})")
     return name
 
 
@@ -102,5 +108,5 @@ def vram_reader(be):
     return None
 
 
-__all__ = ["REAL", "ENCODINGS", "known", "check_name", "recipe_id", "open_backend", "table", "lane_skip",
+__all__ = ["real", "ENCODINGS", "known", "check_name", "recipe_id", "open_backend", "table", "lane_skip",
            "encoding_skip", "vram_skip", "ram_reader", "vram_reader", "BackendUnavailable"]

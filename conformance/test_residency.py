@@ -103,9 +103,6 @@ class Chaos:
     def completed_seq(self):
         return self._inner.completed_seq()
 
-    def victims(self):
-        return self._inner.victims()
-
     def compute(self, lane, jobs, x):
         owner = self.vram_owner if lane == "gpu" else self.ram_owner
         L = self.ledger

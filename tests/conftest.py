@@ -1,14 +1,23 @@
-"""Shared test configuration: hypothesis profiles for the fuzz suite (tests/fuzz) and its example counts.
+"""Shared test configuration: hypothesis profiles for the fuzz suite (tests/fuzz) and its example counts, and a
+temporary user registry, so that records the tools write never land in the user's home.
 
 Profiles: ``ci`` (2,000 examples per target, derandomized: the same examples on every CI run; chosen when the
 environment has CI=true), ``long`` (20,000 per target, random: for a local soak, HYPOTHESIS_PROFILE=long) and
 ``dev`` (200 per target, the default for a quick local run). The session summary prints how many examples each
 fuzz target ran.
+
+User registry: at import (so that module fixtures and subprocesses started by tests inherit it) MOETIER_REGISTRY
+points at one temporary folder; each test then gets its own empty one (the ``user_registry`` fixture), so a record
+one test writes never overlays the shipped records another test reads.
 """
 import os
 import sys
+import tempfile
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+os.environ["MOETIER_REGISTRY"] = tempfile.mkdtemp(prefix="moetier-test-registry-")
 
 _QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
           HealthCheck.function_scoped_fixture]
@@ -30,3 +39,10 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_sep("-", f"fuzz examples (hypothesis profile {profile!r})")
     for target, n in sorted(counts.items()):
         terminalreporter.write_line(f"{target}: {n} examples")
+
+
+@pytest.fixture(autouse=True)
+def user_registry(tmp_path, monkeypatch):
+    d = tmp_path / "user-registry"
+    monkeypatch.setenv("MOETIER_REGISTRY", str(d))
+    return d

@@ -71,7 +71,7 @@ def test_residency_instruments_flag_an_early_landing(tmp_path, monkeypatch):
     from moetier.run import runtime
     from moetier.core import records as spec
     from moetier.bytes import store
-    from moetier.run.contract import get_backend
+    from moetier.run.registry import get_backend
     from moetier.traces.format import load_trace
     R = spec.resolve("tiny-ci-cpu")
     store.pack(R.model, str(tmp_path / "s"))

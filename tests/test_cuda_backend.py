@@ -18,7 +18,8 @@ import pytest
 from moetier.bytes import expert
 from moetier.core import records as spec
 from moetier.bytes import store
-from moetier.run.contract import BackendUnavailable, get_backend
+from moetier.run.contract import BackendUnavailable
+from moetier.run.registry import get_backend
 from moetier.bytes.expert import reference
 from moetier.bytes.transport import FaultPlan, TransportError
 

@@ -269,6 +269,7 @@ def test_cli_report_write_fills_run_record(tmp_path, capsys, monkeypatch):
     (reg / "hardware").mkdir()
     (reg / "hardware" / "hw-test.json").write_text(json.dumps(HW))
     monkeypatch.setattr(spec, "REGISTRY", reg)
+    monkeypatch.setenv("MOETIER_REGISTRY", str(reg))
     monkeypatch.chdir(tmp_path)
     assert main(["probe", "report", "t-run", "--write", "--md"]) == 0
     capsys.readouterr()

@@ -12,7 +12,7 @@ from moetier.run import runtime  # noqa: E402
 from moetier.core import sim  # noqa: E402
 from moetier.core import records as spec  # noqa: E402
 from moetier.bytes import store  # noqa: E402
-from moetier.run.contract import get_backend  # noqa: E402
+from moetier.run.registry import get_backend  # noqa: E402
 from moetier.errors import UserError  # noqa: E402
 from conformance.conftest import reference_hook  # noqa: E402
 from moetier.traces.format import load_trace  # noqa: E402

@@ -1,6 +1,7 @@
 """SYCL backend (backends/sycl): numerics per lane, determinism, tier invariance, copies, handles, a runtime run.
 
-Skipped as a whole when dpctl (the `sycl` extra) is missing or there is no SYCL device.
+Skipped as a whole, with the reason, when dpctl (the `sycl` extra) is missing or there is no SYCL device; a run that
+sets MOETIER_TEST_REQUIRE=sycl (.ci/run) fails instead.
 """
 from __future__ import annotations
 
@@ -12,14 +13,21 @@ import pytest
 
 if not os.environ.get("OCL_ICD_FILENAMES") and os.path.exists(sys.prefix + "/lib/libintelocl.so"):
     os.environ["OCL_ICD_FILENAMES"] = sys.prefix + "/lib/libintelocl.so"  # before dpctl's first device enumeration
-# the sycl extra (dpctl + the OpenCL CPU runtime) is part of the test set-up: a missing install or device fails here
-import dpctl  # noqa: E402
+from tests._extras import missing  # noqa: E402
 
-dpctl.select_default_device()
+try:
+    import dpctl  # noqa: E402
+except ImportError as e:
+    missing("sycl", f"dpctl is not installed ({e})")
+try:
+    dpctl.select_default_device()
+except Exception as e:     # dpctl's SyclDeviceCreationError: no OpenCL CPU runtime or device
+    missing("sycl", f"no SYCL device ({e})")
 
 from moetier.bytes import expert  # noqa: E402
 from moetier.bytes import store  # noqa: E402
-from moetier.run.contract import BackendUnavailable, get_backend  # noqa: E402
+from moetier.run.contract import BackendUnavailable
+from moetier.run.registry import get_backend  # noqa: E402
 
 from backends.sycl.backend import SyclBackend  # noqa: E402
 from conformance.conftest import nmse, poll_landed  # noqa: E402
@@ -177,7 +185,8 @@ def test_bad_slots_refused(be):
 def test_unavailable_without_dpctl():
     import subprocess
     code = ("import sys; sys.modules['dpctl'] = None\n"
-            "from moetier.run.contract import BackendUnavailable, get_backend\n"
+            "from moetier.run.contract import BackendUnavailable\n"
+            "from moetier.run.registry import get_backend\n"
             "try:\n    get_backend('sycl', None, ram_slots=1, vram_slots=1)\n"
             "except BackendUnavailable as e:\n    print('UNAVAILABLE', e)\n")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,6 +1,6 @@
 """The CPU backend (Numba): RAM slots in a 2 MiB-aligned pool, fills by the O_DIRECT reader, the cpu lane in place.
 
-Contract: see moetier.contract. It has one compute lane (cpu) and no VRAM tier, so push/drain are refused; a
+Contract: see moetier.run.contract. It has one compute lane (cpu) and no VRAM tier, so push/drain are refused; a
 recipe for it sets zero VRAM slots. compute() reads the record bytes where they landed (no copy) and is
 bit-deterministic: the kernels fix every reduction order (backends/cpu/kernels.py).
 """
@@ -10,6 +10,7 @@ import numpy as np
 
 from moetier.bytes.expert import RECORD_KINDS
 from moetier.run.contract import BackendUnavailable, Capabilities
+from moetier.run.router import StoreRouter
 from moetier.bytes.transport import Reader, SlotPool
 
 try:
@@ -21,8 +22,10 @@ except ImportError as e:  # numba is the `cpu` extra
 
 
 class CpuBackend:
-    def __init__(self, store, *, ram_slots: int, queue_depth: int = 16, verify_rate: float = 1.0, faults=None,
-                 direct: bool = True):
+    def __init__(self, store, *, ram_slots: int, vram_slots: int = 0, queue_depth: int = 16, verify_rate: float = 1.0,
+                 faults=None, direct: bool = True):
+        # vram_slots: accepted like every backend's, but there is no VRAM tier (capabilities.vram_slots = 0, and the
+        # runtime refuses a recipe that asks for VRAM slots here)
         if kernels is None:
             raise BackendUnavailable(f"--backend cpu: {_WHY}")
         self.store = store
@@ -34,14 +37,19 @@ class CpuBackend:
                                          encodings=frozenset(RECORD_KINDS), vram_slots=0)
         self.lane = CpuLane(self.layout)
         self.workers, self.parallel_min = self.lane.workers, self.lane.parallel_min
+        self.router = StoreRouter(store)
 
     @property
     def ram_slot_count(self) -> int:
         return self.pool.n
 
-    # -- compute ----------------------------------------------------------------------------------------------
+    # -- routing and compute ------------------------------------------------------------------------------------------------
     def ram_view(self, slot: int) -> np.ndarray:
         return self.pool.view(slot)
+
+    def route(self, layer: int, x, rows=None):
+        """The model's top-k router on hidden states x [rows, H], its weights from the store."""
+        return self.router.route(layer, x, rows)
 
     def compute(self, lane: str, jobs, x: np.ndarray) -> dict:
         """jobs = [(key, ram_slot, row_indices)]; returns {key: float32 [len(rows), H]}."""
@@ -80,9 +88,6 @@ class CpuBackend:
     def drain(self, key: int, vram_slot: int, ram_slot: int):
         raise BackendUnavailable("cpu backend: no VRAM tier (drain)")
 
-    def victims(self) -> list:
-        return []
-
     def landed(self, handle) -> bool:
         return self.reader.landed(handle)
 
@@ -94,6 +99,12 @@ class CpuBackend:
 
     def completed_seq(self) -> int:
         return self.reader.completed_seq()
+
+    def begin_measured(self) -> None:
+        self.reader.begin_measured()
+
+    def read_timing(self) -> dict:
+        return self.reader.read_timing()
 
     @property
     def stats(self) -> dict:

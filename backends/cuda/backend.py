@@ -1,6 +1,6 @@
 """The CUDA backend (CuPy): pinned+mapped RAM slots, a VRAM slot arena, gpu / zerocopy / cpu lanes.
 
-Contract: see moetier.contract. Design (docs/backend-cuda.md):
+Contract: see moetier.run.contract. Design (docs/backend-cuda.md):
 
 * RAM tier: a moetier.transport.SlotPool (anonymous mmap, 2 MiB aligned, the O_DIRECT fill target) registered
   with ``cudaHostRegister(base, nbytes, cudaHostRegisterPortable | cudaHostRegisterMapped)``
@@ -21,12 +21,11 @@ Contract: see moetier.contract. Design (docs/backend-cuda.md):
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import numpy as np
 
-from backends.transfers import CopyHandle, EventTransfers, FillHandle
 from moetier.run.contract import BackendUnavailable, Capabilities
+from moetier.run.events import SequencedBackend, Sequencer
+from moetier.run.router import StoreRouter
 from moetier.bytes.expert import EXL3, RECORD_KINDS, act_range, section_offsets
 from moetier.bytes.transport import Reader, SlotPool, TransportError
 
@@ -52,7 +51,7 @@ def _import_cupy():
     return cupy
 
 
-class CudaBackend(EventTransfers):
+class CudaBackend(SequencedBackend):
     def __init__(self, store, *, ram_slots: int, vram_slots: int, queue_depth: int = 16, verify_rate: float = 1.0,
                  faults=None, direct: bool = True, device: int = 0):
         cupy = _import_cupy()
@@ -149,15 +148,15 @@ class CudaBackend(EventTransfers):
                                          lanes=frozenset(lanes), encodings=frozenset(RECORD_KINDS),
                                          vram_slots=self.nvram, notes=notes)
         self._offs = section_offsets(lay)
-        self._seq = 0
-        self._pending: OrderedDict = OrderedDict()     # seq -> handle, not yet seen finished
+        self.events = Sequencer(self.reader, lambda ev: bool(ev.done), lambda ev: ev.synchronize(), "cuda")
         self._slot_event: dict = {}                    # vram slot -> event of the last copy touching it
-        self._stats = {"pushes": 0, "drains": 0, "push_bytes": 0, "drain_bytes": 0, "copy_failures": 0}
+        self._stats = {"pushes": 0, "drains": 0, "push_bytes": 0, "drain_bytes": 0}
         self._closed = False
         # the cpu lane is the cpu backend's runner (same call classes, so one engine cost model for every backend)
         self.lane = CpuLane(lay) if CpuLane is not None else None
         self.workers = self.lane.workers if self.lane else 1
         self.parallel_min = self.lane.parallel_min if self.lane else 0
+        self.router = StoreRouter(store)
 
     # -- helpers ------------------------------------------------------------------------------------------------
     def _teardown(self):
@@ -172,10 +171,6 @@ class CudaBackend(EventTransfers):
             self.pool.close()
             self.pool = None
         self.arena = None
-
-    def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
 
     def _check_vram(self, slot) -> int:
         if not isinstance(slot, (int, np.integer)) or not 0 <= int(slot) < self.nvram:
@@ -339,26 +334,21 @@ class CudaBackend(EventTransfers):
         return out
 
     # -- transfers ----------------------------------------------------------------------------------------------
-    def fill(self, key: int, slot: int, *, prefetch: bool = False):
-        comp = self.reader.fill(key, slot, prefetch=prefetch)
-        h = FillHandle(self._next_seq(), int(key), int(slot), comp)
-        self._pending[h.seq] = h
-        return h
-
     def _copy(self, key, kind, dst, src, slot_vram, src_slot, dst_slot):
         cp = self.cp
         rt = cp.cuda.runtime
         direction = rt.memcpyHostToDevice if kind == "push" else rt.memcpyDeviceToHost
-        ev = cp.cuda.Event(block=False, disable_timing=True)
-        try:
-            rt.memcpyAsync(dst, src, self.record_bytes, direction, self.copy_stream.ptr)
-            ev.record(self.copy_stream)
-        except rt.CUDARuntimeError as e:
-            self._stats["copy_failures"] += 1
-            raise TransportError(f"cuda backend: {kind} of key {key} failed to start: {e}") from None
-        self._slot_event[slot_vram] = ev
-        h = CopyHandle(self._next_seq(), int(key), kind, src_slot, dst_slot, ev)
-        self._pending[h.seq] = h
+
+        def start():
+            ev = cp.cuda.Event(block=False, disable_timing=True)
+            try:
+                rt.memcpyAsync(dst, src, self.record_bytes, direction, self.copy_stream.ptr)
+                ev.record(self.copy_stream)
+            except rt.CUDARuntimeError as e:
+                raise TransportError(f"cuda backend: {kind} of key {key} failed to start: {e}") from None
+            self._slot_event[slot_vram] = ev
+            return ev
+        h = self.events.copy(kind, key, src_slot, dst_slot, start)
         self._stats[kind + "es" if kind == "push" else kind + "s"] += 1
         self._stats[kind + "_bytes"] += self.record_bytes
         return h
@@ -374,30 +364,6 @@ class CudaBackend(EventTransfers):
         return self._copy(key, "drain", self._ram_ptr(ram_slot), self._vram_ptr(vram_slot), int(vram_slot),
                           int(vram_slot), int(ram_slot))
 
-    def victims(self) -> list:
-        return []
-
-    def _copy_done(self, h: CopyHandle, block: bool) -> bool:
-        if h.state == "landed":
-            return True
-        if h.state == "failed":
-            raise TransportError(h.error)
-        rterr = self.cp.cuda.runtime.CUDARuntimeError
-        try:
-            if block:
-                h.event.synchronize()
-                done = True
-            else:
-                done = bool(h.event.done)
-        except rterr as e:
-            h.state = "failed"
-            h.error = f"cuda backend: {h.kind} of key {h.key} failed: {e}"
-            self._stats["copy_failures"] += 1
-            raise TransportError(h.error) from None
-        if done:
-            h.state = "landed"
-        return done
-
     def fence(self) -> None:
         if self.reader is not None:
             self.reader.fence()
@@ -408,7 +374,7 @@ class CudaBackend(EventTransfers):
     @property
     def stats(self) -> dict:
         st = dict(self.reader.stats) if self.reader is not None else {}
-        st.update(self._stats)
+        st.update(self._stats, copy_failures=self.events.copy_failures)
         return st
 
     def close(self) -> None:
@@ -422,5 +388,5 @@ class CudaBackend(EventTransfers):
                 self.lane.close()
             self.reader.close()
             self._slot_event.clear()
-            self._pending.clear()
+            self.events.closed = True
             self._teardown()

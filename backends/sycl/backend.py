@@ -1,6 +1,6 @@
 """The SYCL backend (dpctl): VRAM tier = one USM device arena, RAM tier = a USM host slot pool, OpenCL C kernels.
 
-Contract: see moetier.contract. Memory -> tiers:
+Contract: see moetier.run.contract. Memory -> tiers:
 
 * RAM tier: ``UsmSlotPool`` - ``ram_slots`` 4 KiB-aligned slots carved from one ``MemoryUSMHost`` allocation (2 MiB
   aligned, MADV_HUGEPAGE advised). The transport's O_DIRECT ``Reader`` lands NVMe records straight into it (checked
@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from moetier.run.contract import BackendUnavailable, Capabilities
+from moetier.run.events import SequencedBackend, Sequencer
+from moetier.run.router import StoreRouter
 from moetier.bytes.expert import EXL3, RECORD_KINDS, act_range, section_offsets
 from moetier.bytes.transport import HUGE, PAGE, Reader, SlotPool, TransportError, _round_up
 
@@ -165,46 +167,15 @@ def odirect_into(path: str, mem, nbytes: int) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Handles
-
-
-class FillHandle:
-    """A Reader completion under the backend's seq."""
-
-    __slots__ = ("seq", "key", "slot", "comp")
-    kind = "fill"
-
-    def __init__(self, seq, comp):
-        self.seq, self.key, self.slot, self.comp = seq, comp.key, comp.slot, comp
-
-    @property
-    def state(self):
-        return self.comp.state
-
-    def __repr__(self):
-        return f"FillHandle(seq={self.seq}, key={self.key}, slot={self.slot}, state={self.comp.state})"
-
-
-class CopyHandle:
-    """push (RAM slot -> device slot) or drain (device slot -> RAM slot) wrapping a SyclEvent."""
-
-    __slots__ = ("seq", "key", "kind", "src", "dst", "event", "done", "error")
-
-    def __init__(self, seq, key, kind, src, dst, event):
-        self.seq, self.key, self.kind, self.src, self.dst, self.event = seq, key, kind, src, dst, event
-        self.done = False
-        self.error = None
-
-    @property
-    def state(self):
-        return "failed" if self.error else ("landed" if self.done else "pending")
-
-    def __repr__(self):
-        return f"CopyHandle(seq={self.seq}, {self.kind} key={self.key} {self.src}->{self.dst}, state={self.state})"
-
-
-# --------------------------------------------------------------------------------------------------------------------
 # Backend
+
+def _event_done(event) -> bool:
+    return str(event.execution_status).endswith("complete")
+
+
+def _event_wait(event) -> None:
+    event.wait()
+
 
 _KERNELS = ("quant_rows", "i8_gate_up", "i8_down", "i4_gate_up", "i4_down",
             "exl3_in", "exl3_out", "exl3_gemm", "exl3_decode", "exl3_swiglu",
@@ -233,7 +204,7 @@ def _built(dpctl, dp, dev):
     return hit
 
 
-class SyclBackend:
+class SyclBackend(SequencedBackend):
     def __init__(self, store, *, ram_slots: int, vram_slots: int, queue_depth: int = 16, verify_rate: float = 1.0,
                  faults=None, direct: bool = True, device=None):
         dpctl = import_dpctl()
@@ -278,10 +249,7 @@ class SyclBackend:
         self.capabilities = Capabilities(name="sycl", device=f"{dev.name} ({dev.backend}, {dev.device_type})",
                                          lanes=frozenset(lanes), encodings=frozenset(RECORD_KINDS),
                                          vram_slots=vram_slots, notes=tuple(notes))
-        self._lock = threading.Lock()
-        self._seq = 0
-        self._pending: dict[int, object] = {}
-        self._done_seq = 0
+        self.events = Sequencer(self.reader, _event_done, _event_wait, "sycl")
         self._copy_stats = {"pushes": 0, "drains": 0, "push_bytes": 0, "drain_bytes": 0, "kernel_calls": 0}
         self._scratch: dict = {}
         self._closed = False
@@ -290,6 +258,7 @@ class SyclBackend:
         self.lane = CpuLane(lay) if CpuLane is not None else None
         self.workers = self.lane.workers if self.lane else 1
         self.parallel_min = self.lane.parallel_min if self.lane else 0
+        self.router = StoreRouter(store)
         self.compute("gpu" if vram_slots else "zerocopy", [(0, 0, [0])], np.zeros((1, lay.hidden), np.float32))
 
     # -- sizes ------------------------------------------------------------------------------------------------
@@ -561,19 +530,6 @@ class SyclBackend:
         return out.reshape(T, n).copy()
 
     # -- transfers --------------------------------------------------------------------------------------------
-    def _track(self, make):
-        """Issue under the lock: ``make(seq)`` builds the handle; the seq is taken only if it succeeds."""
-        with self._lock:
-            if self._closed:
-                raise TransportError("sycl backend: closed")
-            h = make(self._seq + 1)
-            self._seq = h.seq
-            self._pending[h.seq] = h
-            return h
-
-    def fill(self, key: int, slot: int, *, prefetch: bool = False):
-        return self._track(lambda seq: FillHandle(seq, self.reader.fill(key, slot, prefetch=prefetch)))
-
     def push(self, key: int, src_slot: int, vram_slot: int):
         return self._copy("push", key, src_slot, vram_slot, self._ram(src_slot), self._dev(vram_slot))
 
@@ -582,76 +538,21 @@ class SyclBackend:
 
     def _copy(self, kind, key, src_slot, dst_slot, src, dst):
         rb = self.record_bytes
-        h = self._track(lambda seq: CopyHandle(seq, int(key), kind, int(src_slot), int(dst_slot),
-                                               self.cq.memcpy_async(dst, src, rb)))
+        h = self.events.copy(kind, key, src_slot, dst_slot, lambda: self.cq.memcpy_async(dst, src, rb))
         self._copy_stats[{"push": "pushes", "drain": "drains"}[kind]] += 1
         self._copy_stats[f"{kind}_bytes"] += rb
         return h
-
-    def victims(self) -> list:
-        return []  # evictions are host-planned (the ledger's clock); no device-side cache
-
-    def _finished(self, h) -> bool:
-        if isinstance(h, FillHandle):
-            return h.comp.state != "pending"
-        if not h.done and h.error is None:
-            try:
-                st = h.event.execution_status
-            except Exception as e:  # pragma: no cover - runtime error surfaced by the event
-                h.error = f"sycl backend: {h.kind} of key {h.key} failed: {e}"
-                return True
-            if str(st).endswith("complete"):
-                h.done = True
-        return h.done or h.error is not None
-
-    def landed(self, handle) -> bool:
-        if isinstance(handle, FillHandle):
-            return self.reader.landed(handle.comp)
-        if self._finished(handle):
-            if handle.error:
-                raise TransportError(handle.error)
-            return True
-        return False
-
-    def wait(self, handle):
-        if isinstance(handle, FillHandle):
-            self.reader.wait(handle.comp)
-            return handle
-        if not handle.done and handle.error is None:
-            try:
-                handle.event.wait()
-                handle.done = True
-            except Exception as e:
-                handle.error = f"sycl backend: {handle.kind} of key {handle.key} failed: {e}"
-        if handle.error:
-            raise TransportError(handle.error)
-        return handle
 
     def fence(self) -> None:
         self.reader.fence()
         self.cq.wait()
         self.q.wait()
-        with self._lock:
-            for h in self._pending.values():
-                if isinstance(h, CopyHandle) and h.error is None:
-                    h.done = True
-        self.completed_seq()
-
-    def completed_seq(self) -> int:
-        with self._lock:
-            for s in sorted(self._pending):
-                if not self._finished(self._pending[s]):
-                    self._done_seq = s - 1
-                    break
-                del self._pending[s]
-            else:
-                self._done_seq = self._seq
-            return self._done_seq
+        self.events.copies_done()
+        self.events.completed_seq()
 
     @property
     def outstanding(self) -> int:
-        self.completed_seq()
-        return len(self._pending)
+        return self.events.outstanding
 
     @property
     def stats(self) -> dict:
@@ -661,7 +562,7 @@ class SyclBackend:
         if self._closed:
             return
         self.fence()
-        self._closed = True
+        self._closed = self.events.closed = True
         if self.lane is not None:
             self.lane.close()
         self.reader.close()

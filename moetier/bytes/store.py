@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from moetier.bytes import router_record
 from moetier.bytes.layout import (CHECKSUM, DATA_NAME, DIGEST_BYTES, FORMAT, MANIFEST_NAME,  # noqa: F401
                                   digest, record_offset)
 from moetier.errors import UserError
@@ -153,7 +154,8 @@ def pack(model: dict, out_dir, *, seed: int = 0, encoding=None, progress=None) -
             raise RuntimeError(f"make_expert returned {len(rec)} bytes for key {key}, expected {lay.record_bytes}")
         buf[:] = np.frombuffer(rec, dtype=np.uint8)
 
-    return write_store(out_dir, mid, L, E, lay, fill, seed=seed, progress=progress)
+    return write_store(out_dir, mid, L, E, lay, fill, seed=seed, progress=progress,
+                       router=lambda d: router_record.write(d, model, L, E, lay.hidden, seed))
 
 
 def pack_checkpoint(ckpt_dir, out_dir, *, model: dict | None = None, progress=None) -> dict:
@@ -173,11 +175,13 @@ def pack_checkpoint(ckpt_dir, out_dir, *, model: dict | None = None, progress=No
 
 
 def write_store(out_dir, mid: str, L: int, E: int, lay, fill, *, seed: int = 0, extra_layers: int = 0,
-                source: dict | None = None, progress=None) -> dict:
+                source: dict | None = None, progress=None, router=None) -> dict:
     """Write a store of (L + extra_layers) * E records at ``out_dir``: ``fill(key, buf)`` writes record ``key`` into
     ``buf`` (a zeroed uint8 array of record_bytes, reused: at most BATCH_BYTES or one record is held at a time, so
     memory stays bounded whatever the store's size). ``extra_layers`` are layers kept past the model's (an MTP layer,
-    keys L*E..); ``source`` says where the bytes came from. Atomic like ``pack``; returns the manifest dict."""
+    keys L*E..); ``source`` says where the bytes came from; ``router(dir)``, when given, writes the router record's
+file into the store directory and returns its manifest entry (moetier.bytes.router_record). Atomic like ``pack``;
+returns the manifest dict."""
     out = os.path.abspath(os.fspath(out_dir))
     if os.path.lexists(out) and not (os.path.isdir(out) and _is_store_dir(out)):
         raise UserError(f"pack: {out} exists and is not a moetier store; refusing to overwrite it")
@@ -214,6 +218,7 @@ def write_store(out_dir, mid: str, L: int, E: int, lay, fill, *, seed: int = 0, 
             os.fsync(fd)
         finally:
             os.close(fd)
+        router_entry = router(tmp) if router is not None else None
         manifest = {
             "format": FORMAT,
             "model": mid,
@@ -227,6 +232,7 @@ def write_store(out_dir, mid: str, L: int, E: int, lay, fill, *, seed: int = 0, 
             "records": n,
             "checksum": CHECKSUM,
             "digests": digests,
+            **({"router": router_entry} if router_entry is not None else {}),
         }
         mpath = os.path.join(tmp, MANIFEST_NAME)
         with open(mpath, "w") as f:
@@ -270,6 +276,21 @@ class Store:
         self.experts = int(manifest["experts"])
         self.data_path = os.path.join(path, DATA_NAME)
         self._digests = [bytes.fromhex(h) for h in manifest["digests"]]
+        self._router = None
+
+    def router_record(self) -> dict:
+        """The manifest's router entry (scoring, renormalize, topk, digest); UserError for a store without one."""
+        rec = self.manifest.get("router")
+        if rec is None:
+            raise UserError(f"store {self.path}: no router record (packed without router weights); route with the "
+                            f"trace, or pack a seeded store again with `moetier store pack`")
+        return rec
+
+    def router(self, layer: int):
+        """Router weights of one layer, float32 [experts, hidden], checksum-verified when first read."""
+        if self._router is None:
+            self._router = router_record.load(self.path, self.router_record())
+        return self._router[layer]
 
     def key(self, layer: int, expert: int) -> int:
         return layer * self.experts + expert
@@ -338,6 +359,8 @@ def open_store(path, *, model: dict | None = None) -> Store:
     want = m["records"] * m["record_bytes"]
     if size != want:
         raise UserError(f"store {dpath}: size {size} bytes, expected records*record_bytes = {want}")
+    if "router" in m:
+        router_record.check(m["router"], f"store {mpath}", m["layers"], m["experts"], lay.hidden)
     try:
         st = Store(p, m, lay)
     except ValueError as e:

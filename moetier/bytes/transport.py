@@ -386,6 +386,19 @@ class Reader:
             c._future = (self._pf_pool if prefetch else self._pool).submit(self._run, c, sample)
         return c
 
+    def begin_measured(self) -> None:
+        """Clear the read-timing samples, so that they cover the measured steps only (not seeding's deep queue)."""
+        with self._lock:
+            for samples in (self.latency_by_qd, self.latency_pf_busy, self.prefetch_ms, self.wake_ms, self.burst_ms):
+                samples.clear()
+
+    def read_timing(self) -> dict:
+        """Copies of the read-timing samples since begin_measured (the channel model's measured inputs)."""
+        with self._lock:
+            return {"latency_by_qd": {q: list(v) for q, v in self.latency_by_qd.items()},
+                    "latency_pf_busy": list(self.latency_pf_busy), "prefetch_ms": list(self.prefetch_ms),
+                    "wake_ms": list(self.wake_ms), "burst_ms": list(self.burst_ms)}
+
     def cancel(self, handle: Completion) -> bool:
         """Withdraw a read that has not started (a prefetch nobody needs any more). True if it was withdrawn; its
         slot is free again and it never lands."""

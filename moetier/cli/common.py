@@ -12,7 +12,6 @@ from pathlib import Path
 from moetier.errors import UserError
 
 DEFAULT_RECIPE = "glm53-rtx3090-55g-nvx4"
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _number(cast, ok, expected: str):
@@ -109,12 +108,16 @@ def _resolve(args):
 
 
 def find_path(p: str) -> Path:
-    """A user path as given, else relative to the repository (shipped traces)."""
+    """A user path as given, else relative to the user data folder, else to the shipped data (traces/ beside the
+    registries: moetier.core.records.data_roots)."""
+    from moetier.core import records as spec
     q = Path(p)
     if q.exists() or q.is_absolute():
         return q
-    r = REPO / q
-    return r if r.exists() else q
+    for base in spec.data_roots():
+        if (base / q).exists():
+            return base / q
+    return q
 
 
 def _trace(args, R):

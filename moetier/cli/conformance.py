@@ -26,7 +26,7 @@ def register(sub, parser_class) -> None:
     p.add_argument("--backend", required=True, help="cpu, sycl or cuda")
     p.add_argument("--report", help="JSON report path (default conformance-report-<backend>.json)")
     p.add_argument("--write-engine", metavar="ID", help="also write the measured engine record to "
-                   "registry/engine/<ID>.json")
+                   "<user registry>/engine/<ID>.json")
     p.add_argument("--force", action="store_true", help="with --write-engine: replace an existing record")
     p.add_argument("-k", dest="select", metavar="EXPR", help="pytest -k expression selecting checks")
     p.add_argument("-x", dest="exitfirst", action="store_true", help="stop at the first failure")

@@ -14,7 +14,7 @@ import threading
 
 from moetier.cli.common import (DEFAULT_RECIPE, _emit, _Parser, _resolve, _trace, count,  # noqa: F401
                                 count_float, find_path, fraction, int_list, json_object, positive_float,
-                                positive_int, REPO, seed)
+                                positive_int, seed)
 from moetier.cli import progress, views
 from moetier.errors import UserError
 
@@ -153,11 +153,16 @@ def _model_geometry(model_id: str) -> dict:
             "model_id": model_id}
 
 
+REGISTRY_HELP = ("user registry: where bench, calibrate and run records are written, read over the shipped records "
+                 "(default $MOETIER_REGISTRY, else $XDG_DATA_HOME/moetier/registry)")
+
+
 # ---- parser ----------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="moetier", description="Tiered MoE expert residency: records, planner, simulator, runtime.")
     p.add_argument("--version", action="version", version=f"moetier {_version()}",
                    help="print the version and exit")
+    p.add_argument("--registry", metavar="DIR", help=REGISTRY_HELP)
     sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
 
     def recipe_args(sp, optional=False):
@@ -214,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_model.register(sub, _Parser)
     _extend(sub)
     _finish(p)
+    _registry_everywhere(p)
     return p
 
 
@@ -237,6 +243,13 @@ def _subparsers(p: argparse.ArgumentParser):
         if isinstance(a, argparse._SubParsersAction):
             for sp in dict.fromkeys(a.choices.values()):
                 yield from _subparsers(sp)
+
+
+def _registry_everywhere(p: argparse.ArgumentParser) -> None:
+    """--registry after the verb too (`moetier run ... --registry DIR`, `moetier probe report ... --registry DIR`)."""
+    for sp in _subparsers(p):
+        if sp is not p:
+            sp.add_argument("--registry", metavar="DIR", default=argparse.SUPPRESS, help=REGISTRY_HELP)
 
 
 def _extend(sub) -> None:
@@ -265,16 +278,22 @@ def _on_sigterm(signum, frame):
 
 
 def main(argv=None) -> int:
+    from moetier.core import records as spec
     parser = build_parser()
+    prev = spec.set_user_registry(None)
 
     def dispatch() -> int:
         args = parser.parse_args(argv)
+        spec.set_user_registry(getattr(args, "registry", None) or prev)
         if not getattr(args, "fn", None):
             parser.print_help()
             return 2
         with progress.session(quiet=getattr(args, "quiet", False)):
             return args.fn(args) or 0
-    return guarded(dispatch)
+    try:
+        return guarded(dispatch)
+    finally:
+        spec.set_user_registry(prev)       # main() may run many times in one process
 
 
 def guarded(work) -> int:
@@ -299,6 +318,7 @@ def guarded(work) -> int:
     finally:
         if old is not None:
             signal.signal(signal.SIGTERM, old)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -83,15 +83,15 @@ def _load_run(target: str):
         return rec, p
     if not spec.ID_RE.match(target):
         raise UserError(f"{target}: no such file, and not a run record id")
-    return spec.load_record("runs", target), spec.REGISTRY / "runs" / f"{target}.json"
+    return spec.load_record("runs", target), spec.record_path("runs", target)
 
 
 def _resolve_probe(p: str, rec_path: Path | None) -> Path:
     q = Path(p)
     if q.is_file() or q.is_absolute():
         return q
-    from moetier.cli.common import REPO
-    for base in ([rec_path.parent] if rec_path is not None else []) + [REPO]:
+    from moetier.core import records as spec
+    for base in ([rec_path.parent] if rec_path is not None else []) + spec.data_roots():
         if (base / q).is_file():
             return base / q
     return q

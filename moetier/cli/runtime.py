@@ -1,7 +1,9 @@
 """CLI verbs that touch real bytes and devices: store pack/verify, run, bench.
 
-Contract: same as moetier.cli (one-line errors, exit 2). A run writes a run record under registry/runs/ with the
-measured figures and, side by side, the simulator's prediction for the same recipe, trace and concurrency.
+Contract: same as moetier.cli (one-line errors, exit 2). A run writes a run record under <user registry>/runs/
+(moetier.core.records.user_registry) with the measured figures and, side by side, the simulator's prediction for the
+same recipe, trace and concurrency. The bench writes its hardware and engine records there too, under ids that are
+not shipped ones unless --overlay asks it to overlay a shipped record.
 """
 from __future__ import annotations
 
@@ -73,8 +75,10 @@ def register(sub, parser_class) -> None:
 
     b = sub.add_parser("bench", help="measure this machine; write its hardware and engine records")
     b.add_argument("--store", required=True, help="a packed store (its record size is what gets measured)")
-    b.add_argument("--hardware", default="local-cpu", help="hardware record id to write")
-    b.add_argument("--engine", default="numba-cpu", help="engine record id to write")
+    b.add_argument("--hardware", default="bench-cpu", help="hardware record id to write (default bench-cpu)")
+    b.add_argument("--engine", default="bench-numba-cpu", help="engine record id to write (default bench-numba-cpu)")
+    b.add_argument("--overlay", action="store_true", help="allow ids of shipped records: the user registry's copy "
+                   "then overlays the shipped (calibrated) one for every later command")
     b.add_argument("--records", type=positive_int, default=256, help="records read per bandwidth pass")
     b.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
     b.add_argument("--force", action="store_true", help="replace existing hardware/engine records of these ids")
@@ -350,6 +354,9 @@ def cmd_bench(args) -> int:
     from moetier.core import records as spec
     if not args.dry_run:     # before measuring: both ids can be written (replacing a record needs --force)
         for kind, rid in (("hardware", args.hardware), ("engine", args.engine)):
+            if spec.is_shipped(kind, rid) and not args.overlay:
+                raise UserError(f"bench: {kind} {rid!r} is a shipped record; writing it would overlay the shipped one "
+                                f"for every later command: give another id (--{kind} ID) or pass --overlay")
             spec.check_writable(kind, rid, force=args.force)
     st = store.open_store(args.store)
     with progress.status("bench", total=len(bench.STAGES)) as prog:

@@ -5,8 +5,15 @@ Contract
 * Records are JSON files under ``registry/<kind>/<id>.json`` for kind in ``KINDS``; each kind has a JSON Schema
   (draft 2020-12) at ``registry/schema/<kind>.schema.json``. A record's ``id`` equals its file stem. There is no
   hand-kept index: ``index()`` is derived from the files every time.
-* Every function takes ``root=None``, meaning ``REGISTRY`` (the ``registry/`` folder of this repository); pass another
-  folder with the same layout (tests use a temporary copy).
+* Two registries, one overlaid on the other. ``REGISTRY`` holds the shipped records and schemas: package data read
+  through importlib.resources (``moetier/shipped/registry`` in an installed wheel; the repository's ``registry/``
+  folder in a source checkout), never written. ``user_registry()`` holds what the tools write (bench, calibrate and
+  run records): ``--registry DIR`` (``set_user_registry``), else ``$MOETIER_REGISTRY``, else
+  ``$XDG_DATA_HOME/moetier/registry`` (``~/.local/share/moetier/registry``). Reads look in the user registry first,
+  so a record written there overlays a shipped one of the same id; writes go to the user registry only.
+  Every function takes ``root=None``, meaning that overlay; pass one folder with the same layout to use it alone.
+  A recipe's ``trace`` path is relative to the folder above the registry that holds the recipe (``traces/`` beside
+  ``registry/``), or to the current directory.
 * Anything the user can get wrong raises ``moetier.errors.UserError`` with one line naming the file, the JSON path
   (``$.budget.ram_gb``) or the argument, and what was expected. Ids must match ``^[a-z0-9][a-z0-9._-]*$``, so an id
   can never leave ``registry/``.
@@ -32,6 +39,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -42,7 +50,17 @@ from moetier.atomic import atomic_write_many, cannot_write
 from moetier.errors import UserError
 from moetier import strictjson
 
-REGISTRY = Path(__file__).resolve().parents[2] / "registry"
+
+
+def _shipped_registry() -> Path:
+    """The shipped records: package data in an installed wheel, else the source checkout's registry/ folder."""
+    from importlib import resources
+    packaged = Path(str(resources.files("moetier"))) / "shipped" / "registry"
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parents[2] / "registry"
+
+
+REGISTRY = _shipped_registry()
+_USER_REGISTRY: Path | None = None      # --registry DIR
 KINDS = ("model", "hardware", "engine", "recipe", "runs")
 ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
@@ -87,8 +105,60 @@ def idle_wake(idle_ms: float) -> float:
 # paths, ids, reading
 
 
+def user_registry() -> Path:
+    """Where the tools write records: --registry, else $MOETIER_REGISTRY, else the per-user data directory."""
+    if _USER_REGISTRY is not None:
+        return _USER_REGISTRY
+    env = os.environ.get("MOETIER_REGISTRY")
+    if env:
+        return Path(env).expanduser()
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data) / "moetier" / "registry"
+
+
+def set_user_registry(path):
+    """Point the user registry at ``path`` (``--registry DIR``); None restores the default. Returns the previous
+    setting, for the caller to restore."""
+    global _USER_REGISTRY
+    prev, _USER_REGISTRY = _USER_REGISTRY, (Path(path).expanduser() if path is not None else None)
+    return prev
+
+
+def _roots(root) -> list[Path]:
+    """The registries to read, overlay first: ``root`` alone when given, else the user registry over the shipped."""
+    if root is not None:
+        return [Path(root)]
+    user = user_registry()
+    same = user.is_dir() and user.resolve() == REGISTRY.resolve()
+    return [REGISTRY] if same else [user, REGISTRY]
+
+
 def _root(root) -> Path:
-    return Path(root) if root is not None else REGISTRY
+    """The registry a write goes to (and whose schemas apply): ``root`` when given, else the user registry."""
+    return Path(root) if root is not None else user_registry()
+
+
+def record_path(kind: str, rid: str, root=None) -> Path:
+    """The file that holds record ``rid`` (the overlay's, else the shipped one); UserError naming the known ids."""
+    _check_kind(kind)
+    roots = _roots(root)
+    for r in roots:
+        path = _check_id(kind, rid, r)
+        if path.is_file():
+            return path
+    known = _ids(kind, roots)
+    raise UserError(f"unknown {kind} id {rid!r} (known: {', '.join(known) if known else 'none'})")
+
+
+def is_shipped(kind: str, rid: str) -> bool:
+    """Whether ``rid`` names a shipped record of ``kind`` (one a user-registry record of that id would overlay)."""
+    _check_kind(kind)
+    return isinstance(rid, str) and bool(ID_RE.match(rid)) and (REGISTRY / kind / f"{rid}.json").is_file()
+
+
+def data_roots(root=None) -> list[Path]:
+    """The folders a recipe's relative paths (its trace) resolve against: the parents of the registries read."""
+    return [r.parent for r in _roots(root)]
 
 
 def _show(path: Path) -> str:
@@ -117,15 +187,15 @@ def _check_id(kind: str, rid, root: Path) -> Path:
     return root / kind / f"{rid}.json"
 
 
-def _ids(kind: str, root: Path) -> list[str]:
-    folder = root / kind
-    return sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
+def _ids(kind: str, roots) -> list[str]:
+    roots = [roots] if isinstance(roots, Path) else roots
+    return sorted({p.stem for r in roots if (r / kind).is_dir() for p in (r / kind).glob("*.json")})
 
 
 def record_ids(kind: str, root=None) -> list[str]:
-    """The ids of the records of one kind under the registry."""
+    """The ids of the records of one kind (the user registry's and the shipped ones)."""
     _check_kind(kind)
-    return _ids(kind, _root(root))
+    return _ids(kind, _roots(root))
 
 
 def _read_json(path: Path):
@@ -169,7 +239,7 @@ def _validator(kind: str, root: Path):
 
 
 def _schema(kind: str, root=None) -> dict:
-    return _validator(kind, _root(root)).schema
+    return _validator(kind, Path(root) if root is not None else REGISTRY).schema
 
 
 def _short(value, limit: int = 60) -> str:
@@ -256,12 +326,7 @@ def _check_record(kind: str, record, path: Path, expect_id: str | None) -> None:
 
 def load_record(kind: str, rid: str, root=None) -> dict:
     """Load and validate registry/<kind>/<rid>.json."""
-    _check_kind(kind)
-    r = _root(root)
-    path = _check_id(kind, rid, r)
-    if not path.is_file():
-        known = _ids(kind, r)
-        raise UserError(f"unknown {kind} id {rid!r} (known: {', '.join(known) if known else 'none'})")
+    path = record_path(kind, rid, root)
     record = _read_json(path)
     _check_record(kind, record, path, rid)
     return record
@@ -269,19 +334,21 @@ def load_record(kind: str, rid: str, root=None) -> dict:
 
 def load_all(root=None) -> dict[str, dict[str, dict]]:
     """{kind: {id: record}} for every *.json of every kind, each validated; recipe references are checked."""
-    r = _root(root)
+    roots = _roots(root)
     out: dict[str, dict[str, dict]] = {}
+    where: dict[str, Path] = {}
     for kind in KINDS:
         out[kind] = {}
-        for rid in _ids(kind, r):
-            path = r / kind / f"{rid}.json"
+        for rid in _ids(kind, roots):
+            path = next(r / kind / f"{rid}.json" for r in roots if (r / kind / f"{rid}.json").is_file())
+            where[rid] = path
             if not ID_RE.match(rid):
                 raise UserError(f"{_show(path)}: file name is not a valid record id (expected ^[a-z0-9][a-z0-9._-]*$)")
             record = _read_json(path)
             _check_record(kind, record, path, rid)
             out[kind][rid] = record
     for rid, rec in out["recipe"].items():
-        _check_refs(rec, r / "recipe" / f"{rid}.json", r, known=out)
+        _check_refs(rec, where[rid], roots, known=out)
     return out
 
 
@@ -296,7 +363,7 @@ def index(root=None) -> dict:
     return out
 
 
-def _check_refs(recipe: dict, path: Path, root: Path, known=None) -> None:
+def _check_refs(recipe: dict, path: Path, root, known=None) -> None:
     def ids(kind):
         return set(known[kind]) if known is not None else set(_ids(kind, root))
 
@@ -328,8 +395,9 @@ def check_writable(kind: str, rid, root=None, *, force: bool = False) -> Path:
 
 
 def write_record(kind: str, record: dict, root=None, *, force: bool = False) -> Path:
-    """Validate, then atomically write registry/<kind>/<id>.json; returns the path. An existing record is replaced
-    only with ``force`` (no record is replaced silently)."""
+    """Validate, then atomically write <user registry>/<kind>/<id>.json (or under ``root``); returns the path. An
+    existing record is replaced only with ``force`` (no record is replaced silently). The shipped registry is never
+    written: a record of a shipped id written to the user registry overlays it."""
     return write_records([(kind, record)], root, force=force)[0]
 
 
@@ -343,7 +411,7 @@ def write_records(items, root=None, *, force: bool = False) -> list[Path]:
         path = _check_id(kind, rid, r)
         validate(kind, record, path)
         if kind == "recipe":
-            _check_refs(record, path, r)
+            _check_refs(record, path, _roots(root))
         if path.exists() and not force:
             raise UserError(f"{_show(path)}: a {kind} record {rid!r} exists; not replacing it (pass --force to "
                             f"replace it, or give another id)")
@@ -658,9 +726,9 @@ def _check_budget(rec: dict, model: dict, hw: dict, shown: str) -> None:
 
 def resolve(recipe_id: str, overrides=(), root=None) -> Recipe:
     """Load recipe `recipe_id`, apply overrides ([(path, value)] or ["path=value"]), join its records."""
-    r = _root(root)
-    base = load_record("recipe", recipe_id, r)
-    path = r / "recipe" / f"{recipe_id}.json"
+    r = Path(root) if root is not None else REGISTRY     # schemas
+    base = load_record("recipe", recipe_id, root)
+    path = record_path("recipe", recipe_id, root)
     ovr = list(overrides or ())
     if ovr and all(isinstance(o, str) for o in ovr):
         ovr = parse_overrides(ovr)
@@ -670,10 +738,10 @@ def resolve(recipe_id: str, overrides=(), root=None) -> Recipe:
         _validate("recipe", rec, f"{_show(path)} (with --set {items})", r)
         if rec["id"] != recipe_id:
             raise UserError(f"--set id: the recipe id cannot be overridden ({rec['id']!r} != {recipe_id!r})")
-    _check_refs(rec, path, r)
-    model = load_record("model", rec["model"], r)
-    hw = load_record("hardware", rec["hardware"], r)
-    engines = [load_record("engine", e, r) for e in rec["engines"]]
+    _check_refs(rec, path, _roots(root))
+    model = load_record("model", rec["model"], root)
+    hw = load_record("hardware", rec["hardware"], root)
+    engines = [load_record("engine", e, root) for e in rec["engines"]]
     _check_budget(rec, model, hw, f"{_show(path)}{' (with --set)' if ovr else ''}")
 
     moe = model["moe"]

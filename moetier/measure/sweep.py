@@ -108,7 +108,8 @@ def _trace(path, R):
         raise UserError(f"recipe {R.id}: no trace given (--trace) and the recipe names none")
     q = Path(p)
     if not q.is_absolute() and not q.exists():
-        q = REPO / q                                  # a recipe's shipped trace is relative to the repository
+        from moetier.core import records as spec      # a recipe's trace is relative to its registry's folder
+        q = next((r / q for r in spec.data_roots() if (r / q).exists()), q)
     return _load_trace(str(q), R.layers, R.experts, R.topk, R.model_id)
 
 

@@ -2,7 +2,7 @@
 
 Contract
 --------
-``run(R, store, backend, trace, conc)`` replays routing from a trace (the same lockstep streams as the
+``run(R, store, backend, trace, conc)`` replays routing from a trace (moetier.run.router.TraceRouter) (the same lockstep streams as the
 simulator); its ``Runtime``, per layer, calls ``plan_layer`` on the *modeled* clock - so its plan decisions are exactly the
 simulator's (plan parity) - then carries the plan out for real:
 
@@ -32,6 +32,7 @@ from moetier.core.predict import make_predictor
 from moetier.core.sim import Replay, Streams, _segment_plan, rank_keys
 from moetier.core.records import deal, hands_off, idle_wake
 from moetier.bytes.transport import TransportError
+from moetier.run.router import TraceRouter
 
 EPS = 1e-6
 
@@ -113,8 +114,8 @@ class Runtime:
                           read_gap_sq=0.0, read_head_s=0.0, read_reads=0, read_predict=0,
                           read_predict_rows=0)
         self._split_end = None    # when the cpu lane's last split call ended (its worker's idle: spec.idle_wake)
-        self.cpu_pmin = int(getattr(backend, "parallel_min", 0) or 0)
-        self.cpu_workers = max(1, int(getattr(backend, "workers", 1) or 1))
+        self.cpu_pmin = int(backend.parallel_min)
+        self.cpu_workers = max(1, int(backend.workers))
         self.call_groups: dict[tuple, list] = {}      # (lane, experts, extra rows, contended) -> [calls, seconds]
 
     # -- setup --------------------------------------------------------------------------------------------------
@@ -249,8 +250,7 @@ class Runtime:
             self._book_device_call(lane, keys, picks, time.perf_counter() - t, contended)
 
     def _cancel(self, h) -> bool:
-        cancel = getattr(self.be, "cancel", None)
-        return bool(cancel(h)) if cancel is not None and getattr(h, "prefetch", False) else False
+        return bool(self.be.cancel(h)) if h.prefetch else False
 
     def _alloc_ram(self) -> int:
         """A free RAM slot; if none, reclaim the oldest wasted prefetch read's slot (waiting for it if needed)."""
@@ -275,8 +275,7 @@ class Runtime:
         book its read coverage: from its submit (the reader's timestamp, else the loop's end) to this wait (the
         span; less the lane and copy time in it, the host's head start), and to its landing (and the square of
         landing minus wait, for the spread of that gap)."""
-        c = getattr(h, "comp", h)               # the reader's completion, where the backend wraps it
-        pending = getattr(c, "state", "pending") == "pending"
+        pending = h.state == "pending"
         if issued is None:
             self._wait(h, ticket)
             return pending
@@ -285,7 +284,7 @@ class Runtime:
         t_issued, inner0, reads, predicts, predict_rows = issued
         inner_w = _inner(st)
         self._wait(h, ticket)
-        t_sub, t_land = getattr(c, "t_submit", 0.0) or t_issued, getattr(c, "t_landed", 0.0)
+        t_sub, t_land = h.t_submit or t_issued, h.t_landed
         st["read_layers"] += 1
         st["read_span_s"] += t_w - t_sub
         st["read_head_s"] += max(0.0, t_w - t_sub - (inner_w - inner0))
@@ -305,7 +304,7 @@ class Runtime:
         except (TransportError, OSError) as e:
             if ticket is not None:
                 self.L.abort(ticket)
-            raise UserError(f"transfer of key {getattr(h, 'key', '?')} failed: {e}") from None
+            raise UserError(f"transfer of key {h.key} failed: {e}") from None
         finally:
             self.stats[bucket] += time.perf_counter() - t0
 
@@ -471,7 +470,8 @@ class Runtime:
 def make_backend(name: str, st, R, conc: int, verify_rate: float = 1.0):
     """The backend ``name`` sized for recipe R at ``conc`` streams: the RAM tier plus headroom for the fills a layer
     can have in flight (demand picks of every row, prefetch budget, a few spare); unavailable -> one-line UserError."""
-    from moetier.run.contract import BackendUnavailable, get_backend
+    from moetier.run.contract import BackendUnavailable
+    from moetier.run.registry import get_backend
     headroom = 2 * conc * R.topk + 4 * int(R.policy["prefetch"].get("budget", 8)) + 8
     ram_slots = min(R.keys, R.ram_slots) + headroom
     try:
@@ -481,8 +481,12 @@ def make_backend(name: str, st, R, conc: int, verify_rate: float = 1.0):
 
 
 def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: int = 0, keep_outputs: bool = False,
-        layer_hook=None, plan_hook=None, step_hook=None, progress=None) -> dict:
-    """Run ``conc`` streams for the simulator's warm + measured steps (measured capped at max_steps)."""
+        layer_hook=None, plan_hook=None, step_hook=None, progress=None, router=None) -> dict:
+    """Run ``conc`` streams for the simulator's warm + measured steps (measured capped at max_steps).
+
+    ``router`` (moetier.run.contract.Router) picks each row's experts from its hidden state; the default replays
+    the trace (TraceRouter), which keeps every plan identical to the simulator's. Another router - the backend's
+    own, ``router=backend`` - routes live; prefetch predicts from the trace, so a live run needs prefetch off."""
     seed_mode = R.policy.get("seed", "warmup")
     warmup_tokens = int(R.policy.get("warmup_tokens", 1000))
     offsets, warm_steps, measured, wtok = _segment_plan(trace, conc, 1, seed_mode, warmup_tokens)
@@ -491,6 +495,11 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
     E, Lr, K, H = R.experts, R.layers, R.topk, store.layout.hidden
     streams = Streams(trace, conc, K, E, offsets=offsets)
     rt = Runtime(R, store, backend, conc)
+    if router is None:
+        router = TraceRouter(trace, streams, K)
+    elif rt.rp.prefetching:
+        raise UserError(f"recipe {R.id}: live routing needs policy.prefetch.depth 0 (prefetch predicts from the "
+                        f"trace, not from the live router's picks)")
     if seed_mode == "oracle":
         rt.seed_tiers(rank_keys(trace.ids[:, :, :K], E))
     elif seed_mode == "warmup" and wtok:
@@ -500,7 +509,6 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
     rp, L = rt.rp, rt.L
     rp.settle()                       # seeding's pushes are not decode traffic
     fixed_layer = R.fixed(conc) / Lr
-    weights = trace.weights
     digests, outputs = [], []
     t_model = 0.0
     wall_meas = 0.0
@@ -510,24 +518,16 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
         if meas and st0 is None:
             st0 = dict(rt.stats)
             rt.call_groups.clear()
-            reader = getattr(backend, "reader", None)
-            if reader is not None:   # read latencies and wake-ups of the measured steps only (not seeding's deep queue)
-                reader.latency_by_qd.clear()
-                reader.latency_pf_busy.clear()
-                reader.prefetch_ms.clear()
-                reader.wake_ms.clear()
-                reader.burst_ms.clear()
+            backend.begin_measured()   # read latencies and wake-ups of the measured steps only (not seeding's)
         rp.begin_step(step)
         rows = streams.rows(step)
         x = np.stack([token_state(H, i, t, seed) for i, t in rows])
         w0 = time.perf_counter()
         for layer in range(Lr):
             t_model += fixed_layer
-            rows_keys = [streams.keys[i][t][layer] for i, t in rows]
-            if weights is not None:
-                rows_w = [weights[int(trace.segments[i % trace.nseg]) + t, layer, :K].tolist() for i, t in rows]
-            else:
-                rows_w = [[1.0 / K] * K for _ in rows]
+            ids, rows_w = router.route(layer, x, rows)
+            base = layer * E
+            rows_keys = [[base + int(e) for e in r] for r in ids]
             xin = x
             y, plan, picks = rt.layer(layer, rows_keys, rows_w, x, t_model, streams, rows)
             x = rmsnorm(x + y)
@@ -566,8 +566,8 @@ def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: in
         "prefetch_reads_per_token": st["prefetch_reads"] / tokens,
         "masked_per_token": st["masked"] / tokens,
         "lossy": st["masked"] > 0,
-        "checksum_failures": int(getattr(rt.be, "stats", {}).get("checksum_failures", 0)),
-        "checksum_checked": int(getattr(rt.be, "stats", {}).get("checksum_checked", 0)),
+        "checksum_failures": int(rt.be.stats.get("checksum_failures", 0)),
+        "checksum_checked": int(rt.be.stats.get("checksum_checked", 0)),
         "digests": digests,
         "outputs": outputs if keep_outputs else None,
         "ledger": dict(L.counters),
