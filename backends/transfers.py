@@ -24,6 +24,19 @@ class FillHandle:
     def state(self):
         return self.comp.state
 
+    # the rest of a contract handle (moetier.run.contract.Handle): the read's kind and times, from the reader
+    @property
+    def prefetch(self) -> bool:
+        return bool(self.comp.prefetch)
+
+    @property
+    def t_submit(self) -> float:
+        return self.comp.t_submit
+
+    @property
+    def t_landed(self) -> float:
+        return self.comp.t_landed
+
     def __repr__(self):
         return f"FillHandle(seq={self.seq}, key={self.key}, slot={self.slot}, state={self.comp.state})"
 
@@ -32,6 +45,9 @@ class CopyHandle:
     """A push (RAM slot -> VRAM slot) or drain (VRAM slot -> RAM slot) on a copy stream, completed by an event."""
 
     __slots__ = ("seq", "key", "kind", "src", "dst", "event", "state", "error")
+    prefetch = False          # a copy is never a prefetch read, and carries no read times
+    t_submit = 0.0
+    t_landed = 0.0
 
     def __init__(self, seq, key, kind, src, dst, event):
         self.seq, self.key, self.kind, self.src, self.dst, self.event = seq, key, kind, src, dst, event

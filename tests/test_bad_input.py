@@ -35,10 +35,11 @@ def one_line_error(rc, err, *needles):
 
 @pytest.fixture
 def reg(tmp_path, monkeypatch):
-    """A private copy of the registry, made the CLI's registry."""
+    """A private copy of the registry, made the CLI's registry: the shipped one and the one written to."""
     root = tmp_path / "registry"
     shutil.copytree(spec.REGISTRY, root)
     monkeypatch.setattr(spec, "REGISTRY", root)
+    monkeypatch.setenv("MOETIER_REGISTRY", str(root))
     return root
 
 
@@ -286,6 +287,7 @@ def test_run_record_replaced_only_with_force(capsys, reg, packed, monkeypatch):
     assert (reg / "runs" / "mine.json").read_bytes() == first
     monkeypatch.undo()
     monkeypatch.setattr(spec, "REGISTRY", reg)
+    monkeypatch.setenv("MOETIER_REGISTRY", str(reg))
     assert run(capsys, *argv, "--force")[0] == 0
 
 
@@ -319,14 +321,15 @@ def test_bench_into_unwritable_registry(capsys, reg, packed, monkeypatch, tmp_pa
     (reg / "engine").symlink_to(_unwritable_dir(tmp_path))
     _no_run(monkeypatch)
     rc, _, err = run(capsys, "bench", "--store", packed, "--hardware", "local-cpu", "--engine", "new-engine",
-                     "--force")
+                     "--force", "--overlay")
     one_line_error(rc, err, "cannot write engine records")
     assert (reg / "hardware" / "local-cpu.json").read_bytes() == hw_before
 
 
 def test_bench_existing_records_need_force(capsys, reg, packed, monkeypatch):
     _no_run(monkeypatch)
-    rc, _, err = run(capsys, "bench", "--store", packed)
+    rc, _, err = run(capsys, "bench", "--store", packed, "--hardware", "local-cpu", "--engine", "numba-cpu",
+                     "--overlay")
     one_line_error(rc, err, "local-cpu", "exists", "--force")
 
 

@@ -13,7 +13,6 @@ from moetier.core import sim  # noqa: E402
 from moetier.errors import UserError  # noqa: E402
 from moetier.traces.format import load_trace  # noqa: E402
 
-from moetier.cli.common import REPO  # noqa: E402
 
 
 def check_png(path, min_colours: int = 8):
@@ -33,7 +32,7 @@ def check_png(path, min_colours: int = 8):
 @pytest.fixture(scope="module")
 def tiny():
     R = spec.resolve("tiny-ci-cpu")
-    tr = load_trace(REPO / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
+    tr = load_trace(spec.REGISTRY.parent / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
     return R, tr
 
 

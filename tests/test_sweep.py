@@ -39,8 +39,7 @@ def test_axis_values_parse_as_json_else_strings(item, values):
 def test_a_short_replay_equals_the_whole_segment_replay():
     """The simulator turns only the tokens a replay steps through into lists (Streams span): same figures."""
     R = spec.resolve("tiny-ci-cpu")
-    from moetier.cli.common import REPO
-    tr = load_trace(REPO / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
+    tr = load_trace(spec.REGISTRY.parent / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
     a = sim.Streams(tr, 3, R.topk, R.experts, offsets=[0, 5, 997])
     b = sim.Streams(tr, 3, R.topk, R.experts, offsets=[0, 5, 997], span=20)
     for step in range(20):
@@ -64,8 +63,7 @@ def test_pool_sweep_appends_resumes_and_cuts_a_torn_line(tmp_path):
     # a row is the simulator's figures for its cell
     r = next(r for r in rows if r["conc"] == 2 and r["policy"] == "lfu" and r["overrides"] == ["budget.ram_gb=0.01"])
     R = spec.resolve("tiny-ci-cpu", spec.parse_overrides(["budget.ram_gb=0.01", "policy.ram_evict=lfu"]))
-    from moetier.cli.common import REPO
-    ref = sim.run(R, load_trace(REPO / R.trace, layers=R.layers, experts=R.experts, topk=R.topk), 2, max_steps=12)
+    ref = sim.run(R, load_trace(spec.REGISTRY.parent / R.trace, layers=R.layers, experts=R.experts, topk=R.topk), 2, max_steps=12)
     assert r["tok_s"] == ref["tok_s"] and r["nvme_per_tok"] == ref["nvme_per_tok"]
     assert S.sweep(cells, out, workers=2)["ran"] == 0
 
