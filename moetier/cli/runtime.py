@@ -308,6 +308,13 @@ def _ablate(args) -> int:
                             "rows": [{"removed": n, "terms": m, **c} for n, m, c in r["rows"]]}
                            for rec, r in zip(recs, res)], "earns": verdict})
         return 0
+    _print_ablation(recs, res, verdict, need)
+    return 0
+
+
+def _print_ablation(recs, res, verdict: dict, need: int) -> None:
+    """The ablation as markdown: each record's re-predicted figures, then one row per removal."""
+    from moetier.measure import ablate
     for rec, r in zip(recs, res):
         b = r["base"]
         print(f"{rec.get('id')}: median |error| {b['median_abs_error_pct']:.2f}%, max {b['max_abs_error_pct']:.2f}%, "
@@ -320,17 +327,16 @@ def _ablate(args) -> int:
         cells = []
         for r in res:
             c = next((c for n, _, c in r["rows"] if n == name), None)
-            if c is None:
-                cells.append("-")
-                continue
-            w = f"{c['worst_bucket'][0]} {c['worst_bucket'][1]:+.1f}" if c["worst_bucket"] else "-"
-            mark = "*" if ablate.earns(c, r["drift"]) else ""
-            cells.append(f"{c['median']:+.2f} / {c['max']:+.2f} / {c['held_out']:+.2f} / {c['buckets'][0]}/"
-                         f"{c['buckets'][1]} / {w}{mark}")
+            cells.append("-" if c is None else _ablation_cell(c, ablate.earns(c, r["drift"])))
         print(f"| {name} | " + " | ".join(cells) + f" | {'yes' if verdict[name] else 'no'} |")
     print(f"\n*: worsens the median or max |error| by more than that record's pass drift; earns: on at least "
           f"{need} record(s)")
-    return 0
+
+
+def _ablation_cell(c: dict, earns: bool) -> str:
+    w = f"{c['worst_bucket'][0]} {c['worst_bucket'][1]:+.1f}" if c["worst_bucket"] else "-"
+    return (f"{c['median']:+.2f} / {c['max']:+.2f} / {c['held_out']:+.2f} / {c['buckets'][0]}/{c['buckets'][1]} / "
+            f"{w}{'*' if earns else ''}")
 
 
 def _load_run(path: str) -> dict:

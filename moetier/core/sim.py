@@ -445,8 +445,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
         "prefetch": {
             "predictor": getattr(predictor, "name", "none"),
             "issued_per_tok": pf_issued / tokens,
-            "precision": pf_used / pf_issued if pf_issued else None,
-            "recall": pf_used / nvme_picks if nvme_picks else None,
+            **_precision_recall(pf_used, pf_issued, nvme_picks),
             "cancelled": chan.pf_cancelled - cancel0,
             "wasted_reads": pf_wasted,
             "wasted_bytes": pf_wasted * R.nvme_expert_bytes,
@@ -461,6 +460,11 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
     if tl is not None:
         out["timeline"] = tl.series
     return out
+
+
+def _precision_recall(used: int, issued: int, nvme_picks: int) -> dict:
+    """The prefetch's precision (used over issued) and recall (used over NVMe picks); None where undefined."""
+    return {"precision": used / issued if issued else None, "recall": used / nvme_picks if nvme_picks else None}
 
 
 def _book(acc: dict, plan, picks: dict, t0_layer: float, cv2: float, lane_var: float) -> None:

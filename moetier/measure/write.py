@@ -47,27 +47,7 @@ def write_terms(recipe_id: str, terms: dict, when: str, vram_engine: str) -> Non
         if eng_id in terms.get("head_per_read_ms_by_engine", {}):
             eng["head_per_read_ms"] = round(terms["head_per_read_ms_by_engine"][eng_id], 6)
         if eng_id in tables:
-            eng["nvme_latency_by_rows_qd_ms"] = tables[eng_id]
-            eng["nvme_latency_record_bytes"] = record_bytes
-            for field in CHANNEL_FIELDS:
-                eng.pop(field, None)          # a table from an earlier run must not outlive its own
-                if terms.get(field, {}).get(eng_id):
-                    eng[field] = terms[field][eng_id]
-            eng["nvme_latency_note"] = (f"moetier calibrate {when}: mean submit-to-landed of the runtime's demand "
-                                        f"reads by rows per step and demand queue depth, under this engine's load "
-                                        f"(fit arms, measured steps); deeper queues: the hardware's idle-disk "
-                                        f"figures. nvme_wake_ms_by_rows: mean delay from a read landing to the "
-                                        f"blocked waiter resuming; nvme_latency_cv_shared/own_by_rows: latency sd / "
-                                        f"mean, the part a layer's reads share and each read's own; "
-                                        f"lane_lateness_sd_ms_by_rows: sd of the host reaching its first wait "
-                                        f"beyond the plan's, from landing minus wait start; "
-                                        f"nvme_latency_prefetch_factor_by_rows: latency of a demand read that found "
-                                        f"a prefetch read in service, over the model's figure without one; "
-                                        f"nvme_prefetch_ms_by_rows: started-to-landed of a prefetch read alone; "
-                                        f"nvme_prefetch_share_ms_by_rows: how much longer per demand read beside it; "
-                                        f"nvme_prefetch_sd_ms_by_rows: the sd of a prefetch read about those; "
-                                        f"nvme_latency_by_rows_burst_pf_ms: the burst table of bursts issued "
-                                        f"beside a prefetch read in service")
+            _write_channel(eng, terms, tables[eng_id], record_bytes, when)
         eng["source"] = src
         writes.append(("engine", eng))
     rec["calibration"]["fixed_ms"] = terms["fixed_ms"]
@@ -87,6 +67,31 @@ def write_terms(recipe_id: str, terms: dict, when: str, vram_engine: str) -> Non
         hw["nvme"]["latency_note"] = "latency_by_qd_ms: moetier bench on an idle disk"
         hw_changed = True
     spec.write_records(writes + ([("hardware", hw)] if hw_changed else []), force=True)
+
+
+def _write_channel(eng: dict, terms: dict, table: dict, record_bytes: int, when: str) -> None:
+    """The engine's NVMe latency table and the channel terms fitted with it; a term an earlier run left goes."""
+    eng["nvme_latency_by_rows_qd_ms"] = table
+    eng["nvme_latency_record_bytes"] = record_bytes
+    for field in CHANNEL_FIELDS:
+        eng.pop(field, None)          # a table from an earlier run must not outlive its own
+        if terms.get(field, {}).get(eng["id"]):
+            eng[field] = terms[field][eng["id"]]
+    eng["nvme_latency_note"] = (f"moetier calibrate {when}: mean submit-to-landed of the runtime's demand "
+                                f"reads by rows per step and demand queue depth, under this engine's load "
+                                f"(fit arms, measured steps); deeper queues: the hardware's idle-disk "
+                                f"figures. nvme_wake_ms_by_rows: mean delay from a read landing to the "
+                                f"blocked waiter resuming; nvme_latency_cv_shared/own_by_rows: latency sd / "
+                                f"mean, the part a layer's reads share and each read's own; "
+                                f"lane_lateness_sd_ms_by_rows: sd of the host reaching its first wait "
+                                f"beyond the plan's, from landing minus wait start; "
+                                f"nvme_latency_prefetch_factor_by_rows: latency of a demand read that found "
+                                f"a prefetch read in service, over the model's figure without one; "
+                                f"nvme_prefetch_ms_by_rows: started-to-landed of a prefetch read alone; "
+                                f"nvme_prefetch_share_ms_by_rows: how much longer per demand read beside it; "
+                                f"nvme_prefetch_sd_ms_by_rows: the sd of a prefetch read about those; "
+                                f"nvme_latency_by_rows_burst_pf_ms: the burst table of bursts issued "
+                                f"beside a prefetch read in service")
 
 
 def copy_gbps(record_bytes: int, copy_ms: float) -> float:
