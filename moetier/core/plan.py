@@ -84,6 +84,8 @@ def _ram_lanes(ctx, ram_l, g, llc, cpu_list, zc_list, force=None, reads: int = 0
     if reads:
         zpl += ctx.zc_read * reads + ctx.zc_busy
     W, pmin, cpc, hoff = ctx.cpu_workers, ctx.cpu_pmin, ctx.cpu_call, ctx.cpu_handoff
+    if W == 1 and force is None:
+        return _ram_lanes_one(ram_l, g, llc, cpu_list, zc_list, cpl, cpe, cpx, zpl, zpe, zpx, pmin, cpc)
     c, zc_on = 0.0, False
     n_c, work_c = 0, 0.0              # the cpu batch so far: experts and summed one-thread work
     shares, crit = [0.0] * W, 0.0     # per thread of a split call: its work; the longest
@@ -126,6 +128,45 @@ def _ram_lanes(ctx, ram_l, g, llc, cpu_list, zc_list, force=None, reads: int = 0
         return g, c, sum(share_cold), None
     i = shares.index(crit)
     return g, c, sum(share_cold), (share_cold[i], share_extra[i])
+
+
+def _ram_lanes_one(ram_l, g, llc, cpu_list, zc_list, cpl, cpe, cpx, zpl, zpe, zpx, pmin, cpc):
+    """_ram_lanes for a cpu lane of one thread dealing on its own costs: the same deal and times, without the
+    per-thread shares (one thread's share is the batch's work; a split call never hands off, spec.hands_off). The
+    hot case: it runs once per layer call."""
+    c, zc_on = 0.0, False
+    n_c, work_c, crit, cold, extra = 0, 0.0, 0.0, 0.0, 0
+    factor = llc.factor if llc is not None else None
+    to_c, to_z = cpu_list.append, zc_list.append
+    f = 1.0
+    for m, k in ram_l:
+        if factor is not None:
+            f = factor(k)
+        ge = g if zc_on else g + zpl
+        if m > 1:
+            w = cpe * f + cpx * (m - 1)
+            ge = ge + zpe + zpx * (m - 1)
+        else:
+            w = cpe * f
+            ge = ge + zpe
+        work1 = work_c + w
+        if n_c + 1 < pmin:
+            ce = cpc + work1
+        else:
+            ce = cpl + (work1 if work1 > crit else crit)
+        if (ce if ce > g else g) <= (c if c > ge else ge):
+            c = ce
+            n_c += 1
+            work_c = work1
+            if work1 > crit:
+                crit = work1
+            cold += f
+            extra += m - 1
+            to_c(k)
+        else:
+            g, zc_on = ge, True
+            to_z(k)
+    return g, c, cold, (cold, extra) if n_c and n_c >= pmin else None
 
 
 def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChannel | None,
@@ -194,10 +235,12 @@ def _by_tier(ledger, picks: dict, vram_l: list) -> tuple[list, list]:
     to_ram, to_vram, to_nvme = ram_l.append, vram_l.append, nvme_l.append
     for k, m in picks.items():
         s = sget(k, absent)
-        if s == RAM or s == PUSHING:
+        if s == RAM:
             to_ram((m, k))
         elif s == VRAM:
             to_vram(k)
+        elif s == PUSHING:
+            to_ram((m, k))
         else:
             to_nvme(k)
     return ram_l, nvme_l
