@@ -217,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_trace)
     from moetier.cli import model as cli_model
     cli_model.register(sub, _Parser)
+    from moetier.cli import compare as cli_compare
+    cli_compare.register(sub, _Parser)
     _extend(sub)
     _finish(p)
     _registry_everywhere(p)

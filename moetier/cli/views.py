@@ -44,7 +44,10 @@ def _ms(o: dict) -> list[str]:
 
 
 def _lossy(o: dict) -> str:
-    return f" (lossy: {o['masked_per_tok']:.1f} masked/tok)" if o.get("masked_per_tok") else ""
+    if not o.get("masked_per_tok"):
+        return ""
+    share = f"{100 * o['masked_share']:.1f}% masked, " if o.get("masked_share") is not None else ""
+    return f" (lossy: {share}{o['masked_per_tok']:.1f} masked/tok)"
 
 
 def print_decode(results, title: str | None = None) -> None:

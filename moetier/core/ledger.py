@@ -24,11 +24,19 @@ Eviction never picks a protected key (the picks of the layer being planned) nor 
 If no slot can be freed the admission is refused: the key simply stays where it was (RAM) or lands nowhere (a
 staged NVMe record is dropped after use) - never a silent eviction of a key the current layer computes.
 
+Replacement: VRAM runs CLOCK and RAM an LRU (or the window LFU) on the hot path; ``ram_policy`` /
+``vram_policy`` may instead name a policy of moetier.core.policies.residency (2q, slru, sieve, s3fifo, wtinylfu,
+dlfu, ...) or be such a policy object (the oracle's Belady), and ``ram_partition="layer"`` gives every layer its own
+share of the RAM slots (``layers`` and ``experts`` say how keys map to layers). A policy that refuses the incoming
+key (Belady's bypass, W-TinyLFU's filter) refuses the admission as a pinned tier does.
+
 Pure Python, no I/O: this sits on the decode critical path, so lookups are plain dict reads.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
+
+from moetier.core.policies import residency
 
 ABSENT, FILLING, STAGED, RAM, PUSHING, VRAM, DRAINING = 0, 1, 2, 3, 4, 5, 6
 STATE_NAMES = ("absent", "filling", "staged", "ram", "pushing", "vram", "draining")
@@ -67,9 +75,9 @@ class Clock:
         self.slot_of: dict[int, int] = {}
         self.hand = 0
 
-    def find_victim_slot(self, protect, state) -> int:
+    def find_victim_slot(self, protect, state, key=None) -> int:
         """Slot to reuse, or -1 if every slot is pinned: a protected key (this layer's picks) or a key whose state
-        is not plain VRAM (a transfer in flight)."""
+        is not plain VRAM (a transfer in flight). ``key``: the incoming key (CLOCK does not need it)."""
         n, owner, ref = self.n, self.owner, self.ref
         h = self.hand
         for _ in range(2 * n + 1):
@@ -102,6 +110,55 @@ class Clock:
         self.ref[s] = 0
 
 
+class PolicySlots(Clock):
+    """VRAM slots ordered by a replacement policy (moetier.core.policies.residency) instead of CLOCK: the same
+    slot map; ``hit`` tells the policy a VRAM key was computed (CLOCK's reference bit)."""
+
+    __slots__ = ("pol",)
+
+    def __init__(self, n: int, pol):
+        super().__init__(n)
+        self.pol = pol
+
+    def find_victim_slot(self, protect, state, key=None) -> int:
+        if len(self.slot_of) < self.n:
+            return self.owner.index(-1)
+        v = self.pol.victim(key, lambda k: k not in protect and state.get(k) == VRAM)
+        if v is None or v == key:
+            return -1
+        return self.slot_of[v]
+
+    def place(self, slot: int, key: int) -> int:
+        old = super().place(slot, key)
+        if old >= 0:
+            self.pol.remove(old)
+        self.pol.insert(key)
+        return old
+
+    def remove(self, key: int) -> None:
+        super().remove(key)
+        self.pol.remove(key)
+
+    def hit(self, keys) -> None:
+        for k in keys:
+            self.pol.hit(k)
+
+
+def _policy(spec, slots: int, layers, experts, partition: str, field: str):
+    """A residency policy object from a name (or the object itself), split per layer when asked; ``field``: the
+    recipe field that named it (errors name it)."""
+    if not isinstance(spec, str):
+        return spec
+    try:
+        if partition == "layer":
+            if not layers or not experts:
+                raise ValueError("a per-layer split needs layers and experts")
+            return residency.partitioned(spec, slots, layers, experts)
+        return residency.make(spec, slots)
+    except ValueError as e:
+        raise ValueError(f"policy.{field}: {e}") from None
+
+
 class Ledger:
     """Residency of every key across VRAM / RAM / NVMe.
 
@@ -110,14 +167,20 @@ class Ledger:
     """
 
     def __init__(self, keys: int, vram_slots: int, ram_slots: int, *, exclusive: bool = True,
-                 ram_policy: str = "lru"):
+                 ram_policy="lru", vram_policy=None, ram_partition: str = "global", layers: int | None = None,
+                 experts: int | None = None):
         self.keys = keys
         self.vram_slots = max(0, min(int(vram_slots), keys))
         self.ram_slots = max(0, int(ram_slots))
         self.exclusive = exclusive
         self.all_in_ram = self.ram_slots >= keys
         self._no_ram_lru = self.all_in_ram or self.ram_slots == 0   # nothing to track in the RAM LRU
-        self.clock = Clock(self.vram_slots)
+        self._vpol = None
+        if vram_policy is not None and vram_policy != "clock" and self.vram_slots:
+            self._vpol = _policy(vram_policy, self.vram_slots, layers, experts, "global", "vram_evict")
+            self.clock = PolicySlots(self.vram_slots, self._vpol)
+        else:
+            self.clock = Clock(self.vram_slots)
         self.ram: OrderedDict[int, None] = OrderedDict()   # oldest first
         self.state: dict[int, int] = {}                    # key -> state (ABSENT keys are not stored)
         self._pending: dict[int, Ticket] = {}
@@ -126,8 +189,19 @@ class Ledger:
         self.step = 0
         self.counters = {"vram_evictions": 0, "ram_evictions": 0, "refused_admissions": 0, "lfu_evictions": 0}
         self._lfu_window, self._lfu_halflife = 0, 0.0
+        if ram_partition not in ("global", "layer"):
+            raise ValueError(f"policy.ram_partition: expected 'global' or 'layer', got {ram_partition!r}")
         self.ram_policy = ram_policy or "lru"
-        if self.ram_policy != "lru":
+        # a policy object (the per-layer split, or a policy other than the built-in LRU / window LFU) orders the RAM
+        # tier; the built-in ones keep their inlined paths
+        self._rpol = None
+        builtin = isinstance(self.ram_policy, str) and (self.ram_policy == "lru" or self.ram_policy.startswith("lfu"))
+        if (not builtin or ram_partition == "layer") and not self._no_ram_lru:
+            spec = self.ram_policy
+            if isinstance(spec, str) and spec.startswith("lfu:"):
+                raise ValueError("policy.ram_evict: the window LFU ('lfu:...') is global only; use 'dlfu' per layer")
+            self._rpol = _policy(spec, self.ram_slots, layers, experts, ram_partition, "ram_evict")
+        elif builtin and self.ram_policy != "lru":
             parts = self.ram_policy.split(":")
             if parts[0] != "lfu" or len(parts) > 3:
                 raise ValueError(f"policy.ram_evict: expected 'lru' or 'lfu[:window[:halflife]]', got {ram_policy!r}")
@@ -202,7 +276,7 @@ class Ledger:
         if self.vram_slots == 0:
             raise ResidencyError(f"begin_push({key}): no VRAM tier")
         state = self.state
-        slot = self.clock.find_victim_slot(protect, state)
+        slot = self.clock.find_victim_slot(protect, state, key)
         if slot < 0:
             self.counters["refused_admissions"] += 1
             return None
@@ -245,18 +319,22 @@ class Ledger:
         state, ram, counters = self.state, self.ram, self.counters
         find, owner, slot_of, ref = clock.find_victim_slot, clock.owner, clock.slot_of, clock.ref
         all_in_ram, exclusive = self.all_in_ram, self.exclusive
+        vpol = self._vpol is not None
         admitted = 0
         for key in keys:
-            slot = find(protect, state)
+            slot = find(protect, state, key)
             if slot < 0:
                 counters["refused_admissions"] += 1
                 continue
-            victim = owner[slot]                 # Clock.place, inlined: this runs per admission in the simulator
-            if victim >= 0:
-                del slot_of[victim]
-            owner[slot] = key
-            slot_of[key] = slot
-            ref[slot] = 1
+            if vpol:
+                victim = clock.place(slot, key)  # a replacement policy orders the slots
+            else:
+                victim = owner[slot]             # Clock.place, inlined: this runs per admission in the simulator
+                if victim >= 0:
+                    del slot_of[victim]
+                owner[slot] = key
+                slot_of[key] = slot
+                ref[slot] = 1
             if victim >= 0:
                 # the victim drains into RAM while the pushed key's RAM copy is still held (the ticket path's order)
                 counters["vram_evictions"] += 1
@@ -271,7 +349,7 @@ class Ledger:
                     del state[victim]
             state[key] = VRAM
             if not staged and exclusive and key in ram:
-                del ram[key]
+                self._ram_del(key)
             admitted += 1
         return admitted
 
@@ -319,7 +397,7 @@ class Ledger:
             if ticket.staging:
                 return (key,)                # the staging slot is free again
             if self.exclusive and key in self.ram:
-                del self.ram[key]
+                self._ram_del(key)
                 return (key,)                # exclusive tier: the RAM copy's slot is free again
             return ()
         # drain: the evicted VRAM copy is back in a RAM slot
@@ -338,12 +416,44 @@ class Ledger:
             del self.state[key]
 
     # ---- tier mechanics -------------------------------------------------------------------------------------
+    def ram_hit(self, keys) -> None:
+        """RAM keys computed in place: their recency (or the RAM policy's use count)."""
+        if self._no_ram_lru:
+            return
+        ram = self.ram
+        if self._rpol is not None:
+            hit = self._rpol.hit
+            for k in keys:
+                if k in ram:
+                    hit(k)
+            return
+        mte = ram.move_to_end
+        for k in keys:
+            mte(k)
+
+    def vram_hit(self, keys) -> None:
+        """VRAM keys computed: CLOCK's reference bit (or the VRAM policy's use)."""
+        clock = self.clock
+        if self._vpol is not None:
+            clock.hit(keys)
+            return
+        ref, slot_of = clock.ref, clock.slot_of
+        for k in keys:
+            ref[slot_of[k]] = 1
+
+    def _ram_del(self, key: int) -> None:
+        del self.ram[key]
+        if self._rpol is not None:
+            self._rpol.remove(key)
+
     def _ram_put(self, key: int, protect=()):
         """Put key at the most-recent end of the RAM LRU; returns the keys whose RAM slot is free (a tuple)."""
         ram, state = self.ram, self.state
         if self._no_ram_lru:
             state.pop(key, None)
             return ()
+        if self._rpol is not None:
+            return self._ram_put_policy(key, protect)
         if key in ram:
             ram.move_to_end(key)
             state[key] = RAM
@@ -368,6 +478,32 @@ class Ledger:
             self.counters["ram_evictions"] += 1
             out = (victim,)
         ram[key] = None                  # a new key enters at the most-recent end
+        state[key] = RAM
+        return out
+
+    def _ram_put_policy(self, key: int, protect):
+        """_ram_put with a policy object ordering the tier (and, per layer, sizing it)."""
+        ram, state, pol = self.ram, self.state, self._rpol
+        if key in ram:
+            pol.hit(key)
+            state[key] = RAM
+            return ()
+        out = ()
+        full = pol.full(key) if isinstance(pol, residency.Partitioned) else len(ram) >= self.ram_slots
+        if full:
+            evictable = (RAM,) if self.exclusive else (RAM, VRAM)
+            victim = pol.victim(key, lambda k: k not in protect and k in ram and state.get(k) in evictable)
+            if victim is None or victim == key:
+                self.counters["refused_admissions"] += 1
+                state.pop(key, None)
+                return (key,)
+            self._ram_del(victim)
+            if state[victim] == RAM:
+                del state[victim]
+            self.counters["ram_evictions"] += 1
+            out = (victim,)
+        ram[key] = None
+        pol.insert(key)
         state[key] = RAM
         return out
 
@@ -421,6 +557,8 @@ class Ledger:
         for k in reversed(ram_keys):        # coldest first, so the hottest sits at the most-recent end
             if self.state.get(k) == VRAM:
                 self.ram[k] = None          # inclusive copy
+                if self._rpol is not None:
+                    self._rpol.insert(k)
                 continue
             self.land(self.begin_fill(k))
 

@@ -15,6 +15,13 @@ executor filters the ranking to keys that need an NVMe read and caps it at the p
   positives, so it bounds what a predictor of that recall can give.
 - ``transition``: a real, past-only predictor: online counts of (expert at layer l -> expert at layer l+depth) for
   the same token, plus the target layer's popularity as a tie-breaker.
+- ``gated``: the same online counts read as probabilities, with a confidence threshold and a read budget per token,
+  both adapted online from its own precision (``GatedPredictor``): a read is worth issuing only when it is likely
+  to be used, so on routing the past does not predict it issues next to nothing (no cost against no prefetch), and
+  where it does it issues what passes the threshold.
+
+A predictor may also have ``begin_step(step)`` (called as a decode step starts) and ``issued(layer, ids)`` (the
+local ids of the target layer the executor read for it, after its filter and cap).
 """
 from __future__ import annotations
 
@@ -66,6 +73,83 @@ class TransitionPredictor:
             self.pop[layer + self.depth][b] += 1.0
 
 
+class GatedPredictor:
+    """Transition counts as probabilities, gated by a confidence threshold and a per-token read budget.
+
+    P(e at l+depth | a at l) = count(a -> e) / count(a), read only once ``a`` has been seen ``min_seen`` times; the
+    chance a row picks e is 1 - prod over the row's picks (1 - P); over rows the same. An expert is returned when
+    that chance is at least ``threshold``, most likely first, while the step's reads stay under ``budget``.
+    Both adapt to the precision of what the executor issued (the share of issued reads the target layer picked,
+    an average over the last ~``window`` reads): below ``target`` the threshold rises by ``step`` and the budget
+    halves; above target + 0.1 the threshold falls by step / 2 (not below ``floor``) and the budget grows by one
+    read per token up to ``max_budget``. A wasted read costs NVMe time a demand read may need, a used one saves
+    a demand read's latency, so the target precision is where the two balance (0.6 by default: see
+    docs/predict.md).
+    """
+    name = "gated"
+    uses_future = False
+
+    def __init__(self, layers: int, experts: int, depth: int = 1, *, threshold: float = 0.5,
+                 target: float = 0.6, budget: float | None = None, max_budget: float | None = None,
+                 min_seen: int = 8, step: float = 0.02, floor: float = 0.2, window: int = 200):
+        self.depth, self.experts = depth, experts
+        self.counts = np.zeros((max(layers - depth, 1), experts, experts), dtype=np.float32)
+        self.seen = np.zeros((max(layers - depth, 1), experts), dtype=np.float32)
+        self.threshold, self.target, self.step, self.floor = float(threshold), float(target), step, floor
+        self.max_budget = float(max_budget if max_budget is not None else layers * 4)
+        self.budget = float(budget if budget is not None else self.max_budget / 4)
+        self.min_seen, self.alpha = min_seen, 1.0 / max(1, window)
+        self.precision = target            # running precision of the issued reads
+        self.step_reads = 0
+        self.pending: dict = {}            # target layer -> local ids issued for it this step
+
+    def begin_step(self, step: int) -> None:
+        self.step_reads = 0
+        self.pending.clear()
+
+    def predict(self, layer, rows, future=None):
+        left = int(self.budget) - self.step_reads
+        if left <= 0 or layer >= len(self.counts):
+            return []
+        c, n = self.counts[layer], self.seen[layer]
+        miss = np.ones(self.experts, dtype=np.float64)
+        for r in rows:
+            ok = [a for a in r if n[a] >= self.min_seen]
+            if ok:
+                p = c[ok] / n[ok][:, None]
+                miss *= np.prod(1.0 - p, axis=0)
+        prob = 1.0 - miss
+        cand = np.flatnonzero(prob >= self.threshold)
+        if not len(cand):
+            return []
+        cand = cand[np.argsort(-prob[cand], kind="stable")][:left]
+        return cand.tolist()
+
+    def issued(self, layer, ids) -> None:
+        self.step_reads += len(ids)
+        self.pending.setdefault(layer + self.depth, []).extend(ids)
+
+    def observe(self, layer, rows, target_rows):
+        c, n = self.counts[layer], self.seen[layer]
+        for a, b in zip(rows, target_rows):
+            c[np.ix_(a, b)] += 1.0
+            n[a] += 1.0
+        ids = self.pending.pop(layer + self.depth, None)
+        if not ids:
+            return
+        truth = set()
+        for b in target_rows:
+            truth.update(b)
+        for e in ids:
+            self.precision += self.alpha * ((1.0 if e in truth else 0.0) - self.precision)
+        if self.precision < self.target:
+            self.threshold = min(0.99, self.threshold + self.step)
+            self.budget = max(1.0, self.budget / 2)
+        elif self.precision > self.target + 0.1:
+            self.threshold = max(self.floor, self.threshold - self.step / 2)
+            self.budget = min(self.max_budget, self.budget + 1.0)
+
+
 def make_predictor(policy: dict, layers: int, experts: int):
     """Build the predictor the recipe's policy.prefetch asks for, or None when prefetch is off."""
     pf = policy.get("prefetch") or {}
@@ -78,4 +162,9 @@ def make_predictor(policy: dict, layers: int, experts: int):
         return RecallOracle(recall, experts, depth) if recall > 0 else None
     if kind == "transition":
         return TransitionPredictor(layers, experts, depth)
-    raise ValueError(f"policy.prefetch.predictor: expected 'recall', 'transition' or 'none', got {kind!r}")
+    if kind == "gated":
+        kw = {k: float(pf[k]) for k in ("threshold", "target") if pf.get(k) is not None}
+        if pf.get("read_budget") is not None:
+            kw["max_budget"] = float(pf["read_budget"])
+        return GatedPredictor(layers, experts, depth, **kw)
+    raise ValueError(f"policy.prefetch.predictor: expected 'recall', 'transition', 'gated' or 'none', got {kind!r}")

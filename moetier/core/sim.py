@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
 
 import numpy as np
 
@@ -32,7 +31,6 @@ from moetier.core.terms import ChannelTerms, PlanContext
 from moetier.core.predict import make_predictor
 
 ORACLE_WARM_STEPS = 200
-_consume = deque(maxlen=0).extend       # runs an iterator to its end in C (the commit's per-pick recency updates)
 
 
 def rank_keys(ids: np.ndarray, experts: int) -> np.ndarray:
@@ -100,8 +98,13 @@ class Replay:
     def __init__(self, R, *, predictor=None, rows: int = 1):
         self.R = R
         self.ctx = PlanContext.from_recipe(R, rows)
+        if R.policy.get("vram_admit") is False:     # static VRAM: what the GPU computes from RAM or NVMe stays out
+            self.ctx.can_admit = False
         self.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, exclusive=R.policy.get("ram", "exclusive")
-                             == "exclusive", ram_policy=R.policy.get("ram_evict", "lru"))
+                             == "exclusive", ram_policy=R.policy.get("ram_evict", "lru"),
+                             vram_policy=R.policy.get("vram_evict"),
+                             ram_partition=R.policy.get("ram_partition", "global"), layers=R.layers,
+                             experts=R.experts)
         nvme, engines = R.hardware.get("nvme", {}), getattr(R, "engines", ())
         terms = ChannelTerms.at_rows(nvme, rows, engines, R.nvme_expert_bytes, (R.experts, R.topk))
         self.chan = NvmeChannel(R.nvme_expert_bytes, R.nvme_bw_gbps, bw_qd1_gbps=R.nvme_bw_qd1_gbps,
@@ -118,6 +121,10 @@ class Replay:
         self.admissions = 0       # RAM -> VRAM pushes of resident (zerocopy) picks, counted by the executors
         self.split_end = None     # when the cpu lane's last split call ended (model ms): its worker's idle
         self._copies = 0
+        # a peer's hooks (moetier.core.policies.peers.attach): ``deal(ledger, picks)`` -> the lanes of a layer's
+        # picks (None: the planner's), ``before(layer)`` ahead of each layer's plan (the oracle's clock)
+        self.deal = None
+        self.before = None
 
     def settle(self) -> tuple[float, float]:
         """(link ms, host ms) of the admissions and drains since the last call when the engine runs them after the
@@ -147,16 +154,16 @@ class Replay:
                 self.llc.touch(plan.nvme_cpu + plan.nvme_gpu)
         L = self.ledger
         if plan.gpu:
-            ref, slot_of = L.clock.ref, L.clock.slot_of
-            for k in plan.gpu:
-                ref[slot_of[k]] = 1
+            L.vram_hit(plan.gpu)
         if plan.cpu and not L.all_in_ram:
-            _consume(map(L.ram.move_to_end, plan.cpu))
+            L.ram_hit(plan.cpu)
 
     def begin_step(self, step: int) -> None:
         self.ledger.step = step
         if self.predictor is not None and hasattr(self.predictor, "salt"):
             self.predictor.salt = step
+        if self.predictor is not None and hasattr(self.predictor, "begin_step"):
+            self.predictor.begin_step(step)
 
     def after_plan(self, layer: int, plan: LayerPlan, streams, rows, t0: float, *, on_expire=None,
                    on_issue=None) -> None:
@@ -186,6 +193,10 @@ class Replay:
         """One layer on modeled time (the simulator's executor; the runtime interleaves the same calls with its real
         work): plan at ``t`` (keeping ``lanes``' deal where given: plan_layer), prefetch for the layers ahead,
         commit the plan's intents, the LFU counts."""
+        if self.before is not None:
+            self.before(layer)
+        if lanes is None and self.deal is not None:
+            lanes = self.deal(self.ledger, picks)
         plan = plan_layer(self.ctx, self.ledger, picks, t, self.chan, self.llc, lanes, self.idle(t))
         if self.prefetching:
             self.after_plan(layer, plan, streams, rows, t)
@@ -225,7 +236,8 @@ class Replay:
                         self.pf_used += 1
                         L.land(tk)
                         L.drop_staged(k)
-            L.pushes_landed(plan.nvme_gpu, picks, staged=True)   # refused (all slots pinned): computed from staging
+            if self.ctx.can_admit:          # static VRAM (policy.vram_admit false): computed from staging, dropped
+                L.pushes_landed(plan.nvme_gpu, picks, staged=True)   # refused (all slots pinned): from staging
 
     # -- prefetch -----------------------------------------------------------------------------------------------
     def prefetch(self, layer: int, rows_local, future, t: float) -> list:
@@ -244,6 +256,8 @@ class Replay:
                 want.append(k)
                 if len(want) >= self.pf_budget:
                     break
+        if hasattr(self.predictor, "issued"):
+            self.predictor.issued(layer, [k - base for k in want])
         if not want:
             return want
         self.chan.prefetch(t, want)
@@ -298,14 +312,18 @@ def _coverage(acc) -> dict:
             "gap_sd_ms": math.sqrt(plan_var + acc["gap_var"] / n)}
 
 
-def _seed(rp: Replay, trace, seed_mode: str, wtok: int) -> None:
-    """Seed the replay's tiers as policy.seed says (module docstring); seeding's pushes are not decode traffic."""
+def _seed(rp: Replay, trace, seed_mode: str, wtok: int, order=None) -> None:
+    """Seed the replay's tiers as policy.seed says (module docstring); seeding's pushes are not decode traffic.
+    ``order(ranked)``: a peer's static placement order from the hottest-first keys."""
     R = rp.R
+    ranked = None
     if seed_mode == "oracle":
-        rp.ledger.seed(rank_keys(trace.ids[:, :, :R.topk], R.experts))
+        ranked = rank_keys(trace.ids[:, :, :R.topk], R.experts)
     elif seed_mode == "warmup" and wtok:
         warm = np.concatenate([trace.segment(s)[:wtok, :, :R.topk] for s in range(trace.nseg)])
-        rp.ledger.seed(rank_keys(warm, R.experts))
+        ranked = rank_keys(warm, R.experts)
+    if ranked is not None or order is not None:
+        rp.ledger.seed(order(ranked if ranked is not None else []) if order is not None else ranked)
     rp.settle()                       # seeding's pushes are not decode traffic
 
 
@@ -338,12 +356,16 @@ def _same_tiers(a: LayerPlan, b: LayerPlan) -> bool:
 
 
 def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_ms: float = 0.0,
-        max_steps: int = 0, progress=None, plan_hook=None, choose=None, timeline: bool = False) -> dict:
+        max_steps: int = 0, progress=None, plan_hook=None, choose=None, timeline: bool = False,
+        peer=None) -> dict:
     """Replay ``trace`` through recipe ``R`` at ``conc`` streams; returns the report dict (see module docstring).
     ``timeline``: also return, per measured step, the experts each tier served and the tiers' occupancy
     (``out["timeline"]``, _Timeline: a few integers a step, read from counters the replay keeps anyway)
     ``choose``: the recipe a predicted run planned on (moetier.measure.calibrate: the plan pass's terms): a replay of
-    it on its own clock deals every pick to its lane, as that run did, and ``R``'s terms time the deal (_Dealer)."""
+    it on its own clock deals every pick to its lane, as that run did, and ``R``'s terms time the deal (_Dealer).
+
+    ``peer``: a moetier.core.policies.peers.Peer whose placement, replacement and lane deal the replay runs (its
+    policy overrides are the caller's to apply to ``R``)."""
     seed_mode = R.policy.get("seed", "warmup")
     if seed_mode not in ("warmup", "oracle", "none"):
         raise ValueError(f"policy.seed: expected 'warmup', 'oracle' or 'none', got {seed_mode!r}")
@@ -357,7 +379,12 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
     predictor = make_predictor(R.policy, L, E)
     nrows = conc * window
     rp = Replay(R, predictor=predictor, rows=nrows)
-    _seed(rp, trace, seed_mode, wtok)
+    order = None
+    if peer is not None:
+        from moetier.core.policies import peers as _peers
+        _peers.attach(peer, rp, streams, warm_steps + measured)
+        order = lambda ranked: _peers.rank_keys(peer, ranked, L, E)      # noqa: E731
+    _seed(rp, trace, seed_mode, wtok, order)
     dealer = _Dealer(choose, trace, seed_mode, wtok, nrows, draft_ms) if choose is not None else None
 
     fixed_step = R.fixed(nrows)
@@ -431,6 +458,9 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
         "nvme_gpu_per_tok": acc["ngpu"] / tokens,
         "masked_per_tok": acc["masked"] / tokens,
         "lossy": acc["masked"] > 0,
+        # the share of the experts a token's layers needed that were dropped (exact: "mask"), beside tok/s
+        "masked_share": acc["masked"] / (acc["gpu_exp"] + acc["cpu_exp"] + acc["zc"] + nvme_picks + acc["masked"])
+        if acc["masked"] else 0.0,
         "ms_fixed": acc["fixed"] / measured,
         "ms_gpu_moe": acc["gpu"] / measured,
         "ms_cpu_moe": acc["cpu"] / measured,

@@ -1,0 +1,102 @@
+"""``moetier compare RECIPE [--trace T ...]``: the peers' policies, moetier's default and the oracle bound, one table.
+
+Contract: for each trace (default: the recipe's) one table, rows = moetier, each peer (moetier.core.policies.peers)
+and the oracle; columns tok/s at each concurrency (a lossy row shows its masked share beside tok/s), then at the
+first concurrency the tier shares (VRAM / RAM / NVMe), NVMe reads and MB per token, prefetch MB wasted per token;
+last the ratios moetier / best peer and moetier / oracle. ``--json``: the moetier.core.policies.compare documents
+(a list when several traces). A PNG (tok/s per row and concurrency) is written to ``--png`` (default
+compare-<recipe>.png, one per trace: -<trace name> added when several), atomically.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from moetier.cli.main import tok_s
+from moetier.errors import UserError
+
+__all__ = ["register", "format_compare", "plot_compare"]
+
+
+def format_compare(d: dict) -> str:
+    """The compare document as a markdown table."""
+    cs = [str(c) for c in d["concs"]]
+    c0 = cs[0]
+    head = ["row"] + [f"tok/s C{c}" for c in cs] + [f"VRAM/RAM/NVMe C{c0}", "reads/tok", "MB/tok",
+                                                      "wasted MB/tok"]
+    lines = [f"recipe {d['recipe']}, trace {d['trace']}", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in d["rows"]:
+        v0 = r["by_conc"][c0]
+        cells = [r["peer"]] + [tok_s(r["by_conc"][c]) for c in cs] + [
+            f"{v0['vram_hit']:.2f} / {v0['ram_hit']:.2f} / {v0['nvme_share']:.2f}", f"{v0['reads_per_tok']:.1f}",
+            f"{v0['bytes_per_tok'] / 1e6:.1f}", f"{v0['wasted_bytes_per_tok'] / 1e6:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    rt = d["ratios"]
+    if rt["default_over_best_peer"]:
+        lines.append("")
+        lines.append("moetier / best peer: " + ", ".join(
+            f"C{c} {rt['default_over_best_peer'][c]:.3f} ({rt['best_peer'][c]})" for c in rt["best_peer"]))
+    if rt["default_over_oracle"]:
+        lines.append("moetier / oracle: " + ", ".join(
+            f"C{c} {x:.3f}" for c, x in rt["default_over_oracle"].items() if x is not None))
+    return "\n".join(lines)
+
+
+def plot_compare(rows, path, title: str = "") -> str:
+    """tok/s per row and concurrency as a PNG (the CLI's shared plot, moetier.cli.plots.plot_compare)."""
+    from moetier.cli.plots import plot_compare as shared
+    flat = [{"policy": r["peer"], "conc": int(c), "tok_s": v["tok_s"]} for r in rows for c, v in r["by_conc"].items()]
+    return shared(flat, path, title)
+
+
+def cmd_compare(args) -> int:
+    from moetier.cli.main import _emit, _progress, _resolve, find_path
+    from moetier.core.policies.compare import compare
+    from moetier.core.policies.peers import PEERS, by_name
+    from moetier.traces.format import load_trace
+    R = _resolve(args)
+    traces = args.trace or [R.trace]
+    if not traces or traces == [None]:
+        raise UserError(f"compare: recipe {R.id} names no trace; give --trace")
+    peers = PEERS
+    if args.peers:
+        try:
+            peers = tuple(by_name(n) for n in args.peers.split(","))
+        except KeyError as e:
+            raise UserError(f"compare --peers: unknown row {e.args[0]!r}; expected names from "
+                            f"{', '.join(p.name for p in PEERS)}") from None
+    docs = []
+    for t in traces:
+        tr = load_trace(find_path(t), layers=R.layers, experts=R.experts, topk=R.topk, model_id=R.model_id)
+        prog = _progress(f"compare {Path(t).stem}")
+        cb = (lambda name, i, n: prog(i, n)) if prog else None
+        docs.append(compare(R, tr, concs=args.conc or [1, 2, 4], peers=peers, oracle=not args.no_oracle,
+                            max_steps=args.steps, trace_name=str(t), progress=cb))
+    for t, d in zip(traces, docs):
+        png = Path(args.png) if args.png else Path(f"compare-{R.id}.png")
+        if len(traces) > 1:
+            png = png.with_name(f"{png.stem}-{Path(t).stem}{png.suffix}")
+        d["png"] = str(plot_compare(d["rows"], png, f"{R.id} / {Path(t).name}"))
+    if args.json:
+        _emit(docs if len(docs) > 1 else docs[0])
+        return 0
+    for d in docs:
+        print(format_compare(d))
+        print(f"(plot: {d['png']})")
+        print()
+    return 0
+
+
+def register(sub, parser_class) -> None:
+    from moetier.cli.main import count, positive_int
+    sp = sub.add_parser("compare", help="peers' policies, moetier's default and the oracle bound side by side")
+    sp.add_argument("recipe", help="recipe id (registry/recipe/<id>.json)")
+    sp.add_argument("--trace", nargs="+", help="routing traces (default: the recipe's)")
+    sp.add_argument("--conc", type=positive_int, nargs="+", help="concurrency levels (default 1 2 4)")
+    sp.add_argument("--steps", type=count, default=0, help="cap on measured steps (0 = the trace's)")
+    sp.add_argument("--peers", help="comma-separated rows to run (default: all)")
+    sp.add_argument("--no-oracle", action="store_true", help="leave out the oracle bound")
+    sp.add_argument("--png", help="PNG path (default compare-<recipe>.png)")
+    sp.add_argument("--set", nargs="+", metavar="PATH=VALUE", help="dotted recipe overrides, values as JSON")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.set_defaults(fn=cmd_compare)

@@ -1,0 +1,74 @@
+"""``moetier compare``: every peer, moetier's default and the oracle bound on one recipe and trace.
+
+Contract
+--------
+``compare(R, trace, concs=(1, 2, 4), peers=PEERS, oracle=True, max_steps=0) -> dict`` runs ``sim.run`` once per
+(row, concurrency) with the row's policy on the same recipe and trace, and returns
+
+    {"recipe", "trace", "concs", "rows": [{"peer", "system", "by_conc": {"1": cell, ...}}, ...],
+     "ratios": {"best_peer": {conc: name}, "default_over_best_peer": {conc: x}, "default_over_oracle": {conc: x}}}
+
+where a cell holds ``tok_s``, the tier shares of the experts computed (``vram_hit``, ``ram_hit``, ``nvme_share``:
+experts computed from VRAM, from RAM in place or through the GPU, read from NVMe, over all the experts the layers
+needed), ``masked_share`` (dropped; lossy rows say so beside tok/s), NVMe ``reads_per_tok`` (demand + prefetch) and
+``bytes_per_tok``, and prefetch ``wasted_bytes_per_tok``. Pure: no I/O (the CLI prints and plots).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from moetier.core import sim
+from moetier.core.policies.peers import ORACLE, PEERS, Peer, recipe_policy
+
+__all__ = ["compare", "cell", "run_peer"]
+
+
+def cell(o: dict, R) -> dict:
+    """The compare table's figures from one sim.run report."""
+    t = o["tokens"] or 1.0
+    vram = o["gpu_experts_per_tok"]
+    ram = o["cpu_experts_per_tok"] + o["zerocopy_per_tok"]
+    nvme = o["nvme_per_tok"]
+    masked = o["masked_per_tok"]
+    total = vram + ram + nvme + masked
+    pf = o["prefetch"]
+    reads = nvme + pf["issued_per_tok"]
+    return {"tok_s": o["tok_s"], "vram_hit": vram / total if total else 0.0, "ram_hit": ram / total if total else 0.0,
+            "nvme_share": nvme / total if total else 0.0, "masked_share": o.get("masked_share", 0.0),
+            "reads_per_tok": reads, "bytes_per_tok": reads * R.nvme_expert_bytes,
+            "wasted_bytes_per_tok": pf["wasted_bytes"] / t, "prefetch_precision": pf["precision"]}
+
+
+def run_peer(R, trace, peer: Peer, conc: int, max_steps: int = 0) -> dict:
+    """One sim.run of ``peer`` on recipe ``R`` (moetier's row keeps the recipe's policy)."""
+    Rp = R if peer.name == "moetier" else replace(R, policy=recipe_policy(peer, R.policy))
+    return sim.run(Rp, trace, conc, max_steps=max_steps, peer=None if peer.name == "moetier" else peer)
+
+
+def compare(R, trace, concs=(1, 2, 4), peers=PEERS, oracle: bool = True, max_steps: int = 0,
+            trace_name: str | None = None, progress=None) -> dict:
+    rows = []
+    todo = list(peers) + ([ORACLE] if oracle else [])
+    for i, p in enumerate(todo):
+        if progress is not None:
+            progress(p.name, i, len(todo))
+        rows.append({"peer": p.name, "system": p.system,
+                     "by_conc": {str(c): cell(run_peer(R, trace, p, c, max_steps), R) for c in concs}})
+    ratios: dict = {"best_peer": {}, "default_over_best_peer": {}, "default_over_oracle": {}}
+    by = {r["peer"]: r for r in rows}
+    for c in concs:
+        c = str(c)
+        others = [r for r in rows if r["peer"] not in ("moetier", "oracle")]
+        if "moetier" in by and others:
+            best = max(others, key=lambda r: r["by_conc"][c]["tok_s"])
+            ratios["best_peer"][c] = best["peer"]
+            ratios["default_over_best_peer"][c] = _ratio(by["moetier"], best, c)
+        if "moetier" in by and "oracle" in by:
+            ratios["default_over_oracle"][c] = _ratio(by["moetier"], by["oracle"], c)
+    return {"recipe": R.id, "trace": trace_name or R.trace, "concs": [int(c) for c in concs], "rows": rows,
+            "ratios": ratios}
+
+
+def _ratio(a: dict, b: dict, c: str):
+    d = b["by_conc"][c]["tok_s"]
+    return a["by_conc"][c]["tok_s"] / d if d else None

@@ -1,0 +1,180 @@
+"""The peers' policies, and the oracle bound, as policies over moetier's ledger, records and traces.
+
+Contract
+--------
+A ``Peer`` is what one system decides, expressed in moetier's terms so that the simulator times every system on
+the same recipe (lanes, links, NVMe channel, fixed time) and trace:
+
+* ``policy``: recipe policy overrides (tier replacement ``ram_evict`` / ``vram_evict`` / ``ram_partition``, the
+  prefetch predictor);
+* ``placement``: ``dynamic`` (VRAM admits what the GPU computed from RAM or NVMe, as moetier does) or ``static``
+  (VRAM holds the warm-up's placement for the whole run: no admission);
+* ``rank``: the static placement's order: ``frequency`` (hottest keys of the held-out warm-up first, the seed every
+  row shares) or ``layers`` (whole layers, last layer first: llama.cpp ``--n-cpu-moe N`` keeps the first N layers'
+  experts on the CPU);
+* ``deal``: who computes a pick that is not in VRAM: ``planner`` (moetier's min-max split, plan_layer), ``cpu``
+  (compute in place: RAM picks on the cpu lane, NVMe picks read to RAM and computed there), ``gpu`` (fetch on
+  miss: RAM picks through the GPU (zerocopy, then admitted), NVMe picks read and pushed), ``latency`` (Fiddler: per
+  pick, the lane whose own latency for its rows is lower, cpu against copy-and-compute) or ``fraction`` (FreeToken's
+  q*: per step, fetch the heaviest share q of the misses and compute the rest on the CPU, q from the bandwidth
+  profile so that both lanes take as long: q = cpu_ms / (cpu_ms + fetch_ms) per expert).
+
+A deal the recipe cannot run (no cpu lane, or no GPU lane) falls back to the lane that exists. ``ORACLE`` is the
+bound: Belady's replacement in both tiers with the run's future known and the planner's split per layer.
+``attach(peer, replay, streams, steps)`` wires a peer into a ``sim.Replay`` (its ledger, admission and deal hooks);
+``rank_keys(peer, ranked, layers, experts)`` reorders the warm-up seed. ``PEERS`` lists the rows of ``moetier
+compare``; docs/peers.md says what each row models and what it leaves out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from moetier.core.ledger import ABSENT, PUSHING, RAM, VRAM, Ledger
+from moetier.core.plan import LayerPlan
+from moetier.core.policies.residency import BeladyPolicy
+
+__all__ = ["Peer", "PEERS", "ORACLE", "DEFAULT", "attach", "rank_keys", "by_name"]
+
+
+@dataclass(frozen=True)
+class Peer:
+    name: str                         # the row's id in `moetier compare`
+    system: str                       # what it models (system and option)
+    policy: dict = field(default_factory=dict)
+    placement: str = "dynamic"
+    rank: str = "frequency"
+    deal: str = "planner"
+    oracle: bool = False
+
+
+_NO_PF = {"prefetch": {"depth": 0, "recall": 0.0, "predictor": "none", "budget": 8}}
+_TRANSITION = {"prefetch": {"depth": 1, "recall": 0.0, "predictor": "transition", "budget": 8}}
+
+DEFAULT = Peer("moetier", "moetier: the recipe's own policy (planner split, CLOCK VRAM, its RAM policy and prefetch)")
+PEERS = (
+    DEFAULT,
+    Peer("llama.cpp-ncmoe", "llama.cpp --n-cpu-moe: whole layers' experts in VRAM, the rest computed in place "
+         "(RAM = page cache, LRU)", dict(_NO_PF, ram_evict="lru"), "static", "layers", "cpu"),
+    Peer("llama.cpp-ot", "llama.cpp -ot (hand-placed hot set): the warm-up's hottest experts in VRAM, the rest "
+         "computed in place", dict(_NO_PF, ram_evict="lru"), "static", "frequency", "cpu"),
+    Peer("mixtral-offloading", "mixtral-offloading: per-layer LRU VRAM cache, every miss fetched to the GPU",
+         dict(_NO_PF, vram_evict="lru", vram_partition="layer", ram_evict="lru"), "dynamic", "frequency", "gpu"),
+    Peer("fiddler", "Fiddler: popular experts preplaced in VRAM, each miss where its own latency is lower "
+         "(CPU in place or copy to GPU)", dict(_NO_PF, ram_evict="lru"), "static", "frequency", "latency"),
+    Peer("freetoken", "FreeToken hybrid: global LRU VRAM slots, q* share of misses fetched, the rest on the CPU",
+         dict(_NO_PF, vram_evict="lru", ram_evict="lru"), "dynamic", "frequency", "fraction"),
+    Peer("moe-infinity", "MoE-Infinity: activation-aware VRAM cache (decayed counts) and prefetch, GPU computes "
+         "all", dict(_TRANSITION, vram_evict="dlfu", ram_evict="lru"), "dynamic", "frequency", "gpu"),
+    Peer("hybrimoe", "HybriMoE: dynamic CPU/GPU split, impact-driven prefetch, score-based VRAM cache",
+         dict(_TRANSITION, vram_evict="dlfu", ram_evict="lru"), "dynamic", "frequency", "planner"),
+) + tuple(
+    Peer(f"ktransformers-{p}", f"KTransformers: hot experts in VRAM, CPU computes the rest, {p} RAM tier",
+         dict(_NO_PF, ram_evict=p), "static", "frequency", "cpu")
+    for p in ("2q", "slru", "sieve", "s3fifo", "wtinylfu"))
+ORACLE = Peer("oracle", "bound: Belady replacement in VRAM and RAM with the future known, planner split per layer",
+              dict(_NO_PF), "dynamic", "frequency", "planner", oracle=True)
+
+
+def by_name(name: str) -> Peer:
+    for p in PEERS + (ORACLE,):
+        if p.name == name:
+            return p
+    raise KeyError(name)
+
+
+def recipe_policy(peer: Peer, policy: dict) -> dict:
+    """The recipe policy the peer runs under (its overrides on the recipe's; moetier keeps the recipe's)."""
+    out = dict(policy)
+    out.update({k: v for k, v in peer.policy.items() if k != "vram_partition"})
+    if peer.placement == "static":
+        out["vram_admit"] = False
+    return out
+
+
+def rank_keys(peer: Peer, ranked, layers: int, experts: int) -> list:
+    """The static placement's order from the warm-up's hottest-first keys."""
+    ranked = [int(k) for k in ranked]
+    if peer.rank != "layers":
+        return ranked
+    seen = set(ranked)
+    rest = [k for k in range(layers * experts) if k not in seen]
+    return sorted(ranked + rest, key=lambda k: -(k // experts))      # stable: hottest first within a layer
+
+
+def _future(streams, steps: int) -> dict:
+    """Every key's use positions (step * layers + layer) over the run: the oracle's future."""
+    fut: dict = {}
+    L = streams.layers
+    for step in range(steps):
+        rows = streams.rows(step)
+        for layer in range(L):
+            pos = step * L + layer
+            for k in streams.picks(rows, layer):
+                fut.setdefault(k, []).append(pos)
+    return fut
+
+
+def _dealer(peer: Peer, ctx, R):
+    """A function (ledger, picks) -> LayerPlan with the peer's lane deal, or None for the planner's."""
+    has_cpu, has_gpu = ctx.cpu is not None, ctx.zerocopy is not None or ctx.gpu is not None
+    kind = peer.deal
+    if kind == "planner" or not (has_cpu and has_gpu):
+        return None
+    cpe, cpx = ctx.cpu[1], ctx.cpu[2]
+    zc = ctx.zerocopy or ctx.gpu
+    fetch = ctx.push_ms + ctx.gpu[1] if ctx.gpu is not None else zc[1]
+    q = cpe / (cpe + fetch) if cpe + fetch > 0 else 0.5
+
+    def deal(ledger, picks):
+        sget = ledger.state.get
+        absent = RAM if ledger.all_in_ram else ABSENT
+        ram, nvme = [], []
+        for k, m in picks.items():
+            s = sget(k, absent)
+            if s == RAM or s == PUSHING:
+                ram.append((m, k))
+            elif s != VRAM:
+                nvme.append((m, k))
+        plan = LayerPlan()
+        if kind == "cpu":
+            plan.cpu = [k for _, k in ram]
+            plan.nvme_cpu = [k for _, k in nvme]
+        elif kind == "gpu":
+            plan.nvme_gpu = [k for _, k in nvme]
+        elif kind == "latency":
+            plan.cpu = [k for m, k in ram if cpe + cpx * (m - 1) <= zc[1] + zc[2] * (m - 1)]
+            plan.nvme_cpu = [k for _, k in nvme]
+        else:                                    # fraction: the heaviest share q of the misses is fetched
+            miss = sorted(ram + nvme, reverse=True)
+            fetched = {k for _, k in miss[:int(round(q * len(miss)))]}
+            plan.cpu = [k for _, k in ram if k not in fetched]
+            plan.nvme_cpu = [k for _, k in nvme if k not in fetched]
+            plan.nvme_gpu = [k for _, k in nvme if k in fetched]
+        return plan
+    return deal
+
+
+def attach(peer: Peer, rp, streams, steps: int) -> None:
+    """Wire ``peer`` into replay ``rp`` (a fresh sim.Replay, before seeding): the oracle's ledger with the future,
+    the static placement (no admission), the lane deal."""
+    R = rp.R
+    part = peer.policy.get("vram_partition")
+    if peer.oracle:
+        fut = _future(streams, steps)
+        vpol, rpol = BeladyPolicy(R.vram_slots, fut), BeladyPolicy(R.ram_slots, fut)
+        rp.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, exclusive=rp.ledger.exclusive, ram_policy=rpol,
+                           vram_policy=vpol, layers=R.layers, experts=R.experts)
+        L = R.layers
+
+        def before(layer, ledger=rp.ledger):
+            vpol.now = rpol.now = ledger.step * L + layer
+        rp.before = before
+    elif part == "layer" and R.vram_slots:
+        from moetier.core.policies.residency import partitioned
+        old = rp.ledger
+        rp.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, exclusive=old.exclusive, ram_policy=old.ram_policy,
+                           vram_policy=partitioned(peer.policy.get("vram_evict", "lru"), R.vram_slots, R.layers,
+                                                   R.experts),
+                           ram_partition=R.policy.get("ram_partition", "global"), layers=R.layers,
+                           experts=R.experts)
+    rp.deal = _dealer(peer, rp.ctx, R)

@@ -1,0 +1,134 @@
+"""Peers in one harness: each a policy over the same ledger, records and trace (moetier.core.policies)."""
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from moetier.cli.main import find_path, main
+from moetier.core import records as spec, sim
+from moetier.core.policies import peers as P
+from moetier.core.policies.compare import compare, run_peer
+from moetier.core.predict import GatedPredictor, make_predictor
+from moetier.traces.format import Trace, load_trace
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    R = spec.resolve("tiny-ci-cuda", [])
+    tr = load_trace(find_path(R.trace), layers=R.layers, experts=R.experts, topk=R.topk)
+    return R, tr
+
+
+def test_compute_in_place_peers_never_fetch_and_never_admit(tiny):
+    R, tr = tiny
+    o = run_peer(R, tr, P.by_name("llama.cpp-ot"), 1, max_steps=60)
+    assert o["zerocopy_per_tok"] == 0 and o["nvme_gpu_per_tok"] == 0
+    assert o["cpu_experts_per_tok"] > 0
+    assert o["ledger"]["vram_evictions"] == 0          # static: VRAM keeps its seeded placement
+
+
+def test_fetch_on_miss_sends_every_miss_through_the_gpu(tiny):
+    R, tr = tiny
+    o = run_peer(R, tr, P.by_name("mixtral-offloading"), 1, max_steps=60)
+    assert o["cpu_experts_per_tok"] == 0 and o["nvme_cpu_per_tok"] == 0
+    assert o["zerocopy_per_tok"] + o["nvme_gpu_per_tok"] > 0
+
+
+def test_ncmoe_places_whole_layers_last_first():
+    ranked = [5, 0, 9, 14]                  # hottest first, 2 layers x 8 experts
+    order = P.rank_keys(P.by_name("llama.cpp-ncmoe"), ranked, 2, 8)
+    assert order[:2] == [9, 14] and sorted(order[2:8]) == [8, 10, 11, 12, 13, 15]
+    assert order[8:10] == [5, 0] and len(order) == 16
+
+
+def test_freetoken_fetches_its_q_share_heaviest_first(tiny):
+    R, _ = tiny
+    rp = sim.Replay(replace(R, policy=P.recipe_policy(P.by_name("freetoken"), R.policy)))
+    P.attach(P.by_name("freetoken"), rp, None, 0)
+    picks = {k: m for k, m in zip(range(100, 110), (1, 3, 1, 2, 1, 1, 1, 1, 1, 1))}
+    plan = rp.deal(rp.ledger, picks)          # all ten on NVMe
+    ctx = rp.ctx
+    q = ctx.cpu[1] / (ctx.cpu[1] + ctx.push_ms + ctx.gpu[1])
+    assert len(plan.nvme_gpu) == round(q * 10)
+    if plan.nvme_gpu:
+        assert 101 in plan.nvme_gpu             # the heaviest pick is fetched first
+    assert sorted(plan.nvme_cpu + plan.nvme_gpu) == list(range(100, 110))
+
+
+def test_compare_runs_every_row_on_the_same_recipe_and_trace(tiny):
+    R, tr = tiny
+    d = compare(R, tr, concs=[1, 2], max_steps=30)
+    names = [r["peer"] for r in d["rows"]]
+    assert names[0] == "moetier" and names[-1] == "oracle" and len(names) == len(P.PEERS) + 1
+    for r in d["rows"]:
+        for c in ("1", "2"):
+            v = r["by_conc"][c]
+            assert v["tok_s"] > 0
+            assert abs(v["vram_hit"] + v["ram_hit"] + v["nvme_share"] + v["masked_share"] - 1) < 1e-9
+    best = d["ratios"]["best_peer"]["1"]
+    top = max(r["by_conc"]["1"]["tok_s"] for r in d["rows"] if r["peer"] not in ("moetier", "oracle"))
+    assert d["ratios"]["default_over_best_peer"]["1"] == pytest.approx(d["rows"][0]["by_conc"]["1"]["tok_s"] / top)
+    assert best in names
+
+
+def test_moetier_row_is_the_plain_simulator(tiny):
+    R, tr = tiny
+    assert run_peer(R, tr, P.DEFAULT, 1, 40)["tok_s"] == sim.run(R, tr, 1, max_steps=40)["tok_s"]
+
+
+def test_compare_cli_prints_json_and_writes_the_png(tmp_path, capsys):
+    png = tmp_path / "c.png"
+    rc = main(["compare", "tiny-ci-cuda", "--conc", "1", "--steps", "10", "--peers", "moetier,fiddler",
+               "--json", "--png", str(png)])
+    assert rc == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [r["peer"] for r in d["rows"]] == ["moetier", "fiddler", "oracle"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_cli_refuses_an_unknown_row(capsys):
+    assert main(["compare", "tiny-ci-cuda", "--peers", "vllm"]) == 2
+    assert "unknown row 'vllm'" in capsys.readouterr().err
+
+
+def test_lossy_runs_show_the_masked_share(capsys):
+    over = ["policy.exact=\"mask\"", "budget.ram_gb=0.002"]
+    assert main(["sim", "tiny-ci-cuda", "--conc", "1", "--steps", "20", "--set", *over]) == 0
+    assert "(masked " in capsys.readouterr().out
+    assert main(["sim", "tiny-ci-cuda", "--conc", "1", "--steps", "20", "--json", "--set", *over]) == 0
+    assert json.loads(capsys.readouterr().out)["masked_share"] > 0
+
+
+def _chain_rows(rng, E, K):
+    a = rng.choice(E, K, replace=False).tolist()
+    return [a], [[(x + 1) % E for x in a]]
+
+
+def test_gated_predictor_issues_on_predictable_routing_and_not_on_noise():
+    E, K = 32, 2
+    rng = np.random.default_rng(0)
+    pred = GatedPredictor(3, E, 1)
+    for step in range(400):                   # layer 0 -> 1 is a fixed map: e -> e + 1
+        pred.begin_step(step)
+        rows, nxt = _chain_rows(rng, E, K)
+        got = pred.predict(0, rows)
+        pred.issued(0, got)
+        pred.observe(0, rows, nxt)
+    assert set(nxt[0]) <= set(got) and pred.precision > pred.target
+    noise = GatedPredictor(3, E, 1)
+    issued = 0
+    for step in range(400):                   # layer 0 -> 1 independent
+        noise.begin_step(step)
+        rows = [rng.choice(E, K, replace=False).tolist()]
+        got = noise.predict(0, rows)
+        noise.issued(0, got)
+        issued += len(got)
+        noise.observe(0, rows, [rng.choice(E, K, replace=False).tolist()])
+    assert issued < 20
+
+
+def test_gated_predictor_from_the_recipe_policy():
+    pf = {"prefetch": {"depth": 1, "predictor": "gated", "threshold": 0.7, "read_budget": 12}}
+    p = make_predictor(pf, 4, 16)
+    assert isinstance(p, GatedPredictor) and p.threshold == 0.7 and p.max_budget == 12
