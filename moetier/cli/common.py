@@ -127,3 +127,11 @@ def _trace(args, R):
         raise UserError(f"recipe {R.id}: no trace given (--trace) and the recipe names none")
     return load_trace(find_path(path), find_path(args.segments) if args.segments else None,
                       layers=R.layers, experts=R.experts, topk=R.topk, model_id=R.model_id)
+
+
+def tok_s(o: dict) -> str:
+    """Decode tok/s as printed: a lossy run (masked picks) shows its masked share beside it."""
+    s = f"{o['tok_s']:.2f}"
+    if o.get("masked_share"):
+        s += f" (masked {100 * o['masked_share']:.1f}%)"
+    return s

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moetier.cli.main import tok_s
+from moetier.cli.common import tok_s
 from moetier.errors import UserError
 
 __all__ = ["register", "format_compare", "plot_compare"]
@@ -50,7 +50,7 @@ def plot_compare(rows, path, title: str = "") -> str:
 
 
 def cmd_compare(args) -> int:
-    from moetier.cli.main import _emit, _progress, _resolve, find_path
+    from moetier.cli.common import _emit, _progress, _resolve, find_path
     from moetier.core.policies.compare import compare
     from moetier.core.policies.peers import PEERS, by_name
     from moetier.traces.format import load_trace
@@ -88,7 +88,7 @@ def cmd_compare(args) -> int:
 
 
 def register(sub, parser_class) -> None:
-    from moetier.cli.main import count, positive_int
+    from moetier.cli.common import count, positive_int
     sp = sub.add_parser("compare", help="peers' policies, moetier's default and the oracle bound side by side")
     sp.add_argument("recipe", help="recipe id (registry/recipe/<id>.json)")
     sp.add_argument("--trace", nargs="+", help="routing traces (default: the recipe's)")
