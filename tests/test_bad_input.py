@@ -425,11 +425,16 @@ def test_json_output_is_strict_for_every_command(capsys, packed, reg, tmp_path):
     (hf / "config.json").write_text(json.dumps({
         "architectures": ["OlmoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 1024, "num_hidden_layers": 16,
         "num_experts": 64, "num_experts_per_tok": 8, "torch_dtype": "bfloat16"}))
+    log = tmp_path / "router.jsonl"
+    log.write_text('{"token": 0, "layer": 0, "experts": [1, 2]}\n')
     argvs = {
         "model import": ["model", "import", str(hf), "--out", str(tmp_path / "m.json"), "--json"],
         "show": ["show", "tiny-ci-cpu", "--json"],
         "sim": ["sim", "tiny-ci-cpu", "--steps", "3", "--conc", "1", "2", "--json"],
         "table": ["table", "tiny-ci-cpu", "--conc", "1", "--json"],
+        "trace import": ["trace", "import", str(log), "--out", str(tmp_path / "imp.npz"), "--json"],
+        "compare": ["compare", "tiny-ci-cuda", "--conc", "1", "--steps", "3", "--peers", "moetier,fiddler",
+                    "--png", str(tmp_path / "c.png"), "--json"],
         "trace stats": ["trace", "stats", "traces/tiny-ci.npz", "--cache-sizes", "4,16", "--json"],
         "run": ["run", "tiny-ci-cpu", "--store", packed, "--steps", "2", "--conc", "1", "--no-record", "--json"],
         "bench": ["bench", "--store", packed, "--records", "8", "--dry-run", "--json"],

@@ -195,3 +195,95 @@ def test_stats_tiny_trace_known_answers():
     assert all(b >= a for a, b in zip(c["lru"], c["belady"]))
     json.dumps(d)
     assert "Belady" in format_stats(d)
+
+
+# ---------------------------------------------------------------------------------------------- per-layer stats
+def test_per_layer_stats_known_answers():
+    from moetier.traces.stats import layer_cache_curves, next_layer_recall
+    # layer 0 cycles 0,1,2 (top-1); layer 1 is layer 0 + 1 (perfectly predictable)
+    ids = np.array([[[0], [1]], [[1], [2]], [[2], [3]]] * 4, dtype=np.int16)
+    tr = Trace(ids=ids, segments=np.array([0, 12]))
+    d = stats(tr, 4, cache_sizes=[2], layer_sizes=[2, 3])
+    assert d["per_layer"][0]["top1_repeat"] == 0.0
+    lc = d["layer_cache"]
+    assert lc["sizes"] == [2, 3]
+    assert lc["per_layer"]["lru"][0] == [0.0, 0.75]         # a 3-cycle: LRU at 2 slots never hits; at 3 all but 3
+    assert lc["per_layer"]["belady"][0][0] == 0.5             # OPT keeps 2 of the 3 and bypasses the third
+    rec = next_layer_recall(ids.astype(np.int64), 4, ks=[1])
+    assert rec["recall"][0][1] == 1.0                       # cross-fitted: the map e -> e + 1 is learnt exactly
+    fine = d["per_layer"][1]["reuse_distance_fine"]
+    assert fine[2] == 0.75 and fine[8] == 0.25             # reuses 3 tokens back (bucket 3-4); 3 first uses
+
+
+def test_top1_repeat_counts_only_within_segments():
+    ids = np.array([[[5]], [[5]], [[5]], [[6]]], dtype=np.int16)
+    d = stats(Trace(ids=ids, segments=np.array([0, 2, 4])), 8, cache=False)
+    assert d["per_layer"][0]["top1_repeat"] == 0.5          # (1 -> 0 repeats, 3 -> 2 does not) of 2 pairs
+
+
+# ---------------------------------------------------------------------------------------------- import
+def _log(tmp_path, lines, name="log.jsonl"):
+    p = tmp_path / name
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def test_import_jsonl_missing_error_drop_mask(tmp_path):
+    import json as _json
+    from moetier.errors import UserError
+    from moetier.traces.importer import import_log
+    recs = [{"tok": t, "lay": l, "ex": [t % 4, (t + l + 1) % 4], "req": "a" if t < 3 else "b"}
+            for t in range(5) for l in range(2)]
+    recs[3]["ex"] = [1, -1]                                  # token 1, layer 1: a missing pick
+    del recs[8]                                              # token 4, layer 0: no record
+    p = _log(tmp_path, [_json.dumps(r) for r in recs])
+    from moetier.traces.importer import Fields
+    f = Fields(token="tok", layer="lay", experts="ex", weights=None, segment="req")
+    with pytest.raises(UserError, match="token 1, layer 1: missing router record"):
+        import_log(p, f, experts=4)
+    tr = import_log(p, f, missing="drop", experts=4)
+    assert tr.tokens == 3 and tr.segments.tolist() == [0, 2, 3] and tr.meta["dropped_tokens"] == 2
+    tr = import_log(p, f, missing="mask", experts=4)
+    assert tr.tokens == 5 and tr.meta["masked_picks"] == 4 and (tr.ids[1, 1] == -1).all()
+    out = tmp_path / "t.npz"
+    save_trace(tr, out)
+    back = load_trace(out, experts=4)
+    assert back.meta["missing"] == "mask" and (back.ids[4, 0] == -1).all()
+    assert stats(back, 4)["masked_tokens_left_out"] == 2
+
+
+def test_import_csv_and_npz_forms(tmp_path):
+    from moetier.traces.importer import Fields, import_log
+    p = tmp_path / "log.csv"
+    p.write_text("token,layer,e0,e1,w0,w1\n0,0,1,2,.7,.3\n0,1,0,3,.5,.5\n1,0,2,1,.6,.4\n1,1,3,0,.9,.1\n")
+    tr = import_log(p, Fields(experts="e", weights="w"), experts=4)
+    assert tr.ids.tolist() == [[[1, 2], [0, 3]], [[2, 1], [3, 0]]]
+    assert tr.weights[1, 1].tolist() == pytest.approx([0.9, 0.1])
+    q = tmp_path / "log2.csv"
+    q.write_text('token,layer,experts\n0,0,"1 2"\n0,1,"0;3"\n')
+    assert import_log(q, experts=4).ids.tolist() == [[[1, 2], [0, 3]]]
+    z = tmp_path / "log.npz"
+    np.savez(z, experts=np.array([[[1, 2], [0, 3]]]))
+    assert import_log(z, experts=4).ids.tolist() == [[[1, 2], [0, 3]]]
+
+
+def test_import_refuses_bad_logs_with_one_line(tmp_path):
+    from moetier.errors import UserError
+    from moetier.traces.importer import import_log
+    with pytest.raises(UserError, match="line 1: not valid JSON"):
+        import_log(_log(tmp_path, ["{nope"]))
+    with pytest.raises(UserError, match="no field 'token'"):
+        import_log(_log(tmp_path, ['{"t": 0, "layer": 0, "experts": [1]}']))
+    with pytest.raises(UserError, match="out of range 0..3"):
+        import_log(_log(tmp_path, ['{"token": 0, "layer": 0, "experts": [7]}']), experts=4)
+    with pytest.raises(UserError, match="picked twice"):
+        import_log(_log(tmp_path, ['{"token": 0, "layer": 0, "experts": [1, 1]}']))
+
+
+def test_masked_picks_are_not_computed_by_the_simulator():
+    from moetier.core.sim import Streams, rank_keys
+    ids = np.array([[[0, -1], [1, 2]], [[3, 1], [-1, -1]]], dtype=np.int16)
+    tr = Trace(ids=ids, segments=np.array([0, 2]), meta={"missing": "mask"})
+    st = Streams(tr, 1, 2, 4, offsets=[0])
+    assert st.picks(st.rows(0), 0) == {0: 1} and st.picks(st.rows(1), 1) == {}
+    assert sorted(rank_keys(ids, 4).tolist()) == [0, 1, 3, 5, 6]

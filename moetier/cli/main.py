@@ -117,7 +117,7 @@ def cmd_trace(args) -> int:
         tr = T.load_trace(find_path(args.path), args.segments, **kw)
         experts = kw.get("experts") or int(tr.meta.get("experts") or int(tr.ids.max()) + 1)
         with progress.task("trace stats", unit="parts") as cb:
-            d = stats(tr, experts, cache_sizes=args.cache_sizes, progress=cb)
+            d = stats(tr, experts, cache_sizes=args.cache_sizes, layer_sizes=args.layer_sizes, progress=cb)
         if args.plot:
             from moetier.cli.plot import cache_curves
             from moetier.cli.plots import plot_cache
@@ -143,7 +143,9 @@ def cmd_trace(args) -> int:
         tr = T.convert(find_path(args.src), args.dst, segments_path=args.segments)
         print(f"wrote {args.dst}: {tuple(tr.ids.shape)}, {tr.nseg} segments")
         return 0
-    raise UserError("trace: expected a subcommand: stats, gen or convert")
+    if getattr(args, "trace_fn", None) is not None:
+        return args.trace_fn(args)
+    raise UserError("trace: expected a subcommand: stats, gen, convert, import or fit")
 
 
 def _model_geometry(model_id: str) -> dict:
@@ -200,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--segments", help="segments .npy for a reference .npy trace")
     s.add_argument("--model", help="model id to validate against")
     s.add_argument("--cache-sizes", type=int_list, help="comma-separated slot counts for the hit-rate curves")
+    s.add_argument("--layer-sizes", type=int_list, help="comma-separated slots per layer for the per-layer curves")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--plot", metavar="PNG", help="also draw per-layer hit-rate curves, LRU vs Belady (moetier plot "
                    "cache)")
@@ -214,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("src", help="trace to read (.npz or reference .npy)")
     c.add_argument("dst", help="trace to write (.npz or .npy)")
     c.add_argument("--segments", help="segments .npy beside a reference .npy trace")
+    from moetier.cli import trace_io
+    trace_io.register(tsub, _Parser)
     sp.set_defaults(fn=cmd_trace)
     from moetier.cli import model as cli_model
     cli_model.register(sub, _Parser)

@@ -37,6 +37,7 @@ def rank_keys(ids: np.ndarray, experts: int) -> np.ndarray:
     """Keys ordered hottest first by pick count (ties by key) over ids [tokens, layers, topk]."""
     L = ids.shape[1]
     keys = (ids.astype(np.int64) + (np.arange(L, dtype=np.int64) * experts)[None, :, None]).ravel()
+    keys = keys[ids.ravel() >= 0]            # masked picks (a missing router record) are not computed
     counts = np.bincount(keys, minlength=L * experts)
     return np.lexsort((np.arange(counts.size), -counts))[: int((counts > 0).sum())]
 
@@ -64,7 +65,11 @@ class Streams:
             if ck not in cache:
                 sel = seg[(off + np.arange(span)) % n] if part else seg
                 sel = np.ascontiguousarray(sel[:, :, :topk])
-                cache[ck] = (sel.tolist(), (sel.astype(np.int64) + base).tolist())
+                if (sel < 0).any():          # masked picks (a missing router record) are not computed
+                    loc = [[[e for e in row if e >= 0] for row in tok] for tok in sel.tolist()]
+                    cache[ck] = (loc, [[[e + l * experts for e in row] for l, row in enumerate(tok)] for tok in loc])
+                else:
+                    cache[ck] = (sel.tolist(), (sel.astype(np.int64) + base).tolist())
             loc, ks = cache[ck]
             self.local.append(loc)
             self.keys.append(ks)

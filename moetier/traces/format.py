@@ -21,6 +21,9 @@ Two file formats, chosen by suffix:
 * ``.npy`` (reference): an integer array [tokens, layers, >= topk]; segments live in the sibling file
   ``<stem>.segments.npy`` (1-D boundaries ``[0, s1, ..., tokens]``), found automatically. No weights, no meta.
 
+A trace imported with ``--missing mask`` (``meta["missing"] == "mask"``) may hold ``MASKED`` (-1) where a router
+record was missing: that pick is not computed (the simulator skips it; statistics leave such tokens out).
+
 ``load_trace`` keeps only the first ``topk`` columns when ``topk`` is given. Without segments the trace is one
 segment. Every problem with a trace file raises ``UserError`` with one line naming the file and what was expected.
 """
@@ -38,7 +41,9 @@ import numpy as np
 from moetier.atomic import atomic_write
 from moetier.errors import UserError
 
-__all__ = ["Trace", "load_trace", "save_trace", "validate", "convert", "segments_sibling", "ids_dtype"]
+__all__ = ["Trace", "load_trace", "save_trace", "validate", "convert", "segments_sibling", "ids_dtype", "MASKED"]
+
+MASKED = -1     # a pick whose router record was missing (traces imported with --missing mask)
 
 
 def ids_dtype(experts: int | None, max_id: int | None = None) -> np.dtype:
@@ -198,7 +203,8 @@ def validate(trace: Trace, *, layers: int | None, experts: int | None, topk: int
     if ids.shape[2] == 0:
         raise UserError(f"{where}: has no routing columns (shape {_shape(ids)})")
     cols = ids[:, :, :topk] if topk is not None else ids
-    bad = cols < 0
+    masked_ok = isinstance(trace.meta, dict) and trace.meta.get("missing") == "mask"
+    bad = (cols < MASKED) if masked_ok else (cols < 0)
     if experts is not None:
         bad = bad | (cols >= experts)
     nbad = int(bad.sum())
@@ -247,7 +253,7 @@ def load_trace(path, segments_path=None, *, layers: int | None = None, experts: 
                         f"(reference [tokens, layers, topk] array)")
     # ids first (with a placeholder segmentation), so shape problems are reported before segment problems
     placeholder = np.array([0, int(ids.shape[0]) if ids.ndim >= 1 else 0], dtype=np.int64)
-    validate(Trace(ids, placeholder), layers=layers, experts=experts, topk=topk, path=p, model_id=model_id)
+    validate(Trace(ids, placeholder, meta=meta if isinstance(meta, dict) else {}), layers=layers, experts=experts, topk=topk, path=p, model_id=model_id)
     if segments_path is not None:
         sp = Path(segments_path)
         seg = _load_npy(sp, "segments")
@@ -260,7 +266,7 @@ def load_trace(path, segments_path=None, *, layers: int | None = None, experts: 
         tr.ids = tr.ids[:, :, :topk]
         if tr.weights is not None:
             tr.weights = tr.weights[:, :, :topk]
-    mx = int(tr.ids.max()) if tr.ids.size else 0
+    mx = max(0, int(tr.ids.max())) if tr.ids.size else 0
     tr.ids = np.ascontiguousarray(tr.ids, dtype=ids_dtype(experts, mx))
     tr.segments = np.asarray(tr.segments, dtype=np.int64)
     if tr.weights is not None:
@@ -275,7 +281,7 @@ def save_trace(trace: Trace, path) -> None:
     ``.npy``: the reference format (ids array + ``<stem>.segments.npy``; weights and meta are dropped)."""
     p = Path(path)
     validate(trace, layers=None, experts=None, topk=None, path=p)
-    ids = np.ascontiguousarray(trace.ids, dtype=ids_dtype(None, int(trace.ids.max())))
+    ids = np.ascontiguousarray(trace.ids, dtype=ids_dtype(None, max(0, int(trace.ids.max()))))
     seg = np.asarray(trace.segments, dtype=np.int64)
     suffix = p.suffix.lower()
     if suffix == ".npz":

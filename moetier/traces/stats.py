@@ -22,6 +22,25 @@ Definitions (picks = the first topk columns; key = layer * E + expert):
   segments). OPT evicts the key used farthest in the future among the cached keys and the incoming one (next-use
   indices are precomputed with numpy; the replay is a heap loop). OPT >= LRU for every size. Sizes at or above the
   number of distinct keys are computed in closed form (every non-first access hits).
+
+Per layer (users size caches per layer; layers are visited in a cycle, so one LRU over the whole model is not what
+a per-layer cache sees):
+
+* ``layer_cache``: LRU and Belady hit rates of a cache of ``s`` slots holding one layer's experts, replaying that
+  layer's picks in (token, slot) order over all segments, for each ``s`` in ``sizes`` (default: topk x 1, 2, 3, 4
+  and E/4, E/2, capped at E); per layer and the mean over layers.
+* ``top1_repeat``: the share of tokens whose first pick (slot 0) repeats the previous token's first pick, same
+  layer and segment (the first token of a segment excluded). Random baseline 1 / E.
+* ``reuse_distance_fine``: the reuse distance histogram in tokens with buckets 1, 2, 3-4, 5-8, 9-16, 17-64,
+  65-256, >256 and never (bucket 1 = the pick repeats one of the previous token's picks).
+* ``next_layer``: next-layer predictability: the best recall reachable with k guesses of layer l's picks from
+  layer l-1's picks of the same token, for k = topk / 2, topk, 2 topk. The guesses rank layer l's experts b by
+  sum over the previous layer's picks a of P(b | a) = (C[a, b] + alpha p(b)) / (C[a] + alpha), with C the
+  co-occurrence counts and p the popularity counted on the other half of the trace (2-fold cross-fitting over
+  alternating blocks of FOLD_BLOCK = 256 tokens: each half scores the other, so a trace's own noise is not learnt,
+  and both halves see every segment's popularity, as an online predictor does); alpha (0, 1, 10,
+  100 or popularity alone) is the one with the best recall at topk, per layer. ``predictability`` = the recall at
+  k = topk, mean over layers 1..L-1: the recall a transition predictor issuing topk reads a layer can reach.
 """
 
 from __future__ import annotations
@@ -36,9 +55,13 @@ from moetier.errors import UserError
 from moetier.traces.format import Trace
 
 __all__ = ["stats", "format_stats", "lru_hits", "belady_hits", "default_cache_sizes", "next_use",
-           "REUSE_BUCKETS"]
+           "REUSE_BUCKETS", "FINE_BUCKETS", "layer_cache_curves", "next_layer_recall", "default_layer_sizes"]
 
 REUSE_BUCKETS = ["<64", "64-255", "256-1023", ">=1024", "never"]
+FINE_BUCKETS = ["1", "2", "3-4", "5-8", "9-16", "17-64", "65-256", ">256", "never"]
+_FINE_EDGES = [2, 3, 5, 9, 17, 65, 257]
+FOLD_BLOCK = 256
+_ALPHAS = (0.0, 1.0, 10.0, 100.0, None)     # next-layer predictor smoothing toward popularity (None: popularity)
 LIFT_MIN_COUNT = 20     # a pair must be seen this often to count for lift_top_pair
 
 
@@ -175,17 +198,29 @@ def _r(x, nd=4):
     return round(float(x), nd)
 
 
-def stats(trace: Trace, experts: int, cache_sizes=None, *, cache: bool = True, progress=None) -> dict:
+def stats(trace: Trace, experts: int, cache_sizes=None, *, cache: bool = True, progress=None,
+          layer_sizes=None) -> dict:
     """Statistics of ``trace`` for a model with ``experts`` experts per layer (see module docstring).
     ``progress(done, total)`` is called per layer pair and per cache size (the slow parts)."""
     ids = np.asarray(trace.ids).astype(np.int64)
     if ids.ndim != 3:
         raise UserError(f"trace stats: expected ids [tokens, layers, topk], found shape {list(ids.shape)}")
+    seg = np.asarray(trace.segments, dtype=np.int64)
+    masked_tokens = 0
+    if ids.size and ids.min() < 0 and trace.meta.get("missing") == "mask":
+        # tokens with a masked pick (a missing router record) are left out; segments keep the rest
+        keep = (ids >= 0).all(axis=(1, 2))
+        masked_tokens = int((~keep).sum())
+        seg_of_tok = np.repeat(np.arange(len(seg) - 1), np.diff(seg))[keep]
+        ids = ids[keep]
+        if not len(ids):
+            raise UserError("trace stats: every token has a masked pick")
+        starts = np.flatnonzero(np.concatenate([[True], seg_of_tok[1:] != seg_of_tok[:-1]]))
+        seg = np.concatenate([starts, [len(ids)]]).astype(np.int64)
     T, L, K = ids.shape
     E = int(experts)
     if ids.size and (ids.min() < 0 or ids.max() >= E):
         raise UserError(f"trace stats: expert ids out of range 0..{E - 1} (found {ids.min()}..{ids.max()})")
-    seg = np.asarray(trace.segments, dtype=np.int64)
     seg_of = np.repeat(np.arange(len(seg) - 1), np.diff(seg))
     first = np.zeros(T, dtype=bool)
     first[seg[:-1]] = True
@@ -216,6 +251,15 @@ def stats(trace: Trace, experts: int, cache_sizes=None, *, cache: bool = True, p
     rd_counts = np.bincount(bucket, minlength=5)
     layer_of = keys[order] // E
     rd_layer = np.bincount(layer_of * 5 + bucket, minlength=L * 5).reshape(L, 5)
+    fine = np.where(dist < 0, 8, np.digitize(dist, _FINE_EDGES))
+    fine_layer = np.bincount(layer_of * 9 + fine, minlength=L * 9).reshape(L, 9)
+    # top-1 repeat: slot 0 equal to the previous token's slot 0, same segment
+    if T > 1:
+        same0 = (ids[1:, :, 0] == ids[:-1, :, 0]) & ~first[1:, None]
+        top1 = same0.sum(0) / max(1, valid_prev)
+    else:
+        top1 = np.zeros(L)
+    nxt = next_layer_recall(ids, E) if L > 1 else None
 
     # cross-layer
     nmi, lift = [], []
@@ -245,6 +289,10 @@ def stats(trace: Trace, experts: int, cache_sizes=None, *, cache: bool = True, p
             "reuse_distance": [_r(x) for x in rd_layer[l] / max(1, rd_layer[l].sum())],
             "nmi_next": _r(nmi[l]) if l < L - 1 else None,
             "lift_top_pair": _r(lift[l], 3) if l < L - 1 else None,
+            "top1_repeat": _r(top1[l]),
+            "reuse_distance_fine": [_r(x) for x in fine_layer[l] / max(1, fine_layer[l].sum())],
+            "next_layer_recall": ({str(k): _r(v) for k, v in nxt["recall"][l - 1].items()}
+                                  if nxt is not None and l > 0 else None),
         })
 
     def mean(key):
@@ -253,18 +301,102 @@ def stats(trace: Trace, experts: int, cache_sizes=None, *, cache: bool = True, p
 
     out = {
         "tokens": int(T), "layers": int(L), "experts": E, "topk": int(K), "segments": int(len(seg) - 1),
+        "masked_tokens_left_out": masked_tokens,
         "picks": int(T * L * K),
         "summary": {k: mean(k) for k in ("entropy_norm", "max_over_mean", "top10_share", "slot0_entropy_norm",
-                                         "slot0_max_over_mean", "reuse_prev_token", "nmi_next", "lift_top_pair")},
+                                         "slot0_max_over_mean", "reuse_prev_token", "nmi_next", "lift_top_pair",
+                                         "top1_repeat")},
         "reuse_random_baseline": _r(K / E),
         "reuse_distance": {"buckets": REUSE_BUCKETS, "count": rd_counts.tolist(),
                            "fraction": [_r(x) for x in rd_counts / max(1, rd_counts.sum())]},
+        "reuse_distance_fine": {"buckets": FINE_BUCKETS, "fraction": [
+            _r(x) for x in fine_layer.sum(0) / max(1, fine_layer.sum())]},
+        "top1_random_baseline": _r(1 / E),
+        "next_layer": None if nxt is None else {
+            "ks": nxt["ks"], "predictability": _r(np.mean([r[K] for r in nxt["recall"]])),
+            "recall": {str(k): _r(np.mean([r[k] for r in nxt["recall"]])) for k in nxt["ks"]},
+            "method": "2-fold cross-fitted co-occurrence ranking from the previous layer's picks"},
         "per_layer": per_layer,
     }
     if cache:
         step = None if progress is None else (lambda i, n: progress(L - 1 + i, work))
         out["cache"] = cache_curves(ids, E, cache_sizes, progress=step)
+        out["layer_cache"] = layer_cache_curves(ids, E, layer_sizes)
     return out
+
+
+def default_layer_sizes(experts: int, topk: int) -> list[int]:
+    """Per-layer cache sizes: topk x 1..4, E/4, E/2 (at most E, at least 1)."""
+    return sorted({max(1, min(experts, s)) for s in (topk, 2 * topk, 3 * topk, 4 * topk, experts // 4,
+                                                     experts // 2)})
+
+
+def layer_cache_curves(ids: np.ndarray, experts: int, sizes=None) -> dict:
+    """Per-layer LRU and Belady hit rates (module docstring: ``layer_cache``)."""
+    T, L, K = ids.shape
+    E = int(experts)
+    sizes = default_layer_sizes(E, K) if sizes is None else sorted({int(s) for s in sizes})
+    if any(s < 1 for s in sizes):
+        raise UserError(f"trace stats: per-layer cache sizes must be >= 1 slot, found {sizes}")
+    lru, opt = np.zeros((L, len(sizes))), np.zeros((L, len(sizes)))
+    for l in range(L):
+        seq = np.asarray(ids[:, l, :], dtype=np.int64).ravel()
+        n = len(seq)
+        distinct = len(np.unique(seq))
+        nx = next_use(seq)
+        for j, sz in enumerate(sizes):
+            if sz >= distinct:
+                lru[l, j] = opt[l, j] = (n - distinct) / n
+            else:
+                lru[l, j] = lru_hits(seq, sz) / n
+                opt[l, j] = belady_hits(seq, sz, nx) / n
+    return {"sizes": sizes, "lru": [_r(x) for x in lru.mean(0)], "belady": [_r(x) for x in opt.mean(0)],
+            "per_layer": {"lru": [[_r(x) for x in row] for row in lru],
+                          "belady": [[_r(x) for x in row] for row in opt]},
+            "order": "one layer's picks, token then slot; one stream over all segments"}
+
+
+def next_layer_recall(ids: np.ndarray, experts: int, ks=None) -> dict:
+    """Next-layer predictability (module docstring: ``next_layer``): per layer 1..L-1 {k: recall}."""
+    T, L, K = ids.shape
+    E = int(experts)
+    ks = sorted({max(1, K // 2), K, min(E, 2 * K)}) if ks is None else sorted(set(ks))
+    kmax = min(E, max(ks))
+    odd = (np.arange(T) // min(FOLD_BLOCK, max(1, T // 8))) % 2 == 1      # short traces: 8 blocks
+    a, b = np.flatnonzero(~odd), np.flatnonzero(odd)
+    folds = [(a, b), (b, a)]
+    out = []
+    for l in range(1, L):
+        prev, cur = ids[:, l - 1, :].astype(np.int64), ids[:, l, :].astype(np.int64)
+        best = None
+        for alpha in _ALPHAS:
+            hits = dict.fromkeys(ks, 0)
+            total = 0
+            for test, train in folds:
+                if not len(test) or not len(train):
+                    continue
+                pairs = (prev[train][:, :, None] * E + cur[train][:, None, :]).ravel()
+                C = np.bincount(pairs, minlength=E * E).reshape(E, E).astype(np.float64)
+                pop = np.bincount(cur[train].ravel(), minlength=E).astype(np.float64)
+                pop /= max(1.0, pop.sum())
+                if alpha is None:                   # popularity alone
+                    P = np.broadcast_to(pop, (E, E))
+                else:
+                    P = (C + alpha * pop[None, :]) / (C.sum(1, keepdims=True) + alpha + 1e-12)
+                score = P[prev[test]].sum(axis=1) + pop * 1e-9                  # [n, E]
+                top = np.argpartition(-score, kmax - 1, axis=1)[:, :kmax] if kmax < E else \
+                    np.tile(np.arange(E), (len(test), 1))
+                top = np.take_along_axis(top, np.argsort(-np.take_along_axis(score, top, 1), axis=1,
+                                                         kind="stable"), 1)
+                truth = cur[test]
+                for k in ks:
+                    hits[k] += int((top[:, :k, None] == truth[:, None, :]).any(1).sum())
+                total += truth.size
+            rec = {k: hits[k] / total if total else 0.0 for k in ks}
+            if best is None or rec[K] > best[K]:
+                best = rec
+        out.append(best)
+    return {"ks": ks, "recall": out}
 
 
 def cache_curves(ids: np.ndarray, experts: int, cache_sizes=None, *, progress=None) -> dict:
@@ -309,22 +441,46 @@ def format_stats(d: dict) -> str:
              "",
              "popularity (mean over layers): entropy_norm {}  max/mean {}  top10% share {}  slot0 entropy_norm {}"
              .format(s["entropy_norm"], s["max_over_mean"], s["top10_share"], s["slot0_entropy_norm"]),
-             f"token-to-token reuse: {s['reuse_prev_token']} (random {d['reuse_random_baseline']})",
+             f"token-to-token reuse: {s['reuse_prev_token']} (random {d['reuse_random_baseline']})  "
+             f"top-1 repeat: {s['top1_repeat']} (random {d['top1_random_baseline']})",
              f"cross-layer: nmi_next {s['nmi_next']}  lift of top pair {s['lift_top_pair']}",
              "",
              "reuse distance (tokens, per key within segment):",
              "  " + "  ".join(f"{b:>9}" for b in d["reuse_distance"]["buckets"]),
-             "  " + "  ".join(f"{100 * f:>8.1f}%" for f in d["reuse_distance"]["fraction"])]
+             "  " + "  ".join(f"{100 * f:>8.1f}%" for f in d["reuse_distance"]["fraction"]),
+             "  " + "  ".join(f"{b:>7}" for b in d["reuse_distance_fine"]["buckets"]),
+             "  " + "  ".join(f"{100 * f:>6.1f}%" for f in d["reuse_distance_fine"]["fraction"])]
+    nl = d.get("next_layer")
+    if nl:
+        lines += ["", "next-layer predictability (recall of layer l's picks with k guesses from layer l-1's; "
+                      f"{nl['method']}): " + "  ".join(f"k={k}: {v}" for k, v in nl["recall"].items())]
     if "cache" in d:
         c = d["cache"]
         lines += ["", f"cache hit rate ({c['accesses']} accesses, {c['distinct_keys']} distinct keys; {c['order']}):",
                   f"  {'slots':>8} {'of model':>9} {'LRU':>7} {'Belady':>7}"]
         for sz, fr, a, b in zip(c["sizes"], c["slots_fraction"], c["lru"], c["belady"]):
             lines.append(f"  {sz:>8} {100 * fr:>8.1f}% {100 * a:>6.1f}% {100 * b:>6.1f}%")
-    lines += ["", f"  {'layer':>5} {'ent':>6} {'max/mn':>7} {'top10%':>7} {'reuse':>6} {'nmi+1':>6} {'lift':>6}"]
-    for p in d["per_layer"]:
+    lc = d.get("layer_cache")
+    if lc:
+        lines += ["", "per-layer cache hit rate (slots per layer; mean over layers):",
+                  f"  {'slots':>8} {'LRU':>7} {'Belady':>7}"]
+        for sz, a, b in zip(lc["sizes"], lc["lru"], lc["belady"]):
+            lines.append(f"  {sz:>8} {100 * a:>6.1f}% {100 * b:>6.1f}%")
+    k = str(d["topk"])
+    head = f"  {'layer':>5} {'ent':>6} {'max/mn':>7} {'top10%':>7} {'reuse':>6} {'top1':>6} {'d=1':>6} {'nmi+1':>6} " \
+           f"{'lift':>6} {'rec@' + k:>7}"
+    if lc:
+        head += "  LRU/Belady at " + ", ".join(str(x) for x in lc["sizes"])
+    lines += ["", head]
+    for i, p in enumerate(d["per_layer"]):
         nm = "" if p["nmi_next"] is None else f"{p['nmi_next']:.3f}"
         lf = "" if p["lift_top_pair"] is None else f"{p['lift_top_pair']:.2f}"
-        lines.append(f"  {p['layer']:>5} {p['entropy_norm']:>6.3f} {p['max_over_mean']:>7.2f} "
-                     f"{p['top10_share']:>7.3f} {p['reuse_prev_token']:>6.3f} {nm:>6} {lf:>6}")
+        rc = "" if not p.get("next_layer_recall") else f"{p['next_layer_recall'][k]:.3f}"
+        row = (f"  {p['layer']:>5} {p['entropy_norm']:>6.3f} {p['max_over_mean']:>7.2f} "
+               f"{p['top10_share']:>7.3f} {p['reuse_prev_token']:>6.3f} {p['top1_repeat']:>6.3f} "
+               f"{p['reuse_distance_fine'][0]:>6.3f} {nm:>6} {lf:>6} {rc:>7}")
+        if lc:
+            row += "  " + " ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(lc["per_layer"]["lru"][i],
+                                                                      lc["per_layer"]["belady"][i]))
+        lines.append(row)
     return "\n".join(lines)

@@ -58,7 +58,7 @@ def compare(R, trace, concs=(1, 2, 4), peers=PEERS, oracle: bool = True, max_ste
     by = {r["peer"]: r for r in rows}
     for c in concs:
         c = str(c)
-        others = [r for r in rows if r["peer"] not in ("moetier", "oracle")]
+        others = [r for r in rows if r["peer"] not in ("moetier", "oracle") and not r["peer"].startswith("moetier")]
         if "moetier" in by and others:
             best = max(others, key=lambda r: r["by_conc"][c]["tok_s"])
             ratios["best_peer"][c] = best["peer"]

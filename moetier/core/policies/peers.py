@@ -33,7 +33,7 @@ from moetier.core.ledger import ABSENT, PUSHING, RAM, VRAM, Ledger
 from moetier.core.plan import LayerPlan
 from moetier.core.policies.residency import BeladyPolicy
 
-__all__ = ["Peer", "PEERS", "ORACLE", "DEFAULT", "attach", "rank_keys", "by_name"]
+__all__ = ["Peer", "PEERS", "ORACLE", "DEFAULT", "TUNED", "attach", "rank_keys", "by_name"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,10 @@ PEERS = (
     Peer(f"ktransformers-{p}", f"KTransformers: hot experts in VRAM, CPU computes the rest, {p} RAM tier",
          dict(_NO_PF, ram_evict=p), "static", "frequency", "cpu")
     for p in ("2q", "slru", "sieve", "s3fifo", "wtinylfu"))
+# moetier's own options that the data asks for (not yet the recipes' default: docs/peers.md)
+TUNED = Peer("moetier-2q-layer", "moetier with a per-layer 2Q RAM tier and W-TinyLFU VRAM admission (options)",
+             dict(ram_evict="2q", ram_partition="layer", vram_evict="wtinylfu"))
+PEERS = PEERS + (TUNED,)
 ORACLE = Peer("oracle", "bound: Belady replacement in VRAM and RAM with the future known, planner split per layer",
               dict(_NO_PF), "dynamic", "frequency", "planner", oracle=True)
 

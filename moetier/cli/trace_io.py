@@ -1,0 +1,68 @@
+"""``moetier trace import`` and ``moetier trace fit``: router logs in, and the generator fitted to a trace.
+
+Contract: ``register(tsub, parser_class)`` adds both subcommands to the ``trace`` parser; each sets ``trace_fn``,
+which ``cmd_trace`` calls. Bad input: one line naming the file, field or flag (UserError, exit 2); the trace is
+written atomically (moetier.traces.format.save_trace) or not at all.
+"""
+from __future__ import annotations
+
+from moetier.errors import UserError
+
+__all__ = ["register"]
+
+
+def cmd_import(args) -> int:
+    from moetier.cli.common import _emit, find_path
+    from moetier.traces.format import save_trace, validate
+    from moetier.traces.importer import Fields, import_log
+    geo = {}
+    if args.model:
+        from moetier.core import records as spec
+        m = spec.load_record("model", args.model)["moe"]
+        geo = {"experts": m["experts"], "topk": m["topk"], "layers": m["layers"]}
+    fields = Fields(token=args.token_field, layer=args.layer_field, experts=args.experts_field,
+                    weights=args.weights_field or None, segment=args.segment_field)
+    tr = import_log(find_path(args.src), fields, missing=args.missing, fmt=args.format,
+                    experts=args.experts or geo.get("experts"), topk=args.topk or geo.get("topk"),
+                    layers=args.layers or geo.get("layers"), name=args.name)
+    if args.model:
+        tr.meta["model_id"] = args.model
+        validate(tr, layers=geo["layers"], experts=geo["experts"], topk=geo["topk"], path=args.src,
+                 model_id=args.model)
+    save_trace(tr, args.out)
+    summary = {"out": str(args.out), "tokens": tr.tokens, "layers": tr.layers, "topk": tr.topk,
+               "segments": tr.nseg, "dropped_tokens": tr.meta["dropped_tokens"],
+               "masked_picks": tr.meta["masked_picks"], "weights": tr.weights is not None}
+    if args.json:
+        _emit(summary)
+    else:
+        lossy = ""
+        if tr.meta["dropped_tokens"]:
+            lossy = f", {tr.meta['dropped_tokens']} tokens dropped (missing router records)"
+        elif tr.meta["masked_picks"]:
+            lossy = f", {tr.meta['masked_picks']} picks masked (missing router records)"
+        print(f"wrote {args.out}: {tr.tokens} tokens x {tr.layers} layers x top-{tr.topk}, {tr.nseg} segments"
+              f"{lossy}")
+    return 0
+
+
+def register(tsub, parser_class) -> None:
+    from moetier.cli.common import positive_int
+    i = tsub.add_parser("import", help="a router log (JSON lines, CSV, npz) to a moetier trace")
+    i.add_argument("src", help="router log: .jsonl, .csv or .npz (or --format)")
+    i.add_argument("--out", required=True, help="trace to write (.npz)")
+    i.add_argument("--format", choices=("jsonl", "csv", "npz"), help="log format (default: by suffix)")
+    i.add_argument("--token-field", default="token", help="token index field (default token)")
+    i.add_argument("--layer-field", default="layer", help="layer index field (default layer)")
+    i.add_argument("--experts-field", default="experts", help="picked expert ids field (default experts)")
+    i.add_argument("--weights-field", default="weights", help="gate weights field (default weights; '' for none)")
+    i.add_argument("--segment-field", help="request / segment field (default: one segment)")
+    i.add_argument("--missing", choices=("error", "drop", "mask"), default="error",
+                   help="a missing router record: refuse (default), drop its token, or mask its picks (lossy)")
+    i.add_argument("--model", help="model id: geometry from its record, and the trace is checked against it")
+    i.add_argument("--experts", type=positive_int, help="experts per layer (ids must be below)")
+    i.add_argument("--topk", type=positive_int, help="picks per token and layer (default: the most seen)")
+    i.add_argument("--layers", type=positive_int, help="MoE layers (default: the most seen)")
+    i.add_argument("--name", help="a name kept in the trace's meta")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(trace_fn=cmd_import)
