@@ -95,7 +95,7 @@ def test_compare_cli_refuses_an_unknown_row(capsys):
 def test_lossy_runs_show_the_masked_share(capsys):
     over = ["policy.exact=\"mask\"", "budget.ram_gb=0.002"]
     assert main(["sim", "tiny-ci-cuda", "--conc", "1", "--steps", "20", "--set", *over]) == 0
-    assert "(masked " in capsys.readouterr().out
+    assert "% masked" in capsys.readouterr().out
     assert main(["sim", "tiny-ci-cuda", "--conc", "1", "--steps", "20", "--json", "--set", *over]) == 0
     assert json.loads(capsys.readouterr().out)["masked_share"] > 0
 

@@ -50,7 +50,8 @@ def plot_compare(rows, path, title: str = "") -> str:
 
 
 def cmd_compare(args) -> int:
-    from moetier.cli.common import _emit, _progress, _resolve, find_path
+    from moetier.cli import progress
+    from moetier.cli.common import _emit, _resolve, find_path
     from moetier.core.policies.compare import compare
     from moetier.core.policies.peers import PEERS, by_name
     from moetier.traces.format import load_trace
@@ -68,10 +69,10 @@ def cmd_compare(args) -> int:
     docs = []
     for t in traces:
         tr = load_trace(find_path(t), layers=R.layers, experts=R.experts, topk=R.topk, model_id=R.model_id)
-        prog = _progress(f"compare {Path(t).stem}")
-        cb = (lambda name, i, n: prog(i, n)) if prog else None
-        docs.append(compare(R, tr, concs=args.conc or [1, 2, 4], peers=peers, oracle=not args.no_oracle,
-                            max_steps=args.steps, trace_name=str(t), progress=cb))
+        with progress.task(f"compare {Path(t).stem}", unit="rows") as prog:
+            docs.append(compare(R, tr, concs=args.conc or [1, 2, 4], peers=peers, oracle=not args.no_oracle,
+                                max_steps=args.steps, trace_name=str(t),
+                                progress=lambda name, i, n: prog(i, n)))
     for t, d in zip(traces, docs):
         png = Path(args.png) if args.png else Path(f"compare-{R.id}.png")
         if len(traces) > 1:
