@@ -64,5 +64,5 @@ def register(tsub, parser_class) -> None:
     i.add_argument("--topk", type=positive_int, help="picks per token and layer (default: the most seen)")
     i.add_argument("--layers", type=positive_int, help="MoE layers (default: the most seen)")
     i.add_argument("--name", help="a name kept in the trace's meta")
-    i.add_argument("--json", action="store_true")
+    i.add_argument("--json", action="store_true", help="machine-readable summary")
     i.set_defaults(trace_fn=cmd_import)
