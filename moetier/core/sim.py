@@ -368,7 +368,6 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
     (``out["timeline"]``, _Timeline: a few integers a step, read from counters the replay keeps anyway)
     ``choose``: the recipe a predicted run planned on (moetier.measure.calibrate: the plan pass's terms): a replay of
     it on its own clock deals every pick to its lane, as that run did, and ``R``'s terms time the deal (_Dealer).
-
     ``peer``: a moetier.core.policies.peers.Peer whose placement, replacement and lane deal the replay runs (its
     policy overrides are the caller's to apply to ``R``)."""
     seed_mode = R.policy.get("seed", "warmup")
