@@ -99,7 +99,7 @@ def test_plot_cli_compare_reads_json_lines(tmp_path, capsys):
 @pytest.mark.parametrize("argv,needle", [
     (["plot", "calibration", "tiny-ci-cpu-no-such-run", "--out", "x.png"], "tiny-ci-cpu-no-such-run"),
     (["plot", "levers", "/nonexistent.json", "--out", "x.png"], "/nonexistent.json"),
-    (["plot", "waterfall", "calibration-tiny-local-cpu-2026-11-29", "--out", "x.png"], "chokepoints"),
+    (["plot", "waterfall", "calibration-tiny-local-cpu-2026-12-02zg", "--out", "x.png"], "chokepoints"),
 ])
 def test_plot_bad_input_is_one_line(argv, needle, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
