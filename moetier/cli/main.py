@@ -112,7 +112,7 @@ def cmd_table(args) -> int:
 def cmd_trace(args) -> int:
     from moetier.traces import format as T
     if args.trace_cmd == "stats":
-        from moetier.traces.stats import format_stats, stats
+        from moetier.traces.stats import stats
         kw = _model_geometry(args.model) if args.model else {}
         tr = T.load_trace(find_path(args.path), args.segments, **kw)
         experts = kw.get("experts") or int(tr.meta.get("experts") or int(tr.ids.max()) + 1)
@@ -127,7 +127,8 @@ def cmd_trace(args) -> int:
         if args.json:
             _emit(d)
         else:
-            print(format_stats(d))
+            from moetier.cli.trace_view import print_trace_stats
+            print_trace_stats(d)
         return 0
     if args.trace_cmd == "gen":
         from moetier.traces.gen import GenParams, generate

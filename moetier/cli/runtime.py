@@ -8,7 +8,6 @@ not shipped ones unless --overlay asks it to overlay a shipped record.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import platform
 import sys
 
@@ -256,32 +255,8 @@ def cmd_calibrate(args) -> int:
     if args.json:
         _emit(record)
         return 0
-    t = res["terms"]
-    print(f"fitted: cpu lane {json.dumps({k: round(v, 4) for k, v in t['cpu'].items()})}; host "
-          f"{json.dumps({k: round(v, 4) for k, v in t['host'].items()})}; fixed_ms {json.dumps(t['fixed_ms'])}")
-    for n in res.get("notes", ()):
-        print(f"note: {n}")
-    print("| arm | conc | fit/held-out | measured tok/s (+-2 se) | sim tok/s | error | "
-          + " | ".join(f"ms/tok {b} (sim)" for b in calibrate.BUCKETS) + " |")
-    print("|---|---|---|---|---|---|" + "---|" * len(calibrate.BUCKETS))
-    for r in res["rows"]:
-        m, p = r["ms_per_token"]["measured"], r["ms_per_token"]["sim"]
-        noise = "" if r.get("noise_pct") is None else f" (+-{r['noise_pct']:.1f}%)"
-        print(f"| {r['arm']} | {r['conc']} | {'fit' if r['fit'] else 'held-out'} | {r['measured_tok_s']:.1f}{noise} | "
-              f"{r['sim_tok_s']:.1f} | {r['error_pct']:+.1f}% | "
-              + " | ".join(f"{m[b]:.2f} ({p[b]:.2f})" for b in calibrate.BUCKETS) + " |")
-    s = res["summary"]
-    print(f"median |error| {s['median_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}%, held-out max "
-          f"{s['held_out_max_abs_error_pct']:.1f}% over {s['arms']} arms; buckets within 15%: "
-          f"{s['buckets_within_15pct']}/{s['buckets_checked']} (misses: {', '.join(s['bucket_misses']) or 'none'})")
-    if s.get("noisy_arms"):
-        print(f"noisy: the measured figure of {', '.join(s['noisy_arms'])} (2 standard errors over its pooled "
-              f"repeats) is uncertain by more than {calibrate.NOISE_FLAG_PCT:.0f}%: their errors are not a model check "
-              f"alone; rerun on a quieter machine or with more --repeats")
-    if s.get("pass_drift_pct") is not None:
-        print(f"machine drift between the plan pass and the checked pass (cpu-only fit arms, median; the terms "
-              f"come from the checked pass): "
-              f"{s['pass_drift_pct']:+.1f}%")
+    from moetier.cli.calibrate_view import print_calibration
+    print_calibration(res, calibrate.BUCKETS, calibrate.NOISE_FLAG_PCT)
     return 0
 
 
@@ -308,35 +283,9 @@ def _ablate(args) -> int:
                             "rows": [{"removed": n, "terms": m, **c} for n, m, c in r["rows"]]}
                            for rec, r in zip(recs, res)], "earns": verdict})
         return 0
-    _print_ablation(recs, res, verdict, need)
+    from moetier.cli.calibrate_view import print_ablation
+    print_ablation(recs, res, verdict, need, ablate.earns)
     return 0
-
-
-def _print_ablation(recs, res, verdict: dict, need: int) -> None:
-    """The ablation as markdown: each record's re-predicted figures, then one row per removal."""
-    from moetier.measure import ablate
-    for rec, r in zip(recs, res):
-        b = r["base"]
-        print(f"{rec.get('id')}: median |error| {b['median_abs_error_pct']:.2f}%, max {b['max_abs_error_pct']:.2f}%, "
-              f"held-out max {b['held_out_max_abs_error_pct'] or 0:.2f}%, buckets within 15% "
-              f"{b['buckets_within_15pct']}/{b['buckets_checked']}; pass drift {r['drift']:.2f} points")
-    print("\n| removed | " + " | ".join(f"{rec.get('id')} d median / d max / d held-out / buckets / worst bucket"
-                                        for rec in recs) + " | earns |")
-    print("|---|" + "---|" * len(recs) + "---|")
-    for name in verdict:
-        cells = []
-        for r in res:
-            c = next((c for n, _, c in r["rows"] if n == name), None)
-            cells.append("-" if c is None else _ablation_cell(c, ablate.earns(c, r["drift"])))
-        print(f"| {name} | " + " | ".join(cells) + f" | {'yes' if verdict[name] else 'no'} |")
-    print(f"\n*: worsens the median or max |error| by more than that record's pass drift; earns: on at least "
-          f"{need} record(s)")
-
-
-def _ablation_cell(c: dict, earns: bool) -> str:
-    w = f"{c['worst_bucket'][0]} {c['worst_bucket'][1]:+.1f}" if c["worst_bucket"] else "-"
-    return (f"{c['median']:+.2f} / {c['max']:+.2f} / {c['held_out']:+.2f} / {c['buckets'][0]}/{c['buckets'][1]} / "
-            f"{w}{'*' if earns else ''}")
 
 
 def _load_run(path: str) -> dict:

@@ -54,7 +54,7 @@ import numpy as np
 from moetier.errors import UserError
 from moetier.traces.format import Trace
 
-__all__ = ["stats", "format_stats", "lru_hits", "belady_hits", "default_cache_sizes", "next_use",
+__all__ = ["stats", "lru_hits", "belady_hits", "default_cache_sizes", "next_use",
            "REUSE_BUCKETS", "FINE_BUCKETS", "layer_cache_curves", "next_layer_recall", "default_layer_sizes"]
 
 REUSE_BUCKETS = ["<64", "64-255", "256-1023", ">=1024", "never"]
@@ -431,56 +431,3 @@ def cache_curves(ids: np.ndarray, experts: int, cache_sizes=None, *, progress=No
             "lru": [_r(h / n) for h in lru], "belady": [_r(h / n) for h in opt],
             "slots_fraction": [_r(s / (L * E)) for s in sizes],
             "order": "token, layer, slot; one stream over all segments"}
-
-
-def format_stats(d: dict) -> str:
-    """A readable text report of ``stats()`` output."""
-    s = d["summary"]
-    lines = [f"trace: {d['tokens']} tokens x {d['layers']} layers x top-{d['topk']} over {d['experts']} experts, "
-             f"{d['segments']} segment(s), {d['picks']} picks",
-             "",
-             "popularity (mean over layers): entropy_norm {}  max/mean {}  top10% share {}  slot0 entropy_norm {}"
-             .format(s["entropy_norm"], s["max_over_mean"], s["top10_share"], s["slot0_entropy_norm"]),
-             f"token-to-token reuse: {s['reuse_prev_token']} (random {d['reuse_random_baseline']})  "
-             f"top-1 repeat: {s['top1_repeat']} (random {d['top1_random_baseline']})",
-             f"cross-layer: nmi_next {s['nmi_next']}  lift of top pair {s['lift_top_pair']}",
-             "",
-             "reuse distance (tokens, per key within segment):",
-             "  " + "  ".join(f"{b:>9}" for b in d["reuse_distance"]["buckets"]),
-             "  " + "  ".join(f"{100 * f:>8.1f}%" for f in d["reuse_distance"]["fraction"]),
-             "  " + "  ".join(f"{b:>7}" for b in d["reuse_distance_fine"]["buckets"]),
-             "  " + "  ".join(f"{100 * f:>6.1f}%" for f in d["reuse_distance_fine"]["fraction"])]
-    nl = d.get("next_layer")
-    if nl:
-        lines += ["", "next-layer predictability (recall of layer l's picks with k guesses from layer l-1's; "
-                      f"{nl['method']}): " + "  ".join(f"k={k}: {v}" for k, v in nl["recall"].items())]
-    if "cache" in d:
-        c = d["cache"]
-        lines += ["", f"cache hit rate ({c['accesses']} accesses, {c['distinct_keys']} distinct keys; {c['order']}):",
-                  f"  {'slots':>8} {'of model':>9} {'LRU':>7} {'Belady':>7}"]
-        for sz, fr, a, b in zip(c["sizes"], c["slots_fraction"], c["lru"], c["belady"]):
-            lines.append(f"  {sz:>8} {100 * fr:>8.1f}% {100 * a:>6.1f}% {100 * b:>6.1f}%")
-    lc = d.get("layer_cache")
-    if lc:
-        lines += ["", "per-layer cache hit rate (slots per layer; mean over layers):",
-                  f"  {'slots':>8} {'LRU':>7} {'Belady':>7}"]
-        for sz, a, b in zip(lc["sizes"], lc["lru"], lc["belady"]):
-            lines.append(f"  {sz:>8} {100 * a:>6.1f}% {100 * b:>6.1f}%")
-    k = str(d["topk"])
-    head = f"  {'layer':>5} {'ent':>6} {'max/mn':>7} {'top10%':>7} {'reuse':>6} {'top1':>6} {'d=1':>6} {'nmi+1':>6} " \
-           f"{'lift':>6} {'rec@' + k:>7}"
-    if lc:
-        head += "  LRU/Belady at " + ", ".join(str(x) for x in lc["sizes"])
-    lines += ["", head]
-    for i, p in enumerate(d["per_layer"]):
-        nm = "" if p["nmi_next"] is None else f"{p['nmi_next']:.3f}"
-        lf = "" if p["lift_top_pair"] is None else f"{p['lift_top_pair']:.2f}"
-        rc = "" if not p.get("next_layer_recall") else f"{p['next_layer_recall'][k]:.3f}"
-        row = (f"  {p['layer']:>5} {p['entropy_norm']:>6.3f} {p['max_over_mean']:>7.2f} "
-               f"{p['top10_share']:>7.3f} {p['reuse_prev_token']:>6.3f} {p['top1_repeat']:>6.3f} "
-               f"{p['reuse_distance_fine'][0]:>6.3f} {nm:>6} {lf:>6} {rc:>7}")
-        if lc:
-            row += "  " + " ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(lc["per_layer"]["lru"][i],
-                                                                      lc["per_layer"]["belady"][i]))
-        lines.append(row)
-    return "\n".join(lines)
