@@ -15,6 +15,9 @@ Seeding (policy.seed):
 - "none": empty tiers, 200 warm steps.
 
 ``prefill(R, prompt)`` is the closed-form prefill bound (compute vs PCIe vs NVMe per layer and chunk).
+
+The executor the replay drives (``Replay``) and the lockstep picks (``Streams``, ``rank_keys``) live in
+moetier.core.replay, shared with the runtime; they are importable from here too.
 """
 from __future__ import annotations
 
@@ -23,268 +26,13 @@ import time
 
 import numpy as np
 
-from moetier.core.ledger import Ledger
-from moetier.core.llc import reuse_model
-from moetier.core.channel import NvmeChannel
-from moetier.core.plan import LayerPlan, plan_layer
-from moetier.core.terms import ChannelTerms, PlanContext
+from moetier.core.plan import LayerPlan
 from moetier.core.predict import make_predictor
+from moetier.core.replay import Replay, Streams, rank_keys
+
+__all__ = ["ORACLE_WARM_STEPS", "Replay", "Streams", "prefill", "rank_keys", "run"]
 
 ORACLE_WARM_STEPS = 200
-
-
-def rank_keys(ids: np.ndarray, experts: int) -> np.ndarray:
-    """Keys ordered hottest first by pick count (ties by key) over ids [tokens, layers, topk]."""
-    L = ids.shape[1]
-    keys = (ids.astype(np.int64) + (np.arange(L, dtype=np.int64) * experts)[None, :, None]).ravel()
-    keys = keys[ids.ravel() >= 0]            # masked picks (a missing router record) are not computed
-    counts = np.bincount(keys, minlength=L * experts)
-    return np.lexsort((np.arange(counts.size), -counts))[: int((counts > 0).sum())]
-
-
-class Streams:
-    """Lockstep streams over trace segments; yields per step, per layer, the union of picks with row counts."""
-
-    def __init__(self, trace, conc: int, topk: int, experts: int, *, offsets: list[int], window: int = 1,
-                 span: int | None = None):
-        """``span``: the tokens per stream the caller will step through (steps x window); when it is shorter than
-        a segment only those tokens are turned into lists (a short replay's set-up cost was the whole segment's)."""
-        self.conc, self.window = conc, window
-        nseg = trace.nseg
-        L = trace.ids.shape[1]
-        base = (np.arange(L, dtype=np.int64) * experts)[None, :, None]
-        self.local, self.keys, self.offsets = [], [], []
-        cache = {}
-        for i in range(conc):
-            si = i % nseg
-            seg = trace.segment(si)
-            n = len(seg)
-            off = offsets[i] % n
-            part = span is not None and span < n
-            ck = (si, off) if part else si
-            if ck not in cache:
-                sel = seg[(off + np.arange(span)) % n] if part else seg
-                sel = np.ascontiguousarray(sel[:, :, :topk])
-                if (sel < 0).any():          # masked picks (a missing router record) are not computed
-                    loc = [[[e for e in row if e >= 0] for row in tok] for tok in sel.tolist()]
-                    cache[ck] = (loc, [[[e + l * experts for e in row] for l, row in enumerate(tok)] for tok in loc])
-                else:
-                    cache[ck] = (sel.tolist(), (sel.astype(np.int64) + base).tolist())
-            loc, ks = cache[ck]
-            self.local.append(loc)
-            self.keys.append(ks)
-            self.offsets.append(0 if part else off)
-        self.layers = L
-
-    def rows(self, step: int):
-        """Token indices (stream, token) of this step's rows."""
-        w = self.window
-        return [(i, (self.offsets[i] + step * w + j) % len(self.keys[i])) for i in range(self.conc) for j in range(w)]
-
-    def picks(self, rows, layer: int) -> dict:
-        keys = self.keys
-        if len(rows) == 1:
-            i, t = rows[0]
-            return dict.fromkeys(keys[i][t][layer], 1)
-        out: dict = {}
-        get = out.get
-        for i, t in rows:
-            for k in keys[i][t][layer]:
-                out[k] = get(k, 0) + 1
-        return out
-
-    def local_rows(self, rows, layer: int) -> list:
-        return [self.local[i][t][layer] for i, t in rows]
-
-
-class Replay:
-    """The simulator's executor: plans each layer and carries out the plan's intents on modeled time."""
-
-    def __init__(self, R, *, predictor=None, rows: int = 1):
-        self.R = R
-        self.ctx = PlanContext.from_recipe(R, rows)
-        if R.policy.get("vram_admit") is False:     # static VRAM: what the GPU computes from RAM or NVMe stays out
-            self.ctx.can_admit = False
-        self.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, exclusive=R.policy.get("ram", "exclusive")
-                             == "exclusive", ram_policy=R.policy.get("ram_evict", "lru"),
-                             vram_policy=R.policy.get("vram_evict"),
-                             ram_partition=R.policy.get("ram_partition", "global"), layers=R.layers,
-                             experts=R.experts)
-        nvme, engines = R.hardware.get("nvme", {}), getattr(R, "engines", ())
-        terms = ChannelTerms.at_rows(nvme, rows, engines, R.nvme_expert_bytes, (R.experts, R.topk))
-        self.chan = NvmeChannel(R.nvme_expert_bytes, R.nvme_bw_gbps, bw_qd1_gbps=R.nvme_bw_qd1_gbps,
-                                latency_ms=R.nvme_latency_ms, terms=terms)
-        self.llc = reuse_model(R)
-        self.predictor = predictor
-        pf = R.policy.get("prefetch") or {}
-        self.pf_depth = int(pf.get("depth") or 0)
-        self.prefetching = predictor is not None and self.pf_depth > 0
-        self.pf_budget = int(pf.get("budget") or 8)
-        self.pf_tickets: dict = {}
-        self.pf_target: dict[int, list] = {}
-        self.pf_used = 0
-        self.admissions = 0       # RAM -> VRAM pushes of resident (zerocopy) picks, counted by the executors
-        self.split_end = None     # when the cpu lane's last split call ended (model ms): its worker's idle
-        self._copies = 0
-        # a peer's hooks (moetier.core.policies.peers.attach): ``deal(ledger, picks)`` -> the lanes of a layer's
-        # picks (None: the planner's), ``before(layer)`` ahead of each layer's plan (the oracle's clock)
-        self.deal = None
-        self.before = None
-
-    def settle(self) -> tuple[float, float]:
-        """(link ms, host ms) of the admissions and drains since the last call when the engine runs them after the
-        lanes, one after another (ctx.copy_serial, i.e. policy.overlap false): each costs one record over the link
-        (push_ms, hardware gpu.h2d_gbps) plus its host time (recipe calibration.host.per_copy_ms). NVMe -> VRAM pushes
-        are in the plan already (they gate the gpu lane). In an exclusive ledger every VRAM eviction is a drain (a
-        VRAM key has no RAM copy); counted here rather than on the ledger's hot path."""
-        L = self.ledger
-        n = self.admissions + (L.counters["vram_evictions"] if L.exclusive and not L.all_in_ram else 0)
-        new, self._copies = n - self._copies, n
-        ctx = self.ctx
-        return (new * ctx.push_ms, new * ctx.host_copy) if ctx.copy_serial else (0.0, 0.0)
-
-    def idle(self, t0: float) -> float:
-        """ms the cpu lane's worker has idled at t0, since the last split call ended (0 before the first)."""
-        return t0 - self.split_end if self.split_end is not None else 0.0
-
-    def touch(self, plan: LayerPlan) -> None:
-        """Recency of the picks computed in place, and what streamed through the host cache: the cpu lane's RAM
-        picks, then the layer's NVMe reads (landed and checksummed in host memory), in the order they ran (shared by
-        the simulator's and the runtime's commit); when the layer's split call ended (``idle``)."""
-        if plan.split_end is not None:
-            self.split_end = plan.split_end
-        if self.llc is not None:
-            self.llc.touch(plan.cpu)
-            if plan.nvme_cpu or plan.nvme_gpu:
-                self.llc.touch(plan.nvme_cpu + plan.nvme_gpu)
-        L = self.ledger
-        if plan.gpu:
-            L.vram_hit(plan.gpu)
-        if plan.cpu and not L.all_in_ram:
-            L.ram_hit(plan.cpu)
-
-    def begin_step(self, step: int) -> None:
-        self.ledger.step = step
-        if self.predictor is not None and hasattr(self.predictor, "salt"):
-            self.predictor.salt = step
-        if self.predictor is not None and hasattr(self.predictor, "begin_step"):
-            self.predictor.begin_step(step)
-
-    def after_plan(self, layer: int, plan: LayerPlan, streams, rows, t0: float, *, on_expire=None,
-                   on_issue=None) -> None:
-        """Prefetch once a layer is planned (callers check ``prefetching``), shared by the simulator and the
-        runtime: expiry of this layer's unused prefetches, prediction + prefetch for layer + depth, predictor
-        learning. Issued at t0 + plan.issue_ms: past the layer's resident lanes and before its waits, so a read has
-        the rest of the layer to land in; issued after the layer, a depth-1 read was still queued when the next
-        layer needed it (benchmarks/bench_prefetch_timing.py counts the prefetches that had started). The runtime's
-        hooks move real bytes: ``on_expire(layer)`` before the model expires, ``on_issue(key, ticket)`` per read."""
-        pred, depth, t = self.predictor, self.pf_depth, t0 + plan.issue_ms
-        if on_expire is not None:
-            on_expire(layer)
-        self.expire(layer, t)
-        if layer + depth < self.R.layers:
-            fut = None
-            if pred.uses_future:
-                base = (layer + depth) * self.R.experts
-                fut = [k - base for k in streams.picks(rows, layer + depth)]
-            issued = self.prefetch(layer, None if pred.uses_future else streams.local_rows(rows, layer), fut, t)
-            if on_issue is not None:
-                for k in issued:
-                    on_issue(k, self.pf_tickets[k])
-        if not pred.uses_future and layer >= depth:
-            pred.observe(layer - depth, streams.local_rows(rows, layer - depth), streams.local_rows(rows, layer))
-
-    def layer(self, layer: int, picks: dict, t: float, streams, rows, lanes: LayerPlan | None = None) -> LayerPlan:
-        """One layer on modeled time (the simulator's executor; the runtime interleaves the same calls with its real
-        work): plan at ``t`` (keeping ``lanes``' deal where given: plan_layer), prefetch for the layers ahead,
-        commit the plan's intents, the LFU counts."""
-        if self.before is not None:
-            self.before(layer)
-        if lanes is None and self.deal is not None:
-            lanes = self.deal(self.ledger, picks)
-        plan = plan_layer(self.ctx, self.ledger, picks, t, self.chan, self.llc, lanes, self.idle(t))
-        if self.prefetching:
-            self.after_plan(layer, plan, streams, rows, t)
-        self.commit(plan, picks)
-        self.after_layer(picks)
-        return plan
-
-    def after_layer(self, picks: dict) -> None:
-        """After a layer's commit (shared by the simulator and the runtime): the LFU counts."""
-        L = self.ledger
-        if L._lfu_window:
-            L.observe(picks, L.step)
-
-    def commit(self, plan: LayerPlan, picks: dict) -> None:
-        L = self.ledger
-        self.touch(plan)
-        pft = self.pf_tickets
-        if plan.nvme_cpu:
-            fill = L.fill_landed
-            for k in plan.nvme_cpu:
-                tk = pft.pop(k, None) if pft else None
-                if tk is None:
-                    fill(k, picks)
-                else:
-                    self.pf_used += 1
-                    L.land(tk)
-                    L.adopt(k, picks)
-        if plan.zerocopy and self.ctx.can_admit:
-            self.admissions += L.pushes_landed(plan.zerocopy, picks)
-        if plan.nvme_gpu:
-            if pft:
-                # each prefetched record landed in the ring first; the pushes below take them from there (a key's
-                # landing touches no other key's tier, so landing them all before the pushes is the same)
-                for k in plan.nvme_gpu:
-                    tk = pft.pop(k, None)
-                    if tk is not None:
-                        self.pf_used += 1
-                        L.land(tk)
-                        L.drop_staged(k)
-            if self.ctx.can_admit:          # static VRAM (policy.vram_admit false): computed from staging, dropped
-                L.pushes_landed(plan.nvme_gpu, picks, staged=True)   # refused (all slots pinned): from staging
-
-    # -- prefetch -----------------------------------------------------------------------------------------------
-    def prefetch(self, layer: int, rows_local, future, t: float) -> list:
-        """Issue prefetch reads of layer + depth's predicted experts that are on NVMe only; returns their keys."""
-        L = self.ledger
-        if L.all_in_ram:
-            return []
-        tgt = layer + self.pf_depth
-        ranked = self.predictor.predict(layer, rows_local, future)
-        base = tgt * self.R.experts
-        state = L.state
-        want = []
-        for e in ranked or ():
-            k = base + e
-            if k not in state:
-                want.append(k)
-                if len(want) >= self.pf_budget:
-                    break
-        if hasattr(self.predictor, "issued"):
-            self.predictor.issued(layer, [k - base for k in want])
-        if not want:
-            return want
-        self.chan.prefetch(t, want)
-        for k in want:
-            self.pf_tickets[k] = L.begin_fill(k, staging=True)
-        self.pf_target.setdefault(tgt, []).extend(want)
-        return want
-
-    def expire(self, layer: int, t: float) -> None:
-        keys = self.pf_target.pop(layer, None)
-        if not keys:
-            return
-        pft = self.pf_tickets
-        left = [k for k in keys if k in pft]
-        cancelled, wasted = self.chan.expire(left, t)
-        L = self.ledger
-        for k in cancelled:
-            L.abort(pft.pop(k))
-        for k in wasted:       # bytes were read into the landing ring; the slot is reused
-            tk = pft.pop(k)
-            L.land(tk)
-            L.drop_staged(k)
 
 
 def _segment_plan(trace, conc: int, window: int, seed_mode: str, warmup_tokens: int):
@@ -406,8 +154,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
     for step in range(total):
         meas = step >= warm_steps
         if meas and step == warm_steps:
-            pf_used0, chan_pf0, wasted0, cancel0 = rp.pf_used, chan.pf_reads, chan.pf_wasted, chan.pf_cancelled
-            reads0, beside0 = chan.reads, chan.reads_beside_pf
+            pf0 = _pf_counters(rp)
         rp.begin_step(step)
         if dealer is not None:
             dealer.begin_step(step)
@@ -441,15 +188,28 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
         if progress is not None and step % 64 == 0:
             progress(step, total)
     wall = time.perf_counter() - t_wall
+    out = {"recipe": R.id, "conc": conc, "window": window, "accept": accept, "seed": seed_mode,
+           "steps": measured, "warm_steps": warm_steps, "tokens": measured * conc * accept}
+    out.update(_report(R, rp, acc, pf0, measured, out["tokens"]))
+    out["layer_plans"], out["sim_seconds"] = total * L, wall
+    if tl is not None:
+        out["timeline"] = tl.series
+    return out
 
-    tokens = measured * conc * accept
-    pf_issued = chan.pf_reads - chan_pf0
-    pf_used = rp.pf_used - pf_used0
-    pf_wasted = chan.pf_wasted - wasted0
+
+def _pf_counters(rp: Replay) -> dict:
+    """The replay's prefetch and demand-read counters, read when the measured part starts and when it ends."""
+    c = rp.chan
+    return {"used": rp.pf_used, "issued": c.pf_reads, "wasted": c.pf_wasted, "cancelled": c.pf_cancelled,
+            "reads": c.reads, "beside": c.reads_beside_pf}
+
+
+def _report(R, rp: Replay, acc: dict, pf0: dict, measured: int, tokens: float) -> dict:
+    """run's figures from its accumulators over ``measured`` steps and ``tokens`` tokens, and the prefetch counters
+    since ``pf0``."""
+    pf = {k: v - pf0[k] for k, v in _pf_counters(rp).items()}
     nvme_picks = acc["ncpu"] + acc["ngpu"]
-    out = {
-        "recipe": R.id, "conc": conc, "window": window, "accept": accept, "seed": seed_mode,
-        "steps": measured, "warm_steps": warm_steps, "tokens": tokens,
+    return {
         "tok_s": 1000.0 * tokens / acc["ms"] if acc["ms"] else 0.0,
         "ms_per_step": acc["ms"] / measured,
         "ms_per_token": acc["ms"] / tokens if tokens else 0.0,
@@ -477,23 +237,19 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
         "read_coverage": _coverage(acc),
         "vram_slots": R.vram_slots, "ram_slots": R.ram_slots,
         "prefetch": {
-            "predictor": getattr(predictor, "name", "none"),
-            "issued_per_tok": pf_issued / tokens,
-            **_precision_recall(pf_used, pf_issued, nvme_picks),
-            "cancelled": chan.pf_cancelled - cancel0,
-            "wasted_reads": pf_wasted,
-            "wasted_bytes": pf_wasted * R.nvme_expert_bytes,
+            "predictor": getattr(rp.predictor, "name", "none"),
+            "issued_per_tok": pf["issued"] / tokens,
+            **_precision_recall(pf["used"], pf["issued"], nvme_picks),
+            "cancelled": pf["cancelled"],
+            "wasted_reads": pf["wasted"],
+            "wasted_bytes": pf["wasted"] * R.nvme_expert_bytes,
             # of the demand reads, those issued while a prefetch read was in service (they share the device; the
             # runtime's reader marks the same, Completion.pf_busy)
-            "demand_reads": chan.reads - reads0,
-            "demand_reads_beside": chan.reads_beside_pf - beside0,
+            "demand_reads": pf["reads"],
+            "demand_reads_beside": pf["beside"],
         },
         "ledger": dict(rp.ledger.counters),
-        "layer_plans": total * L, "sim_seconds": wall,
     }
-    if tl is not None:
-        out["timeline"] = tl.series
-    return out
 
 
 def _precision_recall(used: int, issued: int, nvme_picks: int) -> dict:
