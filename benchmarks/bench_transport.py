@@ -1,7 +1,7 @@
 """Benchmark the O_DIRECT record reader (moetier.bytes.transport.Reader) against fio at its best, on one file.
 
     .venv/bin/python benchmarks/bench_transport.py [--json] [--out FILE] [--size-mib N] [--record-bytes B]
-                                                   [--reps R] [--dir D] [--cold FILE]
+                                                   [--reps R] [--dir D] [--cold FILE ...]
 
 Writes a test file of --size-mib (default 1024) MiB of whole records of --record-bytes (default: the record size of a
 registry model with a local store geometry, else the Qwen3.8 record 1,863,680 B). Every pass reads every record of
@@ -17,8 +17,9 @@ ratio reader / best fio compares medians at the same queue depth and buffer kind
 
 Warm or cold: the file is written by this run moments before it is read. The guest page cache is dropped before each
 pass, but a virtual disk's host may still hold the data (reads then run at host-memory speed, not the device's).
---cold FILE adds a cold arm over an existing file that nothing has read since it was written long ago (its age is
-printed); without one, the result says it measured warm data only.
+--cold FILE (repeatable) adds a cold arm over existing files that nothing has read since they were written long ago
+(their age is printed), each pass on a slice no pass read before; without one, the result says it measured warm data
+only.
 """
 
 from __future__ import annotations
@@ -203,20 +204,38 @@ def ratios(arms, res: dict) -> dict:
     return out
 
 
-def cold_arm(path: str, rb: int, reps: int, log) -> dict:
-    """Reader and fio (io_uring, 4 KiB buffers, QD16) over an existing file that has not been read for a while."""
-    st = os.stat(path)
-    nrec = st.st_size // rb
-    age_h = (time.time() - max(st.st_mtime, st.st_atime)) / 3600.0
-    raw = RawFile(path, rb, nrec)
-    size = nrec * rb
-    arms = [("cold reader qd16 4k", (16, "4k"), lambda o: run_reader(raw, 16, o, hugepage=False)),
-            ("cold fio io_uring qd16 1j 4k", (16, "4k"),
-             lambda o: run_fio(fio_cmd(path, rb, size, "io_uring", 16, 1, False), path))]
-    # only the first pass over a region is cold: each pass reads a disjoint slice of the file
-    res = measure(arms, nrec, 1, log)
-    return {"file": path, "age_hours_since_last_access": age_h, "arms": res,
-            "note": "one pass per arm (a second would read warm data)"}
+def cold_arm(paths: list, rb: int, reps: int, log) -> dict:
+    """Reader and fio (io_uring, 4 KiB buffers, QD16) over existing files that have not been read for a while.
+
+    Only the first read of a region is cold, so every file is cut into 2 * reps disjoint slices of whole records and
+    each pass of each arm reads a slice of its own: pass k gives slices 2k and 2k+1 to the two arms, the arm that
+    goes first alternating, so neither arm always reads the earlier part of the file.
+    """
+    runs = {"cold reader qd16 4k": [], "cold fio io_uring qd16 1j 4k": []}
+    files = []
+    for path in paths:
+        st = os.stat(path)
+        nrec = st.st_size // rb
+        per = nrec // (2 * reps)
+        age_h = (time.time() - max(st.st_mtime, st.st_atime)) / 3600.0
+        files.append({"file": path, "age_hours_since_last_access": round(age_h, 1), "slice_records": per})
+        if per < 4:
+            raise SystemExit(f"bench_transport: --cold {path}: {nrec} records of {rb} B; need >= {8 * reps}")
+        raw = RawFile(path, rb, nrec)
+        for rep in range(reps):
+            slices = [(2 * rep + j) * per for j in (0, 1)]
+            first, second = (slices if rep % 2 == 0 else slices[::-1])
+            order = np.random.default_rng(rep).permutation(per) + first
+            r = run_reader(raw, 16, order, hugepage=False)["gbps"]
+            cmd = fio_cmd(path, rb, per * rb, "io_uring", 16, 1, False) + [f"--offset={second * rb}"]
+            f = run_fio(cmd, path)["gbps"]
+            runs["cold reader qd16 4k"].append(r)
+            runs["cold fio io_uring qd16 1j 4k"].append(f)
+            log(f"  cold pass {rep + 1} {os.path.basename(path)}: reader {r:.3f} GB/s, fio {f:.3f} GB/s")
+    arms = {name: spread(g) for name, g in runs.items()}
+    return {"files": files, "arms": arms,
+            "ratio": arms["cold reader qd16 4k"]["median"] / arms["cold fio io_uring qd16 1j 4k"]["median"],
+            "note": "each pass reads a disjoint slice that nothing read before it; reader and fio alternate first"}
 
 
 def main(argv=None) -> int:
@@ -228,8 +247,13 @@ def main(argv=None) -> int:
                     help="record size in bytes; a value < 4096 is read as MiB (1.5 -> 1.5 MiB); rounded to 4096")
     ap.add_argument("--reps", type=int, default=4, help="interleaved passes per arm (default 4, at least 4)")
     ap.add_argument("--dir", default=None, help="folder for the test file (default: system temp dir)")
-    ap.add_argument("--cold", default=None, help="an existing file not read since it was written long ago")
+    ap.add_argument("--cold", action="append", default=None, metavar="FILE",
+                    help="an existing file not read since it was written long ago (repeat for more files)")
+    ap.add_argument("--cold-only", action="store_true", help="measure only the cold arm (needs --cold)")
     a = ap.parse_args(argv)
+    if a.cold_only and not a.cold:
+        print("bench_transport: --cold-only needs --cold FILE", file=sys.stderr)
+        return 2
     if a.reps < 4:
         print("bench_transport: --reps must be at least 4", file=sys.stderr)
         return 2
@@ -254,19 +278,21 @@ def main(argv=None) -> int:
     else:
         out["hugetlb"] = reserve_hugetlb(2 * 2 * 32 * (-(-rb // (2 << 20))) + 8)
         out["fio_version"] = subprocess.run(["fio", "--version"], capture_output=True, text=True).stdout.strip()
-    d = tempfile.mkdtemp(prefix="moetier-bench-", dir=a.dir)
-    path = os.path.join(d, "records.bin")
-    try:
-        log(f"record {rb} B ({src}), {nrec} records, file {size / 2**20:.0f} MiB at {path}")
-        make_file(path, size)
-        raw = RawFile(path, rb, nrec)
-        arms = arms_for(raw, path, size, fio)
-        out["arms"] = measure(arms, nrec, a.reps, log)
-        out["ratios"] = ratios(arms, out["arms"])
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-    out["warm"] = ("warm: the file was written moments before it was read; the guest page cache was dropped before "
-                   "each pass, a virtual disk's host may still have served it from memory")
+    out["arms"], out["ratios"] = {}, {}
+    if not a.cold_only:
+        d = tempfile.mkdtemp(prefix="moetier-bench-", dir=a.dir)
+        path = os.path.join(d, "records.bin")
+        try:
+            log(f"record {rb} B ({src}), {nrec} records, file {size / 2**20:.0f} MiB at {path}")
+            make_file(path, size)
+            raw = RawFile(path, rb, nrec)
+            arms = arms_for(raw, path, size, fio)
+            out["arms"] = measure(arms, nrec, a.reps, log)
+            out["ratios"] = ratios(arms, out["arms"])
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+        out["warm"] = ("warm: the file was written moments before it was read; the guest page cache was dropped "
+                       "before each pass, a virtual disk's host may still have served it from memory")
     if a.cold:
         out["cold"] = cold_arm(a.cold, rb, a.reps, log) if fio else "needs fio"
     else:
@@ -284,7 +310,16 @@ def main(argv=None) -> int:
         print(f"{name:<28} {r['min']:>7.3f} {r['median']:>7.3f} {r['max']:>7.3f}")
     for group, r in out["ratios"].items():
         print(f"{group}: reader / best fio ({r['best_fio']}) = {r['ratio']:.2f} (target >= 0.95)")
-    print(out["warm"] if not a.cold else f"cold arm: {out['cold']}")
+    if "warm" in out:
+        print(out["warm"])
+    c = out["cold"]
+    if isinstance(c, dict):
+        for name, r in c["arms"].items():
+            print(f"{name:<28} {r['min']:>7.3f} {r['median']:>7.3f} {r['max']:>7.3f}")
+        print(f"cold qd16 4k: reader / fio = {c['ratio']:.2f} (target >= 0.95); files: "
+              + ", ".join(f"{f['file']} (last read {f['age_hours_since_last_access']:.0f} h ago)" for f in c["files"]))
+    else:
+        print(f"cold: {c}")
     return 0
 
 
