@@ -30,134 +30,21 @@ dlfu, ...) or be such a policy object (the oracle's Belady), and ``ram_partition
 share of the RAM slots (``layers`` and ``experts`` say how keys map to layers). A policy that refuses the incoming
 key (Belady's bypass, W-TinyLFU's filter) refuses the admission as a pinned tier does.
 
-Pure Python, no I/O: this sits on the decode critical path, so lookups are plain dict reads.
+Pure Python, no I/O: this sits on the decode critical path, so lookups are plain dict reads. The states and tickets
+are defined in moetier.core.tickets, the VRAM slot map and the policy objects in moetier.core.tier_order; both are
+importable from here.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 
 from moetier.core.policies import residency
+from moetier.core.tickets import (ABSENT, DRAINING, FILLING, PUSHING, RAM, STAGED, STATE_NAMES, TIER_NVME, TIER_OF,
+                                  TIER_RAM, TIER_VRAM, VRAM, ResidencyError, Ticket)
+from moetier.core.tier_order import Clock, PolicySlots, lfu_terms, make_policy
 
-ABSENT, FILLING, STAGED, RAM, PUSHING, VRAM, DRAINING = 0, 1, 2, 3, 4, 5, 6
-STATE_NAMES = ("absent", "filling", "staged", "ram", "pushing", "vram", "draining")
-
-# what the planner sees: tier per state (nvme = must be read first)
-TIER_NVME, TIER_RAM, TIER_VRAM = 0, 1, 2
-_TIER_OF = (TIER_NVME, TIER_NVME, TIER_NVME, TIER_RAM, TIER_RAM, TIER_VRAM, TIER_NVME)
-
-
-class ResidencyError(RuntimeError):
-    """A residency rule was broken (landing an unknown ticket, a transition from the wrong state)."""
-
-
-class Ticket:
-    """One outstanding transfer. Only the ledger creates them; ``land`` accepts each exactly once."""
-
-    __slots__ = ("seq", "key", "kind", "staging", "slot", "victim")
-
-    def __init__(self, seq: int, key: int, kind: str, staging: bool = False, slot: int = -1, victim: int = -1):
-        self.seq, self.key, self.kind, self.staging = seq, key, kind, staging
-        self.slot, self.victim = slot, victim      # push: reserved VRAM slot and the key it evicted (-1: none)
-
-    def __repr__(self) -> str:
-        return f"Ticket(seq={self.seq}, key={self.key}, kind={self.kind})"
-
-
-class Clock:
-    """CLOCK (second chance) over a fixed number of VRAM slots."""
-
-    __slots__ = ("n", "owner", "ref", "slot_of", "hand")
-
-    def __init__(self, n: int):
-        self.n = n
-        self.owner = [-1] * n
-        self.ref = bytearray(n)
-        self.slot_of: dict[int, int] = {}
-        self.hand = 0
-
-    def find_victim_slot(self, protect, state, key=None) -> int:
-        """Slot to reuse, or -1 if every slot is pinned: a protected key (this layer's picks) or a key whose state
-        is not plain VRAM (a transfer in flight). ``key``: the incoming key (CLOCK does not need it)."""
-        n, owner, ref = self.n, self.owner, self.ref
-        h = self.hand
-        for _ in range(2 * n + 1):
-            k = owner[h]
-            if k < 0:
-                self.hand = (h + 1) % n
-                return h
-            if k not in protect and state[k] == VRAM:
-                if ref[h]:
-                    ref[h] = 0
-                else:
-                    self.hand = (h + 1) % n
-                    return h
-            h = h + 1 if h + 1 < n else 0
-        return -1
-
-    def place(self, slot: int, key: int) -> int:
-        """Put key in slot (reference bit set); return the previous owner or -1."""
-        old = self.owner[slot]
-        if old >= 0:
-            del self.slot_of[old]
-        self.owner[slot] = key
-        self.slot_of[key] = slot
-        self.ref[slot] = 1
-        return old
-
-    def remove(self, key: int) -> None:
-        s = self.slot_of.pop(key)
-        self.owner[s] = -1
-        self.ref[s] = 0
-
-
-class PolicySlots(Clock):
-    """VRAM slots ordered by a replacement policy (moetier.core.policies.residency) instead of CLOCK: the same
-    slot map; ``hit`` tells the policy a VRAM key was computed (CLOCK's reference bit)."""
-
-    __slots__ = ("pol",)
-
-    def __init__(self, n: int, pol):
-        super().__init__(n)
-        self.pol = pol
-
-    def find_victim_slot(self, protect, state, key=None) -> int:
-        if len(self.slot_of) < self.n:
-            return self.owner.index(-1)
-        v = self.pol.victim(key, lambda k: k not in protect and state.get(k) == VRAM)
-        if v is None or v == key:
-            return -1
-        return self.slot_of[v]
-
-    def place(self, slot: int, key: int) -> int:
-        old = super().place(slot, key)
-        if old >= 0:
-            self.pol.remove(old)
-        self.pol.insert(key)
-        return old
-
-    def remove(self, key: int) -> None:
-        super().remove(key)
-        self.pol.remove(key)
-
-    def hit(self, keys) -> None:
-        for k in keys:
-            self.pol.hit(k)
-
-
-def _policy(spec, slots: int, layers, experts, partition: str, field: str):
-    """A residency policy object from a name (or the object itself), split per layer when asked; ``field``: the
-    recipe field that named it (errors name it)."""
-    if not isinstance(spec, str):
-        return spec
-    try:
-        if partition == "layer":
-            if not layers or not experts:
-                raise ValueError("a per-layer split needs layers and experts")
-            return residency.partitioned(spec, slots, layers, experts)
-        return residency.make(spec, slots)
-    except ValueError as e:
-        raise ValueError(f"policy.{field}: {e}") from None
-
+__all__ = ["ABSENT", "DRAINING", "FILLING", "PUSHING", "RAM", "STAGED", "STATE_NAMES", "TIER_NVME", "TIER_RAM",
+           "TIER_VRAM", "VRAM", "Clock", "Ledger", "PolicySlots", "ResidencyError", "Ticket"]
 
 class Ledger:
     """Residency of every key across VRAM / RAM / NVMe.
@@ -177,7 +64,7 @@ class Ledger:
         self._no_ram_lru = self.all_in_ram or self.ram_slots == 0   # nothing to track in the RAM LRU
         self._vpol = None
         if vram_policy is not None and vram_policy != "clock" and self.vram_slots:
-            self._vpol = _policy(vram_policy, self.vram_slots, layers, experts, "global", "vram_evict")
+            self._vpol = make_policy(vram_policy, self.vram_slots, layers, experts, "global", "vram_evict")
             self.clock = PolicySlots(self.vram_slots, self._vpol)
         else:
             self.clock = Clock(self.vram_slots)
@@ -200,13 +87,9 @@ class Ledger:
             spec = self.ram_policy
             if isinstance(spec, str) and spec.startswith("lfu:"):
                 raise ValueError("policy.ram_evict: the window LFU ('lfu:...') is global only; use 'dlfu' per layer")
-            self._rpol = _policy(spec, self.ram_slots, layers, experts, ram_partition, "ram_evict")
+            self._rpol = make_policy(spec, self.ram_slots, layers, experts, ram_partition, "ram_evict")
         elif builtin and self.ram_policy != "lru":
-            parts = self.ram_policy.split(":")
-            if parts[0] != "lfu" or len(parts) > 3:
-                raise ValueError(f"policy.ram_evict: expected 'lru' or 'lfu[:window[:halflife]]', got {ram_policy!r}")
-            self._lfu_window = int(parts[1]) if len(parts) > 1 and parts[1] else 32
-            self._lfu_halflife = float(parts[2]) if len(parts) > 2 and parts[2] else 0.0
+            self._lfu_window, self._lfu_halflife = lfu_terms(self.ram_policy)
         self._freq: dict[int, float] = {}
         self._freq_t: dict[int, int] = {}
         # the planner's view, one dict read per pick
@@ -215,7 +98,7 @@ class Ledger:
     # ---- queries (hot path) ---------------------------------------------------------------------------------
     def tier_of(self, key: int) -> int:
         s = self.state.get(key)
-        return self._tier_default if s is None else _TIER_OF[s]
+        return self._tier_default if s is None else TIER_OF[s]
 
     def state_of(self, key: int) -> str:
         return STATE_NAMES[self.state.get(key, ABSENT)]

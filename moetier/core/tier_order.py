@@ -1,0 +1,122 @@
+"""The orders the tiers evict in: the VRAM slot map (CLOCK, or a replacement policy) and the policy objects a recipe
+names for either tier.
+
+Contract
+--------
+- ``Clock(n)``: CLOCK (second chance) over ``n`` VRAM slots; ``owner[slot]`` is the key in a slot (-1: free),
+  ``slot_of[key]`` its slot, ``ref`` the reference bits. ``find_victim_slot(protect, state, key)`` returns a slot to
+  reuse, never one holding a protected key or a key whose state is not plain VRAM, or -1 when every slot is pinned.
+- ``PolicySlots(n, pol)``: the same slot map ordered by a moetier.core.policies.residency policy.
+- ``make_policy(spec, ...)``: a policy object from its recipe name (or the object itself), per layer when asked;
+  errors name the recipe field.
+- ``lfu_terms(spec)``: the window and halflife of the built-in window LFU (``lfu[:window[:halflife]]``).
+"""
+from __future__ import annotations
+
+from moetier.core.policies import residency
+from moetier.core.tickets import VRAM
+
+
+class Clock:
+    """CLOCK (second chance) over a fixed number of VRAM slots."""
+
+    __slots__ = ("n", "owner", "ref", "slot_of", "hand")
+
+    def __init__(self, n: int):
+        self.n = n
+        self.owner = [-1] * n
+        self.ref = bytearray(n)
+        self.slot_of: dict[int, int] = {}
+        self.hand = 0
+
+    def find_victim_slot(self, protect, state, key=None) -> int:
+        """Slot to reuse, or -1 if every slot is pinned: a protected key (this layer's picks) or a key whose state
+        is not plain VRAM (a transfer in flight). ``key``: the incoming key (CLOCK does not need it)."""
+        n, owner, ref = self.n, self.owner, self.ref
+        h = self.hand
+        for _ in range(2 * n + 1):
+            k = owner[h]
+            if k < 0:
+                self.hand = (h + 1) % n
+                return h
+            if k not in protect and state[k] == VRAM:
+                if ref[h]:
+                    ref[h] = 0
+                else:
+                    self.hand = (h + 1) % n
+                    return h
+            h = h + 1 if h + 1 < n else 0
+        return -1
+
+    def place(self, slot: int, key: int) -> int:
+        """Put key in slot (reference bit set); return the previous owner or -1."""
+        old = self.owner[slot]
+        if old >= 0:
+            del self.slot_of[old]
+        self.owner[slot] = key
+        self.slot_of[key] = slot
+        self.ref[slot] = 1
+        return old
+
+    def remove(self, key: int) -> None:
+        s = self.slot_of.pop(key)
+        self.owner[s] = -1
+        self.ref[s] = 0
+
+
+class PolicySlots(Clock):
+    """VRAM slots ordered by a replacement policy (moetier.core.policies.residency) instead of CLOCK: the same
+    slot map; ``hit`` tells the policy a VRAM key was computed (CLOCK's reference bit)."""
+
+    __slots__ = ("pol",)
+
+    def __init__(self, n: int, pol):
+        super().__init__(n)
+        self.pol = pol
+
+    def find_victim_slot(self, protect, state, key=None) -> int:
+        if len(self.slot_of) < self.n:
+            return self.owner.index(-1)
+        v = self.pol.victim(key, lambda k: k not in protect and state.get(k) == VRAM)
+        if v is None or v == key:
+            return -1
+        return self.slot_of[v]
+
+    def place(self, slot: int, key: int) -> int:
+        old = super().place(slot, key)
+        if old >= 0:
+            self.pol.remove(old)
+        self.pol.insert(key)
+        return old
+
+    def remove(self, key: int) -> None:
+        super().remove(key)
+        self.pol.remove(key)
+
+    def hit(self, keys) -> None:
+        for k in keys:
+            self.pol.hit(k)
+
+
+def make_policy(spec, slots: int, layers, experts, partition: str, field: str):
+    """A residency policy object from a name (or the object itself), split per layer when asked; ``field``: the
+    recipe field that named it (errors name it)."""
+    if not isinstance(spec, str):
+        return spec
+    try:
+        if partition == "layer":
+            if not layers or not experts:
+                raise ValueError("a per-layer split needs layers and experts")
+            return residency.partitioned(spec, slots, layers, experts)
+        return residency.make(spec, slots)
+    except ValueError as e:
+        raise ValueError(f"policy.{field}: {e}") from None
+
+
+def lfu_terms(spec: str) -> tuple[int, float]:
+    """(window, halflife) of ``lfu[:window[:halflife]]``: window 32 and no decay where left out."""
+    parts = spec.split(":")
+    if parts[0] != "lfu" or len(parts) > 3:
+        raise ValueError(f"policy.ram_evict: expected 'lru' or 'lfu[:window[:halflife]]', got {spec!r}")
+    return (int(parts[1]) if len(parts) > 1 and parts[1] else 32,
+            float(parts[2]) if len(parts) > 2 and parts[2] else 0.0)
