@@ -8,7 +8,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash .ci/torch-extra.sh
 .venv-torch/bin/pip install -q jsonschema psutil xxhash numba pytest hypothesis
+# moetier itself without dependencies (the ones above are the installed subset): its moetier.backends entry points,
+# so that `moetier conformance --backend exllamav3` finds the adapter as a user's install would
+.venv-torch/bin/pip install -q --no-deps -e .
 PYTHONPATH="$PWD" .venv-torch/bin/python -m pytest -q -p no:cacheprovider -o addopts= -rs \
     tests/test_adapter_surface.py tests/test_adapter_exllamav3_standin.py tests/test_adapter_exllamav3_surface.py \
-    tests/test_adapter_exllamav3_attach.py tests/test_adapter_exllamav3_backend.py
+    tests/test_adapter_exllamav3_attach.py tests/test_adapter_exllamav3_backend.py tests/test_adapter_registration.py
 PYTHONPATH="$PWD" .venv-torch/bin/python -m moetier adapter check exllamav3 | tail -1
+# the conformance suite on the adapter's backend, unattached: its cpu lane, transfers and the residency rule
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+PYTHONPATH="$PWD" .venv-torch/bin/python -m moetier conformance --backend exllamav3 --report "$tmp/conf-exllamav3.json" \
+    | tail -3

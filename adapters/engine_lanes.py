@@ -5,28 +5,32 @@ Contract
 ``cpu_rows(x, expert, act_limit)`` is moetier's EXL3 CPU lane on token rows (the Numba kernel, exact mode, fp16 at the
 engines' rounding points; the NumPy reference ``moetier.bytes.exl3.expert_forward`` where numba is not installed).
 
-``EngineLanes`` (a mixin over backends.transfers.EventTransfers) is the moetier backend side of an adapter whose
-engine computes the ``gpu`` and ``zerocopy`` picks itself, reading experts through pointer tables. The class using it
-calls ``_init_lanes(name)`` and provides ``reader`` (the fills' moetier.bytes.transport.Reader), ``pool`` (the RAM
-SlotPool), ``layout``, ``vram_address(slot)``, ``ram_address(slot)`` and ``_copy(key, kind, ram_slot,
-vram_slot)`` (a push or drain). It gets ``ram_slot_count`` / ``ram_view``, ``push`` / ``drain`` (through ``_copy``),
+``EngineLanes`` (over moetier.run.events.SequencedBackend: one Sequencer holds the seq watermark of fills, pushes and
+drains, as in moetier's own device backends) is the moetier backend side of an adapter whose engine computes the
+``gpu`` and ``zerocopy`` picks itself, reading experts through pointer tables. The class using it provides ``reader``
+(the fills' moetier.bytes.transport.Reader), ``pool`` (the RAM SlotPool), ``layout``, ``store``, ``record_bytes``,
+``vram_address(slot)``, ``ram_address(slot)`` and ``_start_copy(kind, ram_slot, vram_slot)`` (enqueue a push or
+drain; its device event, or None when the copy was synchronous), then calls ``_init_lanes(name, poll, block)`` with
+the event's non-blocking query and its wait. It gets ``ram_slot_count`` / ``ram_view``, ``push`` / ``drain``,
 
 * ``compute``: ``cpu`` runs ``cpu_rows`` on the RAM slot's landed record; ``gpu`` / ``zerocopy`` point the key's rows
   at the slot handed (``point(key, address)``, set by the adapter's attach) - the runtime hands a lane only slots
   whose bytes it saw land - add the key to ``engine_keys`` and return zero partials (the engine adds its own);
-* ``fill`` / ``cancel`` (FillHandles with the backend-wide seq), ``victims`` (none: admission is host-planned);
-* ``_landed_copy(handle)``: a push or drain landed, so the key's rows follow its bytes (never precede them);
-* ``stats``: the Reader's counters plus pushes, drains, their bytes and the rows pointed.
+  with no model attached (``point`` None) they go to ``unattached(lane, jobs, x)``: the engine's kernel run on the
+  slots alone where the adapter can (exl3xpu's ``moe_forward``), else BackendUnavailable;
+* ``fill`` / ``cancel`` / ``landed`` / ``wait`` / ``completed_seq`` (the Sequencer's), ``victims`` (none: admission
+  is host-planned);
+* ``_landed_copy(handle)``: the Sequencer's on_landed: a push or drain landed, so the key's rows follow its bytes
+  (never precede them);
+* ``stats``: the Reader's counters plus pushes, drains, their bytes, copy failures and the rows pointed.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import numpy as np
 
-from backends.transfers import EventTransfers, FillHandle
-from moetier.bytes.expert import exl3_expert
+from moetier.bytes.expert import EXL3, exl3_expert
 from moetier.run.contract import BackendUnavailable
+from moetier.run.events import SequencedBackend, Sequencer
 
 try:
     from backends.cpu import exl3 as _numba_exl3
@@ -44,14 +48,13 @@ except ImportError:       # numba is the cpu extra; the NumPy reference rounds a
     CPU_KERNEL = "moetier NumPy EXL3 reference"
 
 
-class EngineLanes(EventTransfers):
-    def _init_lanes(self, name: str) -> None:
+class EngineLanes(SequencedBackend):
+    def _init_lanes(self, name: str, poll=bool, block=lambda event: None) -> None:
         self.name = name
         self.act_limit = float(self.layout.act_limit or 0.0)
         self.point = None                       # (key, address) -> None: set by attach
         self.engine_keys: set = set()           # keys handed to the gpu / zerocopy lanes since the caller cleared it
-        self._seq = 0
-        self._pending: OrderedDict = OrderedDict()
+        self.events = Sequencer(self.reader, poll, block, name, on_landed=self._landed_copy)
         self._stats = dict(pushes=0, drains=0, push_bytes=0, drain_bytes=0, rows_pointed=0)
 
     # the rest of the backend contract (moetier.run.contract): the cpu lane computes its experts one after another,
@@ -61,12 +64,6 @@ class EngineLanes(EventTransfers):
     def route(self, layer: int, x, rows=None):
         raise BackendUnavailable(f"{self.name} backend: the engine routes (its router picks and weights the experts; "
                                  f"moetier receives its picks), so this backend has no router of its own")
-
-    def begin_measured(self) -> None:
-        self.reader.begin_measured()
-
-    def read_timing(self) -> dict:
-        return self.reader.read_timing()
 
     @property
     def ram_slot_count(self) -> int:
@@ -80,14 +77,16 @@ class EngineLanes(EventTransfers):
         return exl3_expert(self.layout, self.pool.view(slot))
 
     def compute(self, lane: str, jobs, x: np.ndarray) -> dict:
+        if self.layout.encoding != EXL3:
+            raise BackendUnavailable(f"{self.name} backend: store {self.store.path} holds "
+                                     f"{self.layout.encoding!r} records; its lanes compute {EXL3!r} only")
         if lane == "cpu":
             return {k: np.asarray(cpu_rows(x[rows], self.expert(slot), self.act_limit), np.float32)
                     for k, slot, rows in jobs}
         if lane not in ("gpu", "zerocopy"):
             raise BackendUnavailable(f"{self.name} backend: no {lane!r} lane")
         if self.point is None:
-            raise BackendUnavailable(f"{self.name} backend: the gpu and zerocopy lanes run inside {self.name}; "
-                                     f"attach the backend to a model first (adapters.{self.name}.attach)")
+            return self.unattached(lane, jobs, x)
         where = self.vram_address if lane == "gpu" else self.ram_address
         out = {}
         for k, slot, rows in jobs:
@@ -97,17 +96,11 @@ class EngineLanes(EventTransfers):
             out[k] = np.zeros((len(rows), x.shape[1]), np.float32)
         return out
 
-    def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
-
-    def fill(self, key: int, slot: int, *, prefetch: bool = False):
-        h = FillHandle(self._next_seq(), int(key), int(slot), self.reader.fill(key, slot, prefetch=prefetch))
-        self._pending[h.seq] = h
-        return h
-
-    def cancel(self, handle) -> bool:
-        return isinstance(handle, FillHandle) and self.reader.cancel(handle.comp)
+    def unattached(self, lane: str, jobs, x: np.ndarray) -> dict:
+        """The gpu / zerocopy lane outside an attached model (conformance, or a backend used on its own): an
+        adapter whose engine kernel can run alone computes the slots here; this one cannot."""
+        raise BackendUnavailable(f"{self.name} backend: the gpu and zerocopy lanes run inside {self.name}; "
+                                 f"attach the backend to a model first (adapters.{self.name}.attach)")
 
     def push(self, key: int, src_slot: int, vram_slot: int):
         return self._copy(key, "push", int(src_slot), int(vram_slot))
@@ -115,17 +108,19 @@ class EngineLanes(EventTransfers):
     def drain(self, key: int, vram_slot: int, ram_slot: int):
         return self._copy(key, "drain", int(ram_slot), int(vram_slot))
 
+    def _copy(self, key: int, kind: str, ram_slot: int, vram_slot: int):
+        src, dst = (ram_slot, vram_slot) if kind == "push" else (vram_slot, ram_slot)
+        h = self.events.copy(kind, int(key), src, dst, lambda: self._start_copy(kind, ram_slot, vram_slot))
+        self._stats["pushes" if kind == "push" else "drains"] += 1
+        self._stats[kind + "_bytes"] += self.record_bytes
+        return h
+
     def victims(self) -> list:
         return []                 # admission is host-planned: evictions reach drain() directly
 
-    def _count_copy(self, kind: str, nbytes: int) -> None:
-        self._stats["pushes" if kind == "push" else "drains"] += 1
-        self._stats[kind + "_bytes"] += nbytes
-
     def _landed_copy(self, h) -> None:
-        """A push or drain landed: the key's rows follow its bytes (VRAM slot after a push, RAM slot after a
-        drain), so a row is written only once the bytes it points at are there."""
-        h.state = "landed"
+        """A push or drain landed (the Sequencer's on_landed): the key's rows follow its bytes (VRAM slot after a
+        push, RAM slot after a drain), so a row is written only once the bytes it points at are there."""
         if self.point is not None:
             self.point(h.key, self.vram_address(h.dst) if h.kind == "push" else self.ram_address(h.dst))
             self._stats["rows_pointed"] += 1
@@ -133,5 +128,5 @@ class EngineLanes(EventTransfers):
     @property
     def stats(self) -> dict:
         st = dict(self.reader.stats)
-        st.update(self._stats)
+        st.update(self._stats, copy_failures=self.events.copy_failures)
         return st

@@ -14,13 +14,12 @@ import pytest
 
 from conformance import capabilities as caps
 from conformance import report
-from conformance.conftest import NK, RAM_SCRATCH, VRAM_SCRATCH
+from conformance.conftest import NK, RAM_SCRATCH, VRAM_SCRATCH, first_kit
 from moetier.run.contract import LANES
 
 EXPERTS = (1, 2, 4, 8, 16)
 ROWS = (1, 2, 4, 8)
 REPEATS = 5
-ENC = "int8"
 
 
 def _costs() -> dict:
@@ -29,7 +28,7 @@ def _costs() -> dict:
 
 @pytest.mark.parametrize("lane", LANES)
 def test_lane_cost_fit(kits, lane):
-    kit = kits(ENC)
+    kit = first_kit(kits)
     why = caps.lane_skip(kit.be, lane)
     if why:
         pytest.skip(why)
@@ -68,17 +67,18 @@ def _gbps(be, issue, n, rb):
 
 
 def test_fill_bandwidth(kits):
-    kit = kits(ENC)
+    kit = first_kit(kits)
     be, rb = kit.be, kit.rb
     c = _costs()
     c["record_bytes"] = rb
+    c["encoding"] = kit.enc
     c["fill_gbps"] = max(_gbps(be, lambda i: be.fill(i % NK, NK + i % RAM_SCRATCH), RAM_SCRATCH, rb)
                          for _ in range(3))
     assert 0 < c["fill_gbps"] < 1e4, c["fill_gbps"]     # finite, positive: the handles really completed
 
 
 def test_push_bandwidth(kits):
-    kit = kits(ENC)
+    kit = first_kit(kits)
     be, rb = kit.be, kit.rb
     why = caps.vram_skip(be, NK + VRAM_SCRATCH)
     if why:
@@ -94,7 +94,8 @@ def engine_record(eid: str, costs: dict, backend: str, device: str) -> dict:
         lanes[lane] = {"reads": f["reads"], "per_layer_ms": round(f["per_layer_ms"], 5),
                        "per_expert_ms": round(f["per_expert_ms"], 5),
                        "per_extra_token_ms": round(f["per_extra_token_ms"], 5),
-                       "note": f"measured by moetier conformance ({ENC}, tiny H256 F128 experts)"}
+                       "note": f"measured by moetier conformance ({costs.get('encoding', 'int8')}, tiny H256 F128 "
+                               f"experts)"}
     ov = {"fill_gbps": round(costs["fill_gbps"], 3)} if costs.get("fill_gbps") else {}
     if costs.get("push_gbps"):
         ov["push_gbps"] = round(costs["push_gbps"], 3)
@@ -111,7 +112,7 @@ def engine_record(eid: str, costs: dict, backend: str, device: str) -> dict:
 def test_engine_record(kits, backend_name):
     """The measured costs as an engine record: validated by moetier.spec; written next to the report."""
     from moetier.core import records as spec
-    kits(ENC)                                          # skips with the reason when the backend is unavailable
+    first_kit(kits)                                    # skips with the reason when the backend is unavailable
     c = _costs()
     if not c.get("lanes"):
         pytest.skip("no lane cost was measured (run without -k filtering out test_lane_cost_fit)")

@@ -6,6 +6,10 @@ environment has CI=true), ``long`` (20,000 per target, random: for a local soak,
 ``dev`` (200 per target, the default for a quick local run). The session summary prints how many examples each
 fuzz target ran.
 
+Installed distributions: ``install_distribution(name, entry_points, files)`` puts a distribution on sys.path the way
+pip would (a dist-info directory with its METADATA and entry_points.txt, plus its module files), for the
+entry-point registration tests.
+
 User registry: at import (so that module fixtures and subprocesses started by tests inherit it) MOETIER_REGISTRY
 points at one temporary folder; each test then gets its own empty one (the ``user_registry`` fixture), so a record
 one test writes never overlays the shipped records another test reads.
@@ -46,3 +50,20 @@ def user_registry(tmp_path, monkeypatch):
     d = tmp_path / "user-registry"
     monkeypatch.setenv("MOETIER_REGISTRY", str(d))
     return d
+
+
+@pytest.fixture
+def install_distribution(tmp_path, monkeypatch):
+    """install(name, {group: {entry name: target}}, {file name: text}) -> the site directory, on sys.path."""
+    def install(name: str, entry_points: dict, files: dict | None = None):
+        site = tmp_path / "site"
+        info = site / f"{name.replace('-', '_')}-0.1.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+        (info / "entry_points.txt").write_text("".join(
+            f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) for group, eps in entry_points.items()))
+        for fname, text in (files or {}).items():
+            (site / fname).write_text(text)
+        monkeypatch.syspath_prepend(str(site))
+        return site
+    return install

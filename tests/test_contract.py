@@ -229,16 +229,11 @@ class FakeCpuBackend(CpuBackend):
 
 
 @pytest.fixture
-def fake_dist(tmp_path, monkeypatch):
+def fake_dist(install_distribution):
     """A separately installed distribution (a dist-info directory on sys.path) registering backend 'fake-cpu'."""
-    site = tmp_path / "site"
-    info = site / "fake_moetier_backend-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-moetier-backend\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[moetier.backends]\nfake-cpu = fake_moetier_backend:FakeCpuBackend\n")
-    (site / "fake_moetier_backend.py").write_text(FAKE_MODULE)
-    monkeypatch.syspath_prepend(str(site))
-    return site
+    return install_distribution("fake-moetier-backend",
+                                {"moetier.backends": {"fake-cpu": "fake_moetier_backend:FakeCpuBackend"}},
+                                {"fake_moetier_backend.py": FAKE_MODULE})
 
 
 def test_an_installed_distribution_adds_a_backend(fake_dist, packed):

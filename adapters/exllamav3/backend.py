@@ -18,24 +18,25 @@ RAM slots are a moetier.bytes.transport.SlotPool filled by its O_DIRECT Reader f
 (moetier.bytes.store; ``moetier store pack --checkpoint`` writes one); on CUDA the pool is registered with
 ``cudaHostRegister`` (mapped) so the zerocopy lane's rows are its device addresses. VRAM slots are one uint8 torch
 tensor on the engine's device (on a CPU-only machine that device is the CPU). Pushes and drains are torch copies on a
-copy stream with an event each (CUDA) or immediate copies (CPU); fills, pushes and drains share one monotonic seq.
+copy stream with an event each (CUDA) or immediate copies (CPU); fills, pushes and drains share one monotonic seq
+(moetier.run.events.Sequencer, as in moetier's own device backends).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from adapters.engine_lanes import EngineLanes
-from backends.transfers import CopyHandle
 from moetier.bytes.expert import EXL3
-from moetier.bytes.transport import Reader, SlotPool, TransportError
+from moetier.bytes.transport import Reader, SlotPool
 from moetier.run.contract import BackendUnavailable, Capabilities
 
 
 class EngineBackend(EngineLanes):
     def __init__(self, store, *, ram_slots: int, vram_slots: int, device="cpu", queue_depth: int = 16,
-                 verify_rate: float = 1.0, direct: bool = True):
+                 verify_rate: float = 1.0, direct: bool = True, any_store: bool = False,
+                 lanes=("cpu", "zerocopy", "gpu")):
         import torch
-        if store.layout.encoding != EXL3:
+        if store.layout.encoding != EXL3 and not any_store:
             raise BackendUnavailable(f"exllamav3 backend: store {store.path} holds {store.layout.encoding!r} "
                                      f"records, expected {EXL3!r} (moetier store pack --checkpoint)")
         self.torch = torch
@@ -56,10 +57,12 @@ class EngineBackend(EngineLanes):
             self._register_pool()
             self.copy_stream = torch.cuda.Stream(self.device)
         self.capabilities = Capabilities(
-            name="exllamav3", device=f"exllamav3 on {self.device}", lanes=frozenset({"cpu", "zerocopy", "gpu"}),
+            name="exllamav3", device=f"exllamav3 on {self.device}", lanes=frozenset(lanes),
             encodings=frozenset({"exl3"}), vram_slots=self.vram_slots,
-            notes=("gpu and zerocopy picks are computed by exllamav3's kernels through its pointer tables",))
-        self._init_lanes("exllamav3")
+            notes=("gpu and zerocopy picks are computed by exllamav3's kernels through its pointer tables"
+                   + ("" if "gpu" in lanes else ", inside an attached model only: unattached, the cpu lane and "
+                      "the transfers are this backend's"),))
+        self._init_lanes("exllamav3", lambda ev: bool(ev.query()), lambda ev: ev.synchronize())
 
     # -- memory -------------------------------------------------------------------------------------------------
     def _register_pool(self) -> None:
@@ -92,47 +95,23 @@ class EngineBackend(EngineLanes):
         return self.arena[int(slot)].cpu().numpy()
 
     # -- transfers ------------------------------------------------------------------------------------------------
-    def _copy(self, key: int, kind: str, ram_slot: int, vram_slot: int):
+    def _start_copy(self, kind: str, ram_slot: int, vram_slot: int):
+        """Enqueue a push or drain; its CUDA event, or None for a synchronous copy (its bytes are there now)."""
         torch = self.torch
         host = self._host[int(ram_slot), :self.record_bytes]
         dev = self.arena[int(vram_slot)]
         src, dst = (host, dev) if kind == "push" else (dev, host)
-        event = None
-        if self.cuda:
-            # the copy stream waits for the compute stream's work so far: a drain never overtakes a kernel
-            # still reading the slot, a push never overwrites it
-            self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self.copy_stream):
-                dst.copy_(src, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record(self.copy_stream)
-        else:
+        if not self.cuda:
             dst.copy_(src)
-        h = CopyHandle(self._next_seq(), int(key), kind, ram_slot if kind == "push" else vram_slot,
-                       vram_slot if kind == "push" else ram_slot, event)
-        self._pending[h.seq] = h
-        if event is None:                   # a synchronous copy: its bytes are there now
-            self._landed_copy(h)
-        self._count_copy(kind, self.record_bytes)
-        return h
-
-    def _copy_done(self, h, block: bool) -> bool:
-        if h.state == "landed":
-            return True
-        if h.state == "failed":
-            raise TransportError(h.error)
-        try:
-            if block:
-                h.event.synchronize()
-                done = True
-            else:
-                done = bool(h.event.query())
-        except RuntimeError as e:
-            h.state, h.error = "failed", f"exllamav3 backend: {h.kind} of key {h.key} failed: {e}"
-            raise TransportError(h.error) from None
-        if done:
-            self._landed_copy(h)
-        return done
+            return None
+        # the copy stream waits for the compute stream's work so far: a drain never overtakes a kernel still
+        # reading the slot, a push never overwrites it
+        self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.copy_stream):
+            dst.copy_(src, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self.copy_stream)
+        return event
 
     def fence(self) -> None:
         """Every transfer finished and, on CUDA, every kernel enqueued so far done (a slot may then be reused)."""
@@ -147,3 +126,24 @@ class EngineBackend(EngineLanes):
         if self._registered:
             self.torch.cuda.cudart().cudaHostUnregister(self.pool.base)
             self._registered = False
+
+
+def open_backend(store, *, ram_slots: int, vram_slots: int = 0, device=None, **kw) -> EngineBackend:
+    """The ``moetier.backends`` entry point ``exllamav3``: the backend on its own, no model attached. exllamav3's
+    kernels compute the gpu and zerocopy picks only inside an attached model, so alone it offers the cpu lane and
+    the transfers (fills; pushes and drains into its VRAM slots, on the CUDA device where torch has one).
+    BackendUnavailable (one line) where torch or exllamav3 is missing, or the installed engine's hook surface is not
+    the pinned one (adapters.exllamav3.surface). It opens over a store of any records (its transfers are byte moves)
+    but declares, and computes, exl3 only."""
+    from adapters.exllamav3 import surface
+    try:
+        surface.require()
+    except surface.SurfaceMismatch as e:
+        raise BackendUnavailable(f"exllamav3 backend: {e}") from None
+    except ImportError as e:            # torch itself missing
+        raise BackendUnavailable(f"exllamav3 backend: {e} (pip install 'moetier[exllamav3]')") from None
+    if device is None:
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return EngineBackend(store, ram_slots=ram_slots, vram_slots=vram_slots, device=device, lanes=("cpu",),
+                         any_store=True, **kw)
