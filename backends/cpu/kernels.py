@@ -326,6 +326,34 @@ def _root(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def _rows_of(lay: ExpertLayout, xs, n: int):
+    """(xcat float32 [sum rows, H], rows per expert, xs is one [n, rows, H] array) of experts_forward's ``xs``."""
+    if isinstance(xs, np.ndarray) and xs.ndim == 3:
+        if xs.shape[0] != n or xs.shape[2] != lay.hidden:
+            raise ValueError(f"xs: expected [{n}, rows, {lay.hidden}], got {list(xs.shape)}")
+        return np.ascontiguousarray(xs, dtype=np.float32).reshape(-1, lay.hidden), [xs.shape[1]] * n, True
+    xl = [_check_x(lay, xs[e]) for e in range(n)]
+    if len(xl) != n:
+        raise ValueError(f"xs: expected {n} arrays, got {len(xl)}")
+    rows = [a.shape[0] for a in xl]
+    return (np.concatenate(xl) if n else np.empty((0, lay.hidden), np.float32)), rows, False
+
+
+def _one_slab(lay: ExpertLayout, u8: list):
+    """(slab, record offsets) when every record is a view into one contiguous array, else None."""
+    if not u8:
+        return None
+    root = _root(u8[0])
+    if not (root.flags.c_contiguous and all(_root(b) is root for b in u8)):
+        return None
+    slab = root.reshape(-1).view(np.uint8)
+    base = slab.__array_interface__["data"][0]
+    recs = np.array([b.__array_interface__["data"][0] - base for b in u8], np.int64)
+    if not ((recs >= 0).all() and (recs + lay.record_bytes <= slab.size).all()):
+        return None
+    return slab, recs
+
+
 def experts_forward(lay: ExpertLayout, bufs, xs, outs=None, parallel: bool = True):
     """Several experts in one parallel call (work items are (expert, output-row block) pairs).
 
@@ -337,18 +365,7 @@ def experts_forward(lay: ExpertLayout, bufs, xs, outs=None, parallel: bool = Tru
     if lay.encoding == EXL3:    # one expert at a time: the EXL3 kernel parallelises over an expert's output bands
         ys = [_exl3_forward(lay, bufs[e], xs[e], None, parallel) for e in range(n)]
         return np.stack(ys) if isinstance(xs, np.ndarray) and xs.ndim == 3 else ys
-    as_array = isinstance(xs, np.ndarray) and xs.ndim == 3
-    xl = [_check_x(lay, xs[e]) for e in range(n)] if not as_array else None
-    if as_array:
-        if xs.shape[0] != n or xs.shape[2] != lay.hidden:
-            raise ValueError(f"xs: expected [{n}, rows, {lay.hidden}], got {list(xs.shape)}")
-        xcat = np.ascontiguousarray(xs, dtype=np.float32).reshape(-1, lay.hidden)
-        rows = [xs.shape[1]] * n
-    else:
-        if len(xl) != n:
-            raise ValueError(f"xs: expected {n} arrays, got {len(xl)}")
-        rows = [a.shape[0] for a in xl]
-        xcat = np.concatenate(xl) if n else np.empty((0, lay.hidden), np.float32)
+    xcat, rows, as_array = _rows_of(lay, xs, n)
     rp = np.zeros(n + 1, np.int64)
     rp[1:] = np.cumsum(rows)
     out = np.empty((int(rp[-1]), lay.hidden), np.float32)
@@ -356,15 +373,9 @@ def experts_forward(lay: ExpertLayout, bufs, xs, outs=None, parallel: bool = Tru
     for i, b in enumerate(u8):
         if b.size < lay.record_bytes:
             raise ValueError(f"bufs[{i}]: expected at least {lay.record_bytes} bytes, got {b.size}")
-    root = _root(u8[0]) if n else None
-    shared = n > 0 and root.flags.c_contiguous and all(_root(b) is root for b in u8)
-    if shared:  # all records are views into one contiguous array: address them as offsets into it
-        slab = root.reshape(-1).view(np.uint8)
-        base = slab.__array_interface__["data"][0]
-        recs = np.array([b.__array_interface__["data"][0] - base for b in u8], np.int64)
-        shared = bool((recs >= 0).all() and (recs + lay.record_bytes <= slab.size).all())
-    if shared:
-        _run(lay, slab, recs, xcat, rp, out, parallel)
+    shared = _one_slab(lay, u8)
+    if shared is not None:  # all records are views into one contiguous array: address them as offsets into it
+        _run(lay, shared[0], shared[1], xcat, rp, out, parallel)
     else:
         for e in range(n):
             _run(lay, u8[e], np.zeros(1, np.int64), xcat[rp[e]:rp[e + 1]], np.array([0, rows[e]], np.int64),

@@ -18,11 +18,7 @@ Contract: see moetier.run.contract. Memory -> tiers:
 """
 from __future__ import annotations
 
-import ctypes
 import os
-import sys
-import threading
-from pathlib import Path
 
 import numpy as np
 
@@ -30,144 +26,17 @@ from moetier.run.contract import BackendUnavailable, Capabilities
 from moetier.run.events import SequencedBackend, Sequencer
 from moetier.run.router import StoreRouter
 from moetier.bytes.expert import EXL3, RECORD_KINDS, act_range, section_offsets
-from moetier.bytes.transport import HUGE, PAGE, Reader, SlotPool, TransportError, _round_up
+from moetier.bytes.transport import PAGE, Reader, _round_up
+from backends.sycl.device import built, import_dpctl, select_device
+from backends.sycl.memory import UsmSlotPool, UsmSub, odirect_into
 
 try:
     from backends.cpu.lane import CpuLane
 except ImportError:  # numba is the `cpu` extra; the cpu lane is then missing
     CpuLane = None
 
-_SRC = (Path(__file__).with_name("kernels.cl"), Path(__file__).with_name("exl3.cl"))
+__all__ = ["SyclBackend", "UsmSlotPool", "import_dpctl", "odirect_into", "select_device"]
 
-
-
-def _icd_path() -> str:
-    return sys.prefix + "/lib/libintelocl.so"
-
-
-def import_dpctl():
-    """Import dpctl (setting OCL_ICD_FILENAMES to the venv's OpenCL CPU runtime first, when unset).
-
-    Returns the dpctl module; raises BackendUnavailable with a one-line reason.
-    """
-    if "dpctl" not in sys.modules and not os.environ.get("OCL_ICD_FILENAMES") and os.path.exists(_icd_path()):
-        os.environ["OCL_ICD_FILENAMES"] = _icd_path()
-    try:
-        import dpctl
-        import dpctl.memory  # noqa: F401
-        import dpctl.program  # noqa: F401
-    except ImportError as e:
-        raise BackendUnavailable(f"--backend sycl: dpctl not installed ({e}): pip install 'moetier[sycl]'") from None
-    return dpctl
-
-
-def select_device(device=None):
-    """A SyclDevice from None (default selector), a filter string, or a SyclDevice; BackendUnavailable if none."""
-    dpctl = import_dpctl()
-    if isinstance(device, dpctl.SyclDevice):
-        return device
-    try:
-        return dpctl.SyclDevice(device) if device else dpctl.select_default_device()
-    except Exception as e:  # SyclDeviceCreationError and friends
-        raise BackendUnavailable(
-            f"--backend sycl: no SYCL device{f' {device!r}' if device else ''} "
-            f"(OCL_ICD_FILENAMES={os.environ.get('OCL_ICD_FILENAMES', '<unset>')}): {type(e).__name__}: {e}") from None
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Memory
-
-
-class _Sub:
-    """A USM sub-range exposed through __sycl_usm_array_interface__ (dpctl builds a memory view over it)."""
-
-    def __init__(self, mem, off: int, n: int, queue):
-        self.__sycl_usm_array_interface__ = {"data": (mem._pointer + off, False), "shape": (n,), "strides": None,
-                                             "typestr": "|u1", "version": 1, "syclobj": queue}
-        self._keep = mem
-
-
-def _madvise_huge(addr: int, n: int) -> bool:
-    # the process's own symbols (libc is loaded): ctypes.util.find_library would run `ldconfig -p` in a child
-    # process on every call, forking while the device runtime's worker threads are alive
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(n), 14) == 0  # MADV_HUGEPAGE
-    except Exception:
-        return False
-
-
-class UsmSlotPool(SlotPool):
-    """SlotPool whose slots live in one USM host allocation (device-readable host memory).
-
-    Same surface the Reader uses (n, slot_bytes, addr, view, _memoryview, _zero, _check_index, alloc/free, close).
-    """
-
-    def __init__(self, n: int, slot_bytes: int, queue, *, hugepage: bool = True):
-        import dpctl.memory as dm
-        if int(n) < 1:
-            raise ValueError(f"UsmSlotPool: n must be >= 1, got {n}")
-        self.n = int(n)
-        self.slot_bytes = _round_up(int(slot_bytes), PAGE)
-        self.nbytes = self.n * self.slot_bytes
-        self.mem = dm.MemoryUSMHost(self.nbytes, alignment=HUGE, queue=queue)
-        self._mm = memoryview(self.mem).cast("B")
-        self._off = 0
-        self.base = self.mem._pointer
-        if self.base % PAGE:
-            raise BackendUnavailable(f"--backend sycl: USM host allocation not 4 KiB aligned (0x{self.base:x})")
-        self.hugepage = bool(hugepage) and _madvise_huge(self.base, _round_up(self.nbytes, PAGE))
-        self.u8 = np.frombuffer(self._mm, dtype=np.uint8)  # one root array: cpu-lane views share it
-        self._free = list(range(self.n))
-        self._free.reverse()
-        self._isfree = [True] * self.n
-        self._lock = threading.Lock()
-        self._closed = False
-        self.queue = queue
-
-    def view(self, i: int) -> np.ndarray:
-        self._check_open()
-        self._check_index(i)
-        return self.u8[i * self.slot_bytes:(i + 1) * self.slot_bytes]
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self.u8 = None
-        try:
-            self._mm.release()
-        except BufferError:
-            pass  # a view is still alive; the USM block is freed with the last reference
-
-
-def odirect_into(path: str, mem, nbytes: int) -> str | None:
-    """Try one O_DIRECT read of the first nbytes of path into USM memory; None if it worked, else the reason."""
-    flag = getattr(os, "O_DIRECT", 0)
-    if not flag:
-        return "no O_DIRECT on this OS"
-    try:
-        fd = os.open(path, os.O_RDONLY | flag)
-    except OSError as e:
-        return f"open(O_DIRECT): {e.strerror}"
-    mv = memoryview(mem).cast("B")
-    try:
-        n = os.preadv(fd, [mv[:nbytes]], 0)
-        if n != nbytes:
-            return f"short O_DIRECT read into USM host memory ({n} of {nbytes} bytes)"
-        with open(path, "rb") as f:
-            if f.read(nbytes) != bytes(mv[:nbytes]):
-                return "O_DIRECT read into USM host memory returned different bytes"
-        return None
-    except OSError as e:
-        return f"O_DIRECT read into USM host memory failed: {e.strerror}"
-    finally:
-        mv.release()
-        os.close(fd)
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Backend
 
 def _event_done(event) -> bool:
     return str(event.execution_status).endswith("complete")
@@ -177,34 +46,9 @@ def _event_wait(event) -> None:
     event.wait()
 
 
-_KERNELS = ("quant_rows", "i8_gate_up", "i8_down", "i4_gate_up", "i4_down",
-            "exl3_in", "exl3_out", "exl3_gemm", "exl3_decode", "exl3_swiglu",
-            "exl3i_in", "exl3i_out", "exl3i_gemm", "exl3i_gate")
-_BUILT: dict = {}     # device filter string -> (context, program, kernels): one build per device and process
-
-
-def _built(dpctl, dp, dev):
-    """The kernels built once per device and process: every backend on it shares the context and the program
-    (building per backend cost an OpenCL compile at every backend start)."""
-    key = dev.filter_string
-    hit = _BUILT.get(key)
-    if hit is not None:
-        return hit
-    try:
-        q = dpctl.SyclQueue(dev, property="in_order")
-    except Exception as e:
-        raise BackendUnavailable(f"--backend sycl: cannot create a queue on {dev.name}: {e}") from None
-    try:
-        prog = dp.create_program_from_source(q, "\n".join(p.read_text() for p in _SRC),
-                                             "-cl-fp32-correctly-rounded-divide-sqrt")
-    except Exception as e:
-        raise BackendUnavailable(f"--backend sycl: OpenCL C kernels did not build on {dev.name} "
-                                 f"({dev.backend}; dpctl builds OpenCL C only for OpenCL devices): {e}") from None
-    hit = _BUILT[key] = (q.sycl_context, prog, {n: prog.get_sycl_kernel(n) for n in _KERNELS})
-    return hit
-
-
 class SyclBackend(SequencedBackend):
+    """The backend contract on one SYCL device (module docstring: memory -> tiers, lanes, handles)."""
+
     def __init__(self, store, *, ram_slots: int, vram_slots: int, queue_depth: int = 16, verify_rate: float = 1.0,
                  faults=None, direct: bool = True, device=None):
         dpctl = import_dpctl()
@@ -226,7 +70,7 @@ class SyclBackend(SequencedBackend):
         if need > amax:
             raise BackendUnavailable(f"--backend sycl: VRAM arena {vram_slots} x {self.slot_bytes} B = {need:,} B "
                                      f"exceeds the device's max allocation {amax:,} B ({dev.name})")
-        ctx, self.prog, self.k = _built(dpctl, dp, dev)
+        ctx, self.prog, self.k = built(dpctl, dp, dev)
         try:
             self.q = dpctl.SyclQueue(ctx, dev, property="in_order")     # compute
             self.cq = dpctl.SyclQueue(ctx, dev, property="in_order")    # copies (push/drain)
@@ -273,7 +117,7 @@ class SyclBackend(SequencedBackend):
         m = self._ram_sub[slot]
         if m is None:
             self.pool._check_index(slot)
-            m = self._dm.MemoryUSMHost(_Sub(self.pool.mem, slot * self.slot_bytes, self.slot_bytes, self.q))
+            m = self._dm.MemoryUSMHost(UsmSub(self.pool.mem, slot * self.slot_bytes, self.slot_bytes, self.q))
             self._ram_sub[slot] = m
         return m
 
@@ -282,7 +126,7 @@ class SyclBackend(SequencedBackend):
             raise ValueError(f"sycl backend: VRAM slot {slot!r} out of range 0..{self.vram_slot_count - 1}")
         m = self._dev_sub[slot]
         if m is None:
-            m = self._dm.MemoryUSMDevice(_Sub(self.dev_mem, slot * self.slot_bytes, self.slot_bytes, self.q))
+            m = self._dm.MemoryUSMDevice(UsmSub(self.dev_mem, slot * self.slot_bytes, self.slot_bytes, self.q))
             self._dev_sub[slot] = m
         return m
 
