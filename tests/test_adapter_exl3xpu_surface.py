@@ -55,15 +55,17 @@ def test_cli_adapter_check(capsys, monkeypatch):
 
 
 def test_moe_forward_reads_only_known_memory_and_valid_ids():
-    from moetier.bytes import exl3, expert
+    """The ops read exl3xpu's blobs (PLANAR4) through ptrs: the output equals the float64 expert within 2e-3."""
+    from adapters.exl3xpu import blob
+    from moetier.bytes import exl3
     ops = ProvidedOps()
-    lay = expert.layout(128, 128, expert.EXL3, bits=3, codebook="mul1")
     ex = exl3.random_expert(np.random.default_rng(1), 128, 128, 3)
-    host = ops.host_alloc(2 * lay.record_bytes)
-    host[:lay.record_bytes] = np.frombuffer(expert.pack_exl3(lay, ex), np.uint8)
+    rb = surface.record_bytes(128, 128, 3)
+    host = ops.host_alloc(2 * rb)
+    host[:surface.blob_bytes(128, 128, 3)] = blob.pack(ex)
     base = int(host.ctypes.data)
     x = np.random.default_rng(2).standard_normal((2, 128)).astype(np.float32)
-    ptrs = np.array([base, base + lay.record_bytes], np.int64)
+    ptrs = np.array([base, base + rb], np.int64)
     ids = np.array([[0, 1], [1, 0]], np.int32)
     w = np.array([[0.75, 0.0], [0.0, 0.5]], np.float32)        # expert 1's slot is zeros: weight 0 only
     y = ops.moe_forward(x, ids, w, ptrs, 128, 3, 2)

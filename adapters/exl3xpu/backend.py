@@ -15,16 +15,37 @@ adapter.
 RAM slots are a moetier.bytes.transport.SlotPool (the host store; on the engine, USM host / memfd pages) filled by its
 O_DIRECT Reader from a store of exl3 records; VRAM slots are one device allocation of ``vram_slots`` records. Both are
 registered with the ops' memory (kind "host" / "device"), so ``usm_kind`` and the kernel's address checks see them.
-Pushes and drains are ``ops.memcpy_async`` (synchronous on moetier's provider: landed when issued).
+Every slot holds exl3xpu's blob (adapters.exl3xpu.blob, PLANAR4), the layout its kernel reads: a fill's record is
+packed into its slot when the fill is first seen landed (``landed`` / ``wait``), before anything reads it; pushes
+and drains are byte moves of blobs, ``ops.memcpy_async`` (synchronous on moetier's provider: landed when issued); the
+cpu lane decodes the blob (``expert``). The test hooks ``ram_view`` / ``read_vram`` return the slot's expert as a
+store record (unpacked), so the conformance suite compares it with the store's bytes.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from adapters.engine_lanes import EngineLanes
+from adapters.exl3xpu import blob
 from moetier.bytes.expert import EXL3
 from moetier.bytes.transport import Reader, SlotPool
 from moetier.run.contract import BackendUnavailable, Capabilities
+
+
+class RecordView(np.ndarray):
+    """A slot's expert as a store record whose writes go back into the slot as the blob of the record written."""
+
+    @classmethod
+    def of(cls, rec: np.ndarray, layout, slot: np.ndarray) -> "RecordView":
+        v = rec.view(cls)
+        v._layout, v._slot = layout, slot
+        return v
+
+    def __setitem__(self, index, value):
+        super().__setitem__(index, value)
+        b = blob.pack_record(self._layout, np.asarray(self))
+        self._slot[:b.size] = b
+        self._slot[b.size:] = 0
 
 
 class XpuBackend(EngineLanes):
@@ -49,6 +70,51 @@ class XpuBackend(EngineLanes):
             notes=("gpu and zerocopy picks are computed by exl3xpu's moe_forward through its pointer tables",))
         self._init_lanes("exl3xpu")
         self._owns_ops = False              # open_backend made the op table: close() closes it
+        self.blobs = store.layout.encoding == EXL3       # slots hold exl3xpu's blobs (a store of other records: raw)
+        self._raw: dict = {}                # RAM slot -> seq of the fill whose record is not yet packed into a blob
+
+    # -- the blob in the slots ------------------------------------------------------------------------------------
+    def fill(self, key: int, slot: int, *, prefetch: bool = False):
+        h = super().fill(key, slot, prefetch=prefetch)
+        self._raw[int(slot)] = h.seq
+        return h
+
+    def _packed(self, h) -> None:
+        """A fill seen landed: the record it read is packed into the slot as exl3xpu's blob before anyone reads it
+        (exl3xpu's ``_maybe_pack`` at load; here at the landing, so the store stays moetier's exl3 records)."""
+        if h.kind == "fill" and self._raw.get(h.slot) == h.seq:
+            del self._raw[h.slot]
+            if self.blobs:
+                slot = self._host[h.slot]
+                b = blob.pack_record(self.layout, slot[:self.record_bytes].copy())
+                slot[:b.size] = b
+                slot[b.size:] = 0
+
+    def landed(self, handle) -> bool:
+        done = self.events.landed(handle)
+        if done:
+            self._packed(handle)
+        return done
+
+    def wait(self, handle):
+        self.events.wait(handle)
+        self._packed(handle)
+        return handle
+
+    def expert(self, slot: int):
+        """The EXL3 expert in RAM slot ``slot``, unpacked from its blob (the cpu lane's record view)."""
+        return blob.expert(self.layout, self._host[int(slot)])
+
+    def _as_record(self, buf: np.ndarray) -> np.ndarray:
+        return blob.record(self.layout, buf) if self.blobs else buf.copy()
+
+    def ram_view(self, slot: int) -> np.ndarray:
+        """RAM slot ``slot``'s expert as a store record (a test hook): the blob unpacked, and a write into the view
+        packed back into the slot (RecordView). A slot whose fill has not been seen landed holds the raw record."""
+        s = int(slot)
+        if s in self._raw or not self.blobs:
+            return self._host[s]
+        return RecordView.of(self._as_record(self._host[s]), self.layout, self._host[s])
 
     def unattached(self, lane: str, jobs, x: np.ndarray) -> dict:
         """No model attached: exl3xpu's ``moe_forward`` itself computes each key from the slot handed, through a
@@ -71,12 +137,15 @@ class XpuBackend(EngineLanes):
         return int(self.arena[int(slot)].ctypes.data)
 
     def read_vram(self, slot: int) -> np.ndarray:
-        return self.arena[int(slot)].copy()
+        """VRAM slot ``slot``'s expert as a store record (its blob unpacked; a copy)."""
+        return self._as_record(self.arena[int(slot)])
 
     # -- transfers ------------------------------------------------------------------------------------------------
     def _start_copy(self, kind: str, ram_slot: int, vram_slot: int):
         host, dev = self._host[int(ram_slot)], self.arena[int(vram_slot)]
         dst, src = (dev, host) if kind == "push" else (host, dev)
+        if kind == "drain":
+            self._raw.pop(int(ram_slot), None)          # a blob comes back: nothing to pack
         self.ops.memcpy_async(dst, src, self.record_bytes)
         return None                        # memcpy_async of the provider returns with the bytes there
 

@@ -6,8 +6,8 @@ Contract
 intermediate 128, K 3 (mul1), a gated shared expert, no MTP layer. ``write_tiny(path, seed)`` writes its checkpoint.
 
 ``build_model(path, ops)`` loads it the way exl3xpu's SGLang method does: every routed expert packed into the engine's
-host store at load time (one ``ops.host_alloc`` buffer, record ``layer * E + e`` at ``key * record_bytes``; the
-records are moetier exl3 records, see adapters.exl3xpu.ops), and per layer a ``Method`` whose ``apply(x, topk_ids,
+host store at load time (one ``ops.host_alloc`` buffer, the blob of ``layer * E + e`` at ``key * record`` where record
+is the blob's 4 KiB-aligned stride: adapters.exl3xpu.blob, surface.record_bytes), and per layer a ``Method`` whose ``apply(x, topk_ids,
 topk_w)`` runs ``ops.moe_forward`` over the layer's pointer table (its home rows: the host store's records). A
 ``Layer`` is what SGLang runs around the method: the Qwen router (softmax, top-k, renormalised; ids int32, weights
 fp32), ``method.apply``, and the shared expert outside the method (``--disable-shared-experts-fusion``), scaled by
@@ -92,14 +92,18 @@ def load_tensors(path) -> dict:
 
 def build_model(path, ops) -> Model:
     """The MoE layers of the Qwen-layout EXL3 checkpoint at ``path`` as exl3xpu runs them on ``ops``."""
+    from adapters.exl3xpu import blob, surface
     from moetier.bytes import checkpoint, exl3
     t = load_tensors(path)
     with checkpoint.open_exl3(path) as ck:
         lay, E, L = ck.layout, ck.experts, ck.trunk_layers
-        rb = lay.record_bytes
+        rb = surface.record_bytes(lay.hidden, lay.ffn, lay.bits)       # the blob's 4 KiB-aligned stride
         host = ops.host_alloc(L * E * rb)
+        rec = np.zeros(lay.record_bytes, np.uint8)
         for k in range(L * E):
-            ck.fill(k, host[k * rb:(k + 1) * rb])
+            ck.fill(k, rec)
+            b = blob.pack_record(lay, rec)                             # packed as exl3xpu's _maybe_pack does
+            host[k * rb:k * rb + b.size] = b
         prefixes, topk = ck.prefixes[:L], int(ck.geometry.topk)
     model = Model(path=str(path), host=host, layout=lay, experts=E)
     base = int(host.ctypes.data)

@@ -9,7 +9,7 @@ argument lists and semantics, over numpy arrays:
   through ``ptrs`` (int64[n_experts], one address per expert): y[r] = sum over j (in slot order, fp32) of
   topk_w[r, j] * expert(ptrs[topk_ids[r, j]])(x[r]). Each expert is computed by moetier's EXL3 CPU kernel
   (backends.cpu.exl3, fp16 at the engine's rounding points; the NumPy reference where numba is missing) on the
-  record at that address. Every address a pick reads must lie inside memory the ops know (``memory``: their own
+  blob at that address. Every address a pick reads must lie inside memory the ops know (``memory``: their own
   ``host_alloc`` buffers and the regions a backend registers as device memory), or the op raises - a row that
   points nowhere fails loudly instead of reading junk. A pick of weight 0 (the masked "safe expert, weight 0" of
   the tier) contributes exactly 0 and its row is still checked.
@@ -17,9 +17,9 @@ argument lists and semantics, over numpy arrays:
   ``memcpy_async(dst, src, nbytes)`` (synchronous here: the bytes are there when it returns) and
   ``blob_bytes(H, I, K)``.
 
-What is NOT the engine's: the bytes at an address are a moetier exl3 record (moetier.bytes.expert's section
-layout), not exl3xpu's PLANAR4 blob; the numerics are the CPU kernel's (exllamav3's rounding points), not the
-Arc kernel's. ``SyclOps(store)`` is the same provider with the experts computed by moetier's SYCL EXL3 kernel
+The bytes at an address are exl3xpu's expert blob (adapters.exl3xpu.blob: PLANAR4 trellis words, then the scales),
+which the op unpacks. What is NOT the engine's: the numerics are the CPU kernel's (exllamav3's rounding points), not
+the Arc kernel's. ``SyclOps(store)`` is the same provider with the experts computed by moetier's SYCL EXL3 kernel
 (backends/sycl) on a dpctl device - the OpenCL CPU device in CI; ``surface.op_table(store)`` picks it where dpctl has
 a device.
 """
@@ -30,8 +30,9 @@ import bisect
 import numpy as np
 
 from adapters.engine_lanes import CPU_KERNEL, cpu_rows
-from adapters.exl3xpu import surface
-from moetier.bytes.expert import EXL3, exl3_expert, layout
+from adapters.exl3xpu import blob, surface
+from moetier.bytes.expert import EXL3, layout
+
 
 class OpError(RuntimeError):
     """An op was called with arguments the real op would fault or fail on (bad id, address outside any region)."""
@@ -105,12 +106,13 @@ class ProvidedOps:
         if ids.size and (ids.min() < 0 or ids.max() >= n_experts):
             raise OpError(f"moe_forward: topk_ids outside 0..{n_experts - 1}")
         lay = self._layout(H, int(I), int(K))
+        nblob = surface.blob_bytes(H, int(I), int(K))
         self.calls["moe_forward"] += 1
         rows: dict = {}
         for r in range(M):
             for j in range(ids.shape[1]):
                 e = int(ids[r, j])
-                rec = self.memory.view(int(ptrs[e]), lay.record_bytes)     # every row read is checked
+                rec = self.memory.view(int(ptrs[e]), nblob)                # every row read is checked
                 if w[r, j] != 0.0:
                     rows.setdefault(e, (rec, []))[1].append(r)
         jobs = [(e, rec, sorted(set(rs))) for e, (rec, rs) in rows.items()]
@@ -126,8 +128,8 @@ class ProvidedOps:
         return y
 
     def _experts(self, lay, jobs, x) -> dict:
-        """{expert: its unweighted output rows} for jobs [(expert, record bytes, rows)]."""
-        return {e: cpu_rows(x[rs], exl3_expert(lay, rec), self.act_limit) for e, rec, rs in jobs}
+        """{expert: its unweighted output rows} for jobs [(expert, blob bytes, rows)]."""
+        return {e: cpu_rows(x[rs], blob.expert(lay, b), self.act_limit) for e, b, rs in jobs}
 
     # -- memory -------------------------------------------------------------------------------------------------
     def host_alloc(self, nbytes):
@@ -149,8 +151,9 @@ class ProvidedOps:
 class SyclOps(ProvidedOps):
     """The same ops with every expert computed by moetier's SYCL EXL3 kernel (backends/sycl, ``exl3.cl``) on a
     dpctl device - the OpenCL CPU device in CI. The kernel reads its experts from USM host slots of a SyclBackend over
-    ``store`` (the zerocopy path): each record a pick addresses is copied there from its address first, so ``ptrs``
-    alone still says which bytes are computed. ``device``: a dpctl filter string (default: dpctl's default)."""
+    ``store`` (the zerocopy path): each blob a pick addresses is unpacked there, as a moetier record, from its
+    address first, so ``ptrs`` alone still says which bytes are computed. ``device``: a dpctl filter string (default:
+    dpctl's default)."""
 
     def __init__(self, store, codebook: str = "mul1", act_limit: float = 0.0, *, slots: int = 64, device=None):
         from backends.sycl.backend import SyclBackend
@@ -165,8 +168,8 @@ class SyclOps(ProvidedOps):
         n = self.sycl.ram_slot_count
         for i in range(0, len(jobs), n):
             batch = jobs[i:i + n]
-            for s, (_, rec, _) in enumerate(batch):
-                self.sycl.ram_view(s)[:lay.record_bytes] = rec
+            for s, (_, b, _) in enumerate(batch):
+                self.sycl.ram_view(s)[:lay.record_bytes] = blob.record(lay, b)     # the kernel reads records
             out.update(self.sycl.compute("zerocopy", [(e, s, rs) for s, (e, _, rs) in enumerate(batch)], x))
         return out
 
