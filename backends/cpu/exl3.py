@@ -8,19 +8,20 @@ nothing is copied or converted up front beyond the small scale vectors.
 
 Rounding: fp16 where exllamav3's CUDA kernels store fp16 (adapters.md section 2.4): the input x, the transformed input
 had(x * suh) * c, the raw GEMM output, the output after had * c * svh, and the SwiGLU intermediate; the GEMM
-accumulates in fp32. ``fp16=False`` skips the roundings (plain fp32). Rounding is an integer round-to-nearest-even
-on the float32 bits, identical to numpy's float32 -> float16 conversion.
+accumulates in fp32. ``fp16=False`` skips the roundings (plain fp32). Every rounding is round-to-nearest-even,
+identical to numpy's float32 -> float16 conversion.
 
 Decode strategy: a parallel work item is an output band of NB adjacent tiles (16 * NB columns), which streams down
-all tile rows of the trellis, ROWS at a time. For those it first lays the band's tiles side by side as 16-bit units
-of their bit rings, [16K + 1, ROWS * NB], so that one weight position of all ROWS * NB tiles is read with the same
-unit index and offset: state extraction (exl3_dq.cuh's funnel shift, done on two 16-bit units with a multiply so
-every lane stays 32-bit), the decode and the FMA then run across the tiles as vector lanes. Positions are visited
-in the tile's row-major order (the tensor-core placement is folded into the window tables), so the decoded tile
-rows are [ROWS, 16 rows, 16 columns, NB tiles] in memory and each input row adds one contiguous 256-float block
-times its x into each token's accumulators. mul1 is decoded without a table: fp16(k_inv (1024 + s) + k_bias) with s
-the byte sum below, whose float32 value is exact, so one integer rounding of its bits gives the table's value; mcg
-and 3inst look the state up in a 65,536-entry table.
+all tile rows of the trellis, ROWS at a time. For those it first lays the band's tiles side by side as 32-bit
+windows of their bit rings (units m and m + 1), [16K, ROWS * NB], so that one weight position of all ROWS * NB tiles
+is read with the same window index and shift: state extraction (exl3_dq.cuh's funnel shift: one 32-bit shift left
+by the position's offset and one right by 16), the decode, its fp16 rounding and the FMA then run across the tiles
+as vector lanes. Positions are visited in the tile's row-major order (the tensor-core placement is folded into the
+window tables), so the decoded tile rows are [ROWS, 16 rows, 16 columns, NB tiles] in memory and each input row adds
+one contiguous 256-float block times its x into each token's accumulators. mul1 is decoded without a table:
+fp16(k_inv (1024 + s) + k_bias) with s the byte sum below, whose float32 value is exact, so one rounding to fp16
+(the F16C conversion pair where the CPU has it, backends/cpu/exl3_ops.py) gives the table's value; mcg and 3inst
+look the state up in a 65,536-entry table.
 
 ``mode="affine"`` (mul1 only) is the fast path: a mul1 weight is affine in the byte sum s of state * 0x83DCD12D,
 w = k_inv (1024 + s) + k_bias, so sum_r w_r x_r = k_inv sum_r s_r x_r + (1024 k_inv + k_bias) sum_r x_r: the kernel
@@ -44,9 +45,10 @@ from contextlib import contextmanager
 import numpy as np
 from numba import get_num_threads, njit, prange, set_num_threads
 
+from backends.cpu.exl3_ops import JIT as _JIT
+from backends.cpu.exl3_ops import fp16_round, h2f, had_rows_, round16_, shl32
 from moetier.bytes import exl3 as X
 
-_JIT = dict(cache=True, nogil=True)
 NB = 16                     # tiles per output band (256 columns, two Hadamard blocks)
 ROWS = 2                    # tile rows decoded per step (they share the window tables, halving their cost)
 MODES = ("exact", "affine")
@@ -58,111 +60,40 @@ _K_CONST = np.float32(1024.0 * X.MUL1_K_INV + X.MUL1_K_BIAS)   # exact in float3
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# fp16 helpers (integer routines: independent of fastmath and of numba's float16 support)
-
-
-@njit(**_JIT)
-def _round16_(a):
-    """Round a float32 array in place to the nearest fp16 value (ties to even; overflow to inf), like numpy's
-    float32 -> float16 -> float32."""
-    flat = a.reshape(-1)
-    u = flat.view(np.uint32)
-    for i in range(u.shape[0]):
-        v = u[i]
-        sign = v & np.uint32(0x80000000)
-        m = v & np.uint32(0x7FFFFFFF)
-        if m >= np.uint32(0x7F800000):            # inf / nan stay
-            continue
-        if m >= np.uint32(0x477FF000):            # >= 65520 rounds past the largest fp16
-            u[i] = sign | np.uint32(0x7F800000)
-        elif m >= np.uint32(0x38800000):          # fp16 normal: keep 10 of 23 mantissa bits
-            m = (m + np.uint32(0xFFF) + ((m >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
-            u[i] = sign | m
-        else:                                     # fp16 subnormal: a multiple of 2**-24
-            e = m >> np.uint32(23)
-            if e < 102:
-                u[i] = sign
-            else:
-                sh = np.uint32(126) - e
-                q = (m & np.uint32(0x7FFFFF)) | np.uint32(0x800000)
-                half = np.uint32(1) << (sh - np.uint32(1))
-                q = (q + half - np.uint32(1) + ((q >> sh) & np.uint32(1))) >> sh
-                f = np.float32(q) * np.float32(2.0 ** -24)
-                flat[i] = -f if sign else f
-
-
-@njit(**_JIT)
-def _h2f(bits, out):
-    """fp16 bit patterns (uint16) -> float32 values, exactly."""
-    for i in range(bits.shape[0]):
-        h = np.int64(bits[i])
-        e = (h >> 10) & 31
-        m = h & 1023
-        if e == 0:
-            v = m * 2.0 ** -24
-        elif e == 31:
-            v = math.inf if m == 0 else math.nan
-        else:
-            v = (1024 + m) * 2.0 ** (e - 25)
-        out[i] = np.float32(-v if h & 0x8000 else v)
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Hadamard (fp32, exllamav3's butterfly order)
-
-
-@njit(**_JIT)
-def _had_rows_(a, scale):
-    """In place: each 128-wide block of each row of a [T, n] -> butterfly, times scale."""
-    T, n = a.shape
-    for r in range(T):
-        for b0 in range(0, n, 128):
-            h = 1
-            while h < 128:
-                for s in range(b0, b0 + 128, 2 * h):
-                    for q in range(s, s + h):
-                        p = a[r, q]
-                        o = a[r, q + h]
-                        a[r, q] = p + o
-                        a[r, q + h] = p - o
-                h *= 2
-            for q in range(b0, b0 + 128):
-                a[r, q] *= scale
-
-
-# --------------------------------------------------------------------------------------------------------------------
 # Decode and GEMM
 
 
 @njit(fastmath=True, **_JIT)
-def _gather_band(units, i, j0, nb, ubuf):
-    """ubuf[m, h NB + jj] = 16-bit unit m of the ring of tile (i + h, j0 + jj) for the ROWS tile rows from i, band
-    tiles side by side; row 16K repeats unit 0 (the wrap). The ring is the tile's uint32 words MSB-first, word
-    i = e[2i] | e[2i+1] << 16, so unit m is e[m ^ 1]. Tiles past the trellis edge (a partial band, or a last odd
-    tile row) read as zeros."""
-    kt, _, nu = units.shape
+def _gather_band(words, i, j0, nb, ubuf):
+    """ubuf[m, h NB + jj] = the 32-bit window of the ring of tile (i + h, j0 + jj) that starts at its 16-bit unit m,
+    for the ROWS tile rows from i, band tiles side by side (words: the trellis as uint32, [kt, nt, 8K]). The ring is
+    the tile's uint32 words MSB-first, so the window at unit 2w is word w itself and the one at 2w + 1 is the low half
+    of word w over the high half of word w + 1 (wrapping). Tiles past the trellis edge (a partial band, or a last
+    short step) read as zeros."""
+    kt, _, nw = words.shape
     for h in range(ROWS):
         for jj in range(NB):
             col = h * NB + jj
             if jj < nb and i + h < kt:
-                for m in range(nu):
-                    ubuf[m, col] = units[i + h, j0 + jj, m ^ 1]
-                ubuf[nu, col] = ubuf[0, col]
+                a = words[i + h, j0 + jj, 0]
+                for w in range(nw):
+                    b = words[i + h, j0 + jj, w + 1 if w + 1 < nw else 0]
+                    ubuf[2 * w, col] = a
+                    ubuf[2 * w + 1, col] = np.uint32(a << np.uint32(16)) | np.uint32(b >> np.uint32(16))
+                    a = b
             else:
-                for m in range(nu + 1):
+                for m in range(2 * nw):
                     ubuf[m, col] = 0
 
 
-@njit(fastmath=True, **_JIT)
-def _state(ubuf, m, mul, jj):
-    """The 16-bit window starting k bits into unit m (mul = 2**k) of band tile jj: the top half of
-    ((U_m << 16 | U_m+1) << k) mod 2**32. Only constant shifts and a multiply, with explicit uint32 truncations, so
-    LLVM keeps 32-bit lanes (numba types integer arithmetic as 64-bit)."""
-    v = np.uint32(np.uint32(ubuf[m, jj] << np.uint32(16)) | ubuf[m + np.uint64(1), jj])
-    return np.uint32(np.uint32(v * mul) >> np.uint32(16))
+@njit(inline="always", **_JIT)
+def _state(ubuf, m, sh, col):
+    """The 16-bit window starting sh bits into unit m of band tile col: the top half of its 32-bit window << sh
+    (exl3_dq.cuh's funnel shift), in 32-bit ops so LLVM keeps 16 lanes per vector."""
+    return np.uint32(shl32(ubuf[m, col], sh) >> np.uint32(16))
 
 
-@njit(fastmath=True, **_JIT)
+@njit(inline="always", **_JIT)
 def _byte_sum(st):
     """Sum of the four bytes of st * 0x83DCD12D mod 2**32, in 32-bit ops."""
     p = np.uint32(st * np.uint32(X.MUL1_MULT))
@@ -172,66 +103,64 @@ def _byte_sum(st):
 
 
 @njit(fastmath=True, **_JIT)
-def _decode_band(ubuf, um, umul, kind, lut, wdec, wbits):
-    """wdec[h, p, jj] = the weight at row-major position p of tile (i + h, j0 + jj), for all 256 positions (um/umul:
-    the window tables in placement order; ubuf: the band's units): its table value (KIND_LUT), its mul1 weight
+def _decode_band(ubuf, um, ush, kind, lut, wdec):
+    """wdec[h, p, jj] = the weight at row-major position p of tile (i + h, j0 + jj), for all 256 positions (um/ush:
+    the window tables in placement order; ubuf: the band's windows): its table value (KIND_LUT), its mul1 weight
     (KIND_MUL1), its mul1 byte sum (KIND_AFFINE) or its exl3-int weight (KIND_INT).
 
     KIND_MUL1 decodes without a table: fp16(k_inv (1024 + s) + k_bias). The float32 affine value is exact (a multiple
-    of 2**-18 below 4), so one integer round-to-nearest-even of its bits to 10 mantissa bits (wbits: wdec's uint32
-    view) is the single fp16 rounding; values below 2**-14 have too few bits to round, so no subnormal case arises."""
+    of 2**-18 below 4), so one rounding to fp16 in the loop (fp16_round: F16C's conversion pair) is the table's
+    value. Each branch is one loop over 16-tile lanes that LLVM vectorises (check with inspect_asm)."""
     if kind == KIND_LUT:
         for p in range(256):
-            m, mul = um[p], umul[p]
+            m, sh = um[p], ush[p]
             for h in range(ROWS):
                 for jj in range(NB):
-                    wdec[h, p, jj] = lut[_state(ubuf, m, mul, h * NB + jj)]
-        return
-    # one loop for all mul1 kinds (the byte sum s itself is s * 1 + 0, exl3-int's weight s * 1 - 510, both exact):
-    # LLVM vectorises this form
-    scale = _K_INV if kind == KIND_MUL1 else np.float32(1.0)
-    offset = _K_CONST if kind == KIND_MUL1 else np.float32(-X.MUL1_BYTE_SUM_MID if kind == KIND_INT else 0.0)
-    for p in range(256):
-        m, mul = um[p], umul[p]
-        for h in range(ROWS):
-            for jj in range(NB):
-                wdec[h, p, jj] = np.float32(np.int32(_byte_sum(_state(ubuf, m, mul, h * NB + jj)))) * scale + offset
-    if kind != KIND_MUL1:
-        return
-    for q in range(256 * ROWS * NB):
-        m = wbits[q]
-        wbits[q] = np.uint32(np.uint32(m + np.uint32(0xFFF) + np.uint32(np.uint32(m >> np.uint32(13)) & np.uint32(1)))
-                             & np.uint32(0xFFFFE000))
+                    wdec[h, p, jj] = lut[_state(ubuf, m, sh, h * NB + jj)]
+    elif kind == KIND_MUL1:
+        for p in range(256):
+            m, sh = um[p], ush[p]
+            for h in range(ROWS):
+                for jj in range(NB):
+                    s = _byte_sum(_state(ubuf, m, sh, h * NB + jj))
+                    wdec[h, p, jj] = fp16_round(np.float32(np.int32(s)) * _K_INV + _K_CONST)
+    else:   # the byte sum itself, or exl3-int's weight s - 510 (both exact); LLVM vectorises this form
+        scale = np.float32(1.0)
+        offset = np.float32(-X.MUL1_BYTE_SUM_MID if kind == KIND_INT else 0.0)
+        for p in range(256):
+            m, sh = um[p], ush[p]
+            for h in range(ROWS):
+                for jj in range(NB):
+                    s = _byte_sum(_state(ubuf, m, sh, h * NB + jj))
+                    wdec[h, p, jj] = np.float32(np.int32(s)) * scale + offset
 
 
 @njit(**_JIT)
 def _band_scratch(nu):
-    """One work item's buffers: units [16K + 1, ROWS NB], decoded weights [ROWS, 256, NB], and its flat and
-    uint32 views."""
-    ubuf = np.empty((nu + 1, ROWS * NB), np.uint32)
+    """One work item's buffers: windows [16K, ROWS NB], decoded weights [ROWS, 256, NB] and their flat view."""
+    ubuf = np.empty((nu, ROWS * NB), np.uint32)
     wdec = np.empty((ROWS, 256, NB), np.float32)
-    wflat = wdec.reshape(-1)
-    return ubuf, wdec, wflat, wflat.view(np.uint32)
+    return ubuf, wdec, wdec.reshape(-1)
 
 
 @njit(parallel=True, fastmath=True, **_JIT)
-def _gemm(units, xh, lut, um, umul, kind, out):
-    """out[T, n] = xh[T, k] @ W_inner, W_inner decoded on the fly from the trellis [kt, nt, 16K] (uint16 view).
-    Accumulates in out's dtype: float32, or int64 for KIND_INT (each integer product is exact in float64).
+def _gemm(words, xh, lut, um, ush, kind, out):
+    """out[T, n] = xh[T, k] @ W_inner, W_inner decoded on the fly from the trellis [kt, nt, 8K] (uint32 view).
+    Accushates in out's dtype: float32, or int64 for KIND_INT (each integer product is exact in float64).
 
     The ROWS decoded tile rows are [ROWS, 16 rows, 16 columns, NB tiles] in memory, so each input row adds one
     contiguous 256-float block times its x into the [16 columns, NB tiles] accumulator of each token."""
-    kt, nt, nu = units.shape
+    kt, nt, nw = words.shape
     T = xh.shape[0]
     nbands = (nt + NB - 1) // NB
     for b in prange(nbands):
         j0 = b * NB
         nb = min(NB, nt - j0)
-        ubuf, wdec, wflat, wbits = _band_scratch(nu)
+        ubuf, wdec, wflat = _band_scratch(2 * nw)
         acc = np.zeros((T, 16 * NB), out.dtype)
         for i in range(0, kt, ROWS):
-            _gather_band(units, i, j0, nb, ubuf)
-            _decode_band(ubuf, um, umul, kind, lut, wdec, wbits)
+            _gather_band(words, i, j0, nb, ubuf)
+            _decode_band(ubuf, um, ush, kind, lut, wdec)
             hs = min(ROWS, kt - i)
             for tok in range(T):
                 for r in range(16 * hs):
@@ -254,16 +183,16 @@ def _gemm(units, xh, lut, um, umul, kind, out):
 
 
 @njit(parallel=True, **_JIT)
-def _decode_inner(units, kind, lut, um, umul, out):
+def _decode_inner(words, kind, lut, um, ush, out):
     """W_inner [k, n] float32 through the same band decode as _gemm (for bit-exact checks)."""
-    kt, nt, nu = units.shape
+    kt, nt, nw = words.shape
     for b in prange((nt + NB - 1) // NB):
         j0 = b * NB
         nb = min(NB, nt - j0)
-        ubuf, wdec, _, wbits = _band_scratch(nu)
+        ubuf, wdec, _ = _band_scratch(2 * nw)
         for i in range(0, kt, ROWS):
-            _gather_band(units, i, j0, nb, ubuf)
-            _decode_band(ubuf, um, umul, kind, lut, wdec, wbits)
+            _gather_band(words, i, j0, nb, ubuf)
+            _decode_band(ubuf, um, ush, kind, lut, wdec)
             for h in range(min(ROWS, kt - i)):
                 for p in range(256):
                     for jj in range(nb):
@@ -291,22 +220,22 @@ def _input_transform(x, suh, fp16, xh):
     for r in range(x.shape[0]):
         for q in range(x.shape[1]):
             xh[r, q] = x[r, q] * suh[q]
-    _had_rows_(xh, np.float32(X.HAD_SCALE))
+    had_rows_(xh, np.float32(X.HAD_SCALE))
     if fp16:
-        _round16_(xh)
+        round16_(xh)
 
 
 @njit(**_JIT)
 def _output_transform(y, svh, fp16):
     """y = had(y) * c * svh in place, with the engine's fp16 roundings before and after."""
     if fp16:
-        _round16_(y)
-    _had_rows_(y, np.float32(X.HAD_SCALE))
+        round16_(y)
+    had_rows_(y, np.float32(X.HAD_SCALE))
     for r in range(y.shape[0]):
         for q in range(y.shape[1]):
             y[r, q] *= svh[q]
     if fp16:
-        _round16_(y)
+        round16_(y)
 
 
 @njit(**_JIT)
@@ -322,23 +251,23 @@ def _swiglu_(g, u, limit, fp16):
                 uv = min(max(uv, -limit), limit)
             g[r, q] = s * uv
     if fp16:
-        _round16_(g)
+        round16_(g)
 
 
 class _Linear:
-    """One linear's kernel arguments: the trellis as uint16 units (a view), float32 scale vectors, tables."""
+    """One linear's kernel arguments: the trellis as uint32 words (a view), float32 scale vectors, tables."""
 
-    __slots__ = ("units", "suh", "svh", "lut", "um", "umul", "k", "n", "kind")
+    __slots__ = ("words", "suh", "svh", "lut", "um", "ush", "k", "n", "kind")
 
     def __init__(self, lin, mode: str):
         t = lin.trellis
         if not t.flags.c_contiguous:
             raise ValueError("trellis: expected a contiguous array (it is read in place)")
-        self.units = t.view(np.uint16)
+        self.words = t.view(np.uint32)
         self.k, self.n = lin.k, lin.n
         self.suh = _scales(lin.suh)
         self.svh = _scales(lin.svh)
-        self.um, self.umul = _tables(lin.K)
+        self.um, self.ush = _tables(lin.K)
         if mode == "affine" and lin.codebook != "mul1":
             raise ValueError(f"mode 'affine' needs the mul1 codebook, this linear uses {lin.codebook!r}")
         if lin.codebook == "mul1":
@@ -360,21 +289,21 @@ def _lut32(codebook) -> np.ndarray:
 
 
 def _tables(K: int):
-    """(um, umul) per row-major tile position p: the state of the element placed at p is the 16-bit window starting
-    at ring bit S = (t+1)K - 16 (mod 256K), t = TC_PERM_INV[p], i.e. o = S % 16 bits into 16-bit unit um = S // 16;
-    umul = 2**o. Unsigned, so numba emits no negative-index wraparound code in the hot loops."""
+    """(um, ush) per row-major tile position p: the state of the element placed at p is the 16-bit window starting
+    at ring bit S = (t+1)K - 16 (mod 256K), t = TC_PERM_INV[p], i.e. ush = S % 16 bits into 16-bit unit
+    um = S // 16. Unsigned, so numba emits no negative-index wraparound code in the hot loops."""
     if K not in _TABLES:
         X.window_tables(K)                     # validates K
         t = X.TC_PERM_INV.astype(np.int64)
         start = ((t + 1) * K - 16) % (256 * K)
-        _TABLES[K] = ((start // 16).astype(np.uint64), (np.uint32(1) << (start % 16).astype(np.uint32)))
+        _TABLES[K] = ((start // 16).astype(np.uint64), (start % 16).astype(np.uint32))
     return _TABLES[K]
 
 
 def _scales(v: np.ndarray) -> np.ndarray:
     bits = np.ascontiguousarray(v).view(np.uint16).reshape(-1)
     out = np.empty(bits.shape[0], np.float32)
-    _h2f(bits, out)
+    h2f(bits, out)
     return out
 
 
@@ -382,7 +311,7 @@ def _linear(L: _Linear, x: np.ndarray, fp16: bool) -> np.ndarray:
     xh = np.empty_like(x)
     _input_transform(x, L.suh, fp16, xh)
     y = np.empty((x.shape[0], L.n), np.float32)
-    _gemm(L.units, xh, L.lut, L.um, L.umul, L.kind, y)
+    _gemm(L.words, xh, L.lut, L.um, L.ush, L.kind, y)
     _output_transform(y, L.svh, fp16)
     return y
 
@@ -420,9 +349,9 @@ def decode_inner(trellis: np.ndarray, codebook="mul1", table: bool = False) -> n
     t = np.ascontiguousarray(trellis)
     K = X.trellis_bits(t)
     out = np.empty((t.shape[0] * 16, t.shape[1] * 16), np.float32)
-    um, umul = _tables(K)
+    um, ush = _tables(K)
     kind = KIND_MUL1 if X.codebook_index(codebook) == 2 and not table else KIND_LUT
-    _decode_inner(t.view(np.uint16), kind, _lut32(codebook), um, umul, out)
+    _decode_inner(t.view(np.uint32), kind, _lut32(codebook), um, ush, out)
     return out
 
 
@@ -433,7 +362,7 @@ def raw_gemm(xh, lin, mode: str = "exact", parallel: bool = True) -> np.ndarray:
     xh = _rows(xh, L.k)
     y = np.empty((xh.shape[0], L.n), np.float32)
     with _team(parallel):
-        _gemm(L.units, xh, L.lut, L.um, L.umul, L.kind, y)
+        _gemm(L.words, xh, L.lut, L.um, L.ush, L.kind, y)
     return y
 
 
@@ -459,7 +388,7 @@ def expert_forward(expert, x, act_limit: float | None = None, routing_weight=1.0
     with _team(parallel):
         if fp16:
             x = x.copy()
-            _round16_(x)
+            round16_(x)
         g = _linear(gate, x, fp16)
         u = _linear(up, x, fp16)
         _swiglu_(g, u, np.float32(act_limit or 0.0), fp16)
@@ -474,10 +403,10 @@ def _signs(v: np.ndarray) -> np.ndarray:
 
 def _int_linear(L: _Linear, x: np.ndarray) -> np.ndarray:
     xh = x * _signs(L.suh)
-    _had_rows_(xh, np.int64(1))
+    had_rows_(xh, np.int64(1))
     y = np.empty((x.shape[0], L.n), np.int64)
-    _gemm(L.units, xh, L.lut, L.um, L.umul, KIND_INT, y)
-    _had_rows_(y, np.int64(1))
+    _gemm(L.words, xh, L.lut, L.um, L.ush, KIND_INT, y)
+    had_rows_(y, np.int64(1))
     y *= _signs(L.svh)
     return y
 
@@ -515,7 +444,7 @@ def int_expert_forward(expert, x, shift: int, a_max: int = 7, weight=1, parallel
 def round16(a) -> np.ndarray:
     """float32 copy of a rounded to fp16 values by the kernels' integer routine."""
     out = np.array(a, dtype=np.float32, copy=True)
-    _round16_(out)
+    round16_(out)
     return out
 
 

@@ -1,0 +1,155 @@
+"""Scalar and row primitives of the Numba EXL3 kernel (backends/cpu/exl3.py): fp16 rounding, fp16 bit patterns to
+float32, the 128-block Hadamard butterfly, and LLVM intrinsics that keep the decode loop in 32-bit vector lanes.
+
+Contract: ``round16_(a)`` rounds a float32 array in place to the nearest fp16 value exactly as numpy's float32 ->
+float16 -> float32 does (ties to even, overflow to inf, subnormals); ``h2f(bits, out)`` converts fp16 bit patterns
+exactly; ``had_rows_(a, scale)`` is exllamav3's butterfly order on each 128-wide block of each row, times scale.
+``fp16_round(v)`` is the same rounding for one float32 value: LLVM's fptrunc to half and back, one vcvtps2ph /
+vcvtph2ps pair per 16 lanes on x86 with F16C or on arm64 (``HW_FP16``); elsewhere an integer round of the float32
+bits to 10 mantissa bits, exact wherever no fp16 subnormal or overflow case arises, which covers every value the
+decode rounds (mul1 weights are multiples of 2**-18 in [-3.46, 3.35]: one below 2**-14 has at most 4 significant
+bits and is already an fp16 value). ``shl32(a, s)`` is a 32-bit left shift (numba widens
+integer shifts to 64 bits, which splits a 16-lane loop into two 8-lane halves); s must be below 32.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+
+import numpy as np
+from llvmlite import binding as _llvm
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+JIT = dict(cache=True, nogil=True)
+
+
+def _hw_fp16() -> bool:
+    """True where LLVM lowers fptrunc/fpext between float and half to instructions (no runtime-library call)."""
+    arch = platform.machine().lower()
+    if arch in ("aarch64", "arm64"):
+        return True
+    if arch in ("x86_64", "amd64"):
+        try:
+            return bool(_llvm.get_host_cpu_features().get("f16c", False))
+        except RuntimeError:      # llvmlite cannot read the host's features: take the integer routine
+            return False
+    return False
+
+
+HW_FP16 = _hw_fp16()
+
+
+@intrinsic
+def shl32(typingctx, a, s):
+    """a << s in 32 bits (a, s uint32, s < 32)."""
+    sig = types.uint32(types.uint32, types.uint32)
+
+    def codegen(context, builder, signature, args):
+        return builder.shl(args[0], args[1])
+    return sig, codegen
+
+
+@intrinsic
+def _f32_bits(typingctx, v):
+    sig = types.uint32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+    return sig, codegen
+
+
+@intrinsic
+def _bits_f32(typingctx, b):
+    sig = types.float32(types.uint32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+    return sig, codegen
+
+
+@intrinsic
+def _fptrunc_half(typingctx, v):
+    sig = types.float32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), ir.FloatType())
+    return sig, codegen
+
+
+@njit(inline="always", **JIT)
+def fp16_round(v):
+    """v (float32) rounded to the nearest fp16 value, ties to even: exact for every input with HW_FP16, for inputs
+    that need no subnormal or overflow handling otherwise (see the module docstring)."""
+    if HW_FP16:
+        return _fptrunc_half(v)
+    m = _f32_bits(v)
+    return _bits_f32(np.uint32(np.uint32(m + np.uint32(0xFFF) + np.uint32(np.uint32(m >> np.uint32(13)) & np.uint32(1)))
+                               & np.uint32(0xFFFFE000)))
+
+
+@njit(**JIT)
+def round16_(a):
+    """Round a float32 array in place to the nearest fp16 value (ties to even; overflow to inf), like numpy's
+    float32 -> float16 -> float32. Integer routine: independent of fastmath and of numba's float16 support."""
+    flat = a.reshape(-1)
+    u = flat.view(np.uint32)
+    for i in range(u.shape[0]):
+        v = u[i]
+        sign = v & np.uint32(0x80000000)
+        m = v & np.uint32(0x7FFFFFFF)
+        if m >= np.uint32(0x7F800000):            # inf / nan stay
+            continue
+        if m >= np.uint32(0x477FF000):            # >= 65520 rounds past the largest fp16
+            u[i] = sign | np.uint32(0x7F800000)
+        elif m >= np.uint32(0x38800000):          # fp16 normal: keep 10 of 23 mantissa bits
+            m = (m + np.uint32(0xFFF) + ((m >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
+            u[i] = sign | m
+        else:                                     # fp16 subnormal: a multiple of 2**-24
+            e = m >> np.uint32(23)
+            if e < 102:
+                u[i] = sign
+            else:
+                sh = np.uint32(126) - e
+                q = (m & np.uint32(0x7FFFFF)) | np.uint32(0x800000)
+                half = np.uint32(1) << (sh - np.uint32(1))
+                q = (q + half - np.uint32(1) + ((q >> sh) & np.uint32(1))) >> sh
+                f = np.float32(q) * np.float32(2.0 ** -24)
+                flat[i] = -f if sign else f
+
+
+@njit(**JIT)
+def h2f(bits, out):
+    """fp16 bit patterns (uint16) -> float32 values, exactly."""
+    for i in range(bits.shape[0]):
+        h = np.int64(bits[i])
+        e = (h >> 10) & 31
+        m = h & 1023
+        if e == 0:
+            v = m * 2.0 ** -24
+        elif e == 31:
+            v = math.inf if m == 0 else math.nan
+        else:
+            v = (1024 + m) * 2.0 ** (e - 25)
+        out[i] = np.float32(-v if h & 0x8000 else v)
+
+
+@njit(**JIT)
+def had_rows_(a, scale):
+    """In place: each 128-wide block of each row of a [T, n] -> butterfly, times scale."""
+    T, n = a.shape
+    for r in range(T):
+        for b0 in range(0, n, 128):
+            h = 1
+            while h < 128:
+                for s in range(b0, b0 + 128, 2 * h):
+                    for q in range(s, s + h):
+                        p = a[r, q]
+                        o = a[r, q + h]
+                        a[r, q] = p + o
+                        a[r, q + h] = p - o
+                h *= 2
+            for q in range(b0, b0 + 128):
+                a[r, q] *= scale
