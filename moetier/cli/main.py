@@ -26,10 +26,19 @@ def _sim_runs(R, tr, concs, args):
         kw = {}
         if getattr(args, "window", None):
             kw = dict(window=args.window, accept=args.accept, draft_ms=args.draft_ms)
+        steps = getattr(args, "steps", 0) or 0
         with progress.task(f"sim C{c}") as cb:
-            out.append(sim.run(R, tr, c, max_steps=getattr(args, "steps", 0) or 0, progress=cb,
-                               timeline=bool(args.plot), **kw))
+            out.append(sim.run(R, tr, c, max_steps=steps, progress=cb, timeline=bool(args.plot), **kw))
+        if args.interval:
+            out[-1]["interval"] = _interval(R, tr, c, steps, **kw)
     return out
+
+
+def _interval(R, tr, conc: int, steps: int = 0, **kw) -> dict:
+    """The prediction interval of one replay (moetier.core.interval: the terms at their slow and fast quantiles)."""
+    from moetier.core import interval, sim
+    with progress.task(f"interval C{conc}"):
+        return interval.interval(R, sim.run, tr, conc, max_steps=steps, **kw)
 
 
 # ---- verbs -----------------------------------------------------------------------------------------------------
@@ -83,12 +92,14 @@ def cmd_sim(args) -> int:
     return 0
 
 
-def standard_table(R, tr, concs) -> dict:
+def standard_table(R, tr, concs, with_interval: bool = False) -> dict:
     from moetier.core import sim
     decode = []
     for c in concs:
         with progress.task(f"sim C{c}") as cb:
             decode.append(sim.run(R, tr, c, progress=cb))
+        if with_interval:
+            decode[-1]["interval"] = _interval(R, tr, c)
     pre = {str(n): sim.prefill(R, n) for n in (8192, 32768)}
     return {"recipe": R.id, "vram_slots": R.vram_slots, "ram_slots": R.ram_slots, "nvme_only": R.nvme_only,
             "decode": decode, "prefill": pre}
@@ -99,7 +110,7 @@ def cmd_table(args) -> int:
         args.recipe = DEFAULT_RECIPE
     R = _resolve(args)
     tr = _trace(args, R)
-    t = standard_table(R, tr, args.conc or [1, 2, 4])
+    t = standard_table(R, tr, args.conc or [1, 2, 4], args.interval)
     if args.json:
         _emit(t)
         return 0
@@ -194,6 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("--draft-ms", type=count_float, default=0.0, help="draft cost per step (ms)")
             sp.add_argument("--plot", metavar="PNG", help="also draw tier use and VRAM hit rate over the replay "
                             "(moetier plot timeline)")
+            sp.add_argument("--no-interval", dest="interval", action="store_false",
+                            help="skip the prediction interval (two more replays: the terms at their slow and fast "
+                                 "quantiles, moetier.core.interval)")
+        else:
+            sp.add_argument("--interval", action="store_true",
+                            help="add each decode tok/s's prediction interval (two more replays per concurrency: "
+                                 "the terms at their slow and fast quantiles, moetier.core.interval)")
         sp.set_defaults(fn=fn)
 
     sp = sub.add_parser("trace", help="routing traces: stats, gen, convert")

@@ -60,9 +60,13 @@ def register(sub, parser_class) -> None:
     c.add_argument("--trace", help="routing trace (.npz, or reference .npy); default: the recipe's")
     c.add_argument("--segments", help="segments .npy for a reference .npy trace")
     c.add_argument("--backend", default="cpu", help="cpu, sycl or cuda (default cpu)")
-    c.add_argument("--steps", type=positive_int, default=200, help="measured steps per arm and repeat")
-    c.add_argument("--repeats", type=positive_int, default=2,
-                   help="interleaved repeats of the whole matrix (A B .. A B ..)")
+    c.add_argument("--steps", type=positive_int, default=None,
+                   help="measured steps per arm and repeat (default 200; with --quick 60)")
+    c.add_argument("--repeats", type=positive_int, default=None,
+                   help="interleaved repeats of the whole matrix (A B .. A B ..; default 2)")
+    c.add_argument("--quick", action="store_true",
+                   help="the fit arms without a VRAM tier, one plan repeat, 60 steps (calibrate.quick_arms; a few "
+                        "minutes, README)")
     c.add_argument("--verify-rate", type=fraction, default=1.0,
                    help="fraction of reads checksum-checked on landing (default 1)")
     c.add_argument("--no-write", action="store_true", help="do not write the fitted terms or the run record")
@@ -72,8 +76,14 @@ def register(sub, parser_class) -> None:
     c.add_argument("--plot", metavar="PNG", help="also draw measured vs predicted tok/s (moetier plot calibration)")
     c.set_defaults(fn=cmd_calibrate)
 
-    b = sub.add_parser("bench", help="measure this machine; write its hardware and engine records")
-    b.add_argument("--store", required=True, help="a packed store (its record size is what gets measured)")
+    b = sub.add_parser("bench", help="measure this machine; write its hardware and engine records and a recipe that "
+                       "predicts from them")
+    b.add_argument("--store", required=True, help="a packed store of the recipe's model (moetier store pack)")
+    b.add_argument("--recipe", default=None, help="the recipe whose sizes are measured (default tiny-local-cpu)")
+    b.add_argument("--recipe-out", help="recipe id to write: the recipe on this bench's records (default "
+                   "RECIPE-bench); predict with `moetier sim` / `table` / `run` of it")
+    b.add_argument("--rounds", type=positive_int, default=5,
+                   help="interleaved repetitions of the prediction terms (their spread is measured over them)")
     b.add_argument("--hardware", default="bench-cpu", help="hardware record id to write (default bench-cpu)")
     b.add_argument("--engine", default="bench-numba-cpu", help="engine record id to write (default bench-numba-cpu)")
     b.add_argument("--overlay", action="store_true", help="allow ids of shipped records: the user registry's copy "
@@ -152,6 +162,7 @@ def cmd_run(args) -> int:
     from moetier.core import sim
     from moetier.bytes import store
     from moetier.cli.common import _emit, _resolve, _trace
+    from moetier.core import interval
     R = _resolve(args)
     when = _now()
     rid = _record_id(args.record, f"{R.id}-run", when, write=not args.no_record, force=args.force)
@@ -184,12 +195,14 @@ def cmd_run(args) -> int:
         res["digest_last"] = res.pop("digests")[-1]
         with progress.task(f"sim C{c}") as cb:
             p = sim.run(R, tr, c, max_steps=args.steps, progress=cb)
-        preds.append({k: p[k] for k in ("conc", "tok_s", "ms_per_token", "nvme_per_tok", "cpu_experts_per_tok",
-                                         "ms_fixed", "ms_cpu_moe", "ms_gpu_moe", "ms_nvme_wait", "masked_per_tok")})
+        preds.append({**{k: p[k] for k in ("conc", "tok_s", "ms_per_token", "nvme_per_tok", "cpu_experts_per_tok",
+                                           "ms_fixed", "ms_cpu_moe", "ms_gpu_moe", "ms_nvme_wait", "masked_per_tok")},
+                      "interval": interval.interval(R, sim.run, tr, c, max_steps=args.steps)})
     table = []
     for r, p in zip(rows, preds):
         err = (p["tok_s"] / r["tok_s"] - 1) * 100 if r["tok_s"] else None
         table.append({"conc": r["conc"], "measured_tok_s": r["tok_s"], "sim_tok_s": p["tok_s"],
+                      "sim_interval": p["interval"], "inside": interval.inside(r["tok_s"], p["interval"]),
                       "sim_error_pct": err, "reads_per_token": r["reads_per_token"],
                       "sim_nvme_per_tok": p["nvme_per_tok"], "checksum_failures": r["checksum_failures"]})
     record = {
@@ -208,15 +221,19 @@ def cmd_run(args) -> int:
     for t, r in zip(table, rows):
         ln = r["lanes_ms_per_token"]
         err = "n/a" if t["sim_error_pct"] is None else f"{t['sim_error_pct']:+.1f}%"
-        rows_out.append([t["conc"], f"{t['measured_tok_s']:.2f}", f"{t['sim_tok_s']:.2f}", err,
+        iv = t["sim_interval"]
+        rows_out.append([t["conc"], f"{t['measured_tok_s']:.2f}", f"{t['sim_tok_s']:.2f}",
+                         f"{iv['low']:.2f}-{iv['high']:.2f}", "yes" if t["inside"] else "no", err,
                          f"{t['reads_per_token']:.2f} ({t['sim_nvme_per_tok']:.2f})", f"{ln['cpu']:.2f}",
                          f"{ln['nvme_wait']:.2f}", t["checksum_failures"]])
-    render(["conc", "measured tok/s", "sim tok/s", "sim error", "reads/tok (sim)", "cpu ms/tok", "nvme wait ms/tok",
+    render(["conc", "measured tok/s", "sim tok/s", "sim interval", "inside", "sim error", "reads/tok (sim)", "cpu ms/tok", "nvme wait ms/tok",
             "checksum failures"], rows_out,
            title=f"run {record['id']}: recipe {R.id} on backend {args.backend} "
                  f"({'lossy' if record['lossy'] else 'exact'})",
            legend=("measured tok/s: decode tokens per second over all streams, real reads and kernels; sim tok/s: "
                    "the simulator's prediction for the same recipe, trace and steps; sim error = sim / measured - 1",
+                   "sim interval: sim tok/s with every cost term at its slow and fast quantile (docs/fidelity.md); "
+                   "inside: whether the measured tok/s fell in it",
                    "reads/tok: NVMe reads per generated token (the simulator's in brackets: they match when the "
                    "runtime planned as the simulator did)",
                    "cpu ms/tok, nvme wait ms/tok: the cpu lane's compute and its waits for reads, per token"))
@@ -237,7 +254,11 @@ def cmd_calibrate(args) -> int:
     st = store.open_store(args.store, model=R.model)
     tr = _trace(args, R)
     with progress.status("calibrate") as prog:
-        res = calibrate.calibrate(args.recipe, st, tr, steps=args.steps, repeats=args.repeats,
+        quick = calibrate.QUICK if args.quick else {}
+        res = calibrate.calibrate(args.recipe, st, tr, steps=args.steps or quick.get("steps", 200),
+                                  repeats=args.repeats or quick.get("repeats", 2),
+                                  plan_repeats=quick.get("plan_repeats"),
+                                  arms=calibrate.quick_arms(R) if args.quick else None,
                                   backend=args.backend, verify_rate=args.verify_rate, write=not args.no_write,
                                   progress=prog)
     record = {**_run_record(rid, R.id, args.backend, res["when"]),
@@ -303,25 +324,36 @@ def _load_run(path: str) -> dict:
 
 
 def cmd_bench(args) -> int:
-    from moetier.measure import bench
+    from moetier.measure import bench, bench_terms
     from moetier.bytes import store
-    from moetier.cli.common import _emit
+    from moetier.cli.common import _emit, _trace
     from moetier.core import records as spec
-    if not args.dry_run:     # before measuring: both ids can be written (replacing a record needs --force)
-        for kind, rid in (("hardware", args.hardware), ("engine", args.engine)):
+    recipe = args.recipe or bench.RECIPE
+    out_id = args.recipe_out or f"{recipe}-bench"
+    if not args.dry_run:     # before measuring: every id can be written (replacing a record needs --force)
+        for kind, rid in (("hardware", args.hardware), ("engine", args.engine), ("recipe", out_id)):
             if spec.is_shipped(kind, rid) and not args.overlay:
+                flag = "--recipe-out" if kind == "recipe" else f"--{kind}"
                 raise UserError(f"bench: {kind} {rid!r} is a shipped record; writing it would overlay the shipped one "
-                                f"for every later command: give another id (--{kind} ID) or pass --overlay")
+                                f"for every later command: give another id ({flag} ID) or pass --overlay")
             spec.check_writable(kind, rid, force=args.force)
+    R = spec.resolve(recipe)
     st = store.open_store(args.store)
-    with progress.status("bench", total=len(bench.STAGES)) as prog:
-        m = bench.measure(st, nrec=args.records, progress=prog)
-    hw, eng = bench.records(m, args.hardware, args.engine, _now(), _existing("hardware", args.hardware))
-    if not args.dry_run:     # both records or neither
-        for path in spec.write_records([("hardware", hw), ("engine", eng)], force=args.force):
+    if st.record_bytes != R.nvme_expert_bytes:
+        raise UserError(f"bench --store {args.store}: records of {st.record_bytes:,} B, but recipe {recipe} reads "
+                        f"{R.nvme_expert_bytes:,} B experts; pack the recipe's model ({R.model_id}) or pass --recipe")
+    args.trace, args.segments = None, None
+    tr = _trace(args, R)
+    with progress.status("bench", total=len(bench.STAGES) + 1) as prog:
+        m = bench_terms.measure(st, recipe, tr, nrec=args.records, rounds=args.rounds, progress=prog)
+    when = _now()
+    hw, eng = bench.records(m, args.hardware, args.engine, when, _existing("hardware", args.hardware))
+    rec = bench.recipe_record(m, recipe, out_id, args.hardware, args.engine, when)
+    if not args.dry_run:     # all three records or none
+        for path in spec.write_records([("hardware", hw), ("engine", eng), ("recipe", rec)], force=args.force):
             print(f"wrote {path}", file=sys.stderr)
     if args.json:
-        _emit({"measured": m, "hardware": hw, "engine": eng})
+        _emit({"measured": m, "hardware": hw, "engine": eng, "recipe": rec})
         return 0
     from moetier.cli.render import table as render
     lane = m["cpu_lane"]
@@ -333,10 +365,32 @@ def cmd_bench(args) -> int:
                      f"{q['latency_ms_p90']:.2f} ms"])
     rows += [[f"cpu lane ({lane['encoding']})", f"per_layer {lane['per_layer_ms']:.4f} ms, per_expert "
               f"{lane['per_expert_ms']:.4f} ms, per_extra_token {lane['per_extra_token_ms']:.4f} ms"],
+             *([["cpu lane wake-up / hand-off", f"per_wake {lane.get('per_wake_ms', 0):.4f} ms, per_handoff "
+                 f"{lane.get('per_handoff_ms', 0):.4f} ms ({lane['calls']} calls over {m['rounds']} rounds)"]]),
+             *_bench_channel_rows(m),
              ["cpu lane weight bytes/s, 1 row", f"{lane['weight_gbps_1row']:.2f} GB/s "
               f"({lane['weight_gbps_1row'] / m['membw_read_gbps']:.2f} of memory bandwidth)"],
              ["last-level cache (sysfs)", f"{m['llc_bytes'] / 2**20:.0f} MiB" if m["llc_bytes"] else "not reported"],
              ["cpu lane expert cost after N MB streamed, of a cold one",
               ", ".join(f"{int(b) / 1e6:.0f} MB {f:.2f}" for b, f in m["reuse"]["curve"].items())]]
-    render(["measure", "value"], rows)
+    rows.append(["seconds by stage", ", ".join(f"{k} {v:.1f}" for k, v in m["seconds_by_stage"].items())])
+    render(["measure", "value"], rows,
+           legend=(f"wrote recipe {rec['id']}: `moetier sim {rec['id']}` predicts from these figures, each "
+                   f"with the interval their spread over the rounds gives",))
     return 0
+
+
+def _bench_channel_rows(m: dict) -> list:
+    """The bench's rows for the reads beside the cpu lane and the host's work (when a recipe was measured)."""
+    rows = []
+    ch = m.get("channel")
+    if ch:
+        tab = ch["tables"].get("nvme_latency_by_rows_qd_ms", {})
+        rows.append(["read latency beside the lane, depth 1 by rows", ", ".join(
+            f"rows {r}: {t.get('1', 0):.2f} ms" for r, t in tab.items())])
+    if m.get("host"):
+        h = m["host"]
+        rows.append(["host work (runtime, all in RAM)", f"per_layer {h['host']['per_layer_ms']:.4f} ms, per_pick "
+                     f"{h['host']['per_pick_ms']:.4f} ms; non-MoE ms per step "
+                     + ", ".join(f"rows {r}: {v:.3f}" for r, v in h["fixed_ms"].items())])
+    return rows

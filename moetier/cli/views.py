@@ -50,17 +50,30 @@ def _lossy(o: dict) -> str:
     return f" (lossy: {share}{o['masked_per_tok']:.1f} masked/tok)"
 
 
+INTERVAL_LEGEND = ("tok/s interval: the decode tok/s (total) with every cost term at its slow (p90) and fast (p10) quantile "
+                   "over the bench's rounds (engine term_spread; without one, -5% / +5%), docs/fidelity.md",)
+
+
+def interval_cell(iv: dict | None) -> list[str]:
+    """The interval column's cell, none without an interval."""
+    if iv is None:
+        return []
+    return [f"{iv['low']:.2f}-{iv['high']:.2f}" + (" (default)" if iv["basis"] == "default" else "")]
+
+
 def print_decode(results, title: str | None = None) -> None:
     rows = []
+    has_iv = all("interval" in o for o in results)
     for o in results:
         pf = o["prefetch"]
         pr = "-" if pf["precision"] is None else f"{pf['precision']:.2f} / {pf['recall']:.2f}"
         rows.append([f"C{o['conc']}", f"{o['tok_s']:.2f}{_lossy(o)}", f"{o['tok_s'] / o['conc']:.2f}", *_ms(o),
                      f"{o['vram_hit']:.3f}", f"{o['cpu_experts_per_tok']:.1f}", f"{o['zerocopy_per_tok']:.1f}",
-                     f"{o['nvme_per_tok']:.1f}", f"{o['masked_per_tok']:.1f}", pr])
+                     f"{o['nvme_per_tok']:.1f}", f"{o['masked_per_tok']:.1f}", pr, *interval_cell(o.get("interval"))])
     table(["conc", "decode tok/s (total)", "tok/s per stream", "ms/step", "fixed", "gpu", "cpu", "nvme wait",
-           "vram hit", "cpu/tok", "zc/tok", "nvme/tok", "masked/tok", "prefetch P / R"], rows, title=title,
-          legend=SIM_LEGEND)
+           "vram hit", "cpu/tok", "zc/tok", "nvme/tok", "masked/tok", "prefetch P / R",
+           *(["tok/s interval"] if has_iv else [])], rows, title=title,
+          legend=SIM_LEGEND + (INTERVAL_LEGEND if has_iv else ()))
 
 
 def print_standard(t: dict, title: str) -> None:
@@ -68,9 +81,10 @@ def print_standard(t: dict, title: str) -> None:
     for o in t["decode"]:
         bound = "cpu-moe" if o["ms_cpu_moe"] > o["ms_gpu_moe"] else "gpu-moe"
         rows.append([f"C{o['conc']}", f"{o['tok_s']:.2f}{_lossy(o)}", f"{o['tok_s'] / o['conc']:.2f}", *_ms(o),
-                     bound])
+                     bound, *interval_cell(o.get("interval"))])
+    has_iv = all("interval" in o for o in t["decode"])
     table(["conc", "decode tok/s (total)", "tok/s per stream", "ms/step", "fixed", "gpu", "cpu", "nvme wait",
-           "bound"], rows, title=title)
+           "bound", *(["tok/s interval"] if has_iv else [])], rows, title=title, legend=INTERVAL_LEGEND if has_iv else ())
     pre = [[f"{int(n) // 1024}k", f"{p['tok_s']:.1f}", f"{p['ms'] / 1000:.1f}", p["bound"]]
            for n, p in sorted(t["prefill"].items(), key=lambda kv: int(kv[0]))]
     print()

@@ -405,13 +405,17 @@ def write_records(items, root=None, *, force: bool = False) -> list[Path]:
     """Validate every (kind, record), then write them all or none (moetier.atomic.atomic_write_many)."""
     r = _root(root)
     staged = []
+    batch: dict = {}          # a recipe may name a record written beside it
+    for kind, record in items:
+        batch.setdefault(kind, set()).add(record.get("id") if isinstance(record, dict) else None)
     for kind, record in items:
         _check_kind(kind)
         rid = record.get("id") if isinstance(record, dict) else None
         path = _check_id(kind, rid, r)
         validate(kind, record, path)
         if kind == "recipe":
-            _check_refs(record, path, _roots(root))
+            _check_refs(record, path, _roots(root),
+                        {k: set(_ids(k, _roots(root))) | batch.get(k, set()) for k in ("model", "hardware", "engine")})
         if path.exists() and not force:
             raise UserError(f"{_show(path)}: a {kind} record {rid!r} exists; not replacing it (pass --force to "
                             f"replace it, or give another id)")

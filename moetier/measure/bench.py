@@ -1,13 +1,15 @@
 """`moetier bench`: measure this machine like a vendor sheet and write hardware + engine records.
 
-Contract: ``measure(store, ...)`` returns a dict of measured figures; ``records(...)`` turns them into a hardware
-record (memory read bandwidth, O_DIRECT bandwidth at QD1 / QD16 for the store's record size, read latency, ceilings)
-and an engine record (cpu lane per_layer / per_expert / per_extra_token, fitted by least squares over a grid of
-experts x rows), plus the host cache: its size (sysfs) and the cpu lane's reuse curve (``reuse_curve``: the cost of
-an expert against the bytes streamed since its last use, moetier.core.llc). Both are validated and written atomically by
-spec.write_record; the simulator and the runtime then use them through the recipe."""
+Contract: ``measure(store)`` returns the machine sheet (memory read bandwidth, O_DIRECT reads by queue depth on an
+idle disk, the CPU time of one read, the host cache: its size from sysfs and the cpu lane's reuse curve,
+``reuse_curve``, moetier.core.llc); moetier.measure.bench_terms adds the terms a recipe's prediction rests on, each
+with its spread. ``records(...)`` turns both into a hardware and an engine record (the cpu lane, the NVMe tables
+beside it, ``term_spread``) and ``recipe_record`` into a copy of the recipe on them; the CLI validates and writes
+them together (moetier.core.records.write_records). ``fit_cpu_lane`` and ``relative_lstsq`` are the lane fit
+`moetier calibrate` shares."""
 from __future__ import annotations
 
+import copy
 import os
 import platform
 import random
@@ -16,7 +18,6 @@ from itertools import combinations
 
 import numpy as np
 
-from moetier.core.records import deal
 from moetier.bytes.transport import Reader, SlotPool
 
 
@@ -170,43 +171,6 @@ def fit_cpu_lane(rows, workers: int, read_cpu: float | None = 0.0) -> dict:
     return out
 
 
-def cpu_lane_costs(st, *, experts=(1, 2, 4, 8, 16), rows=(1, 2, 4, 8), repeats=7) -> dict:
-    """Time the cpu backend's compute() exactly as the runtime calls it over a grid (n experts, m rows) and fit
-    fit_cpu_lane; also reports weight bytes/s of the largest one-row batch."""
-    from backends.cpu.backend import CpuBackend
-    lay = st.layout
-    nslots = min(st.nrecords, max(experts) * 8)
-    be = CpuBackend(st, ram_slots=nslots, verify_rate=1.0)
-    try:
-        for i in range(nslots):
-            be.wait(be.fill(i, i))
-        rng = np.random.default_rng(0)
-        samples = []
-        rot = 0
-        pmin = max(2, be.parallel_min)
-        for n in experts:
-            for m in rows:
-                x = rng.standard_normal((m, lay.hidden)).astype(np.float32)
-                times = []
-                for _ in range(repeats):
-                    jobs = [(j, (rot + j) % nslots, list(range(m))) for j in range(n)]  # rotate: weights from DRAM
-                    rot += n
-                    t0 = time.perf_counter()
-                    be.compute("cpu", jobs, x)
-                    times.append((time.perf_counter() - t0) * 1e3)
-                share = len(deal(range(n), be.workers)[0])       # the calling thread's share: the longest
-                samples.append({"cls": "inline" if n < pmin else "split", "calls": 1, "experts": n,
-                                "extra": n * (m - 1), "ms": float(np.median(times)), "rows": m,
-                                "crit_cold": share, "crit_extra": share * (m - 1)})
-        fit = fit_cpu_lane(samples, be.workers)
-        one = [s["ms"] for s in samples if s["rows"] == 1 and s["experts"] == max(experts)][0]
-        gbps = max(experts) * lay.weight_bytes / (one / 1e3) / 1e9
-        shape = {"workers": be.workers, "parallel_min": be.parallel_min}
-    finally:
-        be.close()
-    return {**fit, **shape, "weight_gbps_1row": gbps, "samples": samples, "encoding": lay.encoding}
-
-
 def llc_bytes() -> int:
     """Size of the host's last-level cache from sysfs (0 where it is not reported)."""
     best = (0, 0)
@@ -292,37 +256,53 @@ def monotone(y) -> list[float]:
     return [m for m, n in blocks for _ in range(n)]
 
 
-STAGES = ("memory bandwidth", "NVMe reads QD1-16", "cpu lane costs", "cache reuse curve", "CPU time per read")
+RECIPE = "tiny-local-cpu"      # the recipe `moetier bench` measures without --recipe: the local tiny store's
+STAGES = ("memory bandwidth", "NVMe reads QD1-16 (idle)", "cache reuse curve", "CPU time per read")
 
 
 def measure(st, *, nrec: int = 256, progress=None) -> dict:
-    """The machine sheet; ``progress(stage)`` is called before each of STAGES."""
+    """The machine sheet; ``progress(stage)`` is called before each of STAGES. The prediction terms a recipe's
+    replay rests on are moetier.measure.bench_terms' (``bench_terms.measure`` runs both)."""
+    import psutil
     from backends.cpu import kernels
     stage = iter(STAGES)
-    say = (lambda: progress(next(stage))) if progress is not None else (lambda: None)
+    seconds: dict = {}
+    clock = [None, time.perf_counter()]
+
+    def say():
+        name, now = next(stage, None), time.perf_counter()
+        if clock[0] is not None:
+            seconds[clock[0]] = round(now - clock[1], 1)
+        clock[:] = [name, now]
+        if progress is not None and name is not None:
+            progress(name)
     say()
     membw = kernels.membw_read_gbps(nbytes=512 << 20)
     say()
     by_qd = {q: read_bandwidth(st, q, max(16 * q, nrec // 4), seed=q) for q in (1, 2, 4, 8, 16)}
     qd1, qd16 = by_qd[1], by_qd[16]
-    say()
-    lane = cpu_lane_costs(st)
     llc = llc_bytes()
     say()
-    reuse = reuse_curve(st)
+    # working sets up to 4x the host cache (256 MB at least): beyond, an expert is cold whatever the distance
+    cap = min(psutil.virtual_memory().available // 3, max(4 * llc, 256 << 20))
+    reuse = reuse_curve(st, max_bytes=cap, rounds=2, calls=8)
     say()
     read_cpu = read_cpu_ms(st, nrec)
-    return {"membw_read_gbps": membw, "nvme_qd1": qd1, "nvme_qd16": qd16, "cpu_lane": lane,
-            "llc_bytes": llc, "reuse": reuse,
+    say()
+    return {"membw_read_gbps": membw, "nvme_qd1": qd1, "nvme_qd16": qd16, "llc_bytes": llc, "reuse": reuse,
             "nvme_latency_by_qd_ms": {str(q): r["latency_ms_p50"] for q, r in by_qd.items()},
-            "nvme_cpu_ms_per_read": read_cpu,
+            "nvme_cpu_ms_per_read": read_cpu, "seconds_by_stage": seconds,
             "record_bytes": st.record_bytes, "cores": os.cpu_count(), "machine": platform.node()}
+
+
+LANE_FIELDS = ("per_layer_ms", "per_call_ms", "per_expert_ms", "per_extra_token_ms", "per_wake_ms", "per_handoff_ms")
 
 
 def records(m: dict, hardware_id: str, engine_id: str, when: str, previous_hw: dict | None = None) -> tuple[dict, dict]:
     """The hardware and engine records of measurement ``m``. Sections of ``previous_hw`` (the record this one
     replaces) that the bench does not measure - the VRAM tier's ``gpu`` description and link - are kept: a bench
-    re-run must not drop them."""
+    re-run must not drop them. The engine record carries the cpu lane, the NVMe tables measured beside it (when a
+    recipe was measured) and ``term_spread``: each measured term's spread over the bench's rounds."""
     qd1, qd16, lane = m["nvme_qd1"], m["nvme_qd16"], m["cpu_lane"]
     service_qd1 = m["record_bytes"] / (qd1["gbps"] * 1e6)
     hw = {
@@ -343,13 +323,47 @@ def records(m: dict, hardware_id: str, engine_id: str, when: str, previous_hw: d
         "source": f"moetier bench {when}",
     }
     hw = {**{k: v for k, v in (previous_hw or {}).items() if k not in hw}, **hw}
+    cpu = {"reads": "ram", "expert_bytes": m["record_bytes"],
+           **{k: round(lane[k], 5) for k in LANE_FIELDS if k in lane},
+           "workers": lane["workers"], "parallel_min": lane["parallel_min"]}
     eng = {
         "id": engine_id,
-        "lanes": {"cpu": {"reads": "ram", "expert_bytes": m["record_bytes"], **{k: round(lane[k], 5) for k in
-                                             ("per_layer_ms", "per_call_ms", "per_expert_ms", "per_extra_token_ms")},
-                          "workers": lane["workers"], "parallel_min": lane["parallel_min"]}},
+        "lanes": {"cpu": cpu},
         "overheads": {"weight_gbps_1row": round(lane["weight_gbps_1row"], 3)},
         "source": f"moetier bench {when} on {m['machine']}: fit_cpu_lane over experts x rows "
                   f"({lane['encoding']} records of {m['record_bytes']} B)",
     }
+    spread = dict(lane.get("spread") or {})
+    ch = m.get("channel")
+    if ch and ch["tables"].get("nvme_latency_by_rows_qd_ms"):
+        eng.update(ch["tables"])
+        eng["nvme_latency_record_bytes"] = m["record_bytes"]
+        eng["nvme_latency_note"] = (f"moetier bench {when}: reads by rows per step, queue depth and burst position, "
+                                    f"issued as a layer of recipe {m['recipe']} issues them, beside the cpu lane's "
+                                    f"work (moetier.measure.bench_terms.ReadsBesideLane)")
+        spread.update(ch["spread"])
+    if m.get("host"):
+        spread.update(m["host"]["spread"])
+    if spread:
+        eng["term_spread"] = spread
     return hw, eng
+
+
+def recipe_record(m: dict, recipe_id: str, out_id: str, hardware_id: str, engine_id: str, when: str) -> dict:
+    """A copy of recipe ``recipe_id`` that predicts from this bench: its hardware and engine are the bench's, its
+    host terms and non-MoE time the bench's (the terms the bench does not measure are absent: the model without
+    them), so `moetier sim OUT_ID` and `moetier run OUT_ID` use what this machine measured and nothing fitted on
+    another."""
+    from moetier.core import records as spec
+    rec = copy.deepcopy(spec.load_record("recipe", recipe_id))
+    rec["id"] = out_id
+    rec["hardware"], rec["engines"] = hardware_id, [engine_id]
+    cal = rec["calibration"]
+    if m.get("host"):
+        cal["fixed_ms"] = m["host"]["fixed_ms"]
+        cal["host"] = {**{k: round(v, 6) for k, v in m["host"]["host"].items()}, "source": f"moetier bench {when}"}
+    else:
+        cal.pop("host", None)
+    cal["source"] = f"moetier bench {when}: recipe {recipe_id} on this machine's bench records"
+    rec["source"] = f"moetier bench {when} from recipe {recipe_id}"
+    return rec

@@ -93,6 +93,20 @@ def default_arms(R, *, vram: bool = True) -> list[dict]:
     ]
 
 
+# `moetier calibrate --quick`: one plan repeat, two checked ones of 60 steps, the fit arms without a VRAM tier
+QUICK = {"steps": 60, "repeats": 2, "plan_repeats": 1}
+
+
+def quick_arms(R) -> list[dict]:
+    """The arms of `moetier calibrate --quick`: the fit arms of ``default_arms`` without the VRAM tier. Each kept term
+    is still identified: the cpu lane's calls by class at C1 / C2 / C4 (all-in-RAM and tail), the NVMe tables and
+    bursts at rows 1 / 2 / 4 (tail), the host's per-layer, per-pick and per-read terms (all-in-RAM against tail at
+    one concurrency) and its prediction terms at two concurrencies (tail-prefetch C1 and C4). What goes: the VRAM
+    tier's lanes and copies (a SYCL device on these cores), and the checked arms (the fidelity benchmark checks
+    every arm, benchmarks/bench_fidelity.py)."""
+    return [a for a in default_arms(R, vram=False) if a["fit"]]
+
+
 def arm_recipe(recipe_id: str, arm: dict, terms: dict | None = None):
     """The arm's recipe; with ``terms``, the fitted terms apply (lanes the arm's engines have, host, fixed, link)."""
     if not terms:

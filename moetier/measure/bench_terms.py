@@ -1,0 +1,249 @@
+"""The prediction terms `moetier bench` measures, each with its spread over repetitions.
+
+Contract
+--------
+Each stage is a class with ``round()`` (one repetition, a few seconds at most) and ``result()`` (the terms fitted on
+every repetition pooled, and each term's spread over the repetitions' own fits: ``spread_of``). `moetier bench`
+interleaves the stages' rounds (A B C .. A B C ..), so a term's spread covers the minutes the whole bench ran, not
+the seconds of its own stage: the noise a prediction made from these terms carries (moetier.core.interval).
+
+- ``LaneGrid``: the cpu lane's calls as the runtime makes them, over experts x rows at the store's record size
+  (inline below the backend's parallel_min, split over its workers above), each after a random idle of the lane's
+  worker; fitted by ``bench.fit_cpu_lane``: per_call (inline), per_layer (split), per_expert, per_extra_token,
+  per_wake (the idle) and per_handoff (split calls that end with a worker's share).
+- ``ReadsBesideLane``: a layer as the runtime runs it, at the recipe's rows 1, 2 and 4: a burst of n demand reads
+  issued together, the layer's RAM picks computed on the cpu lane while they land, then each read's expert computed
+  inline as it lands. The reader's own timing (submit-to-landed by queue depth and burst position, wake-ups) is fitted
+  by ``fit_nvme.fit_channel``, as `moetier calibrate` fits the runtime's: the engine's NVMe tables under the lane's load.
+- ``HostWork``: the runtime itself, all experts in RAM, a few dozen steps at rows 1 and 4; its host timers (plan,
+  bookkeeping, combine) and the time outside every timer give ``calibration.host`` per_layer / per_pick and
+  ``calibration.fixed_ms`` (``fit.fit_host_and_fixed``). Its tok/s is not used.
+"""
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+
+from moetier.core import records as spec
+from moetier.core.terms import layer_width
+
+ROWS = (1, 2, 4)
+STAGE = "the cpu lane, reads beside it, the host's work (interleaved rounds)"
+
+
+def measure(st, recipe_id: str, trace, *, nrec: int = 256, rounds: int = 5, progress=None) -> dict:
+    """`moetier bench`: the machine sheet (moetier.measure.bench.measure), then the prediction terms of recipe
+    ``recipe_id`` (whose model the store holds) replaying ``trace``, in ``rounds`` interleaved repetitions, each
+    term with its spread. ``progress(stage)`` before each of bench.STAGES and STAGE."""
+    from moetier.measure import bench
+    m = bench.measure(st, nrec=nrec, progress=progress)
+    if progress is not None:
+        progress(STAGE)
+    t = prediction_terms(st, recipe_id, trace, rounds=rounds, idle_latency=m["nvme_latency_by_qd_ms"])
+    return {**m, "cpu_lane": t["lane"], "channel": t.get("channel"), "host": t.get("host"), "rounds": rounds,
+            "recipe": recipe_id, "seconds_by_stage": {**m["seconds_by_stage"], **t["seconds"]}}
+
+
+def prediction_terms(st, recipe_id, trace, *, rounds: int, idle_latency: dict) -> dict:
+    """The lane grid, the reads beside the lane and the host's work, their rounds interleaved (A B C .. A B C ..),
+    so each term's spread covers the minutes all of them ran. Without a recipe, the lane grid alone; without a
+    trace, no host work."""
+    from backends.cpu.backend import CpuBackend
+    nslots, nread = min(st.nrecords // 2, 128), 8        # 128 records: ~200 MB rotated, past the host cache
+    be = CpuBackend(st, ram_slots=nslots + nread, verify_rate=1.0)
+    seconds: dict = {}
+    try:
+        for i in range(nslots):
+            be.wait(be.fill(i, i))
+        stages = {"lane": LaneGrid(be, st.layout, nslots)}
+        if recipe_id is not None:
+            R = spec.resolve(recipe_id)
+            stages["channel"] = ReadsBesideLane(be, R, st.layout.hidden, nslots, st.nrecords - nslots, nslots,
+                                                list(range(nslots, nslots + nread)))
+            if trace is not None:
+                stages["host"] = HostWork(recipe_id, st, trace)
+        for _ in range(rounds):
+            for name, s in stages.items():
+                t0 = time.perf_counter()
+                s.round()
+                seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
+        out = {name: (s.result(idle_latency) if name == "channel" else s.result()) for name, s in stages.items()}
+    finally:
+        be.close()
+    return {**out, "seconds": {k: round(v, 1) for k, v in seconds.items()}}
+
+
+def spread_of(values, point: float) -> dict | None:
+    """A term's spread over repetitions as ratios to the value written: p10, p90, sd (None: fewer than 3 or a
+    point of 0, nothing to scale)."""
+    v = [float(x) for x in values if x is not None]
+    if len(v) < 3 or not point:
+        return None
+    return {"n": len(v), "rel_p10": round(float(np.percentile(v, 10)) / point, 4),
+            "rel_p90": round(float(np.percentile(v, 90)) / point, 4), "rel_sd": round(float(np.std(v, ddof=1)) / abs(point), 4)}
+
+
+def _median_spread(per_key: dict, point: dict) -> dict | None:
+    """One spread for a table of values: per repetition, the median of its ratios to the table's points."""
+    reps = {}
+    for key, vals in per_key.items():
+        for rep, v in vals:
+            if point.get(key):
+                reps.setdefault(rep, []).append(v / point[key])
+    return spread_of([float(np.median(r)) for r in reps.values() if r], 1.0)
+
+
+class LaneGrid:
+    """The cpu lane's costs over experts x rows (module docstring)."""
+
+    EXPERTS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)
+    IDLE_MS = (0.0, 0.5, 2.0, 5.0)
+
+    def __init__(self, be, lay, nslots: int, rows=ROWS, calls: int = 3, seed: int = 0):
+        self.be, self.lay, self.nslots, self.rows, self.calls = be, lay, nslots, rows, calls
+        self.rng = random.Random(seed)
+        self.x = {m: np.random.default_rng(m).standard_normal((m, lay.hidden)).astype(np.float32) for m in rows}
+        self.samples: list[list[dict]] = []
+        self.rot = 0
+        self.t_end = time.perf_counter()
+
+    def round(self) -> None:
+        be, pmin = self.be, max(2, self.be.parallel_min)
+        cells = [(n, m) for n in self.EXPERTS for m in self.rows]
+        self.rng.shuffle(cells)
+        out = []
+        for n, m in cells:
+            for _ in range(self.calls):
+                time.sleep(self.rng.choice(self.IDLE_MS) / 1e3)
+                jobs = [(j, (self.rot + j) % self.nslots, list(range(m))) for j in range(n)]  # rotate: from DRAM
+                self.rot += n
+                t0 = time.perf_counter()
+                idle = (t0 - self.t_end) * 1e3
+                be.compute("cpu", jobs, self.x[m])
+                self.t_end = time.perf_counter()
+                share = len(spec.deal(range(n), be.workers)[0])      # the calling thread's share: the longest
+                split = n >= pmin
+                out.append({"cls": "split" if split else "inline", "calls": 1, "experts": n, "extra": n * (m - 1),
+                            "ms": (self.t_end - t0) * 1e3, "rows": m, "crit_cold": share,
+                            "crit_extra": share * (m - 1),
+                            **({"wake": spec.idle_wake(idle), "handoff": int(spec.hands_off(n, be.workers))}
+                               if split else {})})
+        self.samples.append(out)
+
+    def result(self) -> dict:
+        from moetier.measure.bench import fit_cpu_lane
+        workers = self.be.workers
+        fit = fit_cpu_lane([s for r in self.samples for s in r], workers)
+        each = [fit_cpu_lane(r, workers) for r in self.samples]
+        spread = {f"cpu.{k}": s for k, v in fit.items()
+                  if (s := spread_of([e.get(k) for e in each], v)) is not None}
+        one = [s["ms"] for r in self.samples for s in r if s["rows"] == 1 and s["experts"] == max(self.EXPERTS)]
+        gbps = max(self.EXPERTS) * self.lay.weight_bytes / (float(np.median(one)) / 1e3) / 1e9
+        return {**fit, "workers": workers, "parallel_min": self.be.parallel_min, "weight_gbps_1row": gbps,
+                "encoding": self.lay.encoding, "spread": spread, "calls": sum(len(r) for r in self.samples)}
+
+
+class ReadsBesideLane:
+    """Demand-read bursts beside the cpu lane's work, at rows 1, 2, 4 of the recipe's model (module docstring)."""
+
+    def __init__(self, be, R, hidden: int, first_key: int, nkeys: int, ram_slots: int, read_slots: list[int],
+                 trials: int = 6, seed: int = 1):
+        self.be, self.R, self.trials = be, R, trials
+        self.keys = list(range(first_key, first_key + nkeys))
+        self.ram_slots, self.read_slots = ram_slots, read_slots
+        self.rng = random.Random(seed)
+        self.x = {m: np.random.default_rng(10 + m).standard_normal((m, hidden)).astype(np.float32) for m in ROWS}
+        self.runs: list[dict] = []
+        self.rep = 0
+
+    def _layer(self, rows: int, n: int) -> None:
+        """One layer: n reads issued together, the RAM batch on the cpu lane, then each read computed as it lands."""
+        be = self.be
+        width = layer_width(rows, (self.R.experts, self.R.topk))
+        batch = max(0, int(round(width)) - n)
+        hs = [be.fill(k, s) for k, s in zip(self.rng.sample(self.keys, n), self.read_slots)]
+        if batch:
+            base = self.rng.randrange(self.ram_slots)
+            be.compute("cpu", [(j, (base + j) % self.ram_slots, list(range(rows))) for j in range(batch)],
+                       self.x[rows])
+        for h in hs:
+            be.wait(h)
+            be.compute("cpu", [(0, h.slot, list(range(rows)))], self.x[rows])
+
+    def round(self) -> None:
+        rd = self.be.reader
+        for rows in ROWS:
+            width = layer_width(rows, (self.R.experts, self.R.topk))
+            sizes = list(range(1, min(len(self.read_slots), int(np.ceil(width))) + 1))
+            rd.begin_measured()
+            for _ in range(self.trials):
+                for n in self.rng.sample(sizes, len(sizes)):
+                    self._layer(rows, n)
+            self.runs.append({"engine": "bench", "conc": rows, "rep": self.rep,
+                              "latency_by_qd": {q: list(v) for q, v in rd.latency_by_qd.items()},
+                              "wake_ms": list(rd.wake_ms), "burst_ms": [(0, b, q, ms) for b, q, ms in rd.burst_ms]})
+        self.rep += 1
+
+    def result(self, idle_latency: dict | None) -> dict:
+        from moetier.measure.fit_nvme import fit_channel
+        fit = fit_channel(self.runs, idle_latency)
+        out = {f: tab["bench"] for f, tab in fit.items() if tab.get("bench")}
+        # spread: per repetition, the median ratio of its mean latencies to the pooled ones
+        pooled = {}
+        per_key: dict = {}
+        for r in self.runs:
+            for q, v in r["latency_by_qd"].items():
+                pooled.setdefault((r["conc"], q), []).extend(v)
+                per_key.setdefault((r["conc"], q), []).append((r["rep"], float(np.mean(v))))
+        point = {k: float(np.mean(v)) for k, v in pooled.items()}
+        s = _median_spread(per_key, point)
+        return {"tables": out, "spread": {"nvme_latency": s} if s else {},
+                "reads": sum(len(v) for r in self.runs for v in r["latency_by_qd"].values())}
+
+
+class HostWork:
+    """The runtime's host work and its non-MoE time, all experts in RAM (module docstring)."""
+
+    def __init__(self, recipe_id: str, st, tr, steps: int = 24, rows=(1, 4), warmup_tokens: int = 8):
+        self.recipe_id, self.st, self.tr, self.steps, self.rows = recipe_id, st, tr, steps, rows
+        R = spec.resolve(recipe_id)
+        allram = round(R.keys * R.ram_expert_bytes / 1e9 * 1.05 + 0.01, 3)
+        # a short warm-up: every expert is in RAM, so nothing it would place matters to the host's timers
+        self.R = spec.resolve(recipe_id, [f"budget.ram_gb={allram}", f"policy.warmup_tokens={warmup_tokens}"])
+        self.runs: list[list] = []
+
+    def round(self) -> None:
+        from moetier.run import runtime
+        out = []
+        for c in self.rows:
+            be = runtime.make_backend("cpu", self.st, self.R, c, 1.0)
+            try:
+                out.append((runtime.run(self.R, self.st, be, self.tr, c, max_steps=self.steps), c))
+            finally:
+                be.close()
+        self.runs.append(out)
+
+    def result(self) -> dict:
+        from moetier.measure.fit import fit_host_and_fixed
+        pooled = [(_sum_runs([r for rnd in self.runs for r, c2 in rnd if c2 == c]), c) for c in self.rows]
+        host, fixed = fit_host_and_fixed(pooled)
+        each = [fit_host_and_fixed(rnd) for rnd in self.runs]
+        keep = ("per_layer_ms", "per_pick_ms")
+        spread = {f"host.{k}": s for k in keep if (s := spread_of([e[0][k] for e in each], host[k])) is not None}
+        fx = _median_spread({c: [(i, float(e[1][c])) for i, e in enumerate(each)] for c in fixed},
+                            {c: float(v) for c, v in fixed.items()})
+        if fx:
+            spread["fixed_ms"] = fx
+        return {"host": {k: host[k] for k in keep}, "fixed_ms": fixed, "spread": spread,
+                "steps": sum(r["steps"] for rnd in self.runs for r, _ in rnd)}
+
+
+def _sum_runs(runs) -> dict:
+    """Runs of one configuration pooled: counters, steps and wall time summed."""
+    counters: dict = {}
+    for r in runs:
+        for k, v in r["counters"].items():
+            counters[k] = counters.get(k, 0) + v
+    return {"counters": counters, "steps": sum(r["steps"] for r in runs), "wall_s": sum(r["wall_s"] for r in runs)}

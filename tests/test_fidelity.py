@@ -1,0 +1,113 @@
+"""Prediction terms from `moetier bench` with their spread, and the prediction intervals made from them."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import numba  # noqa: F401  (the cpu extra: a missing install fails, it does not skip)
+
+from moetier.bytes import store
+from moetier.core import interval
+from moetier.core import records as spec
+from moetier.core import sim
+from moetier.measure import bench, bench_terms
+from moetier.traces.format import load_trace
+from moetier.cli.common import find_path
+
+
+@pytest.fixture(scope="module")
+def ci():
+    R = spec.resolve("tiny-ci-cpu")
+    return R, load_trace(find_path(R.trace), layers=R.layers, experts=R.experts, topk=R.topk)
+
+
+def test_spread_of_is_relative_to_the_written_value():
+    s = bench_terms.spread_of([0.9, 1.0, 1.1, 1.0, 1.0], 1.0)
+    assert s["n"] == 5 and s["rel_p10"] < 1.0 < s["rel_p90"] and s["rel_sd"] == pytest.approx(0.0707, abs=1e-3)
+    assert bench_terms.spread_of([2.0, 2.0, 2.0], 4.0)["rel_p10"] == pytest.approx(0.5)
+    assert bench_terms.spread_of([1.0, 2.0], 1.0) is None              # fewer than 3 repetitions
+    assert bench_terms.spread_of([1.0, 2.0, 3.0], 0.0) is None          # a 0 term has nothing to scale
+
+
+def test_corners_scale_every_cost_term_and_leave_the_recipe_alone(ci):
+    R, _ = ci
+    slow, fast = interval.corner(R, "slow"), interval.corner(R, "fast")
+    lo, hi = interval.DEFAULT_REL
+    assert slow.lanes["cpu"].per_expert_ms == pytest.approx(R.lanes["cpu"].per_expert_ms * hi)
+    assert fast.lanes["cpu"].per_expert_ms == pytest.approx(R.lanes["cpu"].per_expert_ms * lo)
+    assert slow.fixed_ms[1] == pytest.approx(R.fixed_ms[1] * hi)
+    assert slow.host["per_layer_ms"] == pytest.approx(R.host["per_layer_ms"] * hi)
+    tab, stab = R.engines[-1]["nvme_latency_by_rows_qd_ms"], slow.engines[-1]["nvme_latency_by_rows_qd_ms"]
+    assert stab["1"]["1"] == pytest.approx(tab["1"]["1"] * hi)
+    assert R.engines[-1]["nvme_latency_by_rows_qd_ms"] is tab and tab["1"]["1"] != stab["1"]["1"]
+    with pytest.raises(ValueError):
+        interval.corner(R, "middle")
+
+
+def test_interval_brackets_the_point_and_uses_the_recorded_spread(ci):
+    R, tr = ci
+    point = sim.run(R, tr, 2, max_steps=40)["tok_s"]
+    iv = interval.interval(R, sim.run, tr, 2, max_steps=40)
+    assert iv["basis"] == "default" and iv["low"] < point < iv["high"]
+    assert interval.inside(point, iv) and not interval.inside(iv["high"] * 1.01, iv)
+    # a record with a measured spread: that spread, and the median one for the terms it lacks
+    narrow = {"n": 5, "rel_p10": 0.99, "rel_p90": 1.01}
+    eng = {**R.engines[-1], "term_spread": {"cpu.per_expert_ms": narrow, "nvme_latency": narrow}}
+    Rn = dataclasses.replace(R, engines=[*R.engines[:-1], eng])
+    got, default, basis = interval.spreads(Rn)
+    assert basis == "measured" and default == (0.99, 1.01) and got["cpu.per_expert_ms"] == (0.99, 1.01)
+    ivn = interval.interval(Rn, sim.run, tr, 2, max_steps=40)
+    assert ivn["basis"] == "measured" and iv["low"] < ivn["low"] < point < ivn["high"] < iv["high"]
+
+
+@pytest.fixture(scope="module")
+def ci_store(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fidelity") / "store"
+    store.pack(spec.resolve("tiny-ci-cpu").model, str(d))
+    return store.open_store(str(d))
+
+
+def test_bench_measures_the_prediction_terms_with_their_spread(ci_store, ci, user_registry):
+    _, tr = ci
+    idle = {"1": 0.5, "2": 1.0}
+    terms = bench_terms.prediction_terms(ci_store, "tiny-ci-cpu", tr, rounds=3, idle_latency=idle)
+    lane, ch, host = terms["lane"], terms["channel"], terms["host"]
+    assert lane["per_expert_ms"] > 0 and lane["calls"] == 3 * len(bench_terms.LaneGrid.EXPERTS) * 3 * 3
+    assert "cpu.per_expert_ms" in lane["spread"] and lane["spread"]["cpu.per_expert_ms"]["n"] == 3
+    tab = ch["tables"]["nvme_latency_by_rows_qd_ms"]
+    assert set(tab) == {"1", "2", "4"} and all(t["1"] > 0 for t in tab.values())
+    assert ch["tables"]["nvme_latency_by_rows_burst_ms"] and ch["spread"]["nvme_latency"]["n"] == 3
+    assert host["host"]["per_layer_ms"] >= 0 and set(host["fixed_ms"]) == {"1", "4"}
+    m = {"nvme_qd1": {"gbps": 1.0, "latency_ms_p50": 0.5, "latency_ms_p90": 0.9}, "nvme_qd16": {"gbps": 2.0},
+         "nvme_latency_by_qd_ms": idle, "cpu_lane": lane, "channel": ch, "host": host, "recipe": "tiny-ci-cpu",
+         "nvme_cpu_ms_per_read": 0.2, "membw_read_gbps": 10.0, "record_bytes": ci_store.record_bytes, "cores": 2,
+         "machine": "m", "llc_bytes": 1 << 20}
+    hw, eng = bench.records(m, "bench-test", "bench-test-engine", "now")
+    rec = bench.recipe_record(m, "tiny-ci-cpu", "tiny-ci-cpu-bench", "bench-test", "bench-test-engine", "now")
+    assert set(eng["term_spread"]) >= {"cpu.per_expert_ms", "nvme_latency"}
+    assert rec["calibration"]["host"]["per_pick_ms"] == round(host["host"]["per_pick_ms"], 6)
+    # all three written together: the recipe names records written beside it
+    spec.write_records([("hardware", hw), ("engine", eng), ("recipe", rec)])
+    Rb = spec.resolve("tiny-ci-cpu-bench")
+    assert Rb.hardware_id == "bench-test" and Rb.engines[-1]["id"] == "bench-test-engine"
+    assert interval.interval(Rb, sim.run, tr, 1, max_steps=20)["basis"] == "measured"
+
+
+def test_a_recipe_naming_an_unwritten_record_writes_nothing(user_registry):
+    rec = {**spec.load_record("recipe", "tiny-ci-cpu"), "id": "orphan", "hardware": "not-there"}
+    with pytest.raises(Exception, match="not-there"):
+        spec.write_records([("recipe", rec)])
+    assert not (user_registry / "recipe" / "orphan.json").exists()
+
+
+def test_quick_arms_are_the_fit_arms_without_a_vram_tier():
+    from moetier.measure import calibrate
+    R = spec.resolve("tiny-local-cpu")
+    arms = calibrate.quick_arms(R)
+    assert [a["name"] for a in arms] == ["allram-C1", "allram-C2", "allram-C4", "tail-C1", "tail-C2", "tail-C4",
+                                         "tail-prefetch-C1", "tail-prefetch-C4"]
+    assert all(a["fit"] and "backend" not in a for a in arms)
+    # every concurrency the tables are read at is fitted, with and without reads, and prediction at two
+    assert {a["conc"] for a in arms if a["name"].startswith("tail-C")} == {1, 2, 4}
+    assert {a["conc"] for a in arms if "prefetch" in a["name"]} == {1, 4}
