@@ -167,13 +167,10 @@ def _ordinals(cfg_path: str, geo, groups: dict) -> tuple[list, int]:
     return [trunk[n] for n in want] + [mtp[k] for k in sorted(mtp)], len(want)
 
 
-def open_exl3(path) -> Exl3Checkpoint:
-    """Open and check an EXL3 checkpoint directory (see the module docstring)."""
-    from moetier.bytes import exl3, expert, hf_config
+def _exl3_config(d: str):
+    """(config.json path, config, geometry) of an EXL3 checkpoint directory; refuses a non-EXL3 config."""
+    from moetier.bytes import hf_config
 
-    d = os.path.abspath(os.fspath(path))
-    if not os.path.isdir(d):
-        raise UserError(f"--checkpoint {path}: not a directory")
     cfg_path = os.path.join(d, "config.json")
     cfg = hf_config.load_config(d)
     geo = hf_config.geometry(cfg, cfg_path)
@@ -185,6 +182,11 @@ def open_exl3(path) -> Exl3Checkpoint:
     qpath = os.path.join(d, "quantization_config.json")
     if os.path.exists(qpath):
         hf_config.load_json_object(qpath, "quantization_config.json")
+    return cfg_path, cfg, geo
+
+
+def _read_tensors(d: str) -> dict:
+    """Tensor name -> TensorInfo over every *.safetensors header in d (a name in two files is refused)."""
     files = sorted(glob.glob(os.path.join(d, "*.safetensors")))
     if not files:
         raise UserError(f"{d}: no *.safetensors files")
@@ -194,6 +196,11 @@ def open_exl3(path) -> Exl3Checkpoint:
             if name in tensors:
                 raise UserError(f"{f}: tensor {name!r} also in {tensors[name].path}")
             tensors[name] = ti
+    return tensors
+
+
+def _expert_groups(d: str, tensors: dict) -> dict:
+    """Module prefix ("...mlp") -> {tensor name: EXPERT_RE match} of the routed expert tensors."""
     groups: dict[str, dict] = {}
     for name in tensors:
         if FUSED_RE.match(name):
@@ -203,51 +210,83 @@ def open_exl3(path) -> Exl3Checkpoint:
             groups.setdefault(m.group("mlp"), {})[name] = m
     if not groups:
         raise UserError(f"{d}: no routed expert tensors (<prefix>.mlp.experts.{{e}}.gate_proj.trellis ...)")
-    prefixes, trunk = _ordinals(cfg_path, geo, groups)
-    H, I = geo.hidden, geo.inter
+    return groups
+
+
+def _check_parts(group: dict, geo) -> None:
+    """Every expert tensor of one MoE layer is a supported part of an expert the config has."""
+    for name, m in group.items():
+        part = m.group("part")
+        if part in ("su", "sv"):
+            raise UserError(f"tensor {name!r}: packed sign bitfields (old EXL3 checkpoints) are not supported")
+        if part not in ("trellis", "suh", "svh", "mul1", "mcg"):
+            raise UserError(f"tensor {name!r}: unsupported expert tensor part {part!r}")
+        if int(m.group("e")) >= geo.experts:
+            raise UserError(f"tensor {name!r}: expert {m.group('e')} beyond the {geo.experts} routed experts of "
+                            f"config.json's '{geo.fields['experts']}'")
+
+
+def _linear_bits(tensors: dict, d: str, base: str, k: int, n: int) -> int:
+    """K of the linear ``base`` (a k x n EXL3 linear) after checking its trellis, suh and svh dtypes and shapes."""
+    from moetier.bytes import exl3
+
+    K = None
+    for part, dt, shape in (("trellis", "I16", None), ("suh", "F16", (k,)), ("svh", "F16", (n,))):
+        ti = tensors.get(f"{base}.{part}")
+        if ti is None:
+            raise UserError(f"tensor {base}.{part}: missing from {d}")
+        if ti.dtype != dt:
+            raise UserError(f"tensor {base}.{part}: dtype {ti.dtype}, expected {dt} ({ti.path})")
+        if part == "trellis":
+            s = ti.shape
+            if len(s) != 3 or s[:2] != (k // 16, n // 16) or s[2] % 16 or s[2] // 16 not in exl3.KS:
+                raise UserError(f"tensor {base}.trellis: shape {list(s)}, expected [{k // 16}, {n // 16}, "
+                                f"16*K] with K in 1..8 for a {k} x {n} linear ({ti.path}; "
+                                "half-integer rates are not supported)")
+            K = s[2] // 16
+        elif ti.shape != shape:
+            raise UserError(f"tensor {base}.{part}: shape {list(ti.shape)}, expected {list(shape)} ({ti.path})")
+    return K
+
+
+def _store_format(d: str, tensors: dict, geo, groups: dict, prefixes: list) -> tuple[int, str]:
+    """(K, codebook) shared by every routed expert linear (one bitrate and one codebook per store)."""
     K = codebook = None
     for mlp in prefixes:
-        for name, m in groups[mlp].items():
-            part = m.group("part")
-            if part in ("su", "sv"):
-                raise UserError(f"tensor {name!r}: packed sign bitfields (old EXL3 checkpoints) are not supported")
-            if part not in ("trellis", "suh", "svh", "mul1", "mcg"):
-                raise UserError(f"tensor {name!r}: unsupported expert tensor part {part!r}")
-            if int(m.group("e")) >= geo.experts:
-                raise UserError(f"tensor {name!r}: expert {m.group('e')} beyond the {geo.experts} routed experts of "
-                                f"config.json's '{geo.fields['experts']}'")
+        _check_parts(groups[mlp], geo)
         for e in range(geo.experts):
             for p in PROJS:
-                k, n = (H, I) if p != "down" else (I, H)
+                k, n = (geo.hidden, geo.inter) if p != "down" else (geo.inter, geo.hidden)
                 base = f"{mlp}.experts.{e}.{p}_proj"
-                for part, dt, shape in (("trellis", "I16", None), ("suh", "F16", (k,)), ("svh", "F16", (n,))):
-                    ti = tensors.get(f"{base}.{part}")
-                    if ti is None:
-                        raise UserError(f"tensor {base}.{part}: missing from {d}")
-                    if ti.dtype != dt:
-                        raise UserError(f"tensor {base}.{part}: dtype {ti.dtype}, expected {dt} ({ti.path})")
-                    if part == "trellis":
-                        s = ti.shape
-                        if len(s) != 3 or s[:2] != (k // 16, n // 16) or s[2] % 16 or s[2] // 16 not in exl3.KS:
-                            raise UserError(f"tensor {base}.trellis: shape {list(s)}, expected [{k // 16}, {n // 16}, "
-                                            f"16*K] with K in 1..8 for a {k} x {n} linear ({ti.path}; "
-                                            "half-integer rates are not supported)")
-                        if K is None:
-                            K = s[2] // 16
-                        elif s[2] // 16 != K:
-                            raise UserError(f"tensor {base}.trellis: K={s[2] // 16} but other experts have K={K} "
-                                            f"(one bitrate per store; mixed bitrates are not supported)")
-                    elif ti.shape != shape:
-                        raise UserError(f"tensor {base}.{part}: shape {list(ti.shape)}, expected {list(shape)} "
-                                        f"({ti.path})")
+                kb = _linear_bits(tensors, d, base, k, n)
+                if K is None:
+                    K = kb
+                elif kb != K:
+                    raise UserError(f"tensor {base}.trellis: K={kb} but other experts have K={K} "
+                                    f"(one bitrate per store; mixed bitrates are not supported)")
                 cb = "mul1" if f"{base}.mul1" in tensors else "mcg" if f"{base}.mcg" in tensors else "3inst"
                 if codebook is None:
                     codebook = cb
                 elif cb != codebook:
                     raise UserError(f"tensor {base}: codebook {cb} but other experts use {codebook} "
                                     "(one codebook per store)")
+    return K, codebook
+
+
+def open_exl3(path) -> Exl3Checkpoint:
+    """Open and check an EXL3 checkpoint directory (see the module docstring)."""
+    from moetier.bytes import expert
+
+    d = os.path.abspath(os.fspath(path))
+    if not os.path.isdir(d):
+        raise UserError(f"--checkpoint {path}: not a directory")
+    cfg_path, cfg, geo = _exl3_config(d)
+    tensors = _read_tensors(d)
+    groups = _expert_groups(d, tensors)
+    prefixes, trunk = _ordinals(cfg_path, geo, groups)
+    K, codebook = _store_format(d, tensors, geo, groups, prefixes)
     try:
-        lay = expert.layout(H, I, expert.EXL3, bits=K, codebook=codebook, act_limit=geo.act_limit)
+        lay = expert.layout(geo.hidden, geo.inter, expert.EXL3, bits=K, codebook=codebook, act_limit=geo.act_limit)
     except ValueError as e:
-        raise UserError(f"{cfg_path}: expert geometry {H} x {I}: {e}") from None
+        raise UserError(f"{cfg_path}: expert geometry {geo.hidden} x {geo.inter}: {e}") from None
     return Exl3Checkpoint(d, cfg, geo, prefixes, trunk, tensors, lay)
