@@ -15,11 +15,15 @@ A surface is a dict ``{dotted name: description}``. A description is one of
 ``found_surface(names)`` describes what the imported engine has under those names; ``check_surface(expected,
 found)`` returns one line per mismatch, in the expected order, each naming the class / method / parameter. No
 mismatch: an empty list. The engine is imported by the caller (an adapter knows how to import its engine).
+``installed_version(dist)`` is a distribution's version (None when not installed); ``SurfaceMismatch`` is what an
+adapter's ``require`` raises (str(): the first mismatch, one line). ``Report`` is what an adapter's check returns: the engine version, the expected and found surfaces, the mismatch
+lines, ``ok``.
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.metadata
 import inspect
 
 
@@ -139,3 +143,26 @@ def check_surface(expected: dict, found: dict) -> list[str]:
             if diff:
                 lines.append(diff)
     return lines
+
+
+class SurfaceMismatch(RuntimeError):
+    """The engine (or op table) does not offer the surface the adapter expects; str() is one line naming it."""
+
+
+def installed_version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@dataclasses.dataclass
+class Report:
+    version: str | None
+    expected: dict
+    found: dict = dataclasses.field(default_factory=dict)
+    mismatches: list = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches

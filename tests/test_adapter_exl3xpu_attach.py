@@ -8,7 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tests.adapter_checks import SPLITS, assert_deals_replay, chaos_instruments, recipe, rel_rms
+from tests.adapter_checks import (SPLITS, assert_deals_replay, assert_mask_is_exact_less_masked, assert_split_lanes,
+                                  assert_within, chaos_instruments, lane_counts, recipe, rel_rms, tiny_model)
 
 pytest.importorskip("safetensors", reason="the tiny checkpoint is written with safetensors (the test extra)")
 
@@ -18,12 +19,8 @@ STEPS, ROWS = 4, 2
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     from adapters.exl3xpu import model
-    from moetier.bytes import store
-    d = tmp_path_factory.mktemp("exl3xpu-tiny")
-    model.write_tiny(d / "ckpt", seed=3)
-    store.pack_checkpoint(d / "ckpt", d / "store")
-    return dataclasses.replace(model.TINY, seed=3), d / "ckpt", store.open_store(d / "store"), \
-        model.load_tensors(d / "ckpt")
+    ck, st, t = tiny_model(tmp_path_factory, "exl3xpu-tiny", model.write_tiny, 3)
+    return dataclasses.replace(model.TINY, seed=3), ck, st, t
 
 
 @pytest.fixture
@@ -87,33 +84,15 @@ def run(model, att, xs, step_end=False):
     return out
 
 
-def lane_counts(att) -> dict:
-    lanes = {ln: 0 for ln in ("gpu", "zerocopy", "cpu", "nvme_cpu", "nvme_gpu", "masked")}
-    for *_, dealt in att.deals:
-        for ln, keys in dealt.items():
-            lanes[ln] += len(keys)
-    return lanes
-
-
 @pytest.mark.parametrize("split", list(SPLITS))
 def test_layer_output_matches_float64_under_each_split(tiny, engine, split):
     spec, _, st, _ = tiny
     att = attach(engine, recipe(*SPLITS[split]), st)
     xs = inputs(spec)
-    got = run(engine, att, xs)
-    worst = max(rel_rms(y, reference(tiny, o, xs[s][o], ids, w))
-                for s, step in enumerate(got) for o, (y, ids, w) in enumerate(step))
-    assert worst < 2e-3, (split, worst)
+    assert_within(run(engine, att, xs), xs, lambda *a: reference(tiny, *a))
     lanes = lane_counts(att)
     assert len(att.deals) == STEPS * spec.moe_layers
-    if split == "all-resident":
-        assert lanes["gpu"] > 0 and lanes["cpu"] == lanes["zerocopy"] == lanes["nvme_cpu"] == 0
-    elif split == "ram-only":
-        assert lanes["gpu"] == 0 and lanes["cpu"] > 0 and lanes["zerocopy"] > 0 and lanes["nvme_cpu"] == 0
-    elif split == "nvme-tail":
-        assert lanes["nvme_gpu"] > 0 and lanes["gpu"] > 0
-    else:
-        assert lanes["nvme_cpu"] > 0 and lanes["gpu"] == lanes["nvme_gpu"] == 0
+    assert_split_lanes(split, lanes)
     engine_picks = lanes["gpu"] + lanes["zerocopy"] + lanes["nvme_gpu"]
     assert (att.ops.calls["pairs"] > 0) == (engine_picks > 0)
     att.detach()
@@ -126,9 +105,7 @@ def test_exact_mode_runs_every_pick_on_the_kernel(tiny, engine):
     got = run(engine, att, xs)
     assert all(not d["cpu"] and not d["nvme_cpu"] for *_, d in att.deals)
     assert lane_counts(att)["zerocopy"] > 0
-    for s, step in enumerate(got):
-        for o, (y, ids, w) in enumerate(step):
-            assert rel_rms(y, reference(tiny, o, xs[s][o], ids, w)) < 2e-3
+    assert_within(got, xs, lambda *a: reference(tiny, *a))
     att.detach()
 
 
@@ -136,17 +113,7 @@ def test_mask_equals_exact_minus_masked_contributions(tiny, engine):
     spec, _, st, _ = tiny
     att = attach(engine, recipe(*SPLITS["nvme-tail"], exact="mask"), st)
     xs = inputs(spec, seed=7)
-    got = run(engine, att, xs)
-    masked_total = 0
-    for s, step in enumerate(got):
-        for o, (y, ids, w) in enumerate(step):
-            masked = set(att.deals[s * spec.moe_layers + o][3]["masked"])
-            masked_total += len(masked)
-            less = reference(tiny, o, xs[s][o], ids, w, skip=masked)
-            assert rel_rms(y, less) < 2e-3
-            if masked:
-                assert rel_rms(y, reference(tiny, o, xs[s][o], ids, w)) > 10 * rel_rms(y, less)
-    assert masked_total > 0
+    assert_mask_is_exact_less_masked(att, run(engine, att, xs), xs, lambda *a, **kw: reference(tiny, *a, **kw))
     att.detach()
 
 

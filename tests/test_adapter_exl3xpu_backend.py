@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.test_adapter_exllamav3_backend import early_landings, record
+from tests.adapter_checks import early_landings, record, tiny_model
 
 pytest.importorskip("safetensors", reason="the tiny checkpoint is written with safetensors (the test extra)")
 
@@ -13,11 +13,7 @@ pytest.importorskip("safetensors", reason="the tiny checkpoint is written with s
 @pytest.fixture(scope="module")
 def st(tmp_path_factory):
     from adapters.exl3xpu import model
-    from moetier.bytes import store
-    d = tmp_path_factory.mktemp("exl3xpu-backend")
-    model.write_tiny(d / "ckpt", seed=1)
-    store.pack_checkpoint(d / "ckpt", d / "store")
-    return store.open_store(d / "store")
+    return tiny_model(tmp_path_factory, "exl3xpu-backend", model.write_tiny, 1, tensors=False)[1]
 
 
 def backend(st, ram=8, vram=4):

@@ -66,15 +66,12 @@ def test_geometries_planar4_does_not_cover_are_refused():
 def st(tmp_path_factory):
     pytest.importorskip("safetensors", reason="the tiny checkpoint is written with safetensors (the test extra)")
     from adapters.exl3xpu import model
-    from moetier.bytes import store
-    d = tmp_path_factory.mktemp("exl3xpu-blob")
-    model.write_tiny(d / "ckpt", seed=2)
-    store.pack_checkpoint(d / "ckpt", d / "store")
-    return store.open_store(d / "store")
+    from tests.adapter_checks import tiny_model
+    return tiny_model(tmp_path_factory, "exl3xpu-blob", model.write_tiny, 2, tensors=False)[1]
 
 
 def test_every_store_record_round_trips_through_its_blob(st):
-    from tests.test_adapter_exllamav3_backend import record
+    from tests.adapter_checks import record
     for k in range(st.layers * st.experts):
         rec = record(st, k)
         assert np.array_equal(blob.record(st.layout, blob.pack_record(st.layout, rec)), rec), k
@@ -87,7 +84,7 @@ def test_the_backends_slots_hold_the_blob_and_its_lanes_compute_it(st):
     from adapters.exl3xpu.backend import XpuBackend
     from adapters.exl3xpu.ops import ProvidedOps
     from moetier.bytes.expert import exl3_expert
-    from tests.test_adapter_exllamav3_backend import record
+    from tests.adapter_checks import record
     be = XpuBackend(st, ProvidedOps(act_limit=st.layout.act_limit or 0.0), ram_slots=4, vram_slots=2)
     try:
         key, n = 21, surface.blob_bytes(st.layout.hidden, st.layout.ffn, st.layout.bits)

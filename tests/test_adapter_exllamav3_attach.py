@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from tests._exllamav3 import needs_engine
-from tests.adapter_checks import SPLITS, assert_deals_replay, chaos_instruments, recipe, rel_rms
+from tests.adapter_checks import (SPLITS, assert_deals_replay, assert_mask_is_exact_less_masked, assert_split_lanes,
+                                  assert_within, chaos_instruments, lane_counts, recipe, rel_rms, tiny_model)
 
 pytestmark = needs_engine
 
@@ -19,19 +20,9 @@ STEPS, ROWS = 4, 2
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """The tiny model's checkpoint, its routed experts packed into a moetier store, and its tensors."""
-    import dataclasses as dc
-
-    from safetensors.numpy import load_file
-
     from adapters.exllamav3 import checkpoint
-    from moetier.bytes import store
-    d = tmp_path_factory.mktemp("exllamav3-tiny")
-    checkpoint.write_tiny(d / "ckpt", seed=3)
-    store.pack_checkpoint(d / "ckpt", d / "store")
-    tensors = {}
-    for f in sorted((d / "ckpt").glob("*.safetensors")):
-        tensors.update(load_file(str(f)))
-    return dc.replace(checkpoint.TINY, seed=3), d / "ckpt", store.open_store(d / "store"), tensors
+    ck, st, t = tiny_model(tmp_path_factory, "exllamav3-tiny", checkpoint.write_tiny, 3)
+    return dataclasses.replace(checkpoint.TINY, seed=3), ck, st, t
 
 
 @pytest.fixture
@@ -106,26 +97,11 @@ def test_block_output_matches_float64_under_each_split(tiny, engine, split):
     spec, _, st, _ = tiny
     att = attach(model, fake, recipe(*SPLITS[split]), st)
     xs = inputs(spec)
-    got = run(model, att, xs)
-    lanes = {ln: 0 for ln in ("gpu", "zerocopy", "cpu", "nvme_cpu", "nvme_gpu", "masked")}
-    for _, _, _, dealt in att.deals:
-        for ln, keys in dealt.items():
-            lanes[ln] += len(keys)
-    worst = 0.0
-    for s, step in enumerate(got):
-        for o, (y, sel, w) in enumerate(step):
-            worst = max(worst, rel_rms(y.numpy(), reference(tiny, o, xs[s][o], sel, w)))
-    assert worst < 2e-3, (split, worst)
+    assert_within(run(model, att, xs), xs, lambda *a: reference(tiny, *a))
+    lanes = lane_counts(att)
     assert att.bypassed == 0 and len(att.deals) == STEPS * spec.moe_layers
-    if split == "all-resident":
-        assert lanes["gpu"] > 0 and lanes["cpu"] == lanes["zerocopy"] == lanes["nvme_cpu"] == 0
-    elif split == "ram-only":
-        assert lanes["gpu"] == 0 and lanes["cpu"] > 0 and lanes["zerocopy"] > 0 and lanes["nvme_cpu"] == 0
-    elif split == "nvme-tail":
-        assert lanes["nvme_gpu"] > 0 and lanes["gpu"] > 0
-    else:
-        assert lanes["nvme_cpu"] > 0 and lanes["gpu"] == lanes["nvme_gpu"] == 0
-    engine_picks = sum(len(d["gpu"]) + len(d["zerocopy"]) + len(d["nvme_gpu"]) for *_, d in att.deals)
+    assert_split_lanes(split, lanes)
+    engine_picks = lanes["gpu"] + lanes["zerocopy"] + lanes["nvme_gpu"]
     assert engine_picks == 0 or sum(bc.picks for bc in fake.bcs) > 0
     att.detach()
 
@@ -137,10 +113,8 @@ def test_exact_mode_runs_every_pick_on_the_engine(tiny, engine):
     xs = inputs(spec, seed=5)
     got = run(model, att, xs)
     assert all(not d["cpu"] and not d["nvme_cpu"] for *_, d in att.deals)
-    assert sum(len(d["zerocopy"]) for *_, d in att.deals) > 0
-    for s, step in enumerate(got):
-        for o, (y, sel, w) in enumerate(step):
-            assert rel_rms(y.numpy(), reference(tiny, o, xs[s][o], sel, w)) < 2e-3
+    assert lane_counts(att)["zerocopy"] > 0
+    assert_within(got, xs, lambda *a: reference(tiny, *a))
     att.detach()
 
 
@@ -149,18 +123,7 @@ def test_mask_equals_exact_minus_masked_contributions(tiny, engine):
     spec, _, st, _ = tiny
     att = attach(model, fake, recipe(*SPLITS["nvme-tail"], exact="mask"), st)   # NVMe picks dropped
     xs = inputs(spec, seed=7)
-    got = run(model, att, xs)
-    masked_total = 0
-    for s, step in enumerate(got):
-        for o, (y, sel, w) in enumerate(step):
-            masked = set(att.deals[s * spec.moe_layers + o][3]["masked"])
-            masked_total += len(masked)
-            full = reference(tiny, o, xs[s][o], sel, w)
-            less = reference(tiny, o, xs[s][o], sel, w, skip=masked)
-            assert rel_rms(y.numpy(), less) < 2e-3
-            if masked:      # the masked contributions are really gone, not within tolerance of the full output
-                assert rel_rms(y.numpy(), full) > 10 * rel_rms(y.numpy(), less)
-    assert masked_total > 0
+    assert_mask_is_exact_less_masked(att, run(model, att, xs), xs, lambda *a, **kw: reference(tiny, *a, **kw))
     att.detach()
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tests._exllamav3 import needs_engine
+from tests.adapter_checks import early_landings, record, tiny_model
 
 pytestmark = needs_engine
 
@@ -13,43 +14,7 @@ pytestmark = needs_engine
 @pytest.fixture(scope="module")
 def st(tmp_path_factory):
     from adapters.exllamav3 import checkpoint
-    from moetier.bytes import store
-    d = tmp_path_factory.mktemp("exllamav3-backend")
-    checkpoint.write_tiny(d / "ckpt", seed=1)
-    store.pack_checkpoint(d / "ckpt", d / "store")
-    return store.open_store(d / "store")
-
-
-def record(st, key: int) -> np.ndarray:
-    with open(st.data_path, "rb") as f:
-        f.seek(st.offset(key))
-        return np.frombuffer(f.read(st.record_bytes), np.uint8)
-
-
-def early_landings(be, st, keys, pushes: bool = True) -> list:
-    """Fill ``keys`` into zeroed RAM slots and (``pushes``) push them over other bytes in VRAM, polling landed();
-    every handle whose first landed() == True came before its destination held the record is returned."""
-    rb, early = st.record_bytes, []
-    for s in range(len(keys)):
-        be.ram_view(s)[:] = 0
-    hs = [(be.fill(k, s), k, s) for s, k in enumerate(keys)]
-    pending = list(hs)
-    while pending:
-        for item in list(pending):
-            h, k, s = item
-            if be.landed(h):
-                if not np.array_equal(be.ram_view(s)[:rb], record(st, k)):
-                    early.append(("fill", k))
-                pending.remove(item)
-    be.fence()
-    for s, k in enumerate(keys if pushes else ()):
-        be.wait(be.push(keys[(s + 1) % len(keys)], (s + 1) % len(keys), s))    # another key's bytes first
-        h = be.push(k, s, s)
-        while not be.landed(h):
-            pass
-        if not np.array_equal(be.read_vram(s)[:rb], record(st, k)):
-            early.append(("push", k))
-    return early
+    return tiny_model(tmp_path_factory, "exllamav3-backend", checkpoint.write_tiny, 1, tensors=False)[1]
 
 
 def test_transfers_land_the_store_bytes_and_landed_is_never_early(st):

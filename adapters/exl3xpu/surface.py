@@ -16,10 +16,10 @@ mismatch as one line (attach calls it); ``adapter_check()`` is ``moetier adapter
 """
 from __future__ import annotations
 
-import importlib.metadata
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from adapters.surface import check_surface, describe
+from adapters import surface
+from adapters.surface import SurfaceMismatch, check_surface, describe
 
 ENGINE = "exl3xpu"
 NAMESPACE = "exl3xpu_moe"
@@ -51,15 +51,8 @@ def record_bytes(H: int, I: int, K: int) -> int:  # noqa: E741
     return -(-blob_bytes(H, I, K) // ALIGN) * ALIGN
 
 
-class SurfaceMismatch(RuntimeError):
-    """The op table does not offer the surface the adapter expects; str() is one line naming it."""
-
-
 def installed_version() -> str | None:
-    try:
-        return importlib.metadata.version(ENGINE)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return surface.installed_version(ENGINE)
 
 
 class EngineOps:
@@ -120,16 +113,8 @@ def found_surface(table, expected: dict) -> dict:
 
 
 @dataclass
-class Report:
-    version: str | None
-    provider: str
-    expected: dict
-    found: dict = field(default_factory=dict)
-    mismatches: list = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.mismatches
+class Report(surface.Report):
+    provider: str = ""                 # exl3xpu, or moetier's provider of its ops
 
 
 def check(table=None, expected: dict | None = None) -> Report:

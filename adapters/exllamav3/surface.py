@@ -15,10 +15,10 @@ expected (moetier.cli.adapter exits 2 with the first mismatch as its one error l
 """
 from __future__ import annotations
 
-import importlib.metadata
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from adapters.surface import check_surface, found_surface
+from adapters import surface
+from adapters.surface import SurfaceMismatch, check_surface, found_surface
 
 ENGINE = "exllamav3"
 VERSIONS = ((1, 6, 5), (1, 7, 0))      # [lowest accepted, first refused)
@@ -76,10 +76,6 @@ EXPECTED: dict = {
 }
 
 
-class SurfaceMismatch(RuntimeError):
-    """The installed engine does not offer the surface the adapter expects; str() is one line naming it."""
-
-
 def _vstr(v) -> str:
     return ".".join(str(p) for p in v)
 
@@ -104,16 +100,8 @@ def version_line(version: str | None) -> str:
 
 
 @dataclass
-class Report:
-    version: str | None
-    standin: bool                      # the engine was imported with the stand-in extension
-    expected: dict
-    found: dict = field(default_factory=dict)
-    mismatches: list = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.mismatches
+class Report(surface.Report):
+    standin: bool = False              # the engine was imported with the stand-in extension
 
 
 def import_engine() -> bool:
@@ -131,10 +119,7 @@ def import_engine() -> bool:
 
 
 def installed_version() -> str | None:
-    try:
-        return importlib.metadata.version(ENGINE)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return surface.installed_version(ENGINE)
 
 
 def check(expected: dict | None = None) -> Report:
