@@ -4,6 +4,8 @@ real BlockSparseMLP.forward run with the stand-in extension, the router and deco
 from __future__ import annotations
 
 import dataclasses
+import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -221,13 +223,15 @@ def test_attach_refuses_a_recipe_that_does_not_fit_the_model(tiny, engine):
         attach(model, fake, R, st)
 
 
-def test_prefill_bypasses_moetier_on_the_home_rows(tiny, engine):
+def test_prefill_bypasses_the_planner_with_every_pick_on_its_landed_bytes(tiny, engine):
     """More than 8 rows: the engine's grouped path cannot skip picks, so the router's selection goes back as it
-    came, no layer is planned, and the block's tables hold their home rows again."""
+    came and no layer is planned; every picked expert's rows point at bytes of that expert (its VRAM or RAM slot, or
+    a staging slot read from NVMe for the call), and after the engine's combine the tables hold their home rows."""
     import torch
+    from tests.adapter_checks import record
     model, fake = engine
     spec, _, st, _ = tiny
-    att = attach(model, fake, recipe(*SPLITS["nvme-tail"]), st)
+    att = attach(model, fake, recipe(2, 4), st)          # most keys on NVMe only
     run(model, att, inputs(spec, seed=29)[:1])            # decode: rows now point at slots
     m, t = model.modules[0], att.tables[0]
     assert any(t.row(e) != t_home for e, t_home in enumerate(_home_rows(t)))
@@ -236,7 +240,45 @@ def test_prefill_bypasses_moetier_on_the_home_rows(tiny, engine):
     sel, w = m.routing_fn(9, m.routing_cfg, z, {})
     assert att.bypassed == 1 and att.plans == planned
     assert int(sel.min()) >= 0 and float(w.min()) > 0
+    fake.memory.add(att.staging.pool.base, att.staging.pool.nbytes)
+    lay, picked = st.layout, {int(e) for e in sel.reshape(-1).tolist()}
+    for e in picked:
+        rows = t.row(e)
+        for sec, (off, nb, _, _) in lay.sections.items():
+            got = fake.memory.read(rows[sec], np.uint8, (nb,))
+            assert np.array_equal(got, record(st, e)[off:off + nb]), (e, sec)
+    assert att.staged > 0
+    final = torch.zeros((9, spec.hidden))
+    m.cpu_split_combine(final, None, None, final.shape)
     assert [t.row(e) for e in range(spec.experts)] == _home_rows(t)
+    att.detach()
+
+
+def test_only_the_vram_tier_is_in_the_engines_tables_and_no_expert_holds_engine_memory(tiny, engine):
+    """attach hands every routed expert's bytes to moetier: the engine's own expert tensors become views of the
+    VRAM slot the expert was seeded into, or of one shared bounce record; the home rows of VRAM-tier experts point at
+    their slots, every other expert's at the bounce record."""
+    model, fake = engine
+    spec, _, st, _ = tiny
+    before = sum(getattr(lins[e].inner, part).numel() for m in model.modules for lins in (m.gates, m.ups, m.downs)
+                 for e in range(spec.experts) for part in ("trellis", "suh", "svh"))
+    assert before > 0
+    owned = [weakref.ref(getattr(lins[e].inner, part)) for m in model.modules for lins in (m.gates, m.ups, m.downs)
+             for e in range(spec.experts) for part in ("trellis", "suh", "svh")]
+    att = attach(model, fake, recipe(*SPLITS["nvme-tail"]), st)
+    assert att.handed_over == spec.moe_layers * spec.experts
+    assert set(att.engine_expert_bytes().values()) == {0}
+    gc.collect()
+    assert all(r() is None for r in owned), "the engine still holds its own copy of some expert tensor"
+    L, rt, be = att.rt.L, att.rt, att.backend
+    bounce = int(att.bounce.data_ptr())
+    vram = [k for k in range(att.R.keys) if L.state_of(k) == "vram"]
+    assert 0 < len(vram) < att.R.keys
+    for o, t in enumerate(att.tables):
+        for e, home in enumerate(_home_rows(t)):
+            k = o * spec.experts + e
+            base = be.vram_address(rt.vram_slot[k]) if k in vram else bounce
+            assert home == att.backend.addresses(base), (k, k in vram)
     att.detach()
 
 

@@ -18,15 +18,22 @@ For every ``BlockSparseMLP`` of the model (MoE ordinal = its position), ``attach
   fixed order whatever lane computed a pick), then ``fence`` (transfers done and, on CUDA, the kernels that read
   the slots) and only then the layer's slot frees.
 
-Decode only: with more than ``MAX_BSZN`` (8) rows the engine's grouped path counts raw expert ids and cannot take the -1
-sentinel, so such calls (prefill) and the engine's own warm-up / autosplit passes bypass moetier: the block's tables go
-back to their home rows (the experts as the engine loaded them) and the engine computes every pick. ``exact=True`` turns
+Residency: at attach the experts' bytes are handed over (``hand_over=True``, the default): each routed expert's
+engine tensors become views of the VRAM slot moetier seeded it into, or of one shared zeroed bounce record, the
+engine's own copies are dropped, and the tables' home rows are those views - only the VRAM tier's experts are in the
+engine's tables; every other expert lives in moetier's RAM and NVMe tiers (``engine_expert_bytes()`` is 0 for every
+expert). Decode only: with more than ``MAX_BSZN`` (8) rows the engine's grouped path counts raw expert ids and cannot
+take the -1 sentinel, so such calls (prefill) bypass the planner: every picked expert's rows point at its landed
+bytes (its VRAM or RAM slot, or a staging slot read from NVMe for the call: a stall, outside the tiers), the engine
+computes every pick, and the rows go home after its combine. The engine's own warm-up / autosplit passes run on the
+home rows (the bounce record for experts outside the VRAM tier: their results are not outputs). ``exact=True`` turns
 the cpu lane off (every computed pick runs on the engine's kernels: upstream numerics); the recipe's ``policy.exact =
 "mask"`` drops NVMe picks (lossy). Prefetch is not supported yet (a recipe with policy.prefetch.depth > 0 is refused).
 ``attach`` checks the hook surface first (adapters.exllamav3.surface.require) and the recipe against the model; a
 mismatch is one line (UserError). The store holds the model's routed experts as exl3 records (moetier.bytes.store; the
 record's section offsets are the rows' offsets from a slot's address). ``Attached.detach()`` restores the hooks and the
-tables' home rows.
+tables' home rows; after a hand-over the engine's expert tensors stay views of the closed backend's VRAM arena and the
+bounce record, so a model detached from moetier computes its routed experts only after it is loaded again.
 """
 from __future__ import annotations
 
@@ -131,7 +138,7 @@ class Attached:
     """moetier attached to the MoE blocks of one exllamav3 model (see the module docstring)."""
 
     def __init__(self, modules, R, store, *, exact: bool = False, prior=None, wrap=None, device=None,
-                 queue_depth: int = 16, record: bool = False):
+                 queue_depth: int = 16, record: bool = False, hand_over: bool = True):
         surface.require()
         self.modules = list(modules)
         self.R = recipe_for(R, self.modules, store, exact=exact)
@@ -151,6 +158,10 @@ class Attached:
         self.rt = Runtime(self.R, store, self.be, conc=1)
         self.rt.seed_tiers(list(prior) if prior is not None else list(range(self.R.keys)))
         self.rt.rp.settle()
+        self.bounce = self.staging = None
+        self._staged: dict = {}
+        self.staged = 0                 # experts read into staging slots for bypassed (prefill) calls
+        self.handed_over = self._hand_over() if hand_over else 0
         self.step, self.t_model = -1, 0.0
         self._last = None
         self._partial: dict = {}
@@ -173,12 +184,17 @@ class Attached:
                 # the engine computes every pick itself, from the experts as it loaded them: rows back home (a
                 # row moetier pointed may name a slot that now holds another key); decode re-points its own
                 self.tables[o].restore()
+                if self.bounce is not None and bsz > MAX_BSZN:
+                    self._stage(o, sel)
                 self.bypassed += 1
                 return sel, w
             return self._layer(o, sel, w, z)
 
         def cpu_split_combine(final, cpu_partial, cpu_pending, shape):
             final = combine0(final, cpu_partial, cpu_pending, shape)
+            if self._staged.pop(o, None):
+                self.be.fence()           # the engine's kernels done with the staged rows
+                self.tables[o].restore()
             part = self._partial.pop(o, None)
             if part is not None:
                 final = final + part.view(shape)
@@ -221,6 +237,79 @@ class Attached:
         self._partial[o] = torch.from_numpy(y).to(device=z.device, dtype=torch.float)
         return sel, w
 
+    def _hand_over(self) -> int:
+        """The experts' bytes move to moetier's tiers: each routed expert's engine tensors (trellis, suh, svh of its
+        gate, up and down ``LinearEXL3``) become views of the VRAM slot moetier seeded it into, or, for every expert
+        not in the VRAM tier, of one shared zeroed bounce record; the engine's own copies are dropped (its per-linear
+        bound classes rebuilt over the views) and the tables' home rows point at the same places. So the engine
+        holds no memory of its own for any routed expert, and only the VRAM tier's experts are in its tables.
+        Returns how many experts were handed over."""
+        import torch
+        import exllamav3.modules.quant.exl3 as q
+        from exllamav3.ext import exllamav3_ext as ext
+        lay, L, rt, be = self.store.layout, self.rt.L, self.rt, self.backend
+        self.bounce = torch.zeros(self.backend.record_bytes, dtype=torch.uint8, device=be.arena.device)
+        dtypes = {"int16": torch.int16, "float16": torch.half}
+        n = 0
+        for o, (m, t) in enumerate(zip(self.modules, self.tables)):
+            for e in range(self.E):
+                k = o * self.E + e
+                slot = rt.vram_slot.get(k) if L.state_of(k) == "vram" else None
+                src = be.arena[slot] if slot is not None else self.bounce
+                for p, lins in zip(PROJ, (m.gates, m.ups, m.downs)):
+                    inner = lins[e].inner
+                    for part in ("trellis", "suh", "svh"):
+                        off, nb, dt, shape = lay.sections[f"{p}_{part}"]
+                        setattr(inner, part, src[off:off + nb].view(dtypes[dt]).view(shape))
+                    inner.bc = ext.BC_LinearEXL3(inner.trellis, inner.suh, inner.svh, inner.K, inner.bias,
+                                                 inner.mcg, inner.mul1, q.g_tensor_cache.get(*inner.bsz1_xh_args))
+                t.point(e, int(src.data_ptr()))
+                n += 1
+            t.home = {name: tt.clone() for name, tt in t._all()}
+        return n
+
+    def _stage(self, o: int, sel) -> None:
+        """A bypassed call (prefill) after hand-over: the engine computes every pick, so each picked expert's rows
+        point at its landed bytes - its VRAM slot, its RAM slot (read over the bus), or else a staging slot it is
+        read into from NVMe now (a stall; the staging slots are outside the tiers and the ledger). The rows go back
+        home in cpu_split_combine, after the kernels."""
+        L, rt, be = self.rt.L, self.rt, self.backend
+        if self.staging is None:
+            self.staging = EngineBackend(self.store, ram_slots=self.E, vram_slots=0, device=be.device, lanes=("cpu",))
+        reads = []
+        for i, e in enumerate(sorted({int(v) for v in sel.reshape(-1).tolist()})):
+            k = o * self.E + e
+            if L.state_of(k) == "vram" and k in rt.vram_slot:
+                self._point(k, be.vram_address(rt.vram_slot[k]))
+            elif L.resident(k) and k in rt.ram_slot:
+                self._point(k, be.ram_address(rt.ram_slot[k]))
+            else:
+                reads.append((k, i, self.staging.fill(k, i)))
+        for k, i, h in reads:
+            self.staging.wait(h)
+            self._point(k, self.staging.ram_address(i))
+        self.staged += len(reads)
+        self._staged[o] = True
+
+    def engine_expert_bytes(self) -> dict:
+        """key -> bytes the engine's own tensors of that routed expert hold outside moetier's slots and the bounce
+        record (0 for every expert handed over)."""
+        regions = [(int(self.backend.arena.data_ptr()), self.backend.arena.numel())]
+        if self.bounce is not None:
+            regions.append((int(self.bounce.data_ptr()), self.bounce.numel()))
+        out = {}
+        for o, m in enumerate(self.modules):
+            for e in range(self.E):
+                own = 0
+                for lins in (m.gates, m.ups, m.downs):
+                    for part in ("trellis", "suh", "svh"):
+                        ten = getattr(lins[e].inner, part)
+                        a, nb = int(ten.data_ptr()), ten.numel() * ten.element_size()
+                        if not any(b <= a and a + nb <= b + size for b, size in regions):
+                            own += nb
+                out[o * self.E + e] = own
+        return out
+
     def detach(self) -> None:
         for m, route0 in self._hooks:
             m.routing_fn = route0
@@ -230,6 +319,8 @@ class Attached:
         self._hooks.clear()
         self.rt.close()
         self.backend.close()
+        if self.staging is not None:
+            self.staging.close()
 
 
 def moe_blocks(model) -> list:
