@@ -40,6 +40,17 @@ def test_one_hot_raw_gemm_is_bit_exact(codebook):
     assert np.array_equal(got, X.raw_gemm(hot, lin).astype(np.float32))
 
 
+def test_one_token_fused_decode_gives_the_bits_of_the_batched_path():
+    """A one-row mul1 GEMM decodes inside its FMA loop; a batch decodes each tile step first: same products, same
+    order, so each row of a batch equals that row alone, bit for bit."""
+    rng = np.random.default_rng(23)
+    lin = X.random_linear(rng, 256, COLS, K=3)
+    xh = rng.standard_normal((3, 256)).astype(np.float32)
+    batch = C.raw_gemm(xh, lin)
+    for r in range(3):
+        assert np.array_equal(C.raw_gemm(xh[r:r + 1], lin)[0], batch[r])
+
+
 def test_affine_raw_gemm_agrees_with_the_exact_path():
     rng = np.random.default_rng(21)
     lin = X.random_linear(rng, 256, COLS, K=3)

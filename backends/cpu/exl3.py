@@ -135,6 +135,21 @@ def _decode_band(ubuf, um, ush, kind, lut, wdec):
                     wdec[h, p, jj] = np.float32(np.int32(s)) * scale + offset
 
 
+@njit(fastmath=True, **_JIT)
+def _mul1_fma(ubuf, um, ush, xh, i, hs, acc):
+    """One token row (T = 1, mul1): acc += the hs tile rows from i times their inputs, decoding each weight in the
+    loop that uses it, so no decoded tile goes through memory. Every accumulator takes the same products in the same
+    order (input rows ascending) as _decode_band followed by _gemm's row loop, so the bits are the same."""
+    for h in range(hs):
+        for p in range(256):
+            m, sh = um[p], ush[p]
+            xv = xh[0, 16 * (i + h) + (p >> 4)]
+            base = (p & 15) * NB
+            for jj in range(NB):
+                s = _byte_sum(_state(ubuf, m, sh, h * NB + jj))
+                acc[0, base + jj] += fp16_round(np.float32(np.int32(s)) * _K_INV + _K_CONST) * xv
+
+
 @njit(**_JIT)
 def _band_scratch(nu):
     """One work item's buffers: windows [16K, ROWS NB], decoded weights [ROWS, 256, NB] and their flat view."""
@@ -146,7 +161,7 @@ def _band_scratch(nu):
 @njit(parallel=True, fastmath=True, **_JIT)
 def _gemm(words, xh, lut, um, ush, kind, out):
     """out[T, n] = xh[T, k] @ W_inner, W_inner decoded on the fly from the trellis [kt, nt, 8K] (uint32 view).
-    Accushates in out's dtype: float32, or int64 for KIND_INT (each integer product is exact in float64).
+    Accumulates in out's dtype: float32, or int64 for KIND_INT (each integer product is exact in float64).
 
     The ROWS decoded tile rows are [ROWS, 16 rows, 16 columns, NB tiles] in memory, so each input row adds one
     contiguous 256-float block times its x into the [16 columns, NB tiles] accumulator of each token."""
@@ -160,8 +175,11 @@ def _gemm(words, xh, lut, um, ush, kind, out):
         acc = np.zeros((T, 16 * NB), out.dtype)
         for i in range(0, kt, ROWS):
             _gather_band(words, i, j0, nb, ubuf)
-            _decode_band(ubuf, um, ush, kind, lut, wdec)
             hs = min(ROWS, kt - i)
+            if kind == KIND_MUL1 and T == 1:
+                _mul1_fma(ubuf, um, ush, xh, i, hs, acc)
+                continue
+            _decode_band(ubuf, um, ush, kind, lut, wdec)
             for tok in range(T):
                 for r in range(16 * hs):
                     xv = xh[tok, 16 * i + r]
