@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -36,27 +35,11 @@ from bench_kernels import _seconds, _slab, summary  # noqa: E402
 from moetier.atomic import atomic_write  # noqa: E402
 from moetier.bytes import exl3 as X  # noqa: E402
 from moetier.bytes import expert as E  # noqa: E402
+from moetier.measure.bench_exl3 import cpu_seconds, distinct_copies  # noqa: E402
 
 SHAPES = {"glm": (4096, 2048, 3), "qwen": (2560, 640, 3)}
 TARGET_GBPS_PER_CORE = 1.0
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _copies(expert: X.Exl3Expert, n: int) -> list[X.Exl3Expert]:
-    """n experts with the same content in distinct memory (the trellis streams from DRAM, not from cache)."""
-    def lin(ln):
-        return X.Exl3Linear(ln.trellis.copy(), ln.suh, ln.svh, ln.codebook)
-    return [X.Exl3Expert(lin(expert.gate), lin(expert.up), lin(expert.down)) for _ in range(n)]
-
-
-def _cpu_seconds(fn, one_core: bool) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of one call: the calling thread's CPU time for a one-core run, the process's
-    (all numba threads) for an all-core run. On a shared host the CPU-time figure is what the kernel costs when it
-    runs; the wall figure includes the time other processes held the cores."""
-    clock = time.thread_time if one_core else time.process_time
-    c0, t0 = clock(), time.perf_counter()
-    fn()
-    return time.perf_counter() - t0, clock() - c0
 
 
 def _psum_gbps(sweep, threads: int) -> float:
@@ -72,7 +55,7 @@ def bench_shape(name, H, I, Kb, tokens, mib, rounds, threads):
     rng = np.random.default_rng(0)
     trellis_bytes = 3 * X.trellis_nbytes(H, I, Kb)
     n = max(4, -(-(mib << 20) // trellis_bytes))
-    experts = _copies(X.random_expert(rng, H, I, Kb), n)
+    experts = distinct_copies(X.random_expert(rng, H, I, Kb), n)
     lay = E.layout(H, I, "int8")
     n8 = max(4, -(-(mib << 20) // lay.weight_bytes))
     slab, bufs = _slab(lay, n8)
@@ -109,7 +92,7 @@ def bench_shape(name, H, I, Kb, tokens, mib, rounds, threads):
             s["membw_1core"].append(_psum_gbps(sweep, 1))
             s["membw_all"].append(_psum_gbps(sweep, threads))
             for key, (nbytes, fn) in runs.items():
-                wall, cpu = _cpu_seconds(lambda: fn(T), key.endswith("_1core"))
+                wall, cpu = cpu_seconds(lambda: fn(T), key.endswith("_1core"))
                 s[key].append(nbytes / wall / 1e9)
                 # per CPU-second: for an all-core run, GB/s per busy core
                 s[key + "_cpu"].append(nbytes / max(cpu, 1e-9) / 1e9)

@@ -324,7 +324,7 @@ def _load_run(path: str) -> dict:
 
 
 def cmd_bench(args) -> int:
-    from moetier.measure import bench, bench_terms
+    from moetier.measure import bench, bench_exl3, bench_terms
     from moetier.bytes import store
     from moetier.cli.common import _emit, _trace
     from moetier.core import records as spec
@@ -346,8 +346,10 @@ def cmd_bench(args) -> int:
     tr = _trace(args, R)
     with progress.status("bench", total=len(bench.STAGES) + 1) as prog:
         m = bench_terms.measure(st, recipe, tr, nrec=args.records, rounds=args.rounds, progress=prog)
+    m["exl3_lanes"] = bench_exl3.measure(rounds=min(args.rounds, 3))
     when = _now()
     hw, eng = bench.records(m, args.hardware, args.engine, when, _existing("hardware", args.hardware))
+    eng["model_lanes"] = bench_exl3.model_lanes(m["exl3_lanes"], when)
     rec = bench.recipe_record(m, recipe, out_id, args.hardware, args.engine, when)
     if not args.dry_run:     # all three records or none
         for path in spec.write_records([("hardware", hw), ("engine", eng), ("recipe", rec)], force=args.force):
@@ -368,6 +370,8 @@ def cmd_bench(args) -> int:
              *([["cpu lane wake-up / hand-off", f"per_wake {lane.get('per_wake_ms', 0):.4f} ms, per_handoff "
                  f"{lane.get('per_handoff_ms', 0):.4f} ms ({lane['calls']} calls over {m['rounds']} rounds)"]]),
              *_bench_channel_rows(m),
+             *[[f"cpu lane EXL3 expert, {mid}", f"{r['per_expert_ms']:.2f} ms per expert on one core, "
+                f"{r['gbps_per_core']:.2f} GB/s of trellis bytes per core"] for mid, r in m["exl3_lanes"].items()],
              ["cpu lane weight bytes/s, 1 row", f"{lane['weight_gbps_1row']:.2f} GB/s "
               f"({lane['weight_gbps_1row'] / m['membw_read_gbps']:.2f} of memory bandwidth)"],
              ["last-level cache (sysfs)", f"{m['llc_bytes'] / 2**20:.0f} MiB" if m["llc_bytes"] else "not reported"],
