@@ -11,7 +11,7 @@ flight per expert count) are printed below the table; ``workers`` x their ratio 
 reaches.
 
 ``--vram``: the same for the VRAM arms' gpu and zerocopy lanes (SYCL device slots, calibrate.vram_arms), and the
-device-lane fit on the fit arms (C1, C4) with and without its reads-in-flight and step-rows terms, as each arm's
+device-lane fit on the fit arms (C1, C4) with and without its reads-in-flight terms, as each arm's
 lane time predicted over measured (docs/calibration.md).
 """
 from __future__ import annotations
@@ -81,11 +81,11 @@ def device_shapes(a, R, st, tr):
     shapes = [{"arm": name, "lane": lane, "experts": e, "extra": x, "in_flight": cont, "calls": n, "ms": sec * 1e3 / n}
               for name, m in runs.items() for lane, e, x, cont, n, sec in m["call_groups"]
               if lane in ("gpu", "zc") and n >= a.min_calls]
-    fit = [runs[x["name"]] for x in arms if x["fit"]]
-    # the same calls with reads in flight and concurrency taken out: the fit without those two terms
-    plain = [{**m, "conc": 1, "call_groups": [[p, e, x, 0, n, sec] for p, e, x, _, n, sec in m["call_groups"]]}
-             for m in fit]
-    terms = {"with": fit.fit_device_terms(fit), "without": fit.fit_device_terms(plain)}
+    fitted = [runs[x["name"]] for x in arms if x["fit"]]
+    # the same calls with reads in flight taken out: the fit without its read terms
+    plain = [{**m, "call_groups": [[p, e, x, 0, n, sec] for p, e, x, _, n, sec in m["call_groups"]]}
+             for m in fitted]
+    terms = {"with": fit.fit_device_terms(fitted), "without": fit.fit_device_terms(plain)}
     errors = {}
     for name, m in runs.items():
         for lane, key in (("gpu", "gpu"), ("zc", "zerocopy")):
@@ -95,7 +95,7 @@ def device_shapes(a, R, st, tr):
                 c = t.get(key)
                 if c and measured:
                     pred = sum(n * (c["per_layer_ms"] + c["per_expert_ms"] * e + c["per_extra_token_ms"] * x
-                                    + c["per_read_ms"] * r + c["per_step_row_ms"] * (m["conc"] - 1))
+                                    + c["per_read_ms"] * r + c["per_read_busy_ms"] * (r > 0))
                                for _, e, x, r, n, _ in calls)
                     errors[f"{name} {key} {label}"] = (pred / measured - 1) * 100
     out = {"shapes": shapes, "terms": terms, "lane_time_error_pct": errors}

@@ -2,10 +2,10 @@
 
     python benchmarks/bench_read_latency.py --store DIR [--recipe tiny-local-cpu] [--steps 250] [--conc 1] [--json]
 
-What it measures (docs/calibration.md): how much longer a demand read takes when it is submitted while a
-low-priority prefetch read is in service (the simulator's channel charges it the factor printed last, engine
-``nvme_latency_prefetch_factor_by_rows``; it does not count the prefetch read into the demand read's queue depth).
-Depth here is the demand reads outstanding when a read was submitted (itself included), as the reader records it.
+What it measures: the demand reads' latency by queue depth with prefetch off and on (the reader keeps the reads
+submitted while a prefetch read was in service out of these tables; the simulator's channel gives such a read the
+plain latency: a factor for it did not earn its place, docs/calibration.md). Depth here is the demand reads
+outstanding when a read was submitted (itself included), as the reader records it.
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _recipe import open_recipe, parser  # noqa: E402
 from moetier.measure import calibrate  # noqa: E402
-from moetier.measure import fit_nvme  # noqa: E402
 
 PREFETCH = ["policy.prefetch.depth=1", "policy.prefetch.predictor=transition"]
 
@@ -36,25 +35,19 @@ def main(argv=None):
             runs[name].append(calibrate._measure(a.recipe, st, tr, arm, a.steps, "cpu", 1.0))
     merged = {name: calibrate._merge(rs) for name, rs in runs.items()}
     cols = {"prefetch off": merged["prefetch off"]["latency_by_qd"],
-            "prefetch on, none in service": merged["prefetch on"]["latency_by_qd"], "prefetch on, one in service": {}}
-    for _, _, q, ms in merged["prefetch on"]["latency_pf_busy"]:
-        cols["prefetch on, one in service"].setdefault(q, []).append(ms)
-    res = {name: {q: {"reads": len(v), "mean_ms": statistics.mean(v), "p50_ms": statistics.median(v)}
-                  for q, v in sorted(lat.items()) if len(v) >= 8} for name, lat in cols.items()}
-    # the simulator's factor as `moetier calibrate` fits it from these two arms (moetier.measure.fit_nvme.fit_channel)
-    fit = fit_nvme.fit_channel([{**m, "conc": a.conc, "engine": "e"} for m in merged.values()])
-    res["prefetch_factor"] = fit["nvme_latency_prefetch_factor_by_rows"].get("e", {}).get(str(a.conc))
+            "prefetch on, none in service": merged["prefetch on"]["latency_by_qd"]}
+    tabs = {name: {q: {"reads": len(v), "mean_ms": statistics.mean(v), "p50_ms": statistics.median(v)}
+                   for q, v in sorted(lat.items()) if len(v) >= 8} for name, lat in cols.items()}
     if a.json:
-        print(json.dumps(res, indent=1))
+        print(json.dumps(tabs, indent=1))
         return
-    tabs = {k: v for k, v in res.items() if k != "prefetch_factor"}
     print("| demand depth | " + " | ".join(f"{n}: mean / p50 ms (reads)" for n in tabs) + " |")
     print("|---|" + "---|" * len(tabs))
     for q in sorted({q for v in tabs.values() for q in v}):
         cells = [f"{v[q]['mean_ms']:.3f} / {v[q]['p50_ms']:.3f} ({v[q]['reads']})" if q in v else "-"
                  for v in tabs.values()]
         print(f"| {q} | " + " | ".join(cells) + " |")
-    print(f"\nprefetch factor (the calibration's fit on these arms): {res['prefetch_factor']}")
+
 
 if __name__ == "__main__":
     main()

@@ -17,8 +17,10 @@ from pathlib import Path
 
 
 def model_ms(t: dict, e: int, x: int, r: int, conc: int) -> float:
+    """The model's call (moetier.measure.fit.fit_device_terms); ``conc`` is no term of it (a record made before the
+    step-rows term left the model keeps that term's figure, which this leaves out)."""
     return (t["per_layer_ms"] + t["per_expert_ms"] * e + t["per_extra_token_ms"] * x + t["per_read_ms"] * r
-            + t.get("per_read_busy_ms", 0.0) * (r > 0) + t["per_step_row_ms"] * (conc - 1))
+            + t.get("per_read_busy_ms", 0.0) * (r > 0))
 
 
 def main(argv=None):

@@ -5,8 +5,7 @@
 
 What a new simulator term would have predicted for a run already made, without the 25-35 minutes of measuring
 again: ``--spread`` sets the NVMe arrival spread (engine nvme_latency_cv_shared_by_rows / _own_by_rows, sd / mean)
-at every measured rows per step, for records made before calibrate fitted it. A record made before calibrate
-fitted the copy time per rows gets it from its own VRAM fit arms' counters (fit.fit_device_terms).
+at every measured rows per step, for records made before calibrate fitted it.
 ``--no-wake`` refits the cpu lane on the record's fit arms without the split call's wake-up term
 (lanes.cpu.per_wake_ms), to show what that term does to the same run. ``--refit-host`` refits the host and
 non-MoE time terms on the record's fit arms with today's fits (for a record made before a host term existed).
@@ -66,8 +65,6 @@ def main(argv=None):
         if not a.json:
             print("refitted device lanes: " + json.dumps({ln: {k: round(v, 4) for k, v in terms[ln].items()}
                                                          for ln in ("gpu", "zerocopy") if ln in terms}))
-    if "copy_ms_by_rows" not in terms:
-        terms["copy_ms_by_rows"] = device.get("copy_ms_by_rows", {})
     if a.no_wake:
         rows = [{k: v for k, v in row.items() if k != "wake"} for m in fit_runs
                 if not m["counters"]["predict_layers"] for row in fit.cpu_lane_rows(m["counters"])]

@@ -82,3 +82,27 @@ def test_ablate_rejects_what_is_not_a_calibration_record(capsys, tmp_path):
     assert "--only nvme_nothing" in capsys.readouterr().err
     assert main(["calibrate", "tiny-local-cpu"]) == 2          # measuring needs a store
     assert "--store" in capsys.readouterr().err
+
+
+def test_an_old_run_record_repredicts_without_the_removed_terms_and_a_record_carrying_one_is_refused(tmp_path):
+    rec = newest_calibration()
+    terms = rec["calibration"]["terms"]
+    # the committed records were made while the model still had these terms: they must still re-predict
+    assert any(f in terms for f in spec.REMOVED_FIELDS) or any(
+        f in terms.get(ln, {}) for ln in ("gpu", "zerocopy") for f in spec.REMOVED_FIELDS)
+    now = ablate.current_terms(terms)
+    assert not set(now) & set(spec.REMOVED_FIELDS)
+    assert not any(set(now.get(ln, {})) & set(spec.REMOVED_FIELDS) for ln in ("cpu", "gpu", "zerocopy"))
+    assert now["host"] == terms["host"] and now["nvme_latency_by_rows_qd_ms"] == terms["nvme_latency_by_rows_qd_ms"]
+    # an engine or recipe record that still carries one is refused, the field named on one line
+    eng = spec.load_record("engine", "sycl-opencl-cpu")
+    with pytest.raises(UserError, match=r"\$\.copy_ms_by_rows: a term the model no longer has") as e:
+        spec.validate("engine", {**eng, "copy_ms_by_rows": {"1": 0.1}}, "sycl-opencl-cpu.json")
+    assert "\n" not in str(e.value)
+    eng["lanes"]["gpu"]["per_step_row_ms"] = 0.02
+    with pytest.raises(UserError, match=r"\$\.lanes\.gpu\.per_step_row_ms: a term the model no longer has"):
+        spec.validate("engine", eng, "sycl-opencl-cpu.json")
+    recipe = spec.load_record("recipe", "tiny-ci-sycl")
+    recipe["lane_overrides"]["gpu"]["per_step_row_ms"] = 0.0
+    with pytest.raises(UserError, match=r"per_step_row_ms: a term the model no longer has"):
+        spec.validate("recipe", recipe, "tiny-ci-sycl.json")

@@ -15,7 +15,7 @@ from moetier.core import records as spec  # noqa: E402
 from moetier.bytes import store  # noqa: E402
 from moetier.traces.format import load_trace  # noqa: E402
 from tests._extras import missing  # noqa: E402
-from moetier.core.terms import PlanContext, layer_width  # noqa: E402
+from moetier.core.terms import PlanContext  # noqa: E402
 
 
 @pytest.fixture()
@@ -98,7 +98,7 @@ def test_device_lane_and_copy_terms_recover_known_costs():
     calls += [["cpu_inline", 1, 0, 0, 50, 1.0]]             # not a device lane: ignored here
     run = {"call_groups": calls, "counters": {"copies": 40, "copy_s": 30 * copy / 1e3, "stage_s": 10 * copy / 1e3}}
     t = fit.fit_device_terms([run])
-    none = {"per_read_ms": 0.0, "per_step_row_ms": 0.0, "per_read_busy_ms": 0.0}
+    none = {"per_read_ms": 0.0, "per_read_busy_ms": 0.0}
     assert t["gpu"] == pytest.approx({"per_layer_ms": pl, "per_expert_ms": pe, "per_extra_token_ms": px, **none},
                                      rel=1e-6)
     assert t["zerocopy"] == pytest.approx({"per_layer_ms": 0.0, "per_expert_ms": 0.2, "per_extra_token_ms": 0.0,
@@ -107,37 +107,26 @@ def test_device_lane_and_copy_terms_recover_known_costs():
     assert fit.fit_device_terms([{"call_groups": [], "counters": {"copies": 0}}]) == {}
 
 
-def test_copy_time_is_fitted_per_rows_and_pooled_for_the_link():
-    # C1: 10 copies at 0.1 ms; C4: 30 at 0.2 ms (a copy on the host's cores costs more in a larger step)
+def test_copy_time_is_pooled_for_the_link_the_planner_moves_records_over():
+    # C1: 10 copies at 0.1 ms; C4: 30 at 0.2 ms: one figure over every copy
     runs = [{"conc": 1, "call_groups": [], "counters": {"copies": 10, "copy_s": 1e-3, "stage_s": 0.0}},
             {"conc": 4, "call_groups": [], "counters": {"copies": 30, "copy_s": 5e-3, "stage_s": 1e-3}}]
     t = fit.fit_device_terms(runs)
-    assert t["copy_ms_by_rows"] == {"1": pytest.approx(0.1), "4": pytest.approx(0.2)}
-    assert t["copy_ms"] == pytest.approx(7.0 / 40)          # the link figure pools every copy
-    # the planner takes the per-rows figure of the arm's VRAM engine, between rows in the layer's distinct experts
+    assert t == {"copy_ms": pytest.approx(7.0 / 40)}
     terms = {"host": {}, "fixed_ms": {"1": 1.0}, **t}
     arm = {"set": [f'engines=["{calibrate.VRAM_ENGINE}"]', "budget.vram_expert_slots=8", "policy.overlap=false"]}
     R = calibrate.arm_recipe("tiny-ci-cpu", arm, terms)
-    assert PlanContext.from_recipe(R, 1).push_ms == pytest.approx(0.1)
-    assert PlanContext.from_recipe(R, 4).push_ms == pytest.approx(0.2)
-    f = layer_width(2, (R.experts, R.topk)) - layer_width(1, (R.experts, R.topk))
-    f /= layer_width(4, (R.experts, R.topk)) - layer_width(1, (R.experts, R.topk))
-    assert PlanContext.from_recipe(R, 2).push_ms == pytest.approx(0.1 + 0.1 * f)
-    # measured with records of another size it does not apply: the link moves this recipe's record
-    R.engines = [*R.engines[:-1], {**R.engines[-1], "copy_record_bytes": R.nvme_expert_bytes + 1}]
-    assert PlanContext.from_recipe(R, 1).push_ms == pytest.approx(R.nvme_expert_bytes / (R.h2d_gbps * 1e6))
-    # without it (an arm on another engine, or no copies fitted): one record over the hardware's link
-    R = calibrate.arm_recipe("tiny-ci-cpu", arm, {**terms, "copy_ms_by_rows": {}})
-    assert PlanContext.from_recipe(R, 2).push_ms == pytest.approx(R.nvme_expert_bytes / (R.h2d_gbps * 1e6))
+    assert R.h2d_gbps == pytest.approx(write.copy_gbps(R.nvme_expert_bytes, 7.0 / 40))
+    assert PlanContext.from_recipe(R, 1).push_ms == PlanContext.from_recipe(R, 4).push_ms == pytest.approx(7.0 / 40)
 
 
-def test_device_lane_fit_separates_reads_in_flight_and_step_rows():
+def test_device_lane_fit_separates_reads_in_flight():
     # calls from a known model at two concurrencies, with reads in flight (a cost per read and one once any is in
     # flight); at C4 some shapes are seen fewer than MIN_CALLS times and enter the fit through their pooled row
-    pl, pe, px, pr, ps, pb = 0.2, 0.06, 0.04, 0.05, 0.07, 0.03
+    pl, pe, px, pr, pb = 0.2, 0.06, 0.04, 0.05, 0.03
 
     def ms(e, x, r, conc):
-        return pl + pe * e + px * x + pr * r + ps * (conc - 1) + pb * (r > 0)
+        return pl + pe * e + px * x + pr * r + pb * (r > 0)
 
     c1 = [["gpu", e, 0, r, 40, 40 * ms(e, 0, r, 1) / 1e3] for e in (1, 2, 3) for r in (0, 1, 2)]
     c4 = [["gpu", e, x, r, n, n * ms(e, x, r, 4) / 1e3] for e, n in ((1, 8), (3, 2), (5, 8)) for x in (0, 2)
@@ -145,12 +134,12 @@ def test_device_lane_fit_separates_reads_in_flight_and_step_rows():
     runs = [{"conc": 1, "call_groups": c1, "counters": {}}, {"conc": 4, "call_groups": c4, "counters": {}}]
     t = fit.fit_device_terms(runs)
     assert t["gpu"] == pytest.approx({"per_layer_ms": pl, "per_expert_ms": pe, "per_extra_token_ms": px,
-                                      "per_read_ms": pr, "per_step_row_ms": ps, "per_read_busy_ms": pb}, rel=1e-6)
-    # one concurrency and no read in flight: neither term is identifiable; both are written as 0, so that they
-    # replace what an earlier calibration left in the engine record
+                                      "per_read_ms": pr, "per_read_busy_ms": pb}, rel=1e-6)
+    # no read in flight: neither read term is identifiable; both are written as 0, so that they replace what an
+    # earlier calibration left in the engine record
     only = fit.fit_device_terms([{"conc": 1, "call_groups": [[*g[:3], 0, *g[4:]] for g in c1],
                                         "counters": {}}])
-    assert only["gpu"]["per_read_ms"] == only["gpu"]["per_step_row_ms"] == only["gpu"]["per_read_busy_ms"] == 0.0
+    assert only["gpu"]["per_read_ms"] == only["gpu"]["per_read_busy_ms"] == 0.0
 
 
 def test_noise_is_two_standard_errors_of_the_pooled_repeats():
@@ -190,8 +179,6 @@ def test_vram_arms_fit_device_lanes_copies_and_per_engine_latency(scratch):
     assert eng["lanes"]["cpu"]["workers"] == t["cpu"]["workers"]
     R = spec.resolve("tiny-ci-cpu")
     assert R.h2d_gbps == pytest.approx(write.copy_gbps(R.nvme_expert_bytes, t["copy_ms"]), rel=1e-3)
-    assert eng["copy_ms_by_rows"] == {r: pytest.approx(v, abs=1e-6) for r, v in t["copy_ms_by_rows"].items()}
-    assert eng["copy_record_bytes"] == R.nvme_expert_bytes      # what the copy time holds for (terms._push_ms)
 
 
 def test_cpu_lane_fit_recovers_both_call_classes_and_takes_out_contention():
@@ -342,48 +329,6 @@ def test_channel_terms_are_means_by_engine_and_rows_with_idle_figures_beyond():
                                                        "4": {"1": 2.0, "2": 0.9, "8": 4.0}}}
     assert got["nvme_wake_ms_by_rows"] == {"e": {"1": pytest.approx(0.1875)}}   # rows 4: 4 samples, no entry
     assert got["nvme_latency_cv_shared_by_rows"] == {}                          # no bursts recorded
-
-
-def test_prefetch_factor_is_the_shared_reads_latency_over_the_depth_means():
-    # bursts 0-5 one read each, 6 of two reads, 7 of nine (depth 9: no mean, left out): no burst table
-    busy = [(0, b, 1, 1.3) for b in range(6)] + [(0, 6, 1, 2.6), (0, 6, 2, 2.6), (0, 7, 9, 50.0)]
-    runs = [{"engine": "e", "conc": 1, "latency_by_qd": {1: [1.0] * 8, 2: [2.0] * 8}, "latency_pf_busy": busy},
-            {"engine": "e", "conc": 2, "latency_by_qd": {1: [1.5] * 8},
-             "latency_pf_busy": [(0, b, 1, 2.0) for b in range(7)]}]
-    got = fit_nvme.fit_channel(runs)["nvme_latency_prefetch_factor_by_rows"]
-    assert got == {"e": {"1": pytest.approx(13.0 / 9.0, abs=1e-4)}}          # rows 2: 7 samples, no entry
-
-
-def test_prefetch_factor_takes_the_burst_table_the_model_scales():
-    """A lone read is faster than the depth-1 mean (the first reads of longer bursts share the device): the factor
-    must be over what the channel model would give the same read, or it scales the burst table by a ratio to
-    another figure (measured: 1.08 over the depth mean, the lone reads' own ratio about 1.2)."""
-    alone = [(0, b, 1, 1.0) for b in range(8)]                                    # bursts of one: 1.0
-    pairs = [(0, 100 + b, q, ms) for b in range(8) for q, ms in ((1, 2.0), (2, 2.0))]    # of two: 2.0 each
-    busy = [(0, 200 + b, 1, 1.2) for b in range(8)]                               # lone reads beside a prefetch
-    busy += [(0, 300, 1, 2.4)]                     # a pair whose other read found none: whole, the pairs' 2.0
-    busy += [(0, 400, 2, 3.0)]                     # a pair with its first read lost: not whole, the depth mean
-    runs = [{"engine": "e", "conc": 1, "latency_by_qd": {1: [1.0] * 8 + [2.0] * 8, 2: [2.5] * 8},
-             "burst_ms": alone + pairs + [(0, 300, 2, 2.0)], "latency_pf_busy": busy}]
-    got = fit_nvme.fit_channel(runs)["nvme_latency_prefetch_factor_by_rows"]["e"]["1"]
-    assert got == pytest.approx((8 * 1.2 + 2.4 + 3.0) / (8 * 1.0 + 2.0 + 2.5), abs=1e-4)
-    # the bursts whose every read found a prefetch read in service have their own table (eight lone ones here;
-    # the pairs 300 and 400 are not whole among them)
-    assert fit_nvme.fit_channel(runs)["nvme_latency_by_rows_burst_pf_ms"] == {"e": {"1": {"1": {"1": 1.2}}}}
-
-
-def test_prefetch_service_is_the_lone_reads_mean_the_excess_per_demand_read_beside_one_and_the_spread_about_both():
-    samples = [(0, 1.4)] * 4 + [(0, 1.6)] * 4 + [(1, 1.8)] * 6 + [(2, 2.4)] * 2
-    alone, share, sd = fit_nvme.prefetch_service(samples)
-    assert alone == pytest.approx(1.5) and share == pytest.approx((6 * 0.3 + 2 * 0.9) / 10)
-    # residuals about 1.5 + 0.36 n: +-0.1 alone, -0.06 with one beside, +0.18 with two
-    assert sd == pytest.approx(((8 * 0.1 ** 2 + 6 * 0.06 ** 2 + 2 * 0.18 ** 2) / 16) ** 0.5)
-    assert fit_nvme.prefetch_service(samples[:7] + samples[8:]) is None                  # 7 alone: no entry
-    assert fit_nvme.prefetch_service(samples[:8] + [(1, 1.8)] * 7)[:2] == (pytest.approx(1.5), None)  # 7 joined
-    got = fit_nvme.fit_channel([{"engine": "e", "conc": 1, "latency_by_qd": {1: [1.0] * 8}, "prefetch_ms": samples}])
-    assert got["nvme_prefetch_ms_by_rows"] == {"e": {"1": 1.5}}
-    assert got["nvme_prefetch_share_ms_by_rows"] == {"e": {"1": pytest.approx(0.36, abs=1e-4)}}
-    assert got["nvme_prefetch_sd_ms_by_rows"] == {"e": {"1": pytest.approx(sd, abs=1e-4)}}
 
 
 def one_run(samples):

@@ -44,8 +44,8 @@ def test_vram_hits_cost_gpu_per_layer_plus_per_expert():
     assert p.ms == pytest.approx(p.gpu_ms)
 
 
-def test_device_lanes_pay_for_the_layers_reads_in_flight_and_the_steps_rows():
-    gpu = Lane("gpu", "vram", 0.17, 0.023, 0.0, per_read_ms=0.05, per_step_row_ms=0.02, per_read_busy_ms=0.04)
+def test_device_lanes_pay_for_the_layers_reads_in_flight():
+    gpu = Lane("gpu", "vram", 0.17, 0.023, 0.0, per_read_ms=0.05, per_read_busy_ms=0.04)
     L = ledger(vram=[1, 2, 3, 4])
     picks = {1: 1, 2: 1, 500: 1, 501: 1}             # two VRAM hits, two NVMe picks
     ch = NvmeChannel(9_474_048, 24.0)
@@ -59,7 +59,7 @@ def test_device_lanes_pay_for_the_layers_reads_in_flight_and_the_steps_rows():
     assert plan_layer(ctx(lanes={"gpu": gpu}), L, picks, 0.0, ch).gpu_ms > q.gpu_ms
     R = SimpleNamespace(id="t", experts=100, lanes={"gpu": gpu}, vram_slots=4, nvme_expert_bytes=9_474_048,
                         h2d_gbps=23.5, policy={})
-    assert PlanContext.from_recipe(R, 4).gpu[0] == pytest.approx(0.17 + 3 * 0.02)
+    assert PlanContext.from_recipe(R, 4).gpu[0] == pytest.approx(0.17)     # a call's fixed cost at any rows
     # the zerocopy lane's call too
     zc = {"cpu": None, "zerocopy": Lane("zerocopy", "ram", 0.0, 0.38, 0.0, per_read_busy_ms=0.1)}
     L2 = ledger(vram=[1, 2, 3, 4], ram=[10])
@@ -224,8 +224,8 @@ def test_channel_demand_preempts_queued_prefetch():
 def test_claim_of_a_started_prefetch_keeps_its_arrival_an_unstarted_one_becomes_demand():
     ch = flat()
     ch.prefetch(0.0, [1, 2])
-    assert ch.claim(1, 0.5)[0] == pytest.approx(1.0)
-    assert ch.claim(2, 0.5)[0] is None and ch.pf_cancelled == 1
+    assert ch.claim(1, 0.5) == pytest.approx(1.0)
+    assert ch.claim(2, 0.5) is None and ch.pf_cancelled == 1
 
 
 def test_channel_queueing_model_uses_measured_latency_by_queue_depth():
@@ -253,7 +253,7 @@ def test_prefetch_reads_that_ran_cost_the_cpu_lane_their_read_cpu_once():
     base = plan_layer(ctx(), L, {7: 1}, 2.0, None).cpu_ms
     ch = flat()
     ch.prefetch(0.0, [500, 501, 502])
-    assert ch.claim(500, 0.5)[0] is not None      # ran, used
+    assert ch.claim(500, 0.5) is not None      # ran, used
     ch.expire([501, 502], 1.5)                  # 501 ran (wasted), 502 never started (cancelled): no CPU work
     assert plan_layer(c, L, {7: 1}, 2.0, ch).cpu_ms == pytest.approx(base + 0.2)
     assert plan_layer(c, L, {7: 1}, 3.0, ch).cpu_ms == pytest.approx(base)      # charged once
@@ -443,26 +443,6 @@ def test_burst_table_comes_from_the_engine_and_mixes_between_rows():
     assert burst_table_for_rows(1, [{"id": "a"}]) == {}
 
 
-def test_the_table_beside_a_prefetch_read_is_the_plain_table_times_the_ratio_mixed_between_rows():
-    """nvme_latency_by_rows_burst_pf_ms at rows it was not measured at: the plain table there times the pf / plain
-    ratio mixed between the rows that have both (the plain table at rows 2 is measured, the ratio is what the
-    prefetch read in service adds); at measured rows the pf table itself."""
-    from moetier.core.terms import burst_table_for_rows
-    eng = [{"id": "b", "nvme_latency_by_rows_qd_ms": {"1": {"1": 0.6}},
-            "nvme_latency_by_rows_burst_ms": {"1": {"1": {"1": 1.0}}, "2": {"1": {"1": 3.0}},
-                                              "4": {"1": {"1": 2.0}}},
-            "nvme_latency_by_rows_burst_pf_ms": {"1": {"1": {"1": 1.0}}, "4": {"1": {"1": 3.0}}}}]
-    pf = "nvme_latency_by_rows_burst_pf_ms"
-    f = 3.75 / 10.5615234375          # rows 2 between 1 and 4 (plan.layer_width)
-    assert burst_table_for_rows(2, eng, width=(64, 4), field=pf) == {1: {1: pytest.approx(3.0 * (1 + 0.5 * f))}}
-    assert burst_table_for_rows(4, eng, width=(64, 4), field=pf) == {1: {1: pytest.approx(3.0)}}
-    assert burst_table_for_rows(8, eng, width=(64, 4), field=pf) == {1: {1: pytest.approx(3.0)}}   # nearest rows
-    eng[0]["nvme_latency_by_rows_burst_pf_ms"]["4"]["2"] = {"1": 4.0, "2": 4.0}     # a size the plain table lacks
-    assert burst_table_for_rows(4, eng, field=pf)[2] == {1: 4.0, 2: 4.0}
-    del eng[0]["nvme_latency_by_rows_burst_ms"]                 # no plain table: the pf table's own mix
-    assert burst_table_for_rows(2, eng, width=(64, 4), field=pf) == {1: {1: pytest.approx(1 + 2 * f)}}
-
-
 def test_serial_engine_waits_for_gpu_reads_after_the_admissions_it_runs_first():
     from moetier.core.plan import LayerPlan, _serial_nvme
     c = ctx(overlap=False, lanes={"cpu": Lane("cpu", "ram", 0.145, 5.0, 0.0)})   # a slow cpu lane: the pick goes gpu
@@ -520,45 +500,17 @@ def test_prefetch_issue_time_is_after_the_lanes_the_host_runs():
     assert se.issue_ms == pytest.approx(se.gpu_ms + se.cpu_ms) and se.gpu_ms > 0
 
 
-def test_a_demand_read_beside_a_prefetch_read_in_service_takes_the_measured_factor():
-    """With a measured latency table, a demand read issued while a prefetch read is in service takes pf_factor
-    times its latency (the device is shared); once the prefetch read is done, the table's latency."""
-    ch = measured(latency_by_qd={1: 2.0, 2: 3.0}, pf_factor=1.25)
-    ch.prefetch(0.0, [7])                          # in service from 0 to 2.0 (the depth-1 latency)
-    assert ch.demand(1.0, 1) == [pytest.approx(1.0 + 1.25 * 2.0)]
-    assert ch.demand(10.0, 1) == [pytest.approx(12.0)]
-    assert measured(latency_by_qd={1: 2.0}, pf_factor=0.0).pf_factor == 1.0   # unmeasured
-
-
-def test_a_burst_beside_a_prefetch_read_in_service_takes_its_own_measured_table():
-    """nvme_latency_by_rows_burst_pf_ms: a burst issued while a prefetch read is in service lands at that table's
-    figures where it has the size (no factor on top); a size it lacks takes the factor on the plain table."""
-    tables = {"bursts": {1: {1: 1.0}, 2: {1: 2.0, 2: 2.0}}, "pf_bursts": {1: {1: 1.3}, 2: {1: 2.0}}}
-    ch = measured(latency_by_qd={1: 2.0, 2: 3.0}, pf_factor=1.5, **tables)
-    ch.prefetch(0.0, [7])                          # in service from 0 to 2.0
-    assert ch.demand(1.0, 1) == [pytest.approx(1.0 + 1.3)]
-    ch2 = measured(latency_by_qd={1: 2.0, 2: 3.0}, pf_factor=1.5, **tables)
-    ch2.prefetch(0.0, [7])
-    # the pf table's size 2 misses a position: the plain table's pair, times the factor
-    assert ch2.demand(1.0, 2) == [pytest.approx(1.0 + 3.0), pytest.approx(1.0 + 3.0)]
-    assert ch.demand(10.0, 1) == [pytest.approx(11.0)]                 # none in service: the plain table
-
-
-def test_a_prefetch_read_takes_its_measured_time_plus_the_wake_and_demand_reads_beside_it_delay_the_chain():
-    """Measured prefetch reads (nvme_prefetch_ms_by_rows, nvme_prefetch_share_ms_by_rows): one alone takes pf_alone
-    and its worker's wake-up, not the demand reads' depth-1 latency; each demand read issued while it is in
-    service makes it pf_share longer, and the prefetch reads queued behind it start later by as much."""
-    ch = measured(latency_by_qd={1: 2.0, 2: 3.0}, wake_ms=0.1, pf_alone=1.5, pf_share=0.4)
-    assert ch.prefetch(0.0, [7, 8]) == [pytest.approx(1.6), pytest.approx(3.2)]
-    ch.demand(1.0, 2)                              # two demand reads while 7 is in service: it lands 0.8 later
-    assert ch.claim(7, 1.1)[0] == pytest.approx(2.4)
-    assert ch.arrival(8) == pytest.approx(4.0 + 1.6)    # 8 waits for the demand reads (1.0 + 3.0), then its own
-    assert ch.demand(20.0, 1) == [pytest.approx(22.0)]   # none in service: the plain latency, no prefetch moves
-    assert ch.arrival(8) == pytest.approx(5.6)
-    plain = measured(latency_by_qd={1: 2.0})     # unmeasured: the depth-1 latency, no share
-    assert plain.prefetch(0.0, [7]) == [pytest.approx(2.0)]
-    plain.demand(1.0, 1)
-    assert plain.claim(7, 1.5)[0] == pytest.approx(2.0)
+def test_a_prefetch_read_takes_the_depth_one_latency_plus_the_wake_and_a_demand_read_beside_it_does_not_move_it():
+    """With a measured table a prefetch read takes the depth-1 latency and its worker's wake-up; a demand read issued
+    while it is in service is counted beside it (reads_beside_pf) and takes the plain latency, and the prefetch
+    reads queued behind it start after it."""
+    ch = measured(latency_by_qd={1: 2.0, 2: 3.0}, wake_ms=0.1)
+    assert ch.prefetch(0.0, [7, 8]) == [pytest.approx(2.1), pytest.approx(4.2)]
+    assert ch.demand(1.0, 2) == [pytest.approx(3.0), pytest.approx(4.0)]     # beside 7: the plain burst
+    assert ch.reads_beside_pf == 2
+    assert ch.claim(7, 1.1) == pytest.approx(2.1)
+    assert ch.arrival(8) == pytest.approx(4.0 + 2.1)    # 8 waits for the demand reads, then its own
+    assert ch.demand(20.0, 1) == [pytest.approx(22.0)] and ch.reads_beside_pf == 2
 
 
 def test_a_prefetch_read_that_left_the_queue_keeps_the_worker_until_it_lands():
@@ -566,49 +518,14 @@ def test_a_prefetch_read_that_left_the_queue_keeps_the_worker_until_it_lands():
     reader cannot drop a started read: the worker starts the next one after it, and a demand read issued meanwhile
     finds it in service (a model that freed the worker ran too many prefetch reads: at tail-prefetch-C1 it withdrew
     68.6% before they started, the runtime 78.0%)."""
-    ch = measured(latency_by_qd={1: 2.0}, pf_alone=1.5, pf_factor=1.5)
-    ch.prefetch(0.0, [7])                                  # in service 0 .. 1.5
+    ch = measured(latency_by_qd={1: 2.0})
+    ch.prefetch(0.0, [7])                                  # in service 0 .. 2.0
     assert ch.expire([7], 1.0) == ([], [7])                # started: wasted, and still running
-    assert ch.prefetch(1.0, [8]) == [pytest.approx(3.0)]   # the worker takes 8 once 7 has landed
-    assert ch.demand(1.2, 1) == [pytest.approx(1.2 + 1.5 * 2.0)]   # 7 in service: a read beside it
-    assert ch.arrival(8) == pytest.approx(4.2 + 1.5)       # 8 had not started: it waits for the demand read
-    assert ch.demand(9.0, 1) == [pytest.approx(11.0)]      # nothing in service any more
-
-
-def test_the_worker_is_busy_between_chained_reads_whose_expected_starts_leave_a_gap():
-    """With the chain's spread a read's expected start, E[max(end before it, issue)], lies past the end before it;
-    the worker still takes it up as that one lands, so a demand read issued in the gap finds it in service."""
-    ch = measured(latency_by_qd={1: 2.0}, pf_alone=1.0, pf_sd=0.5, pf_factor=1.5)
-    ch.prefetch(0.0, [1])
-    ch.expire([1], 0.5)                              # started: runs to 1.0, its end spread by sd 0.5
-    s2 = ch.prefetch(0.9, [2])[0] - 1.0              # 2's expected start: past 1.0 by the spread
-    assert s2 > 1.05
-    assert ch.demand(1.02, 1) == [pytest.approx(1.02 + 1.5 * 2.0)]   # in the gap: beside 2, in service
+    assert ch.prefetch(1.0, [8]) == [pytest.approx(4.0)]   # the worker takes 8 once 7 has landed
+    assert ch.demand(1.2, 1) == [pytest.approx(3.2)]       # 7 in service: a read beside it
     assert ch.reads_beside_pf == 1
-
-
-def test_a_claim_near_its_reads_expected_start_is_a_race_and_the_picks_arrival_mixes_both_sides():
-    """With the prefetch reads' measured spread (pf_sd) a read's start spreads with the chain before it: a claim
-    says how likely its read has started (the runtime re-issues one that has not as a demand read) and when it
-    lands if it has; the planner's arrival for the pick is the mixture of that and a demand read issued now."""
-    def channel():
-        ch = measured(latency_by_qd={1: 2.0}, pf_alone=1.0, pf_sd=0.5)
-        ch.prefetch(0.0, [1, 2])         # 1 in service at 0 (start certain), 2 expected 1.0 .. 2.0, start sd 0.5
-        return ch
-    a, p, a_pf = channel().claim(2, 1.2)
-    z = 0.2 / 0.5
-    assert p == pytest.approx(0.5 * (1 + math.erf(z / math.sqrt(2))))           # 0.66: the model has it started
-    # started, it started early: E[start | start < 1.2] + 1.0
-    assert a == pytest.approx(2.0)
-    assert a_pf == pytest.approx(2.0 - 0.5 * math.exp(-z * z / 2) / math.sqrt(2 * math.pi) / p)
-    assert channel().claim(1, 0.5)[1:] == (1.0, pytest.approx(1.0))             # no spread before the first read
-    assert channel().claim(2, -3.0)[:2] == (None, pytest.approx(0.0, abs=1e-6))  # far from its start: withdrawn
-    plan = plan_layer(ctx(), ledger(), {2: 1}, 1.2, channel())
-    assert plan.demand_reads == 0
-    assert plan.arrivals[2] == pytest.approx(p * a_pf + (1 - p) * (1.2 + 2.0))   # or re-issued: lands at 1.2 + 2.0
-    plain = measured(latency_by_qd={1: 2.0}, pf_alone=1.0)    # unmeasured spread: no race
-    plain.prefetch(0.0, [1, 2])
-    assert plan_layer(ctx(), ledger(), {2: 1}, 1.2, plain).arrivals[2] == pytest.approx(2.0)
+    assert ch.arrival(8) == pytest.approx(3.2 + 2.0)       # 8 had not started: it waits for the demand read
+    assert ch.demand(9.0, 1) == [pytest.approx(11.0)]      # nothing in service any more
 
 
 def test_a_split_call_pays_the_hand_off_only_when_it_ends_with_a_workers_share():

@@ -57,12 +57,11 @@ class Finish:
     def __init__(self, free: float, own: float):
         self.free, self.due, self.lat, self.m, self.v, self.own = free, -INF, 0.0, -INF, 0.0, own
 
-    def add(self, busy: float, ready: float, a: float, xv: float = 0.0) -> None:
+    def add(self, busy: float, ready: float, a: float) -> None:
         """A pick that keeps the lane ``busy`` ms more when its bytes are there; ``ready`` is when the lane could
-        end it if it waited for them (arrival + wake-up + its work); ``a`` is its read's latency; ``xv`` a variance
-        of its arrival beyond the read's own (a claim's race, _plan_nvme)."""
+        end it if it waited for them (arrival + wake-up + its work); ``a`` is its read's latency."""
         self.free += busy
-        xv += (self.own * a) ** 2
+        xv = (self.own * a) ** 2
         if self.due == -INF:
             self.due, self.lat, self.m, self.v = ready, a, ready, xv
             return

@@ -287,17 +287,17 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, he
         raise ValueError("no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier")
     push = ctx.push_ms
     arr = plan.arrivals
-    fresh, race, xvar = _arrivals(plan, keys, t0, nvme)
+    fresh = _arrivals(plan, keys, t0, nvme)
     can_gpu = gpu is not None      # a gpu lane exists only with a VRAM tier (from_recipe)
     if dealt is not None:
         order, to_cpu = dealt[0] + dealt[1], set(dealt[0])
     else:
         # arrival order; demand reads come back in issue order, so only promoted prefetches need a sort
-        order = sorted(keys, key=arr.__getitem__) if len(keys) > 1 and (len(fresh) < len(keys) or race) else keys
+        order = sorted(keys, key=arr.__getitem__) if len(keys) > 1 and len(fresh) < len(keys) else keys
         to_cpu = None
     wake = nvme.wake
     if not ctx.overlap:
-        _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nvme, ahead, head, to_cpu, xvar)
+        _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nvme, ahead, head, to_cpu)
         return
     wait = gwait = 0.0
     spread = nvme.spread
@@ -309,7 +309,6 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, he
     cpu_resume = wake + ctx.cpu_after_wait
     if spread:
         cf, gf = Finish(c, nvme.cv_own), Finish(g, nvme.cv_own)
-        xv = xvar.get
     for k in order:
         a = arr[k] - t0
         if a < 0.0:
@@ -330,7 +329,7 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, he
             if a > cs:
                 wait += a + wake - cs
             if spread:
-                cf.add(cs - c + cw, a + cpu_resume + cw, a, xv(k, 0.0))
+                cf.add(cs - c + cw, a + cpu_resume + cw, a)
             c = ce
             c_on = True
             plan.nvme_cpu.append(k)
@@ -339,7 +338,7 @@ def _plan_nvme(ctx, plan, picks, keys, t0, nvme, g, g_on, c, c_on, ahead=0.0, he
                 wait += ap - gs
                 gwait += ap - gs
             if spread:
-                gf.add(gs - g + gw, a + wake + push + gw, a, xv(k, 0.0))
+                gf.add(gs - g + gw, a + wake + push + gw, a)
             g = ge
             g_on = True
             plan.nvme_gpu.append(k)
@@ -364,36 +363,26 @@ def _gpu_end(gpu, g, g_on, a, m, wake, push) -> tuple[float, float, float, float
     return gs, ap, gw, (gs if gs > ap else ap) + gw
 
 
-def _arrivals(plan, keys, t0, nvme) -> tuple[list, dict, dict]:
+def _arrivals(plan, keys, t0, nvme) -> list:
     """Each NVMe pick's arrival into ``plan.arrivals``: its prefetch read where the channel has one started, else a
-    demand read issued at t0. Returns (the keys read on demand, {key: (p, arrival)} of the claims whose prefetch
-    read has started with chance p strictly between 0 and 1, {key: the variance that race adds to its arrival})."""
+    demand read issued at t0. Returns the keys read on demand."""
     arr = plan.arrivals
-    fresh, race = [], {}
+    fresh = []
     for k in keys:
-        a, p, a_pf = nvme.claim(k, t0) if nvme.pf else (None, 0.0, None)
+        a = nvme.claim(k, t0) if nvme.pf else None
         if a is None:
             fresh.append(k)
         else:
             arr[k] = a
-        if 0.0 < p < 1.0:
-            race[k] = (p, a_pf)
     if fresh:
         for k, a in zip(fresh, nvme.demand(t0, len(fresh))):
             arr[k] = a
         plan.demand_reads = len(fresh)
-    # a claim the model decided one way may go the other in the runtime: the pick's arrival is the mixture of its
-    # prefetch read (started, with chance p) and a demand read issued now; the mixture's variance joins its own
-    xvar = {}
-    for k, (p, a_pf) in race.items():
-        a_d = arr[k] if k in fresh else nvme.read_now(t0, len(fresh))
-        m = p * a_pf + (1.0 - p) * a_d
-        arr[k], xvar[k] = m, p * (1.0 - p) * (a_pf - a_d) ** 2
-    return fresh, race, xvar
+    return fresh
 
 
 def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nvme, ahead=0.0, head=0.0,
-                 to_cpu=None, xvar=None):
+                 to_cpu=None):
     """NVMe picks when lanes do not overlap (policy.overlap false): one timeline after the resident lanes (c + g).
 
     Lanes: each pick, in arrival order, goes to the lane that ends it sooner (``to_cpu``: the picks another plan
@@ -440,7 +429,7 @@ def _serial_nvme(ctx, plan, picks, order, arr, t0, g, c, c_on, can_gpu, wake, nv
                 c_on = True
             now += step
             if spread:
-                fin.add(work, a + wake + late + work, a, xvar.get(k, 0.0) if xvar else 0.0)
+                fin.add(work, a + wake + late + work, a)
     d = fin.extra(nvme.cv_shared, nvme.lane_sd) if spread else 0.0
     if d:
         wait += d

@@ -81,9 +81,13 @@ LANE_COSTS = ("per_layer_ms", "per_expert_ms", "per_extra_token_ms", "per_call_m
 LANE_SHAPE = ("workers", "parallel_min")     # integers: how a batch call is executed
 BYTE_TERMS = ("per_expert_ms", "per_extra_token_ms")   # terms that stream an expert's weights: scale with its bytes
 # lane terms a record may leave out (absent: another record's figure, or 0), and those whose absence means 0
-LANE_OPTIONAL = ("per_read_ms", "per_read_busy_ms", "per_step_row_ms", "per_wake_ms", "per_after_wait_ms",
-                 "per_handoff_ms")
-LANE_ZERO_IF_ABSENT = ("per_read_busy_ms", "per_step_row_ms", "per_wake_ms", "per_after_wait_ms", "per_handoff_ms")
+LANE_OPTIONAL = ("per_read_ms", "per_read_busy_ms", "per_wake_ms", "per_after_wait_ms", "per_handoff_ms")
+LANE_ZERO_IF_ABSENT = ("per_read_busy_ms", "per_wake_ms", "per_after_wait_ms", "per_handoff_ms")
+# record fields of terms the model no longer has (removing each left the calibration figures within the records'
+# own drift: docs/calibration.md); an engine or recipe record that still carries one is refused, naming it
+REMOVED_FIELDS = ("per_step_row_ms", "copy_ms_by_rows", "copy_record_bytes", "nvme_latency_prefetch_factor_by_rows",
+                  "nvme_prefetch_ms_by_rows", "nvme_prefetch_share_ms_by_rows", "nvme_prefetch_sd_ms_by_rows",
+                  "nvme_latency_by_rows_burst_pf_ms")
 # the recipe's calibration.host time terms outside its head start: the timed host work's (moetier.measure.fit.fit_host's
 # columns, in order), then the part of the time outside the runtime's timers per zerocopy call (fit_fixed)
 HOST_TIMED_TERMS = ("per_layer_ms", "per_pick_ms", "per_read_ms", "per_nvme_layer_ms", "per_predict_ms",
@@ -269,6 +273,9 @@ def _describe(err) -> tuple[str, str]:
         known = list(err.schema.get("properties", {}))
         extra = [k for k in inst if k not in known]
         name = extra[0] if extra else "?"
+        if name in REMOVED_FIELDS:
+            return _jp(where + [name]), ("a term the model no longer has (it did not earn its place: "
+                                         "docs/calibration.md); delete the field")
         hint = f" (known: {', '.join(known)})" if known else ""
         return _jp(where + [name]), f"unknown field{hint}"
     if v == "enum":
@@ -591,9 +598,6 @@ class Lane:
     # gpu / zerocopy lanes: what a call pays once when any NVMe read of its layer is in flight, beside per_read_ms
     # per read (a device on the host's cores loses about one core to the reader's threads, however many reads)
     per_read_busy_ms: float | None = None
-    # gpu / zerocopy lanes: what each token row of the step beyond the first adds to every call of the lane, fitted
-    # by `moetier calibrate` over arms at several concurrencies (moetier.core.terms.PlanContext folds it into per_layer)
-    per_step_row_ms: float | None = None
     # cpu lane: what a split call pays per unit of its worker's idle (idle_wake), fitted by `moetier calibrate`
     per_wake_ms: float | None = None
     # cpu lane: what an inline call made right after the host blocked on its pick's read pays beyond per_call_ms

@@ -20,17 +20,11 @@ INF = float("inf")
 
 # ChannelTerms' scalar fields and the engine record fields ({rows: value}) they are read from
 SCALAR_FIELDS = {"wake_ms": "nvme_wake_ms_by_rows", "cv_shared": "nvme_latency_cv_shared_by_rows",
-                 "cv_own": "nvme_latency_cv_own_by_rows", "pf_factor": "nvme_latency_prefetch_factor_by_rows",
-                 "lane_sd": "lane_lateness_sd_ms_by_rows", "pf_alone": "nvme_prefetch_ms_by_rows",
-                 "pf_share": "nvme_prefetch_share_ms_by_rows", "pf_sd": "nvme_prefetch_sd_ms_by_rows"}
-# ... and its burst tables ({rows: {n: {q: ms}}})
-TABLE_FIELDS = {"bursts": "nvme_latency_by_rows_burst_ms", "pf_bursts": "nvme_latency_by_rows_burst_pf_ms"}
+                 "cv_own": "nvme_latency_cv_own_by_rows", "lane_sd": "lane_lateness_sd_ms_by_rows"}
 _SCALAR_BY_RECORD = {v: k for k, v in SCALAR_FIELDS.items()}
 # the per-rows channel terms an engine record carries beside its latency table, in the order calibrate writes them
 CHANNEL_FIELDS = ("nvme_wake_ms_by_rows", "nvme_latency_cv_shared_by_rows", "nvme_latency_cv_own_by_rows",
-                  "nvme_latency_by_rows_burst_ms", "nvme_latency_prefetch_factor_by_rows",
-                  "lane_lateness_sd_ms_by_rows", "nvme_prefetch_ms_by_rows", "nvme_prefetch_share_ms_by_rows",
-                  "nvme_latency_by_rows_burst_pf_ms", "nvme_prefetch_sd_ms_by_rows")
+                  "nvme_latency_by_rows_burst_ms", "lane_lateness_sd_ms_by_rows")
 
 
 @dataclass
@@ -45,20 +39,12 @@ class ChannelTerms:
     cv_own: float = 0.0        # ... and each read's own
     lane_sd: float = 0.0       # the spread (ms) of when the host reaches a layer's first wait
     bursts: dict = field(default_factory=dict)      # {n: {q: ms}}: the q-th read's mean latency in a burst of n
-    pf_bursts: dict = field(default_factory=dict)   # the same, of bursts issued beside a prefetch read in service
-    pf_factor: float = 1.0     # a demand read beside a prefetch read in service takes this times its latency
-    pf_alone: float = 0.0      # a prefetch read alone (ms); 0: the table's depth-1 latency
-    pf_share: float = 0.0      # ... how much longer per demand read issued while it is in service
-    pf_sd: float = 0.0         # ... and its spread (ms), which the prefetch worker's chain accumulates
 
     def __post_init__(self):
         for f in ("wake_ms", "cv_shared", "cv_own"):
             setattr(self, f, float(getattr(self, f)))
-        for f in ("lane_sd", "pf_alone", "pf_share", "pf_sd"):
-            v = getattr(self, f)
-            setattr(self, f, float(v) if v and v > 0 else 0.0)
-        self.pf_factor = float(self.pf_factor) if self.pf_factor and self.pf_factor > 0 else 1.0
-        self.bursts, self.pf_bursts = self.bursts or {}, self.pf_bursts or {}
+        self.lane_sd = float(self.lane_sd) if self.lane_sd and self.lane_sd > 0 else 0.0
+        self.bursts = self.bursts or {}
 
     @classmethod
     def at_rows(cls, nvme: dict, rows: int, engines=(), record_bytes: int | None = None,
@@ -68,7 +54,7 @@ class ChannelTerms:
         at = (rows, engines, record_bytes, width)
         return cls(latency_by_qd=latency_table_for_rows(nvme, *at),
                    **{k: channel_term(f, *at) for k, f in SCALAR_FIELDS.items()},
-                   **{k: burst_table_for_rows(*at, field=f) for k, f in TABLE_FIELDS.items()})
+                   bursts=burst_table_for_rows(*at))
 
 
 @dataclass
@@ -151,35 +137,13 @@ def latency_table_for_rows(nvme: dict, rows: int, engines=(), record_bytes: int 
                     width)
 
 
-def burst_table_for_rows(rows: int, engines=(), record_bytes: int | None = None, width: tuple | None = None,
-                         field: str = "nvme_latency_by_rows_burst_ms") -> dict:
+def burst_table_for_rows(rows: int, engines=(), record_bytes: int | None = None,
+                         width: tuple | None = None) -> dict:
     """The mean latency by burst size and position ({n: {q: ms}}) at ``rows`` token rows, from the engine whose
-    latency table applies (``field``: ``nvme_latency_by_rows_burst_ms``, or ``nvme_latency_by_rows_burst_pf_ms`` of
-    bursts issued beside a prefetch read in service); between measured rows, the cells both have mix as
-    ``_at_rows`` does. {} if unmeasured: the depth table alone then sets arrivals.
-
-    The table beside a prefetch read is the plain table at ``rows`` times the ratio of the two where both were
-    measured (the ratio mixes across rows, not the latencies). A read's latency follows the work on the cores at
-    that many rows, which the plain table measures on its own fit arm, and the prefetch read in service is what the
-    ratio adds to it (mixing the latencies themselves would ignore a plain table measured at ``rows``)."""
-    eng = _engine_tables(engines, record_bytes)
-    plain = _burst_by_rows(eng.get("nvme_latency_by_rows_burst_ms"))
-    tabs = plain if field == "nvme_latency_by_rows_burst_ms" else _burst_by_rows(eng.get(field))
-    if not tabs:
-        return {}
-    out = _at_rows(tabs, rows, _mix_bursts, width)
-    if tabs is plain or not plain:
-        return out
-    ratios = {}
-    for r, tab in tabs.items():
-        base = _at_rows(plain, r, _mix_bursts, width)
-        ratios[r] = {n: {q: v / base[n][q] for q, v in row.items()} for n, row in tab.items()
-                     if n in base and set(base[n]) == set(row) and min(base[n].values()) > 0.0}
-    base, ratio = _at_rows(plain, rows, _mix_bursts, width), _at_rows(ratios, rows, _mix_bursts, width)
-    # a size the plain table lacks keeps the pf table's own mix
-    out.update({n: {q: base[n][q] * f for q, f in row.items()} for n, row in ratio.items()
-                if n in base and set(base[n]) == set(row)})
-    return out
+    latency table applies (``nvme_latency_by_rows_burst_ms``); between measured rows, the cells both have mix as
+    ``_at_rows`` does. {} if unmeasured: the depth table alone then sets arrivals."""
+    tabs = _burst_by_rows(_engine_tables(engines, record_bytes).get("nvme_latency_by_rows_burst_ms"))
+    return _at_rows(tabs, rows, _mix_bursts, width) if tabs else {}
 
 
 def _burst_by_rows(src: dict | None) -> dict:
@@ -255,11 +219,7 @@ class PlanContext:
         """``rows``: token rows per step (the prediction's host time has a part per row)."""
         def lane(name):
             ln = R.lanes.get(name)
-            if ln is None:
-                return None
-            # a call's fixed cost at this many rows per step (device lanes; the cpu lane has no such term)
-            return (ln.per_layer_ms + (ln.per_step_row_ms or 0.0) * (rows - 1), ln.per_expert_ms,
-                    ln.per_extra_token_ms)
+            return None if ln is None else (ln.per_layer_ms, ln.per_expert_ms, ln.per_extra_token_ms)
 
         gpu = lane("gpu") if R.vram_slots > 0 else None
         if R.vram_slots > 0 and gpu is None:
@@ -279,7 +239,7 @@ class PlanContext:
         h = HostTerms.of(getattr(R, "host", None) or {}, R.id)
         predicting = _prefetching(R.policy)
         return cls(experts=R.experts, gpu=gpu, zerocopy=zc, cpu=cpu,
-                   push_ms=_push_ms(R, rows),
+                   push_ms=_push_ms(R),
                    mask=R.policy.get("exact", "stall") == "mask",
                    overlap=overlap, can_admit=gpu is not None,
                    cpu_call=cl.per_call_ms if cl else 0.0, cpu_workers=cl.workers if cl else 1,
@@ -300,16 +260,9 @@ class PlanContext:
                    zc_busy=per_read("zerocopy", "per_read_busy_ms"))
 
 
-def _push_ms(R, rows: int) -> float:
-    """One record copy between RAM and VRAM at ``rows`` token rows per step: the VRAM engine's ``copy_ms_by_rows``
-    where `moetier calibrate` measured it under the engine's load (a copy on a device that shares the host's cores
-    takes longer in a larger step), else the record over the hardware's link (gpu.h2d_gbps). Like the engine's NVMe
-    tables, the measured copy time holds for the record size it was measured with (``copy_record_bytes``) only."""
-    size = R.nvme_expert_bytes
-    by_rows = next((e["copy_ms_by_rows"] for e in reversed(getattr(R, "engines", None) or ())
-                    if e.get("copy_ms_by_rows") and e.get("copy_record_bytes", size) == size), None)
-    if by_rows:
-        return _scalar_at_rows(by_rows, rows, (R.experts, R.topk))
+def _push_ms(R) -> float:
+    """One record copy between RAM and VRAM: the record over the hardware's link (gpu.h2d_gbps, which `moetier
+    calibrate` sets from the runtime's copies)."""
     return R.nvme_expert_bytes / (R.h2d_gbps * 1e6) if R.h2d_gbps else INF
 
 

@@ -22,7 +22,6 @@ from moetier.core import sim
 from moetier.core.terms import CHANNEL_FIELDS
 from moetier.errors import UserError
 from moetier.measure import calibrate
-from moetier.measure import fit
 from moetier.traces.format import load_trace
 
 # a term -> what removing it removes: ("lane", lane, field), ("host", key) or ("engine", field)
@@ -30,24 +29,19 @@ TERMS: dict[str, list[tuple]] = {
     **{f"cpu.{f}": [("lane", "cpu", f)] for f in ("per_call_ms", "per_extra_token_ms", "per_read_ms",
                                                     "per_wake_ms", "per_after_wait_ms", "per_handoff_ms")},
     **{f"{ln}.{f}": [("lane", ln, f)] for ln in ("gpu", "zerocopy")
-       for f in ("per_extra_token_ms", "per_read_ms", "per_read_busy_ms", "per_step_row_ms")},
+       for f in ("per_extra_token_ms", "per_read_ms", "per_read_busy_ms")},
     **{f"host.{k}": [("host", k)] for k in (*spec.HOST_TERMS, "head_per_layer_ms", "head_per_read_ms",
                                             "head_per_predict_ms", "head_per_predict_row_ms")},
-    **{f: [("engine", f)] for f in ("nvme_latency_by_rows_qd_ms", *CHANNEL_FIELDS, "copy_ms_by_rows")},
+    **{f: [("engine", f)] for f in ("nvme_latency_by_rows_qd_ms", *CHANNEL_FIELDS)},
 }
 
 FAMILIES: dict[str, list[str]] = {
     "cpu lane extras": ["cpu.per_read_ms", "cpu.per_wake_ms", "cpu.per_after_wait_ms", "cpu.per_handoff_ms"],
     "device lane reads": [f"{ln}.{f}" for ln in ("gpu", "zerocopy") for f in ("per_read_ms", "per_read_busy_ms")],
-    "device lane step rows": ["gpu.per_step_row_ms", "zerocopy.per_step_row_ms"],
     "host head start": [t for t in TERMS if t.startswith("host.head_")],
     "host per-layer extras": ["host.per_nvme_layer_ms", "host.per_predict_row_ms", "host.per_copy_ms",
                               "host.per_zc_call_ms"],
     "read spread": ["nvme_latency_cv_shared_by_rows", "nvme_latency_cv_own_by_rows", "lane_lateness_sd_ms_by_rows"],
-    "bursts": ["nvme_latency_by_rows_burst_ms", "nvme_latency_by_rows_burst_pf_ms"],
-    "prefetch channel": ["nvme_latency_prefetch_factor_by_rows", "nvme_prefetch_ms_by_rows",
-                         "nvme_prefetch_share_ms_by_rows", "nvme_prefetch_sd_ms_by_rows",
-                         "nvme_latency_by_rows_burst_pf_ms"],
     "channel under load": ["nvme_latency_by_rows_qd_ms", *CHANNEL_FIELDS],
 }
 
@@ -79,11 +73,8 @@ def repredict(rec: dict, strip=(), terms: dict | None = None) -> dict:
     if not isinstance(cal, dict) or "rows" not in cal or "terms" not in cal:
         raise UserError(f"ablate: {rec.get('id', 'record')}: not a calibration run record (no calibration.rows / "
                         "calibration.terms)")
-    terms = dict(terms or cal["terms"])
-    if "copy_ms_by_rows" not in terms:
-        fit_runs = [{"conc": r["conc"], "call_groups": r["measured_run"].get("call_groups", []),
-                     "counters": r["measured_run"]["counters"]} for r in cal["rows"] if r["fit"]]
-        terms["copy_ms_by_rows"] = fit.fit_device_terms(fit_runs).get("copy_ms_by_rows", {})
+    terms = current_terms(terms or cal["terms"])
+    plan_terms = current_terms(cal["plan_terms"]) if cal.get("plan_terms") else None
     recipe = rec["recipe"]
     R0 = spec.resolve(recipe)
     tr = load_trace(spec.REGISTRY.parent / R0.trace, layers=R0.layers, experts=R0.experts, topk=R0.topk)
@@ -96,7 +87,7 @@ def repredict(rec: dict, strip=(), terms: dict | None = None) -> dict:
             raise UserError(f"ablate: {rec.get('id')}: arm {row['arm']!r} is not in today's default matrix")
         Ra = _strip(calibrate.arm_recipe(recipe, arm, terms), strip)
         # the runtime planned on the plan pass's terms: a replay of them deals the picks as it did
-        choose = calibrate.arm_recipe(recipe, arm, cal["plan_terms"]) if cal.get("plan_terms") else None
+        choose = calibrate.arm_recipe(recipe, arm, plan_terms) if plan_terms else None
         p = sim.run(Ra, tr, arm["conc"], max_steps=cal["steps"], choose=choose)
         meas, pred = row["ms_per_token"]["measured"], calibrate.sim_buckets(Ra, p)
         rows.append({"arm": row["arm"], "fit": row["fit"], "held_out": row["arm"] in out_of_fit,
@@ -107,6 +98,15 @@ def repredict(rec: dict, strip=(), terms: dict | None = None) -> dict:
                      "zerocopy_per_token": {"measured": row.get("lane_experts_per_token", {}).get("measured", {})
                                             .get("zerocopy"), "sim": p["zerocopy_per_tok"]}})
     return {"rows": rows, "summary": calibrate.summary(rows)}
+
+
+def current_terms(terms: dict) -> dict:
+    """A calibration record's terms without the fields of terms the model no longer has (records.REMOVED_FIELDS):
+    a run record is a measurement, kept as it was made, and its counters re-predict with today's model; an engine
+    or recipe record that still carries such a field is refused instead (what it would plan on is gone)."""
+    gone = set(spec.REMOVED_FIELDS)
+    return {k: ({f: x for f, x in v.items() if f not in gone} if k in ("cpu", "gpu", "zerocopy") else v)
+            for k, v in terms.items() if k not in gone}
 
 
 def _bucket_abs(rows) -> dict:

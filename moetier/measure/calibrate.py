@@ -115,9 +115,6 @@ def arm_recipe(recipe_id: str, arm: dict, terms: dict | None = None):
     R = spec.resolve(recipe_id, term_overrides(terms, tuple(lanes)) + arm["set"])
     if terms.get("copy_ms"):
         R.h2d_gbps = copy_gbps(R.nvme_expert_bytes, terms["copy_ms"])
-    if R.engines[-1]["id"] == VRAM_ENGINE:      # the fitted copy time, not one an earlier run left in the record
-        R.engines = [*R.engines[:-1], {**R.engines[-1], "copy_ms_by_rows": terms.get("copy_ms_by_rows") or {},
-                                       "copy_record_bytes": R.nvme_expert_bytes}]
     eng = R.engines[-1]["id"]
     head = terms.get("head_per_read_ms_by_engine", {}).get(eng)
     if head is not None:          # the fitted figure, not one an earlier calibration left in the engine record
@@ -135,12 +132,10 @@ def _measure(recipe_id, st, tr, arm, steps, backend_name, verify_rate, terms=Non
     be = runtime.make_backend(arm.get("backend", backend_name), st, R, arm["conc"], verify_rate)
     try:
         res = runtime.run(R, st, be, tr, arm["conc"], max_steps=steps)
-        reader = getattr(be, "reader", None)
-        res["latency_by_qd"] = {q: list(v) for q, v in getattr(reader, "latency_by_qd", {}).items()}
-        res["wake_ms"] = list(getattr(reader, "wake_ms", ()))
-        res["burst_ms"] = list(getattr(reader, "burst_ms", ()))
-        res["latency_pf_busy"] = list(getattr(reader, "latency_pf_busy", ()))
-        res["prefetch_ms"] = list(getattr(reader, "prefetch_ms", ()))
+        timing = be.read_timing()       # the contract's read-timing samples of the measured steps
+        res["latency_by_qd"] = {q: list(v) for q, v in timing.get("latency_by_qd", {}).items()}
+        res["wake_ms"] = list(timing.get("wake_ms", ()))
+        res["burst_ms"] = list(timing.get("burst_ms", ()))
         res["engine"] = R.engines[-1]["id"]
         return res
     finally:
@@ -175,9 +170,6 @@ def _merge(runs):
     return {"counters": counters, "latency_by_qd": lat, "wall_s": sum(r["wall_s"] for r in kept),
             "wake_ms": [w for r in kept for w in r.get("wake_ms", ())],
             "burst_ms": [(i, b, q, ms) for i, r in enumerate(kept) for b, q, ms in r.get("burst_ms", ())],
-            "latency_pf_busy": [(i, b, q, ms) for i, r in enumerate(kept)
-                                for b, q, ms in r.get("latency_pf_busy", ())],
-            "prefetch_ms": [s for r in kept for s in r.get("prefetch_ms", ())],
             "call_groups": [[*k, n, sec] for k, (n, sec) in sorted(groups.items())],
             "tokens": sum(r["tokens"] for r in kept), "steps": sum(r["steps"] for r in kept),
             "tok_s_each": [r["tok_s"] for r in runs], "repeats_kept": len(kept), "conc": first["conc"],
@@ -216,8 +208,8 @@ def term_overrides(terms: dict, lanes=("cpu",)) -> list[str]:
     """The fitted terms as recipe overrides, so predictions use exactly them whether or not they were written.
     lanes: the arm's lanes that get fitted values (gpu/zerocopy only where its engine has them). A lane term whose
     absence means 0 and that the fit did not make is 0 here, not what an earlier calibration left in the engine
-    record (a per_step_row_ms inherited that way, or a record from before a term re-predicted on a registry with
-    one, would plan on a term the fit never made)."""
+    record (a per_wake_ms inherited that way, or a record from before a term re-predicted on a registry with one,
+    would plan on a term the fit never made)."""
     host = {k: round(v, 6) for k, v in terms["host"].items()}
     return ([f"lane_overrides.{ln}.{k}={round(v, 6)}" for ln in lanes if ln in terms
              for k, v in {**dict.fromkeys(spec.LANE_ZERO_IF_ABSENT, 0.0), **terms[ln]}.items()]

@@ -14,8 +14,7 @@ The fits, from the fit arms' runtime counters:
      ``per_read_ms`` per NVMe read of the layer (the reader's CPU work and the cache it streams through);
    - gpu / zerocopy lanes (the VRAM engine's record): per call = per_layer + per_expert x experts + per_extra_token
      x extra rows, over the runtime's calls grouped by shape (``fit_device_terms``);
-   - one record copy (push or drain) -> hardware ``gpu.h2d_gbps``, and per rows per step -> the VRAM engine's
-     ``copy_ms_by_rows`` (what the planner takes);
+   - one record copy (push or drain) -> hardware ``gpu.h2d_gbps``;
    - host time (recipe ``calibration.host``, ``fit_host``): ``plan + bookkeeping + combine + prediction = per_layer
      * layer_calls + per_pick * picks + per_read * NVMe reads + per_nvme_layer * layers with NVMe picks
      + per_predict * predicted layers + per_predict_row * their rows + per_copy * copies``;
@@ -217,21 +216,17 @@ def fit_device_terms(fit_runs: list[dict]) -> dict:
     """The VRAM tier's terms from the fit arms that had one: the gpu and zerocopy lanes and the time of one record
     copy (pushes and drains: copy + stage time over copies), as ``copy_ms``. A lane call costs per_layer +
     per_expert x experts + per_extra_token x extra rows + per_read x the layer's NVMe reads in flight +
-    per_read_busy if any is + per_step_row x (the step's rows - 1), fitted over the runtime's calls grouped by
-    shape. On the SYCL CPU device a one-expert gpu call took 0.25 ms with no read in flight, 0.29
-    with one, 0.30 with two - the lanes share the cores with the reader - and its fixed cost grew with the step's
-    rows, ~0.20 ms at C1, 0.28 at C2, 0.43 at C4, more than the per-call arguments (the call's own rows) explain.
-    Fitted on C1 and C4 without these two terms, C1's gpu calls came out 8-22% long and C4's 21% short; with them,
-    C1 -0.4%, C4 -1.7%, C2 (held out) -1.2%. What a read in flight costs does not grow with the reads (a one-expert
-    gpu call 0.33 ms with none, 0.46 with one, 0.36 with two): with per_read_busy beside per_read the fit puts it
-    all in per_read_busy, and the gpu calls with reads in flight come within 10% (benchmarks/device_calls.py)."""
+    per_read_busy if any is, fitted over the runtime's calls grouped by shape. On the SYCL CPU device a one-expert
+    gpu call took 0.25 ms with no read in flight, 0.29 with one, 0.30 with two - the lanes share the cores with the
+    reader. What a read in flight costs does not grow with the reads (a one-expert gpu call 0.33 ms with none, 0.46
+    with one, 0.36 with two): with per_read_busy beside per_read the fit puts it all in per_read_busy, and the gpu
+    calls with reads in flight come within 10% (benchmarks/device_calls.py)."""
     groups: dict[str, dict] = {}
     for m in fit_runs:
-        s = int(m.get("conc", 1)) - 1
         for p, e, x, r, n, sec in m.get("call_groups", ()):
             if p not in ("gpu", "zc"):
                 continue
-            g = groups.setdefault(p, {}).setdefault((e, x, r, s), [0, 0.0])
+            g = groups.setdefault(p, {}).setdefault((e, x, r), [0, 0.0])
             g[0] += n
             g[1] += sec * 1e3
     out = {{"gpu": "gpu", "zc": "zerocopy"}[p]: _device_lane(shapes) for p, shapes in sorted(groups.items())}
@@ -239,24 +234,20 @@ def fit_device_terms(fit_runs: list[dict]) -> dict:
     return out
 
 
-_DEVICE_TERMS = ("per_layer_ms", "per_expert_ms", "per_extra_token_ms", "per_read_ms", "per_step_row_ms",
-                 "per_read_busy_ms")
+_DEVICE_TERMS = ("per_layer_ms", "per_expert_ms", "per_extra_token_ms", "per_read_ms", "per_read_busy_ms")
 
 
 def _device_rows(shapes: dict) -> list[tuple]:
-    """A device lane's calls {(experts, extra rows, reads in flight, step rows - 1): [calls, ms]} as fit rows
-    (experts, extra rows, reads, step rows - 1, whether a read was in flight; calls; mean ms), one per shape seen at
-    least MIN_CALLS times; the rarer ones pooled per step rows into one row (their mean counts; the model is
-    linear, so it holds for the pool): at C4 most gpu calls have a shape of their own."""
-    rows = [(e, x, r, s, float(r > 0), n, ms / n) for (e, x, r, s), (n, ms) in sorted(shapes.items())
-            if n >= MIN_CALLS]
-    for s in sorted({k[3] for k in shapes}):
-        rare = [(e, x, r, float(r > 0), n, ms) for (e, x, r, s_), (n, ms) in shapes.items()
-                if s_ == s and n < MIN_CALLS]
-        if rare:
-            n = sum(v[4] for v in rare)
-            e, x, r, busy = (sum(v[j] * v[4] for v in rare) / n for j in range(4))
-            rows.append((e, x, r, s, busy, n, sum(v[5] for v in rare) / n))
+    """A device lane's calls {(experts, extra rows, reads in flight): [calls, ms]} as fit rows (experts, extra rows,
+    reads, whether a read was in flight; calls; mean ms), one per shape seen at least MIN_CALLS times; the rarer
+    ones pooled into one row (their mean counts; the model is linear, so it holds for the pool): at C4 most gpu
+    calls have a shape of their own."""
+    rows = [(e, x, r, float(r > 0), n, ms / n) for (e, x, r), (n, ms) in sorted(shapes.items()) if n >= MIN_CALLS]
+    rare = [(e, x, r, float(r > 0), n, ms) for (e, x, r), (n, ms) in shapes.items() if n < MIN_CALLS]
+    if rare:
+        n = sum(v[4] for v in rare)
+        e, x, r, busy = (sum(v[j] * v[4] for v in rare) / n for j in range(4))
+        rows.append((e, x, r, busy, n, sum(v[5] for v in rare) / n))
     return rows
 
 
@@ -268,33 +259,28 @@ def _device_lane(shapes: dict) -> dict:
     made."""
     from moetier.measure.bench import relative_lstsq
     rows = _device_rows(shapes)
-    cols = [0, 1, 2, 3, 4, 5]
+    cols = [0, 1, 2, 3, 4]
     if len({row[0] for row in rows}) < 2:
         # one expert count (e.g. the zerocopy lane's single-expert calls): launch and expert cost are one number;
         # it is booked per expert so batches of several experts are not charged one launch each
         cols.remove(0)
-    # extra rows, reads in flight, step rows, a read in flight at all: a term with one value is not identifiable
-    for j in (2, 3, 4, 5):
+    # extra rows, reads in flight, a read in flight at all: a term with one value is not identifiable
+    for j in (2, 3, 4):
         if len({row[j - 1] for row in rows}) < 2:
             cols.remove(j)
-    coef = relative_lstsq([[(1.0, *row[:5])[j] for j in cols] for row in rows], [row[6] for row in rows],
-                          [row[5] ** 0.5 for row in rows])
+    coef = relative_lstsq([[(1.0, *row[:4])[j] for j in cols] for row in rows], [row[5] for row in rows],
+                          [row[4] ** 0.5 for row in rows])
     full = dict(zip(cols, coef))
-    return {_DEVICE_TERMS[j]: full.get(j, 0.0) for j in range(6)}
+    return {_DEVICE_TERMS[j]: full.get(j, 0.0) for j in range(5)}
 
 
 def _copy_terms(fit_runs) -> dict:
-    """Copies and their seconds by rows: a copy on a device that shares the host's cores costs more in a larger
-    step, as its lane calls do (per_step_row_ms); the planner takes the per-rows figure (``copy_ms_by_rows``), the
-    pooled one (``copy_ms``) is the link's (hardware gpu.h2d_gbps). {} without copies."""
-    by_rows: dict[int, list] = {}
+    """The time of one record copy (push or drain: copy + stage time over copies), pooled over the fit arms, as
+    ``copy_ms`` (the link's: hardware gpu.h2d_gbps). {} without copies."""
+    n = sec = 0.0
     for m in fit_runs:
         c = m["counters"]
         if c.get("copies", 0):
-            acc = by_rows.setdefault(int(m.get("conc", 1)), [0, 0.0])
-            acc[0] += c["copies"]
-            acc[1] += c["copy_s"] + c["stage_s"]
-    if not by_rows:
-        return {}
-    return {"copy_ms": sum(s for _, s in by_rows.values()) * 1e3 / sum(n for n, _ in by_rows.values()),
-            "copy_ms_by_rows": {str(r): s * 1e3 / n for r, (n, s) in sorted(by_rows.items())}}
+            n += c["copies"]
+            sec += c["copy_s"] + c["stage_s"]
+    return {"copy_ms": sec * 1e3 / n} if n else {}

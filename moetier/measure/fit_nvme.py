@@ -4,12 +4,10 @@ Contract
 --------
 ``fit_channel(fit_runs, idle_latency)`` returns {field: {engine: {rows: ...}}} for the engine record fields
 moetier.core.terms reads (``nvme_latency_by_rows_qd_ms`` and ``CHANNEL_FIELDS``), from the fit arms' merged
-reads (submit-to-landed by queue depth, by burst and position, wake-ups, prefetch service). Pure functions of the
-samples; fewer than 8 samples make no entry.
+reads (submit-to-landed by queue depth, by burst and position, wake-ups). Pure functions of the samples; fewer
+than 8 samples make no entry.
 """
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -23,18 +21,14 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
     ``burst_means``), ``nvme_wake_ms_by_rows`` (mean wake-up: landed to the blocked waiter resuming), and the
     latency's spread as sd / mean about those means, split into the part the reads of one burst (a layer's) share and
     each read's own (``nvme_latency_cv_shared_by_rows``, ``nvme_latency_cv_own_by_rows``; ``spread_split``,
-    moetier.core.arrivals.Finish), and the reads that found a prefetch read in service, kept out of every other table:
-    the burst table of bursts whose every read found one (``nvme_latency_by_rows_burst_pf_ms``) and, for the sizes it
-    lacks, how much longer such a read takes (``nvme_latency_prefetch_factor_by_rows``: its latency over what the
-    model gives it without one, ratio of sums, ``prefetch_busy_refs``), and a prefetch read's own time, alone and per
-    demand read beside it, and its spread about that (``nvme_prefetch_ms_by_rows``,
-    ``nvme_prefetch_share_ms_by_rows``, ``nvme_prefetch_sd_ms_by_rows``; ``prefetch_service``). Means, not medians:
+    moetier.core.arrivals.Finish). The reader keeps the demand reads that found a prefetch read in service out of
+    these samples (the model gives them the plain latency: a term for them did not earn its place). Means, not medians:
     the planner adds them into stalls, and the median of a right-skewed latency understates their sum. The spread
     matters as much: a lane expects to wait E[max(0, arrival - free)], far more than the wait for a mean arrival that
     is about when the lane gets free (e.g. a layer's first read 0.70 ms against 0.03 for its mean; its reads'
     latencies correlate 0.78 within a layer). Depths the runtime reached are measured under its load; deeper ones keep
     the idle-disk bench figures. Fewer than 8 samples make no entry."""
-    lat, wake, bursts, pf_busy, pf_svc = _pool(fit_runs)
+    lat, wake, bursts = _pool(fit_runs)
     idle = {int(q): float(v) for q, v in (idle_latency or {}).items()}
     out = {f: {} for f in ("nvme_latency_by_rows_qd_ms", *CHANNEL_FIELDS)}
     for eng, by_rows in sorted(lat.items(), key=lambda kv: str(kv[0])):
@@ -49,8 +43,7 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
             out["nvme_wake_ms_by_rows"][eng] = w
         per: dict[str, dict] = {}
         for r in sorted(by_rows):
-            for field, v in _rows_terms(bursts.get(eng, {}).get(r, ()), pf_busy.get(eng, {}).get(r, ()),
-                                        pf_svc.get(eng, {}).get(r, ()), means[r]).items():
+            for field, v in _rows_terms(bursts.get(eng, {}).get(r, ()), means[r]).items():
                 per.setdefault(field, {})[str(r)] = v
         for field, tab in per.items():
             out[field][eng] = tab
@@ -59,90 +52,31 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
 
 def _pool(fit_runs) -> tuple[dict, ...]:
     """The fit arms' reads pooled by engine and rows per step: latencies by queue depth ({q: [ms]}), wake-ups
-    ([ms]), burst reads and those that found a prefetch read in service ([(run, burst, q, ms)], one run per fit arm
-    and repeat, so the runs' bursts stay apart) and prefetch service ([(demand reads beside, ms)])."""
+    ([ms]) and burst reads ([(run, burst, q, ms)], one run per fit arm and repeat, so the runs' bursts stay
+    apart)."""
     lat: dict = {}
     wake: dict = {}
     bursts: dict = {}
-    pf_busy: dict = {}
-    pf_svc: dict = {}
     for i, m in enumerate(fit_runs):
         eng, rows = m.get("engine"), m["conc"]
-        pf_svc.setdefault(eng, {}).setdefault(rows, []).extend(m.get("prefetch_ms", ()))
-        pf_busy.setdefault(eng, {}).setdefault(rows, []).extend(((i, rep), b, q, ms)
-                                                                for rep, b, q, ms in m.get("latency_pf_busy", ()))
         for q, v in m.get("latency_by_qd", {}).items():
             lat.setdefault(eng, {}).setdefault(rows, {}).setdefault(int(q), []).extend(v)
         wake.setdefault(eng, {}).setdefault(rows, []).extend(m.get("wake_ms", ()))
         bursts.setdefault(eng, {}).setdefault(rows, []).extend(((i, rep), b, q, ms)
                                                                 for rep, b, q, ms in m.get("burst_ms", ()))
-    return lat, wake, bursts, pf_busy, pf_svc
+    return lat, wake, bursts
 
 
-def _rows_terms(samples, pf_samples, pf_svc, mean_by_q: dict) -> dict:
+def _rows_terms(samples, mean_by_q: dict) -> dict:
     """The channel terms of one engine at one rows per step, {field: value}, the unmeasured ones left out."""
     out = {}
     by_burst = burst_means(samples)
-    # the bursts whose every read found a prefetch read in service (none of theirs among the others)
-    apart = {(run, b) for run, b, _, _ in samples}
-    by_pf_burst = burst_means([s for s in pf_samples if (s[0], s[1]) not in apart])
-    if by_pf_burst:
-        out["nvme_latency_by_rows_burst_pf_ms"] = _burst_record(by_pf_burst)
-    busy = prefetch_busy_refs(pf_samples, samples, by_burst, mean_by_q)
-    if len(busy) >= 8:
-        out["nvme_latency_prefetch_factor_by_rows"] = round(sum(ms for ms, _ in busy) / sum(ref for _, ref in busy), 4)
-    chain = prefetch_service(pf_svc)
-    if chain is not None:
-        out["nvme_prefetch_ms_by_rows"] = round(chain[0], 4)
-        out["nvme_prefetch_sd_ms_by_rows"] = round(chain[2], 4)
-        if chain[1] is not None:
-            out["nvme_prefetch_share_ms_by_rows"] = round(chain[1], 4)
     if by_burst:
-        out["nvme_latency_by_rows_burst_ms"] = _burst_record(by_burst)
+        out["nvme_latency_by_rows_burst_ms"] = {str(n): {str(q): round(v, 4) for q, v in row.items()}
+                                                for n, row in sorted(by_burst.items())}
     split = spread_split(samples, mean_by_q, by_burst)
     if split is not None:
         out["nvme_latency_cv_shared_by_rows"], out["nvme_latency_cv_own_by_rows"] = (round(x, 4) for x in split)
-    return out
-
-
-def _burst_record(by_burst: dict) -> dict:
-    """burst_means' {n: {q: ms}} as an engine record keeps it (string keys, 4 decimals)."""
-    return {str(n): {str(q): round(v, 4) for q, v in row.items()} for n, row in sorted(by_burst.items())}
-
-
-def prefetch_service(samples, min_n: int = 8) -> tuple[float, float | None, float] | None:
-    """(alone, share, sd) of prefetch reads [(demand reads submitted while it was in service, started-to-landed
-    ms)]: the mean of those no demand read joined, how much longer one takes per demand read that joined (ratio of
-    sums of the excess over ``alone`` to the reads), and the sd of all about alone + share per demand read (the
-    worker's chain adds it up: a read's start spreads, and with it whether it has started when its key is needed,
-    NvmeChannel.claim). None with fewer than ``min_n`` reads alone; share None with fewer than ``min_n`` joined.
-    A demand read takes the device from a prefetch read in service (e.g. at tail-prefetch-C1 1.44 ms alone, 1.75 /
-    2.20 / 2.52 with one / two / three demand reads beside it), so the prefetch chain runs later than back-to-back
-    reads of the demand reads' latency."""
-    free = [ms for n, ms in samples if n == 0]
-    if len(free) < min_n:
-        return None
-    a = float(np.mean(free))
-    joined = [(n, ms) for n, ms in samples if n > 0]
-    share = max(0.0, sum(ms - a for _, ms in joined) / sum(n for n, _ in joined)) if len(joined) >= min_n else None
-    sd = math.sqrt(sum((ms - a - (share or 0.0) * n) ** 2 for n, ms in samples) / len(samples))
-    return a, share, sd
-
-
-def prefetch_busy_refs(busy, samples, by_burst: dict, mean_by_q: dict) -> list[tuple]:
-    """[(ms, reference ms)] of the demand reads that found a prefetch read in service ([(run, burst, q, ms)]),
-    each against what the channel model would give it without one (NvmeChannel.demand, which the factor then
-    scales): its burst's size and position in the burst table where its burst is whole (its reads counted with the
-    others of that burst, ``samples``) and measured, else the depth mean; a depth without a mean is left out."""
-    sizes = {key: (max(q for q, _ in v), len(v)) for key, v in _bursts([*samples, *busy]).items()}
-    out = []
-    for run, b, q, ms in busy:
-        n, count = sizes[(run, b)]
-        ref = by_burst.get(n, {}).get(int(q)) if count == n else None
-        if ref is None:
-            ref = mean_by_q.get(int(q))
-        if ref is not None:
-            out.append((ms, ref))
     return out
 
 

@@ -3,10 +3,10 @@
 Contract
 --------
 ``write_terms(recipe_id, terms, when, vram_engine)`` writes the cpu lane's terms into the recipe's engine (and the
-VRAM engine, which runs the same cpu lane), the gpu / zerocopy lanes and the copy time per rows into the VRAM
-engine, the NVMe tables into the engines that produced the load, gpu.h2d_gbps into the hardware record and the
-host and non-MoE terms into the recipe's calibration block; each record validated and written atomically
-(moetier.core.records.write_record). A term an earlier calibration left and this one did not fit is removed.
+VRAM engine, which runs the same cpu lane), the gpu / zerocopy lanes into the VRAM engine, the NVMe tables into
+the engines that produced the load, gpu.h2d_gbps into the hardware record and the host and non-MoE terms into the
+recipe's calibration block; each record validated and written atomically (moetier.core.records.write_record). A
+term an earlier calibration left and this one did not fit is removed.
 """
 from __future__ import annotations
 
@@ -38,12 +38,6 @@ def write_terms(recipe_id: str, terms: dict, when: str, vram_engine: str) -> Non
                 eng["lanes"][ln].update({k: round(v, 6) for k, v in vals.items()})
                 eng["lanes"][ln]["expert_bytes"] = R0.expert_bytes   # the terms hold at this model's expert size
         eng.pop("head_per_read_ms", None)
-        if eng_id == vram_engine:
-            eng.pop("copy_ms_by_rows", None)
-            eng.pop("copy_record_bytes", None)
-            if terms.get("copy_ms_by_rows"):
-                eng["copy_ms_by_rows"] = {r: round(v, 6) for r, v in terms["copy_ms_by_rows"].items()}
-                eng["copy_record_bytes"] = record_bytes
         if eng_id in terms.get("head_per_read_ms_by_engine", {}):
             eng["head_per_read_ms"] = round(terms["head_per_read_ms_by_engine"][eng_id], 6)
         if eng_id in tables:
@@ -84,14 +78,7 @@ def _write_channel(eng: dict, terms: dict, table: dict, record_bytes: int, when:
                                 f"blocked waiter resuming; nvme_latency_cv_shared/own_by_rows: latency sd / "
                                 f"mean, the part a layer's reads share and each read's own; "
                                 f"lane_lateness_sd_ms_by_rows: sd of the host reaching its first wait "
-                                f"beyond the plan's, from landing minus wait start; "
-                                f"nvme_latency_prefetch_factor_by_rows: latency of a demand read that found "
-                                f"a prefetch read in service, over the model's figure without one; "
-                                f"nvme_prefetch_ms_by_rows: started-to-landed of a prefetch read alone; "
-                                f"nvme_prefetch_share_ms_by_rows: how much longer per demand read beside it; "
-                                f"nvme_prefetch_sd_ms_by_rows: the sd of a prefetch read about those; "
-                                f"nvme_latency_by_rows_burst_pf_ms: the burst table of bursts issued "
-                                f"beside a prefetch read in service")
+                                f"beyond the plan's, from landing minus wait start")
 
 
 def copy_gbps(record_bytes: int, copy_ms: float) -> float:
