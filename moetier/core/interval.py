@@ -26,11 +26,10 @@ import statistics
 DEFAULT_REL = (0.95, 1.05)
 # the term keys a spread can be recorded under; each is scaled by the corner's factor for that key
 LANE_TERMS = ("per_layer_ms", "per_expert_ms", "per_extra_token_ms", "per_call_ms", "per_read_ms",
-              "per_read_busy_ms", "per_step_row_ms", "per_wake_ms", "per_after_wait_ms", "per_handoff_ms")
+              "per_read_busy_ms", "per_wake_ms", "per_after_wait_ms", "per_handoff_ms")
 # engine fields of the NVMe channel that are times (scaled with "nvme_latency"); cv_* are ratios and stay
 _CHANNEL_TIMES = ("nvme_latency_by_rows_qd_ms", "nvme_latency_by_rows_burst_ms", "nvme_wake_ms_by_rows",
-                  "lane_lateness_sd_ms_by_rows", "nvme_latency_by_rows_burst_pf_ms", "nvme_prefetch_ms_by_rows",
-                  "nvme_prefetch_share_ms_by_rows", "nvme_prefetch_sd_ms_by_rows")
+                  "lane_lateness_sd_ms_by_rows")
 
 
 def recorded(R) -> dict:
@@ -82,8 +81,6 @@ def corner(R, side: str):
         for fld in _CHANNEL_TIMES:
             if fld in e:
                 e[fld] = _scale(e[fld], lat)
-        if "copy_ms_by_rows" in e:
-            e["copy_ms_by_rows"] = _scale(e["copy_ms_by_rows"], f("copy"))
         engines.append(e)
     hw = copy.deepcopy(R.hardware)
     nv = hw.get("nvme") or {}
