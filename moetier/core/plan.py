@@ -22,7 +22,7 @@ from __future__ import annotations
 from moetier.core.arrivals import INF, Finish
 from moetier.core.channel import NvmeChannel
 from moetier.core.ledger import ABSENT, PUSHING, RAM, VRAM
-from moetier.core.records import hands_off, idle_wake
+from moetier.core.lanes import hands_off, idle_wake
 from moetier.core.terms import PlanContext
 
 __all__ = ["LayerPlan", "NvmeChannel", "PlanContext", "plan_layer"]
