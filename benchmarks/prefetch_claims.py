@@ -7,7 +7,7 @@ Runs one calibration arm (moetier.measure.calibrate.default_arms) on the runtime
 the layers whose NVMe picks the plan served from prefetch reads (all of them, "p", or some, "m") and how many of
 those the runtime had to re-issue as demand reads because its prefetch read had not started (plan parity keeps
 the plan, the real reader decides); a prefetch read's started-to-landed time by the demand reads submitted while
-it ran (the reader's ``prefetch_ms``, what calibrate fits nvme_prefetch_ms_by_rows / _share_ms_by_rows on); and
+it ran (the model gives it the depth-1 latency whatever reads share the device: ``_service``); and
 how long after the read before it landed the prefetch worker started a queued one (its wake-up); and, the
 runtime's against the simulator's on the same arm: the share of demand reads issued while a prefetch read was in
 service (they share the device; the simulator's ``prefetch.demand_reads_beside``), the state of the prefetch worker
@@ -27,6 +27,13 @@ from _recipe import calibration_arm, open_recipe, parser  # noqa: E402
 from moetier.run import runtime  # noqa: E402
 from moetier.core import sim  # noqa: E402
 from moetier.core.channel import NvmeChannel  # noqa: E402
+
+
+def _service(comps) -> list[tuple[int, float]]:
+    """(demand reads submitted while it was in service, started-to-landed ms) of each prefetch read that landed."""
+    submits = sorted(c.t_submit for c in comps if not c.prefetch)
+    return [(bisect.bisect_left(submits, c.t_landed) - bisect.bisect_left(submits, c.t_started),
+             (c.t_landed - c.t_started) * 1e3) for c in comps if c.prefetch and c.state == "landed" and c.t_started]
 
 
 def main(argv=None):
@@ -69,9 +76,9 @@ def main(argv=None):
             first[0], warm[0] = len(comps), ev["step"] + 1
     try:
         runtime.run(R, st, be, tr, arm["conc"], max_steps=a.steps, plan_hook=on_plan, step_hook=on_step)
-        service = list(reader.prefetch_ms)
     finally:
         be.close()
+    service = _service(comps[first[0]:])
     by_joined: dict = {}
     for n, ms in service:
         by_joined.setdefault(n, []).append(ms)

@@ -329,8 +329,8 @@ def test_demand_reads_in_flight_together_share_a_burst(st):
 
 
 def test_a_demand_read_beside_a_prefetch_read_in_service_is_booked_apart(st, monkeypatch):
-    """The channel model's prefetch factor comes from the demand reads that found a prefetch read in service; they
-    stay out of the depth and burst tables, which then describe a device the reads do not share."""
+    """The demand reads that found a prefetch read in service stay out of the depth and burst tables, which then
+    describe a device the reads do not share (the channel model gives such a read the plain latency)."""
     import threading
     gate, started = threading.Event(), threading.Event()
     real_read = Reader._read
@@ -352,8 +352,7 @@ def test_a_demand_read_beside_a_prefetch_read_in_service_is_booked_apart(st, mon
         alone = rd.fill(2, 2)              # the prefetch read is done: the device is its own again
         rd.wait(alone)
     assert d.pf_busy and not alone.pf_busy
-    assert [(b, q) for b, q, _ in rd.latency_pf_busy] == [(d.burst, 1)] and rd.latency_pf_busy[0][2] > 0
+    # only the read that had the device to itself enters the tables the channel model is fitted on
     assert {q: len(v) for q, v in rd.latency_by_qd.items()} == {1: 1}
     assert [(b, q) for b, q, _ in rd.burst_ms] == [(alone.burst, 1)]
-    # the prefetch read is booked with the one demand read that shared the device while it ran (not the later one)
-    assert [n for n, _ in rd.prefetch_ms] == [1] and rd.prefetch_ms[0][1] > 0
+    assert set(rd.read_timing()) == {"latency_by_qd", "wake_ms", "burst_ms"}

@@ -241,7 +241,7 @@ class Completion:
     """Handle for one fill: ``seq`` (monotonic), ``key``, ``slot``, ``state`` in pending|landed|failed, ``error``."""
 
     __slots__ = ("seq", "key", "slot", "state", "error", "verified", "read_ms", "_future", "prefetch", "started",
-                 "t_submit", "qd", "t_landed", "burst", "pf_busy", "t_started", "joined")
+                 "t_submit", "qd", "t_landed", "burst", "pf_busy", "t_started")
 
     def __init__(self, seq: int, key: int, slot: int):
         self.seq = seq
@@ -260,7 +260,6 @@ class Completion:
         self.t_landed = 0.0    # perf_counter when the worker marked it landed
         self.burst = 0         # demand reads submitted while others of this burst were outstanding share one
         self.pf_busy = False   # a prefetch read was in service when this demand read was submitted
-        self.joined = 0        # a prefetch read: the reader's demand submits so far when it started
 
     def __repr__(self):
         err = f", error={self.error!r}" if self.error else ""
@@ -308,16 +307,9 @@ class Reader:
         self._demand = 0
         self.stats["cancelled"] = 0
         # submit-to-landed ms of demand reads by the demand queue depth they joined: the channel model's measured
-        # input, for reads that found no prefetch read in service
+        # input, for reads that found no prefetch read in service (one that did shares the device with it; the
+        # model gives it the plain latency, and keeping it out keeps the tables the plain reads')
         self.latency_by_qd: dict[int, list] = {}
-        # (burst, queue depth, ms) of the demand reads that found one: the device is shared with it (the channel
-        # model's prefetch factor, moetier.calibrate.fit_channel, against the burst table where the burst is whole)
-        self.latency_pf_busy: list = []
-        # (demand reads submitted while it was in service, started-to-landed ms) of prefetch reads: how long one
-        # takes alone and how much each demand read sharing the device delays it (the channel model's prefetch
-        # chain, moetier.calibrate.prefetch_service)
-        self.prefetch_ms: list = []
-        self._demand_submits = 0
         self._pf_busy = 0               # prefetch reads in service
         # ms from a read landing to the thread blocked in wait() resuming (the GIL and the scheduler hand it back
         # later than the bytes arrived): the channel model's wake-up term, sampled only where wait() really blocked
@@ -377,7 +369,6 @@ class Reader:
             c.t_submit = time.perf_counter()
             if not prefetch:
                 self._demand += 1
-                self._demand_submits += 1
                 c.qd = self._demand
                 c.pf_busy = self._pf_busy > 0
                 if c.qd == 1:
@@ -389,14 +380,13 @@ class Reader:
     def begin_measured(self) -> None:
         """Clear the read-timing samples, so that they cover the measured steps only (not seeding's deep queue)."""
         with self._lock:
-            for samples in (self.latency_by_qd, self.latency_pf_busy, self.prefetch_ms, self.wake_ms, self.burst_ms):
+            for samples in (self.latency_by_qd, self.wake_ms, self.burst_ms):
                 samples.clear()
 
     def read_timing(self) -> dict:
         """Copies of the read-timing samples since begin_measured (the channel model's measured inputs)."""
         with self._lock:
             return {"latency_by_qd": {q: list(v) for q, v in self.latency_by_qd.items()},
-                    "latency_pf_busy": list(self.latency_pf_busy), "prefetch_ms": list(self.prefetch_ms),
                     "wake_ms": list(self.wake_ms), "burst_ms": list(self.burst_ms)}
 
     def cancel(self, handle: Completion) -> bool:
@@ -508,7 +498,6 @@ class Reader:
             c.t_started = time.perf_counter()
             if c.prefetch:
                 self._pf_busy += 1
-                c.joined = self._demand_submits
         rb = self.record_bytes
         err = None
         kind = None
@@ -575,14 +564,9 @@ class Reader:
             c.error = err
             c.state = "failed" if err is not None else "landed"
             c.t_landed = time.perf_counter()
-            if err is None and c.prefetch and len(self.prefetch_ms) < 4096:
-                self.prefetch_ms.append((self._demand_submits - c.joined, (c.t_landed - c.t_started) * 1000.0))
             if err is None and not c.prefetch:
                 ms = (c.t_landed - c.t_submit) * 1000.0
-                if c.pf_busy:
-                    if len(self.latency_pf_busy) < 4096:
-                        self.latency_pf_busy.append((c.burst, c.qd, ms))
-                else:
+                if not c.pf_busy:
                     samples = self.latency_by_qd.setdefault(c.qd, [])
                     if len(samples) < 4096:
                         samples.append(ms)
