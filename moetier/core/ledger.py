@@ -92,6 +92,9 @@ class Ledger:
             self._lfu_window, self._lfu_halflife = lfu_terms(self.ram_policy)
         self._freq: dict[int, float] = {}
         self._freq_t: dict[int, int] = {}
+        # the built-in exclusive LRU over a RAM tier that tracks keys: the simulator's hottest path, inlined where
+        # it pays (_lru_put); every other RAM order goes through _ram_put
+        self._lru_fast = (self.exclusive and not self._no_ram_lru and self._rpol is None and not self._lfu_window)
         # the planner's view, one dict read per pick
         self._tier_default = TIER_RAM if self.all_in_ram else TIER_NVME
 
@@ -203,6 +206,7 @@ class Ledger:
         find, owner, slot_of, ref = clock.find_victim_slot, clock.owner, clock.slot_of, clock.ref
         all_in_ram, exclusive = self.all_in_ram, self.exclusive
         vpol = self._vpol is not None
+        ram_put = self._lru_put if self._lru_fast else self._ram_put
         admitted = 0
         for key in keys:
             slot = find(protect, state, key)
@@ -227,7 +231,7 @@ class Ledger:
                     state[victim] = RAM
                 elif exclusive:
                     del state[victim]
-                    self._ram_put(victim, protect)
+                    ram_put(victim, protect)
                 else:
                     del state[victim]
             state[key] = VRAM
@@ -341,28 +345,45 @@ class Ledger:
             ram.move_to_end(key)
             state[key] = RAM
             return ()
-        out = ()
+        if self._lru_fast:
+            return self._lru_put(key, protect)
         if len(ram) >= self.ram_slots:
-            victim = None
-            if not self._lfu_window and self.exclusive:
-                for k in ram:            # LRU, inlined (the simulator's hottest path): oldest unpinned RAM key
-                    if k not in protect and state[k] == RAM:
-                        victim = k
-                        break
-            else:
-                victim = self._ram_victim(protect)
-            if victim is None:           # everything pinned: the record is not kept
-                self.counters["refused_admissions"] += 1
-                state.pop(key, None)
-                return (key,)
-            del ram[victim]
-            if state[victim] == RAM:     # an inclusive copy's key stays in VRAM
-                del state[victim]
-            self.counters["ram_evictions"] += 1
-            out = (victim,)
+            victim = self._ram_victim(protect)   # None: everything pinned, the record is not kept
+            return self._refuse(key) if victim is None else self._ram_swap(key, victim)
         ram[key] = None                  # a new key enters at the most-recent end
         state[key] = RAM
-        return out
+        return ()
+
+    def _ram_swap(self, key: int, victim: int) -> tuple:
+        """``victim`` leaves the RAM tier (an inclusive copy's key stays in VRAM) and ``key`` enters at its most-recent
+        end; returns (victim,), the key whose RAM slot is free."""
+        ram, state = self.ram, self.state
+        del ram[victim]
+        if state[victim] == RAM:
+            del state[victim]
+        self.counters["ram_evictions"] += 1
+        ram[key] = None
+        state[key] = RAM
+        return (victim,)
+
+    def _refuse(self, key: int) -> tuple:
+        """A RAM admission refused (every slot pinned, or the policy keeps the key out): the record is not kept."""
+        self.counters["refused_admissions"] += 1
+        self.state.pop(key, None)
+        return (key,)
+
+    def _lru_put(self, key: int, protect) -> tuple:
+        """_ram_put of a key the RAM tier does not hold, under the built-in exclusive LRU (``_lru_fast``): the
+        oldest RAM key neither protected nor mid-transfer makes room. Returns what _ram_put returns."""
+        ram, state = self.ram, self.state
+        if len(ram) >= self.ram_slots:
+            for k in ram:
+                if k not in protect and state[k] == RAM:
+                    return self._ram_swap(key, k)
+            return self._refuse(key)     # everything pinned: the record is not kept
+        ram[key] = None                  # a new key enters at the most-recent end
+        state[key] = RAM
+        return ()
 
     def _ram_put_policy(self, key: int, protect):
         """_ram_put with a policy object ordering the tier (and, per layer, sizing it)."""
@@ -377,9 +398,7 @@ class Ledger:
             evictable = (RAM,) if self.exclusive else (RAM, VRAM)
             victim = pol.victim(key, lambda k: k not in protect and k in ram and state.get(k) in evictable)
             if victim is None or victim == key:
-                self.counters["refused_admissions"] += 1
-                state.pop(key, None)
-                return (key,)
+                return self._refuse(key)
             self._ram_del(victim)
             if state[victim] == RAM:
                 del state[victim]
