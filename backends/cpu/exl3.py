@@ -55,6 +55,8 @@ MODES = ("exact", "affine")
 # decode: table lookup (any codebook), mul1 arithmetic, mul1 affine (byte sums), exl3-int (byte sum - 510)
 KIND_LUT, KIND_MUL1, KIND_AFFINE, KIND_INT = 0, 1, 2, 3
 
+_SUM_AFFINE = np.array([1.0, 0.0], np.float32)                   # KIND_AFFINE's "table": s * 1 + 0
+_SUM_INT = np.array([1.0, -X.MUL1_BYTE_SUM_MID], np.float32)     # KIND_INT's: s * 1 - 510
 _K_INV = np.float32(X.MUL1_K_INV)
 _K_CONST = np.float32(1024.0 * X.MUL1_K_INV + X.MUL1_K_BIAS)   # exact in float32 (a multiple of 2**-18)
 
@@ -110,7 +112,7 @@ def _decode_band(ubuf, um, ush, kind, lut, wdec):
 
     KIND_MUL1 decodes without a table: fp16(k_inv (1024 + s) + k_bias). The float32 affine value is exact (a multiple
     of 2**-18 below 4), so one rounding to fp16 in the loop (fp16_round: F16C's conversion pair) is the table's
-    value. Each branch is one loop over 16-tile lanes that LLVM vectorises (check with inspect_asm)."""
+    value. The mul1 kinds run one loop each over 16-tile lanes that LLVM vectorises (check with inspect_asm)."""
     if kind == KIND_LUT:
         for p in range(256):
             m, sh = um[p], ush[p]
@@ -122,17 +124,19 @@ def _decode_band(ubuf, um, ush, kind, lut, wdec):
             m, sh = um[p], ush[p]
             for h in range(ROWS):
                 for jj in range(NB):
-                    s = _byte_sum(_state(ubuf, m, sh, h * NB + jj))
-                    wdec[h, p, jj] = fp16_round(np.float32(np.int32(s)) * _K_INV + _K_CONST)
-    else:   # the byte sum itself, or exl3-int's weight s - 510 (both exact); LLVM vectorises this form
-        scale = np.float32(1.0)
-        offset = np.float32(-X.MUL1_BYTE_SUM_MID if kind == KIND_INT else 0.0)
+                    bs = _byte_sum(_state(ubuf, m, sh, h * NB + jj))
+                    wdec[h, p, jj] = fp16_round(np.float32(np.int32(bs)) * _K_INV + _K_CONST)
+    else:
+        # the byte sum s (KIND_AFFINE) or exl3-int's s - 510, as s * lut[0] + lut[1] (_SUM_AFFINE, _SUM_INT). Both are
+        # integers below 2048 in magnitude, so fp16_round leaves them as they are; it is there because LLVM leaves
+        # this loop scalar without it
+        scale, offset = lut[0], lut[1]
         for p in range(256):
             m, sh = um[p], ush[p]
             for h in range(ROWS):
                 for jj in range(NB):
-                    s = _byte_sum(_state(ubuf, m, sh, h * NB + jj))
-                    wdec[h, p, jj] = np.float32(np.int32(s)) * scale + offset
+                    bs = _byte_sum(_state(ubuf, m, sh, h * NB + jj))
+                    wdec[h, p, jj] = fp16_round(np.float32(np.int32(bs)) * scale + offset)
 
 
 @njit(fastmath=True, **_JIT)
@@ -292,7 +296,7 @@ class _Linear:
             self.kind = KIND_AFFINE if mode == "affine" else KIND_MUL1
         else:
             self.kind = KIND_LUT
-        self.lut = _lut32(lin.codebook if self.kind == KIND_LUT else "mul1")
+        self.lut = _SUM_AFFINE if self.kind == KIND_AFFINE else _lut32(lin.codebook if self.kind == KIND_LUT else "mul1")
 
 
 _LUTS: dict = {}
@@ -423,7 +427,7 @@ def _int_linear(L: _Linear, x: np.ndarray) -> np.ndarray:
     xh = x * _signs(L.suh)
     had_rows_(xh, np.int64(1))
     y = np.empty((x.shape[0], L.n), np.int64)
-    _gemm(L.words, xh, L.lut, L.um, L.ush, KIND_INT, y)
+    _gemm(L.words, xh, _SUM_INT, L.um, L.ush, KIND_INT, y)
     had_rows_(y, np.int64(1))
     y *= _signs(L.svh)
     return y
