@@ -149,10 +149,7 @@ OPEN_LINES = {
 OPEN_CC = {
     "backends/cuda/backend.py:CudaBackend.__init__": 27,
     "conformance/test_transfers.py:test_landed_truthful_under_random_interleaving": 27,
-    "moetier/bytes/expert.py:ExpertLayout.from_json": 27,
-    "moetier/bytes/store.py:open_store": 29,
     "moetier/bytes/transport.py:Reader._run": 33,
-    "moetier/measure/bench.py:fit_cpu_lane": 27,
     "moetier/run/runtime.py:Runtime.layer": 37,
     "moetier/run/runtime.py:run": 26,
     "moetier/traces/importer.py:import_log": 46,

@@ -129,19 +129,23 @@ class ExpertLayout:
         if "section_align" in d and d["section_align"] != SECTION_ALIGN:
             raise ValueError(f"expert layout field 'section_align': expected {SECTION_ALIGN}, got {d['section_align']!r}")
         if "sections" in d:
-            secs = d["sections"]
-            if not isinstance(secs, dict) or set(secs) != set(lay.order):
-                raise ValueError(f"expert layout field 'sections': expected exactly {list(lay.order)}")
-            for name, (off, nb, dt, shape) in lay.sections.items():
-                s = secs[name]
-                want = {"offset": off, "nbytes": nb, "dtype": dt, "shape": list(shape)}
-                for k, v in want.items():
-                    got = s.get(k) if isinstance(s, dict) else None
-                    if k == "shape" and isinstance(got, (list, tuple)):
-                        got = list(got)
-                    if got != v:
-                        raise ValueError(f"expert layout field 'sections.{name}.{k}': expected {v!r}, got {got!r}")
+            _check_sections(lay, d["sections"])
         return lay
+
+
+def _check_sections(lay: ExpertLayout, secs) -> None:
+    """A layout dict's ``sections`` are exactly the ones ``lay`` lays out; ValueError names the first that is not."""
+    if not isinstance(secs, dict) or set(secs) != set(lay.order):
+        raise ValueError(f"expert layout field 'sections': expected exactly {list(lay.order)}")
+    for name, (off, nb, dt, shape) in lay.sections.items():
+        s = secs[name]
+        want = {"offset": off, "nbytes": nb, "dtype": dt, "shape": list(shape)}
+        for k, v in want.items():
+            got = s.get(k) if isinstance(s, dict) else None
+            if k == "shape" and isinstance(got, (list, tuple)):
+                got = list(got)
+            if got != v:
+                raise ValueError(f"expert layout field 'sections.{name}.{k}': expected {v!r}, got {got!r}")
 
 
 def _sections(spec: dict, order) -> tuple[dict, int, int]:

@@ -307,14 +307,8 @@ class Store:
         return f"Store({self.path!r}, records={self.nrecords}, record_bytes={self.record_bytes})"
 
 
-def open_store(path, *, model: dict | None = None) -> Store:
-    """Open and validate a store directory; with ``model`` also check it matches (layers, experts, layout)."""
-    from moetier.bytes import expert
-
-    p = os.path.abspath(os.fspath(path))
-    mpath = os.path.join(p, MANIFEST_NAME)
-    if not os.path.isdir(p) or not os.path.exists(mpath):
-        raise UserError(f"store {p}: not found (no {MANIFEST_NAME})")
+def _manifest(mpath: str) -> dict:
+    """The store's manifest, its fields checked (UserError names the field and what it expected)."""
     try:
         with open(mpath) as f:
             m = json.load(f)
@@ -338,6 +332,13 @@ def open_store(path, *, model: dict | None = None) -> Store:
     if m["records"] != (m["layers"] + xl) * m["experts"]:
         raise UserError(f"store {mpath}: field 'records' is {m['records']}, expected (layers+extra_layers)*experts = "
                         f"{(m['layers'] + xl) * m['experts']}")
+    return m
+
+
+def _layout(m: dict, mpath: str):
+    """The manifest's expert layout, checked against its record size, and its digests' shape."""
+    from moetier.bytes import expert
+
     try:
         lay = expert.ExpertLayout.from_json(m.get("layout"))
     except ValueError as e:
@@ -351,6 +352,17 @@ def open_store(path, *, model: dict | None = None) -> Store:
     for i, h in enumerate(dg):
         if not isinstance(h, str) or len(h) != 2 * DIGEST_BYTES:
             raise UserError(f"store {mpath}: field 'digests[{i}]' expected {2 * DIGEST_BYTES} hex characters")
+    return lay
+
+
+def open_store(path, *, model: dict | None = None) -> Store:
+    """Open and validate a store directory; with ``model`` also check it matches (layers, experts, layout)."""
+    p = os.path.abspath(os.fspath(path))
+    mpath = os.path.join(p, MANIFEST_NAME)
+    if not os.path.isdir(p) or not os.path.exists(mpath):
+        raise UserError(f"store {p}: not found (no {MANIFEST_NAME})")
+    m = _manifest(mpath)
+    lay = _layout(m, mpath)
     dpath = os.path.join(p, DATA_NAME)
     try:
         size = os.path.getsize(dpath)

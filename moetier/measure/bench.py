@@ -118,6 +118,20 @@ def relative_lstsq(A, y, weights=None) -> list[float]:
     return [float(v) for v in best]
 
 
+def _cpu_lane_terms(rows, read_cpu: float | None) -> tuple[bool, bool, bool, bool]:
+    """Which of fit_cpu_lane's optional terms the rows identify: (per_read, per_wake, per_handoff,
+    per_after_wait)."""
+    timed = [r for r in rows if r["calls"]]
+    # with no read during any call, per_read is not identifiable: left out (the planner keeps the hardware figure)
+    fit_read = read_cpu is None and any(r.get("contended", 0) for r in timed)
+    fit_wake = any(r.get("wake", 0.0) for r in timed)
+    # the hand-off is identifiable only beside split calls that end with the caller's share (odd batches over two)
+    fit_handoff = any(r.get("handoff", 0) for r in timed) and \
+        any(r["cls"] == "split" and r["calls"] > r.get("handoff", r["calls"]) for r in rows)
+    fit_waited = any(r.get("waited", 0) for r in timed)
+    return fit_read, fit_wake, fit_handoff, fit_waited
+
+
 def fit_cpu_lane(rows, workers: int, read_cpu: float | None = 0.0) -> dict:
     """Fit the cpu lane's costs from timed calls, split by how the backend ran them.
 
@@ -138,13 +152,7 @@ def fit_cpu_lane(rows, workers: int, read_cpu: float | None = 0.0) -> dict:
     least squares (every row weighs the same).
     """
     A, y = [], []
-    # with no read during any call, per_read is not identifiable: left out (the planner keeps the hardware figure)
-    fit_read = read_cpu is None and any(r.get("contended", 0) for r in rows if r["calls"])
-    fit_wake = any(r.get("wake", 0.0) for r in rows if r["calls"])
-    # the hand-off is identifiable only beside split calls that end with the caller's share (odd batches over two)
-    fit_handoff = any(r.get("handoff", 0) for r in rows if r["calls"]) and \
-        any(r["cls"] == "split" and r["calls"] > r.get("handoff", r["calls"]) for r in rows)
-    fit_waited = any(r.get("waited", 0) for r in rows if r["calls"])
+    fit_read, fit_wake, fit_handoff, fit_waited = _cpu_lane_terms(rows, read_cpu)
     read_cpu = read_cpu or 0.0
     for r in rows:
         if not r["calls"]:
