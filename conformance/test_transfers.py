@@ -201,6 +201,21 @@ _OPS = hst.lists(hst.one_of(
 ), min_size=4, max_size=40)
 
 
+def _copy_op(be, op: str, a: int, b: int, holds: dict, busy: dict, gpu: bool):
+    """The copy an interleaving's fill / push / drain issues where its slots are free and its source holds landed
+    bytes: (handle, destination, key, the slots it touches), or None."""
+    if op == "fill":
+        dst = ("r", NK + b)
+        return None if dst in busy else (be.fill(a, NK + b), dst, a, [dst])
+    if not gpu:
+        return None
+    src, dst = (("r", NK + a), ("v", NK + b)) if op == "push" else (("v", NK + a), ("r", NK + b))
+    if src not in holds or src in busy or dst in busy:
+        return None
+    move = be.push if op == "push" else be.drain
+    return move(holds[src], NK + a, NK + b), dst, holds[src], [src, dst]
+
+
 @settings(max_examples=12, deadline=None, database=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(ops=_OPS)
@@ -241,18 +256,10 @@ def test_landed_truthful_under_random_interleaving(kits, ops):
         holds.pop(dst, None)
 
     for op, a, b in ops:
-        if op == "fill":
-            dst = ("r", NK + b)
-            if dst not in busy:
-                issue(be.fill(a, NK + b), dst, a, [dst])
-        elif op == "push" and gpu:
-            src, dst = ("r", NK + a), ("v", NK + b)
-            if src in holds and src not in busy and dst not in busy:
-                issue(be.push(holds[src], NK + a, NK + b), dst, holds[src], [src, dst])
-        elif op == "drain" and gpu:
-            src, dst = ("v", NK + a), ("r", NK + b)
-            if src in holds and src not in busy and dst not in busy:
-                issue(be.drain(holds[src], NK + a, NK + b), dst, holds[src], [src, dst])
+        if op in ("fill", "push", "drain"):
+            copy = _copy_op(be, op, a, b, holds, busy, gpu)
+            if copy is not None:
+                issue(*copy)
         elif op == "poll" and out:
             h, dst, k, touched = out[a % len(out)]
             if be.landed(h):

@@ -148,7 +148,6 @@ OPEN_LINES = {
 }
 OPEN_CC = {
     "backends/cuda/backend.py:CudaBackend.__init__": 27,
-    "conformance/test_transfers.py:test_landed_truthful_under_random_interleaving": 27,
     "moetier/bytes/transport.py:Reader._run": 33,
     "moetier/run/runtime.py:Runtime.layer": 37,
     "moetier/run/runtime.py:run": 26,
