@@ -33,16 +33,21 @@ def _need_ram_readback(kit):
         pytest.skip(f"NOT_SUPPORTED: backend {kit.be.capabilities.name} offers no ram_view(slot) test hook")
 
 
+def _zeroed_scratch(kit, mul: int, add: int):
+    """(kit, its RAM scratch slots zeroed, a key for each: (mul * i + add) mod NK); skips where RAM cannot be read
+    back."""
+    _need_ram_readback(kit)
+    slots = [NK + i for i in range(RAM_SCRATCH)]
+    for s in slots:
+        kit.be.ram_view(s)[:] = 0
+    return kit, slots, [(mul * i + add) % NK for i in range(len(slots))]
+
+
 @pytest.mark.parametrize("enc", ENC)
 def test_fill_lands_manifest_bytes(kits, enc):
     """NVMe -> RAM fills into zeroed slots: exactly the record bytes, matching the manifest checksum."""
-    kit = kits(enc)
-    _need_ram_readback(kit)
+    kit, slots, keys = _zeroed_scratch(kits(enc), 3, 1)
     be = kit.be
-    slots = [NK + i for i in range(RAM_SCRATCH)]
-    keys = [(3 * i + 1) % NK for i in range(len(slots))]
-    for s in slots:
-        be.ram_view(s)[:] = 0
     hs = [be.fill(k, s) for k, s in zip(keys, slots)]
     for h in hs:
         be.wait(h)
@@ -96,13 +101,8 @@ def test_landed_never_before_readable(kits, enc):
     """The first time landed(h) is True the destination already holds the bytes: fills into zeroed RAM slots
     (checked byte for byte) and, with a VRAM tier, pushes over another key's bytes (checked by computing on the
     gpu lane the moment landed() says so)."""
-    kit = kits(enc)
-    _need_ram_readback(kit)
+    kit, slots, keys = _zeroed_scratch(kits(enc), 5, 2)
     be = kit.be
-    slots = [NK + i for i in range(RAM_SCRATCH)]
-    keys = [(5 * i + 2) % NK for i in range(len(slots))]
-    for s in slots:
-        be.ram_view(s)[:] = 0
     where = {}
 
     def check_fill(h):
