@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +24,16 @@ ADAPTERS = {"exl3xpu": "adapters.exl3xpu.backend:open_backend",
 
 
 def declared() -> dict:
-    with open(ROOT / "pyproject.toml", "rb") as f:
-        return tomllib.load(f)["project"]["entry-points"]["moetier.backends"]
+    """The ``moetier.backends`` table of pyproject.toml (name = "target" lines; tomllib is Python 3.11+ only)."""
+    out, inside = {}, False
+    for line in (ROOT / "pyproject.toml").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("["):
+            inside = line == '[project.entry-points."moetier.backends"]'
+        elif inside and "=" in line:
+            name, target = (v.strip() for v in line.split("=", 1))
+            out[name] = target.strip('"')
+    return out
 
 
 @pytest.fixture

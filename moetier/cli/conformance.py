@@ -23,7 +23,8 @@ from moetier.errors import UserError
 
 def register(sub, parser_class) -> None:
     p = sub.add_parser("conformance", help="run the backend conformance suite against one backend")
-    p.add_argument("--backend", required=True, help="cpu, sycl or cuda")
+    p.add_argument("--backend", required=True, help="a registered backend: cpu, sycl, cuda, exl3xpu, exllamav3, or any "
+                   "installed moetier.backends entry point")
     p.add_argument("--report", help="JSON report path (default conformance-report-<backend>.json)")
     p.add_argument("--write-engine", metavar="ID", help="also write the measured engine record to "
                    "<user registry>/engine/<ID>.json")
