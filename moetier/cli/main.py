@@ -214,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  "the terms at their slow and fast quantiles, moetier.core.interval)")
         sp.set_defaults(fn=fn)
 
-    sp = sub.add_parser("trace", help="routing traces: stats, gen, convert")
+    sp = sub.add_parser("trace", help="routing traces: stats, gen, convert, import, fit")
     tsub = sp.add_subparsers(dest="trace_cmd", parser_class=_Parser)
     s = tsub.add_parser("stats", help="popularity, reuse distance, LRU/Belady curves")
     s.add_argument("path", help="trace file (.npz, or a reference .npy with --segments)")

@@ -46,6 +46,41 @@ def cmd_import(args) -> int:
     return 0
 
 
+def cmd_fit(args) -> int:
+    import json
+
+    from moetier.atomic import atomic_write
+    from moetier.cli.common import _emit, find_path
+    from moetier.traces.fit import fit_trace, format_fit
+    from moetier.traces.format import load_trace
+    geo = {}
+    if args.model:
+        from moetier.core import records as spec
+        m = spec.load_record("model", args.model)["moe"]
+        geo = {"experts": m["experts"], "topk": m["topk"], "layers": m["layers"], "model_id": args.model}
+    tr = load_trace(find_path(args.path), args.segments, **geo)
+    experts = args.experts or geo.get("experts") or tr.meta.get("experts")
+    if not experts:
+        raise UserError(f"trace fit {args.path}: the expert count is not in the trace's meta; give --experts or "
+                        "--model")
+    d = fit_trace(tr, int(experts), seed=args.seed, sample_tokens=args.sample_tokens,
+                  sample_layers=args.sample_layers)
+    d["trace"] = str(args.path)
+    if args.out:
+        rec = {"generator": "moetier.traces.gen", "params": d["params"], "seed": d["seed"], "trace": d["trace"],
+               "shape": d["shape"], "experts": d["experts"], "segments": d["segments"], "checks": d["checks"],
+               "ok": d["ok"]}
+        atomic_write(args.out, lambda f: f.write((json.dumps(rec, indent=1, sort_keys=True) + "\n").encode()))
+        d["out"] = str(args.out)
+    if args.json:
+        _emit(d)
+    else:
+        print(format_fit(d))
+        if args.out:
+            print(f"wrote {args.out}")
+    return 0
+
+
 def register(tsub, parser_class) -> None:
     from moetier.cli.common import positive_int
     i = tsub.add_parser("import", help="a router log (JSON lines, CSV, npz) to a moetier trace")
@@ -66,3 +101,18 @@ def register(tsub, parser_class) -> None:
     i.add_argument("--name", help="a name kept in the trace's meta")
     i.add_argument("--json", action="store_true", help="machine-readable summary")
     i.set_defaults(trace_fn=cmd_import)
+
+    from moetier.cli.common import seed
+    f = tsub.add_parser("fit", help="fit the trace generator to a trace and check the fit (docs/traces.md)")
+    f.add_argument("path", help="trace file (.npz, or a reference .npy with --segments)")
+    f.add_argument("--segments", help="segments .npy for a reference .npy trace")
+    f.add_argument("--model", help="model id: geometry from its record, and the trace is checked against it")
+    f.add_argument("--experts", type=positive_int, help="experts per layer (default: the trace's meta)")
+    f.add_argument("--seed", type=seed, default=0, help="generator seed of the search and the check (default 0)")
+    f.add_argument("--sample-tokens", type=positive_int, default=4800,
+                   help="tokens of the search's sample traces (default 4800)")
+    f.add_argument("--sample-layers", type=positive_int, default=8,
+                   help="layers of the search's sample traces (default 8)")
+    f.add_argument("--out", help="write the fitted generator parameters and the checks here (JSON, atomic)")
+    f.add_argument("--json", action="store_true", help="machine-readable report")
+    f.set_defaults(trace_fn=cmd_fit)

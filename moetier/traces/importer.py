@@ -217,30 +217,40 @@ def _from_npz(path: Path, f: Fields):
     return recs
 
 
-def import_log(path, fields: Fields = Fields(), missing: str = "error", fmt: str | None = None,
-               experts: int | None = None, topk: int | None = None, layers: int | None = None,
-               name: str | None = None) -> Trace:
-    """Read a router log (module docstring) and return it as a Trace."""
-    p = Path(path)
-    if missing not in MISSING:
-        raise UserError(f"trace import --missing: expected one of {', '.join(MISSING)}, got {missing!r}")
-    if not p.exists():
-        raise UserError(f"{p}: file not found")
+_READERS = {"jsonl": _records_jsonl, "csv": _records_csv}
+
+
+def _read_table(p: Path, fields: Fields, fmt: str | None) -> tuple[str, dict, int]:
+    """(format, {(segment, token): {layer: (ids, weights)}}, layers seen) of the log at ``p``."""
     fmt = (fmt or p.suffix.lstrip(".")).lower()
     fmt = {"json": "jsonl", "ndjson": "jsonl"}.get(fmt, fmt)
-    if fmt == "jsonl":
-        table, L = _from_records(p, _records_jsonl(p, fields), fields)
-    elif fmt == "csv":
-        table, L = _from_records(p, _records_csv(p, fields), fields)
-    elif fmt == "npz":
-        table, L = _from_records(p, _from_npz(p, fields), fields)
+    if fmt == "npz":
+        records = _from_npz(p, fields)
+    elif fmt in _READERS:
+        records = _READERS[fmt](p, fields)
     else:
         raise UserError(f"{p}: unknown log format {fmt!r}; expected jsonl, csv or npz (--format)")
+    table, L = _from_records(p, records, fields)
     if not table:
         raise UserError(f"{p}: no router records")
-    L = layers or L
-    K = topk or max(len(ids) for t in table.values() for ids, _ in t.values())
-    order = sorted(table)
+    return fmt, table, L
+
+
+def _layer_ids(p: Path, key, l: int, e: list, K: int, experts: int | None) -> tuple[list, bool]:
+    """One record's ids padded to K (MASKED for a missing id) and whether the record is missing; refuses an id out
+    of range or picked twice."""
+    e = e[:K]
+    missing = len(e) < K or any(x is None for x in e)
+    vals = [x if x is not None else MASKED for x in e] + [MASKED] * (K - len(e))
+    if experts is not None and max(vals) >= experts:
+        raise UserError(f"{p}: token {key[1]}, layer {l}: expert id {max(vals)} out of range 0..{experts - 1}")
+    if len(set(v for v in vals if v >= 0)) < sum(v >= 0 for v in vals):
+        raise UserError(f"{p}: token {key[1]}, layer {l}: an expert is picked twice ({e})")
+    return vals, missing
+
+
+def _fill(p: Path, table: dict, order: list, L: int, K: int, experts: int | None):
+    """(ids [tokens, L, K] with MASKED holes, weights or None, missing [tokens, L]) from the record table."""
     ids = np.full((len(order), L, K), MASKED, dtype=np.int64)
     has_w = any(w is not None for t in table.values() for _, w in t.values())
     wts = np.zeros((len(order), L, K), dtype=np.float32) if has_w else None
@@ -252,22 +262,28 @@ def import_log(path, fields: Fields = Fields(), missing: str = "error", fmt: str
             if got is None:
                 miss[i, l] = True
                 continue
-            e, w = got
-            e = e[:K]
-            if len(e) < K or any(x is None for x in e):
-                miss[i, l] = True
-            vals = [x if x is not None else MASKED for x in e] + [MASKED] * (K - len(e))
-            if experts is not None and max(vals) >= experts:
-                raise UserError(f"{p}: token {key[1]}, layer {l}: expert id {max(vals)} out of range "
-                                f"0..{experts - 1}")
-            if len(set(v for v in vals if v >= 0)) < sum(v >= 0 for v in vals):
-                raise UserError(f"{p}: token {key[1]}, layer {l}: an expert is picked twice ({e})")
-            ids[i, l] = vals
-            if wts is not None and w is not None:
-                ww = (w[:K] + [0.0] * K)[:K]
-                wts[i, l] = np.nan_to_num(np.asarray(ww, dtype=np.float32))
+            ids[i, l], miss[i, l] = _layer_ids(p, key, l, got[0], K, experts)
+            if wts is not None and got[1] is not None:
+                wts[i, l] = np.nan_to_num(np.asarray((got[1][:K] + [0.0] * K)[:K], dtype=np.float32))
     if extra := sorted({l for t in table.values() for l in t if l >= L}):
         raise UserError(f"{p}: layer {extra[0]} beyond the {L} layers asked for (--layers)")
+    return ids, wts, miss
+
+
+def import_log(path, fields: Fields = Fields(), missing: str = "error", fmt: str | None = None,
+               experts: int | None = None, topk: int | None = None, layers: int | None = None,
+               name: str | None = None) -> Trace:
+    """Read a router log (module docstring) and return it as a Trace."""
+    p = Path(path)
+    if missing not in MISSING:
+        raise UserError(f"trace import --missing: expected one of {', '.join(MISSING)}, got {missing!r}")
+    if not p.exists():
+        raise UserError(f"{p}: file not found")
+    fmt, table, L = _read_table(p, fields, fmt)
+    L = layers or L
+    K = topk or max(len(ids) for t in table.values() for ids, _ in t.values())
+    order = sorted(table)
+    ids, wts, miss = _fill(p, table, order, L, K, experts)
     n_missing = int(miss.any(1).sum())
     meta = {"source": "moetier trace import", "imported_from": p.name, "format": fmt, "fields": asdict(fields),
             "missing": missing, "layers": L, "topk": K, "dropped_tokens": 0, "masked_picks": 0}

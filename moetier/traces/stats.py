@@ -54,7 +54,7 @@ import numpy as np
 from moetier.errors import UserError
 from moetier.traces.format import Trace
 
-__all__ = ["stats", "lru_hits", "belady_hits", "default_cache_sizes", "next_use",
+__all__ = ["stats", "drop_masked", "norm_entropy", "lru_hits", "belady_hits", "default_cache_sizes", "next_use",
            "REUSE_BUCKETS", "FINE_BUCKETS", "layer_cache_curves", "next_layer_recall", "default_layer_sizes"]
 
 REUSE_BUCKETS = ["<64", "64-255", "256-1023", ">=1024", "never"]
@@ -143,7 +143,8 @@ def belady_hits(seq, size: int, nxt: np.ndarray | None = None) -> int:
     return hits
 
 
-def _norm_entropy(c: np.ndarray) -> float:
+def norm_entropy(c: np.ndarray) -> float:
+    """H(counts) / log(len(counts)): 1 = uniform; 0 for no counts or a single bin."""
     c = np.asarray(c, dtype=np.float64)
     tot = c.sum()
     if tot <= 0 or len(c) < 2:
@@ -198,48 +199,40 @@ def _r(x, nd=4):
     return round(float(x), nd)
 
 
-def stats(trace: Trace, experts: int, cache_sizes=None, *, cache: bool = True, progress=None,
-          layer_sizes=None) -> dict:
-    """Statistics of ``trace`` for a model with ``experts`` experts per layer (see module docstring).
-    ``progress(done, total)`` is called per layer pair and per cache size (the slow parts)."""
+def drop_masked(trace: Trace, who: str = "trace stats") -> tuple[np.ndarray, np.ndarray, int]:
+    """(ids int64 [tokens, layers, topk], segment boundaries, tokens left out): a trace imported with
+    ``--missing mask`` loses the tokens with a masked pick (a missing router record); segments keep the rest."""
     ids = np.asarray(trace.ids).astype(np.int64)
     if ids.ndim != 3:
-        raise UserError(f"trace stats: expected ids [tokens, layers, topk], found shape {list(ids.shape)}")
+        raise UserError(f"{who}: expected ids [tokens, layers, topk], found shape {list(ids.shape)}")
     seg = np.asarray(trace.segments, dtype=np.int64)
-    masked_tokens = 0
-    if ids.size and ids.min() < 0 and trace.meta.get("missing") == "mask":
-        # tokens with a masked pick (a missing router record) are left out; segments keep the rest
-        keep = (ids >= 0).all(axis=(1, 2))
-        masked_tokens = int((~keep).sum())
-        seg_of_tok = np.repeat(np.arange(len(seg) - 1), np.diff(seg))[keep]
-        ids = ids[keep]
-        if not len(ids):
-            raise UserError("trace stats: every token has a masked pick")
-        starts = np.flatnonzero(np.concatenate([[True], seg_of_tok[1:] != seg_of_tok[:-1]]))
-        seg = np.concatenate([starts, [len(ids)]]).astype(np.int64)
-    T, L, K = ids.shape
-    E = int(experts)
-    if ids.size and (ids.min() < 0 or ids.max() >= E):
-        raise UserError(f"trace stats: expert ids out of range 0..{E - 1} (found {ids.min()}..{ids.max()})")
-    seg_of = np.repeat(np.arange(len(seg) - 1), np.diff(seg))
-    first = np.zeros(T, dtype=bool)
-    first[seg[:-1]] = True
+    if not (ids.size and ids.min() < 0 and trace.meta.get("missing") == "mask"):
+        return ids, seg, 0
+    keep = (ids >= 0).all(axis=(1, 2))
+    seg_of_tok = np.repeat(np.arange(len(seg) - 1), np.diff(seg))[keep]
+    ids = ids[keep]
+    if not len(ids):
+        raise UserError(f"{who}: every token has a masked pick")
+    starts = np.flatnonzero(np.concatenate([[True], seg_of_tok[1:] != seg_of_tok[:-1]]))
+    return ids, np.concatenate([starts, [len(ids)]]).astype(np.int64), int((~keep).sum())
 
-    # popularity
-    counts = np.bincount((np.arange(L)[None, :, None] * E + ids).ravel(), minlength=L * E).reshape(L, E)
-    c0 = np.bincount((np.arange(L)[None, :] * E + ids[:, :, 0]).ravel(), minlength=L * E).reshape(L, E)
-    mean_load = T * K / E
-    # token-to-token reuse, chunked to bound memory
+
+def _prev_token_reuse(ids: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Per layer: picks at t also picked at t-1 (same segment), over the picks that have a previous token."""
+    T, L, K = ids.shape
     rep = np.zeros(L, dtype=np.int64)
-    for a in range(1, T, 2048):
+    for a in range(1, T, 2048):             # chunked to bound memory
         b = min(T, a + 2048)
         eq = (ids[a:b, :, :, None] == ids[a - 1:b - 1, :, None, :]).any(-1)        # [n, L, K]
         eq &= ~first[a:b, None, None]
         rep += eq.sum(axis=(0, 2))
     valid_prev = int((~first[1:]).sum()) if T > 1 else 0
-    reuse_l = rep / max(1, valid_prev * K)
+    return rep / max(1, valid_prev * K)
 
-    # reuse distance within segment, per key
+
+def _reuse_distances(ids: np.ndarray, seg_of: np.ndarray, E: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Reuse distance within segment, per key: (coarse counts [5], coarse per layer [L, 5], fine per layer [L, 9])."""
+    T, L, K = ids.shape
     flat_t = np.repeat(np.arange(T), L * K)
     keys = (np.arange(L)[None, :, None] * E + ids).reshape(-1)
     group = seg_of[flat_t] * (L * E) + keys
@@ -248,52 +241,89 @@ def stats(trace: Trace, experts: int, cache_sizes=None, *, cache: bool = True, p
     same = np.concatenate([[False], g[1:] == g[:-1]])
     dist = np.where(same, t - np.concatenate([[0], t[:-1]]), -1)
     bucket = np.where(dist < 0, 4, np.digitize(dist, [64, 256, 1024]))
-    rd_counts = np.bincount(bucket, minlength=5)
     layer_of = keys[order] // E
     rd_layer = np.bincount(layer_of * 5 + bucket, minlength=L * 5).reshape(L, 5)
     fine = np.where(dist < 0, 8, np.digitize(dist, _FINE_EDGES))
     fine_layer = np.bincount(layer_of * 9 + fine, minlength=L * 9).reshape(L, 9)
-    # top-1 repeat: slot 0 equal to the previous token's slot 0, same segment
-    if T > 1:
-        same0 = (ids[1:, :, 0] == ids[:-1, :, 0]) & ~first[1:, None]
-        top1 = same0.sum(0) / max(1, valid_prev)
-    else:
-        top1 = np.zeros(L)
-    nxt = next_layer_recall(ids, E) if L > 1 else None
+    return np.bincount(bucket, minlength=5), rd_layer, fine_layer
 
-    # cross-layer
+
+def _top1_repeat(ids: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Per layer: slot 0 equal to the previous token's slot 0, same segment."""
+    T, L, _ = ids.shape
+    if T < 2:
+        return np.zeros(L)
+    same0 = (ids[1:, :, 0] == ids[:-1, :, 0]) & ~first[1:, None]
+    return same0.sum(0) / max(1, int((~first[1:]).sum()))
+
+
+def _cross_layer(ids: np.ndarray, counts: np.ndarray, E: int, progress, work: int) -> tuple[list, list]:
+    """Per consecutive layer pair: (nmi_next, lift_top_pair)."""
+    T, L, K = ids.shape
     nmi, lift = [], []
-    n_sizes = len(cache_sizes) if cache_sizes is not None else len(default_cache_sizes(L, E))
-    work = (L - 1) + (n_sizes if cache else 0)
     for l in range(L - 1):
         if progress is not None:
             progress(l, work)
         nmi.append(nmi_pairs(ids[:, l, :].ravel(), ids[:, l + 1, :].ravel(), E, seed=l))
         pa = ids[:, l, :, None] * E + ids[:, l + 1, None, :]                       # all K x K pairs
         jc = np.bincount(pa.ravel(), minlength=E * E)
-        npairs = jc.sum()
-        expect = np.outer(counts[l], counts[l + 1]).ravel() / (T * K) ** 2 * npairs
+        expect = np.outer(counts[l], counts[l + 1]).ravel() / (T * K) ** 2 * jc.sum()
         ok = jc >= LIFT_MIN_COUNT
         lift.append(float((jc[ok] / expect[ok]).max()) if ok.any() else 0.0)
+    return nmi, lift
 
-    per_layer = []
-    for l in range(L):
-        per_layer.append({
-            "layer": l,
-            "entropy_norm": _r(_norm_entropy(counts[l])),
-            "max_over_mean": _r(counts[l].max() / mean_load, 3),
-            "top10_share": _r(_top_share(counts[l])),
-            "slot0_entropy_norm": _r(_norm_entropy(c0[l])),
-            "slot0_max_over_mean": _r(c0[l].max() / (T / E), 3),
-            "reuse_prev_token": _r(reuse_l[l]),
-            "reuse_distance": [_r(x) for x in rd_layer[l] / max(1, rd_layer[l].sum())],
-            "nmi_next": _r(nmi[l]) if l < L - 1 else None,
-            "lift_top_pair": _r(lift[l], 3) if l < L - 1 else None,
-            "top1_repeat": _r(top1[l]),
-            "reuse_distance_fine": [_r(x) for x in fine_layer[l] / max(1, fine_layer[l].sum())],
-            "next_layer_recall": ({str(k): _r(v) for k, v in nxt["recall"][l - 1].items()}
-                                  if nxt is not None and l > 0 else None),
-        })
+
+def _layer_row(l: int, L: int, p: dict) -> dict:
+    """One layer's row of ``per_layer`` from the arrays in ``p``."""
+    counts, c0, rd, fine, nxt = p["counts"], p["c0"], p["rd_layer"], p["fine_layer"], p["nxt"]
+    last = l == L - 1
+    return {
+        "layer": l,
+        "entropy_norm": _r(norm_entropy(counts[l])),
+        "max_over_mean": _r(counts[l].max() / p["mean_load"], 3),
+        "top10_share": _r(_top_share(counts[l])),
+        "slot0_entropy_norm": _r(norm_entropy(c0[l])),
+        "slot0_max_over_mean": _r(c0[l].max() / p["slot0_load"], 3),
+        "reuse_prev_token": _r(p["reuse"][l]),
+        "reuse_distance": [_r(x) for x in rd[l] / max(1, rd[l].sum())],
+        "nmi_next": None if last else _r(p["nmi"][l]),
+        "lift_top_pair": None if last else _r(p["lift"][l], 3),
+        "top1_repeat": _r(p["top1"][l]),
+        "reuse_distance_fine": [_r(x) for x in fine[l] / max(1, fine[l].sum())],
+        "next_layer_recall": ({str(k): _r(v) for k, v in nxt["recall"][l - 1].items()}
+                              if nxt is not None and l > 0 else None),
+    }
+
+
+_SUMMARY = ("entropy_norm", "max_over_mean", "top10_share", "slot0_entropy_norm", "slot0_max_over_mean",
+            "reuse_prev_token", "nmi_next", "lift_top_pair", "top1_repeat")
+
+
+def stats(trace: Trace, experts: int, cache_sizes=None, *, cache: bool = True, progress=None,
+          layer_sizes=None) -> dict:
+    """Statistics of ``trace`` for a model with ``experts`` experts per layer (see module docstring).
+    ``progress(done, total)`` is called per layer pair and per cache size (the slow parts)."""
+    ids, seg, masked_tokens = drop_masked(trace)
+    T, L, K = ids.shape
+    E = int(experts)
+    if ids.size and (ids.min() < 0 or ids.max() >= E):
+        raise UserError(f"trace stats: expert ids out of range 0..{E - 1} (found {ids.min()}..{ids.max()})")
+    seg_of = np.repeat(np.arange(len(seg) - 1), np.diff(seg))
+    first = np.zeros(T, dtype=bool)
+    first[seg[:-1]] = True
+
+    counts = np.bincount((np.arange(L)[None, :, None] * E + ids).ravel(), minlength=L * E).reshape(L, E)
+    rd_counts, rd_layer, fine_layer = _reuse_distances(ids, seg_of, E)
+    nxt = next_layer_recall(ids, E) if L > 1 else None
+    n_sizes = len(cache_sizes) if cache_sizes is not None else len(default_cache_sizes(L, E))
+    work = (L - 1) + (n_sizes if cache else 0)
+    nmi, lift = _cross_layer(ids, counts, E, progress, work)
+    parts = {"counts": counts, "c0": np.bincount((np.arange(L)[None, :] * E + ids[:, :, 0]).ravel(),
+                                                 minlength=L * E).reshape(L, E),
+             "mean_load": T * K / E, "slot0_load": T / E, "reuse": _prev_token_reuse(ids, first),
+             "rd_layer": rd_layer, "fine_layer": fine_layer, "top1": _top1_repeat(ids, first), "nxt": nxt,
+             "nmi": nmi, "lift": lift}
+    per_layer = [_layer_row(l, L, parts) for l in range(L)]
 
     def mean(key):
         v = [p[key] for p in per_layer if p[key] is not None]
@@ -303,9 +333,7 @@ def stats(trace: Trace, experts: int, cache_sizes=None, *, cache: bool = True, p
         "tokens": int(T), "layers": int(L), "experts": E, "topk": int(K), "segments": int(len(seg) - 1),
         "masked_tokens_left_out": masked_tokens,
         "picks": int(T * L * K),
-        "summary": {k: mean(k) for k in ("entropy_norm", "max_over_mean", "top10_share", "slot0_entropy_norm",
-                                         "slot0_max_over_mean", "reuse_prev_token", "nmi_next", "lift_top_pair",
-                                         "top1_repeat")},
+        "summary": {k: mean(k) for k in _SUMMARY},
         "reuse_random_baseline": _r(K / E),
         "reuse_distance": {"buckets": REUSE_BUCKETS, "count": rd_counts.tolist(),
                            "fraction": [_r(x) for x in rd_counts / max(1, rd_counts.sum())]},
@@ -331,8 +359,9 @@ def default_layer_sizes(experts: int, topk: int) -> list[int]:
                                                      experts // 2)})
 
 
-def layer_cache_curves(ids: np.ndarray, experts: int, sizes=None) -> dict:
-    """Per-layer LRU and Belady hit rates (module docstring: ``layer_cache``)."""
+def layer_cache_curves(ids: np.ndarray, experts: int, sizes=None, *, belady: bool = True) -> dict:
+    """Per-layer LRU and Belady hit rates (module docstring: ``layer_cache``); ``belady=False`` leaves Belady out
+    (its rates are then reported as None)."""
     T, L, K = ids.shape
     E = int(experts)
     sizes = default_layer_sizes(E, K) if sizes is None else sorted({int(s) for s in sizes})
@@ -343,16 +372,19 @@ def layer_cache_curves(ids: np.ndarray, experts: int, sizes=None) -> dict:
         seq = np.asarray(ids[:, l, :], dtype=np.int64).ravel()
         n = len(seq)
         distinct = len(np.unique(seq))
-        nx = next_use(seq)
+        nx = next_use(seq) if belady else None
         for j, sz in enumerate(sizes):
             if sz >= distinct:
                 lru[l, j] = opt[l, j] = (n - distinct) / n
             else:
                 lru[l, j] = lru_hits(seq, sz) / n
-                opt[l, j] = belady_hits(seq, sz, nx) / n
-    return {"sizes": sizes, "lru": [_r(x) for x in lru.mean(0)], "belady": [_r(x) for x in opt.mean(0)],
-            "per_layer": {"lru": [[_r(x) for x in row] for row in lru],
-                          "belady": [[_r(x) for x in row] for row in opt]},
+                opt[l, j] = belady_hits(seq, sz, nx) / n if belady else np.nan
+
+    def rows(a):
+        return [[_r(x) if belady or a is lru else None for x in row] for row in a]
+    return {"sizes": sizes, "lru": [_r(x) for x in lru.mean(0)],
+            "belady": [_r(x) for x in opt.mean(0)] if belady else None,
+            "per_layer": {"lru": rows(lru), "belady": rows(opt)},
             "order": "one layer's picks, token then slot; one stream over all segments"}
 
 
