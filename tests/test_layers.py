@@ -143,7 +143,6 @@ SIZE_ROOTS = ("moetier", "backends", "adapters", "conformance")
 # target (then delete its line).
 OPEN_LINES = {
     "moetier/bytes/transport.py": 575,
-    "moetier/core/policies/residency.py": 542,
     "moetier/run/runtime.py": 577,
 }
 OPEN_CC = {
@@ -151,8 +150,6 @@ OPEN_CC = {
     "moetier/bytes/transport.py:Reader._run": 33,
     "moetier/run/runtime.py:Runtime.layer": 37,
     "moetier/run/runtime.py:run": 26,
-    "moetier/traces/importer.py:import_log": 46,
-    "moetier/traces/stats.py:stats": 35,
 }
 
 
