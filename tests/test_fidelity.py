@@ -62,10 +62,15 @@ def test_interval_brackets_the_point_and_uses_the_recorded_spread(ci):
 
 
 @pytest.fixture(scope="module")
-def ci_store(tmp_path_factory):
+def ci_store_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("fidelity") / "store"
     store.pack(spec.resolve("tiny-ci-cpu").model, str(d))
-    return store.open_store(str(d))
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def ci_store(ci_store_dir):
+    return store.open_store(ci_store_dir)
 
 
 def test_bench_measures_the_prediction_terms_with_their_spread(ci_store, ci, user_registry):
@@ -111,3 +116,12 @@ def test_quick_arms_are_the_fit_arms_without_a_vram_tier():
     # every concurrency the tables are read at is fitted, with and without reads, and prediction at two
     assert {a["conc"] for a in arms if a["name"].startswith("tail-C")} == {1, 2, 4}
     assert {a["conc"] for a in arms if "prefetch" in a["name"]} == {1, 4}
+
+
+def test_calibrate_quick_runs_its_arms_and_prints_without_held_out_arms(ci_store_dir, capsys, user_registry):
+    from moetier.cli.main import main
+    rc = main(["calibrate", "tiny-ci-cpu", "--store", ci_store_dir, "--quick", "--steps", "2",
+               "--repeats", "1", "--no-write"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "held-out max n/a over 8 arms" in out
+    assert "tail-prefetch-C4" in out and "vram" not in out and "tail-mask-C1" not in out

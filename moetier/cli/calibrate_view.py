@@ -27,8 +27,9 @@ def print_calibration(res: dict, buckets, noise_flag_pct: float) -> None:
                      f"{r['sim_tok_s']:.1f}", f"{r['error_pct']:+.1f}%",
                      *(f"{m[b]:.2f} ({p[b]:.2f})" for b in buckets)])
     s = res["summary"]
+    held = s["held_out_max_abs_error_pct"]        # None: no arm held out (calibrate --quick)
     legend = [f"median |error| {s['median_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}%, held-out max "
-              f"{s['held_out_max_abs_error_pct']:.1f}% over {s['arms']} arms; buckets within 15%: "
+              f"{'n/a' if held is None else f'{held:.1f}%'} over {s['arms']} arms; buckets within 15%: "
               f"{s['buckets_within_15pct']}/{s['buckets_checked']} (misses: {', '.join(s['bucket_misses']) or 'none'})",
               "measured tok/s: decode tokens per second over all streams, +- 2 standard errors over the pooled "
               "repeats; error: simulator vs measured; ms/tok columns: measured (simulated) milliseconds per token "

@@ -15,9 +15,10 @@ the seconds of its own stage: the noise a prediction made from these terms carri
   issued together, the layer's RAM picks computed on the cpu lane while they land, then each read's expert computed
   inline as it lands. The reader's own timing (submit-to-landed by queue depth and burst position, wake-ups) is fitted
   by ``fit_nvme.fit_channel``, as `moetier calibrate` fits the runtime's: the engine's NVMe tables under the lane's load.
-- ``HostWork``: the runtime itself, all experts in RAM, a few dozen steps at rows 1 and 4; its host timers (plan,
-  bookkeeping, combine) and the time outside every timer give ``calibration.host`` per_layer / per_pick and
-  ``calibration.fixed_ms`` (``fit.fit_host_and_fixed``). Its tok/s is not used.
+- ``HostWork``: the runtime itself, all experts in RAM and its predictor on, a few dozen steps at rows 1 and 4; its
+  host timers (plan, bookkeeping, combine) and the time outside every timer give ``calibration.host`` per_layer /
+  per_pick and ``calibration.fixed_ms`` (``fit.fit_host_and_fixed``), the prediction's timer per_predict /
+  per_predict_row. Its tok/s is not used.
 """
 from __future__ import annotations
 
@@ -210,8 +211,14 @@ class HostWork:
         self.recipe_id, self.st, self.tr, self.steps, self.rows = recipe_id, st, tr, steps, rows
         R = spec.resolve(recipe_id)
         allram = round(R.keys * R.ram_expert_bytes / 1e9 * 1.05 + 0.01, 3)
-        # a short warm-up: every expert is in RAM, so nothing it would place matters to the host's timers
-        self.R = spec.resolve(recipe_id, [f"budget.ram_gb={allram}", f"policy.warmup_tokens={warmup_tokens}"])
+        # a short warm-up: every expert is in RAM, so nothing it would place matters to the host's timers. The
+        # predictor runs (the recipe's, else the transition predictor the calibration matrix's prefetch arms use)
+        # and, with every expert resident, issues no read: its own timer gives the host's prediction terms
+        pf = R.policy.get("prefetch") or {}
+        predictor = pf.get("predictor") if pf.get("predictor") not in (None, "none", "recall") else "transition"
+        self.R = spec.resolve(recipe_id, [f"budget.ram_gb={allram}", f"policy.warmup_tokens={warmup_tokens}",
+                                          f"policy.prefetch.depth={max(1, int(pf.get('depth') or 0))}",
+                                          f"policy.prefetch.predictor={predictor}"])
         self.runs: list[list] = []
 
     def round(self) -> None:
@@ -226,11 +233,10 @@ class HostWork:
         self.runs.append(out)
 
     def result(self) -> dict:
-        from moetier.measure.fit import fit_host_and_fixed
         pooled = [(_sum_runs([r for rnd in self.runs for r, c2 in rnd if c2 == c]), c) for c in self.rows]
-        host, fixed = fit_host_and_fixed(pooled)
-        each = [fit_host_and_fixed(rnd) for rnd in self.runs]
-        keep = ("per_layer_ms", "per_pick_ms")
+        host, fixed = _fit(pooled)
+        each = [_fit(rnd) for rnd in self.runs]
+        keep = ("per_layer_ms", "per_pick_ms", "per_predict_ms", "per_predict_row_ms")
         spread = {f"host.{k}": s for k in keep if (s := spread_of([e[0][k] for e in each], host[k])) is not None}
         fx = _median_spread({c: [(i, float(e[1][c])) for i, e in enumerate(each)] for c in fixed},
                             {c: float(v) for c, v in fixed.items()})
@@ -238,6 +244,23 @@ class HostWork:
             spread["fixed_ms"] = fx
         return {"host": {k: host[k] for k in keep}, "fixed_ms": fixed, "spread": spread,
                 "steps": sum(r["steps"] for rnd in self.runs for r, _ in rnd)}
+
+
+def _fit(runs) -> tuple[dict, dict]:
+    """Host terms and non-MoE time of HostWork's runs [(run, rows)]: the prediction's own timer (predict_s) gives
+    per_predict + per_predict_row x rows (relative least squares over the rows measured); the rest, without it,
+    ``fit.fit_host_and_fixed`` (every layer predicts, so a per-layer and a per-predict term fitted together could
+    not be told apart)."""
+    from moetier.measure.bench import relative_lstsq
+    from moetier.measure.fit import fit_host_and_fixed
+    A = [[r["counters"]["predict_layers"], r["counters"]["predict_rows"]] for r, _ in runs]
+    y = [r["counters"]["predict_s"] * 1e3 for r, _ in runs]
+    per_predict, per_row = relative_lstsq(A, y) if len(runs) > 1 and all(a[0] for a in A) else (0.0, 0.0)
+    plain = [({**r, "wall_s": r["wall_s"] - r["counters"]["predict_s"],
+               "counters": {**r["counters"], "predict_s": 0.0, "predict_layers": 0, "predict_rows": 0}}, c)
+             for r, c in runs]
+    host, fixed = fit_host_and_fixed(plain)
+    return {**host, "per_predict_ms": per_predict, "per_predict_row_ms": per_row}, fixed
 
 
 def _sum_runs(runs) -> dict:

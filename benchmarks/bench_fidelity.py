@@ -1,0 +1,168 @@
+"""How well the simulator predicts a machine from `moetier bench` alone, and from `moetier calibrate --quick`.
+
+In a temporary user registry (MOETIER_REGISTRY; nothing shipped and nothing of the user's is read or written):
+
+1. ``moetier bench --store STORE --recipe tiny-local-cpu`` writes the bench's records and recipe ``tiny-local-cpu-bench``
+   on them (no calibrated term of the shipped records reaches it);
+2. every arm of the calibration matrix without a VRAM tier (``calibrate.default_arms(R, vram=False)``: all-in-RAM,
+   the NVMe tail, a tighter budget, prefetch, mask at C1/C2/C4) runs for real on moetier's runtime, its repeats
+   interleaved (A B .. A B ..) and pooled as `moetier calibrate` pools them (``calibrate._merge``), and the simulator
+   predicts each from the bench's terms, with its interval (moetier.core.interval);
+3. ``moetier calibrate tiny-local-cpu-bench --quick`` fits its terms into the same records, and step 2 runs again.
+
+It writes benchmarks/fidelity-<machine>.json and .md: per phase, each arm's measured and predicted tok/s, the
+interval, the error, and the median and max |error| and the share of arms inside their interval; the seconds each
+command took and the load average (other jobs on a shared machine move every figure).
+
+    python benchmarks/bench_fidelity.py --store /tmp/local-store      # packed moetier-tiny-16x64-int8
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = "tiny-local-cpu"
+GOALS = {"bench": {"median": 10.0, "max": 20.0, "inside": 0.8}, "quick": {"median": 5.0, "max": 10.0}}
+
+
+def machine() -> str:
+    """A short description of this machine's hardware: CPU model, cores, memory."""
+    import psutil
+    model = platform.machine()
+    try:
+        for ln in Path("/proc/cpuinfo").read_text().splitlines():
+            if ln.startswith("model name"):
+                model = ln.split(":", 1)[1]
+                break
+    except OSError:
+        pass
+    model = re.sub(r"\((r|tm)\)|cpu|processor|\d+-core|@.*", "", model, flags=re.I)
+    slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")
+    return f"{slug}-{os.cpu_count()}c-{round(psutil.virtual_memory().total / 2**30)}g"
+
+
+def moetier(*argv) -> float:
+    """Run one moetier command (this checkout, the temporary registry); its seconds."""
+    t0 = time.perf_counter()
+    env = dict(os.environ, PYTHONPATH=str(REPO), MOETIER_QUIET="1")
+    r = subprocess.run([sys.executable, "-m", "moetier", *argv], cwd=REPO, env=env, capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"bench_fidelity: moetier {' '.join(argv)} failed:\n{r.stderr[-3000:]}")
+    return time.perf_counter() - t0
+
+
+def run_arms(recipe_id: str, st, tr, arms, steps: int, repeats: int) -> list[dict]:
+    """Every arm for real (repeats interleaved, pooled as calibrate pools them) and predicted, with its interval."""
+    from moetier.core import interval, sim
+    from moetier.measure import calibrate
+    runs: dict[str, list] = {a["name"]: [] for a in arms}
+    for _ in range(repeats):
+        for a in arms:
+            runs[a["name"]].append(calibrate._measure(recipe_id, st, tr, a, steps, "cpu", 1.0))
+    rows = []
+    for a in arms:
+        m = calibrate._merge(runs[a["name"]])
+        meas = m["tokens"] / m["wall_s"]
+        R = calibrate.arm_recipe(recipe_id, a)
+        pred = sim.run(R, tr, a["conc"], max_steps=steps)["tok_s"]
+        iv = interval.interval(R, sim.run, tr, a["conc"], max_steps=steps)
+        rows.append({"arm": a["name"], "conc": a["conc"], "measured_tok_s": round(meas, 3),
+                     "measured_each": [round(x, 3) for x in m["tok_s_each"]], "sim_tok_s": round(pred, 3),
+                     "interval": [round(iv["low"], 3), round(iv["high"], 3)], "basis": iv["basis"],
+                     "error_pct": round((pred / meas - 1) * 100, 2), "inside": interval.inside(meas, iv)})
+    return rows
+
+
+def summary(rows) -> dict:
+    errs = [abs(r["error_pct"]) for r in rows]
+    worst = max(rows, key=lambda r: abs(r["error_pct"]))
+    return {"arms": len(rows), "median_abs_error_pct": round(statistics.median(errs), 2),
+            "max_abs_error_pct": round(max(errs), 2), "max_arm": worst["arm"],
+            "inside_share": round(sum(bool(r["inside"]) for r in rows) / len(rows), 3)}
+
+
+def markdown(res: dict) -> str:
+    out = [f"# Fidelity on {res['machine']}", "",
+           f"`python benchmarks/bench_fidelity.py --store STORE --steps {res['steps']} --repeats {res['repeats']}` "
+           f"(STORE: `moetier store pack moetier-tiny-16x64-int8`), {res['cores']} cores; load average "
+           f"{res['load_before']} before, {res['load_after']} after (other jobs ran on this machine).", ""]
+    for phase, title in (("bench", "From `moetier bench` alone"), ("quick", "From `moetier calibrate --quick`")):
+        p = res.get(phase)
+        if not p:
+            continue
+        s = p["summary"]
+        out += [f"## {title} ({p['seconds']:.0f} s: `{p['command']}`)", "",
+                "| arm | conc | measured tok/s | predicted | interval | error | inside |", "|---|---|---|---|---|---|---|"]
+        out += [f"| {r['arm']} | {r['conc']} | {r['measured_tok_s']:.2f} | {r['sim_tok_s']:.2f} | "
+                f"{r['interval'][0]:.2f}-{r['interval'][1]:.2f} | {r['error_pct']:+.1f}% | "
+                f"{'yes' if r['inside'] else 'no'} |" for r in p["rows"]]
+        goal = GOALS[phase]
+        out += ["", f"Median |error| {s['median_abs_error_pct']:.1f}% (goal <= {goal['median']:.0f}%), max "
+                f"{s['max_abs_error_pct']:.1f}% ({s['max_arm']}; goal <= {goal['max']:.0f}%), "
+                f"{100 * s['inside_share']:.0f}% of {s['arms']} arms inside their interval"
+                + (f" (goal >= {100 * goal['inside']:.0f}%)." if "inside" in goal else "."), ""]
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--store", required=True, help="a packed moetier-tiny-16x64-int8 store")
+    ap.add_argument("--steps", type=int, default=100, help="measured steps per arm and repeat (default 100)")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats of the arms (default 3)")
+    ap.add_argument("--skip-quick", action="store_true", help="the bench phase only")
+    ap.add_argument("--out-dir", default=str(REPO / "benchmarks"), help="where the .json and .md go")
+    args = ap.parse_args(argv)
+    reg = tempfile.mkdtemp(prefix="moetier-fidelity-")
+    os.environ["MOETIER_REGISTRY"] = reg
+    from moetier.bytes import store
+    from moetier.core import records as spec
+    from moetier.measure import calibrate
+    from moetier.traces.format import load_trace
+    from moetier.cli.common import find_path
+    name = machine()
+    res = {"machine": name, "cores": os.cpu_count(), "steps": args.steps, "repeats": args.repeats,
+           "when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+           "load_before": [round(x, 2) for x in os.getloadavg()], "goals": GOALS}
+    rid = f"{RECIPE}-bench"
+    cmd = f"moetier bench --store STORE --recipe {RECIPE}"
+    secs = moetier("bench", "--store", args.store, "--recipe", RECIPE)
+    R = spec.resolve(rid)
+    st = store.open_store(args.store, model=R.model)
+    tr = load_trace(find_path(R.trace), layers=R.layers, experts=R.experts, topk=R.topk)
+    arms = calibrate.default_arms(R, vram=False)
+    rows = run_arms(rid, st, tr, arms, args.steps, args.repeats)
+    res["bench"] = {"command": cmd, "seconds": round(secs, 1), "rows": rows, "summary": summary(rows)}
+    print(json.dumps(res["bench"]["summary"]), file=sys.stderr)
+    write(res, Path(args.out_dir), name)       # what the bench phase found stays if the next one fails
+    if not args.skip_quick:
+        cmd = f"moetier calibrate {rid} --store STORE --quick"
+        secs = moetier("calibrate", rid, "--store", args.store, "--quick")
+        rows = run_arms(rid, st, tr, arms, args.steps, args.repeats)
+        res["quick"] = {"command": cmd, "seconds": round(secs, 1), "rows": rows, "summary": summary(rows)}
+        print(json.dumps(res["quick"]["summary"]), file=sys.stderr)
+    write(res, Path(args.out_dir), name)
+    return 0
+
+
+def write(res: dict, out: Path, name: str) -> None:
+    from moetier.atomic import atomic_write
+    res["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    for path, text in ((out / f"fidelity-{name}.json", json.dumps(res, indent=1) + "\n"),
+                       (out / f"fidelity-{name}.md", markdown(res))):
+        atomic_write(path, lambda f, b=text.encode(): f.write(b))
+    print(f"wrote {out / f'fidelity-{name}.md'}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
