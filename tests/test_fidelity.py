@@ -125,3 +125,20 @@ def test_calibrate_quick_runs_its_arms_and_prints_without_held_out_arms(ci_store
     out = capsys.readouterr().out
     assert rc == 0 and "held-out max n/a over 8 arms" in out
     assert "tail-prefetch-C4" in out and "vram" not in out and "tail-mask-C1" not in out
+
+
+def test_sim_prints_the_interval_and_table_only_when_asked(capsys):
+    import json
+    from moetier.cli.main import main
+    assert main(["sim", "tiny-ci-cpu", "--conc", "1", "--steps", "10", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["interval"]["low"] <= d["tok_s"] <= d["interval"]["high"] and d["interval"]["basis"] == "default"
+    assert main(["sim", "tiny-ci-cpu", "--conc", "1", "--steps", "10", "--json", "--no-interval"]) == 0
+    assert "interval" not in json.loads(capsys.readouterr().out)
+    assert main(["table", "tiny-ci-cpu", "--conc", "1"]) == 0
+    plain = capsys.readouterr().out
+    assert main(["table", "tiny-ci-cpu", "--conc", "1", "--interval"]) == 0
+    with_iv = capsys.readouterr().out
+    assert "interval" not in plain and "tok/s interval" in with_iv
+    row = next(ln for ln in plain.splitlines() if ln.startswith("| C1 |"))
+    assert next(ln for ln in with_iv.splitlines() if ln.startswith("| C1 |")).startswith(row[:-1])
