@@ -43,14 +43,15 @@ def main(argv=None):
     seen: set = set()
     wait = runtime.Runtime._wait
 
-    def timed_wait(self, h, ticket=None, bucket="nvme_wait_s"):   # a diagnostic wrapper, this script only
+    def timed_wait(self, h, ticket=None, bucket="nvme_wait_s", refill=None):   # a diagnostic wrapper, this script
         t = time.perf_counter()
-        wait(self, h, ticket, bucket)
+        h = wait(self, h, ticket, bucket, refill)
         layer = self.stats["layer_calls"]
         c = getattr(h, "comp", h)      # the SYCL and CUDA backends' fill handles wrap the Reader's completion
         if layer not in seen and hasattr(c, "t_landed"):
             seen.add(layer)
             first.append(((c.t_landed - c.t_submit) * 1e3, (t - c.t_submit) * 1e3))
+        return h
 
     runtime.Runtime._wait = timed_wait
     be = runtime.make_backend(a.backend, st, R, a.conc, 1.0)

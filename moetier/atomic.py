@@ -2,11 +2,11 @@
 
 Contract: ``atomic_write(path, write)`` calls ``write(f)`` with a binary file object; on any error the temporary
 file is removed and the destination is untouched (no half-written record or trace ever exists under its name).
-``cannot_write(folder)`` says why a file cannot be created there (None if it can), for checks made before a
-command starts its work. ``atomic_write_many([(path, write), ...])`` stages every file first and renames them only when all are staged, so a
-command that writes several files writes all of them or none (a failure while staging - a full disk, a folder
-that is not writable - leaves every destination untouched). The files get the usual permissions (0666 minus the
-umask), not mkstemp's 0600.
+``atomic_write_many([(path, write), ...])`` stages every file first and renames them only when all are staged, so
+a command that writes several files writes all of them or none (a failure while staging - a full disk, a folder
+that is not writable - leaves every destination untouched). ``cannot_write(folder)`` says why a file cannot be
+created there (None if it can), for checks made before a command starts its work. The files get the usual
+permissions (0666 minus the umask), not mkstemp's 0600.
 """
 from __future__ import annotations
 

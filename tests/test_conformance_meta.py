@@ -80,7 +80,7 @@ def test_residency_instruments_flag_an_early_landing(tmp_path, monkeypatch):
     be = get_backend("cpu", st, ram_slots=R.ram_slots + 64)
     try:
         chaos = Chaos(be, 0)
-        monkeypatch.setattr(runtime.Runtime, "_wait", lambda self, h, ticket=None: None)
+        monkeypatch.setattr(runtime.Runtime, "_wait", lambda self, h, *args, **kw: h)   # never waits
         with _Instrumented(chaos), pytest.raises(ResidencyViolation, match="before its fill handle reported landed"):
             runtime.run(R, st, chaos, tr, 1, max_steps=2)
         # and compute() on a slot whose fill was never reported landed; the run above never waited for its reads,

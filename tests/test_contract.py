@@ -54,15 +54,18 @@ def test_cpu_backend_implements_every_contract_member(cpu):
 
 
 def test_runtime_reaches_no_further_than_the_contract():
-    """No getattr probing: every backend member the runtime touches is declared in the Protocol."""
-    tree = ast.parse((ROOT / "moetier/run/runtime.py").read_text(encoding="utf-8"))
-    probes = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") in
-              ("getattr", "hasattr")]
-    assert not probes, f"moetier/run/runtime.py probes attributes at lines {probes}"
+    """No getattr probing: every backend member the runtime (its step loop, layer, waits and books) touches is
+    declared in the Protocol."""
     declared = set(Backend.__annotations__) | {n for n in vars(Backend) if not n.startswith("_")}
-    used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute)
-            and n.value.attr == "be"} | {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
-                                         and isinstance(n.value, ast.Name) and n.value.id in ("be", "backend")}
+    used: set = set()
+    for name in ("runtime", "layer", "waits", "booking"):
+        tree = ast.parse((ROOT / f"moetier/run/{name}.py").read_text(encoding="utf-8"))
+        probes = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") in
+                  ("getattr", "hasattr")]
+        assert not probes, f"moetier/run/{name}.py probes attributes at lines {probes}"
+        used |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute)
+                 and n.value.attr == "be"} | {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                                              and isinstance(n.value, ast.Name) and n.value.id in ("be", "backend")}
     assert used and used <= declared, f"the runtime uses backend members the contract lacks: {used - declared}"
 
 

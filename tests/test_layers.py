@@ -141,15 +141,9 @@ SIZE_ROOTS = ("moetier", "backends", "adapters", "conformance")
 # Open: over the targets today, each at its size (lines) or complexity now. The lists only shrink: the test fails
 # when one of them grows, when a module or function not listed goes over, and when a listed one is within the
 # target (then delete its line).
-OPEN_LINES = {
-    "moetier/bytes/transport.py": 575,
-    "moetier/run/runtime.py": 577,
-}
+OPEN_LINES: dict[str, int] = {}
 OPEN_CC = {
     "backends/cuda/backend.py:CudaBackend.__init__": 27,
-    "moetier/bytes/transport.py:Reader._run": 33,
-    "moetier/run/runtime.py:Runtime.layer": 37,
-    "moetier/run/runtime.py:run": 26,
 }
 
 

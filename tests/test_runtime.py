@@ -17,6 +17,9 @@ from moetier.errors import UserError  # noqa: E402
 from conformance.conftest import reference_hook  # noqa: E402
 from moetier.traces.format import load_trace  # noqa: E402
 from moetier.bytes.transport import FaultPlan  # noqa: E402
+from tests._watchdog import watchdog  # noqa: E402
+
+bounded = watchdog(240)   # every test here waits on real reads: a stuck wait fails its test, never hangs the suite
 
 RECIPE = "tiny-ci-cpu"
 STEPS = 12

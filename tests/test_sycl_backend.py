@@ -212,9 +212,9 @@ def test_unavailable_when_arena_too_big(tmp_path):
 
 
 def _run_counting(monkeypatch, st, R, tr, steps):
-    from moetier.run import runtime
+    from moetier.run import layer as run_layer, runtime
     counts = {k: 0 for k in ("gpu", "zerocopy", "cpu", "nvme_cpu", "nvme_gpu", "masked")}
-    orig = runtime.plan_layer
+    orig = run_layer.plan_layer
 
     def counting(*a, **kw):
         p = orig(*a, **kw)
@@ -224,7 +224,7 @@ def _run_counting(monkeypatch, st, R, tr, steps):
 
     be = get_backend("sycl", st, ram_slots=min(R.keys, R.ram_slots) + 2 * R.topk + 16, vram_slots=R.vram_slots)
     with monkeypatch.context() as mp:
-        mp.setattr(runtime, "plan_layer", counting)
+        mp.setattr(run_layer, "plan_layer", counting)
         try:
             res = runtime.run(R, st, be, tr, 1, max_steps=steps)
             stats = be.stats

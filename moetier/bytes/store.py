@@ -18,6 +18,7 @@ import numpy as np
 from moetier.bytes import router_record
 from moetier.bytes.layout import (CHECKSUM, DATA_NAME, DIGEST_BYTES, FORMAT, MANIFEST_NAME,  # noqa: F401
                                   digest, record_offset)
+from moetier import strictjson
 from moetier.errors import UserError
 
 BATCH_BYTES = 8 * 1024 * 1024  # bytes gathered per write call
@@ -310,10 +311,11 @@ class Store:
 def _manifest(mpath: str) -> dict:
     """The store's manifest, its fields checked (UserError names the field and what it expected)."""
     try:
-        with open(mpath) as f:
-            m = json.load(f)
+        with open(mpath, encoding="utf-8") as f:
+            text = f.read()
     except (OSError, ValueError) as e:
         raise UserError(f"store {mpath}: unreadable manifest: {e}") from None
+    m = strictjson.loads(text, f"store {mpath}")
     if not isinstance(m, dict):
         raise UserError(f"store {mpath}: manifest must be a JSON object")
     if m.get("format") != FORMAT:

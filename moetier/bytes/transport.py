@@ -1,9 +1,7 @@
-"""Portable NVMe side of the transport: an O_DIRECT record reader and a 2 MiB-aligned RAM slot pool.
+"""Portable NVMe side of the transport: an O_DIRECT record reader filling the slots of a RAM slot pool.
 
 Contract (see docs/store.md):
 
-- ``SlotPool`` carves ``n`` slots of ``slot_bytes`` (rounded up to 4 KiB) from one anonymous private mapping whose base
-  is aligned to 2 MiB and advised ``MADV_HUGEPAGE``; each slot is 4 KiB aligned, which O_DIRECT needs.
 - ``Reader.fill(key, slot)`` submits one asynchronous positional read of record ``key`` into pool slot ``slot`` and
   returns a ``Completion`` whose ``seq`` is one more than the previous submit's.
 - ``Reader.landed(handle)`` is a non-blocking poll. It returns True only once the bytes are in the slot and, when the
@@ -12,17 +10,17 @@ Contract (see docs/store.md):
   must never be used.
 - ``Reader.completed_seq()`` is the highest ``s`` such that every submit with ``seq <= s`` is finished (landed or
   failed): completion polling by sequence number.
-- ``Reader.fence()`` waits for every outstanding read; it does not raise (failures surface on ``landed``/``wait``).
+- ``Reader.fence(timeout=None)`` waits for every outstanding read; it does not raise (failures surface on
+  ``landed``/``wait``). ``close()`` wakes the reads the fault seam holds back, then fences.
 
-``FaultPlan`` is a test seam, not a fake transport: the real read always happens and the plan then damages its result
-(reports it short, turns it into EIO, or flips one byte).
+The slot pool (``SlotPool``, ``PAGE``, ``HUGE``, ``TransportError``, ``PoolExhausted``) lives in moetier.bytes.pool
+and the fault seam (``FaultPlan``, ``FAULT_KINDS``) in moetier.bytes.faults; both are re-exported here, where callers
+import them from.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import mmap
 import os
 import threading
 import time
@@ -30,211 +28,17 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as _FutTimeout
 
-import numpy as np
-
+from moetier.bytes import faults as _faults
+from moetier.bytes.faults import FAULT_KINDS, FaultPlan  # noqa: F401  (re-exported)
 from moetier.bytes.layout import digest as record_digest   # the store format owns its checksum
+from moetier.bytes.pool import (HUGE, PAGE, PoolExhausted, SlotPool, TransportError,  # noqa: F401  (re-exported)
+                                _round_up, smaps_huge_bytes)
 
-PAGE = 4096
-HUGE = 2 * 1024 * 1024
+__all__ = ["Completion", "FAULT_KINDS", "FaultPlan", "HUGE", "PAGE", "PoolExhausted", "Reader", "SlotPool",
+           "TransportError", "smaps_huge_bytes"]
 
 # Paths (directories) already warned about an O_DIRECT refusal: the warning is printed once per process per folder.
 _WARNED: set = set()
-
-
-class TransportError(RuntimeError):
-    """A record read failed (short read, I/O error, checksum mismatch) or the pool/reader was misused."""
-
-
-class PoolExhausted(TransportError):
-    """SlotPool.alloc() with no free slot."""
-
-
-def _round_up(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
-
-
-def smaps_huge_bytes(start: int, length: int) -> int:
-    """Bytes of [start, start + length) that this process has backed by transparent huge pages, from
-    /proc/self/smaps: the AnonHugePages of each mapping that overlaps the range, clipped to the overlap (huge pages
-    are counted whole, so a partial overlap counts the pages that lie inside it). 0 where smaps is not readable."""
-    end = start + length
-    total, lo, hi = 0, None, None
-    try:
-        with open("/proc/self/smaps") as f:
-            for line in f:
-                head = line.split(None, 1)[0]
-                if "-" in head and not head.endswith(":"):
-                    a, b = (int(x, 16) for x in head.split("-"))
-                    lo, hi = (a, b) if a < end and b > start else (None, None)
-                elif lo is not None and head == "AnonHugePages:":
-                    huge = int(line.split()[1]) * 1024
-                    total += min(huge, min(hi, end) - max(lo, start))
-    except OSError:
-        return 0
-    return total
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Slot pool
-
-
-class SlotPool:
-    """``n`` RAM slots of ``slot_bytes`` (rounded up to 4096) in one 2 MiB-aligned anonymous private mapping.
-
-    The mapping is one huge page longer than the slots rounded up to whole huge pages, so that the aligned region
-    always holds whole huge pages, whatever the pool's size: a pool smaller than 2 MiB can be backed by one too.
-    ``hugepage=False`` skips madvise(MADV_HUGEPAGE) (4 KiB pages; the bench uses it as a control arm).
-    ``self.hugepage`` tells whether the advice was accepted; ``huge_bytes()`` tells how many bytes of the slots the
-    kernel actually backs with huge pages (from /proc/self/smaps), which is what a measurement should report.
-    """
-
-    def __init__(self, n: int, slot_bytes: int, *, hugepage: bool = True):
-        if int(n) < 1:
-            raise ValueError(f"SlotPool: n must be >= 1, got {n}")
-        if int(slot_bytes) < 1:
-            raise ValueError(f"SlotPool: slot_bytes must be >= 1, got {slot_bytes}")
-        self.n = int(n)
-        self.slot_bytes = _round_up(int(slot_bytes), PAGE)
-        self.nbytes = self.n * self.slot_bytes
-        flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
-        total = _round_up(self.nbytes, HUGE) + HUGE
-        if flags:
-            self._mm = mmap.mmap(-1, total, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        else:  # pragma: no cover - non-POSIX
-            self._mm = mmap.mmap(-1, total)
-        cbuf = ctypes.c_char.from_buffer(self._mm)
-        raw = ctypes.addressof(cbuf)
-        del cbuf  # release the buffer export so close() works
-        self._off = (-raw) % HUGE
-        self.base = raw + self._off
-        self.hugepage = False
-        if hugepage and hasattr(self._mm, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
-            try:
-                self._mm.madvise(mmap.MADV_HUGEPAGE, self._off, _round_up(self.nbytes, HUGE))
-                self.hugepage = True
-            except (OSError, ValueError):
-                pass
-        self._free = list(range(self.n))  # kept sorted descending so pop() hands out the lowest index
-        self._free.reverse()
-        self._isfree = [True] * self.n
-        self._lock = threading.Lock()
-        self._closed = False
-
-    # allocation ---------------------------------------------------------------------------------------------------
-    def alloc(self) -> int:
-        with self._lock:
-            self._check_open()
-            if not self._free:
-                raise PoolExhausted(f"SlotPool: all {self.n} slots are in use")
-            i = self._free.pop()
-            self._isfree[i] = False
-            return i
-
-    def free(self, i: int) -> None:
-        with self._lock:
-            self._check_open()
-            self._check_index(i)
-            if self._isfree[i]:
-                raise ValueError(f"SlotPool.free: slot {i} is already free")
-            self._isfree[i] = True
-            self._free.append(i)
-            self._free.sort(reverse=True)
-
-    @property
-    def nfree(self) -> int:
-        return len(self._free)
-
-    # addressing ---------------------------------------------------------------------------------------------------
-    def addr(self, i: int) -> int:
-        self._check_index(i)
-        return self.base + i * self.slot_bytes
-
-    def view(self, i: int) -> np.ndarray:
-        """Zero-copy uint8 view of slot ``i`` (len slot_bytes). Drop views before close()."""
-        self._check_open()
-        self._check_index(i)
-        return np.frombuffer(self._mm, dtype=np.uint8, count=self.slot_bytes, offset=self._off + i * self.slot_bytes)
-
-    def _memoryview(self, i: int, nbytes: int) -> tuple:
-        """(parent, sub) memoryviews over the first nbytes of slot i; the caller releases both."""
-        parent = memoryview(self._mm)
-        start = self._off + i * self.slot_bytes
-        return parent, parent[start:start + nbytes]
-
-    def huge_bytes(self) -> int:
-        """Bytes of the slots backed by huge pages now (0 where /proc/self/smaps is not readable).
-
-        Pages are backed on first touch, so a fresh pool reports 0 until its slots are written."""
-        return smaps_huge_bytes(self.base, self.nbytes)
-
-    def _zero(self, i: int) -> None:
-        start = self._off + i * self.slot_bytes
-        self._mm[start:start + self.slot_bytes] = bytes(self.slot_bytes)
-
-    def _check_index(self, i) -> None:
-        if not isinstance(i, (int, np.integer)) or not 0 <= int(i) < self.n:
-            raise ValueError(f"SlotPool: slot index {i!r} out of range 0..{self.n - 1}")
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise TransportError("SlotPool: closed")
-
-    # lifetime -----------------------------------------------------------------------------------------------------
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self._mm.close()
-        except BufferError:
-            # A caller still holds a view(); the mapping is unmapped when the last view is dropped.
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __repr__(self):
-        return f"SlotPool(n={self.n}, slot_bytes={self.slot_bytes}, free={self.nfree}, base=0x{self.base:x})"
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Fault injection (test seam)
-
-
-class FaultPlan:
-    """Test seam consulted once per read: ``plan(key)`` -> None | "short" | "eio" | "flip".
-
-    The real read always happens first; the plan then damages the outcome: "short" reads one page less than the
-    record (so the short-read check fires), "eio" raises OSError(EIO) after the read, "flip" flips one byte of the
-    landed bytes (so the checksum check fires when the read is sampled). ``once=True`` makes each key's fault fire
-    only on its first read (so a retry succeeds). Any callable with the same signature may be passed as ``faults``.
-    """
-
-    def __init__(self, short=(), eio=(), flip=(), *, once: bool = False, flip_at: int = 0):
-        self.short = set(short)
-        self.eio = set(eio)
-        self.flip = set(flip)
-        self.once = once
-        self.flip_at = int(flip_at)
-        self.fired: list = []
-        self._lock = threading.Lock()
-
-    def __call__(self, key: int):
-        with self._lock:
-            for name, keys in (("short", self.short), ("eio", self.eio), ("flip", self.flip)):
-                if key in keys:
-                    if self.once:
-                        keys.discard(key)
-                    self.fired.append((name, key))
-                    return name
-        return None
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Reader
 
 
 class Completion:
@@ -320,6 +124,7 @@ class Reader:
         self.burst_ms: list = []
         self._bursts = 0
         self._closed = False
+        self._closing = threading.Event()   # set by close(): a read the fault seam holds back gives up at once
 
     # opening ------------------------------------------------------------------------------------------------------
     def _open(self, direct: bool) -> int:
@@ -430,15 +235,16 @@ class Reader:
         self.landed(handle)
         return handle
 
-    def fence(self) -> None:
-        """Wait for every outstanding read (landed or failed). Does not raise."""
+    def fence(self, timeout: float | None = None) -> bool:
+        """Wait for every outstanding read (landed or failed), at most ``timeout`` seconds (None: no limit).
+        Returns whether none is left. Does not raise."""
         with self._cv:
-            while self._pending:
-                self._cv.wait()
+            return self._cv.wait_for(lambda: not self._pending, timeout)
 
     def close(self) -> None:
         if self._closed:
             return
+        self._closing.set()
         self.fence()
         with self._lock:
             self._closed = True
@@ -488,88 +294,107 @@ class Reader:
         self._cv.notify_all()
 
     def _run(self, c: Completion, sample: bool) -> None:
-        with self._cv:
-            if c.prefetch:
-                while self._demand > 0 and c.state == "pending" and not self._closed:
-                    self._cv.wait(0.05)
-            if c.state != "pending":        # cancelled before it started
-                return
-            c.started = True
-            c.t_started = time.perf_counter()
-            if c.prefetch:
-                self._pf_busy += 1
-        rb = self.record_bytes
-        err = None
-        kind = None
-        got = 0
+        """A worker's whole read: start (a prefetch waits out the demand reads), read through the fault seam, verify
+        when sampled, zero a failed slot, then book it and finish it under the lock. It never leaves ``c`` pending."""
+        if not self._start(c):
+            return
         t0 = time.perf_counter()
-        try:
-            action = self.faults(c.key) if self.faults is not None else None
-            want = rb - PAGE if action == "short" and rb > PAGE else rb
-            got = self._read(c.slot, int(self.store.offset(c.key)), want)
-            if action == "eio":
-                raise OSError(errno.EIO, os.strerror(errno.EIO))
-            if action == "flip":
-                v = self.pool.view(c.slot)
-                v[0] ^= 0xFF  # the fault seam damages the landed bytes
-                del v
-            if got != rb:
-                kind = "short"
-                err = (f"transport: short read of key {c.key} from {self.path}: got {got} of {rb} bytes "
-                       f"(expected {rb})")
-        except OSError as e:
-            kind = "io"
-            err = f"transport: read of key {c.key} from {self.path} failed: {e.strerror or e}"
-        except Exception as e:  # never leave a completion pending
-            kind = "io"
-            err = f"transport: read of key {c.key} from {self.path} failed: {type(e).__name__}: {e}"
+        got, kind, err = self._attempt(c)
         ms = (time.perf_counter() - t0) * 1000.0
-        verified = False
-        bad_sum = False
+        verified = bad_sum = False
         if err is None and sample:
-            want_digest = self.store.digest(c.key)
-            if want_digest is not None:
-                parent, sub = self.pool._memoryview(c.slot, rb)
-                try:
-                    have = record_digest(sub)
-                finally:
-                    sub.release()
-                    parent.release()
-                verified = True
-                if have != want_digest:
-                    bad_sum = True
-                    err = f"transport: checksum mismatch for key {c.key} in {self.path} (xxh3-128)"
+            verified, err = self._verify(c)
+            bad_sum = err is not None
         if err is not None:
             try:
                 self.pool._zero(c.slot)  # failed bytes must never be used
             except Exception:
                 pass
         with self._cv:
-            s = self.stats
-            s["reads"] += 1
-            s["bytes"] += got
-            s["read_ms"] += ms
-            if verified:
-                s["checksum_checked"] += 1
-            if bad_sum:
-                s["checksum_failures"] += 1
-            if kind == "short":
-                s["short_reads"] += 1
-            elif kind == "io":
-                s["io_errors"] += 1
-            if err is not None:
-                s["failures"] += 1
+            self._book(got, ms, kind if not bad_sum else "checksum", err, verified)
             c.read_ms = ms
             c.verified = verified
             c.error = err
             c.state = "failed" if err is not None else "landed"
             c.t_landed = time.perf_counter()
-            if err is None and not c.prefetch:
-                ms = (c.t_landed - c.t_submit) * 1000.0
-                if not c.pf_busy:
-                    samples = self.latency_by_qd.setdefault(c.qd, [])
-                    if len(samples) < 4096:
-                        samples.append(ms)
-                    if len(self.burst_ms) < 16384:    # a burst with a read left out is not counted (burst_means)
-                        self.burst_ms.append((c.burst, c.qd, ms))
+            if err is None:
+                self._sample_timing(c)
             self._finish_locked(c)
+
+    def _start(self, c: Completion) -> bool:
+        """Take ``c`` up; a prefetch read first waits while any demand read is outstanding. False: it was cancelled
+        before it started."""
+        with self._cv:
+            if c.prefetch:
+                while self._demand > 0 and c.state == "pending" and not self._closed:
+                    self._cv.wait(0.05)
+            if c.state != "pending":
+                return False
+            c.started = True
+            c.t_started = time.perf_counter()
+            if c.prefetch:
+                self._pf_busy += 1
+        return True
+
+    def _attempt(self, c: Completion) -> tuple:
+        """Read record ``c.key`` into its slot through the fault seam: (bytes got, failure kind "short" | "io" |
+        None, one-line error | None)."""
+        rb = self.record_bytes
+        got = 0
+        try:
+            action = self.faults(c.key) if self.faults is not None else None
+            held = _faults.held_s(self.faults, action)
+            if held and self._closing.wait(held):    # a late completion; closing must not wait for it
+                raise OSError(errno.ECANCELED, "reader closed while the read was held back")
+            got = self._read(c.slot, int(self.store.offset(c.key)), _faults.want_bytes(action, rb))
+            _faults.after_read(action, lambda: self.pool.view(c.slot))
+        except OSError as e:
+            return got, "io", f"transport: read of key {c.key} from {self.path} failed: {e.strerror or e}"
+        except Exception as e:  # never leave a completion pending
+            return got, "io", f"transport: read of key {c.key} from {self.path} failed: {type(e).__name__}: {e}"
+        if got != rb:
+            return got, "short", (f"transport: short read of key {c.key} from {self.path}: got {got} of {rb} bytes "
+                                  f"(expected {rb})")
+        return got, None, None
+
+    def _verify(self, c: Completion) -> tuple:
+        """(checked, error | None): the landed bytes against the manifest digest (unchecked where it has none)."""
+        try:
+            want = self.store.digest(c.key)
+            if want is None:
+                return False, None
+            parent, sub = self.pool._memoryview(c.slot, self.record_bytes)
+            try:
+                have = record_digest(sub)
+            finally:
+                sub.release()
+                parent.release()
+        except Exception as e:  # never leave a completion pending
+            return False, f"transport: checksum of key {c.key} in {self.path} not computed: {type(e).__name__}: {e}"
+        if have != want:
+            return True, f"transport: checksum mismatch for key {c.key} in {self.path} (xxh3-128)"
+        return True, None
+
+    def _book(self, got: int, ms: float, kind, err, verified: bool) -> None:
+        """The read's counters (caller holds the lock); ``kind``: "short", "io", "checksum" or None."""
+        s = self.stats
+        s["reads"] += 1
+        s["bytes"] += got
+        s["read_ms"] += ms
+        s["checksum_checked"] += verified
+        s["checksum_failures"] += kind == "checksum"
+        s["short_reads"] += kind == "short"
+        s["io_errors"] += kind == "io"
+        s["failures"] += err is not None
+
+    def _sample_timing(self, c: Completion) -> None:
+        """A landed demand read's timing sample, for the channel model's fits (caller holds the lock); a prefetch
+        read, or a demand read that shared the device with one, is not sampled."""
+        if c.prefetch or c.pf_busy:
+            return
+        ms = (c.t_landed - c.t_submit) * 1000.0
+        samples = self.latency_by_qd.setdefault(c.qd, [])
+        if len(samples) < 4096:
+            samples.append(ms)
+        if len(self.burst_ms) < 16384:    # a burst with a read left out is not counted (burst_means)
+            self.burst_ms.append((c.burst, c.qd, ms))

@@ -6,10 +6,10 @@ Contract: same as moetier.cli (one-line errors, exit 2). ``record`` exits with t
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
+from moetier.cli.common import count_float, positive_float
 from moetier.errors import UserError
 
 
@@ -18,8 +18,9 @@ def register(sub, parser_class) -> None:
     psub = sp.add_subparsers(dest="probe_cmd", parser_class=parser_class)
     r = psub.add_parser("record", help="sample the host (JSON lines) while COMMAND runs")
     r.add_argument("--out", required=True, help="probe file to append to")
-    r.add_argument("--interval", type=float, default=0.1, help="seconds between samples (default 0.1)")
-    r.add_argument("--duration", type=float, default=0.0, help="stop sampling after S seconds (0: when COMMAND exits)")
+    r.add_argument("--interval", type=positive_float, default=0.1, help="seconds between samples (default 0.1)")
+    r.add_argument("--duration", type=count_float, default=0.0,
+                   help="stop sampling after S seconds (0: when COMMAND exits)")
     r.add_argument("command", nargs="*", help="the command, after --")
     p = psub.add_parser("report", help="utilization + chokepoints of a run record or a probe file")
     p.add_argument("target", metavar="RUN_OR_PROBE", help="run record id (registry/runs/<id>.json), a run record "
@@ -44,10 +45,6 @@ def cmd_probe(args) -> int:
 
 def _record(args) -> int:
     from moetier.measure import probe
-    if not (math.isfinite(args.interval) and args.interval > 0):
-        raise UserError(f"probe record: --interval must be a positive number of seconds, got {args.interval}")
-    if not (math.isfinite(args.duration) and args.duration >= 0):
-        raise UserError(f"probe record: --duration must be >= 0 seconds, got {args.duration}")
     cmd = list(args.command or [])
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]

@@ -12,7 +12,7 @@ import platform
 import sys
 
 from moetier.cli import progress
-from moetier.cli.common import count, fraction, positive_int, seed
+from moetier.cli.common import count, fraction, positive_float, positive_int, seed
 from moetier.errors import UserError
 
 
@@ -46,6 +46,18 @@ def register(sub, parser_class) -> None:
     r.add_argument("--force", action="store_true", help="replace an existing run record of the --record id")
     r.add_argument("--probe", metavar="FILE", help="sample the host at 100 ms and the runtime's counters per step "
                    "into FILE (JSON lines; see `moetier probe`)")
+    r.add_argument("--faults", type=fraction, default=0.0, metavar="RATE",
+                   help="chaos: inject a fault into this fraction of reads (--fault-kinds); needs --verify-rate 1")
+    r.add_argument("--fault-kinds", type=fault_kinds, default=("eio", "short", "flip", "slow"), metavar="K,K",
+                   help="faults --faults draws from: eio, short, flip, slow (default all four)")
+    r.add_argument("--stall-rate", type=fraction, default=0.0, metavar="RATE",
+                   help="chaos: this fraction of reads stalls past --stall-timeout (the run stops with one line)")
+    r.add_argument("--fault-seed", type=seed, default=0, help="seed of the fault draws")
+    r.add_argument("--retries", type=count, default=3, help="times a failed read is read again before the run "
+                   "stops (default 3)")
+    r.add_argument("--stall-timeout", type=positive_float, default=None, metavar="S",
+                   help="stop the run when a transfer has not landed after S seconds (default: wait; 1 s with "
+                   "--stall-rate)")
     r.add_argument("--json", action="store_true", help="machine-readable output (the run record)")
     r.set_defaults(fn=cmd_run)
 
@@ -157,12 +169,40 @@ def _existing(kind: str, rid: str) -> dict | None:
     return spec.load_record(kind, rid) if rid in spec.record_ids(kind) else None
 
 
+def fault_kinds(s: str) -> tuple:
+    """An argparse type: comma-separated fault kinds (``--fault-kinds eio,flip``)."""
+    import argparse
+    kinds = tuple(k.strip() for k in s.split(","))
+    known = ("eio", "short", "flip", "slow")
+    if not all(k in known for k in kinds):
+        raise argparse.ArgumentTypeError(f"expected comma-separated kinds from {', '.join(known)}, got {s!r}")
+    return kinds
+
+
+def _fault_plan(args):
+    """The chaos fault plan of `run --faults/--stall-rate`, checked against the other flags first; None without."""
+    if not (args.faults or args.stall_rate):
+        return None
+    if args.verify_rate < 1.0:
+        raise UserError(f"--faults {args.faults:g} / --stall-rate {args.stall_rate:g} need --verify-rate 1 (got "
+                        f"{args.verify_rate:g}): a flipped byte is caught only on a verified read")
+    if args.faults + args.stall_rate > 1.0:
+        raise UserError(f"--faults {args.faults:g} + --stall-rate {args.stall_rate:g}: expected at most 1 together")
+    from moetier.bytes.transport import FaultPlan
+    if args.stall_rate and args.stall_timeout is None:
+        args.stall_timeout = 1.0
+    stall_s = 4 * args.stall_timeout + 1.0 if args.stall_timeout else 2.0
+    return FaultPlan.at_rate(args.faults, kinds=args.fault_kinds, stall_rate=args.stall_rate, seed=args.fault_seed,
+                             stall_s=stall_s)
+
+
 def cmd_run(args) -> int:
     from moetier.run import runtime
     from moetier.core import sim
     from moetier.bytes import store
     from moetier.cli.common import _emit, _resolve, _trace
     from moetier.core import interval
+    plan = _fault_plan(args)
     R = _resolve(args)
     when = _now()
     rid = _record_id(args.record, f"{R.id}-run", when, write=not args.no_record, force=args.force)
@@ -176,13 +216,14 @@ def cmd_run(args) -> int:
         sampler.start()
     try:
         for c in args.conc:
-            be = runtime.make_backend(args.backend, st, R, c, args.verify_rate)
+            be = runtime.make_backend(args.backend, st, R, c, args.verify_rate, faults=plan)
             try:
                 if sampler is not None:
                     sampler.mark(f"decode_C{c}")
                 with progress.task(f"run C{c}") as cb:
                     res = runtime.run(R, st, be, tr, c, max_steps=args.steps, progress=cb,
-                                      step_hook=sampler.counters if sampler is not None else None)
+                                      step_hook=sampler.counters if sampler is not None else None,
+                                      retries=args.retries, wait_timeout_s=args.stall_timeout)
             finally:
                 be.close()
             rows.append(res)
@@ -204,18 +245,32 @@ def cmd_run(args) -> int:
         table.append({"conc": r["conc"], "measured_tok_s": r["tok_s"], "sim_tok_s": p["tok_s"],
                       "sim_interval": p["interval"], "inside": interval.inside(r["tok_s"], p["interval"]),
                       "sim_error_pct": err, "reads_per_token": r["reads_per_token"],
-                      "sim_nvme_per_tok": p["nvme_per_tok"], "checksum_failures": r["checksum_failures"]})
+                      "sim_nvme_per_tok": p["nvme_per_tok"], "checksum_failures": r["checksum_failures"],
+                      "read_retries": r["read_retries"]})
+    faults = None
+    if plan is not None:
+        faults = {"rate": args.faults, "stall_rate": args.stall_rate, "kinds": list(args.fault_kinds),
+                  "seed": args.fault_seed, "injected": plan.counts(),
+                  "retries": sum(r["read_retries"] for r in rows), "stall_timeout_s": args.stall_timeout}
     record = {
         **_run_record(rid, R.id, args.backend, when), "store": str(args.store),
         "trace": args.trace or R.trace, "overrides": args.set or [], "lossy": any(r["lossy"] for r in rows),
         "table": table, "measured_runs": rows, "sim": preds, "probe": args.probe,
         "note": "sim_error_pct = simulator prediction vs measured decode tok/s, same recipe, trace and steps",
+        **({"faults": faults} if faults is not None else {}),
+        "memory": {"peak_rss_bytes": runtime.peak_rss(), "bound_bytes": runtime.rss_bound(R, max(args.conc)),
+                   "ram_budget_gb": R.raw["budget"]["ram_gb"], "overhead_bytes": runtime.RSS_OVERHEAD_BYTES,
+                   "note": "peak resident set of the moetier process; bound = RAM budget + in-flight slots + "
+                           "overhead (moetier.run.runtime.rss_bound)"},
     }
     if not args.no_record:
         _write("runs", record, force=args.force)
     if args.json:
         _emit(record)
         return 0
+    if faults is not None:
+        print(f"faults injected: {', '.join(f'{k} {n}' for k, n in faults['injected'].items())}; "
+              f"reads retried: {faults['retries']}")
     from moetier.cli.render import table as render
     rows_out = []
     for t, r in zip(table, rows):

@@ -38,7 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from moetier.atomic import atomic_write
+from moetier.atomic import atomic_write, atomic_write_many
+from moetier import strictjson
 from moetier.errors import UserError
 
 __all__ = ["Trace", "load_trace", "save_trace", "validate", "convert", "segments_sibling", "ids_dtype", "MASKED"]
@@ -149,10 +150,7 @@ def _load_npz(path: Path) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | N
         if m.dtype.kind != "U" or m.ndim != 0:
             raise UserError(f"trace {path}: 'meta' must be a 0-d unicode array holding a JSON object "
                             f"(found dtype {m.dtype}, shape {_shape(m)})")
-        try:
-            meta = json.loads(str(m[()]))
-        except json.JSONDecodeError as e:
-            raise UserError(f"trace {path}: 'meta' is not valid JSON ({e.msg})") from None
+        meta = strictjson.loads(str(m[()]), f"trace {path}: 'meta'")
         if not isinstance(meta, dict):
             raise UserError(f"trace {path}: 'meta' must be a JSON object, found {type(meta).__name__}")
     return arrays["ids"], arrays.get("segments"), arrays.get("weights"), meta
@@ -216,17 +214,25 @@ def validate(trace: Trace, *, layers: int | None, experts: int | None, topk: int
     seg = np.asarray(trace.segments)
     _check_segments(seg, int(ids.shape[0]), where)
     if trace.weights is not None:
-        w = trace.weights
-        if not isinstance(w, np.ndarray) or w.dtype.kind != "f":
-            raise UserError(f"{where}: weights must be a float array, found "
-                            f"{getattr(w, 'dtype', type(w).__name__)}")
-        if w.shape != ids.shape:
-            raise UserError(f"{where}: weights shape {_shape(w)} does not match ids shape {_shape(ids)}")
+        _check_weights(trace.weights, ids, where)
     if not isinstance(trace.meta, dict):
         raise UserError(f"{where}: meta must be a dict, found {type(trace.meta).__name__}")
     mid = trace.meta.get("model_id")
     if model_id is not None and mid is not None and str(mid) != str(model_id):
         raise UserError(f"{where}: was recorded for model {mid}, not {model_id}")
+
+
+def _check_weights(w, ids, where: str) -> None:
+    """Routing weights: a finite float array of the ids' shape."""
+    if not isinstance(w, np.ndarray) or w.dtype.kind != "f":
+        raise UserError(f"{where}: weights must be a float array, found {getattr(w, 'dtype', type(w).__name__)}")
+    if w.shape != ids.shape:
+        raise UserError(f"{where}: weights shape {_shape(w)} does not match ids shape {_shape(ids)}")
+    finite = np.isfinite(w)
+    if not finite.all():
+        first = np.unravel_index(int(np.argmin(finite)), w.shape)
+        raise UserError(f"{where}: weights must be finite; [token {first[0]}, layer {first[1]}, slot {first[2]}] "
+                        f"= {w[first]}")
 
 
 def load_trace(path, segments_path=None, *, layers: int | None = None, experts: int | None = None,
@@ -294,8 +300,8 @@ def save_trace(trace: Trace, path) -> None:
             arrays["weights"] = np.ascontiguousarray(trace.weights, dtype=np.float32)
         atomic_write(p, lambda f: np.savez_compressed(f, **arrays))
     elif suffix == ".npy":
-        atomic_write(p, lambda f: np.save(f, ids, allow_pickle=False))
-        atomic_write(segments_sibling(p), lambda f: np.save(f, seg, allow_pickle=False))
+        atomic_write_many([(p, lambda f: np.save(f, ids, allow_pickle=False)),     # both files or neither
+                           (segments_sibling(p), lambda f: np.save(f, seg, allow_pickle=False))])
     else:
         raise UserError(f"trace {p}: unknown trace format '{p.suffix}'; expected .npz or .npy")
 

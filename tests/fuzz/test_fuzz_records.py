@@ -62,18 +62,24 @@ def _paths(node, here=()):
             yield from _paths(v, here + (i,))
 
 
+def _at(node, path):
+    for p in path:
+        node = node[p]
+    return node
+
+
 def _mutated_text(data, rec) -> str:
     """One mutation of a valid record: a node replaced, deleted or added, or the JSON text itself damaged."""
     rec = json.loads(json.dumps(rec))
     op = data.draw(st.sampled_from(["replace", "replace", "delete", "add", "text"]), label="op")
     paths = list(_paths(rec))
-    path = data.draw(st.sampled_from(paths), label="path")
+    leaves = [p for p in paths if p and isinstance(_at(rec, p), (int, float)) and not isinstance(_at(rec, p), bool)]
+    path = data.draw(st.sampled_from(leaves) if leaves and data.draw(st.booleans(), label="leaf") else
+                     st.sampled_from(paths), label="path")
     if op in ("replace", "delete", "add") and path:
-        parent = rec
-        for p in path[:-1]:
-            parent = parent[p]
+        parent = _at(rec, path[:-1])
         if op == "replace":
-            parent[path[-1]] = data.draw(values, label="value")
+            parent[path[-1]] = data.draw(st.one_of(st.sampled_from(SPECIAL), values), label="value")
         elif op == "delete":
             del parent[path[-1]]
         elif isinstance(parent, dict):
@@ -92,7 +98,7 @@ def _mutated_text(data, rec) -> str:
     return text
 
 
-def _record_target(reg, kind, data):
+def _record_target(reg, kind, data, target=None):
     rid = TARGETS[kind]
     path = reg / kind / f"{rid}.json"
     good = path.read_text()
@@ -105,7 +111,7 @@ def _record_target(reg, kind, data):
             assert_finite(spec.resolve(RECIPE, root=reg).summary())
         return 0
     try:
-        outcome(f"record {kind}", work)
+        outcome(target or f"record {kind}", work)
     finally:
         path.write_text(good)
 
@@ -142,3 +148,20 @@ def test_fuzz_set_overrides(reg, data):
         assert_finite(spec.resolve(RECIPE, spec.parse_overrides(items), root=reg).summary())
         return 0
     outcome("--set overrides", work)
+
+
+def test_fuzzer_catches_a_loader_without_the_finite_check(reg, monkeypatch):
+    """The suite can fail: with one check taken out of the strict parser - NaN/Infinity tokens accepted, as Python's
+    json does - the record target finds a NaN coming through (a NaN passes every schema bound: NaN < 0 and NaN >
+    max are both false)."""
+    from hypothesis import HealthCheck, Phase, settings
+    from moetier import strictjson
+    monkeypatch.setattr(strictjson, "_constant", float)
+
+    @settings(max_examples=2000, derandomize=True, database=None, phases=[Phase.generate], deadline=None,
+              report_multiple_bugs=False, suppress_health_check=list(HealthCheck))
+    @given(data=st.data())
+    def fuzz(data):
+        _record_target(reg, "recipe", data, "record recipe (finite check taken out)")
+    with pytest.raises(AssertionError, match="came through a loader"):
+        fuzz()

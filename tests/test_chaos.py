@@ -1,0 +1,140 @@
+"""Runtime chaos on the tiny CI recipe: injected read faults (EIO, short read, flipped byte, slow and stalled
+completions) never reach an output - every layer output matches a run without faults bit for bit - and a run either
+completes, retrying what failed (the retries counted in its record), or stops with one line. The 10,000-step version
+is benchmarks/chaos.py. Also: the peak RSS of `moetier run` stays within its recipe's RAM budget plus the stated
+overhead (moetier.run.runtime.rss_bound)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numba  # noqa: F401  (the cpu extra: a missing install fails, it does not skip)
+import pytest
+
+from moetier.bytes import store
+from moetier.bytes.transport import FaultPlan
+from moetier.cli.main import main
+from moetier.core import records as spec
+from moetier.run import runtime
+from moetier.run.chaos import chaos
+from moetier.traces.format import load_trace
+from tests._watchdog import watchdog
+
+bounded = watchdog(240)   # every test here waits on faulted reads: a stuck wait fails its test, never hangs the suite
+
+RECIPE = "tiny-ci-cpu"
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    d = tmp_path_factory.mktemp("store") / "tiny"
+    store.pack(spec.resolve(RECIPE).model, str(d))
+    return str(d)
+
+
+def _recipe(packed):
+    R = spec.resolve(RECIPE)
+    tr = load_trace(spec.REGISTRY.parent / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
+    return R, store.open_store(packed, model=R.model), tr
+
+
+def test_faults_never_reach_an_output_and_every_failed_read_is_retried(packed):
+    R, st, tr = _recipe(packed)
+    fig = chaos(R, st, tr, layer_steps=1500, rate=0.1, steps_per_run=80, seed=7)
+    assert fig["layer_steps"] >= 1500 and fig["completed"] == fig["runs"] and fig["stops"] == 0
+    assert fig["wrong_outputs"] == 0
+    f = fig["faults"]
+    assert min(f["eio"], f["short"], f["flip"], f["slow"]) > 0 and f["stall"] == 0
+    assert fig["retries"] == f["eio"] + f["short"] + f["flip"]        # each failed read was read again
+    assert fig["reads_verified"] == fig["reads"] - f["eio"] - f["short"]   # every read that landed was checked
+
+
+def test_a_stalled_transfer_stops_the_run_with_one_line(packed):
+    R, st, tr = _recipe(packed)
+    # a seed whose stalls fall after seeding (layer outputs were computed before the stop); a 1 s timeout, so that a
+    # read slowed by a loaded machine is not taken for a stall
+    fig = chaos(R, st, tr, layer_steps=200, rate=0.0, stall_rate=0.002, steps_per_run=40, stall_timeout_s=1.0,
+                seed=3)
+    assert fig["stops"] >= 1 and fig["layer_steps"] > 0 and fig["wrong_outputs"] == 0
+    assert fig["stops"] <= fig["faults"]["stall"]     # every stop is an injected stall (others may be in flight)
+    assert all("stalled" in ln and "\n" not in ln for ln in fig["stop_lines"])
+
+
+def test_chaos_at_a_stall_rate_that_stalls_every_seeding_ends_after_max_runs(packed):
+    """At 5% stalls seeding's 146 reads all but always stall, so no run computes a layer output: the loop must
+    end by its run bound (it once spun forever waiting for layer steps that never came)."""
+    R, st, tr = _recipe(packed)
+    fig = chaos(R, st, tr, layer_steps=200, rate=0.0, stall_rate=0.05, steps_per_run=40, stall_timeout_s=0.1,
+                max_runs=3)
+    assert fig["runs"] == fig["stops"] == 3 and fig["layer_steps"] < fig["target_layer_steps"]
+    assert fig["wrong_outputs"] == 0 and all("stalled" in ln for ln in fig["stop_lines"])
+
+
+def test_a_seeded_fault_plan_faults_the_same_reads_whatever_their_order():
+    keys = [k % 40 for k in range(400)]
+    a, b = FaultPlan.at_rate(0.3, seed=5), FaultPlan.at_rate(0.3, seed=5)
+    got_a = [(k, a(k)) for k in keys]
+    got_b = dict(((k, i), b(k)) for i, k in reversed(list(enumerate(keys))))
+    nth: dict = {}
+    for i, k in enumerate(keys):      # the n-th read of key k gets the same fault in both orders
+        nth.setdefault(k, []).append(i)
+    assert any(f for _, f in got_a)
+    order_b = {}
+    for k, idx in nth.items():
+        order_b[k] = [got_b[(k, i)] for i in reversed(idx)]
+    assert all(order_b[k] == [f for kk, f in got_a if kk == k] for k in nth)
+
+
+def test_chaos_catches_outputs_from_unverified_bytes(packed, monkeypatch):
+    """The check can fail: with the checksum check taken away (the store has no digest to compare), flipped bytes
+    are computed and the wrong outputs show."""
+    R, st, tr = _recipe(packed)
+    monkeypatch.setattr(type(st), "digest", lambda self, key: None)
+    fig = chaos(R, st, tr, layer_steps=300, rate=0.2, kinds=("flip",), steps_per_run=40)
+    assert fig["faults"]["flip"] > 0 and fig["wrong_outputs"] > 0
+
+
+def _cli(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_run_faults_completes_and_counts_retries_in_the_record(capsys, packed):
+    rc, out, err = _cli(capsys, "run", RECIPE, "--store", packed, "--steps", "40", "--conc", "1", "--no-record",
+                        "--faults", "0.1", "--fault-seed", "4", "--json")
+    assert rc == 0, err
+    rec = json.loads(out)
+    f = rec["faults"]
+    assert f["retries"] == sum(r["read_retries"] for r in rec["measured_runs"]) > 0
+    assert f["retries"] == f["injected"]["eio"] + f["injected"]["short"] + f["injected"]["flip"]
+
+
+def test_run_stall_stops_with_one_line(capsys, packed):
+    rc, _, err = _cli(capsys, "run", RECIPE, "--store", packed, "--steps", "40", "--conc", "1", "--no-record",
+                      "--stall-rate", "0.2", "--stall-timeout", "0.1")
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and "stalled" in lines[0] and "Traceback" not in err
+
+
+def test_run_faults_with_verify_rate_below_1_is_refused(capsys, packed):
+    rc, _, err = _cli(capsys, "run", RECIPE, "--store", packed, "--faults", "0.1", "--verify-rate", "0.5")
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and "--faults" in lines[0] and "--verify-rate" in lines[0]
+
+
+def test_run_peak_rss_within_ram_budget_plus_overhead(packed, tmp_path):
+    """A separate process, so the figure is the run's own: its peak RSS, recorded in the run record, is within
+    rss_bound (the budget, the in-flight slots, RSS_OVERHEAD_BYTES) - at the recipe's budget and at one that holds
+    every expert in RAM."""
+    R = spec.resolve(RECIPE)
+    for sets in ([], ["--set", "budget.ram_gb=0.03"]):
+        out = subprocess.run([sys.executable, "-m", "moetier", "run", RECIPE, "--store", packed, "--steps", "40",
+                              "--conc", "1", "2", "--no-record", "--json", *sets], capture_output=True, text=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO)}, check=True).stdout
+        mem = json.loads(out)["memory"]
+        R = spec.resolve(RECIPE, [s for s in sets if s != "--set"])
+        assert mem["bound_bytes"] == runtime.rss_bound(R, 2)
+        assert 0 < mem["peak_rss_bytes"] <= mem["bound_bytes"], mem
