@@ -109,6 +109,27 @@ def test_plan_parity_with_simulator(packed, sets):
         assert cov["layers"] == o["read_coverage"]["layers"]
 
 
+@pytest.mark.parametrize("ram_gb", ["0.0003", "0"], ids=["2-ram-slots", "no-ram-slots"])
+def test_budget_ram_gb_below_one_layers_picks_streams_them(packed, ram_gb):
+    """`--set budget.ram_gb=0.0003` (2 RAM slots, 4 picks a layer) and `=0` once raised KeyError: a pick the
+    full RAM tier does not admit was released before it was computed. Like the simulator, the runtime streams it
+    through the slot it landed in: same plans and ledger as the simulator, same outputs as all-in-RAM."""
+    got, want = [], []
+
+    def rec(out):
+        return lambda s, l, p: out.append((s, l, {k: sorted(v) for k, v in p.lanes().items()}))
+
+    R, tr, res = _run(packed, f"budget.ram_gb={ram_gb}", conc=2, plan_hook=rec(got))
+    assert R.ram_slots < R.topk
+    o = sim.run(R, tr, 2, max_steps=STEPS, plan_hook=rec(want))
+    assert got == want and res["ledger"] == o["ledger"]
+    assert res["reads_per_token"] == pytest.approx(o["nvme_per_tok"]) and res["reads_per_token"] > 0
+    if R.ram_slots:
+        assert res["ledger"]["refused_admissions"] > 0
+    _, _, allram = _run(packed, "budget.ram_gb=1", conc=2)
+    assert res["digests"] == allram["digests"]
+
+
 def test_prefetch_is_issued_between_the_resident_lanes_and_the_waits(packed):
     """A read starts once a lane kernel frees the interpreter, so the host predicts and issues the prefetch after the
     resident lane calls (overlapping the reads in flight) and before it waits: a depth-1 prefetch then has the

@@ -12,7 +12,7 @@ parity) - then carries the plan out:
 3. with prefetch, the reads for the layers ahead are issued (``Replay.after_plan``);
 4. the plan's residency intents run in the simulator's order, each ``Ledger.land`` only after ``backend.landed``
    reported the bytes readable (moetier.run.waits: retries, stall timeout, one-line stop); NVMe picks compute from
-   where they landed;
+   where they landed, a pick the RAM tier does not admit streams through its slot;
 5. the router-weighted sum over each row's picks (fixed order: trace slot order) is returned.
 
 Slot frees are deferred to the end of the layer (``end_layer``) so a slot is never reused while this layer may
@@ -185,8 +185,9 @@ class Runtime(Waits, Booking):
             self._compute("zerocopy", plan.zerocopy, rows_of, picks, x, out, n_nvme)
 
     def _land_nvme_cpu(self, plan, rows_of, picks, x, out, issued):
-        """Each cpu-lane NVMe pick: wait for its read, land it in the RAM tier, compute it where it landed. Returns
-        ``issued`` (None once used)."""
+        """Each cpu-lane NVMe pick: wait for its read, land it in the RAM tier, compute it where it landed. A pick
+        the RAM tier does not admit - smaller than this layer's picks (every slot holds one) or without slots - is
+        streamed through the slot it landed in, as the simulator streams it. Returns ``issued`` (None once used)."""
         L = self.L
         for k in plan.nvme_cpu:
             tk, h, slot = self.inflight.pop(k)
@@ -199,8 +200,11 @@ class Runtime(Waits, Booking):
             else:
                 evicted = L.land(tk, picks)
             for ev in evicted:
-                self._release_ram(ev)
+                if ev != k:
+                    self._release_ram(ev)
             self._compute("cpu", [k], rows_of, picks, x, out, waited=waited)
+            if not L.resident(k):
+                self._release_ram(k)
         return issued
 
     def _land_nvme_gpu(self, plan, rows_of, picks, x, out, issued) -> None:
