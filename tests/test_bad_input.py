@@ -436,6 +436,8 @@ def test_json_output_is_strict_for_every_command(capsys, packed, reg, tmp_path):
         "compare": ["compare", "tiny-ci-cuda", "--conc", "1", "--steps", "3", "--peers", "moetier,fiddler",
                     "--png", str(tmp_path / "c.png"), "--json"],
         "trace stats": ["trace", "stats", "traces/tiny-ci.npz", "--cache-sizes", "4,16", "--json"],
+        "trace fit": ["trace", "fit", "traces/tiny-ci.npz", "--experts", "32", "--sample-tokens", "200",
+                      "--sample-layers", "4", "--json"],
         "run": ["run", "tiny-ci-cpu", "--store", packed, "--steps", "2", "--conc", "1", "--no-record", "--json"],
         "bench": ["bench", "--store", packed, "--recipe", "tiny-ci-cpu", "--rounds", "3", "--records", "8", "--dry-run",
                   "--json"],
