@@ -1,53 +1,100 @@
 """The compare tables for every shipped recipe on its trace: benchmarks/compare.json and compare.md.
 
-Run: PYTHONPATH=. python benchmarks/compare_all.py [--steps N] [--recipes a,b]   (about 2 x 14 rows x 3
-concurrencies x recipes sim runs; --steps caps the measured steps of each run). The tables are what
-`moetier compare RECIPE --steps N --json` prints, one per recipe.
+Run: PYTHONPATH=. python benchmarks/compare_all.py [--steps N] [--recipes a,b] [--jobs J]   (about 15 rows x 3
+concurrencies x recipes sim runs, fewer where rows replay identically (moetier.core.policies.compare.replay_key);
+--steps caps the measured steps of each run; --jobs runs the replays in a process pool, same figures). The tables
+are what `moetier compare RECIPE --steps N --json` prints, one per recipe.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from concurrent.futures import ProcessPoolExecutor
+from functools import lru_cache
 from pathlib import Path
 
 from moetier.atomic import atomic_write
 from moetier.cli.common import find_path
 from moetier.cli.compare import format_compare
 from moetier.core import records as spec
-from moetier.core.policies.compare import compare
+from moetier.core.policies.compare import compare, replay_key, run_peer
+from moetier.core.policies.peers import ORACLE, PEERS, by_name
 from moetier.traces.format import load_trace
 
 HERE = Path(__file__).resolve().parent
-RECIPES = ("glm53-rtx3090-55g-nvx4", "glm53-rtx3090-55g-nvx4-cold2b", "glm53-rtx5070-20g-nvme1",
-           "qwen38fn-arcb70-16g-nvx4", "qwen38fn-arcb70-32g-nvx4", "tiny-ci-cuda")
+RECIPES = ("glm53-rtx5070-20g-nvme1", "glm53-rtx3090-55g-nvx4", "qwen38fn-arcb70-16g-nvx4", "qwen38fn-arcb70-32g-nvx4",
+           "glm53-rtx3090-55g-nvx4-cold2b", "tiny-ci-cuda", "tiny-ci-sycl")
+CONCS = (1, 2, 4)
+
+
+OVERRIDES: list = []          # --set, dotted recipe overrides applied to every recipe (the workers inherit them)
+
+
+@lru_cache(maxsize=None)
+def _recipe(rid: str):
+    R = spec.resolve(rid, spec.parse_overrides(OVERRIDES) if OVERRIDES else [])
+    return R, load_trace(find_path(R.trace), layers=R.layers, experts=R.experts, topk=R.topk, model_id=R.model_id)
+
+
+def _cell(rid: str, peer: str, conc: int, steps: int, overrides: tuple = ()) -> dict:
+    OVERRIDES[:] = list(overrides)
+    R, tr = _recipe(rid)
+    return run_peer(R, tr, by_name(peer), conc, steps)
+
+
+def _write(out: Path, steps: int, docs: list, command: str) -> None:
+    atomic_write(out.with_suffix(".json"), lambda f: f.write(json.dumps(
+        {"steps": steps, "command": command, "tables": docs}, indent=1, sort_keys=True).encode()))
+    md = [f"# compare: every shipped recipe on its trace ({steps} measured steps per run)", "",
+          f"Reproduce: `{command}` (one recipe: `python -m moetier compare RECIPE --steps {steps}`). The figures "
+          "are the simulator's on the shipped records: they do not depend on the machine that ran them.", ""]
+    for x in docs:
+        md += [f"## {x['recipe']}", "", "```", f"$ {x['command'].replace(' --json', '')}", format_compare(x),
+               "```", ""]
+    atomic_write(out.with_suffix(".md"), lambda f: f.write("\n".join(md).encode()))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--recipes", default=",".join(RECIPES))
+    ap.add_argument("--jobs", type=int, default=1, help="replays run at once (a process pool; same figures)")
+    ap.add_argument("--set", nargs="+", default=[], metavar="PATH=VALUE",
+                    help="dotted recipe overrides for every recipe, values as JSON (the tables say so)")
     ap.add_argument("--out", default=str(HERE / "compare"))
     a = ap.parse_args(argv)
+    OVERRIDES[:] = a.set
+    rids = a.recipes.split(",")
+    command = f"PYTHONPATH=. python benchmarks/compare_all.py --steps {a.steps}" + (
+        f" --recipes {a.recipes}" if rids != list(RECIPES) else "") + (
+        " --set " + " ".join(f"'{x}'" for x in a.set) if a.set else "")
+    pool = ProcessPoolExecutor(a.jobs) if a.jobs > 1 else None
+    futures: dict = {}
+    if pool is not None:          # every distinct replay of every recipe queued at once, longest recipes first
+        for rid in rids:
+            R, _ = _recipe(rid)
+            for p in PEERS + (ORACLE,):
+                for c in CONCS:
+                    key = (rid, replay_key(R, p), c)
+                    if key not in futures:
+                        futures[key] = pool.submit(_cell, rid, p.name, c, a.steps, tuple(a.set))
     docs = []
-    for rid in a.recipes.split(","):
-        R = spec.resolve(rid, [])
-        tr = load_trace(find_path(R.trace), layers=R.layers, experts=R.experts, topk=R.topk, model_id=R.model_id)
-        d = compare(R, tr, concs=[1, 2, 4], max_steps=a.steps, trace_name=R.trace,
+    for rid in rids:
+        R, tr = _recipe(rid)
+
+        def run_cell(p, c, rid=rid, R=R):
+            if pool is None:
+                return _cell(rid, p.name, c, a.steps, tuple(a.set))
+            return futures[(rid, replay_key(R, p), c)].result()
+        d = compare(R, tr, concs=list(CONCS), max_steps=a.steps, trace_name=R.trace, run_cell=run_cell,
                     progress=lambda n, i, k: print(f"{rid}: {n} ({i + 1}/{k})", file=sys.stderr, flush=True))
-        d["command"] = f"python -m moetier compare {rid} --steps {a.steps} --json"
+        d["command"] = f"python -m moetier compare {rid} --steps {a.steps} --json" + (
+            " --set " + " ".join(f"'{x}'" for x in a.set) if a.set else "")
         docs.append(d)
-        out = Path(a.out)
-        atomic_write(out.with_suffix(".json"), lambda f: f.write(json.dumps(
-            {"steps": a.steps, "command": f"PYTHONPATH=. python benchmarks/compare_all.py --steps {a.steps}",
-             "tables": docs}, indent=1, sort_keys=True).encode()))
-        md = [f"# compare: every shipped recipe on its trace ({a.steps} measured steps per run)", "",
-              f"Reproduce: `PYTHONPATH=. python benchmarks/compare_all.py --steps {a.steps}` (one recipe: "
-              f"`python -m moetier compare RECIPE --steps {a.steps}`).", ""]
-        for x in docs:
-            md += [f"## {x['recipe']}", "", "```", f"$ {x['command'].replace(' --json', '')}", format_compare(x),
-                   "```", ""]
-        atomic_write(out.with_suffix(".md"), lambda f: f.write("\n".join(md).encode()))
+        _write(Path(a.out), a.steps, docs, command)
+    if pool is not None:
+        pool.shutdown()
     return 0
 
 

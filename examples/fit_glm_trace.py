@@ -3,7 +3,8 @@
 The published simulator figures (reference digest 5.6 / 5.7) on the reference's real G002 trace, with oracle seeding:
 all experts in RAM 27.5 / 32.9 / 36.3 tok/s and 55 GB + NVMe tail 23.4 / 30.1 / 33.4 at C1 / C2 / C4. We do not have
 that trace, so we fit the generator (popularity skew, token reuse, cross-layer affinity, per-segment drift) until our
-simulator with `policy.seed=oracle` lands on those figures. This is a fit to published aggregates, not a
+simulator with `policy.seed=oracle` and the reference engine's tier policy (global LRU RAM, CLOCK VRAM:
+moetier.core.policies.peers.REFERENCE_POLICY) lands on those figures. This is a fit to published aggregates, not a
 measurement; the winning parameters are written into the shipped trace's metadata.
 
     python examples/fit_glm_trace.py [--evals N] [--write traces/glm53-synth.npz]
@@ -17,6 +18,7 @@ import sys
 
 from moetier.core import sim
 from moetier.core import records as spec
+from moetier.core.policies.peers import reference_overrides
 from moetier.traces.format import save_trace
 from moetier.traces.gen import GenParams, generate
 
@@ -35,7 +37,7 @@ def evaluate(p: GenParams):
     tr = make(p)
     got, worst, ss = {}, 0.0, 0.0
     for ram, want in TARGETS.items():
-        R = spec.resolve(RECIPE, [f"budget.ram_gb={ram}", "policy.seed=oracle"])
+        R = spec.resolve(RECIPE, [f"budget.ram_gb={ram}", "policy.seed=oracle"] + reference_overrides())
         row = []
         for c, w in zip((1, 2, 4), want):
             tok = sim.run(R, tr, c)["tok_s"]

@@ -8,7 +8,8 @@ import pytest
 from moetier.cli.main import find_path, main
 from moetier.core import records as spec, sim
 from moetier.core.policies import peers as P
-from moetier.core.policies.compare import compare, run_peer
+from moetier.core.policies.admission import admits
+from moetier.core.policies.compare import compare, replay_key, run_peer
 from moetier.core.predict import GatedPredictor, make_predictor
 from moetier.traces.format import Trace, load_trace
 
@@ -90,6 +91,51 @@ def test_compare_cli_prints_json_and_writes_the_png(tmp_path, capsys):
 def test_compare_cli_refuses_an_unknown_row(capsys):
     assert main(["compare", "tiny-ci-cuda", "--peers", "vllm"]) == 2
     assert "unknown row 'vllm'" in capsys.readouterr().err
+
+
+def test_rows_that_replay_identically_share_one_replay(tiny):
+    # a lossy recipe (NVMe picks dropped) with static VRAM: nothing enters RAM after seeding, so the RAM policy never
+    # decides anything and the KTransformers rows must come out identical, whether replayed once or each on its own
+    R, tr = tiny
+    R = spec.resolve("tiny-ci-cuda", ["policy.exact=\"mask\"", "budget.ram_gb=0.002"])
+    kt = [P.by_name(f"ktransformers-{x}") for x in ("2q", "sieve", "s3fifo")]
+    assert len({replay_key(R, p) for p in kt}) == 1
+    alone = [run_peer(R, tr, p, 2, 25)["tok_s"] for p in kt]
+    assert alone[0] == alone[1] == alone[2]
+    calls = []
+
+    def run_cell(p, c):
+        calls.append((p.name, c))
+        return run_peer(R, tr, p, c, 25)
+    d = compare(R, tr, concs=[2], peers=tuple(kt), oracle=False, max_steps=25, run_cell=run_cell)
+    assert calls == [("ktransformers-2q", 2)]
+    assert [r["by_conc"]["2"]["tok_s"] for r in d["rows"]] == alone
+    # an exact recipe keeps them apart: there the RAM policy decides what stays
+    R2, _ = tiny
+    assert len({replay_key(R2, p) for p in kt}) == 3
+
+
+def test_peers_run_their_own_tier_policy_not_the_recipes():
+    mine = {"ram_evict": "2q", "ram_partition": "layer", "vram_evict": "wtinylfu", "vram_admit": "auto",
+            "exact": "mask"}
+    kt = P.recipe_policy(P.by_name("ktransformers-sieve"), mine)
+    assert (kt["ram_evict"], kt["ram_partition"], kt["vram_admit"]) == ("sieve", "global", False)
+    ft = P.recipe_policy(P.by_name("freetoken"), mine)
+    assert (ft["ram_evict"], ft["ram_partition"], ft["vram_evict"], ft["vram_admit"]) == ("lru", "global", "lru", True)
+    assert kt["exact"] == ft["exact"] == "mask"          # what the recipe says about exactness stays
+
+
+def test_vram_admit_auto_admits_only_with_three_topk_slots_a_layer():
+    assert admits({"vram_admit": "auto"}, 24 * 10, 10, 8) and not admits({"vram_admit": "auto"}, 24 * 10 - 1, 10, 8)
+    assert admits({}, 1, 10, 8) and not admits({"vram_admit": False}, 10 ** 6, 10, 8)
+    with pytest.raises(ValueError, match="vram_admit"):
+        admits({"vram_admit": "sometimes"}, 1, 1, 1)
+    # the replay follows it: below the rule VRAM keeps its seed (no admission, no eviction)
+    R = spec.resolve("tiny-ci-cuda", ["policy.vram_admit=\"auto\""])      # 48 slots, 8 layers, top-4: 6 < 12
+    tr = load_trace(find_path(R.trace), layers=R.layers, experts=R.experts, topk=R.topk)
+    assert sim.run(R, tr, 1, max_steps=30)["ledger"]["vram_evictions"] == 0
+    R = spec.resolve("tiny-ci-cuda", ["policy.vram_admit=true"])
+    assert sim.run(R, tr, 1, max_steps=30)["ledger"]["vram_evictions"] > 0
 
 
 def test_lossy_runs_show_the_masked_share(capsys):

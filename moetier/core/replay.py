@@ -19,6 +19,7 @@ from moetier.core.ledger import Ledger
 from moetier.core.llc import reuse_model
 from moetier.core.channel import NvmeChannel
 from moetier.core.plan import LayerPlan, plan_layer
+from moetier.core.policies.admission import admits
 from moetier.core.terms import ChannelTerms, PlanContext
 
 
@@ -92,7 +93,7 @@ class Replay:
     def __init__(self, R, *, predictor=None, rows: int = 1):
         self.R = R
         self.ctx = PlanContext.from_recipe(R, rows)
-        if R.policy.get("vram_admit") is False:     # static VRAM: what the GPU computes from RAM or NVMe stays out
+        if not admits(R.policy, R.vram_slots, R.layers, R.topk):   # static VRAM: GPU-computed misses stay out
             self.ctx.can_admit = False
         self.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, exclusive=R.policy.get("ram", "exclusive")
                              == "exclusive", ram_policy=R.policy.get("ram_evict", "lru"),

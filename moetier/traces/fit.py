@@ -20,7 +20,9 @@ spread of the per-layer skews, ``drift`` by bisection on the entropy gain of poo
 only), then ``rounds`` passes of bisection, each knob on the statistic it is monotone in: ``zipf_s`` on entropy,
 ``reuse`` on the mean of the LRU curve, ``affinity`` on predictability (a grid, not bisection: predictability is
 not monotone in affinity; ``affinity_width`` halved from top-k / 2 while no grid point comes within half the
-tolerance). The sample keeps the source's segment boundaries when it keeps all its tokens. Deterministic for a seed. Pure: no I/O.
+tolerance). The sample keeps the source's segment boundaries when it keeps all its tokens. A last pass at the
+source's shape refits ``zipf_s`` on entropy and ``reuse`` on the LRU curve within a narrow range (affinity
+concentrates load along the whole chain of layers, which the sample's few layers under-represent). Deterministic for a seed. Pure: no I/O.
 """
 from __future__ import annotations
 
@@ -178,6 +180,14 @@ def fit_trace(trace: Trace, experts: int, *, seed: int = 0, sample_tokens: int =
                                    0.0, 1.0))
         if pred is not None:
             p = _fit_affinity(p, pred, sample)
+    if sample.geo["layers"] < L or Ts < T:
+        # polish at the source's shape: cross-layer affinity concentrates load along the chain of layers, so the
+        # sample's few layers see less of it than the whole model does
+        full = _Sample(L, E, K, T, seg, seed, sizes)
+        p = _with(p, zipf_s=_bisect(lambda s: full.stat(_with(p, zipf_s=s), "entropy"), src["entropy"],
+                                    0.7 * p.zipf_s, 1.3 * p.zipf_s + 0.05, increasing=False))
+        p = _with(p, reuse=_bisect(lambda r: full.stat(_with(p, reuse=r), "lru"), float(np.mean(src["lru"])),
+                                   max(0.0, p.reuse - 0.15), min(1.0, p.reuse + 0.15)))
     p = GenParams(**{k: (round(v, 4) if isinstance(v, float) else v) for k, v in p.to_json().items()})
     gen = generate(p, layers=L, experts=E, topk=K, tokens=T, segments=seg, seed=seed)
     fit = measure(gen.ids, gen.segments, E, sizes)

@@ -15,12 +15,14 @@ needed), ``masked_share`` (dropped; lossy rows say so beside tok/s), NVMe ``read
 """
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 from moetier.core import sim
+from moetier.core.policies.admission import admits
 from moetier.core.policies.peers import ORACLE, PEERS, Peer, recipe_policy
 
-__all__ = ["compare", "cell", "run_peer"]
+__all__ = ["compare", "cell", "run_peer", "replay_key"]
 
 
 def cell(o: dict, R) -> dict:
@@ -45,15 +47,42 @@ def run_peer(R, trace, peer: Peer, conc: int, max_steps: int = 0) -> dict:
     return sim.run(Rp, trace, conc, max_steps=max_steps, peer=None if peer.name == "moetier" else peer)
 
 
+def replay_key(R, peer: Peer) -> str:
+    """What a row's replay depends on beyond the recipe and trace: rows with the same key replay identically. The
+    RAM replacement drops out where nothing can enter the RAM tier after seeding: NVMe picks dropped (``exact:
+    mask``), a VRAM that never admits (so never drains a victim into RAM) and no prefetch; the tier then holds its
+    seed for the whole run and no replacement decision is ever made (the KTransformers rows on a lossy recipe)."""
+    pol = {"vram_evict": "clock", "vram_admit": True, "ram_partition": "global", "ram_evict": "lru"}
+    pol.update(R.policy if peer.name == "moetier" else recipe_policy(peer, R.policy))   # absent: the ledger's default
+    pf = pol.get("prefetch") or {}
+    if (pol.get("exact") == "mask" and not admits(pol, R.vram_slots, R.layers, R.topk) and not peer.oracle
+            and not (pf.get("depth") and pf.get("predictor", "none") != "none")):
+        pol.pop("ram_evict", None)
+        pol.pop("ram_partition", None)
+    return json.dumps([pol, peer.placement, peer.rank, peer.deal, peer.oracle, peer.policy.get("vram_partition")],
+                      sort_keys=True, default=str)
+
+
 def compare(R, trace, concs=(1, 2, 4), peers=PEERS, oracle: bool = True, max_steps: int = 0,
-            trace_name: str | None = None, progress=None) -> dict:
-    rows = []
+            trace_name: str | None = None, progress=None, run_cell=None) -> dict:
+    """The compare document (module docstring). ``run_cell(peer, conc) -> sim.run report`` replaces the local
+    replay (benchmarks/compare_all.py runs the cells in a process pool); rows whose ``replay_key`` is equal share
+    one replay per concurrency."""
+    if run_cell is None:
+        def run_cell(p, c):
+            return run_peer(R, trace, p, c, max_steps)
+    rows, done = [], {}
     todo = list(peers) + ([ORACLE] if oracle else [])
     for i, p in enumerate(todo):
         if progress is not None:
             progress(p.name, i, len(todo))
-        rows.append({"peer": p.name, "system": p.system,
-                     "by_conc": {str(c): cell(run_peer(R, trace, p, c, max_steps), R) for c in concs}})
+        by = {}
+        for c in concs:
+            key = (replay_key(R, p), c)
+            if key not in done:
+                done[key] = cell(run_cell(p, c), R)
+            by[str(c)] = dict(done[key])
+        rows.append({"peer": p.name, "system": p.system, "by_conc": by})
     ratios: dict = {"best_peer": {}, "default_over_best_peer": {}, "default_over_oracle": {}}
     by = {r["peer"]: r for r in rows}
     for c in concs:

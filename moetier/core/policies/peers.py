@@ -33,7 +33,7 @@ from moetier.core.ledger import ABSENT, PUSHING, RAM, VRAM, Ledger
 from moetier.core.plan import LayerPlan
 from moetier.core.policies.residency import BeladyPolicy
 
-__all__ = ["Peer", "PEERS", "ORACLE", "DEFAULT", "TUNED", "attach", "rank_keys", "by_name"]
+__all__ = ["Peer", "PEERS", "ORACLE", "DEFAULT", "TUNED", "REFERENCE_POLICY", "reference_overrides", "attach", "rank_keys", "by_name"]
 
 
 @dataclass(frozen=True)
@@ -71,12 +71,22 @@ PEERS = (
     Peer(f"ktransformers-{p}", f"KTransformers: hot experts in VRAM, CPU computes the rest, {p} RAM tier",
          dict(_NO_PF, ram_evict=p), "static", "frequency", "cpu")
     for p in ("2q", "slru", "sieve", "s3fifo", "wtinylfu"))
-# moetier's own options that the data asks for (not yet the recipes' default: docs/peers.md)
-TUNED = Peer("moetier-2q-layer", "moetier with a per-layer 2Q RAM tier and W-TinyLFU VRAM admission (options)",
-             dict(ram_evict="2q", ram_partition="layer", vram_evict="wtinylfu"))
+# moetier's previous default (a global LRU RAM tier, CLOCK VRAM that always admits): the shipped recipes now run a
+# per-layer 2Q RAM tier, W-TinyLFU VRAM admission and policy.vram_admit "auto" (docs/peers.md), and this row shows
+# what that change is worth on each recipe
+# (also the reference engine's policy, under which its published figures were measured)
+REFERENCE_POLICY = {"ram_evict": "lru", "ram_partition": "global", "vram_evict": "clock", "vram_admit": True}
+TUNED = Peer("moetier-lru", "moetier's previous default: global LRU RAM tier, CLOCK VRAM that always admits",
+             dict(REFERENCE_POLICY))
 PEERS = PEERS + (TUNED,)
 ORACLE = Peer("oracle", "bound: Belady replacement in VRAM and RAM with the future known, planner split per layer",
               dict(_NO_PF), "dynamic", "frequency", "planner", oracle=True)
+
+
+def reference_overrides() -> list[str]:
+    """REFERENCE_POLICY as recipe overrides (``--set`` / ``records.resolve``): the policy the published rows ran."""
+    import json
+    return [f"policy.{k}={json.dumps(v)}" for k, v in REFERENCE_POLICY.items()]
 
 
 def by_name(name: str) -> Peer:
@@ -87,8 +97,11 @@ def by_name(name: str) -> Peer:
 
 
 def recipe_policy(peer: Peer, policy: dict) -> dict:
-    """The recipe policy the peer runs under (its overrides on the recipe's; moetier keeps the recipe's)."""
+    """The recipe policy the peer runs under: the recipe's (its seeding, exactness, overlap), with the tier policy
+    reset to the reference engine's (REFERENCE_POLICY) so that a peer never inherits moetier's own choices (a
+    per-layer RAM split, W-TinyLFU VRAM admission), then the peer's overrides; moetier keeps the recipe's."""
     out = dict(policy)
+    out.update(REFERENCE_POLICY)
     out.update({k: v for k, v in peer.policy.items() if k != "vram_partition"})
     if peer.placement == "static":
         out["vram_admit"] = False
