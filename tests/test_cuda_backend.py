@@ -297,3 +297,28 @@ def test_runtime_run_uses_every_lane(tiny_store):
         digests.append(res["digests"])
     assert digests[0] == digests[1], "runtime digests differ between two identical runs"
     assert worst and max(worst) < 5e-4
+
+
+class _FakeCudaError(Exception):
+    pass
+
+
+def _fake_cupy(*, major: int, free: int):
+    """A fake cupy with one device of compute capability ``major``.0 and ``free`` bytes free: enough of the module
+    for CudaBackend's device checks, which run before anything touches device memory."""
+    from types import SimpleNamespace as NS
+    runtime = NS(CUDARuntimeError=_FakeCudaError, getDeviceCount=lambda: 1,
+                 getDeviceProperties=lambda d: {"name": b"Fake GPU", "major": major, "minor": 0},
+                 memGetInfo=lambda: (free, 2 * free))
+    return NS(cuda=NS(runtime=runtime, driver=NS(CUDADriverError=_FakeCudaError), is_available=lambda: True,
+                      Device=lambda d: NS(use=lambda: None)))
+
+
+@pytest.mark.parametrize("major,free,match", [(5, 1 << 40, "is sm_50; the kernels need dp2a"),
+                                              (9, 1 << 10, "do not fit in the free device memory of Fake GPU")])
+def test_device_checks_refuse_with_one_reason(tiny_store, monkeypatch, major, free, match):
+    """Without a GPU: an old device and a VRAM tier larger than the free memory are refused before any allocation."""
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(major=major, free=free))
+    st = store.open_store(tiny_store)
+    with pytest.raises(BackendUnavailable, match=match):
+        get_backend("cuda", st, ram_slots=4, vram_slots=2)

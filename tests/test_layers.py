@@ -143,7 +143,6 @@ SIZE_ROOTS = ("moetier", "backends", "adapters", "conformance")
 # target (then delete its line).
 OPEN_LINES: dict[str, int] = {}
 OPEN_CC = {
-    "backends/cuda/backend.py:CudaBackend.__init__": 27,
 }
 
 

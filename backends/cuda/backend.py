@@ -72,53 +72,11 @@ class CudaBackend(SequencedBackend):
         rterr = cupy.cuda.runtime.CUDARuntimeError
         errs = (rterr, cupy.cuda.driver.CUDADriverError)
         try:
-            if not cupy.cuda.is_available():
-                raise BackendUnavailable("--backend cuda: no CUDA device (cupy.cuda.is_available() is False)")
-            ndev = cupy.cuda.runtime.getDeviceCount()
-            if not 0 <= int(device) < ndev:
-                raise BackendUnavailable(f"--backend cuda: device {device} does not exist ({ndev} CUDA devices)")
-            self.device = cupy.cuda.Device(int(device))
-            self.device.use()
-            props = cupy.cuda.runtime.getDeviceProperties(int(device))
-            name = props.get("name", b"CUDA device")
-            self.device_name = name.decode() if isinstance(name, bytes) else str(name)
-            self.cc = (int(props.get("major", 0)), int(props.get("minor", 0)))
-            if self.cc < (6, 1):
-                raise BackendUnavailable(f"--backend cuda: {self.device_name} is sm_{self.cc[0]}{self.cc[1]}; "
-                                         "the kernels need dp2a (sm_61 or newer)")
-            free, total = cupy.cuda.runtime.memGetInfo()
-            need = self.nvram * rb
-            if need > free:
-                raise BackendUnavailable(
-                    f"--backend cuda: {self.nvram} VRAM slots x {rb:,} B = {need / 2**20:,.1f} MiB do not fit in the "
-                    f"free device memory of {self.device_name} ({free / 2**20:,.1f} MiB free of {total / 2**20:,.1f} MiB)")
-            # kernels first: a missing NVRTC or a compile error must fail construction, not the first compute
-            try:
-                self.module = cupy.RawModule(code=K.SOURCE, options=K.NVRTC_OPTIONS)
-                self.fn = {n: self.module.get_function(n) for n in K.KERNEL_NAMES}
-                if lay.encoding == EXL3:
-                    self.exl3 = Exl3Kernels(cupy, cupy.RawModule, K.NVRTC_OPTIONS)
-            except errs:
-                raise
-            except Exception as e:
-                raise BackendUnavailable(f"--backend cuda: compiling the expert kernels failed "
-                                         f"({type(e).__name__}: {str(e).strip()[:400]})") from None
-            # VRAM arena
+            self._open_device(int(device), self.nvram * rb)
+            self._compile(lay, errs)
             self.arena = cupy.zeros(max(1, self.nvram) * rb, dtype=cupy.uint8) if self.nvram else None
             self.arena_ptr = int(self.arena.data.ptr) if self.arena is not None else 0
-            # RAM tier: pinned + mapped host slots
-            self.pool = SlotPool(max(1, int(ram_slots)), rb)
-            cupy.cuda.runtime.hostRegister(self.pool.base, self.pool.nbytes,
-                                           HOST_REGISTER_PORTABLE | HOST_REGISTER_MAPPED)
-            self._registered = True
-            attrs = cupy.cuda.runtime.pointerGetAttributes(self.pool.base)
-            dptr = int(attrs.devicePointer)
-            if not dptr:
-                dptr = self.pool.base if cupy.cuda.runtime.deviceGetAttribute(
-                    cupy.cuda.runtime.cudaDevAttrCanUseHostPointerForRegisteredMem, int(device)) else 0
-            if not dptr:
-                raise BackendUnavailable("--backend cuda: the pinned RAM pool has no device mapping (zero-copy)")
-            self.pool_dptr = dptr
+            self._map_pool(int(ram_slots), rb, int(device))
             self.copy_stream = cupy.cuda.Stream(non_blocking=True)
             self.compute_stream = cupy.cuda.Stream(non_blocking=True)
         except BackendUnavailable:
@@ -159,6 +117,57 @@ class CudaBackend(SequencedBackend):
         self.router = StoreRouter(store)
 
     # -- helpers ------------------------------------------------------------------------------------------------
+
+    def _open_device(self, device: int, need: int) -> None:
+        """Select the device and refuse one that cannot hold the VRAM tier or run the kernels."""
+        if not self.cp.cuda.is_available():
+            raise BackendUnavailable("--backend cuda: no CUDA device (cupy.cuda.is_available() is False)")
+        ndev = self.cp.cuda.runtime.getDeviceCount()
+        if not 0 <= device < ndev:
+            raise BackendUnavailable(f"--backend cuda: device {device} does not exist ({ndev} CUDA devices)")
+        self.device = self.cp.cuda.Device(device)
+        self.device.use()
+        props = self.cp.cuda.runtime.getDeviceProperties(device)
+        name = props.get("name", b"CUDA device")
+        self.device_name = name.decode() if isinstance(name, bytes) else str(name)
+        self.cc = (int(props.get("major", 0)), int(props.get("minor", 0)))
+        if self.cc < (6, 1):
+            raise BackendUnavailable(f"--backend cuda: {self.device_name} is sm_{self.cc[0]}{self.cc[1]}; "
+                                     "the kernels need dp2a (sm_61 or newer)")
+        free, total = self.cp.cuda.runtime.memGetInfo()
+        if need > free:
+            raise BackendUnavailable(
+                f"--backend cuda: {self.nvram} VRAM slots x {self.record_bytes:,} B = {need / 2**20:,.1f} MiB do not fit in the "
+                f"free device memory of {self.device_name} ({free / 2**20:,.1f} MiB free of {total / 2**20:,.1f} MiB)")
+
+    def _compile(self, lay, errs) -> None:
+        """Compile the kernels now: a missing NVRTC or a compile error must fail construction, not the first compute."""
+        try:
+            self.module = self.cp.RawModule(code=K.SOURCE, options=K.NVRTC_OPTIONS)
+            self.fn = {n: self.module.get_function(n) for n in K.KERNEL_NAMES}
+            if lay.encoding == EXL3:
+                self.exl3 = Exl3Kernels(self.cp, self.cp.RawModule, K.NVRTC_OPTIONS)
+        except errs:
+            raise
+        except Exception as e:
+            raise BackendUnavailable(f"--backend cuda: compiling the expert kernels failed "
+                                     f"({type(e).__name__}: {str(e).strip()[:400]})") from None
+
+    def _map_pool(self, ram_slots: int, rb: int, device: int) -> None:
+        """The RAM tier: pinned host slots mapped into the device's address space (zero-copy)."""
+        self.pool = SlotPool(max(1, ram_slots), rb)
+        self.cp.cuda.runtime.hostRegister(self.pool.base, self.pool.nbytes,
+                                          HOST_REGISTER_PORTABLE | HOST_REGISTER_MAPPED)
+        self._registered = True
+        attrs = self.cp.cuda.runtime.pointerGetAttributes(self.pool.base)
+        dptr = int(attrs.devicePointer)
+        if not dptr:
+            dptr = self.pool.base if self.cp.cuda.runtime.deviceGetAttribute(
+                self.cp.cuda.runtime.cudaDevAttrCanUseHostPointerForRegisteredMem, device) else 0
+        if not dptr:
+            raise BackendUnavailable("--backend cuda: the pinned RAM pool has no device mapping (zero-copy)")
+        self.pool_dptr = dptr
+
     def _teardown(self):
         cp = self.cp
         if self._registered:
