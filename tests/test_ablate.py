@@ -106,3 +106,13 @@ def test_an_old_run_record_repredicts_without_the_removed_terms_and_a_record_car
     recipe["lane_overrides"]["gpu"]["per_step_row_ms"] = 0.0
     with pytest.raises(UserError, match=r"per_step_row_ms: a term the model no longer has"):
         spec.validate("recipe", recipe, "tiny-ci-sycl.json")
+
+
+def test_redeal_shows_a_term_that_shapes_the_lane_deal():
+    """The device lanes' read terms change nothing while the replay keeps the runtime's deal, and move the VRAM
+    arms once the plan pass loses them too (--redeal)."""
+    rec = newest_calibration()
+    base = ablate.repredict(rec)
+    kept = ablate.change(base, ablate.repredict(rec, ablate.FAMILIES["device lane reads"]))
+    redealt = ablate.change(base, ablate.repredict(rec, ablate.FAMILIES["device lane reads"], redeal=True))
+    assert abs(kept["max"]) < 0.5 < redealt["max"]

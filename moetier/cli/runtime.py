@@ -69,6 +69,9 @@ def register(sub, parser_class) -> None:
                    help="measure nothing: re-predict these calibration run records with each term and family of "
                         "terms removed, and print what each removal does to the errors")
     c.add_argument("--only", nargs="+", metavar="TERM", help="with --ablate: remove only these terms or families")
+    c.add_argument("--redeal", action="store_true",
+                   help="with --ablate: remove the terms from the plan pass too, so the replay re-deals the picks to "
+                        "lanes as a runtime without them would")
     c.add_argument("--trace", help="routing trace (.npz, or reference .npy); default: the recipe's")
     c.add_argument("--segments", help="segments .npy for a reference .npy trace")
     c.add_argument("--backend", default="cpu", help="cpu, sycl or cuda (default cpu)")
@@ -348,7 +351,7 @@ def _ablate(args) -> int:
         raise UserError(f"calibrate --only {unknown[0]}: expected a term or family of `moetier calibrate --ablate` "
                         f"({', '.join([*ablate.TERMS, *ablate.FAMILIES])})")
     prog = (lambda msg: print(f"ablate: {msg}", file=sys.stderr)) if sys.stderr.isatty() else None
-    res = [ablate.ablate(rec, terms=args.only, progress=prog) for rec in recs]
+    res = [ablate.ablate(rec, terms=args.only, progress=prog, redeal=args.redeal) for rec in recs]
     need = min(2, len(recs))
     verdict = {}
     for name in dict.fromkeys(n for r in res for n, _, _ in r["rows"]):

@@ -38,6 +38,8 @@ TERMS: dict[str, list[tuple]] = {
 FAMILIES: dict[str, list[str]] = {
     "cpu lane extras": ["cpu.per_read_ms", "cpu.per_wake_ms", "cpu.per_after_wait_ms", "cpu.per_handoff_ms"],
     "device lane reads": [f"{ln}.{f}" for ln in ("gpu", "zerocopy") for f in ("per_read_ms", "per_read_busy_ms")],
+    # the host's time per read and the lane's wake-up after one stand in for each other
+    "read overheads": ["host.per_read_ms", "nvme_wake_ms_by_rows"],
     "host head start": [t for t in TERMS if t.startswith("host.head_")],
     "host per-layer extras": ["host.per_nvme_layer_ms", "host.per_predict_row_ms", "host.per_copy_ms",
                               "host.per_zc_call_ms"],
@@ -62,9 +64,11 @@ def _strip(R, terms):
     return R
 
 
-def repredict(rec: dict, strip=(), terms: dict | None = None) -> dict:
+def repredict(rec: dict, strip=(), terms: dict | None = None, redeal: bool = False) -> dict:
     """{"rows": [...], "summary": {...}}: the record ``rec`` re-predicted with ``terms`` (default: its own fitted
-    terms) less ``strip``. Each row: arm, fit, the recorded and the new tok/s error, measured / recorded / new ms per
+    terms) less ``strip``. The replay deals the picks to lanes as the runtime did, on the plan pass's terms; with
+    ``redeal`` those lose ``strip`` too, as a runtime without the terms would have dealt them (a term that shapes
+    the deal shows only then). Each row: arm, fit, the recorded and the new tok/s error, measured / recorded / new ms per
     token by bucket and the new bucket errors."""
     unknown = [t for t in strip if t not in TERMS]
     if unknown:
@@ -88,6 +92,8 @@ def repredict(rec: dict, strip=(), terms: dict | None = None) -> dict:
         Ra = _strip(calibrate.arm_recipe(recipe, arm, terms), strip)
         # the runtime planned on the plan pass's terms: a replay of them deals the picks as it did
         choose = calibrate.arm_recipe(recipe, arm, plan_terms) if plan_terms else None
+        if choose is not None and redeal:
+            choose = _strip(choose, strip)
         p = sim.run(Ra, tr, arm["conc"], max_steps=cal["steps"], choose=choose)
         meas, pred = row["ms_per_token"]["measured"], calibrate.sim_buckets(Ra, p)
         rows.append({"arm": row["arm"], "fit": row["fit"], "held_out": row["arm"] in out_of_fit,
@@ -127,10 +133,10 @@ def change(base: dict, new: dict) -> dict:
             "worst_bucket": (f"{worst[0]}:{worst[1]}", nb[worst] - bb.get(worst, 0.0)) if worst else None}
 
 
-def ablate(rec: dict, terms=None, progress=None) -> dict:
+def ablate(rec: dict, terms=None, progress=None, redeal: bool = False) -> dict:
     """The record re-predicted whole and with each term and family removed: {"base": summary, "drift": |pass
     drift| (points), "rows": [(name, members, change)]}. ``terms``: the names to try (default: every term the
-    record fits, then every family)."""
+    record fits, then every family); ``redeal``: see ``repredict``."""
     base = repredict(rec)
     fitted = present_terms(rec)
     names = terms or [*(t for t in TERMS if t in fitted), *FAMILIES]
@@ -142,7 +148,7 @@ def ablate(rec: dict, terms=None, progress=None) -> dict:
             continue
         if progress:
             progress(name)
-        out.append((name, members, change(base, repredict(rec, members))))
+        out.append((name, members, change(base, repredict(rec, members, redeal=redeal))))
     drift = rec["calibration"]["summary"].get("pass_drift_pct")
     return {"base": base["summary"], "drift": abs(drift) if drift is not None else 0.0, "rows": out}
 
