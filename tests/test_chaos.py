@@ -138,3 +138,14 @@ def test_run_peak_rss_within_ram_budget_plus_overhead(packed, tmp_path):
         R = spec.resolve(RECIPE, [s for s in sets if s != "--set"])
         assert mem["bound_bytes"] == runtime.rss_bound(R, 2)
         assert 0 < mem["peak_rss_bytes"] <= mem["bound_bytes"], mem
+
+
+def test_peak_rss_is_the_processs_own_not_its_parents():
+    """A process forked from a large parent reports its own peak: ru_maxrss would carry the parent's size over exec."""
+    big = bytearray(256 * 2**20)
+    big[::4096] = b"x" * len(big[::4096])            # touch every page so the parent really holds them
+    code = "from moetier.run.runtime import peak_rss; print(peak_rss())"
+    child = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                               env={**os.environ, "PYTHONPATH": str(REPO)}).stdout)
+    assert 0 < child < 200 * 2**20, child
+    del big

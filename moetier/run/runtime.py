@@ -62,7 +62,16 @@ def rss_bound(R, conc: int) -> int:
 
 
 def peak_rss() -> int:
-    """This process's peak resident set so far, in bytes (getrusage; Linux reports KiB)."""
+    """This process's peak resident set so far, in bytes: VmHWM of /proc/self/status, the high-water mark of this
+    process's own memory. getrusage's ru_maxrss survives exec, so a process started by a large parent would report
+    the parent's size at the fork; it is the fallback where /proc is missing (Linux reports it in KiB)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     import resource
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
