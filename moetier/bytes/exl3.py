@@ -112,8 +112,8 @@ def codebook_lut(codebook) -> np.ndarray:
     """The 65,536 decoded weights of a codebook, indexed by state, as a read-only fp16 array.
 
     mul1: fp16((1024 + byte sum) * k_inv + k_bias), one rounding (the GPU's __hfma on the half 0x6400 + sum; the
-    float64 product and sum are exact). mcg: x = state * 3417055213, 3inst: x = state * 89226354 + 64248484 (mod
-    2**32), then the fp16 sum of the halves of (x & 0x8FFF8FFF) ^ 0x3B603B60. Built once per codebook."""
+    float64 product and sum are exact). mcg: x = state * MCG_MULT, 3inst: x = state * INST3_MULT + INST3_ADD (mod
+    2**32), then the fp16 sum of the halves of (x & LOP3_MASK) ^ LOP3_XOR. Built once per codebook."""
     return _lut(codebook_index(codebook))
 
 
