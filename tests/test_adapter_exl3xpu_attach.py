@@ -201,6 +201,22 @@ def test_attach_refuses_a_recipe_that_does_not_fit_the_model(tiny, engine):
         attach(engine, recipe(8, 12, prefetch={"depth": 1, "predictor": "recall", "recall": 0.5, "budget": 4}), st)
 
 
+def test_attach_refuses_an_op_table_without_an_op_it_calls(tiny):
+    """A fake op table lacking memcpy_async (the model loads on it: load needs only host_alloc) is refused at attach
+    with one line naming the op, before anything is hooked."""
+    from adapters.exl3xpu import model
+    from moetier.errors import UserError
+    from tests.test_adapter_exl3xpu_surface import MissingOp
+    _, path, st, _ = tiny
+    m = model.build_model(path, MissingOp("memcpy_async"))
+    with pytest.raises(UserError) as e:
+        attach(m, recipe(*SPLITS["nvme-tail"]), st)
+    assert str(e.value) == ("attach: the op table does not offer the pinned exl3xpu surface: fake table without "
+                            "memcpy_async: memcpy_async: missing (fake table without memcpy_async has no op "
+                            "'memcpy_async') [exl3xpu_moe.memcpy_async]")
+    assert all("apply" not in layer.method.__dict__ for layer in m.layers)
+
+
 def test_detach_restores_apply_and_the_home_rows(tiny, engine):
     spec, _, st, _ = tiny
     home = [m.method.ptrs.copy() for m in engine.layers]

@@ -92,7 +92,9 @@ def test_the_backends_slots_hold_the_blob_and_its_lanes_compute_it(st):
         be.wait(be.fill(key, 1))
         assert np.array_equal(be._host[1][:n], want_blob) and not be._host[1][n:].any()
         be.wait(be.push(key, 1, 0))
-        assert np.array_equal(be.arena[0][:n], want_blob)
+        peek = be.ops.host_alloc(n)                    # VRAM is read back through the ops, as on the device
+        be.ops.memcpy_async(int(peek.ctypes.data), be.vram_address(0), n)
+        assert np.array_equal(peek, want_blob)
         be.wait(be.drain(key, 0, 3))
         assert np.array_equal(be._host[3][:n], want_blob)
         x = np.random.default_rng(4).standard_normal((3, st.layout.hidden)).astype(np.float32)
@@ -102,3 +104,37 @@ def test_the_backends_slots_hold_the_blob_and_its_lanes_compute_it(st):
             assert got.dtype == np.float32 and np.array_equal(got, want), lane
     finally:
         be.close()
+
+
+@pytest.mark.parametrize("K", surface.PLANAR4_K)
+def test_every_trellis_element_sits_where_the_kernel_reads_it(K):
+    """The blob byte of every trellis element, computed from exl3xpu's own statement of the layout (its
+    ``exl3_moe.sycl`` header and ``Geom``: gate|up rows of 2I/16 tiles then the down rows, W = 8K words per tile;
+    PLANAR4 puts word (tile t, period g, plane i) of a group of 4 tiles at [i][t][g] instead of [t][K*g + i]; word w
+    of a tile holds its int16 elements 2w (low half) and 2w + 1 (high half)) - offsets computed here, not by blob.py's
+    reshapes. ``planar4`` is also checked against the kernel's read of a tile-major tile: plane i of a tile is its
+    words i, i + K, ..., the stride-K select the register planarization replaces."""
+    H, I = 128, 128  # noqa: E741
+    ex = rand_expert(H, I, K, seed=10 + K)
+    b = blob.pack(ex)
+    W = 8 * K
+    gu_bytes = (H // 16) * (2 * I // 16) * W * 4
+
+    def offset(base: int, row: int, tiles_n: int, tile: int, elem: int) -> int:
+        w = elem // 2
+        g, i = divmod(w, K)
+        grp, t = divmod(tile, 4)
+        return base + (row * tiles_n * W + grp * 4 * W + i * 32 + t * 8 + g) * 4 + 2 * (elem % 2)
+
+    rng = np.random.default_rng(K)
+    for proj, base, tiles_n, shift in (("gate", 0, 2 * I // 16, 0), ("up", 0, 2 * I // 16, I // 16),
+                                       ("down", gu_bytes, H // 16, 0)):
+        tr = getattr(ex, proj).trellis                        # int16 [k/16][n/16][16K]
+        for _ in range(200):
+            r, n, e = (int(rng.integers(0, s)) for s in tr.shape)
+            o = offset(base, r, tiles_n, n + shift, e)
+            assert b[o:o + 2].view("<i2")[0] == tr[r, n, e], (proj, r, n, e)
+    words = rng.integers(0, 2 ** 32, size=(1, 4, W), dtype=np.uint64).astype(np.uint32)
+    flat = blob.planar4(words, K).reshape(-1)
+    for i in range(K):
+        assert np.array_equal(flat[32 * i:32 * (i + 1)], np.concatenate([words[0, t, i::K] for t in range(4)]))

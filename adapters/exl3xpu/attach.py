@@ -27,8 +27,8 @@ states). Two modes:
 
 ``exact=True`` turns the cpu lane off (every computed pick on exl3xpu's kernel); the recipe's ``policy.exact =
 "mask"`` drops NVMe picks (lossy) in eager mode. Prefetch is not supported (policy.prefetch.depth > 0 is refused).
-``attach`` checks the op surface first (adapters.exl3xpu.surface.require) and the recipe against the model; a
-mismatch is one line (UserError). ``Attached.detach()`` restores ``apply`` and the home rows.
+``attach`` checks the op surface first (adapters.exl3xpu.surface.require: every op the adapter calls, with its
+arguments) and the recipe against the model; a mismatch is one line (UserError). ``Attached.detach()`` restores ``apply`` and the home rows.
 """
 from __future__ import annotations
 
@@ -59,7 +59,10 @@ class Attached:
         if mode not in MODES:
             raise UserError(f"attach: mode {mode!r}: expected one of {', '.join(MODES)}")
         self.ops = model.layers[0].method.ops
-        surface.require(self.ops)
+        try:
+            surface.require(self.ops)
+        except surface.SurfaceMismatch as e:
+            raise UserError(f"attach: the op table does not offer the pinned exl3xpu surface: {e}") from None
         self.model, self.mode = model, mode
         if mode == "graph":
             R = dataclasses.replace(R, policy={**R.policy, "exact": "stall"})

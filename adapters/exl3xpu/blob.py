@@ -18,9 +18,9 @@ groups of 4 tiles.
 
 ``pack(expert) -> uint8[blob_bytes]`` and ``unpack(blob, H, I, K, codebook) -> Exl3Expert`` are exact inverses;
 ``pack_record(layout, record)`` / ``record(layout, blob)`` go between a moetier exl3 record (moetier.bytes.expert) and
-a blob. ``expert(layout, blob)`` is the record view moetier's cpu lane computes from. The word order within a group
-follows the reference's description of ``planar4()``; it has not been checked against exl3xpu's kernel (that needs
-an Arc device or the kernel source).
+a blob. ``expert(layout, blob)`` is the record view moetier's cpu lane computes from. The layout agrees with exl3xpu's
+public source (``planar4`` / ``pack_expert`` in its ``moe_offload.py``, the ``exl3_moe.sycl`` header and ``Geom``;
+docs/adapters.md names the files); no Arc kernel has read a blob packed here.
 """
 from __future__ import annotations
 

@@ -98,15 +98,16 @@ def build_model(path, ops) -> Model:
     with checkpoint.open_exl3(path) as ck:
         lay, E, L = ck.layout, ck.experts, ck.trunk_layers
         rb = surface.record_bytes(lay.hidden, lay.ffn, lay.bits)       # the blob's 4 KiB-aligned stride
-        host = ops.host_alloc(L * E * rb)
+        buf = ops.host_alloc(L * E * rb)
+        host = surface.host_array(buf)
         rec = np.zeros(lay.record_bytes, np.uint8)
         for k in range(L * E):
             ck.fill(k, rec)
             b = blob.pack_record(lay, rec)                             # packed as exl3xpu's _maybe_pack does
             host[k * rb:k * rb + b.size] = b
         prefixes, topk = ck.prefixes[:L], int(ck.geometry.topk)
-    model = Model(path=str(path), host=host, layout=lay, experts=E)
-    base = int(host.ctypes.data)
+    model = Model(path=str(path), host=buf, layout=lay, experts=E)
+    base = surface.address(buf)
     for o, mlp in enumerate(prefixes):
         ptrs = np.array([base + (o * E + e) * rb for e in range(E)], np.int64)
         shared = sg = None

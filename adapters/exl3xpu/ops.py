@@ -1,31 +1,44 @@
-"""moetier's provider of exl3xpu's op surface, for machines without exl3xpu (no Intel XPU, no oneAPI, no _moe.so).
+"""moetier's stand-in for exl3xpu's op surface, for machines without exl3xpu (no Intel XPU, no oneAPI, no _moe.so).
 
 Contract
 --------
-``ProvidedOps`` has the ``torch.ops.exl3xpu_moe`` ops the adapter calls (adapters.exl3xpu.surface.OPS), with the same
-argument lists and semantics, over numpy arrays:
+``ProvidedOps`` has exactly the ``torch.ops.exl3xpu_moe`` ops the adapter calls (adapters.exl3xpu.surface.OPS), with
+the argument lists, argument kinds and semantics of exl3xpu's ``exl3_moe.sycl`` (reference section 4.2), over numpy
+arrays where the real ops take torch tensors:
 
 * ``moe_forward(x, topk_ids, topk_w, ptrs, I, K, n_experts)``: the grouped MoE with every expert addressed only
   through ``ptrs`` (int64[n_experts], one address per expert): y[r] = sum over j (in slot order, fp32) of
   topk_w[r, j] * expert(ptrs[topk_ids[r, j]])(x[r]). Each expert is computed by moetier's EXL3 CPU kernel
   (backends.cpu.exl3, fp16 at the engine's rounding points; the NumPy reference where numba is missing) on the
-  blob at that address. Every address a pick reads must lie inside memory the ops know (``memory``: their own
-  ``host_alloc`` buffers and the regions a backend registers as device memory), or the op raises - a row that
-  points nowhere fails loudly instead of reading junk. A pick of weight 0 (the masked "safe expert, weight 0" of
-  the tier) contributes exactly 0 and its row is still checked.
-* ``host_alloc(nbytes)`` (USM host memory: a uint8 array), ``usm_kind(ptr)`` ("host", "device" or "unknown"),
-  ``memcpy_async(dst, src, nbytes)`` (synchronous here: the bytes are there when it returns) and
-  ``blob_bytes(H, I, K)``.
+  blob at that address. Every address a pick reads must lie inside memory the stand-in allocated (``host_alloc``,
+  or ``device_empty``: the stand-in's ``torch.empty(device="xpu")``), or the op raises - a row that points nowhere
+  fails loudly instead of reading junk. A pick of weight 0 (the masked "safe expert, weight 0" of the tier)
+  contributes exactly 0 and its row is still checked.
+* ``host_alloc(nbytes)``: USM host memory, a page-aligned uint8 array (the real op: a CPU uint8 tensor over
+  ``sycl::malloc_host``), freed when the array is dropped.
+* ``usm_kind(ptr)``: an int, as the real op returns it: 0 unknown (pageable), 1 host USM, 2 device USM, 3 shared.
+* ``memcpy_async(dst, src, nbytes)``: a byte copy between two addresses (ints); synchronous here (the bytes are there
+  when it returns), on the current stream's queue on the device. Both ranges must lie inside the stand-in's memory.
+* ``blob_bytes(H, I, K)``.
+
+Nothing else is public but ``provider`` (what computes the ops), ``calls`` (counters of moe_forward calls, pairs and
+experts computed) and ``close()``. The address -> buffer map that lets the stand-in resolve addresses is private to
+this module: ``host_alloc`` and ``device_empty(table, nbytes)`` (the XPU allocator's stand-in, which
+adapters.exl3xpu.surface.device_allocator hands the backend in place of ``torch.empty(..., device="xpu")``) enter
+their buffers; a buffer leaves the map when it is garbage-collected, as the real memory is freed by its tensor's
+deleter.
 
 The bytes at an address are exl3xpu's expert blob (adapters.exl3xpu.blob: PLANAR4 trellis words, then the scales),
 which the op unpacks. What is NOT the engine's: the numerics are the CPU kernel's (exllamav3's rounding points), not
-the Arc kernel's. ``SyclOps(store)`` is the same provider with the experts computed by moetier's SYCL EXL3 kernel
+the Arc kernel's. ``SyclOps(store)`` is the same stand-in with the experts computed by moetier's SYCL EXL3 kernel
 (backends/sycl) on a dpctl device - the OpenCL CPU device in CI; ``surface.op_table(store)`` picks it where dpctl has
 a device.
 """
 from __future__ import annotations
 
 import bisect
+import ctypes
+import weakref
 
 import numpy as np
 
@@ -33,65 +46,84 @@ from adapters.engine_lanes import CPU_KERNEL, cpu_rows
 from adapters.exl3xpu import blob, surface
 from moetier.bytes.expert import EXL3, layout
 
+PAGE = 4096
+
 
 class OpError(RuntimeError):
     """An op was called with arguments the real op would fault or fail on (bad id, address outside any region)."""
 
 
-class Memory:
-    """The address ranges the ops may read: (base, nbytes, kind, the array that owns them)."""
+class _Memory:
+    """The stand-in's allocations: base address -> (nbytes, USM kind, a weak reference to the array owning the bytes,
+    the offset of base in it). An allocation leaves when its owner is collected (every view of it dropped)."""
 
     def __init__(self):
         self._bases: list = []
-        self._regions: list = []
+        self._regions: dict = {}
 
-    def add(self, arr: np.ndarray, kind: str) -> int:
-        a = arr.reshape(-1).view(np.uint8)
-        base = int(a.ctypes.data)
-        i = bisect.bisect(self._bases, base)
-        self._bases.insert(i, base)
-        self._regions.insert(i, (base, a.size, kind, a))
-        return base
+    def enter(self, arr: np.ndarray, kind: int) -> None:
+        owner = arr
+        while isinstance(owner.base, np.ndarray):
+            owner = owner.base
+        base = int(arr.ctypes.data)
+        bisect.insort(self._bases, base)
+        self._regions[base] = (arr.nbytes, kind, weakref.ref(owner), base - int(owner.ctypes.data))
+        weakref.finalize(owner, self._leave, base)
 
-    def remove(self, arr: np.ndarray) -> None:
-        base = int(arr.reshape(-1).view(np.uint8).ctypes.data)
-        if base in self._bases:
-            i = self._bases.index(base)
-            del self._bases[i], self._regions[i]
+    def _leave(self, base: int) -> None:
+        if self._regions.pop(base, None) is not None:
+            self._bases.remove(base)
 
     def _find(self, ptr: int, nbytes: int = 1):
         i = bisect.bisect(self._bases, int(ptr)) - 1
         if i >= 0:
-            base, size, kind, a = self._regions[i]
-            if ptr + nbytes <= base + size:
-                return base, kind, a
+            base = self._bases[i]
+            size, kind, ref, off = self._regions[base]
+            owner = ref()
+            if owner is not None and ptr + nbytes <= base + size:
+                return base, kind, owner.reshape(-1).view(np.uint8), off
         return None
 
-    def kind(self, ptr: int) -> str:
+    def kind(self, ptr: int) -> int:
         hit = self._find(ptr)
-        return hit[1] if hit else "unknown"
+        return hit[1] if hit else surface.USM_UNKNOWN
 
     def view(self, ptr: int, nbytes: int) -> np.ndarray:
         hit = self._find(ptr, nbytes)
         if hit is None:
             raise OpError(f"address {ptr:#x} (+{nbytes} B) is not inside any host or device allocation")
-        base, _, a = hit
-        return a[ptr - base:ptr - base + nbytes]
+        base, _, a, off = hit
+        return a[off + ptr - base:off + ptr - base + nbytes]
+
+
+def _aligned(nbytes: int) -> np.ndarray:
+    """A page-aligned, zeroed uint8 array of ``nbytes`` (malloc_host and the device allocator align to pages; O_DIRECT
+    reads into host slots need it)."""
+    raw = np.zeros(int(nbytes) + PAGE, np.uint8)
+    off = (-raw.ctypes.data) % PAGE
+    return raw[off:off + int(nbytes)]
+
+
+def device_empty(table: "ProvidedOps", nbytes: int) -> np.ndarray:
+    """The stand-in's ``torch.empty(nbytes, dtype=uint8, device="xpu")``: device memory of ``table`` (usm_kind 2)."""
+    a = _aligned(nbytes)
+    table._memory.enter(a, surface.USM_DEVICE)
+    return a
 
 
 class ProvidedOps:
     provider = f"moetier ({CPU_KERNEL})"
 
     def __init__(self, codebook: str = "mul1", act_limit: float = 0.0):
-        self.codebook, self.act_limit = codebook, float(act_limit)
-        self.memory = Memory()
+        self._codebook, self._act_limit = codebook, float(act_limit)
+        self._memory = _Memory()
         self._layouts: dict = {}
         self.calls = {"moe_forward": 0, "pairs": 0, "experts": 0}
 
     def _layout(self, H: int, I: int, K: int):  # noqa: E741
         key = (H, I, K)
         if key not in self._layouts:
-            self._layouts[key] = layout(H, I, EXL3, bits=K, codebook=self.codebook, act_limit=self.act_limit)
+            self._layouts[key] = layout(H, I, EXL3, bits=K, codebook=self._codebook, act_limit=self._act_limit)
         return self._layouts[key]
 
     # -- compute ----------------------------------------------------------------------------------------------
@@ -112,7 +144,7 @@ class ProvidedOps:
         for r in range(M):
             for j in range(ids.shape[1]):
                 e = int(ids[r, j])
-                rec = self.memory.view(int(ptrs[e]), nblob)                # every row read is checked
+                rec = self._memory.view(int(ptrs[e]), nblob)                # every row read is checked
                 if w[r, j] != 0.0:
                     rows.setdefault(e, (rec, []))[1].append(r)
         jobs = [(e, rec, sorted(set(rs))) for e, (rec, rs) in rows.items()]
@@ -129,20 +161,21 @@ class ProvidedOps:
 
     def _experts(self, lay, jobs, x) -> dict:
         """{expert: its unweighted output rows} for jobs [(expert, blob bytes, rows)]."""
-        return {e: cpu_rows(x[rs], blob.expert(lay, b), self.act_limit) for e, b, rs in jobs}
+        return {e: cpu_rows(x[rs], blob.expert(lay, b), self._act_limit) for e, b, rs in jobs}
 
     # -- memory -------------------------------------------------------------------------------------------------
     def host_alloc(self, nbytes):
-        a = np.zeros(int(nbytes), np.uint8)
-        self.memory.add(a, "host")
+        a = _aligned(nbytes)
+        self._memory.enter(a, surface.USM_HOST)
         return a
 
     def usm_kind(self, ptr):
-        return self.memory.kind(int(ptr))
+        return self._memory.kind(int(ptr))
 
     def memcpy_async(self, dst, src, nbytes):
         n = int(nbytes)
-        np.asarray(dst).reshape(-1).view(np.uint8)[:n] = np.asarray(src).reshape(-1).view(np.uint8)[:n]
+        d, s = self._memory.view(int(dst), n), self._memory.view(int(src), n)     # both ranges checked
+        ctypes.memmove(d.ctypes.data, s.ctypes.data, n)
 
     def blob_bytes(self, H, I, K):  # noqa: E741
         return surface.blob_bytes(int(H), int(I), int(K))

@@ -3,8 +3,14 @@
 Contract
 --------
 ``EXPECTED`` is the surface (``adapters.surface`` format, keyed ``exl3xpu_moe.OP``) of the ``torch.ops.exl3xpu_moe``
-ops the adapter calls, with the argument lists of exl3xpu's ``exl3_moe.sycl`` ``TORCH_LIBRARY`` block (adapters.md
-section 4.2). ``blob_bytes(H, I, K)`` / ``record_bytes(H, I, K)`` are the expert blob's size and its store stride
+ops the adapter calls - every one it calls, nothing else - with the argument lists of exl3xpu's ``exl3_moe.sycl``
+``TORCH_LIBRARY`` block (adapters.md section 4.2): ``moe_forward``, ``host_alloc`` (USM host memory, a CPU uint8
+tensor), ``usm_kind`` (0 unknown, 1 host, 2 device, 3 shared: ``USM_*``), ``memcpy_async(dst, src, nbytes)`` (byte
+copy between two addresses on the current stream) and ``blob_bytes``. Device memory is not an op: it is torch's XPU
+allocator (``device_allocator(table)``: ``torch.empty(n, uint8, device="xpu")``, or the stand-in's). ``address(buf)``
+is a buffer's address and ``host_array(buf)`` a host buffer as a numpy array, for torch tensors and numpy arrays
+alike; ``copy_event(table)`` / ``stream_sync(table)`` order the host after a ``memcpy_async`` (the stand-in's copies
+are synchronous: None). ``blob_bytes(H, I, K)`` / ``record_bytes(H, I, K)`` are the expert blob's size and its store stride
 (4096-aligned), ``QWEN`` the published Qwen3.8-Flash-Next geometry they must reproduce (blob 1,862,400 B, record
 1,863,680 B).
 
@@ -38,6 +44,7 @@ EXPECTED: dict = {f"{NAMESPACE}.{op}": {"kind": "callable", "params": list(p)} f
 # down trellis [I/16][H/16][8K], then fp16 suh_g[H] suh_u[H] svh_g[I] svh_u[I] suh_d[I] svh_d[H]
 QWEN = {"L": 48, "E": 512, "K": 3, "H": 2560, "I": 640, "blob": 1_862_400, "rec": 1_863_680}
 PLANAR4_K = (3, 5, 7)                  # the K planar4() supports
+USM_UNKNOWN, USM_HOST, USM_DEVICE, USM_SHARED = 0, 1, 2, 3      # usm_kind's answers (exl3_moe.sycl)
 
 
 def blob_bytes(H: int, I: int, K: int) -> int:  # noqa: E741  (the kernel's names)
@@ -77,6 +84,47 @@ class EngineOps:
             return {"kind": "missing", "why": f"no op {NAMESPACE}.{op} ({e})"}
         return {"kind": "callable", "params": [a.name + ("=" if a.has_default_value() else "")
                                                for a in schema.arguments]}
+
+
+def address(buf) -> int:
+    """The address of a torch tensor's or numpy array's first byte (what ``memcpy_async`` and ``ptrs`` take)."""
+    return int(buf.data_ptr()) if hasattr(buf, "data_ptr") else int(buf.ctypes.data)
+
+
+def host_array(buf):
+    """A host buffer (host_alloc's CPU tensor, or the stand-in's array) as a flat uint8 numpy array, no copy."""
+    import numpy as np
+    a = buf.numpy() if hasattr(buf, "numpy") and not isinstance(buf, np.ndarray) else buf
+    return a.reshape(-1).view(np.uint8)
+
+
+def device_allocator(table):
+    """``nbytes -> device buffer`` for ``table``: torch's XPU allocator under exl3xpu's own ops, the stand-in's
+    ``device_empty`` under moetier's (the only way the stand-in learns of device memory)."""
+    if isinstance(table, EngineOps):
+        import torch
+        return lambda n: torch.empty(int(n), dtype=torch.uint8, device="xpu")
+    from adapters.exl3xpu import ops
+    return lambda n: ops.device_empty(table, n)
+
+
+def copy_event(table):
+    """After a ``memcpy_async``: an event that completes with it on the current stream (``torch.xpu.Event``, with
+    ``query`` / ``synchronize``) under exl3xpu's ops; None under the stand-in, whose copies are done on return."""
+    if isinstance(table, EngineOps):
+        import torch
+        ev = torch.xpu.Event()
+        ev.record()
+        return ev
+    return None
+
+
+def stream_sync(table):
+    """``() -> None`` waiting for the current stream's copies (exl3xpu's ops); None where copies are synchronous."""
+    if isinstance(table, EngineOps):
+        import torch
+        return lambda: torch.xpu.current_stream().synchronize()
+    return None
 
 
 def op_table(store=None, **provider_kw):
