@@ -13,7 +13,8 @@ bash .ci/torch-extra.sh
 .venv-torch/bin/pip install -q --no-deps -e .
 PYTHONPATH="$PWD" .venv-torch/bin/python -m pytest -q -p no:cacheprovider -o addopts= -rs \
     tests/test_adapter_surface.py tests/test_adapter_exllamav3_standin.py tests/test_adapter_exllamav3_surface.py \
-    tests/test_adapter_exllamav3_attach.py tests/test_adapter_exllamav3_backend.py tests/test_adapter_registration.py
+    tests/test_adapter_exllamav3_attach.py tests/test_adapter_exllamav3_load.py \
+    tests/test_adapter_exllamav3_backend.py tests/test_adapter_registration.py
 PYTHONPATH="$PWD" .venv-torch/bin/python -m moetier adapter check exllamav3 | tail -1
 # the conformance suite on the adapter's backend, unattached: its cpu lane, transfers and the residency rule
 tmp=$(mktemp -d)

@@ -1,6 +1,7 @@
 """The exllamav3 adapter on a CUDA GPU with the engine's real kernels: the checks a CPU cannot make.
 
-    python benchmarks/exllamav3_gpu_check.py --out RECORD.json [--steps N] [--checkpoint DIR --recipe ID]
+    python benchmarks/exllamav3_gpu_check.py --out RECORD.json [--steps N] [--checkpoint DIR --recipe ID
+                                             [--compare-plain]]
 
 Run by benchmarks/exllamav3_gpu_check.sh after it has installed and built exllamav3. On the tiny synthetic model
 (adapters.exllamav3.checkpoint.TINY: 2 MoE layers x 16 experts, top-2, hidden 256, intermediate 128, K 3, shared expert;
@@ -15,17 +16,25 @@ script exits 1 if any failed:
                (RAM only, exact): outputs bit-identical (same kernel, same bytes, rows at VRAM vs pinned host);
 5. split     - the attached block under an NVMe tail against the engine's own (unattached) output: rel RMS < 2e-3;
 6. speed     - decode tok/s of the MoE blocks without moetier and with it (nvme-tail), and the simulator's
-               prediction for the attached run's deals beside it (reported, not judged).
+               prediction for the attached run's deals beside it (reported, not judged);
+7. load      - the tiny model loaded by moetier_load (the engine's own BlockSparseMLP.load on CUDA, its routed experts
+               redirected to moetier's slots): no routed expert tensor reaches the checkpoint reader, and in exact
+               mode with every expert resident its output is bit-identical to the engine's own load.
 
-With ``--checkpoint`` a real EXL3 checkpoint is loaded through exllamav3's own Config/Model, its routed experts are
-packed into a moetier store next to ``--out``, and checks 5-6 run on its MoE blocks under ``--recipe`` (untried: no
-GPU with such a checkpoint has been available to the project). The record (every figure, the engine version, the
-device) is written to ``--out`` as JSON.
+With ``--checkpoint`` a real EXL3 checkpoint's routed experts are packed into a moetier store next to ``--out`` and
+the model is loaded through exllamav3's own Config/Model by moetier_load under ``--recipe``: none of its routed experts
+is read from the checkpoint (counted), so a model larger than VRAM plus RAM loads; the load's peak host RSS growth
+and device memory are reported beside the routed experts' size, then decode tok/s with moetier and the simulator's
+prediction. With ``--compare-plain`` (only for a checkpoint that fits the GPU) the model is then loaded again by the
+engine alone and the attached outputs are compared with it (rel RMS < 2e-3). Untried: no GPU with such a checkpoint
+has been available to the project. The record (every figure, the engine version, the device) is written to ``--out``
+as JSON.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 import tempfile
@@ -119,6 +128,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--checkpoint", help="a real EXL3 MoE checkpoint directory (optional)")
     ap.add_argument("--recipe", help="the recipe for --checkpoint")
+    ap.add_argument("--compare-plain", action="store_true",
+                    help="also load --checkpoint by the engine alone and compare (only if it fits the GPU)")
     args = ap.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
@@ -163,41 +174,121 @@ def main(argv=None) -> int:
            f"(nvme-tail), simulator {tok_sim:.1f} tok/s", tok_s_engine=tok_plain, tok_s_moetier=tok_moetier,
            tok_s_simulated=tok_sim)
     att.detach()
+    redirected_load(work, recs, base, xs, torch)
     if args.checkpoint:
         real_checkpoint(args, torch)
     return finish(args)
 
 
+class RoutedReads:
+    """Counts the routed-expert tensors that reach exllamav3's checkpoint reader (SafetensorsCollection.get_tensor,
+    the class method: moetier_load's redirect answers them per instance, before they get there) while open."""
+
+    def __init__(self, is_routed):
+        self.is_routed, self.keys, self.bytes = is_routed, 0, 0
+
+    def __enter__(self):
+        from exllamav3.loader.safetensors import SafetensorsCollection as S
+        self.cls, self.get0 = S, S.get_tensor
+        counter = self
+
+        @functools.wraps(self.get0)        # the engine's signature: moetier_load checks the hook surface
+        def get_tensor(stc, key, *a, **kw):
+            t = counter.get0(stc, key, *a, **kw)
+            if counter.is_routed(key) and t is not None:
+                counter.keys += 1
+                counter.bytes += t.numel() * t.element_size()
+            return t
+        S.get_tensor = get_tensor
+        return self
+
+    def __exit__(self, *exc):
+        self.cls.get_tensor = self.get0
+        return False
+
+
+def _routed_keys(blocks) -> set:
+    return {f"{k}.{part}" for m in blocks for lins in (m.gates, m.ups, m.downs) for lin in lins
+            for k in [lin.key] for part in ("trellis", "suh", "svh")}
+
+
+def redirected_load(work, recs, base, xs, torch) -> None:
+    """Check 7: the tiny model loaded by moetier_load on CUDA."""
+    from adapters.exllamav3 import checkpoint
+    from adapters.exllamav3.attach import moetier_load
+    model = checkpoint.build_model(work / "ckpt", load=False)
+    routed = _routed_keys(model.modules)
+    with RoutedReads(routed.__contains__) as rr:
+        att = moetier_load(model, tiny_recipe(32, 0), recs, lambda: model.load("cuda"), exact=True)
+    got = forward_all(model.modules, xs)
+    same = all(torch.equal(a, b) for sa, sb in zip(got, base) for a, b in zip(sa, sb))
+    worst = max(rel_rms(a.numpy(), b.numpy()) for sa, sb in zip(got, base) for a, b in zip(sa, sb))
+    report("load", rr.keys == 0 and worst < 2e-3 and att.handed_over == len(routed) // 9,
+           f"{rr.keys} routed tensors read from the checkpoint, {att.redirected} redirected; exact all-resident "
+           f"output {'bit-identical to' if same else f'rel RMS {worst:.2e} from'} the engine's own load",
+           routed_reads=rr.keys, redirected=att.redirected, bit_identical=same)
+    att.detach()
+
+
+def _peak_rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) << 10 for ln in f if ln.startswith("VmHWM:"))
+
+
+def _reset_peak_rss() -> int:
+    """Reset the peak RSS (Linux clear_refs 5); returns the RSS now."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _peak_rss()
+
+
 def real_checkpoint(args, torch) -> None:
-    """Checks 5-6 on a real checkpoint's MoE blocks (exllamav3's Config/Model load; experts packed beside --out)."""
+    """A real checkpoint loaded by moetier_load (exllamav3's Config/Model; experts packed beside --out), then decode;
+    with --compare-plain the engine's own load of the same checkpoint as the reference."""
     from exllamav3 import Config, Model
 
-    from adapters.exllamav3.attach import attach, moe_blocks
+    from adapters.exllamav3.attach import moe_blocks, moetier_load
     from moetier.bytes import store
     from moetier.core.records import resolve
-    config = Config.from_directory(args.checkpoint)
-    model = Model.from_config(config)
-    model.load()
-    blocks = moe_blocks(model)
-    m0 = blocks[0]
     where = Path(args.out).with_suffix(".store")
     store.pack_checkpoint(args.checkpoint, where)
     recs = store.open_store(where)
     R = resolve(args.recipe)
+    R = dataclasses.replace(R, policy={**R.policy, "prefetch": {"depth": 0, "predictor": "none"}})
+    config = Config.from_directory(args.checkpoint)
+    model = Model.from_config(config)
+    blocks = moe_blocks(model)
+    routed = _routed_keys(blocks)
+    routed_bytes = sum(config.stc.get_tensor_meta(k)[k]["n_bytes"] for k in routed if config.stc.has_tensor(k))
+    torch.cuda.reset_peak_memory_stats()
+    rss0 = _reset_peak_rss()
+    t = time.perf_counter()
+    with RoutedReads(routed.__contains__) as rr:
+        att = moetier_load(model, R, recs, lambda: model.load(device="cuda:0"), record=True, device="cuda:0")
+    load_s = time.perf_counter() - t
+    rss = _peak_rss() - rss0
+    report("checkpoint load", rr.keys == 0,
+           f"{args.recipe}: {rr.keys} routed tensors read from the checkpoint ({att.redirected} redirected) in "
+           f"{load_s:.1f} s; peak host RSS +{rss / 2**30:.2f} GiB, device peak "
+           f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB, routed experts {routed_bytes / 2**30:.2f} GiB",
+           load_s=load_s, rss_growth=rss, routed_bytes=routed_bytes, routed_reads=rr.keys)
+    m0 = att.modules[0]
     g = torch.Generator(device="cuda").manual_seed(5)
-    xs = [[torch.randn((1, m0.hidden_size), generator=g, device="cuda").half() for _ in blocks]
+    xs = [[torch.randn((1, m0.hidden_size), generator=g, device="cuda").half() for _ in att.modules]
           for _ in range(min(args.steps, 16))]
-    base = forward_all(blocks, xs)
-    tok_plain = timed(blocks, xs, torch)
-    att = attach(blocks, dataclasses.replace(R, policy={**R.policy, "prefetch": {"depth": 0, "predictor": "none"}}),
-                 recs, record=True)
-    got = forward_all(blocks, xs)
-    worst = max(rel_rms(a.numpy(), b.numpy()) for sa, sb in zip(got, base) for a, b in zip(sa, sb))
-    report("checkpoint split", worst < 2e-3, f"{args.recipe}: rel RMS {worst:.2e} against the engine alone")
-    tok_moetier = timed(blocks, xs, torch)
-    report("checkpoint speed", None, f"MoE blocks at bsz 1: {tok_plain:.2f} tok/s alone, {tok_moetier:.2f} with "
-           f"moetier, simulator {simulated_tok_s(att):.2f}")
+    got = forward_all(att.modules, xs)
+    tok_moetier = timed(att.modules, xs, torch)
+    report("checkpoint speed", None, f"MoE blocks at bsz 1: {tok_moetier:.2f} tok/s with moetier, simulator "
+           f"{simulated_tok_s(att):.2f}", tok_s_moetier=tok_moetier)
     att.detach()
+    if args.compare_plain:
+        model.unload()
+        plain = Model.from_config(Config.from_directory(args.checkpoint))
+        plain.load(device="cuda:0")
+        blocks = sorted(moe_blocks(plain), key=lambda m: [b.key for b in att.modules].index(m.key))
+        base = forward_all(blocks, xs)
+        worst = max(rel_rms(a.numpy(), b.numpy()) for sa, sb in zip(got, base) for a, b in zip(sa, sb))
+        report("checkpoint split", worst < 2e-3, f"{args.recipe}: rel RMS {worst:.2e} against the engine alone")
 
 
 def finish(args) -> int:

@@ -57,3 +57,15 @@ def test_cli_adapter_check(capsys):
     assert main(["adapter", "check", "exllamav3"]) == 0
     out = capsys.readouterr().out
     assert "BlockSparseMLP_CPU.cpu_split_combine (self, final_hidden_states, cpu_partial, cpu_pending, shape)" in out
+
+
+def test_altered_load_path_fails_with_one_line():
+    """The loader moetier_load redirects is pinned: an engine whose get_tensor lost a keyword is one line."""
+    from adapters.exllamav3 import surface
+    fake = copy.deepcopy(surface.EXPECTED)       # a fake: the expected table as if written for another loader
+    name = "exllamav3.loader.safetensors.SafetensorsCollection.get_tensor"
+    fake[name]["params"].insert(3, "stream=")
+    rep = surface.check(fake)
+    assert rep.mismatches == ["exllamav3 1.6.5: SafetensorsCollection.get_tensor: parameter 'stream' missing "
+                              "(expected (" + ", ".join(fake[name]["params"]) + "), found ("
+                              + ", ".join(surface.EXPECTED[name]["params"]) + "))"]

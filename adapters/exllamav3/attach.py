@@ -1,4 +1,5 @@
-"""attach(model, recipe, store): exllamav3's MoE blocks routed through moetier's planner, ledger and lanes.
+"""attach(model, recipe, store) / moetier_load(model, recipe, store, load): exllamav3's MoE blocks routed through
+moetier's planner, ledger and lanes.
 
 Contract
 --------
@@ -34,19 +35,24 @@ mismatch is one line (UserError). The store holds the model's routed experts as 
 record's section offsets are the rows' offsets from a slot's address). ``Attached.detach()`` restores the hooks and the
 tables' home rows; after a hand-over the engine's expert tensors stay views of the closed backend's VRAM arena and the
 bounce record, so a model detached from moetier computes its routed experts only after it is loaded again.
+
+``moetier_load`` does the same without the engine ever reading a routed expert: it seeds the tiers from the store
+first, then runs the engine's own load (the ``load`` callable) with the loader redirected (adapters.exllamav3.redirect)
+so each routed expert's tensors are born as views of its VRAM slot or of the bounce record - a model whose experts
+exceed VRAM plus RAM loads in the memory of its other weights plus moetier's slots. Either way each block's MoE ordinal
+is its prefix's position in the store manifest's ``source.moe_layers``.
 """
 from __future__ import annotations
 
-import numpy as np
 
-from adapters.exllamav3 import surface
+from adapters.exllamav3 import redirect, surface
 from adapters.exllamav3.backend import EngineBackend
 from adapters.recipe import fit_recipe
 from moetier.errors import UserError
 from moetier.run.runtime import Runtime
 
 MAX_BSZN = 8
-PROJ = ("gate", "up", "down")
+PROJ = redirect.PROJ
 
 
 class Tables:
@@ -138,14 +144,14 @@ class Attached:
     """moetier attached to the MoE blocks of one exllamav3 model (see the module docstring)."""
 
     def __init__(self, modules, R, store, *, exact: bool = False, prior=None, wrap=None, device=None,
-                 queue_depth: int = 16, record: bool = False, hand_over: bool = True):
+                 queue_depth: int = 16, record: bool = False, hand_over: bool = True, load=None):
         surface.require()
-        self.modules = list(modules)
+        self.modules = redirect.ordered(modules, store)
         self.R = recipe_for(R, self.modules, store, exact=exact)
         self.store = store
         self.E = self.R.experts
         m0 = self.modules[0]
-        dev = device if device is not None else m0.multi_up.ptrs_trellis.device
+        dev = device if device is not None else (m0.multi_up.ptrs_trellis.device if load is None else _device())
         headroom = 2 * MAX_BSZN * self.R.topk + 8
         self.backend = EngineBackend(store, ram_slots=min(self.R.keys, self.R.ram_slots) + headroom,
                                      vram_slots=self.R.vram_slots, device=dev, queue_depth=queue_depth)
@@ -153,7 +159,9 @@ class Attached:
             raise UserError(f"store {store.path}: act_limit {self.backend.act_limit} but the model's blocks clamp at "
                             f"{m0.act_limit}")
         self.be = wrap(self.backend) if wrap is not None else self.backend
-        self.tables = [Tables(m, self.backend.addresses) for m in self.modules]
+        # loaded: the tables exist and seeding points the VRAM tier's rows; loading here: the engine builds its
+        # tables from the slot views the redirect hands its loader, so seeding comes first
+        self.tables = [Tables(m, self.backend.addresses) for m in self.modules] if load is None else []
         self.backend.point = self._point
         self.rt = Runtime(self.R, store, self.be, conc=1)
         self.rt.seed_tiers(list(prior) if prior is not None else list(range(self.R.keys)))
@@ -161,7 +169,17 @@ class Attached:
         self.bounce = self.staging = None
         self._staged: dict = {}
         self.staged = 0                 # experts read into staging slots for bypassed (prefill) calls
-        self.handed_over = self._hand_over() if hand_over else 0
+        self.redirected = 0             # routed tensors the engine's loader got as slot views (load=)
+        if load is not None:
+            import torch
+            self.bounce = torch.zeros(self.backend.record_bytes, dtype=torch.uint8, device=self.backend.arena.device)
+            with redirect.Redirect(self.modules, store.layout, self._home) as rd:
+                load()
+            self.redirected = rd.served
+            self.handed_over = rd.check()
+            self.tables = [Tables(m, self.backend.addresses) for m in self.modules]
+        else:
+            self.handed_over = self._hand_over() if hand_over else 0
         self.step, self.t_model = -1, 0.0
         self._last = None
         self._partial: dict = {}
@@ -206,8 +224,17 @@ class Attached:
         self._hooks.append((m, route0))
 
     def _point(self, key: int, address: int) -> None:
+        if not self.tables:         # seeding before the engine's load: its tables are built over the slot views
+            return
         o, e = divmod(int(key), self.E)
         self.tables[o].point(e, address)
+
+    def _home(self, o: int, e: int):
+        """The record image expert ``e`` of block ``o`` lives at for the engine: its VRAM slot where it was seeded
+        into the VRAM tier, else the shared zeroed bounce record."""
+        k = o * self.E + e
+        slot = self.rt.vram_slot.get(k) if self.rt.L.state_of(k) == "vram" else None
+        return self.backend.arena[slot] if slot is not None else self.bounce
 
     def _layer(self, o: int, sel, w, z):
         import torch
@@ -247,20 +274,16 @@ class Attached:
         import torch
         import exllamav3.modules.quant.exl3 as q
         from exllamav3.ext import exllamav3_ext as ext
-        lay, L, rt, be = self.store.layout, self.rt.L, self.rt, self.backend
-        self.bounce = torch.zeros(self.backend.record_bytes, dtype=torch.uint8, device=be.arena.device)
-        dtypes = {"int16": torch.int16, "float16": torch.half}
+        self.bounce = torch.zeros(self.backend.record_bytes, dtype=torch.uint8, device=self.backend.arena.device)
+        views = redirect.Redirect(self.modules, self.store.layout, self._home)
         n = 0
         for o, (m, t) in enumerate(zip(self.modules, self.tables)):
             for e in range(self.E):
-                k = o * self.E + e
-                slot = rt.vram_slot.get(k) if L.state_of(k) == "vram" else None
-                src = be.arena[slot] if slot is not None else self.bounce
+                src = self._home(o, e)
                 for p, lins in zip(PROJ, (m.gates, m.ups, m.downs)):
                     inner = lins[e].inner
-                    for part in ("trellis", "suh", "svh"):
-                        off, nb, dt, shape = lay.sections[f"{p}_{part}"]
-                        setattr(inner, part, src[off:off + nb].view(dtypes[dt]).view(shape))
+                    for part in redirect.PARTS:
+                        setattr(inner, part, views.view(o, e, f"{p}_{part}"))
                     inner.bc = ext.BC_LinearEXL3(inner.trellis, inner.suh, inner.svh, inner.K, inner.bias,
                                                  inner.mcg, inner.mul1, q.g_tensor_cache.get(*inner.bsz1_xh_args))
                 t.point(e, int(src.data_ptr()))
@@ -336,6 +359,11 @@ def moe_blocks(model) -> list:
     return out
 
 
+def _device():
+    import torch
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
 def attach(model, recipe, store, **kw) -> Attached:
     """Attach moetier to every BlockSparseMLP of ``model`` (see moe_blocks); ``store``: the moetier store of the
     model's routed experts (exl3 records, ``moetier store pack --checkpoint``; key = MoE ordinal * experts +
@@ -344,3 +372,17 @@ def attach(model, recipe, store, **kw) -> Attached:
     if not modules:
         raise UserError("attach: the model has no BlockSparseMLP blocks")
     return Attached(modules, recipe, store, **kw)
+
+
+def moetier_load(model, recipe, store, load, **kw) -> Attached:
+    """Load ``model`` (an exllamav3 model or block tree built but not loaded) with moetier attached, reading none of
+    its routed experts from the checkpoint: the tiers are seeded from ``store`` first, then ``load()`` - the engine's
+    own load, e.g. ``lambda: model.load(device="cuda:0")`` - runs with the loader redirected
+    (adapters.exllamav3.redirect): each routed expert's tensors are views of its VRAM slot (the seeded hot set) or
+    of the shared placeholder record, and the engine builds its pointer tables over them; then the hooks go on as
+    ``attach`` puts them. ``device``: where the engine loads (default: torch's current CUDA device, else the CPU).
+    Other keywords as ``Attached``."""
+    modules = moe_blocks(model)
+    if not modules:
+        raise UserError("moetier_load: the model has no BlockSparseMLP blocks")
+    return Attached(modules, recipe, store, load=load, **kw)

@@ -7,12 +7,13 @@ intermediate 128, K 3 (mul1), a shared expert, one dense layer first, no MTP lay
 its checkpoint with ``synth_exl3.write_checkpoint`` (the real GLM tensor naming, the ``safetensors`` package);
 ``moetier.bytes.store.pack_checkpoint`` packs its routed experts into the store the adapter reads.
 
-``build_model(path, device)`` constructs one ``BlockSparseMLP`` per trunk MoE layer of a GLM-layout checkpoint with
-the arguments exllamav3 1.6.5's ``glm5_next`` architecture passes (router type ``dots``, SiLU with ``act_limit`` =
-``swiglu_limit``, ``routed_scaling_factor``, a ``GatedMLP`` shared expert) and loads its tensors through the engine's
-own ``SafetensorsCollection``. On a CUDA device ``load`` also builds the kernels' state (pointer tables, bound
-classes, routing buffers); on the CPU only the tensors load, as the engine itself does, and the adapter's CPU tests
-finish the load with the kernels faked. The engine is imported with the stand-in extension where there is no CUDA.
+``build_model(path, device, load=True)`` constructs one ``BlockSparseMLP`` per trunk MoE layer of a GLM-layout
+checkpoint with the arguments exllamav3 1.6.5's ``glm5_next`` architecture passes (router type ``dots``, SiLU with
+``act_limit`` = ``swiglu_limit``, ``routed_scaling_factor``, a ``GatedMLP`` shared expert) and loads its tensors
+through the engine's own ``SafetensorsCollection`` (``load=False``: constructed only; ``Model.load`` loads them).
+On a CUDA device ``load`` also builds the kernels' state (pointer tables, bound classes, routing buffers); on the CPU
+only the tensors load, as the engine itself does, and the adapter's CPU tests finish the load with the kernels
+faked. The engine is imported with the stand-in extension where there is no CUDA.
 """
 from __future__ import annotations
 
@@ -39,6 +40,12 @@ class Model:
     def module_key(self, ordinal: int) -> str:
         return self.modules[ordinal].key
 
+    def load(self, device="cpu") -> None:
+        """Load every block's tensors on ``device`` through the engine's own ``BlockSparseMLP.load``."""
+        import torch
+        for m in self.modules:
+            m.load(torch.device(device))
+
 
 def write_tiny(path, seed: int = 0) -> dict:
     """Write the tiny model's checkpoint at ``path``; returns synth_exl3.write_checkpoint's summary."""
@@ -56,8 +63,9 @@ class _Config:
         self.stc = SafetensorsCollection(str(path), load_method="python")
 
 
-def build_model(path, device="cpu") -> Model:
-    """The trunk MoE blocks of the GLM-layout checkpoint at ``path`` as exllamav3 modules, loaded on ``device``."""
+def build_model(path, device="cpu", load: bool = True) -> Model:
+    """The trunk MoE blocks of the GLM-layout checkpoint at ``path`` as exllamav3 modules, loaded on ``device``
+    (constructed only with ``load=False``: ``Model.load`` then loads them)."""
     from adapters.exllamav3.surface import import_engine
     import_engine()
     import torch
@@ -83,6 +91,7 @@ def build_model(path, device="cpu") -> Model:
             key_routing_gate="gate", key_e_score_bias="gate.e_score_correction_bias", activation_fn="silu",
             act_limit=limit, qmap="block.mlp", interm_dtype=torch.half, out_dtype=torch.float, router_type="dots",
             routed_scaling_factor=text["routed_scaling_factor"], n_group=1, topk_group=1, shared_experts=shared)
-        m.load(torch.device(device))
         model.modules.append(m)
+    if load:
+        model.load(device)
     return model

@@ -5,8 +5,10 @@ Contract
 ``EXPECTED`` is the surface (``adapters.surface`` format) the adapter relies on in exllamav3 1.6.5: the MoE block
 ``BlockSparseMLP`` and its base ``BlockSparseMLP_CPU`` (load path, forward, the CPU split hooks the adapter wraps),
 the routing functions it wraps (``routing_fn`` is one of them, called as ``(bsz, cfg, z, params)``), the
-``RoutingCFG`` fields it reads, and the constructors the tiny test model is built with (keyword arguments, so only
-their presence is pinned). ``VERSIONS`` is the range of engine versions the adapter accepts.
+``RoutingCFG`` fields it reads, the constructors the tiny test model is built with (keyword arguments, so only
+their presence is pinned), and the load path ``moetier_load`` redirects (``Linear.load`` / ``load_exl3`` and the
+``SafetensorsCollection`` methods it answers or reads headers through). ``VERSIONS`` is the range of engine
+versions the adapter accepts.
 
 ``check(expected=EXPECTED)`` imports the installed engine (with the stand-in extension where there is no CUDA device)
 and returns a ``Report``; ``require()`` raises ``SurfaceMismatch`` with the first mismatch as one line (attach calls
@@ -26,6 +28,8 @@ VERSIONS = ((1, 6, 5), (1, 7, 0))      # [lowest accepted, first refused)
 _B = "exllamav3.modules.block_sparse_mlp.BlockSparseMLP"
 _C = "exllamav3.modules.block_sparse_mlp_cpu.BlockSparseMLP_CPU"
 _R = "exllamav3.modules.block_sparse_mlp_routing"
+_L = "exllamav3.modules.linear.Linear"
+_S = "exllamav3.loader.safetensors.SafetensorsCollection"
 _ROUTER = ["bsz", "cfg", "y", "params"]
 
 EXPECTED: dict = {
@@ -73,6 +77,18 @@ EXPECTED: dict = {
         "out_dtype=", "activation_fn=", "interm_dtype=", "act_limit=", "select_hq_bits="]},
     "exllamav3.loader.safetensors.SafetensorsCollection.__init__": {"kind": "callable", "params": [
         "self", "directory", "load_method=", "tensor_name_fixes="]},
+    # the load path moetier_load redirects: each routed expert's Linear.load -> load_exl3 asks the block's tensor
+    # collection for {key}.trellis / .suh / .svh (get_tensor, by keyword options) and its codebook marker
+    _L + ".__init__": {"kind": "callable", "params": [
+        "self", "config", "key", "in_features", "out_features", "qmap=", "alt_key=", "fkey="]},
+    _L + ".load": {"kind": "callable", "params": ["self", "device", "**kwargs"]},
+    _L + ".load_exl3": {"kind": "callable", "params": ["self", "key"]},
+    _S + ".get_tensor": {"kind": "callable", "params": [
+        "self", "key", "device=", "optional=", "allow_bf16=", "float2half=", "no_defer=", "transpose=", "pad_to=",
+        "fidx=", "arena="]},
+    _S + ".get_codebook_marker": {"kind": "callable", "params": ["self", "key", "value"]},
+    _S + ".get_tensor_meta": {"kind": "callable", "params": ["self", "key", "optional="]},
+    _S + ".has_tensor": {"kind": "callable", "params": ["self", "key"]},
 }
 
 
