@@ -1,9 +1,11 @@
 """The compare tables for every shipped recipe on its trace: benchmarks/compare.json and compare.md.
 
-Run: PYTHONPATH=. python benchmarks/compare_all.py [--steps N] [--recipes a,b] [--jobs J]   (about 15 rows x 3
-concurrencies x recipes sim runs, fewer where rows replay identically (moetier.core.policies.compare.replay_key);
---steps caps the measured steps of each run; --jobs runs the replays in a process pool, same figures). The tables
-are what `moetier compare RECIPE --steps N --json` prints, one per recipe.
+Run: PYTHONPATH=. python benchmarks/compare_all.py [--steps N] [--recipes a,b] [--jobs J]   (about 15 rows and the
+oracle's 6 structures x 3 concurrencies x recipes sim runs, fewer where rows replay identically
+(moetier.core.policies.compare.replay_key); --steps caps the measured steps of each run (the warm-up, 600 steps on
+the GLM and Qwen recipes, is replayed whatever it says); --jobs runs the replays in a process pool, same figures).
+The recipes: every shipped recipe whose trace was recorded for its model (``shipped()``; the tiny EXL3 recipes name
+the int8 model's trace and are left out). The tables are what `moetier compare RECIPE --steps N --json` prints.
 """
 from __future__ import annotations
 
@@ -19,13 +21,28 @@ from moetier.cli.common import find_path
 from moetier.cli.compare import format_compare
 from moetier.core import records as spec
 from moetier.core.policies.compare import compare, replay_key, run_peer
-from moetier.core.policies.peers import ORACLE, PEERS, by_name
+from moetier.core.policies.peers import ORACLE, PEERS, by_name, replays
+from moetier.errors import UserError
 from moetier.traces.format import load_trace
 
 HERE = Path(__file__).resolve().parent
-RECIPES = ("glm53-rtx5070-20g-nvme1", "glm53-rtx3090-55g-nvx4", "qwen38fn-arcb70-16g-nvx4", "qwen38fn-arcb70-32g-nvx4",
-           "glm53-rtx3090-55g-nvx4-cold2b", "tiny-ci-cuda", "tiny-ci-sycl")
 CONCS = (1, 2, 4)
+
+
+def shipped() -> list[str]:
+    """Every shipped recipe whose trace loads for its model (layers, experts, top-k and model id), in id order."""
+    out = []
+    for rid in spec.record_ids("recipe"):
+        if not spec.is_shipped("recipe", rid):
+            continue
+        R = spec.resolve(rid, [])
+        try:
+            if R.trace:
+                load_trace(find_path(R.trace), layers=R.layers, experts=R.experts, topk=R.topk, model_id=R.model_id)
+                out.append(rid)
+        except UserError as e:
+            print(f"compare_all: {rid} left out: {e}", file=sys.stderr)
+    return out
 
 
 OVERRIDES: list = []          # --set, dotted recipe overrides applied to every recipe (the workers inherit them)
@@ -58,23 +75,23 @@ def _write(out: Path, steps: int, docs: list, command: str) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--recipes", default=",".join(RECIPES))
+    ap.add_argument("--recipes", help="comma-separated recipe ids (default: every shipped recipe with its trace)")
     ap.add_argument("--jobs", type=int, default=1, help="replays run at once (a process pool; same figures)")
     ap.add_argument("--set", nargs="+", default=[], metavar="PATH=VALUE",
                     help="dotted recipe overrides for every recipe, values as JSON (the tables say so)")
     ap.add_argument("--out", default=str(HERE / "compare"))
     a = ap.parse_args(argv)
     OVERRIDES[:] = a.set
-    rids = a.recipes.split(",")
+    rids = a.recipes.split(",") if a.recipes else shipped()
     command = f"PYTHONPATH=. python benchmarks/compare_all.py --steps {a.steps}" + (
-        f" --recipes {a.recipes}" if rids != list(RECIPES) else "") + (
+        f" --recipes {a.recipes}" if a.recipes else "") + (
         " --set " + " ".join(f"'{x}'" for x in a.set) if a.set else "")
     pool = ProcessPoolExecutor(a.jobs) if a.jobs > 1 else None
     futures: dict = {}
     if pool is not None:          # every distinct replay of every recipe queued at once, longest recipes first
         for rid in rids:
             R, _ = _recipe(rid)
-            for p in PEERS + (ORACLE,):
+            for p in PEERS + replays(ORACLE):
                 for c in CONCS:
                     key = (rid, replay_key(R, p), c)
                     if key not in futures:

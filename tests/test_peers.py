@@ -178,3 +178,51 @@ def test_gated_predictor_from_the_recipe_policy():
     pf = {"prefetch": {"depth": 1, "predictor": "gated", "threshold": 0.7, "read_budget": 12}}
     p = make_predictor(pf, 4, 16)
     assert isinstance(p, GatedPredictor) and p.threshold == 0.7 and p.max_budget == 12
+
+
+# the shipped GLM and Qwen recipes' tier policy (moetier's default), on the tiny recipes' small traces
+_DEFAULT_TIERS = ['policy.ram_evict="2q"', 'policy.ram_partition="layer"', 'policy.vram_evict="wtinylfu"',
+                  'policy.vram_admit="auto"']
+
+
+def test_a_ram_policy_object_is_kept_though_it_holds_no_key_yet():
+    # an empty policy has length 0; the ledger once took it for "no policy given" and ran LRU in the oracle's RAM
+    from moetier.core.ledger import Ledger
+    from moetier.core.policies.residency import BeladyPolicy
+    pol = BeladyPolicy(4, {})
+    assert Ledger(16, 2, 4, ram_policy=pol, layers=2, experts=8)._rpol is pol
+
+
+@pytest.mark.parametrize("over", [[], _DEFAULT_TIERS], ids=["ledger-defaults", "default-tiers"])
+def test_the_oracle_bounds_every_row_on_the_tiny_cuda_recipe(over):
+    R = spec.resolve("tiny-ci-cuda", over)
+    tr = load_trace(find_path(R.trace), layers=R.layers, experts=R.experts, topk=R.topk)
+    d = compare(R, tr, concs=[1, 2, 4], max_steps=40)
+    assert d["rows"][-1]["peer"] == "oracle"
+    for c in ("1", "2", "4"):
+        bound = d["rows"][-1]["by_conc"][c]
+        assert bound["structure"] in {p.name for p in P.ORACLE_STRUCTURES}
+        faster = [(r["peer"], r["by_conc"][c]["tok_s"]) for r in d["rows"][:-1]
+                  if r["by_conc"][c]["tok_s"] > bound["tok_s"]]
+        assert faster == [] and d["ratios"]["over_oracle"][c] == [], (c, bound["tok_s"], faster)
+
+
+@pytest.mark.parametrize("rid", ["tiny-ci-sycl", "tiny-local-cpu", "tiny-ci-cpu"])
+@pytest.mark.parametrize("over", [[], _DEFAULT_TIERS], ids=["ledger-defaults", "default-tiers"])
+def test_the_default_never_beats_the_oracle_on_the_tiny_recipes(rid, over):
+    R = spec.resolve(rid, over)
+    tr = load_trace(find_path(R.trace), layers=R.layers, experts=R.experts, topk=R.topk)
+    d = compare(R, tr, concs=[1, 2, 4], peers=(P.DEFAULT,), max_steps=40)
+    for c, x in d["ratios"]["default_over_oracle"].items():
+        assert x <= 1.0, (rid, c, x)
+
+
+def test_the_oracle_structures_follow_the_recipe():
+    # moetier's default's structure is the recipe's own RAM split and VRAM admission; the reference's is fixed
+    mine = {"ram_evict": "2q", "ram_partition": "layer", "vram_evict": "wtinylfu", "vram_admit": "auto"}
+    d = P.recipe_policy(P.by_name("oracle-default-pf1"), mine)
+    assert (d["ram_partition"], d["vram_admit"], d["prefetch"]["recall"]) == ("layer", "auto", 1.0)
+    r = P.recipe_policy(P.by_name("oracle-reference"), mine)
+    assert (r["ram_partition"], r["vram_admit"], r["prefetch"]["depth"]) == ("global", True, 0)
+    assert [q.name for q in P.replays(P.ORACLE)] == list(P.ORACLE.structures)
+    assert P.replays(P.DEFAULT) == (P.DEFAULT,)

@@ -3,7 +3,8 @@
 Contract: for each trace (default: the recipe's) one table, rows = moetier, each peer (moetier.core.policies.peers)
 and the oracle; columns tok/s at each concurrency (a lossy row shows its masked share beside tok/s), then at the
 first concurrency the tier shares (VRAM / RAM / NVMe), NVMe reads and MB per token, prefetch MB wasted per token;
-last the ratios moetier / best peer and moetier / oracle. ``--json``: the moetier.core.policies.compare documents
+last the ratios moetier / best peer and moetier / oracle, the tier structure the oracle took at each concurrency
+and the rows, if any, faster than it. ``--json``: the moetier.core.policies.compare documents
 (a list when several traces). A PNG (tok/s per row and concurrency) is written to ``--png`` (default
 compare-<recipe>.png, one per trace: -<trace name> added when several), atomically.
 """
@@ -39,6 +40,13 @@ def format_compare(d: dict) -> str:
     if rt["default_over_oracle"]:
         lines.append("moetier / oracle: " + ", ".join(
             f"C{c} {x:.3f}" for c, x in rt["default_over_oracle"].items() if x is not None))
+    orc = next((r for r in d["rows"] if r["peer"] == "oracle"), None)
+    if orc is not None:
+        lines.append("oracle = best of Belady under each tier structure: " + ", ".join(
+            f"C{c} {orc['by_conc'][c].get('structure', 'oracle')}" for c in cs))
+        over = {c: x for c, x in rt.get("over_oracle", {}).items() if x}
+        lines.append("rows faster than the oracle (not a bound there; docs/peers.md): " + (", ".join(
+            f"C{c} {', '.join(x)}" for c, x in over.items()) if over else "none"))
     return "\n".join(lines)
 
 

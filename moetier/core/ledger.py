@@ -78,7 +78,8 @@ class Ledger:
         self._lfu_window, self._lfu_halflife = 0, 0.0
         if ram_partition not in ("global", "layer"):
             raise ValueError(f"policy.ram_partition: expected 'global' or 'layer', got {ram_partition!r}")
-        self.ram_policy = ram_policy or "lru"
+        # not ``ram_policy or "lru"``: a policy object with no keys yet is falsy (it has a length)
+        self.ram_policy = "lru" if ram_policy is None or ram_policy == "" else ram_policy
         # a policy object (the per-layer split, or a policy other than the built-in LRU / window LFU) orders the RAM
         # tier; the built-in ones keep their inlined paths
         self._rpol = None

@@ -6,12 +6,15 @@ Contract
 (row, concurrency) with the row's policy on the same recipe and trace, and returns
 
     {"recipe", "trace", "concs", "rows": [{"peer", "system", "by_conc": {"1": cell, ...}}, ...],
-     "ratios": {"best_peer": {conc: name}, "default_over_best_peer": {conc: x}, "default_over_oracle": {conc: x}}}
+     "ratios": {"best_peer": {conc: name}, "default_over_best_peer": {conc: x}, "default_over_oracle": {conc: x},
+                "over_oracle": {conc: [names]}}}
 
 where a cell holds ``tok_s``, the tier shares of the experts computed (``vram_hit``, ``ram_hit``, ``nvme_share``:
 experts computed from VRAM, from RAM in place or through the GPU, read from NVMe, over all the experts the layers
 needed), ``masked_share`` (dropped; lossy rows say so beside tok/s), NVMe ``reads_per_tok`` (demand + prefetch) and
-``bytes_per_tok``, and prefetch ``wasted_bytes_per_tok``. Pure: no I/O (the CLI prints and plots).
+``bytes_per_tok``, and prefetch ``wasted_bytes_per_tok``. The oracle row is composite (peers.ORACLE): per
+concurrency the fastest of its structures' replays, its cell naming the one in ``structure``; ``over_oracle`` lists,
+per concurrency, the rows faster than it (none where it bounds the table). Pure: no I/O (the CLI prints and plots).
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from dataclasses import replace
 
 from moetier.core import sim
 from moetier.core.policies.admission import admits
-from moetier.core.policies.peers import ORACLE, PEERS, Peer, recipe_policy
+from moetier.core.policies.peers import ORACLE, PEERS, Peer, recipe_policy, replays
 
 __all__ = ["compare", "cell", "run_peer", "replay_key"]
 
@@ -78,12 +81,15 @@ def compare(R, trace, concs=(1, 2, 4), peers=PEERS, oracle: bool = True, max_ste
             progress(p.name, i, len(todo))
         by = {}
         for c in concs:
-            key = (replay_key(R, p), c)
-            if key not in done:
-                done[key] = cell(run_cell(p, c), R)
-            by[str(c)] = dict(done[key])
+            cells = []
+            for q in replays(p):
+                key = (replay_key(R, q), c)
+                if key not in done:
+                    done[key] = cell(run_cell(q, c), R)
+                cells.append(dict(done[key], structure=q.name) if p.structures else dict(done[key]))
+            by[str(c)] = max(cells, key=lambda v: v["tok_s"])       # first of equals: the structures' order
         rows.append({"peer": p.name, "system": p.system, "by_conc": by})
-    ratios: dict = {"best_peer": {}, "default_over_best_peer": {}, "default_over_oracle": {}}
+    ratios: dict = {"best_peer": {}, "default_over_best_peer": {}, "default_over_oracle": {}, "over_oracle": {}}
     by = {r["peer"]: r for r in rows}
     for c in concs:
         c = str(c)
@@ -94,6 +100,10 @@ def compare(R, trace, concs=(1, 2, 4), peers=PEERS, oracle: bool = True, max_ste
             ratios["default_over_best_peer"][c] = _ratio(by["moetier"], best, c)
         if "moetier" in by and "oracle" in by:
             ratios["default_over_oracle"][c] = _ratio(by["moetier"], by["oracle"], c)
+        if "oracle" in by:
+            bound = by["oracle"]["by_conc"][c]["tok_s"]
+            ratios["over_oracle"][c] = [r["peer"] for r in rows if r["peer"] != "oracle"
+                                        and r["by_conc"][c]["tok_s"] > bound]
     return {"recipe": R.id, "trace": trace_name or R.trace, "concs": [int(c) for c in concs], "rows": rows,
             "ratios": ratios}
 

@@ -20,7 +20,11 @@ the same recipe (lanes, links, NVMe channel, fixed time) and trace:
   profile so that both lanes take as long: q = cpu_ms / (cpu_ms + fetch_ms) per expert).
 
 A deal the recipe cannot run (no cpu lane, or no GPU lane) falls back to the lane that exists. ``ORACLE`` is the
-bound: Belady's replacement in both tiers with the run's future known and the planner's split per layer.
+bound: the best of Belady's replacement under each tier structure (``ORACLE_STRUCTURES``: the reference's, a global
+RAM tier and a VRAM cache; moetier's default's, the recipe's own RAM split, each layer's share under its own Belady,
+and VRAM admission; each with no prefetch or a perfect one, every NVMe pick read 1 or 2 layers ahead), with the
+run's future known and the planner's split per layer; each structure is a replay of its own and the
+oracle row of ``moetier compare`` is, per concurrency, the fastest of them (``structures`` names them).
 ``attach(peer, replay, streams, steps)`` wires a peer into a ``sim.Replay`` (its ledger, admission and deal hooks);
 ``rank_keys(peer, ranked, layers, experts)`` reorders the warm-up seed. ``PEERS`` lists the rows of ``moetier
 compare``; docs/peers.md says what each row models and what it leaves out.
@@ -31,9 +35,10 @@ from dataclasses import dataclass, field
 
 from moetier.core.ledger import ABSENT, PUSHING, RAM, VRAM, Ledger
 from moetier.core.plan import LayerPlan
-from moetier.core.policies.residency import BeladyPolicy
+from moetier.core.policies.residency import BeladyPolicy, partitioned
 
-__all__ = ["Peer", "PEERS", "ORACLE", "DEFAULT", "TUNED", "REFERENCE_POLICY", "reference_overrides", "attach", "rank_keys", "by_name"]
+__all__ = ["Peer", "PEERS", "ORACLE", "ORACLE_STRUCTURES", "DEFAULT", "TUNED", "REFERENCE_POLICY",
+           "reference_overrides", "attach", "rank_keys", "by_name", "replays"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,7 @@ class Peer:
     rank: str = "frequency"
     deal: str = "planner"
     oracle: bool = False
+    structures: tuple = ()            # a composite row: the best, per concurrency, of these rows' replays
 
 
 _NO_PF = {"prefetch": {"depth": 0, "recall": 0.0, "predictor": "none", "budget": 8}}
@@ -79,8 +85,32 @@ REFERENCE_POLICY = {"ram_evict": "lru", "ram_partition": "global", "vram_evict":
 TUNED = Peer("moetier-lru", "moetier's previous default: global LRU RAM tier, CLOCK VRAM that always admits",
              dict(REFERENCE_POLICY))
 PEERS = PEERS + (TUNED,)
-ORACLE = Peer("oracle", "bound: Belady replacement in VRAM and RAM with the future known, planner split per layer",
-              dict(_NO_PF), "dynamic", "frequency", "planner", oracle=True)
+# the tier structures the oracle replays, each under Belady with the future known: the reference's (a global RAM
+# tier, VRAM a cache) and moetier's default's (the recipe's own ram_partition and vram_admit: on the shipped GLM and
+# Qwen recipes RAM split per layer, VRAM a cache or its seed as "auto" decides), each without prefetch and with a
+# perfect one (every NVMe pick read one or two layers ahead). Belady on one structure is not a bound in time on the
+# other: a per-layer split or a static VRAM never drains a victim into RAM, and a read ahead hides NVMe latency that
+# no replacement can (HybriMoE's prefetch beat a Belady row without one); so the oracle is the best of them
+_RECIPE = "recipe"                    # a structure field taken from the recipe's policy (recipe_policy)
+
+
+def _oracle(name: str, part: str, admit, depth: int) -> Peer:
+    pf = {"prefetch": {"depth": depth, "recall": 1.0, "predictor": "recall", "budget": 1 << 20}} if depth else _NO_PF
+    tiers = ("RAM global, VRAM a Belady cache" if part == "global" else
+             "the recipe's RAM split and VRAM admission (moetier's default's structure)")
+    return Peer(f"oracle-{name}" + (f"-pf{depth}" if depth else ""),
+                f"Belady with the future known: {tiers}, "
+                + (f"every NVMe pick read {depth} layer(s) ahead" if depth else "no prefetch")
+                + ", planner split per layer", dict(pf, ram_partition=part, vram_admit=admit), "dynamic",
+                "frequency", "planner", oracle=True)
+
+
+ORACLE_STRUCTURES = tuple(_oracle(name, part, admit, depth) for depth in (0, 1, 2)
+                          for name, part, admit in (("reference", "global", True), ("default", _RECIPE, _RECIPE)))
+ORACLE = Peer("oracle", "bound: best of Belady under each tier structure (the reference's and moetier's default's, "
+              "each with no prefetch or every NVMe pick read 1 or 2 layers ahead), future known, planner split",
+              dict(ORACLE_STRUCTURES[0].policy), "dynamic", "frequency", "planner", oracle=True,
+              structures=tuple(p.name for p in ORACLE_STRUCTURES))
 
 
 def reference_overrides() -> list[str]:
@@ -90,19 +120,26 @@ def reference_overrides() -> list[str]:
 
 
 def by_name(name: str) -> Peer:
-    for p in PEERS + (ORACLE,):
+    for p in PEERS + (ORACLE,) + ORACLE_STRUCTURES:
         if p.name == name:
             return p
     raise KeyError(name)
 
 
+def replays(peer: Peer) -> tuple:
+    """The rows whose replays make ``peer``'s figures: its structures for a composite row (the oracle), else itself."""
+    return tuple(by_name(n) for n in peer.structures) if peer.structures else (peer,)
+
+
 def recipe_policy(peer: Peer, policy: dict) -> dict:
     """The recipe policy the peer runs under: the recipe's (its seeding, exactness, overlap), with the tier policy
     reset to the reference engine's (REFERENCE_POLICY) so that a peer never inherits moetier's own choices (a
-    per-layer RAM split, W-TinyLFU VRAM admission), then the peer's overrides; moetier keeps the recipe's."""
+    per-layer RAM split, W-TinyLFU VRAM admission), then the peer's overrides (``"recipe"``: the recipe's own value,
+    an oracle structure's); moetier keeps the recipe's."""
     out = dict(policy)
     out.update(REFERENCE_POLICY)
-    out.update({k: v for k, v in peer.policy.items() if k != "vram_partition"})
+    out.update({k: (policy.get(k, REFERENCE_POLICY[k]) if v == _RECIPE else v) for k, v in peer.policy.items()
+                if k != "vram_partition"})
     if peer.placement == "static":
         out["vram_admit"] = False
     return out
@@ -178,16 +215,35 @@ def attach(peer: Peer, rp, streams, steps: int) -> None:
     part = peer.policy.get("vram_partition")
     if peer.oracle:
         fut = _future(streams, steps)
-        vpol, rpol = BeladyPolicy(R.vram_slots, fut), BeladyPolicy(R.ram_slots, fut)
+        vpol = BeladyPolicy(R.vram_slots, fut)
+        if R.policy.get("ram_partition", "global") == "layer":
+            rpol = partitioned("belady", R.ram_slots, R.layers, R.experts, fut)
+            clocked = [vpol, *rpol.parts]
+        else:
+            rpol = BeladyPolicy(R.ram_slots, fut)
+            clocked = [vpol, rpol]
         rp.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, exclusive=rp.ledger.exclusive, ram_policy=rpol,
                            vram_policy=vpol, layers=R.layers, experts=R.experts)
         L = R.layers
 
         def before(layer, ledger=rp.ledger):
-            vpol.now = rpol.now = ledger.step * L + layer
+            now = ledger.step * L + layer
+            for pol in clocked:
+                pol.now = now
         rp.before = before
+
+        def used(ledger, picks):
+            # every resident pick is used now, whichever lane computes it: a RAM pick computed through the GPU
+            # (zerocopy) gets no ram_hit, and a Belady order left at its old next use would keep it as needed soon
+            for k in picks:
+                if k in vpol:
+                    vpol.hit(k)
+                elif k in rpol:
+                    rpol.hit(k)
+            return None                     # the planner's deal
+        rp.deal = used
+        return
     elif part == "layer" and R.vram_slots:
-        from moetier.core.policies.residency import partitioned
         old = rp.ledger
         rp.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, exclusive=old.exclusive, ram_policy=old.ram_policy,
                            vram_policy=partitioned(peer.policy.get("vram_evict", "lru"), R.vram_slots, R.layers,
