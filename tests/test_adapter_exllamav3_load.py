@@ -247,3 +247,50 @@ def test_a_model_larger_than_its_tiers_loads_in_bounded_memory(tmp_path):
     bound = got["slots"] + (total - routed) + (24 << 20)
     assert got["moetier"] < bound, (got, bound, routed)
     assert got["plain"] > 0.9 * routed, (got, routed)
+
+
+def _redirected_load(tiny, layout):
+    """The tiny model's blocks loaded by the engine inside a Redirect whose every home is one zeroed record."""
+    import torch
+    from adapters.exllamav3 import checkpoint, redirect
+    spec, path, st, _ = tiny
+    model = checkpoint.build_model(path, load=False)
+    home = torch.zeros(st.record_bytes, dtype=torch.uint8)
+    with redirect.Redirect(model.modules, layout, lambda o, e: home) as rd:
+        model.load("cpu")
+    return rd
+
+
+def test_a_store_whose_records_do_not_fit_the_checkpoint_is_one_line(tiny):
+    from moetier.errors import UserError
+    _, _, st, _ = tiny
+    lay = st.layout
+    off, nb, dt, shape = lay.sections["up_trellis"]
+    bent = dict(lay.sections, up_trellis=(off, nb, dt, (shape[1], shape[0], shape[2])))
+    with pytest.raises(UserError, match=r"^checkpoint .*: model\.language_model\.layers\.1\.mlp\.experts\.0\.up_proj"
+                                        r"\.trellis is torch\.int16 \[16, 8, 48\] but the store's up_trellis is "
+                                        r"torch\.int16 \[8, 16, 48\] \(the store was packed from another"):
+        _redirected_load(tiny, dataclasses.replace(lay, sections=bent))
+    with pytest.raises(UserError, match=r"\.mul1 marks the mul1 codebook but the store's records are mcg$"):
+        _redirected_load(tiny, dataclasses.replace(lay, codebook="mcg"))
+    rd = _redirected_load(tiny, lay)
+    assert rd.served == 2 * 16 * 9 and rd.markers == 2 * 16 * 3 and rd.check() == 2 * 16
+    assert not any("get_tensor" in vars(stc) for stc in rd.stcs)        # the collections are as they were
+
+
+def test_blocks_take_their_ordinal_from_the_store_manifest(tiny):
+    """A model's blocks in another order, and an MTP block past the trunk, map through source.moe_layers."""
+    from types import SimpleNamespace
+
+    from adapters.exllamav3.redirect import ordered
+    from moetier.errors import UserError
+    _, _, st, _ = tiny
+    names = st.manifest["source"]["moe_layers"]
+    blocks = [SimpleNamespace(key=k) for k in names]
+    mtp = SimpleNamespace(key="model.language_model.layers.3.mlp")
+    fake_store = SimpleNamespace(path="S", layers=2, manifest={"source": {"moe_layers": names + [mtp.key]}})
+    assert ordered([mtp, blocks[1], blocks[0]], fake_store) == blocks
+    with pytest.raises(UserError, match=r"^store S: MoE ordinal 1 \(model\.language_model\.layers\.2\.mlp\) has no "
+                                        r"BlockSparseMLP in the model$"):
+        ordered([blocks[0]], fake_store)
+    assert ordered(blocks[::-1], SimpleNamespace(path="S", layers=2, manifest={})) == blocks[::-1]
