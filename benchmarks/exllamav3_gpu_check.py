@@ -248,6 +248,7 @@ def real_checkpoint(args, torch) -> None:
     from exllamav3 import Config, Model
 
     from adapters.exllamav3.attach import moe_blocks, moetier_load
+    from adapters.exllamav3.redirect import ordered
     from moetier.bytes import store
     from moetier.core.records import resolve
     where = Path(args.out).with_suffix(".store")
@@ -257,7 +258,7 @@ def real_checkpoint(args, torch) -> None:
     R = dataclasses.replace(R, policy={**R.policy, "prefetch": {"depth": 0, "predictor": "none"}})
     config = Config.from_directory(args.checkpoint)
     model = Model.from_config(config)
-    blocks = moe_blocks(model)
+    blocks = ordered(moe_blocks(model), recs)     # the trunk's blocks: the ones moetier_load redirects
     routed = _routed_keys(blocks)
     routed_bytes = sum(config.stc.get_tensor_meta(k)[k]["n_bytes"] for k in routed if config.stc.has_tensor(k))
     torch.cuda.reset_peak_memory_stats()
@@ -271,7 +272,8 @@ def real_checkpoint(args, torch) -> None:
            f"{args.recipe}: {rr.keys} routed tensors read from the checkpoint ({att.redirected} redirected) in "
            f"{load_s:.1f} s; peak host RSS +{rss / 2**30:.2f} GiB, device peak "
            f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB, routed experts {routed_bytes / 2**30:.2f} GiB",
-           load_s=load_s, rss_growth=rss, routed_bytes=routed_bytes, routed_reads=rr.keys)
+           load_s=load_s, rss_growth=rss, routed_bytes=routed_bytes, routed_reads=rr.keys,
+           routed_read_bytes=rr.bytes)
     m0 = att.modules[0]
     g = torch.Generator(device="cuda").manual_seed(5)
     xs = [[torch.randn((1, m0.hidden_size), generator=g, device="cuda").half() for _ in att.modules]
@@ -285,8 +287,7 @@ def real_checkpoint(args, torch) -> None:
         model.unload()
         plain = Model.from_config(Config.from_directory(args.checkpoint))
         plain.load(device="cuda:0")
-        blocks = sorted(moe_blocks(plain), key=lambda m: [b.key for b in att.modules].index(m.key))
-        base = forward_all(blocks, xs)
+        base = forward_all(ordered(moe_blocks(plain), recs), xs)
         worst = max(rel_rms(a.numpy(), b.numpy()) for sa, sb in zip(got, base) for a, b in zip(sa, sb))
         report("checkpoint split", worst < 2e-3, f"{args.recipe}: rel RMS {worst:.2e} against the engine alone")
 

@@ -3,7 +3,8 @@ moetier's planner, ledger and lanes.
 
 Contract
 --------
-For every ``BlockSparseMLP`` of the model (MoE ordinal = its position), ``attach`` wraps two per-instance hooks:
+For every ``BlockSparseMLP`` of the model's trunk (MoE ordinal: its key's position in the store manifest, see
+adapters.exllamav3.redirect.ordered), ``attach`` wraps two per-instance hooks:
 
 * ``routing_fn(bsz, cfg, z, params)`` (the engine's router, called inside ``BlockSparseMLP.forward``): it calls the
   router, turns its selection into the layer's picks (key = ordinal * experts + expert, in the router's slot order)
