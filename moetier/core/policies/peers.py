@@ -232,14 +232,14 @@ def attach(peer: Peer, rp, streams, steps: int) -> None:
                 pol.now = now
         rp.before = before
 
-        def used(ledger, picks):
-            # every resident pick is used now, whichever lane computes it: a RAM pick computed through the GPU
-            # (zerocopy) gets no ram_hit, and a Belady order left at its old next use would keep it as needed soon
+        def used(ledger, picks, hit=rpol.hit):
+            # every RAM pick is used now, whichever lane computes it: one computed through the GPU (zerocopy) gets
+            # no ram_hit, and a Belady order left at its old next use would keep it as needed soon (VRAM picks are
+            # all computed on the GPU: vram_hit)
+            ram = ledger.ram
             for k in picks:
-                if k in vpol:
-                    vpol.hit(k)
-                elif k in rpol:
-                    rpol.hit(k)
+                if k in ram:
+                    hit(k)
             return None                     # the planner's deal
         rp.deal = used
         return
