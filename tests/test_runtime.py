@@ -66,7 +66,9 @@ def test_layer_outputs_match_float64_reference(packed):
     ["policy.prefetch.depth=1", "policy.prefetch.predictor=transition"],
     ["policy.prefetch.depth=1", "policy.prefetch.predictor=recall", "policy.prefetch.recall=0.6"],
     ["policy.seed=oracle"],
-], ids=["lru", "lfu", "transition-prefetch", "recall-prefetch", "oracle-seed"])
+    # a predictor that runs costs host time, so the gated one goes dormant on the layers where it issues nothing
+    ["policy.prefetch.depth=1", "policy.prefetch.predictor=gated", "calibration.host.per_predict_ms=0.2"],
+], ids=["lru", "lfu", "transition-prefetch", "recall-prefetch", "oracle-seed", "gated-dormant"])
 def test_plan_parity_with_simulator(packed, sets):
     """The runtime (real reads, tickets) makes exactly the simulator's decisions (modeled clock, fast paths)."""
     got, want = [], []
@@ -100,7 +102,12 @@ def test_plan_parity_with_simulator(packed, sets):
     assert c["cpu_inline_waited"] <= min(c["cpu_inline_calls"], c["nvme_picks"])
     if not any("prefetch" in x for x in sets):
         assert c["cpu_inline_waited"] > 0
-    assert c["read_predict"] == (c["read_layers"] if any("prefetch" in x for x in sets) else 0)
+    if "policy.prefetch.predictor=gated" in sets:
+        # the runtime predicts on exactly the layers the simulator charged; dormant on most of them
+        assert c["predict_layers"] == o["prefetch"]["predict_layers"] < STEPS * R.layers
+        assert c["read_predict"] <= c["read_layers"]
+    else:
+        assert c["read_predict"] == (c["read_layers"] if any("prefetch" in x for x in sets) else 0)
     assert calibrate.read_coverage({}) == {"layers": 0, "span_ms": None, "head_ms": None, "latency_ms": None,
                                            "gap_sd_ms": None}
     assert o["read_coverage"]["span_ms"] > 0 and o["read_coverage"]["latency_ms"] > 0

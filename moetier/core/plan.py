@@ -256,7 +256,7 @@ def _nvme_lanes(ctx, plan, ledger, picks, nvme_l, t0, nvme, g, g_on, c, c_on, la
         # exclusive ledger) before it waits for the gpu lane's reads
         full = ledger.exclusive and ledger.vram_full()
         ahead = len(plan.zerocopy) * (ctx.push_ms + ctx.host_copy) * (2 if full else 1)
-    plan.head_ms = head = ctx.head_layer + ctx.head_read * len(nvme_l)
+    plan.head_ms = head = ctx.head_layer + ctx.head_read * len(nvme_l) + (ctx.head_predict if ctx.predicting else 0.0)
     _plan_nvme(ctx, plan, picks, nvme_l, t0, nvme, g, g_on, c, c_on, ahead, head,
                (lanes.nvme_cpu, lanes.nvme_gpu) if lanes is not None else None)
     return plan.gpu_ms, plan.cpu_ms
@@ -266,7 +266,9 @@ def _serial_host(ctx, plan, n_picks: int, nvme, c: float, c_on: bool) -> tuple[f
     """The layer's serial host time outside the lanes, and the cpu lane's end with the CPU work of the prefetch
     reads that ran since the last layer where the cpu lane computes (else that work is serial): (c, serial)."""
     # a masked pick is neither computed nor combined: the per-pick host work is the computed picks'
-    serial = ctx.host_layer + ctx.host_pick * (n_picks - len(plan.masked)) + ctx.host_predict
+    serial = ctx.host_layer + ctx.host_pick * (n_picks - len(plan.masked))
+    if ctx.predicting:
+        serial += ctx.host_predict
     if plan.zerocopy:
         serial += ctx.host_zc_call
     if ctx.read_cpu and nvme is not None and nvme.pf_done:

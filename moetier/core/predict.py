@@ -74,7 +74,8 @@ class TransitionPredictor:
 
 
 class GatedPredictor:
-    """Transition counts as probabilities, gated by a confidence threshold and a per-token read budget.
+    """Transition counts as probabilities, gated by a confidence threshold and a per-token read budget, and dormant
+    on the layers where predicting does not pay.
 
     P(e at l+depth | a at l) = count(a -> e) / count(a), read only once ``a`` has been seen ``min_seen`` times; the
     chance a row picks e is 1 - prod over the row's picks (1 - P); over rows the same. An expert is returned when
@@ -83,18 +84,29 @@ class GatedPredictor:
     an average over the last ~``window`` reads): below ``target`` the threshold rises by ``step`` and the budget
     halves; above target + 0.1 the threshold falls by step / 2 (not below ``floor``) and the budget grows by one
     read per token up to ``max_budget``. A wasted read costs NVMe time a demand read may need, a used one saves
-    a demand read's latency, so the target precision is where the two balance (0.6 by default: see
-    docs/predict.md).
+    a demand read's latency, so the target precision is where the two balance (0.6 by default: docs/peers.md).
+
+    Dormancy, per source layer: each time a layer runs (predicts, and learns once its target's picks are known) it
+    books its net gain, ms = used reads x ``save_ms`` - wasted reads x ``waste_ms`` - ``run_ms`` (the host time of
+    running the predictor on a layer; ``price`` sets the three from the recipe), once it has learned: most of the
+    picks it predicts from seen ``min_seen`` times, or ``learn`` runs done. After ``patience`` runs awake, or
+    ``probe`` runs of a probe, a layer whose mean gain over those runs is below 0 (or is 0 while a run costs host
+    time) goes dormant: it neither predicts nor learns for ``sleep`` steps (doubling at each failed probe, up to
+    ``max_sleep``), then probes again; a probe that pays wakes it and resets the back-off. ``runs(layer)`` says,
+    before the layer is planned, whether the predictor runs on it this step (it predicts for ``layer`` or learns
+    from ``layer - depth``): the planner charges the predictor's host time only there.
     """
     name = "gated"
     uses_future = False
 
     def __init__(self, layers: int, experts: int, depth: int = 1, *, threshold: float = 0.5,
                  target: float = 0.6, budget: float | None = None, max_budget: float | None = None,
-                 min_seen: int = 8, step: float = 0.02, floor: float = 0.2, window: int = 200):
-        self.depth, self.experts = depth, experts
-        self.counts = np.zeros((max(layers - depth, 1), experts, experts), dtype=np.float32)
-        self.seen = np.zeros((max(layers - depth, 1), experts), dtype=np.float32)
+                 min_seen: int = 8, step: float = 0.02, floor: float = 0.2, window: int = 200,
+                 patience: int = 16, probe: int = 2, sleep: int = 32, max_sleep: int = 256, learn: int = 32):
+        self.depth, self.experts, self.layers = depth, experts, layers
+        S = max(layers - depth, 1)
+        self.counts = np.zeros((S, experts, experts), dtype=np.float32)
+        self.seen = np.zeros((S, experts), dtype=np.float32)
         self.threshold, self.target, self.step, self.floor = float(threshold), float(target), step, floor
         self.max_budget = float(max_budget if max_budget is not None else layers * 4)
         self.budget = float(budget if budget is not None else self.max_budget / 4)
@@ -102,14 +114,53 @@ class GatedPredictor:
         self.precision = target            # running precision of the issued reads
         self.step_reads = 0
         self.pending: dict = {}            # target layer -> local ids issued for it this step
+        # dormancy (class docstring)
+        self.patience, self.probe, self.sleep0, self.max_sleep = int(patience), int(probe), int(sleep), int(max_sleep)
+        self.save_ms, self.waste_ms, self.run_ms = 1.0, 1.0, 0.0
+        self.now = 0
+        self.on = np.ones(S, dtype=bool)           # source layers that run this step
+        self.wake_at = np.zeros(S, dtype=np.int64)  # a dormant layer's next probe (step); 0: awake
+        self.probing = np.zeros(S, dtype=bool)
+        self.sleep = np.full(S, self.sleep0, dtype=np.int64)
+        self.learn = int(learn)
+        self.learned = np.zeros(S, dtype=np.int64)  # runs so far (learning)
+        self.gain = np.zeros(S)                    # net gain (ms) booked since the layer's last verdict ...
+        self.nruns = np.zeros(S, dtype=np.int64)   # ... over this many runs
+
+    def learn_from(self, ids: np.ndarray) -> None:
+        """Transition counts from tokens held out from the run (ids [tokens, layers, >= top-k]; masked picks, -1,
+        left out), before the first step: what a layer has learned there it need not learn while it costs host
+        time (a layer is judged once most of its picks were seen ``min_seen`` times)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        d, E = self.depth, self.experts
+        for layer in range(min(len(self.counts), ids.shape[1] - d)):
+            a, b = ids[:, layer, :], ids[:, layer + d, :]
+            ok = (a[:, :, None] >= 0) & (b[:, None, :] >= 0)
+            pair = (a[:, :, None] * E + b[:, None, :])[ok]
+            self.counts[layer] += np.bincount(pair, minlength=E * E).reshape(E, E).astype(np.float32)
+            self.seen[layer] += np.bincount(a[a >= 0], minlength=E).astype(np.float32)
+
+    def price(self, *, save_ms: float, waste_ms: float, run_ms: float) -> None:
+        """What a used read saves, a wasted read costs, and one run of the predictor on a layer costs (ms)."""
+        self.save_ms, self.waste_ms, self.run_ms = float(save_ms), float(waste_ms), float(run_ms)
 
     def begin_step(self, step: int) -> None:
         self.step_reads = 0
         self.pending.clear()
+        self.now = step
+        self.on = self.wake_at <= step
+        self.probing |= self.on & (self.wake_at > 0)
+        self.wake_at[self.on] = 0
+
+    def runs(self, layer: int) -> bool:
+        """Whether the predictor runs on ``layer`` this step: predicts for it or learns from ``layer - depth``."""
+        S, d = len(self.on), self.depth
+        return bool((layer < S and layer + d < self.layers and self.on[layer])
+                    or (d <= layer < S + d and self.on[layer - d]))
 
     def predict(self, layer, rows, future=None):
         left = int(self.budget) - self.step_reads
-        if left <= 0 or layer >= len(self.counts):
+        if left <= 0 or layer >= len(self.counts) or not self.on[layer]:
             return []
         c, n = self.counts[layer], self.seen[layer]
         miss = np.ones(self.experts, dtype=np.float64)
@@ -130,24 +181,54 @@ class GatedPredictor:
         self.pending.setdefault(layer + self.depth, []).extend(ids)
 
     def observe(self, layer, rows, target_rows):
+        if layer >= len(self.on) or not self.on[layer]:
+            return
         c, n = self.counts[layer], self.seen[layer]
+        known = picked = 0
         for a, b in zip(rows, target_rows):
+            known += int((n[a] >= self.min_seen).sum())
+            picked += len(a)
             c[np.ix_(a, b)] += 1.0
             n[a] += 1.0
-        ids = self.pending.pop(layer + self.depth, None)
-        if not ids:
-            return
+        ids = self.pending.pop(layer + self.depth, None) or ()
         truth = set()
         for b in target_rows:
             truth.update(b)
+        used = sum(1 for e in ids if e in truth)
+        self.learned[layer] += 1
+        if 2 * known >= picked or self.learned[layer] > self.learn:
+            # judged once most of the picks it predicts from have been seen min_seen times (or after ``learn`` runs):
+            # a layer still learning issues little because it knows little, not because routing is unpredictable
+            self._verdict(layer, used * self.save_ms - (len(ids) - used) * self.waste_ms - self.run_ms)
+        if not ids:
+            return
         for e in ids:
             self.precision += self.alpha * ((1.0 if e in truth else 0.0) - self.precision)
         if self.precision < self.target:
             self.threshold = min(0.99, self.threshold + self.step)
             self.budget = max(1.0, self.budget / 2)
-        elif self.precision > self.target + 0.1:
-            self.threshold = max(self.floor, self.threshold - self.step / 2)
+        else:
             self.budget = min(self.max_budget, self.budget + 1.0)
+            if self.precision > self.target + 0.1:
+                self.threshold = max(self.floor, self.threshold - self.step / 2)
+
+    def _verdict(self, layer: int, gain: float) -> None:
+        """Book one run's gain; at the end of a verdict's span, keep the layer awake or put it to sleep."""
+        self.gain[layer] += gain
+        self.nruns[layer] += 1
+        if self.nruns[layer] < (self.probe if self.probing[layer] else self.patience):
+            return
+        g = self.gain[layer]
+        pays = g > 0 or (g == 0 and self.run_ms == 0)
+        if pays:
+            if self.probing[layer]:
+                self.sleep[layer] = self.sleep0
+        else:
+            if self.probing[layer]:
+                self.sleep[layer] = min(self.max_sleep, 2 * self.sleep[layer])
+            self.wake_at[layer] = self.now + self.sleep[layer]
+        self.probing[layer] = False
+        self.gain[layer], self.nruns[layer] = 0.0, 0
 
 
 def make_predictor(policy: dict, layers: int, experts: int):

@@ -32,6 +32,13 @@ def rank_keys(ids: np.ndarray, experts: int) -> np.ndarray:
     return np.lexsort((np.arange(counts.size), -counts))[: int((counts > 0).sum())]
 
 
+def warmup_ids(trace, topk: int, wtok: int) -> np.ndarray:
+    """The warm-up tokens (policy.seed "warmup"): each segment's first ``wtok`` tokens, ids [tokens, layers, topk];
+    what the tiers are seeded from and the predictor first learns from (``Replay.learn``), held out from the
+    measured part."""
+    return np.concatenate([trace.segment(s)[:wtok, :, :topk] for s in range(trace.nseg)])
+
+
 class Streams:
     """Lockstep streams over trace segments; yields per step, per layer, the union of picks with row counts."""
 
@@ -110,6 +117,12 @@ class Replay:
         self.pf_depth = int(pf.get("depth") or 0)
         self.prefetching = predictor is not None and self.pf_depth > 0
         self.pf_budget = int(pf.get("budget") or 8)
+        if self.prefetching and hasattr(predictor, "price"):
+            # a used read saves a demand read's latency; a wasted one holds the channel (and the reader's CPU) for
+            # its service time; a run of the predictor costs its host time on the layer (docs/peers.md)
+            ch = self.chan
+            predictor.price(save_ms=ch.pf_svc + ch.pf_lat, waste_ms=ch.pf_svc + self.ctx.read_cpu,
+                            run_ms=self.ctx.host_predict)   # the head's part (head_predict) is within it
         self.pf_tickets: dict = {}
         self.pf_target: dict[int, list] = {}
         self.pf_used = 0
@@ -153,6 +166,11 @@ class Replay:
         if plan.cpu and not L.all_in_ram:
             L.ram_hit(plan.cpu)
 
+    def learn(self, ids: np.ndarray) -> None:
+        """Let the predictor learn from tokens held out from the run (``warmup_ids``) before the first step."""
+        if self.prefetching and hasattr(self.predictor, "learn_from"):
+            self.predictor.learn_from(ids)
+
     def begin_step(self, step: int) -> None:
         self.ledger.step = step
         if self.predictor is not None and hasattr(self.predictor, "salt"):
@@ -160,18 +178,30 @@ class Replay:
         if self.predictor is not None and hasattr(self.predictor, "begin_step"):
             self.predictor.begin_step(step)
 
+    def arm(self, layer: int) -> bool:
+        """Whether the predictor runs on ``layer`` this step (a dormant one does not: predict.GatedPredictor.runs),
+        set on the plan context before the layer is planned, so ``plan_layer`` charges the predictor's host time only
+        where it ran; the simulator and the runtime call it before each layer's plan."""
+        pred = self.predictor
+        on = self.prefetching and (not hasattr(pred, "runs") or pred.runs(layer))
+        self.ctx.predicting = on
+        return on
+
     def after_plan(self, layer: int, plan: LayerPlan, streams, rows, t0: float, *, on_expire=None,
                    on_issue=None) -> None:
         """Prefetch once a layer is planned (callers check ``prefetching``), shared by the simulator and the
         runtime: expiry of this layer's unused prefetches, prediction + prefetch for layer + depth, predictor
-        learning. Issued at t0 + plan.issue_ms: past the layer's resident lanes and before its waits, so a read has
-        the rest of the layer to land in; issued after the layer, a depth-1 read was still queued when the next
-        layer needed it (benchmarks/bench_prefetch_timing.py counts the prefetches that had started). The runtime's
-        hooks move real bytes: ``on_expire(layer)`` before the model expires, ``on_issue(key, ticket)`` per read."""
+        learning, the last two only where ``arm`` armed the layer. Issued at t0 + plan.issue_ms: past the layer's
+        resident lanes and before its waits, so a read has the rest of the layer to land in; issued after the layer,
+        a depth-1 read was still queued when the next layer needed it (benchmarks/bench_prefetch_timing.py counts the
+        prefetches that had started). The runtime's hooks move real bytes: ``on_expire(layer)`` before the model
+        expires, ``on_issue(key, ticket)`` per read."""
         pred, depth, t = self.predictor, self.pf_depth, t0 + plan.issue_ms
         if on_expire is not None:
             on_expire(layer)
         self.expire(layer, t)
+        if not self.ctx.predicting:
+            return
         if layer + depth < self.R.layers:
             fut = None
             if pred.uses_future:
@@ -192,6 +222,7 @@ class Replay:
             self.before(layer)
         if lanes is None and self.deal is not None:
             lanes = self.deal(self.ledger, picks)
+        self.arm(layer)
         plan = plan_layer(self.ctx, self.ledger, picks, t, self.chan, self.llc, lanes, self.idle(t))
         if self.prefetching:
             self.after_plan(layer, plan, streams, rows, t)

@@ -28,7 +28,7 @@ import numpy as np
 
 from moetier.core.plan import LayerPlan
 from moetier.core.predict import make_predictor
-from moetier.core.replay import Replay, Streams, rank_keys
+from moetier.core.replay import Replay, Streams, rank_keys, warmup_ids
 
 __all__ = ["ORACLE_WARM_STEPS", "Replay", "Streams", "prefill", "rank_keys", "run"]
 
@@ -73,8 +73,9 @@ def _seed(rp: Replay, trace, seed_mode: str, wtok: int, order=None) -> None:
     if seed_mode == "oracle":
         ranked = rank_keys(trace.ids[:, :, :R.topk], R.experts)
     elif seed_mode == "warmup" and wtok:
-        warm = np.concatenate([trace.segment(s)[:wtok, :, :R.topk] for s in range(trace.nseg)])
+        warm = warmup_ids(trace, R.topk, wtok)
         ranked = rank_keys(warm, R.experts)
+        rp.learn(warm)
     if ranked is not None or order is not None:
         rp.ledger.seed(order(ranked if ranked is not None else []) if order is not None else ranked)
     rp.settle()                       # seeding's pushes are not decode traffic
@@ -144,7 +145,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
     copy_serial = rp.ctx.copy_serial
     acc = dict(ms=0.0, fixed=0.0, gpu=0.0, cpu=0.0, wait=0.0, gwait=0.0, copy=0.0, picks=0, vram_picks=0,
                gpu_exp=0, cpu_exp=0, zc=0, ncpu=0, ngpu=0, masked=0, demand=0, layers=0, rl=0, span=0.0, arr=0.0,
-               gap_sq=0.0, gap_var=0.0)
+               gap_sq=0.0, gap_var=0.0, predict=0)
     t = 0.0
     total = warm_steps + measured
     t_wall = time.perf_counter()
@@ -180,6 +181,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
                     acc["copy"] += link
             if meas:
                 _book(acc, plan, picks, t0_layer, cv2, lane_var)
+                acc["predict"] += rp.ctx.predicting
         if meas:
             acc["ms"] += t - t0_step
             acc["fixed"] += fixed_step
@@ -238,6 +240,10 @@ def _report(R, rp: Replay, acc: dict, pf0: dict, measured: int, tokens: float) -
         "vram_slots": R.vram_slots, "ram_slots": R.ram_slots,
         "prefetch": {
             "predictor": getattr(rp.predictor, "name", "none"),
+            # the measured layers the predictor ran on (a dormant one does not: Replay.arm), as the runtime counts
+            # them (counters.predict_layers), and their share of all measured layers
+            "predict_layers": acc["predict"],
+            "predict_share": acc["predict"] / (measured * R.layers) if measured else 0.0,
             "issued_per_tok": pf["issued"] / tokens,
             **_precision_recall(pf["used"], pf["issued"], nvme_picks),
             "cancelled": pf["cancelled"],

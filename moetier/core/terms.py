@@ -197,6 +197,9 @@ class PlanContext:
     host_nvme_layer: float = 0.0   # ... and per layer with NVMe picks (what its reads share: their plan, the loops)
     read_cpu: float = 0.0      # core time one NVMe read takes from the cpu lane (O_DIRECT + checksum), per lane ms
     host_predict: float = 0.0  # serial host time per layer of a prefetch predictor (when prefetch is on), at its rows
+    # whether the predictor runs on the layer being planned (Replay.arm sets it per layer: a dormant predictor's
+    # layers pay neither host_predict nor head_predict)
+    predicting: bool = False
     copy_serial: bool = False  # admission pushes and drains run after the lanes, one after another (no overlap)
     host_copy: float = 0.0     # serial host time per admission push or drain (submit, wait, landing bookkeeping)
     host_zc_call: float = 0.0  # serial host time per layer whose zerocopy lane computes (outside the runtime's timers)
@@ -205,6 +208,7 @@ class PlanContext:
     # and per layer that predicts. It delays the first wait and overlaps the reads
     head_layer: float = 0.0
     head_read: float = 0.0
+    head_predict: float = 0.0
     # what a gpu / zerocopy lane call pays per NVMe read of its layer in flight: the lane's per_read_ms where
     # `moetier calibrate` fitted one (a device on the host's cores shares them with the reader), else 0 (a
     # discrete GPU does not compete with the reader's CPU work)
@@ -252,9 +256,9 @@ class PlanContext:
                    host_predict=h.per_predict_ms + rows * h.per_predict_row_ms if predicting else 0.0,
                    copy_serial=gpu is not None and not overlap,
                    host_copy=h.per_copy_ms, host_zc_call=h.per_zc_call_ms,
-                   head_layer=h.head_per_layer_ms + (
-                       h.head_per_predict_ms + rows * h.head_per_predict_row_ms if predicting else 0.0),
-                   head_read=h.head_per_read_ms,
+                   head_layer=h.head_per_layer_ms, head_read=h.head_per_read_ms,
+                   head_predict=h.head_per_predict_ms + rows * h.head_per_predict_row_ms if predicting else 0.0,
+                   predicting=predicting,
                    gpu_read=per_read("gpu") if gpu is not None else 0.0, zc_read=per_read("zerocopy"),
                    gpu_busy=per_read("gpu", "per_read_busy_ms") if gpu is not None else 0.0,
                    zc_busy=per_read("zerocopy", "per_read_busy_ms"))

@@ -108,6 +108,7 @@ class Runtime(Waits, Booking):
                 rows_of.setdefault(k, []).append(r)
         picks = {k: len(v) for k, v in rows_of.items()}
         c0 = time.perf_counter()
+        armed = rp.arm(layer)          # the predictor runs on this layer (the plan charges its host time only then)
         plan = plan_layer(rp.ctx, self.L, picks, t_model, rp.chan, rp.llc, idle=rp.idle(t_model))
         c1 = time.perf_counter()
         st["plan_s"] += c1 - c0
@@ -116,19 +117,21 @@ class Runtime(Waits, Booking):
         st["book_s"] += c2 - c1
         # a layer whose NVMe picks are all demand reads issued now: its first wait shows how much of a read the
         # work before it covered (read_coverage)
-        predicting = streams is not None and rp.prefetching
+        prefetching = streams is not None and rp.prefetching
+        predicting = prefetching and armed
         n_nvme = len(plan.nvme_cpu) + len(plan.nvme_gpu)     # reads in flight while the resident lanes compute
         issued = (c2, inner_s(st), fresh, int(predicting), len(rows) if predicting else 0) \
             if fresh and fresh == n_nvme else None
         out: dict[int, np.ndarray] = {}
         self._resident_lanes(plan, rows_of, picks, x, out, n_nvme)          # 2.
-        if predicting:                                                      # 3. prefetch for the layers ahead
+        if prefetching:                                                     # 3. prefetch for the layers ahead
             t_pred = time.perf_counter()
             rp.after_plan(layer, plan, streams, rows, t_model, on_expire=self.expire_real,
                           on_issue=self.issue_prefetch)
-            st["predict_s"] += time.perf_counter() - t_pred   # prediction + prefetch issue: host time
-            st["predict_layers"] += 1
-            st["predict_rows"] += len(rows)
+            if predicting:       # prediction + prefetch issue: host time (a dormant layer only expires)
+                st["predict_s"] += time.perf_counter() - t_pred
+                st["predict_layers"] += 1
+                st["predict_rows"] += len(rows)
         # 4. residency intents, in the simulator's order (Replay.commit), each landing after its bytes did
         b0 = time.perf_counter()
         inner0 = inner_s(st)

@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from moetier.core.replay import warmup_ids
 from moetier.core.sim import Streams, _segment_plan, rank_keys
 from moetier.errors import UserError
 from moetier.run.layer import Runtime
@@ -141,7 +142,9 @@ def _seed(rt, R, trace, seed_mode: str, wtok: int) -> None:
     if seed_mode == "oracle":
         rt.seed_tiers(rank_keys(trace.ids[:, :, :K], E))
     elif seed_mode == "warmup" and wtok:
-        rt.seed_tiers(rank_keys(np.concatenate([trace.segment(s)[:wtok, :, :K] for s in range(trace.nseg)]), E))
+        warm = warmup_ids(trace, K, wtok)
+        rt.seed_tiers(rank_keys(warm, E))
+        rt.rp.learn(warm)
     elif R.ram_slots >= R.keys:
         rt.seed_tiers([])
 
