@@ -71,10 +71,11 @@ def test_drain_goes_through_the_victim_ring_in_order(st):
     h = be.drain(12, 1, 6)
     slot = [i for i, k in enumerate(be.ring.keys()) if k == 12]
     assert len(slot) == 1 and h.state == "pending"
+    assert be.victims() == [(slot[0], 12, int(be.ring.seqs()[slot[0]]))]      # found in the lagged meta copy
     assert not be.ram_view(6).any() and be.res[12] == 0                        # claimed, not written back
     be.wait(h)
     assert np.array_equal(be.ram_view(6)[:st.record_bytes], record(st, 12)) and be.res[12] == 1
-    assert be.ring.keys()[slot[0]] == 12                                        # still held: landing just reported
+    assert be.ring.keys()[slot[0]] == 12 and be.victims() == []                 # held until the landing is published
     be.wait(be.drain(12, 1, 7))                                                 # the next host step frees it
     assert be.ring.keys()[slot[0]] == -1 and be.ring.drops == 0
     be.close()

@@ -258,11 +258,15 @@ class XpuBackend(EngineLanes):
         return {c.key for c in self._claims.values()
                 if (f := self._fills.get(c.ram_slot)) is not None and f.state == "pending"}
 
+    def victims(self) -> list:
+        """The ring's claims in a lagged copy of its ``meta`` not written back yet: [(ring slot, key, seq)] (what a
+        host step drains; the runtime itself never asks - its drains are the claims)."""
+        return self.ring.victims(self.ring.meta.copy())
+
     def _host_step(self) -> None:
-        """One host step over the ring: the claims in a lagged copy of ``meta`` written back, guards permitting."""
-        lagged = self.ring.meta.copy()
+        """One host step over the ring: the claims ``victims`` finds written back, guards permitting."""
         ppend = self._ppend()
-        for slot, key, seq in self.ring.victims(lagged):
+        for slot, key, seq in self.victims():
             c = self._claims.get(slot)
             if c is not None and c.seq == seq and not c.written:
                 c.written = self.ring.drain(slot, key, seq, self._host[c.ram_slot], self.res, self._busy, ppend)
