@@ -40,15 +40,34 @@ def test_one_hot_raw_gemm_is_bit_exact(codebook):
     assert np.array_equal(got, X.raw_gemm(hot, lin).astype(np.float32))
 
 
-def test_one_token_fused_decode_gives_the_bits_of_the_batched_path():
-    """A one-row mul1 GEMM decodes inside its FMA loop; a batch decodes each tile step first: same products, same
-    order, so each row of a batch equals that row alone, bit for bit."""
+@pytest.mark.parametrize("mode", C.MODES)
+def test_one_token_fused_decode_gives_the_bits_of_the_batched_path(mode):
+    """A one-row mul1 GEMM decodes inside its FMA loop; a batch decodes each tile position first: same products,
+    same order, so each row of a batch equals that row alone, bit for bit, in either thread team."""
     rng = np.random.default_rng(23)
     lin = X.random_linear(rng, 256, COLS, K=3)
     xh = rng.standard_normal((3, 256)).astype(np.float32)
-    batch = C.raw_gemm(xh, lin)
+    batch = C.raw_gemm(xh, lin, mode=mode)
     for r in range(3):
-        assert np.array_equal(C.raw_gemm(xh[r:r + 1], lin)[0], batch[r])
+        assert np.array_equal(C.raw_gemm(xh[r:r + 1], lin, mode=mode)[0], batch[r])
+        assert np.array_equal(C.raw_gemm(xh[r:r + 1], lin, mode=mode, parallel=False)[0], batch[r])
+
+
+@pytest.mark.parametrize("nt", [8, 40, 72, 160])
+def test_band_widths_cover_every_tile_in_lane_steps(nt):
+    """Bands are whole lane steps of at most NB tiles, and split the output among the threads where it is wide
+    enough; a narrow output (Qwen's 640 columns: 40 tiles) still computes every column."""
+    for threads in (1, 2, 4):
+        w = C._band_width(nt, threads)
+        assert w % C.LANES == 0 and C.LANES <= w <= C.NB
+        if nt > C.LANES:                       # more than one lane step: no thread of two is left without a band
+            assert -(-nt // w) >= min(threads, 2)
+    rng = np.random.default_rng(27)
+    lin = X.random_linear(rng, 128, 16 * nt, K=3)     # Hadamard blocks: multiples of 128 (8 tiles)
+    xh = rng.standard_normal((1, 128)).astype(np.float32)
+    ref = X.raw_gemm(np.eye(128, dtype=np.float32), lin).astype(np.float32)
+    assert np.array_equal(C.raw_gemm(np.eye(128, dtype=np.float32), lin, parallel=False), ref)
+    assert np.allclose(C.raw_gemm(xh, lin), xh.astype(np.float64) @ ref, rtol=1e-5, atol=1e-4)
 
 
 def test_affine_raw_gemm_agrees_with_the_exact_path():

@@ -11,17 +11,20 @@ had(x * suh) * c, the raw GEMM output, the output after had * c * svh, and the S
 accumulates in fp32. ``fp16=False`` skips the roundings (plain fp32). Every rounding is round-to-nearest-even,
 identical to numpy's float32 -> float16 conversion.
 
-Decode strategy: a parallel work item is an output band of NB adjacent tiles (16 * NB columns), which streams down
-all tile rows of the trellis, ROWS at a time. For those it first lays the band's tiles side by side as 32-bit
-windows of their bit rings (units m and m + 1), [16K, ROWS * NB], so that one weight position of all ROWS * NB tiles
-is read with the same window index and shift: state extraction (exl3_dq.cuh's funnel shift: one 32-bit shift left
-by the position's offset and one right by 16), the decode, its fp16 rounding and the FMA then run across the tiles
-as vector lanes. Positions are visited in the tile's row-major order (the tensor-core placement is folded into the
-window tables), so the decoded tile rows are [ROWS, 16 rows, 16 columns, NB tiles] in memory and each input row adds
-one contiguous 256-float block times its x into each token's accumulators. mul1 is decoded without a table:
-fp16(k_inv (1024 + s) + k_bias) with s the byte sum below, whose float32 value is exact, so one rounding to fp16
-(the F16C conversion pair where the CPU has it, backends/cpu/exl3_ops.py) gives the table's value; mcg and 3inst
-look the state up in a 65,536-entry table.
+Decode strategy: a parallel work item is an output band of up to NB adjacent tiles (16 * NB columns; narrower where
+that gives every thread a band, _band_width), which streams down all tile rows of the trellis. For each tile row it
+first lays the band's tiles side by side as 32-bit windows of their bit rings (units m and m + 1), [16K, lanes],
+so that one weight position of all the band's tiles is read with the same window index and shift: state extraction
+(exl3_dq.cuh's funnel shift: one 32-bit shift left by the position's offset and one right by 16), the decode, its
+fp16 rounding and the FMA then run across the tiles as vector lanes, LANES (16 float32, one 512-bit or two 256-bit
+vectors) at a time. Positions are visited in the tile's row-major order (the tensor-core placement is folded into
+the window tables), so each position's decoded weights multiply one input and add into one contiguous block of the
+[16 columns, lanes] accumulator of each token. At one token (mul1 exact or affine) the decode sits inside the FMA
+loop; with more tokens each position is decoded once into a lane vector that every token's FMA reads. All loop
+indices are unsigned, because numba's negative-index wraparound code keeps LLVM from vectorising. mul1 is decoded
+without a table: fp16(k_inv (1024 + s) + k_bias) with s the byte sum below, whose float32 value is exact, so one
+rounding to fp16 (the F16C conversion pair where the CPU has it, backends/cpu/exl3_ops.py) gives the table's value;
+mcg and 3inst look the state up in a 65,536-entry table.
 
 ``mode="affine"`` (mul1 only) is the fast path: a mul1 weight is affine in the byte sum s of state * 0x83DCD12D,
 w = k_inv (1024 + s) + k_bias, so sum_r w_r x_r = k_inv sum_r s_r x_r + (1024 k_inv + k_bias) sum_r x_r: the kernel
@@ -46,11 +49,11 @@ import numpy as np
 from numba import get_num_threads, njit, prange, set_num_threads
 
 from backends.cpu.exl3_ops import JIT as _JIT
-from backends.cpu.exl3_ops import fp16_round, h2f, had_rows_, round16_, shl32
+from backends.cpu.exl3_ops import fp16_round, h2f, had_rows_, prefetch, round16_, shl32
 from moetier.bytes import exl3 as X
 
-NB = 16                     # tiles per output band (256 columns, two Hadamard blocks)
-ROWS = 2                    # tile rows decoded per step (they share the window tables, halving their cost)
+NB = 64                     # most tiles per output band (1024 columns)
+LANES = 16                  # tiles per vector step: one 512-bit vector of float32 (two 256-bit ones)
 MODES = ("exact", "affine")
 # decode: table lookup (any codebook), mul1 arithmetic, mul1 affine (byte sums), exl3-int (byte sum - 510)
 KIND_LUT, KIND_MUL1, KIND_AFFINE, KIND_INT = 0, 1, 2, 3
@@ -66,33 +69,38 @@ _K_CONST = np.float32(1024.0 * X.MUL1_K_INV + X.MUL1_K_BIAS)   # exact in float3
 
 
 @njit(fastmath=True, **_JIT)
-def _gather_band(words, i, j0, nb, ubuf):
-    """ubuf[m, h NB + jj] = the 32-bit window of the ring of tile (i + h, j0 + jj) that starts at its 16-bit unit m,
-    for the ROWS tile rows from i, band tiles side by side (words: the trellis as uint32, [kt, nt, 8K]). The ring is
-    the tile's uint32 words MSB-first, so the window at unit 2w is word w itself and the one at 2w + 1 is the low half
-    of word w over the high half of word w + 1 (wrapping). Tiles past the trellis edge (a partial band, or a last
-    short step) read as zeros."""
-    kt, _, nw = words.shape
-    for h in range(ROWS):
-        for jj in range(NB):
-            col = h * NB + jj
-            if jj < nb and i + h < kt:
-                a = words[i + h, j0 + jj, 0]
-                for w in range(nw):
-                    b = words[i + h, j0 + jj, w + 1 if w + 1 < nw else 0]
-                    ubuf[2 * w, col] = a
-                    ubuf[2 * w + 1, col] = np.uint32(a << np.uint32(16)) | np.uint32(b >> np.uint32(16))
-                    a = b
-            else:
-                for m in range(2 * nw):
-                    ubuf[m, col] = 0
+def _gather_band(wf, nw, t0, nb, W, ubuf):
+    """ubuf[m W + jj] = the 32-bit window of the ring of tile jj of a band that starts at its 16-bit unit m, band
+    tiles side by side (wf: the trellis as flat uint32 words, 8K = nw per tile; t0: the band's first word in this
+    tile row; W: the band's lane count). The ring is the tile's uint32 words MSB-first, so the window at unit 2w is
+    word w itself and the one at 2w + 1 is the low half of word w over the high half of word w + 1 (wrapping).
+
+    Two passes: a transpose of the words into the even rows (contiguous stores; LLVM vectorises it with strided
+    loads where it finds that cheaper), then one vector pass that forms every odd row from the two even rows beside it. Lanes nb..W-1 of the even rows are never
+    written: they stay as the caller left them (zeros). All arguments are unsigned (no negative-index wraparound
+    code)."""
+    two = np.uint64(2)
+    for w in range(nw):
+        w = np.uint64(w)
+        e = two * w * W
+        for jj in range(nb):
+            jj = np.uint64(jj)
+            ubuf[e + jj] = wf[t0 + jj * nw + w]
+    for w in range(nw):
+        w = np.uint64(w)
+        e = two * w * W
+        e1 = two * (w + np.uint64(1)) * W if w + np.uint64(1) < nw else np.uint64(0)
+        o = e + W
+        for q in range(W):
+            jj = np.uint64(q)
+            ubuf[o + jj] = np.uint32(ubuf[e + jj] << np.uint32(16)) | np.uint32(ubuf[e1 + jj] >> np.uint32(16))
 
 
 @njit(inline="always", **_JIT)
-def _state(ubuf, m, sh, col):
-    """The 16-bit window starting sh bits into unit m of band tile col: the top half of its 32-bit window << sh
-    (exl3_dq.cuh's funnel shift), in 32-bit ops so LLVM keeps 16 lanes per vector."""
-    return np.uint32(shl32(ubuf[m, col], sh) >> np.uint32(16))
+def _state(ubuf, o, sh):
+    """The 16-bit window starting sh bits into the 32-bit window ubuf[o]: its top half << sh (exl3_dq.cuh's funnel
+    shift), in 32-bit ops so LLVM keeps 16 lanes per vector."""
+    return np.uint32(shl32(ubuf[o], sh) >> np.uint32(16))
 
 
 @njit(inline="always", **_JIT)
@@ -104,91 +112,151 @@ def _byte_sum(st):
     return np.uint32(np.uint32(q & np.uint32(0xFFFF)) + np.uint32(q >> np.uint32(16)))
 
 
-@njit(fastmath=True, **_JIT)
-def _decode_band(ubuf, um, ush, kind, lut, wdec):
-    """wdec[h, p, jj] = the weight at row-major position p of tile (i + h, j0 + jj), for all 256 positions (um/ush:
-    the window tables in placement order; ubuf: the band's windows): its table value (KIND_LUT), its mul1 weight
-    (KIND_MUL1), its mul1 byte sum (KIND_AFFINE) or its exl3-int weight (KIND_INT).
+@njit(inline="always", **_JIT)
+def _mul1(ubuf, o, sh):
+    """The mul1 weight of the state at (o, sh), without a table: fp16(k_inv (1024 + s) + k_bias). The float32 affine
+    value is exact (a multiple of 2**-18 below 4), so one rounding to fp16 (fp16_round: F16C's conversion pair) is the
+    table's value."""
+    return fp16_round(np.float32(np.int32(_byte_sum(_state(ubuf, o, sh)))) * _K_INV + _K_CONST)
 
-    KIND_MUL1 decodes without a table: fp16(k_inv (1024 + s) + k_bias). The float32 affine value is exact (a multiple
-    of 2**-18 below 4), so one rounding to fp16 in the loop (fp16_round: F16C's conversion pair) is the table's
-    value. The mul1 kinds run one loop each over 16-tile lanes that LLVM vectorises (check with inspect_asm)."""
+
+@njit(fastmath=True, **_JIT)
+def _decode_pos(ubuf, o, sh, W, kind, lut, wp):
+    """wp[:W] = the weights at one tile position of the band's W tiles (o: the position's window row times W, sh: its
+    shift): the table value (KIND_LUT), the mul1 weight (KIND_MUL1), the mul1 byte sum (KIND_AFFINE) or the exl3-int
+    weight (KIND_INT). Each kind runs one loop of LANES-wide steps that LLVM vectorises (check with inspect_asm);
+    indices are unsigned so that numba emits no negative-index wraparound, which would keep the loop scalar."""
     if kind == KIND_LUT:
-        for p in range(256):
-            m, sh = um[p], ush[p]
-            for h in range(ROWS):
-                for jj in range(NB):
-                    wdec[h, p, jj] = lut[_state(ubuf, m, sh, h * NB + jj)]
+        for v in range(W // LANES):
+            for l in range(LANES):
+                jj = np.uint64(v * LANES + l)
+                wp[jj] = lut[_state(ubuf, o + jj, sh)]
     elif kind == KIND_MUL1:
-        for p in range(256):
-            m, sh = um[p], ush[p]
-            for h in range(ROWS):
-                for jj in range(NB):
-                    bs = _byte_sum(_state(ubuf, m, sh, h * NB + jj))
-                    wdec[h, p, jj] = fp16_round(np.float32(np.int32(bs)) * _K_INV + _K_CONST)
+        for v in range(W // LANES):
+            for l in range(LANES):
+                jj = np.uint64(v * LANES + l)
+                wp[jj] = _mul1(ubuf, o + jj, sh)
     else:
         # the byte sum s (KIND_AFFINE) or exl3-int's s - 510, as s * lut[0] + lut[1] (_SUM_AFFINE, _SUM_INT). Both are
         # integers below 2048 in magnitude, so fp16_round leaves them as they are; it is there because LLVM leaves
         # this loop scalar without it
         scale, offset = lut[0], lut[1]
-        for p in range(256):
-            m, sh = um[p], ush[p]
-            for h in range(ROWS):
-                for jj in range(NB):
-                    bs = _byte_sum(_state(ubuf, m, sh, h * NB + jj))
-                    wdec[h, p, jj] = fp16_round(np.float32(np.int32(bs)) * scale + offset)
+        for v in range(W // LANES):
+            for l in range(LANES):
+                jj = np.uint64(v * LANES + l)
+                wp[jj] = fp16_round(np.float32(np.int32(_byte_sum(_state(ubuf, o + jj, sh)))) * scale + offset)
+
+
+@njit(inline="always", fastmath=True, **_JIT)
+def _fused_rows(ubuf, W, um, ush, xh, t0, r0, acc, kind, ntok):
+    """_fused_fma's loops for a band of W lanes and tokens t0..t0+ntok-1; kind and ntok are constants where this is
+    inlined, so the kind branch folds and the token loop unrolls, leaving the lane loop innermost (vectorised)."""
+    for r in range(16):
+        row = np.uint64(r0 + r)
+        for c in range(16):
+            p = np.uint64(16 * r + c)
+            o = um[p] * W
+            sh = ush[p]
+            a0 = np.uint64(c) * W
+            for q in range(W):      # one flat loop: one overlap check of acc and ubuf per position
+                jj = np.uint64(q)
+                if kind == KIND_MUL1:
+                    w = _mul1(ubuf, o + jj, sh)
+                else:
+                    w = np.float32(np.int32(_byte_sum(_state(ubuf, o + jj, sh))))
+                for tok in range(ntok):
+                    t = t0 + np.uint64(tok)
+                    acc[t, a0 + jj] += w * xh[t, row]
+
+
+@njit(inline="always", fastmath=True, **_JIT)
+def _fused_kind(ubuf, W, um, ush, xh, t0, r0, acc, kind, ntok):
+    """_fused_rows with W a constant for a full band (LLVM unrolls its lane loop into NB / LANES vectors)."""
+    if W == NB:
+        _fused_rows(ubuf, np.uint64(NB), um, ush, xh, t0, r0, acc, kind, ntok)
+    else:
+        _fused_rows(ubuf, W, um, ush, xh, t0, r0, acc, kind, ntok)
 
 
 @njit(fastmath=True, **_JIT)
-def _mul1_fma(ubuf, um, ush, xh, i, hs, acc):
-    """One token row (T = 1, mul1): acc += the hs tile rows from i times their inputs, decoding each weight in the
-    loop that uses it, so no decoded tile goes through memory. Every accumulator takes the same products in the same
-    order (input rows ascending) as _decode_band followed by _gemm's row loop, so the bits are the same."""
-    for h in range(hs):
-        for p in range(256):
-            m, sh = um[p], ush[p]
-            xv = xh[0, 16 * (i + h) + (p >> 4)]
-            base = (p & 15) * NB
-            for jj in range(NB):
-                s = _byte_sum(_state(ubuf, m, sh, h * NB + jj))
-                acc[0, base + jj] += fp16_round(np.float32(np.int32(s)) * _K_INV + _K_CONST) * xv
+def _fused_fma(ubuf, W, um, ush, xh, t0, ntok, r0, kind, acc):
+    """Tokens t0..t0+ntok-1 (ntok 1, 2 or 4; KIND_MUL1 or KIND_AFFINE): acc[t, c W + jj] += the band's tile row
+    starting at input row r0 times each token's inputs, decoding each weight (mul1) or byte sum (affine) in the loop
+    that uses it, so nothing decoded goes through memory. Every accumulator takes the same products in the same
+    order (input rows ascending) whatever the token grouping, so a token's bits do not depend on the batch. W and
+    t0 are unsigned (as are all indices: see _decode_pos)."""
+    if kind == KIND_MUL1:
+        if ntok == 4:
+            _fused_kind(ubuf, W, um, ush, xh, t0, r0, acc, KIND_MUL1, 4)
+        elif ntok == 2:
+            _fused_kind(ubuf, W, um, ush, xh, t0, r0, acc, KIND_MUL1, 2)
+        else:
+            _fused_kind(ubuf, W, um, ush, xh, t0, r0, acc, KIND_MUL1, 1)
+    else:
+        if ntok == 4:
+            _fused_kind(ubuf, W, um, ush, xh, t0, r0, acc, KIND_AFFINE, 4)
+        elif ntok == 2:
+            _fused_kind(ubuf, W, um, ush, xh, t0, r0, acc, KIND_AFFINE, 2)
+        else:
+            _fused_kind(ubuf, W, um, ush, xh, t0, r0, acc, KIND_AFFINE, 1)
+
+
+@njit(fastmath=True, **_JIT)
+def _fma_tokens(wp, W, xh, row, a0, acc):
+    """acc[tok, a0 + jj] += wp[jj] xh[tok, row] for every token, jj < W (unsigned, a multiple of LANES)."""
+    for tok in range(xh.shape[0]):
+        xv = xh[tok, row]
+        at = acc[tok]
+        for q in range(W):      # one flat loop: the vectoriser checks that at and wp do not overlap
+            jj = np.uint64(q)
+            at[a0 + jj] += wp[jj] * xv
 
 
 @njit(**_JIT)
-def _band_scratch(nu):
-    """One work item's buffers: windows [16K, ROWS NB], decoded weights [ROWS, 256, NB] and their flat view."""
-    ubuf = np.empty((nu, ROWS * NB), np.uint32)
-    wdec = np.empty((ROWS, 256, NB), np.float32)
-    return ubuf, wdec, wdec.reshape(-1)
+def _band_width(nt, threads):
+    """Tiles per band: up to NB, a multiple of LANES, and at least as many bands as threads where the trellis is
+    wide enough (a narrow output, Qwen's 640 columns, still gives every thread a band)."""
+    per = (nt + threads - 1) // threads
+    return max(LANES, min(NB, (per + LANES - 1) // LANES * LANES))
 
 
 @njit(parallel=True, fastmath=True, **_JIT)
-def _gemm(words, xh, lut, um, ush, kind, out):
-    """out[T, n] = xh[T, k] @ W_inner, W_inner decoded on the fly from the trellis [kt, nt, 8K] (uint32 view).
-    Accumulates in out's dtype: float32, or int64 for KIND_INT (each integer product is exact in float64).
+def _gemm(words, xh, lut, um, ush, kind, W, out):
+    """out[T, n] = xh[T, k] @ W_inner, W_inner decoded on the fly from the trellis [kt, nt, 8K] (uint32 view), in
+    bands of W tiles. Accumulates in out's dtype: float32, or int64 for KIND_INT (each integer product is exact in
+    float64).
 
-    The ROWS decoded tile rows are [ROWS, 16 rows, 16 columns, NB tiles] in memory, so each input row adds one
-    contiguous 256-float block times its x into the [16 columns, NB tiles] accumulator of each token."""
+    Each tile position decodes the band's tiles side by side (one window row, one shift), and each token adds them
+    times its input into its [16 columns, tiles] accumulator, input rows in order. A band's lane count is its tile
+    count rounded up to LANES (the last band of a narrow output decodes no more lanes than it needs)."""
     kt, nt, nw = words.shape
+    wf, unw = words.reshape(-1), np.uint64(nw)
     T = xh.shape[0]
-    nbands = (nt + NB - 1) // NB
+    nbands = (nt + W - 1) // W
     for b in prange(nbands):
-        j0 = b * NB
-        nb = min(NB, nt - j0)
-        ubuf, wdec, wflat = _band_scratch(2 * nw)
-        acc = np.zeros((T, 16 * NB), out.dtype)
-        for i in range(0, kt, ROWS):
-            _gather_band(words, i, j0, nb, ubuf)
-            hs = min(ROWS, kt - i)
-            if kind == KIND_MUL1 and T == 1:
-                _mul1_fma(ubuf, um, ush, xh, i, hs, acc)
+        j0 = b * W
+        nb = min(W, nt - j0)
+        wl = (nb + LANES - 1) // LANES * LANES
+        uwl = np.uint64(wl)
+        ubuf = np.zeros(2 * nw * wl, np.uint32)
+        wp = np.empty(wl, np.float32)
+        acc = np.zeros((T, 16 * wl), out.dtype)
+        for i in range(kt):
+            if i + 1 < kt:          # the next tile row's band words, a cache line (16 words) at a time
+                t1 = np.uint64(((i + 1) * nt + j0) * nw)
+                for q in range(0, nb * nw, 16):
+                    prefetch(wf, t1 + np.uint64(q))
+            _gather_band(wf, unw, np.uint64((i * nt + j0) * nw), np.uint64(nb), uwl, ubuf)
+            if kind == KIND_MUL1 or kind == KIND_AFFINE:
+                t0 = 0
+                while t0 < T:       # tokens in groups of 4, 2, 1: one decode per group
+                    g = 4 if T - t0 >= 4 else (2 if T - t0 >= 2 else 1)
+                    _fused_fma(ubuf, uwl, um, ush, xh, np.uint64(t0), g, 16 * i, kind, acc)
+                    t0 += g
                 continue
-            _decode_band(ubuf, um, ush, kind, lut, wdec)
-            for tok in range(T):
-                for r in range(16 * hs):
-                    xv = xh[tok, 16 * i + r]
-                    for q in range(16 * NB):
-                        acc[tok, q] += wflat[r * 16 * NB + q] * xv
+            for p in range(256):
+                _decode_pos(ubuf, um[p] * uwl, ush[p], uwl, kind, lut, wp)
+                _fma_tokens(wp, uwl, xh, 16 * i + p // 16, np.uint64(p % 16) * uwl, acc)
         for tok in range(T):
             cst = np.float32(0.0)
             if kind == KIND_AFFINE:
@@ -198,7 +266,7 @@ def _gemm(words, xh, lut, um, ush, kind, out):
                 cst = _K_CONST * xs
             for jj in range(nb):
                 for c in range(16):
-                    v = acc[tok, c * NB + jj]
+                    v = acc[tok, c * wl + jj]
                     if kind == KIND_AFFINE:
                         v = _K_INV * v + cst
                     out[tok, 16 * (j0 + jj) + c] = v
@@ -208,17 +276,19 @@ def _gemm(words, xh, lut, um, ush, kind, out):
 def _decode_inner(words, kind, lut, um, ush, out):
     """W_inner [k, n] float32 through the same band decode as _gemm (for bit-exact checks)."""
     kt, nt, nw = words.shape
+    wf, unw = words.reshape(-1), np.uint64(nw)
     for b in prange((nt + NB - 1) // NB):
         j0 = b * NB
         nb = min(NB, nt - j0)
-        ubuf, wdec, _ = _band_scratch(2 * nw)
-        for i in range(0, kt, ROWS):
-            _gather_band(words, i, j0, nb, ubuf)
-            _decode_band(ubuf, um, ush, kind, lut, wdec)
-            for h in range(min(ROWS, kt - i)):
-                for p in range(256):
-                    for jj in range(nb):
-                        out[16 * (i + h) + p // 16, 16 * (j0 + jj) + p % 16] = wdec[h, p, jj]
+        wl = np.uint64((nb + LANES - 1) // LANES * LANES)
+        ubuf = np.zeros(2 * nw * wl, np.uint32)
+        wp = np.empty(wl, np.float32)
+        for i in range(kt):
+            _gather_band(wf, unw, np.uint64((i * nt + j0) * nw), np.uint64(nb), wl, ubuf)
+            for p in range(256):
+                _decode_pos(ubuf, um[p] * wl, ush[p], wl, kind, lut, wp)
+                for jj in range(nb):
+                    out[16 * i + p // 16, 16 * (j0 + jj) + p % 16] = wp[jj]
 
 
 @njit(**_JIT)
@@ -322,6 +392,11 @@ def _tables(K: int):
     return _TABLES[K]
 
 
+def _width(L: _Linear) -> int:
+    """The band width for L on the current thread team (get_num_threads is the calling thread's team size)."""
+    return _band_width(L.n // 16, get_num_threads())
+
+
 def _scales(v: np.ndarray) -> np.ndarray:
     bits = np.ascontiguousarray(v).view(np.uint16).reshape(-1)
     out = np.empty(bits.shape[0], np.float32)
@@ -333,7 +408,7 @@ def _linear(L: _Linear, x: np.ndarray, fp16: bool) -> np.ndarray:
     xh = np.empty_like(x)
     _input_transform(x, L.suh, fp16, xh)
     y = np.empty((x.shape[0], L.n), np.float32)
-    _gemm(L.words, xh, L.lut, L.um, L.ush, L.kind, y)
+    _gemm(L.words, xh, L.lut, L.um, L.ush, L.kind, _width(L), y)
     _output_transform(y, L.svh, fp16)
     return y
 
@@ -384,7 +459,7 @@ def raw_gemm(xh, lin, mode: str = "exact", parallel: bool = True) -> np.ndarray:
     xh = _rows(xh, L.k)
     y = np.empty((xh.shape[0], L.n), np.float32)
     with _team(parallel):
-        _gemm(L.words, xh, L.lut, L.um, L.ush, L.kind, y)
+        _gemm(L.words, xh, L.lut, L.um, L.ush, L.kind, _width(L), y)
     return y
 
 
@@ -427,7 +502,7 @@ def _int_linear(L: _Linear, x: np.ndarray) -> np.ndarray:
     xh = x * _signs(L.suh)
     had_rows_(xh, np.int64(1))
     y = np.empty((x.shape[0], L.n), np.int64)
-    _gemm(L.words, xh, _SUM_INT, L.um, L.ush, KIND_INT, y)
+    _gemm(L.words, xh, _SUM_INT, L.um, L.ush, KIND_INT, _width(L), y)
     had_rows_(y, np.int64(1))
     y *= _signs(L.svh)
     return y

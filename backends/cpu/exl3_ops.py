@@ -53,6 +53,22 @@ def shl32(typingctx, a, s):
 
 
 @intrinsic
+def prefetch(typingctx, arr, i):
+    """Hint that arr[i] will be read soon (llvm.prefetch: read, keep in all cache levels); no effect on results."""
+    sig = types.void(arr, i)
+
+    def codegen(context, builder, signature, args):
+        a = context.make_array(signature.args[0])(context, builder, args[0])
+        ptr = builder.bitcast(builder.gep(a.data, [args[1]]), ir.IntType(8).as_pointer())
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
+        fn = builder.module.declare_intrinsic("llvm.prefetch", [ptr.type], fnty)
+        builder.call(fn, [ptr, i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
 def _f32_bits(typingctx, v):
     sig = types.uint32(types.float32)
 
