@@ -49,7 +49,7 @@ import numpy as np
 from numba import get_num_threads, njit, prange, set_num_threads
 
 from backends.cpu.exl3_ops import JIT as _JIT
-from backends.cpu.exl3_ops import fp16_round, h2f, had_rows_, prefetch, round16_, shl32
+from backends.cpu.exl3_ops import fp16_round, had_rows_, prefetch, round16_, shl32
 from moetier.bytes import exl3 as X
 
 NB = 64                     # most tiles per output band (1024 columns)
@@ -69,23 +69,27 @@ _K_CONST = np.float32(1024.0 * X.MUL1_K_INV + X.MUL1_K_BIAS)   # exact in float3
 
 
 @njit(fastmath=True, **_JIT)
-def _gather_band(wf, nw, t0, nb, W, ubuf):
-    """ubuf[m W + jj] = the 32-bit window of the ring of tile jj of a band that starts at its 16-bit unit m, band
-    tiles side by side (wf: the trellis as flat uint32 words, 8K = nw per tile; t0: the band's first word in this
-    tile row; W: the band's lane count). The ring is the tile's uint32 words MSB-first, so the window at unit 2w is
-    word w itself and the one at 2w + 1 is the low half of word w over the high half of word w + 1 (wrapping).
-
-    Two passes: a transpose of the words into the even rows (contiguous stores; LLVM vectorises it with strided
-    loads where it finds that cheaper), then one vector pass that forms every odd row from the two even rows beside it. Lanes nb..W-1 of the even rows are never
-    written: they stay as the caller left them (zeros). All arguments are unsigned (no negative-index wraparound
-    code)."""
+def _gather_tiles(wf, nw, t0, nb, lane0, W, ubuf):
+    """ubuf[2w W + lane0 + jj] = word w of tile jj of a band's tile row (wf: the trellis as flat uint32 words, 8K =
+    nw per tile; t0: the row's first band word; W: the band's lane count): the even rows of _odd_windows' table.
+    The stores are contiguous (LLVM vectorises the loop with strided loads where it finds that cheaper). All
+    arguments are unsigned (no negative-index wraparound code)."""
     two = np.uint64(2)
     for w in range(nw):
         w = np.uint64(w)
-        e = two * w * W
+        e = two * w * W + lane0
         for jj in range(nb):
             jj = np.uint64(jj)
             ubuf[e + jj] = wf[t0 + jj * nw + w]
+
+
+@njit(fastmath=True, **_JIT)
+def _odd_windows(ubuf, nw, W):
+    """ubuf[m W + L] becomes the 32-bit window of lane L's tile ring that starts at its 16-bit unit m: the ring is
+    the tile's uint32 words MSB-first, so the window at unit 2w is word w itself (_gather_tiles put it there) and the
+    one at 2w + 1 is the low half of word w over the high half of word w + 1 (wrapping), formed here for all lanes
+    in one vector pass."""
+    two = np.uint64(2)
     for w in range(nw):
         w = np.uint64(w)
         e = two * w * W
@@ -116,7 +120,9 @@ def _byte_sum(st):
 def _mul1(ubuf, o, sh):
     """The mul1 weight of the state at (o, sh), without a table: fp16(k_inv (1024 + s) + k_bias). The float32 affine
     value is exact (a multiple of 2**-18 below 4), so one rounding to fp16 (fp16_round: F16C's conversion pair) is the
-    table's value."""
+    table's value. The byte sum's last step is folded into a multiply: with q the two 16-bit pair sums,
+    (q * 0x10001) & 0xFFFF0000 is s * 65536 (s < 1024 fits the high half), and s * 65536 times k_inv / 65536 is
+    s k_inv exactly (a power-of-two scaling), so the weight is unchanged and the decode saves an operation."""
     return fp16_round(np.float32(np.int32(_byte_sum(_state(ubuf, o, sh)))) * _K_INV + _K_CONST)
 
 
@@ -148,17 +154,19 @@ def _decode_pos(ubuf, o, sh, W, kind, lut, wp):
 
 
 @njit(inline="always", fastmath=True, **_JIT)
-def _fused_rows(ubuf, W, um, ush, xh, t0, r0, acc, kind, ntok):
-    """_fused_fma's loops for a band of W lanes and tokens t0..t0+ntok-1; kind and ntok are constants where this is
-    inlined, so the kind branch folds and the token loop unrolls, leaving the lane loop innermost (vectorised)."""
+def _fused_rows(ubuf, W, um, ush, xh, r0, xl, t0, acc, kind, ntok, lane_x):
+    """_fused_fma's loops for a band of W lanes and tokens t0..t0+ntok-1; kind, ntok and lane_x are constants where
+    this is inlined, so the branches fold and the token loop unrolls, leaving the lane loop innermost (vectorised).
+    lane_x: each lane's input is xl[t, r W + L] (a step of several tile rows), else all lanes take xh[t, r0 + r]."""
     for r in range(16):
+        xr = np.uint64(r) * W
         row = np.uint64(r0 + r)
         for c in range(16):
             p = np.uint64(16 * r + c)
             o = um[p] * W
             sh = ush[p]
             a0 = np.uint64(c) * W
-            for q in range(W):      # one flat loop: one overlap check of acc and ubuf per position
+            for q in range(W):      # one flat loop: one overlap check of the arrays per position
                 jj = np.uint64(q)
                 if kind == KIND_MUL1:
                     w = _mul1(ubuf, o + jj, sh)
@@ -166,69 +174,98 @@ def _fused_rows(ubuf, W, um, ush, xh, t0, r0, acc, kind, ntok):
                     w = np.float32(np.int32(_byte_sum(_state(ubuf, o + jj, sh))))
                 for tok in range(ntok):
                     t = t0 + np.uint64(tok)
-                    acc[t, a0 + jj] += w * xh[t, row]
+                    if lane_x:
+                        acc[t, a0 + jj] += w * xl[t, xr + jj]
+                    else:
+                        acc[t, a0 + jj] += w * xh[t, row]
 
 
 @njit(inline="always", fastmath=True, **_JIT)
-def _fused_kind(ubuf, W, um, ush, xh, t0, r0, acc, kind, ntok):
-    """_fused_rows with W a constant for a full band (LLVM unrolls its lane loop into NB / LANES vectors)."""
-    if W == NB:
-        _fused_rows(ubuf, np.uint64(NB), um, ush, xh, t0, r0, acc, kind, ntok)
+def _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, kind, ntok):
+    """_fused_rows for one kind and token count: per-lane inputs for a step of R > 1 tile rows, else one input per
+    row, with W a constant for a full band (LLVM unrolls its lane loop into NB / LANES vectors)."""
+    if R > 1:
+        _fused_rows(ubuf, W, um, ush, xh, r0, xl, t0, acc, kind, ntok, True)
+    elif W == NB:
+        _fused_rows(ubuf, np.uint64(NB), um, ush, xh, r0, xl, t0, acc, kind, ntok, False)
     else:
-        _fused_rows(ubuf, W, um, ush, xh, t0, r0, acc, kind, ntok)
+        _fused_rows(ubuf, W, um, ush, xh, r0, xl, t0, acc, kind, ntok, False)
 
 
 @njit(fastmath=True, **_JIT)
-def _fused_fma(ubuf, W, um, ush, xh, t0, ntok, r0, kind, acc):
-    """Tokens t0..t0+ntok-1 (ntok 1, 2 or 4; KIND_MUL1 or KIND_AFFINE): acc[t, c W + jj] += the band's tile row
-    starting at input row r0 times each token's inputs, decoding each weight (mul1) or byte sum (affine) in the loop
-    that uses it, so nothing decoded goes through memory. Every accumulator takes the same products in the same
-    order (input rows ascending) whatever the token grouping, so a token's bits do not depend on the batch. W and
-    t0 are unsigned (as are all indices: see _decode_pos)."""
+def _fused_fma(ubuf, W, um, ush, xh, r0, xl, R, t0, ntok, kind, acc):
+    """Tokens t0..t0+ntok-1 (ntok 1, 2 or 4; KIND_MUL1 or KIND_AFFINE), one step of R tile rows from input row r0:
+    acc[t, c W + L] += the weight of lane L at tile position (r, c) times its input, for all 256 positions, decoding
+    each weight (mul1) or byte sum (affine) in the loop that uses it, so nothing decoded goes through memory. Every
+    accumulator takes the same products in the same order whatever the token grouping, so a token's bits do not
+    depend on the batch. W and t0 are unsigned (as are all indices: see _decode_pos)."""
     if kind == KIND_MUL1:
         if ntok == 4:
-            _fused_kind(ubuf, W, um, ush, xh, t0, r0, acc, KIND_MUL1, 4)
+            _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, KIND_MUL1, 4)
         elif ntok == 2:
-            _fused_kind(ubuf, W, um, ush, xh, t0, r0, acc, KIND_MUL1, 2)
+            _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, KIND_MUL1, 2)
         else:
-            _fused_kind(ubuf, W, um, ush, xh, t0, r0, acc, KIND_MUL1, 1)
+            _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, KIND_MUL1, 1)
     else:
         if ntok == 4:
-            _fused_kind(ubuf, W, um, ush, xh, t0, r0, acc, KIND_AFFINE, 4)
+            _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, KIND_AFFINE, 4)
         elif ntok == 2:
-            _fused_kind(ubuf, W, um, ush, xh, t0, r0, acc, KIND_AFFINE, 2)
+            _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, KIND_AFFINE, 2)
         else:
-            _fused_kind(ubuf, W, um, ush, xh, t0, r0, acc, KIND_AFFINE, 1)
+            _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, KIND_AFFINE, 1)
 
 
 @njit(fastmath=True, **_JIT)
-def _fma_tokens(wp, W, xh, row, a0, acc):
-    """acc[tok, a0 + jj] += wp[jj] xh[tok, row] for every token, jj < W (unsigned, a multiple of LANES)."""
-    for tok in range(xh.shape[0]):
-        xv = xh[tok, row]
+def _fma_tokens(wp, W, xl, xr, a0, acc):
+    """acc[tok, a0 + L] += wp[L] xl[tok, xr + L] for every token, L < W (all unsigned)."""
+    for tok in range(xl.shape[0]):
         at = acc[tok]
-        for q in range(W):      # one flat loop: the vectoriser checks that at and wp do not overlap
+        xt = xl[tok]
+        for q in range(W):      # one flat loop: the vectoriser checks that the arrays do not overlap
             jj = np.uint64(q)
-            at[a0 + jj] += wp[jj] * xv
+            at[a0 + jj] += wp[jj] * xt[xr + jj]
+
+
+def _band_width(nt: int, threads: int) -> int:
+    """Tiles per band: up to NB, and at least as many bands as threads where the trellis is wide enough (a narrow
+    output, Qwen's 640 columns, still gives every thread a band); a multiple of LANES unless the output is
+    narrower (_step_rows then fills the lanes with more tile rows)."""
+    per = -(-nt // threads)
+    return min(NB, -(-per // LANES) * LANES)
 
 
 @njit(**_JIT)
-def _band_width(nt, threads):
-    """Tiles per band: up to NB, a multiple of LANES, and at least as many bands as threads where the trellis is
-    wide enough (a narrow output, Qwen's 640 columns, still gives every thread a band)."""
-    per = (nt + threads - 1) // threads
-    return max(LANES, min(NB, (per + LANES - 1) // LANES * LANES))
+def _step_rows(nb, kt):
+    """Tile rows decoded per step for a band of nb tiles: the fewest (1, 2 or 4, dividing kt) whose lanes, rows
+    times tiles, fill whole LANES-wide vectors (a 40-tile band takes 2 rows: 80 lanes, no idle lane)."""
+    for R in (1, 2, 4):
+        if (R * nb) % LANES == 0 and kt % R == 0:
+            return R
+    return 1
+
+
+@njit(**_JIT)
+def _lane_inputs(xh, i, R, nb, W, xl):
+    """xl[t, r W + h nb + jj] = xh[t, 16 (i + h) + r]: each lane's input at each of the 16 rows of a step."""
+    for t in range(xh.shape[0]):
+        for r in range(16):
+            for h in range(R):
+                v = xh[t, 16 * (i + h) + r]
+                for jj in range(nb):
+                    xl[t, r * W + h * nb + jj] = v
 
 
 @njit(parallel=True, fastmath=True, **_JIT)
 def _gemm(words, xh, lut, um, ush, kind, W, out):
     """out[T, n] = xh[T, k] @ W_inner, W_inner decoded on the fly from the trellis [kt, nt, 8K] (uint32 view), in
-    bands of W tiles. Accumulates in out's dtype: float32, or int64 for KIND_INT (each integer product is exact in
-    float64).
+    bands of up to W tiles. Accumulates in out's dtype: float32, or int64 for KIND_INT (each integer product is exact
+    in float64).
 
-    Each tile position decodes the band's tiles side by side (one window row, one shift), and each token adds them
-    times its input into its [16 columns, tiles] accumulator, input rows in order. A band's lane count is its tile
-    count rounded up to LANES (the last band of a narrow output decodes no more lanes than it needs)."""
+    A step takes R tile rows of the band (_step_rows) as lanes h nb + jj, rounded up to whole LANES-wide vectors.
+    Each tile position decodes all lanes at once (one window row, one shift), and each token adds them times the
+    lanes' inputs into its [16 columns, lanes] accumulator. Lane h of a column sums the tile rows i = h mod R in
+    order; the R partial sums are added in order at the end: a fixed order per column, the same for every token
+    count, kind and thread team."""
     kt, nt, nw = words.shape
     wf, unw = words.reshape(-1), np.uint64(nw)
     T = xh.shape[0]
@@ -236,27 +273,38 @@ def _gemm(words, xh, lut, um, ush, kind, W, out):
     for b in prange(nbands):
         j0 = b * W
         nb = min(W, nt - j0)
-        wl = (nb + LANES - 1) // LANES * LANES
+        R = _step_rows(nb, kt)
+        wl = (R * nb + LANES - 1) // LANES * LANES
         uwl = np.uint64(wl)
         ubuf = np.zeros(2 * nw * wl, np.uint32)
         wp = np.empty(wl, np.float32)
-        acc = np.zeros((T, 16 * wl), out.dtype)
-        for i in range(kt):
-            if i + 1 < kt:          # the next tile row's band words, a cache line (16 words) at a time
-                t1 = np.uint64(((i + 1) * nt + j0) * nw)
-                for q in range(0, nb * nw, 16):
-                    prefetch(wf, t1 + np.uint64(q))
-            _gather_band(wf, unw, np.uint64((i * nt + j0) * nw), np.uint64(nb), uwl, ubuf)
-            if kind == KIND_MUL1 or kind == KIND_AFFINE:
+        # rows padded past a multiple of 4 KiB: token rows at 4 KiB strides make the CPU's store-to-load checks
+        # see false conflicts (4K aliasing)
+        xl = np.zeros((T, 16 * wl + 32), xh.dtype)
+        acc = np.zeros((T, 16 * wl + 32), out.dtype)
+        for i in range(0, kt, R):
+            if i + R < kt:          # the next step's band words, a cache line (16 words) at a time
+                for h in range(R):
+                    t1 = np.uint64(((i + R + h) * nt + j0) * nw)
+                    for q in range(0, nb * nw, 16):
+                        prefetch(wf, t1 + np.uint64(q))
+            for h in range(R):
+                _gather_tiles(wf, unw, np.uint64(((i + h) * nt + j0) * nw), np.uint64(nb), np.uint64(h * nb), uwl,
+                              ubuf)
+            _odd_windows(ubuf, unw, uwl)
+            fused = kind == KIND_MUL1 or kind == KIND_AFFINE
+            if R > 1 or not fused:
+                _lane_inputs(xh, i, R, nb, wl, xl)
+            if fused:
                 t0 = 0
                 while t0 < T:       # tokens in groups of 4, 2, 1: one decode per group
                     g = 4 if T - t0 >= 4 else (2 if T - t0 >= 2 else 1)
-                    _fused_fma(ubuf, uwl, um, ush, xh, np.uint64(t0), g, 16 * i, kind, acc)
+                    _fused_fma(ubuf, uwl, um, ush, xh, 16 * i, xl, R, np.uint64(t0), g, kind, acc)
                     t0 += g
                 continue
             for p in range(256):
                 _decode_pos(ubuf, um[p] * uwl, ush[p], uwl, kind, lut, wp)
-                _fma_tokens(wp, uwl, xh, 16 * i + p // 16, np.uint64(p % 16) * uwl, acc)
+                _fma_tokens(wp, uwl, xl, np.uint64(p // 16) * uwl, np.uint64(p % 16) * uwl, acc)
         for tok in range(T):
             cst = np.float32(0.0)
             if kind == KIND_AFFINE:
@@ -267,6 +315,8 @@ def _gemm(words, xh, lut, um, ush, kind, W, out):
             for jj in range(nb):
                 for c in range(16):
                     v = acc[tok, c * wl + jj]
+                    for h in range(1, R):
+                        v += acc[tok, c * wl + h * nb + jj]
                     if kind == KIND_AFFINE:
                         v = _K_INV * v + cst
                     out[tok, 16 * (j0 + jj) + c] = v
@@ -284,7 +334,8 @@ def _decode_inner(words, kind, lut, um, ush, out):
         ubuf = np.zeros(2 * nw * wl, np.uint32)
         wp = np.empty(wl, np.float32)
         for i in range(kt):
-            _gather_band(wf, unw, np.uint64((i * nt + j0) * nw), np.uint64(nb), wl, ubuf)
+            _gather_tiles(wf, unw, np.uint64((i * nt + j0) * nw), np.uint64(nb), np.uint64(0), wl, ubuf)
+            _odd_windows(ubuf, unw, wl)
             for p in range(256):
                 _decode_pos(ubuf, um[p] * wl, ush[p], wl, kind, lut, wp)
                 for jj in range(nb):
@@ -346,6 +397,16 @@ def _swiglu_(g, u, limit, fp16):
         round16_(g)
 
 
+@njit(**_JIT)
+def _linear_nb(x, suh, svh, words, lut, um, ush, kind, W, fp16, y):
+    """y = had(had(x * suh) @ W_inner) * svh with the engine's fp16 roundings: one call for the transforms and the
+    GEMM (each kernel call from Python costs microseconds, which a small expert notices)."""
+    xh = np.empty_like(x)
+    _input_transform(x, suh, fp16, xh)
+    _gemm(words, xh, lut, um, ush, kind, W, y)
+    _output_transform(y, svh, fp16)
+
+
 class _Linear:
     """One linear's kernel arguments: the trellis as uint32 words (a view), float32 scale vectors, tables."""
 
@@ -398,18 +459,13 @@ def _width(L: _Linear) -> int:
 
 
 def _scales(v: np.ndarray) -> np.ndarray:
-    bits = np.ascontiguousarray(v).view(np.uint16).reshape(-1)
-    out = np.empty(bits.shape[0], np.float32)
-    h2f(bits, out)
-    return out
+    """fp16 scales (or their uint16 bit patterns) as float32: numpy's conversion is exact."""
+    return np.ascontiguousarray(v).view(np.uint16).reshape(-1).view(np.float16).astype(np.float32)
 
 
 def _linear(L: _Linear, x: np.ndarray, fp16: bool) -> np.ndarray:
-    xh = np.empty_like(x)
-    _input_transform(x, L.suh, fp16, xh)
     y = np.empty((x.shape[0], L.n), np.float32)
-    _gemm(L.words, xh, L.lut, L.um, L.ush, L.kind, _width(L), y)
-    _output_transform(y, L.svh, fp16)
+    _linear_nb(x, L.suh, L.svh, L.words, L.lut, L.um, L.ush, L.kind, _width(L), fp16, y)
     return y
 
 
