@@ -18,7 +18,7 @@ from pathlib import Path
 
 from moetier.atomic import atomic_write
 from moetier.cli.common import find_path
-from moetier.cli.compare import format_compare
+from moetier.cli.compare import format_compare, format_summary
 from moetier.core import records as spec
 from moetier.core.policies.compare import compare, replay_key, run_peer
 from moetier.core.policies.peers import ORACLE, PEERS, by_name, replays
@@ -65,7 +65,8 @@ def _write(out: Path, steps: int, docs: list, command: str) -> None:
         {"steps": steps, "command": command, "tables": docs}, indent=1, sort_keys=True).encode()))
     md = [f"# compare: every shipped recipe on its trace ({steps} measured steps per run)", "",
           f"Reproduce: `{command}` (one recipe: `python -m moetier compare RECIPE --steps {steps}`). The figures "
-          "are the simulator's on the shipped records: they do not depend on the machine that ran them.", ""]
+          "are the simulator's on the shipped records: they do not depend on the machine that ran them. The oracle "
+          "is the best of Belady under each tier structure (docs/peers.md).", "", format_summary(docs), ""]
     for x in docs:
         md += [f"## {x['recipe']}", "", "```", f"$ {x['command'].replace(' --json', '')}", format_compare(x),
                "```", ""]

@@ -205,6 +205,9 @@ def test_the_oracle_bounds_every_row_on_the_tiny_cuda_recipe(over):
         faster = [(r["peer"], r["by_conc"][c]["tok_s"]) for r in d["rows"][:-1]
                   if r["by_conc"][c]["tok_s"] > bound["tok_s"]]
         assert faster == [] and d["ratios"]["over_oracle"][c] == [], (c, bound["tok_s"], faster)
+    from moetier.cli.compare import format_summary
+    line = format_summary([d]).splitlines()[-1]
+    assert line.startswith("| tiny-ci-cuda |") and line.endswith("| none |")
 
 
 @pytest.mark.parametrize("rid", ["tiny-ci-sycl", "tiny-local-cpu", "tiny-ci-cpu"])

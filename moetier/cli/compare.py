@@ -15,7 +15,7 @@ from pathlib import Path
 from moetier.cli.common import tok_s
 from moetier.errors import UserError
 
-__all__ = ["register", "format_compare", "plot_compare"]
+__all__ = ["register", "format_compare", "format_summary", "plot_compare"]
 
 
 def format_compare(d: dict) -> str:
@@ -47,6 +47,26 @@ def format_compare(d: dict) -> str:
         over = {c: x for c, x in rt.get("over_oracle", {}).items() if x}
         lines.append("rows faster than the oracle (not a bound there; docs/peers.md): " + (", ".join(
             f"C{c} {', '.join(x)}" for c, x in over.items()) if over else "none"))
+    return "\n".join(lines)
+
+
+def format_summary(docs) -> str:
+    """One markdown line per compare document: moetier / best peer (named) and moetier / oracle per concurrency, and
+    the rows faster than the oracle (none where it bounds the table)."""
+    cs = [str(c) for c in docs[0]["concs"]] if docs else []
+    head = (["recipe", "trace"] + [f"moetier / best peer C{c}" for c in cs] + [f"moetier / oracle C{c}" for c in cs]
+            + ["faster than the oracle"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for d in docs:
+        rt = d["ratios"]
+
+        def x(v):
+            return "-" if v is None else f"{v:.3f}"
+        over = "; ".join(f"C{c} {', '.join(n)}" for c, n in rt.get("over_oracle", {}).items() if n) or "none"
+        lines.append("| " + " | ".join(
+            [d["recipe"], str(d["trace"])]
+            + [f"{x(rt['default_over_best_peer'].get(c))} ({rt['best_peer'].get(c, '-')})" for c in cs]
+            + [x(rt["default_over_oracle"].get(c)) for c in cs] + [over]) + " |")
     return "\n".join(lines)
 
 
