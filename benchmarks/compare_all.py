@@ -3,7 +3,8 @@
 Run: PYTHONPATH=. python benchmarks/compare_all.py [--steps N] [--recipes a,b] [--jobs J]   (about 15 rows and the
 oracle's 6 structures x 3 concurrencies x recipes sim runs, fewer where rows replay identically
 (moetier.core.policies.compare.replay_key); --steps caps the measured steps of each run (the warm-up, 600 steps on
-the GLM and Qwen recipes, is replayed whatever it says); --jobs runs the replays in a process pool, same figures).
+the GLM and Qwen recipes, is replayed whatever it says); --jobs runs the replays in a process pool, same figures; --keep adds the named recipes' tables to those of the
+others already in the output, from a run with the same steps, so a long run can be done in parts).
 The recipes: every shipped recipe whose trace was recorded for its model (``shipped()``; the tiny EXL3 recipes name
 the int8 model's trace and are left out). The tables are what `moetier compare RECIPE --steps N --json` prints.
 """
@@ -73,6 +74,17 @@ def _write(out: Path, steps: int, docs: list, command: str) -> None:
     atomic_write(out.with_suffix(".md"), lambda f: f.write("\n".join(md).encode()))
 
 
+def _kept(out: Path, steps: int, overrides: list, rids: list) -> list:
+    """The tables of recipes other than ``rids`` in the existing ``out`` .json, when it ran the same steps and
+    overrides (else none: a table from another run is not mixed in)."""
+    p = out.with_suffix(".json")
+    if not p.exists():
+        return []
+    d = json.loads(p.read_text())
+    same = d.get("steps") == steps and all(f"'{x}'" in d.get("command", "") for x in overrides)
+    return [x for x in d.get("tables", []) if x["recipe"] not in rids] if same else []
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=150)
@@ -81,11 +93,16 @@ def main(argv=None) -> int:
     ap.add_argument("--set", nargs="+", default=[], metavar="PATH=VALUE",
                     help="dotted recipe overrides for every recipe, values as JSON (the tables say so)")
     ap.add_argument("--out", default=str(HERE / "compare"))
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the tables of the other recipes already in the --out .json (same --steps and --set; "
+                         "the files then read as one run over all of them, in recipe order)")
     a = ap.parse_args(argv)
     OVERRIDES[:] = a.set
     rids = a.recipes.split(",") if a.recipes else shipped()
+    kept = _kept(Path(a.out), a.steps, a.set, rids) if a.keep else []
+    every = [x["recipe"] for x in kept] + rids
     command = f"PYTHONPATH=. python benchmarks/compare_all.py --steps {a.steps}" + (
-        f" --recipes {a.recipes}" if a.recipes else "") + (
+        f" --recipes {','.join(sorted(every))}" if sorted(every) != shipped() else "") + (
         " --set " + " ".join(f"'{x}'" for x in a.set) if a.set else "")
     pool = ProcessPoolExecutor(a.jobs) if a.jobs > 1 else None
     futures: dict = {}
@@ -110,7 +127,7 @@ def main(argv=None) -> int:
         d["command"] = f"python -m moetier compare {rid} --steps {a.steps} --json" + (
             " --set " + " ".join(f"'{x}'" for x in a.set) if a.set else "")
         docs.append(d)
-        _write(Path(a.out), a.steps, docs, command)
+        _write(Path(a.out), a.steps, sorted(kept + docs, key=lambda x: x["recipe"]), command)
     if pool is not None:
         pool.shutdown()
     return 0
