@@ -17,11 +17,15 @@ executor filters the ranking to keys that need an NVMe read and caps it at the p
   the same token, plus the target layer's popularity as a tie-breaker.
 - ``gated``: the same online counts read as probabilities, with a confidence threshold and a read budget per token,
   both adapted online from its own precision (``GatedPredictor``): a read is worth issuing only when it is likely
-  to be used, so on routing the past does not predict it issues next to nothing (no cost against no prefetch), and
-  where it does it issues what passes the threshold.
+  to be used, so on routing the past does not predict it issues next to nothing, and where it does it issues what
+  passes the threshold. Per layer it goes dormant (neither predicts nor learns) where its reads do not pay for the
+  host time a run costs, and probes again after a back-off.
 
-A predictor may also have ``begin_step(step)`` (called as a decode step starts) and ``issued(layer, ids)`` (the
-local ids of the target layer the executor read for it, after its filter and cap).
+A predictor may also have ``begin_step(step)`` (called as a decode step starts), ``issued(layer, ids)`` (the
+local ids of the target layer the executor read for it, after its filter and cap), ``runs(layer)`` (whether it
+runs on that layer this step; without it, every layer), ``price(save_ms=, waste_ms=, run_ms=)`` (what a used read
+saves, a wasted one costs and a run costs, from the recipe) and ``learn_from(ids)`` (tokens held out from the run,
+before the first step). The executor (moetier.core.replay.Replay) calls them, in the simulator and the runtime alike.
 """
 from __future__ import annotations
 

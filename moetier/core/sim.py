@@ -24,8 +24,6 @@ from __future__ import annotations
 import math
 import time
 
-import numpy as np
-
 from moetier.core.plan import LayerPlan
 from moetier.core.predict import make_predictor
 from moetier.core.replay import Replay, Streams, rank_keys, warmup_ids
