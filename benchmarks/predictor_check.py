@@ -37,6 +37,7 @@ from moetier.traces.stats import next_layer_recall
 # successor the layer before points at as any other (with a Zipf skew near 1 the successors are popular experts
 # the tiers hold, and the NVMe picks are the unpredictable tail: a 0.55-predictable trace gave the what-if +0.0%)
 PREDICTABLE = {"zipf_s": 0.3, "reuse": 0.2, "affinity": 0.9, "affinity_width": 1}
+SKEWED = {"zipf_s": 1.0, "reuse": 0.3, "affinity": 0.9, "affinity_width": 1}
 # name -> (recipe, overrides, generated-trace params or None for the recipe's trace)
 CASES = {
     "glm53-rtx5070-20g-nvme1": ("glm53-rtx5070-20g-nvme1", [], None),
@@ -49,6 +50,7 @@ CASES = {
     "tiny-local-cpu": ("tiny-local-cpu", [], None),
     "tiny-local-cpu-small-ram": ("tiny-local-cpu", ["budget.ram_gb=0.3"], PREDICTABLE),
     "glm53-rtx5070-20g-nvme1-small-ram": ("glm53-rtx5070-20g-nvme1", ["budget.ram_gb=10"], PREDICTABLE),
+    "glm53-rtx5070-20g-nvme1-skewed": ("glm53-rtx5070-20g-nvme1", [], SKEWED),
 }
 # the run-to-run noise of measured runs (twice the standard error, docs/calibration.md); the goal is judged against
 # the smaller of it and the replays' spread over the seeds
