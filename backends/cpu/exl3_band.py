@@ -168,6 +168,17 @@ def _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, kind, ntok):
         _fused_rows(ubuf, W, um, ush, xh, r0, xl, t0, acc, kind, ntok, False)
 
 
+@njit(inline="always", fastmath=True, **_JIT)
+def _fused_tokens(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, kind, ntok):
+    """_fused_kind with the token count (1, 2 or 4) a constant in each branch."""
+    if ntok == 4:
+        _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, kind, 4)
+    elif ntok == 2:
+        _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, kind, 2)
+    else:
+        _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, kind, 1)
+
+
 @njit(fastmath=True, **_JIT)
 def _fused_fma(ubuf, W, um, ush, xh, r0, xl, R, t0, ntok, kind, acc):
     """Tokens t0..t0+ntok-1 (ntok 1, 2 or 4; KIND_MUL1 or KIND_AFFINE), one step of R tile rows from input row r0:
@@ -176,19 +187,9 @@ def _fused_fma(ubuf, W, um, ush, xh, r0, xl, R, t0, ntok, kind, acc):
     accumulator takes the same products in the same order whatever the token grouping, so a token's bits do not
     depend on the batch. W and t0 are unsigned (as are all indices: see _decode_pos)."""
     if kind == KIND_MUL1:
-        if ntok == 4:
-            _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, KIND_MUL1, 4)
-        elif ntok == 2:
-            _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, KIND_MUL1, 2)
-        else:
-            _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, KIND_MUL1, 1)
+        _fused_tokens(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, KIND_MUL1, ntok)
     else:
-        if ntok == 4:
-            _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, KIND_AFFINE, 4)
-        elif ntok == 2:
-            _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, KIND_AFFINE, 2)
-        else:
-            _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, KIND_AFFINE, 1)
+        _fused_tokens(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, KIND_AFFINE, ntok)
 
 
 @njit(fastmath=True, **_JIT)
