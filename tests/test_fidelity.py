@@ -116,6 +116,29 @@ def test_quick_arms_are_the_fit_arms_without_a_vram_tier():
     # every concurrency the tables are read at is fitted, with and without reads, and prediction at two
     assert {a["conc"] for a in arms if a["name"].startswith("tail-C")} == {1, 2, 4}
     assert {a["conc"] for a in arms if "prefetch" in a["name"]} == {1, 4}
+    # a shorter warm-up than the recipe's, in every arm's set: the simulator checks the arm with the same one
+    assert int(R.policy["warmup_tokens"]) > calibrate.QUICK["warmup_tokens"]
+    assert all(f"policy.warmup_tokens={calibrate.QUICK['warmup_tokens']}" in a["set"] for a in arms)
+    assert all("policy.warmup_tokens=" not in " ".join(a["set"]) for a in calibrate.quick_arms(R, None))
+    assert calibrate.held_out(arms) == []
+
+
+def test_the_lane_grid_pools_its_calls_per_cell_before_the_fit():
+    """Single calls fitted one by one under relative least squares weigh a delayed call by 1 / its time, so the fit
+    follows the fastest calls; pooled per cell, the fit gives the mean cost the runtime's summed calls give."""
+    from moetier.measure.bench import fit_cpu_lane
+    calls = []
+    for n in (1, 2, 3):                                      # inline calls: 0.1 + 0.2 ms per expert, one in four x3
+        for i in range(8):
+            calls.append({"cls": "inline", "calls": 1, "experts": n, "extra": 0, "rows": 1, "idle_ms": 0.0,
+                          "ms": (0.1 + 0.2 * n) * (3.0 if i % 4 == 0 else 1.0)})
+    pooled = bench_terms.pool_calls(calls)
+    assert len(pooled) == 3 and sum(c["calls"] for c in pooled) == 24
+    mean = {n: (0.1 + 0.2 * n) * 1.5 for n in (1, 2, 3)}   # (3 + 1 + 1 + 1) / 4
+    fit = fit_cpu_lane(pooled, 2)
+    assert fit["per_call_ms"] + fit["per_expert_ms"] * 2 == pytest.approx(mean[2], rel=1e-6)
+    single = fit_cpu_lane(calls, 2)
+    assert single["per_call_ms"] + single["per_expert_ms"] * 2 < 0.8 * mean[2]
 
 
 def test_calibrate_quick_runs_its_arms_and_prints_without_held_out_arms(ci_store_dir, capsys, user_registry):

@@ -86,6 +86,21 @@ def spread_of(values, point: float) -> dict | None:
             "rel_p90": round(float(np.percentile(v, 90)) / point, 4), "rel_sd": round(float(np.std(v, ddof=1)) / abs(point), 4)}
 
 
+def pool_calls(samples) -> list[dict]:
+    """Single timed calls summed per cell (class, experts, rows, the idle before them), as `moetier calibrate` sums
+    the runtime's calls per class before ``fit_cpu_lane``. The fit is relative least squares, which on single calls
+    weighs each by 1 / its own time: a call the scheduler delayed counts for little, so the fit tracks the fastest
+    calls, not the mean the runtime's sums give. Summed per cell, every call counts by its time, as in a run."""
+    cells: dict = {}
+    for s in samples:
+        key = (s["cls"], s["experts"], s["rows"], s.get("idle_ms"))
+        c = cells.setdefault(key, {"cls": s["cls"], "rows": s["rows"]})
+        for k, v in s.items():
+            if k not in ("cls", "rows", "idle_ms"):
+                c[k] = c.get(k, 0) + v
+    return list(cells.values())
+
+
 def _median_spread(per_key: dict, point: dict) -> dict | None:
     """One spread for a table of values: per repetition, the median of its ratios to the table's points."""
     reps = {}
@@ -117,7 +132,8 @@ class LaneGrid:
         out = []
         for n, m in cells:
             for _ in range(self.calls):
-                time.sleep(self.rng.choice(self.IDLE_MS) / 1e3)
+                idle_ms = self.rng.choice(self.IDLE_MS)
+                time.sleep(idle_ms / 1e3)
                 jobs = [(j, (self.rot + j) % self.nslots, list(range(m))) for j in range(n)]  # rotate: from DRAM
                 self.rot += n
                 t0 = time.perf_counter()
@@ -127,7 +143,7 @@ class LaneGrid:
                 share = len(spec.deal(range(n), be.workers)[0])      # the calling thread's share: the longest
                 split = n >= pmin
                 out.append({"cls": "split" if split else "inline", "calls": 1, "experts": n, "extra": n * (m - 1),
-                            "ms": (self.t_end - t0) * 1e3, "rows": m, "crit_cold": share,
+                            "ms": (self.t_end - t0) * 1e3, "rows": m, "idle_ms": idle_ms, "crit_cold": share,
                             "crit_extra": share * (m - 1),
                             **({"wake": spec.idle_wake(idle), "handoff": int(spec.hands_off(n, be.workers))}
                                if split else {})})
@@ -136,8 +152,8 @@ class LaneGrid:
     def result(self) -> dict:
         from moetier.measure.bench import fit_cpu_lane
         workers = self.be.workers
-        fit = fit_cpu_lane([s for r in self.samples for s in r], workers)
-        each = [fit_cpu_lane(r, workers) for r in self.samples]
+        fit = fit_cpu_lane(pool_calls([s for r in self.samples for s in r]), workers)
+        each = [fit_cpu_lane(pool_calls(r), workers) for r in self.samples]
         spread = {f"cpu.{k}": s for k, v in fit.items()
                   if (s := spread_of([e.get(k) for e in each], v)) is not None}
         one = [s["ms"] for r in self.samples for s in r if s["rows"] == 1 and s["experts"] == max(self.EXPERTS)]

@@ -93,18 +93,26 @@ def default_arms(R, *, vram: bool = True) -> list[dict]:
     ]
 
 
-# `moetier calibrate --quick`: one plan repeat, two checked ones of 60 steps, the fit arms without a VRAM tier
-QUICK = {"steps": 60, "repeats": 2, "plan_repeats": 1}
+# `moetier calibrate --quick`: one plan repeat, two checked ones of 60 steps, the fit arms without a VRAM tier, each
+# run warmed up on 16 tokens (quick_arms)
+QUICK = {"steps": 60, "repeats": 2, "plan_repeats": 1, "warmup_tokens": 16}
 
 
-def quick_arms(R) -> list[dict]:
+def quick_arms(R, warmup_tokens: int | None = QUICK["warmup_tokens"]) -> list[dict]:
     """The arms of `moetier calibrate --quick`: the fit arms of ``default_arms`` without the VRAM tier. Each kept term
     is still identified: the cpu lane's calls by class at C1 / C2 / C4 (all-in-RAM and tail), the NVMe tables and
     bursts at rows 1 / 2 / 4 (tail), the host's per-layer, per-pick and per-read terms (all-in-RAM against tail at
     one concurrency) and its prediction terms at two concurrencies (tail-prefetch C1 and C4). What goes: the VRAM
     tier's lanes and copies (a SYCL device on these cores), and the checked arms (the fidelity benchmark checks
-    every arm, benchmarks/bench_fidelity.py)."""
-    return [a for a in default_arms(R, vram=False) if a["fit"]]
+    every arm, benchmarks/bench_fidelity.py).
+
+    ``warmup_tokens`` (None: the recipe's) replaces the recipe's warm-up in every arm: each run replays its warm-up
+    before its measured steps, and the recipe's 64 tokens were more than half of a quick run's steps. The warm-up
+    only seeds the tiers and the predictor; the costs the fits take (per call, per pick, per read) do not depend
+    on it, and the simulator checks each arm with the same warm-up (the override is in the arm's ``set``)."""
+    warm = [f"policy.warmup_tokens={warmup_tokens}"] if warmup_tokens is not None and \
+        int(R.policy.get("warmup_tokens", 1000)) > warmup_tokens else []
+    return [{**a, "set": a["set"] + warm} for a in default_arms(R, vram=False) if a["fit"]]
 
 
 def arm_recipe(recipe_id: str, arm: dict, terms: dict | None = None):
