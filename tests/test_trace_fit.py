@@ -121,3 +121,22 @@ def test_the_fit_of_a_shipped_trace_is_within_the_issues_tolerances():
                       ("next_layer_predictability", "predictability")):
         assert by[name]["tolerance"] == TOLERANCE[key] and by[name]["diff"] <= TOLERANCE[key], by[name]
     assert d["ok"]
+
+
+def test_affinity_search_takes_the_least_within_half_the_tolerance_only_when_asked():
+    """The affinity grid: the nearest predictability by default; with ``least`` (the fit's sample has fewer layers
+    than the source) the least affinity within half the tolerance, since a larger one concentrates load along the
+    source's longer chain of layers (the Qwen trace's fit ended at affinity 1.0 and missed all three checks)."""
+    from moetier.traces.fit import AFFINITY_GRID, _fit_affinity, _Sample
+    sample = _Sample(4, 32, 4, 400, 2, 0, None)
+    base = GenParams(zipf_s=1.0, reuse=0.3, affinity_width=2)
+    pred = {a: sample.stat(GenParams(zipf_s=1.0, reuse=0.3, affinity=a, affinity_width=2), "predictability")
+            for a in AFFINITY_GRID}
+    target = pred[0.75]
+    half = TOLERANCE["predictability"] / 2
+    within = [a for a in AFFINITY_GRID if abs(pred[a] - target) <= half]
+    assert within, pred
+    nearest = min(AFFINITY_GRID, key=lambda a: (abs(pred[a] - target), AFFINITY_GRID.index(a)))
+    assert _fit_affinity(base, target, sample).affinity == nearest == 0.75
+    least = _fit_affinity(base, target, sample, least=True)
+    assert least.affinity == within[0] < nearest and least.affinity_width == 2
