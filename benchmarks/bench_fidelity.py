@@ -96,7 +96,7 @@ def markdown(res: dict) -> str:
     out = [f"# Fidelity on {res['machine']}", "",
            f"`python benchmarks/bench_fidelity.py --store STORE --steps {res['steps']} --repeats {res['repeats']}` "
            f"(STORE: `moetier store pack moetier-tiny-16x64-int8`), {res['cores']} cores; load average "
-           f"{res['load_before']} before, {res['load_after']} after (other jobs ran on this machine).", ""]
+           f"{res['load_before']} before, {res['load_after']} after.", ""]
     for phase, title in (("bench", "From `moetier bench` alone"), ("quick", "From `moetier calibrate --quick`")):
         p = res.get(phase)
         if not p:
