@@ -13,17 +13,17 @@ SUFFIXES = {".py", ".md", ".sh", ".txt", ".toml", ".cl", ".cu", ".cfg", ".ini"}
 
 # the pattern definitions below are the one place these words may stand
 DIARY = re.compile(
-    r"\b[Rr]uns? [0-9]{2,}\b"                                   # run 52, runs 46-49
-    r"|\b[Rr]uns? [0-9]+ ?(?:-|to|and) ?[0-9]+\b"               # runs 4-5, runs 2 and 4
-    r"|\b[Rr]un [0-9]+'s\b"                                     # run 4's record
-    r"|\bVMs? [A-H]\b"                                          # VM D
-    r"|\b[0-9]{4}-[0-9]{2}-[0-9]{2}[a-z]* VM\b"                 # the 2026-12-01 VM
+    r"\b[Rr]uns? [0-9]{2,}\b"                                   # the word run(s), then a number of two or more digits
+    r"|\b[Rr]uns? [0-9]+ ?(?:-|to|and) ?[0-9]+\b"               # the word runs, then a range of numbers
+    r"|\b[Rr]un [0-9]+'s\b"                                     # the word run, a number and 's
+    r"|\bVMs? [A-H]\b"                                          # VM, then a capital letter
+    r"|\b[0-9]{4}-[0-9]{2}-[0-9]{2}[a-z]* VM\b"                 # a date, then VM
     r"|\b(?:[Ff]irst|[Ss]econd|[Tt]hird|[Ff]ourth|[Ff]ifth|[Ss]ixth|[Ss]eventh|[Ee]ighth|[Nn]inth|[Tt]enth"
-    r"|[Ee]leventh|[Tt]welfth|[A-Za-z]+teenth|[0-9]+(?:st|nd|rd|th)) session\b"   # the ninth session
-    r"|\b[Ss]ession [0-9]+\b"                                   # session 9
+    r"|[Ee]leventh|[Tt]welfth|[A-Za-z]+teenth|[0-9]+(?:st|nd|rd|th)) session\b"   # an ordinal, then session
+    r"|\b[Ss]ession [0-9]+\b"                                   # session, then a number
     r"|\b[Pp]ass(?:es)? of work [0-9]+\b|\b[0-9]+(?:st|nd|rd|th) pass of work\b"
-    r"|\bat [0-9a-f]{7,40}\b"                                   # at a939892
-    r"|(?<![0-9A-Za-z_./#-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,12}(?![0-9A-Za-z_])"   # a939892
+    r"|\bat [0-9a-f]{7,40}\b"                                   # at, then a commit hash
+    r"|(?<![0-9A-Za-z_./#-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,12}(?![0-9A-Za-z_])"   # a bare commit hash
 )
 
 

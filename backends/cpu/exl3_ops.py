@@ -1,9 +1,9 @@
-"""Scalar and row primitives of the Numba EXL3 kernel (backends/cpu/exl3.py): fp16 rounding, fp16 bit patterns to
-float32, the 128-block Hadamard butterfly, and LLVM intrinsics that keep the decode loop in 32-bit vector lanes.
+"""Scalar and row primitives of the Numba EXL3 kernel (backends/cpu/exl3.py): fp16 rounding, the
+128-block Hadamard butterfly, and LLVM intrinsics that keep the decode loop in 32-bit vector lanes.
 
 Contract: ``round16_(a)`` rounds a float32 array in place to the nearest fp16 value exactly as numpy's float32 ->
-float16 -> float32 does (ties to even, overflow to inf, subnormals); ``h2f(bits, out)`` converts fp16 bit patterns
-exactly; ``had_rows_(a, scale)`` is exllamav3's butterfly order on each 128-wide block of each row, times scale.
+float16 -> float32 does (ties to even, overflow to inf, subnormals); ``had_rows_(a, scale)`` is exllamav3's butterfly
+order on each 128-wide block of each row, times scale.
 ``fp16_round(v)`` is the same rounding for one float32 value: LLVM's fptrunc to half and back, one vcvtps2ph /
 vcvtph2ps pair per 16 lanes on x86 with F16C or on arm64 (``HW_FP16``); elsewhere an integer round of the float32
 bits to 10 mantissa bits, exact wherever no fp16 subnormal or overflow case arises, which covers every value the
@@ -14,7 +14,6 @@ integer shifts to 64 bits, which splits a 16-lane loop into two 8-lane halves); 
 
 from __future__ import annotations
 
-import math
 import platform
 
 import numpy as np
@@ -134,22 +133,6 @@ def round16_(a):
                 q = (q + half - np.uint32(1) + ((q >> sh) & np.uint32(1))) >> sh
                 f = np.float32(q) * np.float32(2.0 ** -24)
                 flat[i] = -f if sign else f
-
-
-@njit(**JIT)
-def h2f(bits, out):
-    """fp16 bit patterns (uint16) -> float32 values, exactly."""
-    for i in range(bits.shape[0]):
-        h = np.int64(bits[i])
-        e = (h >> 10) & 31
-        m = h & 1023
-        if e == 0:
-            v = m * 2.0 ** -24
-        elif e == 31:
-            v = math.inf if m == 0 else math.nan
-        else:
-            v = (1024 + m) * 2.0 ** (e - 25)
-        out[i] = np.float32(-v if h & 0x8000 else v)
 
 
 @njit(**JIT)
