@@ -10,7 +10,11 @@ for it, so a ratio below 1 is a bench that measured the term cheaper than the ru
   class (their experts, rows, worker idle and hand-offs), against the lane's timer;
 - host per layer: the bench's host terms over the runtime's layer calls and picks, against its host timers;
 - fixed: the bench's non-MoE ms per step against the runtime's time outside every timer;
-- read qd1: the bench's depth-1 mean latency (rows 1) against the runtime's (tail arm).
+- read qd1: the bench's depth-1 mean latency (rows 1) against the runtime's (tail arm): as `moetier bench` writes it
+  (weighted to the recipe's burst sizes, bench_terms.burst_mix) and as a plain mean over the bench's even mix of
+  sizes (what it wrote before: a depth-1 read of a burst of 4 waits about three times as long as a lone one's);
+- read burst 1: the mean latency of a lone read (a burst of one), the cell the simulator gives such a layer;
+- read wake: the mean delay from a read landing to the blocked waiter resuming, weighted and even as above.
 
 Load moves every figure here by up to 2x between minutes; the ratios are per round, so a bias shows as every
 round on one side of 1 and load as rounds scattered about it.
@@ -44,6 +48,30 @@ def lane_ms(r: dict, t: dict, workers: int, per_read: float) -> float:
     return v + per_read * r.get("contended", 0)
 
 
+def read_ratios(res: dict, weighted: dict, even: dict) -> dict:
+    """The bench's read terms at one row (its tables as written, ``weighted``, and on its even mix of burst sizes,
+    ``even``: fit_channel's {field: {rows: ...}}) over the runtime arm ``res``'s own reads at depth 1, in bursts of
+    one and their wake-ups; {} for an arm without reads."""
+    from moetier.measure.fit_nvme import burst_means
+    lat = {int(q): v for q, v in res["latency_by_qd"].items()}
+    if not lat.get(1):
+        return {}
+    out = {}
+    q1 = sum(lat[1]) / len(lat[1])
+    for name, tabs in (("", weighted), (" (even mix)", even)):
+        bench_q1 = (tabs.get("nvme_latency_by_rows_qd_ms") or {}).get("1", {}).get("1")
+        if bench_q1:
+            out[f"read qd1{name}"] = bench_q1 / q1
+        wake = (tabs.get("nvme_wake_ms_by_rows") or {}).get("1")
+        if wake and res["wake_ms"]:
+            out[f"read wake{name}"] = wake / (sum(res["wake_ms"]) / len(res["wake_ms"]))
+    lone = burst_means([(0, *b) for b in res["burst_ms"]], min_n=1).get(1, {}).get(1)
+    bench_lone = (weighted.get("nvme_latency_by_rows_burst_ms") or {}).get("1", {}).get("1", {}).get("1")
+    if lone and bench_lone:
+        out["read burst 1"] = bench_lone / lone
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--store", required=True, help="a packed store of moetier-tiny-16x64-int8")
@@ -51,13 +79,13 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=20, help="measured steps per runtime arm and round")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args(argv)
-    import numpy as np
     from backends.cpu.backend import CpuBackend
     from moetier.bytes import store
     from moetier.core import records as spec
     from moetier.cli.common import find_path
     from moetier.measure import bench, bench_terms, calibrate
     from moetier.measure.fit import cpu_lane_rows, host_timed_s, unbooked_ms
+    from moetier.measure.fit_nvme import fit_channel
     from moetier.traces.format import load_trace
 
     st = store.open_store(args.store)
@@ -74,8 +102,9 @@ def main(argv=None) -> int:
             be.wait(be.fill(i, i))
         lane = bench_terms.LaneGrid(be, st.layout, nslots)
         host = bench_terms.HostWork(RECIPE, st, tr)
+        mix = {rows: bench_terms.burst_mix(R, tr, rows) for rows in bench_terms.ROWS}
         chan = bench_terms.ReadsBesideLane(be, R, st.layout.hidden, nslots, st.nrecords - nslots, nslots,
-                                           list(range(nslots, nslots + nread)))
+                                           list(range(nslots, nslots + nread)), mix=mix)
         for rnd in range(args.rounds):            # A B A B: the bench's stages, then the runtime's arms
             lane.round()
             host.round()
@@ -90,7 +119,7 @@ def main(argv=None) -> int:
     flat = [s for r in lane.samples for s in r]
     fits = {"pooled": bench.fit_cpu_lane(bench_terms.pool_calls(flat), W), "single": bench.fit_cpu_lane(flat, W)}
     H = host.result()
-    C = chan.result(None)["tables"].get("nvme_latency_by_rows_qd_ms", {})
+    weighted, even = chan.result(None)["tables"], {f: t.get("bench", {}) for f, t in fit_channel(chan.runs).items()}
     rows = []
     for a in arms:
         for rnd, res in enumerate(runs[a["name"]]):
@@ -106,9 +135,7 @@ def main(argv=None) -> int:
             fx = H["fixed_ms"].get(str(a["conc"]))
             if fx is not None:
                 ratio["fixed per step"] = fx / unbooked_ms(res)
-            q1 = res["latency_by_qd"].get(1) or res["latency_by_qd"].get("1")
-            if q1 and C.get("1", {}).get("1"):
-                ratio["read qd1"] = C["1"]["1"] / float(np.mean(q1))
+            ratio.update(read_ratios(res, weighted, even))
             rows.append({"arm": a["name"], "round": rnd + 1, "tok_s": res["tok_s"], "ratio": ratio})
     terms = sorted({k for r in rows for k in r["ratio"]})
     print(f"bench term / runtime timer, {args.rounds} interleaved rounds, load average {load[0][0]:.1f} before, "
@@ -123,7 +150,8 @@ def main(argv=None) -> int:
     print("| tok/s | " + " | ".join(f"{r['tok_s']:.1f}" for r in rows) + " | |")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "lane_fits": fits, "host": H["host"],
-                                               "fixed_ms": H["fixed_ms"], "read_qd1_bench": C, "load": load},
+                                               "fixed_ms": H["fixed_ms"], "reads_bench": weighted,
+                                               "reads_bench_even": even, "burst_mix": mix, "load": load},
                                               indent=1, default=float))
     return 0
 

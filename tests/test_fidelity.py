@@ -83,6 +83,13 @@ def test_bench_measures_the_prediction_terms_with_their_spread(ci_store, ci, use
     tab = ch["tables"]["nvme_latency_by_rows_qd_ms"]
     assert set(tab) == {"1", "2", "4"} and all(t["1"] > 0 for t in tab.values())
     assert ch["tables"]["nvme_latency_by_rows_burst_ms"] and ch["spread"]["nvme_latency"]["n"] == 3
+    # the depth table is the burst sizes' means in the proportions the recipe's runtime issues them
+    R = spec.resolve("tiny-ci-cpu")
+    for rows in ("1", "4"):
+        bursts = {int(n): {int(q): v for q, v in row.items()}
+                  for n, row in ch["tables"]["nvme_latency_by_rows_burst_ms"][rows].items()}
+        want = bench_terms.mix_weighted(bursts, bench_terms.burst_mix(R, tr, int(rows)))
+        assert want and all(tab[rows][str(q)] == pytest.approx(v, abs=1e-4) for q, v in want.items())
     assert host["host"]["per_layer_ms"] >= 0 and set(host["fixed_ms"]) == {"1", "4"}
     m = {"nvme_qd1": {"gbps": 1.0, "latency_ms_p50": 0.5, "latency_ms_p90": 0.9}, "nvme_qd16": {"gbps": 2.0},
          "nvme_latency_by_qd_ms": idle, "cpu_lane": lane, "channel": ch, "host": host, "recipe": "tiny-ci-cpu",
@@ -97,6 +104,28 @@ def test_bench_measures_the_prediction_terms_with_their_spread(ci_store, ci, use
     Rb = spec.resolve("tiny-ci-cpu-bench")
     assert Rb.hardware_id == "bench-test" and Rb.engines[-1]["id"] == "bench-test-engine"
     assert interval.interval(Rb, sim.run, tr, 1, max_steps=20)["basis"] == "measured"
+
+
+def test_burst_mix_is_the_recipes_reads_per_layer(ci):
+    R, tr = ci
+    one, four = bench_terms.burst_mix(R, tr, 1), bench_terms.burst_mix(R, tr, 4)
+    assert sum(one.values()) == pytest.approx(1.0) and sum(four.values()) == pytest.approx(1.0)
+    assert max(one, key=one.get) == 1 and max(one) < max(four)        # more rows, more distinct experts to read
+    assert sum(n * w for n, w in one.items()) < sum(n * w for n, w in four.items())
+    allram = round(R.keys * R.ram_expert_bytes / 1e9 * 1.05 + 0.01, 3)
+    assert bench_terms.burst_mix(spec.resolve("tiny-ci-cpu", [f"budget.ram_gb={allram}"]), tr, 1) == {}
+
+
+def test_depth_table_and_wake_follow_the_mix_not_the_bench_sizes():
+    by_burst = {1: {1: 1.0}, 2: {1: 2.0, 2: 2.2}, 4: {1: 4.0, 2: 4.0, 3: 4.0, 4: 4.0}}
+    # size 3 is in the mix but not measured, size 4 measured but not in the mix: neither counts
+    got = bench_terms.mix_weighted(by_burst, {1: 0.7, 2: 0.2, 3: 0.1})
+    assert got == {1: pytest.approx((0.7 * 1.0 + 0.2 * 2.0) / 0.9), 2: pytest.approx(2.2)}
+    assert bench_terms.mix_weighted(by_burst, {4: 1.0}) == {q: 4.0 for q in (1, 2, 3, 4)}
+    # wake: the mix's wake ms per burst over its blocked waits per burst
+    wakes = {1: [10, 5, 0.5], 2: [10, 20, 4.0]}
+    assert bench_terms.mix_wake(wakes, {1: 0.5, 2: 0.5}) == pytest.approx((0.025 + 0.2) / (0.25 + 1.0))
+    assert bench_terms.mix_wake(wakes, {3: 1.0}) is None
 
 
 def test_a_recipe_naming_an_unwritten_record_writes_nothing(user_registry):

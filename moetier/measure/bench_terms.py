@@ -15,6 +15,11 @@ the seconds of its own stage: the noise a prediction made from these terms carri
   issued together, the layer's RAM picks computed on the cpu lane while they land, then each read's expert computed
   inline as it lands. The reader's own timing (submit-to-landed by queue depth and burst position, wake-ups) is fitted
   by ``fit_nvme.fit_channel``, as `moetier calibrate` fits the runtime's: the engine's NVMe tables under the lane's load.
+  Every burst size is measured alike (each needs its own row of the burst table), but the runtime issues them in the
+  proportions of its recipe's plans (``burst_mix``: at one row, four layers in five read one expert), and its depth
+  table and wake-up are means over the reads it issued: a read at depth 1 in a burst of 4 takes about three times as
+  long as a burst of 1's. So those two are the burst sizes' means weighted by that mix (``mix_weighted``,
+  ``mix_wake``); a plain mean over the bench's even mix put depth 1 at 1.9x the runtime's.
 - ``HostWork``: the runtime itself, all experts in RAM and its predictor on, a few dozen steps at rows 1 and 4; its
   host timers (plan, bookkeeping, combine) and the time outside every timer give ``calibration.host`` per_layer /
   per_pick and ``calibration.fixed_ms`` (``fit.fit_host_and_fixed``), the prediction's timer per_predict /
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 
 import numpy as np
 
@@ -61,8 +67,9 @@ def prediction_terms(st, recipe_id, trace, *, rounds: int, idle_latency: dict) -
         stages = {"lane": LaneGrid(be, st.layout, nslots)}
         if recipe_id is not None:
             R = spec.resolve(recipe_id)
+            mix = {rows: burst_mix(R, trace, rows) for rows in ROWS} if trace is not None else None
             stages["channel"] = ReadsBesideLane(be, R, st.layout.hidden, nslots, st.nrecords - nslots, nslots,
-                                                list(range(nslots, nslots + nread)))
+                                                list(range(nslots, nslots + nread)), mix=mix)
             if trace is not None:
                 stages["host"] = HostWork(recipe_id, st, trace)
         for _ in range(rounds):
@@ -99,6 +106,45 @@ def pool_calls(samples) -> list[dict]:
             if k not in ("cls", "rows", "idle_ms"):
                 c[k] = c.get(k, 0) + v
     return list(cells.values())
+
+
+def burst_mix(R, trace, rows: int, steps: int = 150) -> dict[int, float]:
+    """The share of recipe R's layers with demand reads by how many they issue together, {n: share}, at ``rows``
+    token rows over ``steps`` measured steps of ``trace``: the simulator's plans, which the runtime carries out (plan
+    parity), so the reader sees these bursts. {} where the recipe reads nothing from NVMe. A fraction of a second."""
+    from moetier.core import sim
+    seen: list = []
+    out = sim.run(R, trace, rows, max_steps=steps, plan_hook=lambda step, _, plan: seen.append((step,
+                                                                                                 plan.demand_reads)))
+    counts = Counter(n for step, n in seen if step >= out["warm_steps"] and n > 0)
+    total = sum(counts.values())
+    return {n: c / total for n, c in sorted(counts.items())} if total else {}
+
+
+def mix_weighted(by_burst: dict, mix: dict) -> dict:
+    """Mean latency by queue depth, {q: ms}, of reads issued in bursts of the sizes ``mix`` deals ({n: share}),
+    from the mean latency by burst size and position ({n: {q: ms}}): a burst of n puts one read at each depth 1..n,
+    so depth q is the mean over the sizes n >= q, each by its share. Sizes the mix lacks or the bench did not
+    measure count for nothing; a depth no counted size reaches is left out. Keys are ints."""
+    out = {}
+    for q in sorted({q for row in by_burst.values() for q in row}):
+        w = [(mix[n], row[q]) for n, row in by_burst.items() if mix.get(n) and q in row]
+        total = sum(a for a, _ in w)
+        if total:
+            out[q] = sum(a * v for a, v in w) / total
+    return out
+
+
+def mix_wake(by_size: dict, mix: dict) -> float | None:
+    """Mean wake-up over the waits of bursts dealt by ``mix`` ({n: share}), from each burst size's [bursts, waits
+    that blocked, their summed ms]: the waits per burst differ by size, so it is the mix's wake ms per burst over its
+    waits per burst. None: no wait of a size in the mix blocked."""
+    num = den = 0.0
+    for n, (bursts, waits, ms) in by_size.items():
+        if mix.get(n) and bursts:
+            num += mix[n] * ms / bursts
+            den += mix[n] * waits / bursts
+    return num / den if den else None
 
 
 def _median_spread(per_key: dict, point: dict) -> dict | None:
@@ -166,8 +212,10 @@ class ReadsBesideLane:
     """Demand-read bursts beside the cpu lane's work, at rows 1, 2, 4 of the recipe's model (module docstring)."""
 
     def __init__(self, be, R, hidden: int, first_key: int, nkeys: int, ram_slots: int, read_slots: list[int],
-                 trials: int = 6, seed: int = 1):
-        self.be, self.R, self.trials = be, R, trials
+                 trials: int = 6, seed: int = 1, mix: dict | None = None):
+        # mix: {rows: burst_mix}, the burst sizes the runtime issues (None: the tables as measured, an even mix)
+        self.be, self.R, self.trials, self.mix = be, R, trials, mix
+        self.wakes: dict = {}          # (rows, burst size) -> [bursts, waits that blocked, their summed ms]
         self.keys = list(range(first_key, first_key + nkeys))
         self.ram_slots, self.read_slots = ram_slots, read_slots
         self.rng = random.Random(seed)
@@ -185,9 +233,15 @@ class ReadsBesideLane:
             base = self.rng.randrange(self.ram_slots)
             be.compute("cpu", [(j, (base + j) % self.ram_slots, list(range(rows))) for j in range(batch)],
                        self.x[rows])
+        woken = len(be.reader.wake_ms)
         for h in hs:
             be.wait(h)
             be.compute("cpu", [(0, h.slot, list(range(rows)))], self.x[rows])
+        w = self.wakes.setdefault((rows, n), [0, 0, 0.0])
+        got = be.reader.wake_ms[woken:]
+        w[0] += 1
+        w[1] += len(got)
+        w[2] += sum(got)
 
     def round(self) -> None:
         rd = self.be.reader
@@ -207,6 +261,7 @@ class ReadsBesideLane:
         from moetier.measure.fit_nvme import fit_channel
         fit = fit_channel(self.runs, idle_latency)
         out = {f: tab["bench"] for f, tab in fit.items() if tab.get("bench")}
+        self._as_runtime_mix(out)
         # spread: per repetition, the median ratio of its mean latencies to the pooled ones
         pooled = {}
         per_key: dict = {}
@@ -218,6 +273,21 @@ class ReadsBesideLane:
         s = _median_spread(per_key, point)
         return {"tables": out, "spread": {"nvme_latency": s} if s else {},
                 "reads": sum(len(v) for r in self.runs for v in r["latency_by_qd"].values())}
+
+    def _as_runtime_mix(self, out: dict) -> None:
+        """The depth table and the wake-up of ``out`` (fit_channel's tables) at each rows, as means over the burst
+        sizes the runtime issues there (module docstring); rows without a mix keep the bench's even one."""
+        for rows, mix in (self.mix or {}).items():
+            if not mix:
+                continue
+            bursts = (out.get("nvme_latency_by_rows_burst_ms") or {}).get(str(rows)) or {}
+            table = (out.get("nvme_latency_by_rows_qd_ms") or {}).get(str(rows))
+            by_depth = mix_weighted({int(n): {int(q): v for q, v in row.items()} for n, row in bursts.items()}, mix)
+            if table is not None:
+                table.update({str(q): round(v, 4) for q, v in by_depth.items()})
+            wake = mix_wake({n: w for (r, n), w in self.wakes.items() if r == rows}, mix)
+            if wake is not None and str(rows) in (out.get("nvme_wake_ms_by_rows") or {}):
+                out["nvme_wake_ms_by_rows"][str(rows)] = round(wake, 4)
 
 
 class HostWork:
