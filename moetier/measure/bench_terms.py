@@ -19,7 +19,7 @@ the seconds of its own stage: the noise a prediction made from these terms carri
   proportions of its recipe's plans (``burst_mix``: at one row, four layers in five read one expert), and its depth
   table and wake-up are means over the reads it issued: a read at depth 1 in a burst of 4 takes about three times as
   long as a burst of 1's. So those two are the burst sizes' means weighted by that mix (``mix_weighted``,
-  ``mix_wake``); a plain mean over the bench's even mix put depth 1 at 1.9x the runtime's.
+  ``mix_wake``); a plain mean over the bench's even mix put depth 1 at 1.5-2.1x the runtime's.
 - ``HostWork``: the runtime itself, all experts in RAM and its predictor on, a few dozen steps at rows 1 and 4; its
   host timers (plan, bookkeeping, combine) and the time outside every timer give ``calibration.host`` per_layer /
   per_pick and ``calibration.fixed_ms`` (``fit.fit_host_and_fixed``), the prediction's timer per_predict /
