@@ -29,6 +29,46 @@ def test_decoded_inner_weights_are_bit_exact(K, codebook):
         assert np.array_equal(C.decode_inner(trellis, codebook, table=True), ref)
 
 
+@pytest.mark.parametrize("nt", [3, 13, 21])
+def test_bands_of_any_tile_count_decode_bit_exactly(nt):
+    """The band gather moves 8 tiles x 8 words at a time through vector shuffles and the last nb % 8 tiles word by
+    word: tile counts that are not multiples of 8, at the smallest and largest word counts (K 1 and 8)."""
+    rng = np.random.default_rng(40 + nt)
+    for K in (1, 3, 8):
+        trellis = X.random_trellis(rng, 32, 16 * nt, K)
+        assert np.array_equal(C.decode_inner(trellis), X.decode_inner(trellis).astype(np.float32))
+
+
+def test_transpose8_moves_each_word_to_its_transposed_place():
+    from backends.cpu.exl3_ops import transpose8
+    from numba import njit
+
+    @njit
+    def run(src, so, ss, dst, do, ds):
+        transpose8(src, so, ss, dst, do, ds)
+    src = np.random.default_rng(41).integers(0, 2**32, 600, dtype=np.uint64).astype(np.uint32)
+    dst = np.zeros(900, np.uint32)
+    run(src, np.uint64(5), np.uint64(24), dst, np.uint64(3), np.uint64(100))
+    want = np.zeros_like(dst)
+    for a in range(8):
+        want[3 + 100 * np.arange(8) + a] = src[5 + 24 * a: 5 + 24 * a + 8]
+    assert np.array_equal(dst, want)
+
+
+def test_next_step_prefetch_touches_every_line_of_the_band_rows():
+    """The offsets the kernel prefetches a step ahead cover every 64-byte line of the next step's band words (R
+    rows of nb tiles), whatever the words' alignment to lines, and stop at the last tile row."""
+    from backends.cpu.exl3_band import _next_lines
+    kt, nt, nw, j0, nb, R = 5, 40, 24, 8, 21, 2
+    pf = np.empty(R * (nb * nw // 16 + 2), np.uint64)
+    for i1, rows in ((2, (2, 3)), (4, (4,)), (5, ())):
+        n = _next_lines(nt, nw, j0, nb, i1, R, kt, pf)
+        for skew in range(16):        # the array's first word at each word of a line
+            got = {(skew + int(w)) // 16 for w in pf[:n]}
+            want = {(skew + w) // 16 for i in rows for w in range((i * nt + j0) * nw, (i * nt + j0 + nb) * nw)}
+            assert got == want
+
+
 @pytest.mark.parametrize("codebook", X.CODEBOOKS)
 def test_one_hot_raw_gemm_is_bit_exact(codebook):
     rng = np.random.default_rng(20)

@@ -20,7 +20,8 @@ loop; with more tokens each position is decoded once into a lane vector that eve
 indices are unsigned, because numba's negative-index wraparound code keeps LLVM from vectorising. mul1 is decoded
 without a table: fp16(k_inv (1024 + s) + k_bias) with s the byte sum below, whose float32 value is exact, so one
 rounding to fp16 (the F16C conversion pair where the CPU has it, backends/cpu/exl3_ops.py) gives the table's value;
-mcg and 3inst look the state up in a 65,536-entry table.
+mcg and 3inst look the state up in a 65,536-entry table. The trellis streams from memory a step ahead of the
+decode through software prefetches spread over the step (see _gemm), so a step seldom waits on memory.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import numpy as np
 from numba import njit, prange
 
 from backends.cpu.exl3_ops import JIT as _JIT
-from backends.cpu.exl3_ops import fp16_round, prefetch, shl32
+from backends.cpu.exl3_ops import fp16_round, prefetch, shl32, transpose8
 from moetier.bytes import exl3 as X
 
 NB = 64                     # most tiles per output band (1024 columns)
@@ -48,14 +49,21 @@ _K_CONST = np.float32(1024.0 * X.MUL1_K_INV + X.MUL1_K_BIAS)   # exact in float3
 def _gather_tiles(wf, nw, t0, nb, lane0, W, ubuf):
     """ubuf[2w W + lane0 + jj] = word w of tile jj of a band's tile row (wf: the trellis as flat uint32 words, 8K =
     nw per tile; t0: the row's first band word; W: the band's lane count): the even rows of _odd_windows' table.
-    The stores are contiguous (LLVM vectorises the loop with strided loads where it finds that cheaper). All
+    Blocks of 8 tiles x 8 words (nw = 8K is a multiple of 8) go through transpose8's vector shuffles, 64 words per
+    16 vector loads and stores instead of a load and a store per word; the last nb % 8 tiles word by word. All
     arguments are unsigned (no negative-index wraparound code)."""
-    two = np.uint64(2)
+    two, eight = np.uint64(2), np.uint64(8)
+    nb8 = nb // eight * eight
+    for wb in range(nw // eight):
+        w0 = np.uint64(wb) * eight
+        for jb in range(nb // eight):
+            j0 = np.uint64(jb) * eight
+            transpose8(wf, t0 + j0 * nw + w0, nw, ubuf, two * w0 * W + lane0 + j0, two * W)
     for w in range(nw):
         w = np.uint64(w)
         e = two * w * W + lane0
-        for jj in range(nb):
-            jj = np.uint64(jj)
+        for jj in range(nb - nb8):
+            jj = nb8 + np.uint64(jj)
             ubuf[e + jj] = wf[t0 + jj * nw + w]
 
 
@@ -129,12 +137,43 @@ def _decode_pos(ubuf, o, sh, W, kind, lut, wp):
                 wp[jj] = fp16_round(np.float32(np.int32(_byte_sum(_state(ubuf, o + jj, sh)))) * scale + offset)
 
 
+@njit(**_JIT)
+def _next_lines(nt, nw, j0, nb, i1, R, kt, pf):
+    """pf[:n] = word offsets that touch every cache line of the band's words in tile rows i1..i1+R-1 (none past
+    kt): one per 16 words (a 64-byte line) and each row's last word, whatever the words' alignment; returns n."""
+    n = 0
+    for h in range(R):
+        if i1 + h >= kt:
+            break
+        t1 = ((i1 + h) * nt + j0) * nw
+        for q in range(0, nb * nw, 16):
+            pf[n] = t1 + q
+            n += 1
+        pf[n] = t1 + nb * nw - 1
+        n += 1
+    return n
+
+
+@njit(inline="always", **_JIT)
+def _prefetch_part(wf, pf, n, part, parts):
+    """Prefetch part `part` of `parts` equal parts of the lines pf[:n]. The next step's lines are prefetched a part
+    at a time while this step computes, not in one burst before it: a burst of software prefetches that miss the
+    cache fills the core's miss buffers and stalls it for a memory latency, as long as a demand miss would, while a
+    few per part complete under the part's compute (a part is a 1/16 of a step, which at one token is hundreds of
+    nanoseconds, more than a memory latency)."""
+    per = (n + parts - 1) // parts
+    for q in range(part * per, min(n, (part + 1) * per)):
+        prefetch(wf, np.uint64(pf[q]))
+
+
 @njit(inline="always", fastmath=True, **_JIT)
-def _fused_rows(ubuf, W, um, ush, xh, r0, xl, t0, acc, kind, ntok, lane_x):
+def _fused_rows(ubuf, W, um, ush, xh, r0, xl, t0, acc, kind, ntok, lane_x, wf, pf, npf):
     """_fused_fma's loops for a band of W lanes and tokens t0..t0+ntok-1; kind, ntok and lane_x are constants where
     this is inlined, so the branches fold and the token loop unrolls, leaving the lane loop innermost (vectorised).
-    lane_x: each lane's input is xl[t, r W + L] (a step of several tile rows), else all lanes take xh[t, r0 + r]."""
+    lane_x: each lane's input is xl[t, r W + L] (a step of several tile rows), else all lanes take xh[t, r0 + r].
+    Each of the 16 rows first issues its sixteenth of the next step's prefetches (_prefetch_part)."""
     for r in range(16):
+        _prefetch_part(wf, pf, npf, r, 16)
         xr = np.uint64(r) * W
         row = np.uint64(r0 + r)
         for c in range(16):
@@ -157,39 +196,39 @@ def _fused_rows(ubuf, W, um, ush, xh, r0, xl, t0, acc, kind, ntok, lane_x):
 
 
 @njit(inline="always", fastmath=True, **_JIT)
-def _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, kind, ntok):
+def _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, kind, ntok, wf, pf, npf):
     """_fused_rows for one kind and token count: per-lane inputs for a step of R > 1 tile rows, else one input per
     row, with W a constant for a full band (LLVM unrolls its lane loop into NB / LANES vectors)."""
     if R > 1:
-        _fused_rows(ubuf, W, um, ush, xh, r0, xl, t0, acc, kind, ntok, True)
+        _fused_rows(ubuf, W, um, ush, xh, r0, xl, t0, acc, kind, ntok, True, wf, pf, npf)
     elif W == NB:
-        _fused_rows(ubuf, np.uint64(NB), um, ush, xh, r0, xl, t0, acc, kind, ntok, False)
+        _fused_rows(ubuf, np.uint64(NB), um, ush, xh, r0, xl, t0, acc, kind, ntok, False, wf, pf, npf)
     else:
-        _fused_rows(ubuf, W, um, ush, xh, r0, xl, t0, acc, kind, ntok, False)
+        _fused_rows(ubuf, W, um, ush, xh, r0, xl, t0, acc, kind, ntok, False, wf, pf, npf)
 
 
 @njit(inline="always", fastmath=True, **_JIT)
-def _fused_tokens(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, kind, ntok):
+def _fused_tokens(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, kind, ntok, wf, pf, npf):
     """_fused_kind with the token count (1, 2 or 4) a constant in each branch."""
     if ntok == 4:
-        _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, kind, 4)
+        _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, kind, 4, wf, pf, npf)
     elif ntok == 2:
-        _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, kind, 2)
+        _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, kind, 2, wf, pf, npf)
     else:
-        _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, kind, 1)
+        _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, kind, 1, wf, pf, npf)
 
 
 @njit(fastmath=True, **_JIT)
-def _fused_fma(ubuf, W, um, ush, xh, r0, xl, R, t0, ntok, kind, acc):
+def _fused_fma(ubuf, W, um, ush, xh, r0, xl, R, t0, ntok, kind, acc, wf, pf, npf):
     """Tokens t0..t0+ntok-1 (ntok 1, 2 or 4; KIND_MUL1 or KIND_AFFINE), one step of R tile rows from input row r0:
     acc[t, c W + L] += the weight of lane L at tile position (r, c) times its input, for all 256 positions, decoding
     each weight (mul1) or byte sum (affine) in the loop that uses it, so nothing decoded goes through memory. Every
     accumulator takes the same products in the same order whatever the token grouping, so a token's bits do not
     depend on the batch. W and t0 are unsigned (as are all indices: see _decode_pos)."""
     if kind == KIND_MUL1:
-        _fused_tokens(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, KIND_MUL1, ntok)
+        _fused_tokens(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, KIND_MUL1, ntok, wf, pf, npf)
     else:
-        _fused_tokens(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, KIND_AFFINE, ntok)
+        _fused_tokens(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, KIND_AFFINE, ntok, wf, pf, npf)
 
 
 @njit(fastmath=True, **_JIT)
@@ -242,7 +281,11 @@ def _gemm(words, xh, lut, um, ush, kind, W, out):
     Each tile position decodes all lanes at once (one window row, one shift), and each token adds them times the
     lanes' inputs into its [16 columns, lanes] accumulator. Lane h of a column sums the tile rows i = h mod R in
     order; the R partial sums are added in order at the end: a fixed order per column, the same for every token
-    count, kind and thread team."""
+    count, kind and thread team.
+
+    While a step computes, it prefetches the next step's band words a part at a time (_next_lines, _prefetch_part):
+    the hardware prefetchers alone leave the start of each step's gather waiting on memory, as the band moves to
+    rows they have not fetched yet (a strided band, or a new 4 KiB page)."""
     kt, nt, nw = words.shape
     wf, unw = words.reshape(-1), np.uint64(nw)
     T = xh.shape[0]
@@ -259,12 +302,9 @@ def _gemm(words, xh, lut, um, ush, kind, W, out):
         # see false conflicts (4K aliasing)
         xl = np.zeros((T, 16 * wl + 32), xh.dtype)
         acc = np.zeros((T, 16 * wl + 32), out.dtype)
+        pf = np.empty(R * (nb * nw // 16 + 2), np.uint64)
         for i in range(0, kt, R):
-            if i + R < kt:          # the next step's band words, a cache line (16 words) at a time
-                for h in range(R):
-                    t1 = np.uint64(((i + R + h) * nt + j0) * nw)
-                    for q in range(0, nb * nw, 16):
-                        prefetch(wf, t1 + np.uint64(q))
+            npf = _next_lines(nt, nw, j0, nb, i + R, R, kt, pf)
             for h in range(R):
                 _gather_tiles(wf, unw, np.uint64(((i + h) * nt + j0) * nw), np.uint64(nb), np.uint64(h * nb), uwl,
                               ubuf)
@@ -276,10 +316,12 @@ def _gemm(words, xh, lut, um, ush, kind, W, out):
                 t0 = 0
                 while t0 < T:       # tokens in groups of 4, 2, 1: one decode per group
                     g = 4 if T - t0 >= 4 else (2 if T - t0 >= 2 else 1)
-                    _fused_fma(ubuf, uwl, um, ush, xh, 16 * i, xl, R, np.uint64(t0), g, kind, acc)
+                    _fused_fma(ubuf, uwl, um, ush, xh, 16 * i, xl, R, np.uint64(t0), g, kind, acc, wf, pf,
+                               npf if t0 == 0 else 0)
                     t0 += g
                 continue
             for p in range(256):
+                _prefetch_part(wf, pf, npf, p, 256)
                 _decode_pos(ubuf, um[p] * uwl, ush[p], uwl, kind, lut, wp)
                 _fma_tokens(wp, uwl, xl, np.uint64(p // 16) * uwl, np.uint64(p % 16) * uwl, acc)
         for tok in range(T):

@@ -10,6 +10,8 @@ bits to 10 mantissa bits, exact wherever no fp16 subnormal or overflow case aris
 decode rounds (mul1 weights are multiples of 2**-18 in [-3.46, 3.35]: one below 2**-14 has at most 4 significant
 bits and is already an fp16 value). ``shl32(a, s)`` is a 32-bit left shift (numba widens
 integer shifts to 64 bits, which splits a 16-lane loop into two 8-lane halves); s must be below 32.
+``transpose8`` moves an 8 x 8 block of 32-bit words to its transpose with vector loads, shuffles and stores
+(generic LLVM shufflevector: every target lowers it); ``prefetch`` is llvm.prefetch.
 """
 
 from __future__ import annotations
@@ -63,6 +65,48 @@ def prefetch(typingctx, arr, i):
         fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
         fn = builder.module.declare_intrinsic("llvm.prefetch", [ptr.type], fnty)
         builder.call(fn, [ptr, i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def transpose8(typingctx, src, so, ss, dst, do, ds):
+    """dst[do + b ds + a] = src[so + a ss + b] for a, b < 8 (uint32 arrays, unsigned offsets and strides): eight
+    8-word rows loaded as vectors, transposed by three shuffle stages, stored as eight 8-word rows. No bounds check:
+    the caller keeps every index inside its array."""
+    sig = types.void(src, so, ss, dst, do, ds)
+
+    def codegen(context, builder, signature, args):
+        s_arr = context.make_array(signature.args[0])(context, builder, args[0])
+        d_arr = context.make_array(signature.args[3])(context, builder, args[3])
+        vty = ir.VectorType(ir.IntType(32), 8)
+        vp = vty.as_pointer()
+        so_, ss_, do_, ds_ = args[1], args[2], args[4], args[5]
+        rows = []
+        for a in range(8):
+            off = builder.add(so_, builder.mul(ss_, ir.Constant(ss_.type, a)))
+            ptr = builder.bitcast(builder.gep(s_arr.data, [off]), vp)
+            rows.append(builder.load(ptr, align=4))
+
+        def shuf(x, y, mask):
+            return builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(ir.IntType(32), 8), mask))
+        # stage 1: 32-bit interleave of row pairs (per 128-bit half); stage 2: 64-bit; stage 3: 128-bit halves
+        t = []
+        for a in range(0, 8, 2):
+            t += [shuf(rows[a], rows[a + 1], [0, 8, 1, 9, 4, 12, 5, 13]),
+                  shuf(rows[a], rows[a + 1], [2, 10, 3, 11, 6, 14, 7, 15])]
+        lo64, hi64 = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
+        s = [shuf(t[0], t[2], lo64), shuf(t[0], t[2], hi64), shuf(t[1], t[3], lo64), shuf(t[1], t[3], hi64),
+             shuf(t[4], t[6], lo64), shuf(t[4], t[6], hi64), shuf(t[5], t[7], lo64), shuf(t[5], t[7], hi64)]
+        lo128, hi128 = [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]
+        cols = [None] * 8
+        for b in range(4):
+            cols[b] = shuf(s[b], s[b + 4], lo128)
+            cols[b + 4] = shuf(s[b], s[b + 4], hi128)
+        for b in range(8):
+            off = builder.add(do_, builder.mul(ds_, ir.Constant(ds_.type, b)))
+            ptr = builder.bitcast(builder.gep(d_arr.data, [off]), vp)
+            builder.store(cols[b], ptr, align=4)
         return context.get_dummy_value()
     return sig, codegen
 
