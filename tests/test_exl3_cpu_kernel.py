@@ -166,7 +166,7 @@ def test_fp16_off_is_plain_fp32():
 def test_round16_is_numpys_conversion():
     rng = np.random.default_rng(25)
     v = (rng.standard_normal(20000) * np.exp2(rng.integers(-30, 18, 20000))).astype(np.float32)
-    edges = np.float32([65504, 65519.99, 65520, 2**-25, 2**-24 * 1.5, -2**-24 * 2.5, 2**-14, np.inf, -0.0])
+    edges = np.float32([65504, 65519.99, 65520, 2**-25, 2**-24 * 1.5, -2**-24 * 2.5, 2**-14, np.inf, -0.0, np.nan])
     v = np.concatenate([v, edges])
     with np.errstate(over="ignore"):
         ref = v.astype(np.float16).astype(np.float32)

@@ -165,7 +165,7 @@ def _width(L: _Linear) -> int:
 
 def _scales(v: np.ndarray) -> np.ndarray:
     """fp16 scales (or their uint16 bit patterns) as float32: numpy's conversion is exact."""
-    return np.ascontiguousarray(v).view(np.uint16).reshape(-1).view(np.float16).astype(np.float32)
+    return np.asarray(v).view(np.float16).astype(np.float32).reshape(-1)
 
 
 def _linear(L: _Linear, x: np.ndarray, fp16: bool) -> np.ndarray:
@@ -179,8 +179,10 @@ def _team(parallel: bool):
     """parallel=False: the same compiled kernels on a one-thread team for the calling thread (numba's thread count
     is thread-local), so results are bit-identical and no barrier waits on other cores."""
     old = get_num_threads()
-    if not parallel:
-        set_num_threads(1)
+    if parallel or old == 1:       # nothing to change (each set costs microseconds, which a small expert notices)
+        yield
+        return
+    set_num_threads(1)
     try:
         yield
     finally:

@@ -152,9 +152,17 @@ def fp16_round(v):
 @njit(**JIT)
 def round16_(a):
     """Round a float32 array in place to the nearest fp16 value (ties to even; overflow to inf), like numpy's
-    float32 -> float16 -> float32. Integer routine: independent of fastmath and of numba's float16 support."""
+    float32 -> float16 -> float32. With HW_FP16 the conversion pair of fp16_round (one vector pass; NaNs kept as
+    they are); elsewhere an integer routine, independent of fastmath and of numba's float16 support."""
     flat = a.reshape(-1)
     u = flat.view(np.uint32)
+    if HW_FP16:
+        for q in range(u.shape[0]):
+            i = np.uint64(q)
+            v = flat[i]
+            r = _fptrunc_half(v)
+            flat[i] = v if np.uint32(u[i] & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000) else r
+        return
     for i in range(u.shape[0]):
         v = u[i]
         sign = v & np.uint32(0x80000000)
@@ -184,15 +192,19 @@ def had_rows_(a, scale):
     """In place: each 128-wide block of each row of a [T, n] -> butterfly, times scale."""
     T, n = a.shape
     for r in range(T):
-        for b0 in range(0, n, 128):
-            h = 1
-            while h < 128:
-                for s in range(b0, b0 + 128, 2 * h):
-                    for q in range(s, s + h):
-                        p = a[r, q]
-                        o = a[r, q + h]
-                        a[r, q] = p + o
-                        a[r, q + h] = p - o
-                h *= 2
-            for q in range(b0, b0 + 128):
-                a[r, q] *= scale
+        row = a[r]
+        for b in range(n // 128):
+            b0 = np.uint64(128 * b)
+            h = np.uint64(1)
+            while h < np.uint64(128):
+                for s in range(128 // (2 * h)):
+                    s0 = b0 + np.uint64(s) * np.uint64(2) * h
+                    for q in range(h):      # unsigned indices: LLVM vectorises the wider stages
+                        i = s0 + np.uint64(q)
+                        p = row[i]
+                        o = row[i + h]
+                        row[i] = p + o
+                        row[i + h] = p - o
+                h *= np.uint64(2)
+            for q in range(128):
+                row[b0 + np.uint64(q)] *= scale
