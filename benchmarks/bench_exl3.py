@@ -2,7 +2,7 @@
 the machine's read bandwidth, interleaved in one run.
 
     .venv/bin/python benchmarks/bench_exl3.py [--rounds 5] [--mib 48] [--tokens 1,2,4] [--shapes glm,qwen]
-                                              [--json FILE] [--md FILE]
+                                              [--against REV] [--json FILE] [--md FILE]
 
 Shapes: GLM-5.3-Flash experts (H 4096, I 2048, K 3) and Qwen3.8-Flash-Next experts (H 2560, I 640, K 3), mul1.
 Each measurement streams token rows through >= --mib MiB of distinct experts (more than the last-level cache, so
@@ -14,6 +14,10 @@ and the int8 kernel (backends/cpu/kernels.py) at the same H x I over as many byt
 over the rounds. "GB/s" is 1e9 bytes of weights read per second: the trellis (3 H I K / 8 bytes per expert) for
 EXL3, the int8 weights for int8; the EXL3 ns per weight is the exact mode's one-core median.
 
+--against REV also times the exact kernel of git revision REV (its backends/cpu/exl3*.py, imported as a package of
+their own) on one core in every round, right after this tree's, so that a change to the kernel is judged against the
+old one measured interleaved under the same conditions.
+
 Target (issue 24): the exact EXL3 kernel at >= 1 GB/s of trellis bytes per core at 1 token at the GLM shape. Writes the JSON result
 (--json, default benchmarks/exl3.json) and a markdown table (--md, default benchmarks/exl3.md).
 """
@@ -21,9 +25,13 @@ Target (issue 24): the exact EXL3 kernel at >= 1 GB/s of trellis bytes per core 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
+import re
+import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -52,7 +60,34 @@ def _psum_gbps(sweep, threads: int) -> float:
         KI.set_num_threads(old)
 
 
-def bench_shape(name, H, I, Kb, tokens, mib, rounds, threads):
+def kernel_at(rev: str):
+    """The EXL3 kernel (backends/cpu/exl3*.py) of git revision rev, imported as a package of its own; ValueError
+    naming rev where git cannot give it."""
+    root = os.path.dirname(HERE)
+
+    def git(*args) -> str:
+        r = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True)
+        if r.returncode:
+            raise ValueError(f"--against {rev}: git {args[0]} failed: {(r.stderr.strip().splitlines() or ['no message'])[-1]}")
+        return r.stdout
+    pkg = "exl3_at_" + re.sub(r"\W", "_", rev)
+    top = tempfile.mkdtemp(prefix="bench_exl3_")
+    os.makedirs(os.path.join(top, pkg))
+    open(os.path.join(top, pkg, "__init__.py"), "w").close()
+    found = False
+    for path in git("ls-tree", "--name-only", rev, "backends/cpu/").split():
+        base = os.path.basename(path)
+        if re.fullmatch(r"exl3\w*\.py", base):
+            with open(os.path.join(top, pkg, base), "w") as f:
+                f.write(git("show", f"{rev}:{path}").replace("backends.cpu.exl3", f"{pkg}.exl3"))
+            found = found or base == "exl3.py"
+    if not found:
+        raise ValueError(f"--against {rev}: no backends/cpu/exl3.py at that revision")
+    sys.path.insert(0, top)
+    return importlib.import_module(f"{pkg}.exl3")
+
+
+def bench_shape(name, H, I, Kb, tokens, mib, rounds, threads, base=None):
     rng = np.random.default_rng(0)
     trellis_bytes = 3 * X.trellis_nbytes(H, I, Kb)
     n = max(4, -(-(mib << 20) // trellis_bytes))
@@ -64,9 +99,9 @@ def bench_shape(name, H, I, Kb, tokens, mib, rounds, threads):
     xs = {T: rng.standard_normal((T, H)).astype(np.float32) for T in tokens}
     out8 = {T: np.empty((T, H), np.float32) for T in tokens}
 
-    def exl3(T, mode, parallel):
+    def exl3(T, mode, parallel, kernel=C):
         for ex in experts:
-            C.expert_forward(ex, xs[T], act_limit=10.0, mode=mode, parallel=parallel)
+            kernel.expert_forward(ex, xs[T], act_limit=10.0, mode=mode, parallel=parallel)
 
     def int8(T, parallel):
         for b in bufs:
@@ -74,6 +109,8 @@ def bench_shape(name, H, I, Kb, tokens, mib, rounds, threads):
 
     runs = {  # name -> (bytes read, callable(T)); one-core runs first, then all cores
         "exl3_exact_1core": (n * trellis_bytes, lambda T: exl3(T, "exact", False)),
+        **({"exl3_exact_against_1core": (n * trellis_bytes, lambda T: exl3(T, "exact", False, base))}
+           if base is not None else {}),
         "exl3_affine_1core": (n * trellis_bytes, lambda T: exl3(T, "affine", False)),
         "int8_1core": (n8 * lay.weight_bytes, lambda T: int8(T, False)),
         "exl3_exact_all": (n * trellis_bytes, lambda T: exl3(T, "exact", True)),
@@ -142,6 +179,11 @@ def markdown(res: dict, command: str) -> str:
             f"{cell(r['exl3_exact_1core_cpu'])} | {both('exl3_exact_all')} | {cell(r['exl3_affine_1core_cpu'])} | "
             f"{both('exl3_affine_all')} | {cell(r['int8_1core_cpu'])} | {both('int8_all')} | "
             f"{r['exl3_exact_ns_per_weight_1core']:.2f} |")
+    if res.get("against"):
+        lines += ["", f"Against `{res['against']}` (its kernel timed on one core right after this tree's in every "
+                  "round), exact per core, median (min-max):", ""]
+        lines += [f"- {r['shape']} {r['tokens']} token(s): this tree {cell(r['exl3_exact_1core_cpu'])}, "
+                  f"{res['against']} {cell(r['exl3_exact_against_1core_cpu'])}" for r in res["results"]]
     t = res["target"]
     lines += ["", f"Target: exact EXL3 >= {t['gbps_per_core']:.1f} GB/s of trellis bytes per core at 1 token at the "
               f"{t['shape']} shape: {'met' if t['met'] else 'NOT met'} (median per core, per shape: "
@@ -173,6 +215,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mib", type=int, default=48, help="MiB of weights streamed per measurement (default %(default)s)")
     ap.add_argument("--tokens", default="1,2,4", help="comma list of token rows per expert call")
     ap.add_argument("--shapes", default="glm,qwen", help=f"comma list of {', '.join(SHAPES)}")
+    ap.add_argument("--against", default=None, metavar="REV",
+                    help="also time the exact kernel of this git revision, interleaved (one core)")
     ap.add_argument("--threads", type=int, default=None, help="numba threads for the all-core runs (default: all)")
     ap.add_argument("--json", default=os.path.join(HERE, "exl3.json"), help="JSON result file")
     ap.add_argument("--md", default=os.path.join(HERE, "exl3.md"), help="markdown table file")
@@ -182,15 +226,19 @@ def main(argv=None) -> int:
     for s in shapes:
         if s not in SHAPES:
             ap.error(f"--shapes: unknown shape {s!r}, expected one of {', '.join(SHAPES)}")
+    try:
+        base = kernel_at(a.against) if a.against else None
+    except ValueError as e:
+        ap.error(str(e))
     if a.threads:
         KI.set_num_threads(a.threads)
     threads = KI.get_num_threads()
     res = {"cpu": _cpu_name(), "threads": threads, "rounds": a.rounds, "mib": a.mib,
            "loadavg_start": os.getloadavg()[0], "statistic": "min / median / max over rounds",
            "per_core": "bytes per CPU-second of the calling thread (keys *_1core_cpu); *_1core: per wall second",
-           "results": []}
+           "against": a.against, "results": []}
     for s in shapes:
-        res["results"] += bench_shape(s, *SHAPES[s], tokens, a.mib, a.rounds, threads)
+        res["results"] += bench_shape(s, *SHAPES[s], tokens, a.mib, a.rounds, threads, base)
     res["loadavg_end"] = os.getloadavg()[0]
     one = {r["shape"]: r["exl3_exact_1core_cpu"]["median"] for r in res["results"] if r["tokens"] == 1}
     wall = {r["shape"]: r["exl3_exact_1core"]["median"] for r in res["results"] if r["tokens"] == 1}
