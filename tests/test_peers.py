@@ -68,7 +68,8 @@ def test_compare_runs_every_row_on_the_same_recipe_and_trace(tiny):
             assert v["tok_s"] > 0
             assert abs(v["vram_hit"] + v["ram_hit"] + v["nvme_share"] + v["masked_share"] - 1) < 1e-9
     best = d["ratios"]["best_peer"]["1"]
-    top = max(r["by_conc"]["1"]["tok_s"] for r in d["rows"] if r["peer"] not in ("moetier", "oracle"))
+    top = max(r["by_conc"]["1"]["tok_s"] for r in d["rows"]
+              if r["peer"] != "oracle" and not r["peer"].startswith("moetier"))
     assert d["ratios"]["default_over_best_peer"]["1"] == pytest.approx(d["rows"][0]["by_conc"]["1"]["tok_s"] / top)
     assert best in names
 
@@ -181,8 +182,36 @@ def test_gated_predictor_from_the_recipe_policy():
 
 
 # the shipped GLM and Qwen recipes' tier policy (moetier's default), on the tiny recipes' small traces
-_DEFAULT_TIERS = ['policy.ram_evict="2q"', 'policy.ram_partition="layer"', 'policy.vram_evict="wtinylfu"',
-                  'policy.vram_admit="auto"']
+_DEFAULT_TIERS = [f"policy.{k}={json.dumps(v)}" for k, v in P.DEFAULT_POLICY.items()]
+# shipped recipes that keep the ledger's defaults: the GPU CI recipes' runtime tests exercise an always-admitting
+# VRAM tier (pushes, drains and their copy time; "auto" keeps their 6 slots a layer static), tiny-local-cpu is the
+# fidelity recipe its committed measurements ran, the EXL3 CI recipes are their adapters' conformance recipes
+_KEEP_LEDGER_DEFAULTS = {"tiny-ci-cuda", "tiny-ci-sycl", "tiny-local-cpu", "tiny-ci-exl3xpu", "tiny-ci-exllamav3"}
+
+
+def test_the_shipped_recipes_run_the_shipped_default_policy():
+    ids = [r for r in spec.record_ids("recipe") if spec.is_shipped("recipe", r)]
+    assert _KEEP_LEDGER_DEFAULTS <= set(ids)
+    for rid in ids:
+        pol = spec.resolve(rid, []).policy
+        mine = {k: pol.get(k) for k in P.DEFAULT_POLICY}
+        if rid in _KEEP_LEDGER_DEFAULTS:
+            assert mine != P.DEFAULT_POLICY, rid        # else it belongs with the others, and its row repeats
+        else:
+            assert mine == P.DEFAULT_POLICY, rid
+
+
+def test_the_shipped_default_row_shows_only_where_the_recipe_runs_another_policy(tiny):
+    R, tr = tiny                                     # tiny-ci-cuda: the ledger's defaults
+    d = compare(R, tr, concs=[1], peers=(P.DEFAULT, P.by_name("hybrimoe"), P.SHIPPED), oracle=False, max_steps=30)
+    row = {r["peer"]: r["by_conc"]["1"]["tok_s"] for r in d["rows"]}
+    Rs = spec.resolve("tiny-ci-cuda", _DEFAULT_TIERS)
+    assert row["moetier-default"] == sim.run(Rs, tr, 1, max_steps=30)["tok_s"] != row["moetier"]
+    assert d["ratios"]["shipped_over_best_peer"]["1"] == pytest.approx(row["moetier-default"] / row["hybrimoe"])
+    Rc = spec.resolve("tiny-ci-cpu", [])
+    trc = load_trace(find_path(Rc.trace), layers=Rc.layers, experts=Rc.experts, topk=Rc.topk)
+    d = compare(Rc, trc, concs=[1], peers=(P.DEFAULT, P.SHIPPED), oracle=False, max_steps=10)
+    assert [r["peer"] for r in d["rows"]] == ["moetier"] and "shipped_over_best_peer" not in d["ratios"]
 
 
 def test_a_ram_policy_object_is_kept_though_it_holds_no_key_yet():
@@ -206,8 +235,10 @@ def test_the_oracle_bounds_every_row_on_the_tiny_cuda_recipe(over):
                   if r["by_conc"][c]["tok_s"] > bound["tok_s"]]
         assert faster == [] and d["ratios"]["over_oracle"][c] == [], (c, bound["tok_s"], faster)
     from moetier.cli.compare import format_summary
-    line = format_summary([d]).splitlines()[-1]
-    assert line.startswith("| tiny-ci-cuda |") and line.endswith("| none |")
+    own, *shipped = format_summary([d]).splitlines()[2:]
+    assert own.startswith("| tiny-ci-cuda |") and own.endswith("| none |")
+    # the shipped default's own line only where the recipe runs another policy
+    assert [x.split(" |")[0] for x in shipped] == ([] if over else ["| tiny-ci-cuda (shipped default)"])
 
 
 @pytest.mark.parametrize("rid", ["tiny-ci-sycl", "tiny-local-cpu", "tiny-ci-cpu"])
@@ -222,7 +253,7 @@ def test_the_default_never_beats_the_oracle_on_the_tiny_recipes(rid, over):
 
 def test_the_oracle_structures_follow_the_recipe():
     # moetier's default's structure is the recipe's own RAM split and VRAM admission; the reference's is fixed
-    mine = {"ram_evict": "2q", "ram_partition": "layer", "vram_evict": "wtinylfu", "vram_admit": "auto"}
+    mine = dict(P.DEFAULT_POLICY)
     d = P.recipe_policy(P.by_name("oracle-default-pf1"), mine)
     assert (d["ram_partition"], d["vram_admit"], d["prefetch"]["recall"]) == ("layer", "auto", 1.0)
     r = P.recipe_policy(P.by_name("oracle-reference"), mine)

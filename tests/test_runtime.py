@@ -62,7 +62,7 @@ def test_layer_outputs_match_float64_reference(packed):
 
 @pytest.mark.parametrize("sets", [
     [],
-    ["policy.ram_evict=lfu:8:10"],
+    ["policy.ram_evict=lfu:8:10", "policy.ram_partition=global"],      # the window LFU is global only
     ["policy.prefetch.depth=1", "policy.prefetch.predictor=transition"],
     ["policy.prefetch.depth=1", "policy.prefetch.predictor=recall", "policy.prefetch.recall=0.6"],
     ["policy.seed=oracle"],

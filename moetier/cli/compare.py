@@ -40,6 +40,11 @@ def format_compare(d: dict) -> str:
     if rt["default_over_oracle"]:
         lines.append("moetier / oracle: " + ", ".join(
             f"C{c} {x:.3f}" for c, x in rt["default_over_oracle"].items() if x is not None))
+    if rt.get("shipped_over_best_peer"):
+        lines.append("moetier-default (the shipped default policy on this recipe) / best peer: " + ", ".join(
+            f"C{c} {x:.3f}" for c, x in rt["shipped_over_best_peer"].items() if x is not None)
+            + "; / oracle: " + ", ".join(
+            f"C{c} {x:.3f}" for c, x in rt.get("shipped_over_oracle", {}).items() if x is not None))
     orc = next((r for r in d["rows"] if r["peer"] == "oracle"), None)
     if orc is not None:
         lines.append("oracle = best of Belady under each tier structure: " + ", ".join(
@@ -52,7 +57,8 @@ def format_compare(d: dict) -> str:
 
 def format_summary(docs) -> str:
     """One markdown line per compare document: moetier / best peer (named) and moetier / oracle per concurrency, and
-    the rows faster than the oracle (none where it bounds the table)."""
+    the rows faster than the oracle (none where it bounds the table); a second line, "RECIPE (shipped default)", for
+    a recipe whose own policy is not the shipped default (its moetier-default row against the same peers)."""
     cs = [str(c) for c in docs[0]["concs"]] if docs else []
     head = (["recipe", "trace"] + [f"moetier / best peer C{c}" for c in cs] + [f"moetier / oracle C{c}" for c in cs]
             + ["faster than the oracle"])
@@ -67,6 +73,11 @@ def format_summary(docs) -> str:
             [d["recipe"], str(d["trace"])]
             + [f"{x(rt['default_over_best_peer'].get(c))} ({rt['best_peer'].get(c, '-')})" for c in cs]
             + [x(rt["default_over_oracle"].get(c)) for c in cs] + [over]) + " |")
+        if rt.get("shipped_over_best_peer"):
+            lines.append("| " + " | ".join(
+                [f"{d['recipe']} (shipped default)", str(d["trace"])]
+                + [f"{x(rt['shipped_over_best_peer'].get(c))} ({rt['best_peer'].get(c, '-')})" for c in cs]
+                + [x(rt["shipped_over_oracle"].get(c)) for c in cs] + ["-"]) + " |")
     return "\n".join(lines)
 
 

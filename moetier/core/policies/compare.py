@@ -14,7 +14,10 @@ experts computed from VRAM, from RAM in place or through the GPU, read from NVMe
 needed), ``masked_share`` (dropped; lossy rows say so beside tok/s), NVMe ``reads_per_tok`` (demand + prefetch) and
 ``bytes_per_tok``, and prefetch ``wasted_bytes_per_tok``. The oracle row is composite (peers.ORACLE): per
 concurrency the fastest of its structures' replays, its cell naming the one in ``structure``; ``over_oracle`` lists,
-per concurrency, the rows faster than it (none where it bounds the table). Pure: no I/O (the CLI prints and plots).
+per concurrency, the rows faster than it (none where it bounds the table). The ``moetier-default`` row (the shipped
+default policy on this recipe, peers.SHIPPED) is left out where it would replay exactly the ``moetier`` row (the
+recipe already runs it); where it is kept, ``ratios`` adds ``shipped_over_best_peer`` and ``shipped_over_oracle``.
+Pure: no I/O (the CLI prints and plots).
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from dataclasses import replace
 
 from moetier.core import sim
 from moetier.core.policies.admission import admits
-from moetier.core.policies.peers import ORACLE, PEERS, Peer, recipe_policy, replays
+from moetier.core.policies.peers import DEFAULT, ORACLE, PEERS, SHIPPED, Peer, recipe_policy, replays
 
 __all__ = ["compare", "cell", "run_peer", "replay_key"]
 
@@ -76,6 +79,8 @@ def compare(R, trace, concs=(1, 2, 4), peers=PEERS, oracle: bool = True, max_ste
             return run_peer(R, trace, p, c, max_steps)
     rows, done = [], {}
     todo = list(peers) + ([ORACLE] if oracle else [])
+    if SHIPPED in todo and replay_key(R, SHIPPED) == replay_key(R, DEFAULT):
+        todo.remove(SHIPPED)                  # the recipe runs the shipped default: its row would repeat moetier's
     for i, p in enumerate(todo):
         if progress is not None:
             progress(p.name, i, len(todo))
@@ -89,23 +94,35 @@ def compare(R, trace, concs=(1, 2, 4), peers=PEERS, oracle: bool = True, max_ste
                 cells.append(dict(done[key], structure=q.name) if p.structures else dict(done[key]))
             by[str(c)] = max(cells, key=lambda v: v["tok_s"])       # first of equals: the structures' order
         rows.append({"peer": p.name, "system": p.system, "by_conc": by})
+    ratios = _ratios(rows, concs)
+    return {"recipe": R.id, "trace": trace_name or R.trace, "concs": [int(c) for c in concs], "rows": rows,
+            "ratios": ratios}
+
+
+def _ratios(rows: list, concs) -> dict:
+    """moetier (and, where its row is there, the shipped default) over the best peer and over the oracle, per
+    concurrency; the rows faster than the oracle."""
     ratios: dict = {"best_peer": {}, "default_over_best_peer": {}, "default_over_oracle": {}, "over_oracle": {}}
     by = {r["peer"]: r for r in rows}
-    for c in concs:
-        c = str(c)
-        others = [r for r in rows if r["peer"] not in ("moetier", "oracle") and not r["peer"].startswith("moetier")]
+    mine = ["moetier"] + ([SHIPPED.name] if SHIPPED.name in by else [])
+    if len(mine) > 1:
+        ratios["shipped_over_best_peer"], ratios["shipped_over_oracle"] = {}, {}
+    names = {"moetier": "default", SHIPPED.name: "shipped"}
+    others = [r for r in rows if r["peer"] != "oracle" and not r["peer"].startswith("moetier")]
+    for c in map(str, concs):
         if "moetier" in by and others:
             best = max(others, key=lambda r: r["by_conc"][c]["tok_s"])
             ratios["best_peer"][c] = best["peer"]
-            ratios["default_over_best_peer"][c] = _ratio(by["moetier"], best, c)
+            for m in mine:
+                ratios[f"{names[m]}_over_best_peer"][c] = _ratio(by[m], best, c)
         if "moetier" in by and "oracle" in by:
-            ratios["default_over_oracle"][c] = _ratio(by["moetier"], by["oracle"], c)
+            for m in mine:
+                ratios[f"{names[m]}_over_oracle"][c] = _ratio(by[m], by["oracle"], c)
         if "oracle" in by:
             bound = by["oracle"]["by_conc"][c]["tok_s"]
             ratios["over_oracle"][c] = [r["peer"] for r in rows if r["peer"] != "oracle"
                                         and r["by_conc"][c]["tok_s"] > bound]
-    return {"recipe": R.id, "trace": trace_name or R.trace, "concs": [int(c) for c in concs], "rows": rows,
-            "ratios": ratios}
+    return ratios
 
 
 def _ratio(a: dict, b: dict, c: str):

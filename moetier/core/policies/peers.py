@@ -27,7 +27,8 @@ run's future known and the planner's split per layer; each structure is a replay
 oracle row of ``moetier compare`` is, per concurrency, the fastest of them (``structures`` names them).
 ``attach(peer, replay, streams, steps)`` wires a peer into a ``sim.Replay`` (its ledger, admission and deal hooks);
 ``rank_keys(peer, ranked, layers, experts)`` reorders the warm-up seed. ``PEERS`` lists the rows of ``moetier
-compare``; docs/peers.md says what each row models and what it leaves out.
+compare``; docs/peers.md says what each row models and what it leaves out. ``DEFAULT_POLICY`` is the shipped
+default policy (tier options; the recipe keeps its prefetch), ``SHIPPED`` the row that applies it to any recipe.
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ from moetier.core.ledger import ABSENT, PUSHING, RAM, VRAM, Ledger
 from moetier.core.plan import LayerPlan
 from moetier.core.policies.residency import BeladyPolicy, partitioned
 
-__all__ = ["Peer", "PEERS", "ORACLE", "ORACLE_STRUCTURES", "DEFAULT", "TUNED", "REFERENCE_POLICY",
+__all__ = ["Peer", "PEERS", "ORACLE", "ORACLE_STRUCTURES", "DEFAULT", "TUNED", "SHIPPED", "DEFAULT_POLICY",
+           "REFERENCE_POLICY",
            "reference_overrides", "attach", "rank_keys", "by_name", "replays"]
 
 
@@ -56,7 +58,7 @@ class Peer:
 _NO_PF = {"prefetch": {"depth": 0, "recall": 0.0, "predictor": "none", "budget": 8}}
 _TRANSITION = {"prefetch": {"depth": 1, "recall": 0.0, "predictor": "transition", "budget": 8}}
 
-DEFAULT = Peer("moetier", "moetier: the recipe's own policy (planner split, CLOCK VRAM, its RAM policy and prefetch)")
+DEFAULT = Peer("moetier", "moetier: the recipe's own policy (planner split, its tier policies and prefetch)")
 PEERS = (
     DEFAULT,
     Peer("llama.cpp-ncmoe", "llama.cpp --n-cpu-moe: whole layers' experts in VRAM, the rest computed in place "
@@ -77,14 +79,20 @@ PEERS = (
     Peer(f"ktransformers-{p}", f"KTransformers: hot experts in VRAM, CPU computes the rest, {p} RAM tier",
          dict(_NO_PF, ram_evict=p), "static", "frequency", "cpu")
     for p in ("2q", "slru", "sieve", "s3fifo", "wtinylfu"))
-# moetier's previous default (a global LRU RAM tier, CLOCK VRAM that always admits): the shipped recipes now run a
-# per-layer 2Q RAM tier, W-TinyLFU VRAM admission and policy.vram_admit "auto" (docs/peers.md), and this row shows
-# what that change is worth on each recipe
+# moetier's previous default (a global LRU RAM tier, CLOCK VRAM that always admits): the shipped recipes now run
+# DEFAULT_POLICY (docs/peers.md), and this row shows what that change is worth on each recipe
 # (also the reference engine's policy, under which its published figures were measured)
 REFERENCE_POLICY = {"ram_evict": "lru", "ram_partition": "global", "vram_evict": "clock", "vram_admit": True}
 TUNED = Peer("moetier-lru", "moetier's previous default: global LRU RAM tier, CLOCK VRAM that always admits",
              dict(REFERENCE_POLICY))
-PEERS = PEERS + (TUNED,)
+# the shipped default policy: these tier options, the recipe's own prefetch (off on every shipped recipe). Every
+# shipped GLM and Qwen recipe and tiny-ci-cpu set them (tests/test_peers.py); the tiny GPU CI recipes keep the
+# ledger's defaults (an always-admitting VRAM tier, whose pushes and drains their runtime tests exercise), and on
+# them the moetier-default row shows what this policy does there (docs/peers.md)
+DEFAULT_POLICY = {"ram_evict": "dlfu", "ram_partition": "layer", "vram_evict": "dlfu", "vram_admit": "auto"}
+SHIPPED = Peer("moetier-default", "moetier's shipped default policy applied to the recipe: per-layer decayed-LFU "
+               "RAM, decayed-LFU VRAM, VRAM a cache with >= 3 x top-k slots a layer", dict(DEFAULT_POLICY))
+PEERS = PEERS + (TUNED, SHIPPED)
 # the tier structures the oracle replays, each under Belady with the future known: the reference's (a global RAM
 # tier, VRAM a cache) and moetier's default's (the recipe's own ram_partition and vram_admit: on the shipped GLM and
 # Qwen recipes RAM split per layer, VRAM a cache or its seed as "auto" decides), each without prefetch and with a
