@@ -45,7 +45,10 @@ NOISE_FLAG_PCT = 5.0   # summary.noisy_arms: measured figures uncertain by more 
 def vram_arms(R, slots: int | None = None) -> list[dict]:
     """Arms with a VRAM tier (SYCL device slots) on top of the recipe's RAM budget and NVMe tail."""
     slots = slots or max(8, R.keys // 10)
-    vram = [f'engines=["{VRAM_ENGINE}"]', f"budget.vram_expert_slots={slots}", "policy.overlap=false"]
+    # the arms fit the copy terms, which only admissions cost: VRAM admits (CLOCK, the ledger's default) whatever
+    # the recipe's policy says (vram_admit "auto" keeps a small VRAM tier static)
+    vram = [f'engines=["{VRAM_ENGINE}"]', f"budget.vram_expert_slots={slots}", "policy.overlap=false",
+            "policy.vram_admit=true", 'policy.vram_evict="clock"']
     return [{"name": f"vram{slots}-C1", "set": vram, "conc": 1, "fit": True, "backend": "sycl"},
             {"name": f"vram{slots}-C4", "set": vram, "conc": 4, "fit": True, "backend": "sycl"},
             {"name": f"vram{slots}-C2", "set": vram, "conc": 2, "fit": False, "backend": "sycl"}]
