@@ -180,6 +180,12 @@ def test_vram_slots_beyond_the_hardware(capsys):
     one_line_error(rc, err, "$.budget.vram_expert_slots", "$.gpu.vram_gb")
 
 
+def test_window_lfu_on_a_per_layer_ram_tier(capsys):
+    # tiny-ci-cpu splits RAM per layer; the window LFU orders one global tier, so the ledger would refuse it late
+    rc, _, err = run(capsys, "sim", "tiny-ci-cpu", "--steps", "3", "--set", 'policy.ram_evict="lfu:8:10"')
+    one_line_error(rc, err, "$.policy.ram_evict", "global RAM tier", "'lfu:8:10'")
+
+
 # ---- flags ----------------------------------------------------------------------------------------------------
 def test_accept_inf(capsys):
     rc, _, err = run(capsys, "sim", "tiny-ci-cpu", "--window", "4", "--accept", "inf")

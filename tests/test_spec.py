@@ -180,13 +180,13 @@ def test_parse_overrides():
 def test_overrides_apply():
     R = spec.resolve(GLM, ["policy.prefetch.recall=0.7", "budget.vram_expert_slots=1910",
                            'calibration.fixed_ms={"1":9,"2":13,"4":20}', "calibration.fixed_ms.8=33",
-                           "lane_overrides.cpu.per_layer_ms=0.03", "policy.ram_evict=lfu:2048:500",
+                           "lane_overrides.cpu.per_layer_ms=0.03", "policy.ram_evict=dlfu:500",
                            "tiers.nvme_expert_bytes=6328320"])
     assert R.policy["prefetch"]["recall"] == 0.7 and R.vram_slots == 1910
     assert R.fixed_ms == {1: 9.0, 2: 13.0, 4: 20.0, 8: 33.0}  # dict replaced, then a key added
     assert R.lanes["cpu"].per_layer_ms == 0.03 and R.lanes["cpu"].per_expert_ms == 0.104
     assert R.nvme_expert_bytes == 6328320 and R.ram_expert_bytes == 9474048
-    assert R.policy["ram_evict"] == "lfu:2048:500"
+    assert R.policy["ram_evict"] == "dlfu:500"
     # a dict value replaces the sub-dict: missing prefetch keys fall back to defaults
     P = spec.resolve(GLM, ['policy.prefetch={"depth": 1, "recall": 0.5}'])
     assert P.raw["policy"]["prefetch"] == {"depth": 1, "recall": 0.5}

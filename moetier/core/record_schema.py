@@ -112,6 +112,9 @@ def describe(err) -> tuple[str, str]:
         return _jp(where), f"expected a string matching {val}, got {short(inst)}"
     if v == "propertyNames":
         return _jp(where), f"bad key: {err.message}"
+    if v == "not" and isinstance(err.schema, dict) and "description" in err.schema:
+        # a refusal's own words beat jsonschema's dump of the schema it matched
+        return _jp(where), f"{err.schema['description']}, got {short(inst)}"
     if v in ("minItems", "minProperties", "minLength"):
         return _jp(where), f"must not be empty ({v} {val})"
     return _jp(where), err.message
