@@ -18,7 +18,8 @@ EXL3, the int8 weights for int8; the EXL3 ns per weight is the exact mode's one-
 their own) on one core in every round, right after this tree's, so that a change to the kernel is judged against the
 old one measured interleaved under the same conditions.
 
-Target (issue 24): the exact EXL3 kernel at >= 1 GB/s of trellis bytes per core at 1 token at the GLM shape. Writes the JSON result
+Target (issue 24): the exact EXL3 kernel at >= 1 GB/s of trellis bytes per core at 1 token; the issue names no
+shape, so it is judged at every shape measured (a GLM and a Qwen expert). Writes the JSON result
 (--json, default benchmarks/exl3.json) and a markdown table (--md, default benchmarks/exl3.md).
 """
 
@@ -47,7 +48,6 @@ from moetier.measure.bench_exl3 import cpu_seconds, distinct_copies  # noqa: E40
 
 SHAPES = {"glm": (4096, 2048, 3), "qwen": (2560, 640, 3)}
 TARGET_GBPS_PER_CORE = 1.0
-TARGET_SHAPE = "glm"         # the shape the target is set at (issue 24: a GLM expert, H 4096, I 2048, K 3)
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -185,8 +185,8 @@ def markdown(res: dict, command: str) -> str:
         lines += [f"- {r['shape']} {r['tokens']} token(s): this tree {cell(r['exl3_exact_1core_cpu'])}, "
                   f"{res['against']} {cell(r['exl3_exact_against_1core_cpu'])}" for r in res["results"]]
     t = res["target"]
-    lines += ["", f"Target: exact EXL3 >= {t['gbps_per_core']:.1f} GB/s of trellis bytes per core at 1 token at the "
-              f"{t['shape']} shape: {'met' if t['met'] else 'NOT met'} (median per core, per shape: "
+    lines += ["", f"Target: exact EXL3 >= {t['gbps_per_core']:.1f} GB/s of trellis bytes per core at 1 token at every "
+              f"shape: {'met' if t['met'] else 'NOT met'} (median per core, per shape: "
               + ", ".join(f"{k} {v:.2f} ({'met' if v >= t['gbps_per_core'] else 'not met'})"
                           for k, v in t["per_shape"].items()) + "; one-core wall-clock medians: "
               + ", ".join(f"{k} {v:.2f}" for k, v in t["per_shape_wall"].items()) + ").",
@@ -242,8 +242,8 @@ def main(argv=None) -> int:
     res["loadavg_end"] = os.getloadavg()[0]
     one = {r["shape"]: r["exl3_exact_1core_cpu"]["median"] for r in res["results"] if r["tokens"] == 1}
     wall = {r["shape"]: r["exl3_exact_1core"]["median"] for r in res["results"] if r["tokens"] == 1}
-    res["target"] = {"gbps_per_core": TARGET_GBPS_PER_CORE, "shape": TARGET_SHAPE, "per_shape": one,
-                     "per_shape_wall": wall, "met": one.get(TARGET_SHAPE, 0.0) >= TARGET_GBPS_PER_CORE}
+    res["target"] = {"gbps_per_core": TARGET_GBPS_PER_CORE, "per_shape": one, "per_shape_wall": wall,
+                     "met": bool(one) and min(one.values()) >= TARGET_GBPS_PER_CORE}
     command = "python benchmarks/bench_exl3.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = json.dumps(res, indent=1) + "\n"
     atomic_write(a.json, lambda f: f.write(text.encode()))
