@@ -194,3 +194,23 @@ def test_sim_prints_the_interval_and_table_only_when_asked(capsys):
     assert "interval" not in plain and "tok/s interval" in with_iv
     row = next(ln for ln in plain.splitlines() if ln.startswith("| C1 |"))
     assert next(ln for ln in with_iv.splitlines() if ln.startswith("| C1 |")).startswith(row[:-1])
+
+
+def test_the_lane_grid_idles_the_worker_before_split_calls_only():
+    """The idle is the split worker's (per_wake), counted from the last split call as the runtime books it; inline
+    calls run right after the previous call, as the runtime's host makes them."""
+    import types
+
+    class FakeBackend:
+        workers, parallel_min = 2, 4
+
+        def compute(self, lane, jobs, x):
+            return {}
+    grid = bench_terms.LaneGrid(FakeBackend(), types.SimpleNamespace(hidden=8), 16, rows=(1,), calls=4)
+    grid.round()
+    calls = grid.samples[0]
+    inline = [c for c in calls if c["cls"] == "inline"]
+    split = [c for c in calls if c["cls"] == "split"]
+    assert inline and split and all(c["idle_ms"] == 0.0 for c in inline)
+    assert {c["idle_ms"] for c in split} == set(bench_terms.LaneGrid.IDLE_MS)
+    assert all(c["wake"] >= spec.idle_wake(c["idle_ms"]) for c in split)

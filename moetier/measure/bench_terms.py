@@ -8,9 +8,10 @@ interleaves the stages' rounds (A B C .. A B C ..), so a term's spread covers th
 the seconds of its own stage: the noise a prediction made from these terms carries (moetier.core.interval).
 
 - ``LaneGrid``: the cpu lane's calls as the runtime makes them, over experts x rows at the store's record size
-  (inline below the backend's parallel_min, split over its workers above), each after a random idle of the lane's
-  worker; fitted by ``bench.fit_cpu_lane``: per_call (inline), per_layer (split), per_expert, per_extra_token,
-  per_wake (the idle) and per_handoff (split calls that end with a worker's share).
+  (inline below the backend's parallel_min, split over its workers above), each split call after a random idle of
+  the lane's worker (inline calls right after the previous call, as the runtime's host makes them); fitted by
+  ``bench.fit_cpu_lane``: per_call (inline), per_layer (split), per_expert, per_extra_token, per_wake (the idle)
+  and per_handoff (split calls that end with a worker's share).
 - ``ReadsBesideLane``: a layer as the runtime runs it, at the recipe's rows 1, 2 and 4: a burst of n demand reads
   issued together, the layer's RAM picks computed on the cpu lane while they land, then each read's expert computed
   inline as it lands. The reader's own timing (submit-to-landed by queue depth and burst position, wake-ups) is fitted
@@ -177,19 +178,23 @@ class LaneGrid:
         self.rng.shuffle(cells)
         out = []
         for n, m in cells:
+            split = n >= pmin
             for _ in range(self.calls):
-                idle_ms = self.rng.choice(self.IDLE_MS)
+                # the idle is the split worker's (per_wake); the runtime's host runs its inline calls between its
+                # own work, and a lone expert after a pause runs slower, a cost no term of the model carries
+                idle_ms = self.rng.choice(self.IDLE_MS) if split else 0.0
                 time.sleep(idle_ms / 1e3)
                 jobs = [(j, (self.rot + j) % self.nslots, list(range(m))) for j in range(n)]  # rotate: from DRAM
                 self.rot += n
                 t0 = time.perf_counter()
-                idle = (t0 - self.t_end) * 1e3
+                idle = (t0 - self.t_end) * 1e3          # since the last split call ended, as the runtime books it
                 be.compute("cpu", jobs, self.x[m])
-                self.t_end = time.perf_counter()
+                t1 = time.perf_counter()
+                if split:
+                    self.t_end = t1
                 share = len(spec.deal(range(n), be.workers)[0])      # the calling thread's share: the longest
-                split = n >= pmin
                 out.append({"cls": "split" if split else "inline", "calls": 1, "experts": n, "extra": n * (m - 1),
-                            "ms": (self.t_end - t0) * 1e3, "rows": m, "idle_ms": idle_ms, "crit_cold": share,
+                            "ms": (t1 - t0) * 1e3, "rows": m, "idle_ms": idle_ms, "crit_cold": share,
                             "crit_extra": share * (m - 1),
                             **({"wake": spec.idle_wake(idle), "handoff": int(spec.hands_off(n, be.workers))}
                                if split else {})})
