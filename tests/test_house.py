@@ -41,11 +41,20 @@ def diary_hits(text: str) -> list[str]:
     return [m.group(0) for m in DIARY.finditer(text)]
 
 
+def _diary_forms(n: int, letter: str, day: str, ordinal: str, sha: str) -> list[str]:
+    """Each form the pattern must catch, filled in at test time (so this file holds templates, not diary words)."""
+    return [f"on run {n}'s terms", f"runs {n}-{n + 3}", f"run {n % 9 + 1}'s record", f"VM {letter}",
+            f"the {day} VM", f"the {ordinal} session", f"({ordinal} session)", f"session {n}", f"at {sha}",
+            f"commit {sha},", f"reverted in {sha})"]
+
+
 def test_the_pattern_catches_diary_words_and_spares_plain_ones():
-    for line in ("on run 52's terms", "runs 46-49", "run 4's record", "VM D", "the 2026-12-01 VM",
-                 "the ninth session", "(eleventh session)", "session 12", "at a939892", "commit 6f38168,",
-                 "reverted in 905c012)"):
-        assert diary_hits(line), line
+    import hashlib
+    for i, (n, letter, ordinal) in enumerate(((52, "D", "ninth"), (13, "A", "eleventh"), (46, "H", "3rd"))):
+        sha = next(h[k:k + 7] for k in range(33) for h in [hashlib.sha1(bytes([i])).hexdigest()]
+                   if any(c.isalpha() for c in h[k:k + 7]) and any(c.isdigit() for c in h[k:k + 7]))
+        for line in _diary_forms(n, letter, f"2026-12-{i + 1:02d}", ordinal, sha):
+            assert diary_hits(line), line
     for line in ("a batch of 7 runs 4 experts", "run 1 differs from run 2", "0x1f2e3d4c", "sha256 of the file",
                  "tail-prefetch-C2", "deadbeef", "1234567", "layer 12 session", "the first pass"):
         assert not diary_hits(line), line

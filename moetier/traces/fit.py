@@ -21,12 +21,12 @@ only), then ``rounds`` passes of bisection, each knob on the statistic it is mon
 ``reuse`` on the mean of the LRU curve, ``drift`` again (locality raises the pooling gain), ``affinity`` on
 predictability (a grid, not bisection: predictability is not monotone in affinity; ``affinity_width`` halved from
 top-k / 2 while no grid point comes within half the tolerance; the nearest grid point, or, when the sample has
-fewer layers than the source, the least affinity within half the tolerance). The sample keeps the source's segment boundaries
-when it keeps all its tokens. A pass at the source's shape (where the sample is smaller) refits ``zipf_s`` on
-entropy and ``reuse`` on the LRU curve's mean within a narrow range (affinity concentrates load along the whole
-chain of layers, which the sample's few layers under-represent); last, ``reuse`` within 0.1 of that minimises the
-LRU curve's largest difference (golden section), the statistic the check reads. Deterministic for a seed. Pure: no
-I/O.
+fewer layers than the source, the least affinity within half the tolerance). The sample keeps the source's segment
+boundaries when it keeps all its tokens. A pass at the source's shape (where the sample is smaller) refits
+``zipf_s`` on entropy and ``reuse`` on the LRU curve's mean within a narrow range (affinity concentrates load along
+the whole chain of layers, which the sample's few layers under-represent); last, ``reuse`` within 0.1 of that
+minimises the LRU curve's largest difference (golden section), the statistic the check reads. Deterministic for a
+seed. Pure: no I/O.
 """
 from __future__ import annotations
 
