@@ -80,8 +80,8 @@ def register(sub, parser_class) -> None:
     c.add_argument("--repeats", type=positive_int, default=None,
                    help="interleaved repeats of the whole matrix (A B .. A B ..; default 2)")
     c.add_argument("--quick", action="store_true",
-                   help="the fit arms without a VRAM tier, one plan repeat, 60 steps after 16 warm-up tokens "
-                        "(calibrate.quick_arms; a few minutes, README)")
+                   help="the fit arms without a VRAM tier, one plan and four checked repeats of 60 steps after 16 "
+                        "warm-up tokens (calibrate.quick_arms; a few minutes, README)")
     c.add_argument("--verify-rate", type=fraction, default=1.0,
                    help="fraction of reads checksum-checked on landing (default 1)")
     c.add_argument("--no-write", action="store_true", help="do not write the fitted terms or the run record")

@@ -96,9 +96,10 @@ def default_arms(R, *, vram: bool = True) -> list[dict]:
     ]
 
 
-# `moetier calibrate --quick`: one plan repeat, two checked ones of 60 steps, the fit arms without a VRAM tier, each
-# run warmed up on 16 tokens (quick_arms)
-QUICK = {"steps": 60, "repeats": 2, "plan_repeats": 1, "warmup_tokens": 16}
+# `moetier calibrate --quick`: the fit arms without a VRAM tier (quick_arms), each run warmed up on 16 tokens; one plan
+# repeat and four checked ones of 60 steps. Four, not two: _merge drops the fastest and the slowest, so one repeat
+# caught in a slow minute of a shared host does not reach the fit (docs/fidelity.md, "A quick calibration").
+QUICK = {"steps": 60, "repeats": 4, "plan_repeats": 1, "warmup_tokens": 16}
 
 
 def quick_arms(R, warmup_tokens: int | None = QUICK["warmup_tokens"]) -> list[dict]:
