@@ -52,6 +52,16 @@ def user_registry(tmp_path, monkeypatch):
     return d
 
 
+@pytest.fixture(scope="session")
+def tiny_ci_store(tmp_path_factory) -> str:
+    """A store packed from the shipped tiny-ci-cpu model, once per session; tests only read it."""
+    from moetier.bytes import store
+    from moetier.core import records as spec
+    d = tmp_path_factory.mktemp("tiny-ci-store") / "store"
+    store.pack(spec.resolve("tiny-ci-cpu").model, str(d))
+    return str(d)
+
+
 @pytest.fixture
 def install_distribution(tmp_path, monkeypatch):
     """install(name, {group: {entry name: target}}, {file name: text}) -> the site directory, on sys.path."""

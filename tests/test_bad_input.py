@@ -264,12 +264,9 @@ def test_emit_writes_null_with_a_reason_for_a_nan(capsys):
 
 
 # ---- writes: no record replaced silently, all or none, checked before the work --------------------------------------
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    from moetier.bytes import store
-    d = tmp_path_factory.mktemp("store") / "tiny"
-    store.pack(spec.resolve("tiny-ci-cpu").model, str(d))
-    return str(d)
+@pytest.fixture
+def packed(tiny_ci_store):
+    return tiny_ci_store
 
 
 def _no_run(monkeypatch):
