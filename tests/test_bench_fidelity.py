@@ -1,4 +1,5 @@
-"""benchmarks/bench_fidelity.py's report: the summaries, the noise floor and the table, on a made-up result."""
+"""benchmarks/bench_fidelity.py's report (summaries, noise floor, table) on a made-up result;
+bench_quick_agreement.py refusing bad arguments."""
 from __future__ import annotations
 
 import importlib.util
@@ -60,3 +61,11 @@ def test_markdown_shows_goals_repeats_and_the_floor(fake_result):
     assert "| a-C1 | -20.0% | +10.0% |" in md
     assert "The arms' own change between the phases: median 15.0%, max 20.0% (a-C1)." in md
     assert "## The noise floor" not in bf.markdown({**fake_result, "noise_floor": {}})
+
+
+def test_quick_agreement_refuses_bad_arguments_before_any_work(capsys):
+    spec_ = importlib.util.spec_from_file_location("bench_quick_agreement", _PATH.parent / "bench_quick_agreement.py")
+    qa = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(qa)
+    assert qa.main(["--store", "/nonexistent", "--repeats", "2", "0"]) == 2
+    assert capsys.readouterr().err.startswith("bench_quick_agreement: --repeats")
