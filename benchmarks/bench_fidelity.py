@@ -83,6 +83,15 @@ def measure_arms(recipe_id: str, st, tr, arms, steps: int, repeats: int) -> dict
     return out
 
 
+def recipe_and_trace(recipe_id: str):
+    """The recipe as the user registry resolves it, and its routing trace."""
+    from moetier.cli.common import find_path
+    from moetier.core import records as spec
+    from moetier.traces.format import load_trace
+    R = spec.resolve(recipe_id)
+    return R, load_trace(find_path(R.trace), layers=R.layers, experts=R.experts, topk=R.topk)
+
+
 def predict_arms(recipe_id: str, tr, arms, measured: dict, steps: int) -> list[dict]:
     """Each arm predicted from the user registry's records, with its interval, against its measured tok/s."""
     from moetier.core import interval, sim
@@ -187,22 +196,30 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", default=str(REPO / "benchmarks"), help="where the .json and .md go")
     args = ap.parse_args(argv)
     reg = tempfile.mkdtemp(prefix="moetier-fidelity-")
+    again = reg + "-again"
     os.environ["MOETIER_REGISTRY"] = reg
+    try:
+        run(args, reg, again)
+    finally:
+        shutil.rmtree(reg, ignore_errors=True)
+        shutil.rmtree(again, ignore_errors=True)
+    return 0
+
+
+def run(args, reg: str, again: str) -> None:
+    """Both phases into user registry ``reg``; the second quick calibration into ``again``, a copy of the bench's."""
     from moetier.bytes import store
     from moetier.core import records as spec
     from moetier.measure import calibrate
-    from moetier.traces.format import load_trace
-    from moetier.cli.common import find_path
     name = machine()
     res = {"machine": name, "cores": os.cpu_count(), "steps": args.steps, "repeats": args.repeats,
            "when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "load_before": [round(x, 2) for x in os.getloadavg()], "goals": GOALS}
     rid = f"{RECIPE}-bench"
     secs = moetier("bench", "--store", args.store, "--recipe", RECIPE, registry=reg)
-    again = shutil.copytree(reg, reg + "-again")        # the bench's records, for the second quick calibration
-    R = spec.resolve(rid)
+    shutil.copytree(reg, again)
+    R, tr = recipe_and_trace(rid)
     st = store.open_store(args.store, model=R.model)
-    tr = load_trace(find_path(R.trace), layers=R.layers, experts=R.experts, topk=R.topk)
     arms = calibrate.default_arms(R, vram=False)
 
     def phase(key, command, seconds, measured):
@@ -216,7 +233,7 @@ def main(argv=None) -> int:
     if not args.skip_quick:
         quick = ("calibrate", rid, "--store", args.store, "--quick")
         secs = moetier(*quick, registry=reg)
-        secs_again = moetier(*quick, registry=str(again))
+        secs_again = moetier(*quick, registry=again)
         measured = measure_arms(rid, st, tr, arms, args.steps, args.repeats)
         phase("quick", f"moetier calibrate {rid} --store STORE --quick", secs, measured)
         prev = spec.set_user_registry(again)
@@ -226,10 +243,6 @@ def main(argv=None) -> int:
             spec.set_user_registry(prev)
         res["noise_floor"] = noise_floor(res)
     write(res, Path(args.out_dir), name)
-    shutil.rmtree(reg, ignore_errors=True)
-    shutil.rmtree(again, ignore_errors=True)
-    return 0
-
 
 def write(res: dict, out: Path, name: str) -> None:
     from moetier.atomic import atomic_write

@@ -13,31 +13,24 @@ the floor under any error goal set for it (docs/fidelity.md, "A quick calibratio
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
 import sys
 import tempfile
-from pathlib import Path
 
-_BF = Path(__file__).resolve().parent / "bench_fidelity.py"
-_spec = importlib.util.spec_from_file_location("bench_fidelity", _BF)
-bf = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bf)
+import bench_fidelity as bf       # beside this script: its bench/calibrate runner and its arm-by-arm changes
+
 sys.path.insert(0, str(bf.REPO))
 
 
 def predictions(registry: str, rid: str, steps: int) -> dict[str, float]:
     """Every non-VRAM arm of the matrix predicted from ``registry``'s records: arm -> tok/s."""
-    from moetier.cli.common import find_path
     from moetier.core import records as spec, sim
     from moetier.measure import calibrate
-    from moetier.traces.format import load_trace
     prev = spec.set_user_registry(registry)
     try:
-        R = spec.resolve(rid)
-        tr = load_trace(find_path(R.trace), layers=R.layers, experts=R.experts, topk=R.topk)
+        R, tr = bf.recipe_and_trace(rid)
         return {a["name"]: sim.run(calibrate.arm_recipe(rid, a), tr, a["conc"], max_steps=steps)["tok_s"]
                 for a in calibrate.default_arms(R, vram=False)}
     finally:

@@ -264,11 +264,6 @@ def test_emit_writes_null_with_a_reason_for_a_nan(capsys):
 
 
 # ---- writes: no record replaced silently, all or none, checked before the work --------------------------------------
-@pytest.fixture
-def packed(tiny_ci_store):
-    return tiny_ci_store
-
-
 def _no_run(monkeypatch):
     """Make the runtime's work fail loudly: a check that must come before it shows up as an AssertionError."""
     from moetier.run import runtime
@@ -280,8 +275,8 @@ def _no_run(monkeypatch):
     monkeypatch.setattr(bench, "measure", boom)
 
 
-def test_run_record_replaced_only_with_force(capsys, reg, packed, monkeypatch):
-    argv = ["run", "tiny-ci-cpu", "--store", packed, "--steps", "2", "--conc", "1", "--record", "mine"]
+def test_run_record_replaced_only_with_force(capsys, reg, tiny_ci_store, monkeypatch):
+    argv = ["run", "tiny-ci-cpu", "--store", tiny_ci_store, "--steps", "2", "--conc", "1", "--record", "mine"]
     assert run(capsys, *argv)[0] == 0
     first = (reg / "runs" / "mine.json").read_bytes()
     _no_run(monkeypatch)
@@ -294,44 +289,44 @@ def test_run_record_replaced_only_with_force(capsys, reg, packed, monkeypatch):
     assert run(capsys, *argv, "--force")[0] == 0
 
 
-def test_run_default_record_ids_are_new_each_time(capsys, reg, packed, monkeypatch):
+def test_run_default_record_ids_are_new_each_time(capsys, reg, tiny_ci_store, monkeypatch):
     from moetier.cli import runtime as cli_runtime
     monkeypatch.setattr(cli_runtime, "_now", lambda: "2026-01-02T03:04:05+00:00")    # two runs in one second
-    argv = ["run", "tiny-ci-cpu", "--store", packed, "--steps", "2", "--conc", "1"]
+    argv = ["run", "tiny-ci-cpu", "--store", tiny_ci_store, "--steps", "2", "--conc", "1"]
     assert run(capsys, *argv)[0] == 0 and run(capsys, *argv)[0] == 0
     ids = sorted(p.stem for p in (reg / "runs").glob("tiny-ci-cpu-run-20260102t030405*.json"))
     assert ids == ["tiny-ci-cpu-run-20260102t030405", "tiny-ci-cpu-run-20260102t030405-2"]
 
 
-def test_run_invalid_record_id_before_work(capsys, packed, monkeypatch):
+def test_run_invalid_record_id_before_work(capsys, tiny_ci_store, monkeypatch):
     _no_run(monkeypatch)
     for bad in ("../escape", "UPPER", "a/b"):
-        rc, _, err = run(capsys, "run", "tiny-ci-cpu", "--store", packed, "--record", bad)
+        rc, _, err = run(capsys, "run", "tiny-ci-cpu", "--store", tiny_ci_store, "--record", bad)
         one_line_error(rc, err, repr(bad), "not a valid record id")
 
 
-def test_run_into_unwritable_registry(capsys, reg, packed, monkeypatch, tmp_path):
+def test_run_into_unwritable_registry(capsys, reg, tiny_ci_store, monkeypatch, tmp_path):
     shutil.rmtree(reg / "runs")
     (reg / "runs").symlink_to(_unwritable_dir(tmp_path))
     _no_run(monkeypatch)
-    rc, _, err = run(capsys, "run", "tiny-ci-cpu", "--store", packed, "--steps", "2", "--record", "r1")
+    rc, _, err = run(capsys, "run", "tiny-ci-cpu", "--store", tiny_ci_store, "--steps", "2", "--record", "r1")
     one_line_error(rc, err, "cannot write runs records")
 
 
-def test_bench_into_unwritable_registry(capsys, reg, packed, monkeypatch, tmp_path):
+def test_bench_into_unwritable_registry(capsys, reg, tiny_ci_store, monkeypatch, tmp_path):
     hw_before = (reg / "hardware" / "local-cpu.json").read_bytes()
     shutil.rmtree(reg / "engine")
     (reg / "engine").symlink_to(_unwritable_dir(tmp_path))
     _no_run(monkeypatch)
-    rc, _, err = run(capsys, "bench", "--store", packed, "--hardware", "local-cpu", "--engine", "new-engine",
+    rc, _, err = run(capsys, "bench", "--store", tiny_ci_store, "--hardware", "local-cpu", "--engine", "new-engine",
                      "--force", "--overlay")
     one_line_error(rc, err, "cannot write engine records")
     assert (reg / "hardware" / "local-cpu.json").read_bytes() == hw_before
 
 
-def test_bench_existing_records_need_force(capsys, reg, packed, monkeypatch):
+def test_bench_existing_records_need_force(capsys, reg, tiny_ci_store, monkeypatch):
     _no_run(monkeypatch)
-    rc, _, err = run(capsys, "bench", "--store", packed, "--hardware", "local-cpu", "--engine", "numba-cpu",
+    rc, _, err = run(capsys, "bench", "--store", tiny_ci_store, "--hardware", "local-cpu", "--engine", "numba-cpu",
                      "--overlay")
     one_line_error(rc, err, "local-cpu", "exists", "--force")
 
@@ -422,7 +417,7 @@ def _json_commands():
     return sorted(set(out))
 
 
-def test_json_output_is_strict_for_every_command(capsys, packed, reg, tmp_path):
+def test_json_output_is_strict_for_every_command(capsys, tiny_ci_store, reg, tmp_path):
     hf = tmp_path / "olmoe"
     hf.mkdir()
     (hf / "config.json").write_text(json.dumps({
@@ -441,11 +436,11 @@ def test_json_output_is_strict_for_every_command(capsys, packed, reg, tmp_path):
         "trace stats": ["trace", "stats", "traces/tiny-ci.npz", "--cache-sizes", "4,16", "--json"],
         "trace fit": ["trace", "fit", "traces/tiny-ci.npz", "--experts", "32", "--sample-tokens", "200",
                       "--sample-layers", "4", "--json"],
-        "run": ["run", "tiny-ci-cpu", "--store", packed, "--steps", "2", "--conc", "1", "--no-record", "--json"],
-        "bench": ["bench", "--store", packed, "--recipe", "tiny-ci-cpu", "--rounds", "3", "--records", "8", "--dry-run",
-                  "--json"],
-        "calibrate": ["calibrate", "tiny-ci-cpu", "--store", packed, "--steps", "1", "--repeats", "1", "--no-write",
-                      "--json"],
+        "run": ["run", "tiny-ci-cpu", "--store", tiny_ci_store, "--steps", "2", "--conc", "1", "--no-record", "--json"],
+        "bench": ["bench", "--store", tiny_ci_store, "--recipe", "tiny-ci-cpu", "--rounds", "3", "--records", "8",
+                  "--dry-run", "--json"],
+        "calibrate": ["calibrate", "tiny-ci-cpu", "--store", tiny_ci_store, "--steps", "1", "--repeats", "1",
+                      "--no-write", "--json"],
         "list": ["list", "--json"],
         "doctor": ["doctor", "--store-dir", str(tmp_path), "--json"],
         "sweep": ["sweep", "tiny-ci-cpu", "--conc", "1", "--steps", "2", "--workers", "1", "--out",

@@ -9,10 +9,8 @@ from moetier.bytes import store
 
 
 @pytest.fixture(scope="module")
-def ci_store(tmp_path_factory):
-    d = tmp_path_factory.mktemp("bench") / "store"
-    store.pack(spec.resolve("tiny-ci-cpu").model, str(d))
-    return store.open_store(str(d))
+def ci_store(tiny_ci_store):
+    return store.open_store(tiny_ci_store)
 
 
 def test_reuse_curve_spans_the_working_sets_and_is_relative_to_cold(ci_store):

@@ -63,7 +63,8 @@ def test_markdown_shows_goals_repeats_and_the_floor(fake_result):
     assert "## The noise floor" not in bf.markdown({**fake_result, "noise_floor": {}})
 
 
-def test_quick_agreement_refuses_bad_arguments_before_any_work(capsys):
+def test_quick_agreement_refuses_bad_arguments_before_any_work(capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(_PATH.parent))        # the script imports bench_fidelity from beside it
     spec_ = importlib.util.spec_from_file_location("bench_quick_agreement", _PATH.parent / "bench_quick_agreement.py")
     qa = importlib.util.module_from_spec(spec_)
     spec_.loader.exec_module(qa)
