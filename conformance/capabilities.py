@@ -40,10 +40,11 @@ def check_name(name: str) -> str:
 
 
 def recipe_id(name: str) -> str:
-    """The CI recipe a backend's runtime checks use: tiny-ci-<name> when it exists, else tiny-ci-cpu."""
+    """The CI recipe a backend's runtime checks use: tiny-ci-<name> where the registries hold one (the user
+    registry, a backend package's ``moetier.registries`` folder, the shipped records), else tiny-ci-cpu."""
     from moetier.core import records as spec
     rid = f"tiny-ci-{name}"
-    return rid if (spec.REGISTRY / "recipe" / f"{rid}.json").is_file() else "tiny-ci-cpu"
+    return rid if rid in spec.record_ids("recipe") else "tiny-ci-cpu"
 
 
 def open_backend(name: str, store, *, ram_slots: int, vram_slots: int = 0, **kw):
