@@ -29,17 +29,24 @@ from __future__ import annotations
 import numpy as np
 
 from moetier.bytes.expert import EXL3, exl3_expert
+from moetier.run import registry
 from moetier.run.contract import BackendUnavailable
 from moetier.run.events import SequencedBackend, Sequencer
 
-try:
-    from backends.cpu import exl3 as _numba_exl3
 
-    def cpu_rows(x, expert, act_limit):
-        return _numba_exl3.expert_forward(expert, x, act_limit, fp16=True)
+def _cpu_backend():
+    """The registered cpu backend's class (moetier.run.registry), or None where it does not import."""
+    try:
+        return registry.factory("cpu")
+    except BackendUnavailable:
+        return None
 
+
+_CPU = _cpu_backend()
+if getattr(_CPU, "EXL3_KERNEL", False):
+    cpu_rows = _CPU.exl3_rows
     CPU_KERNEL = "moetier Numba EXL3 kernel"
-except ImportError:       # numba is the cpu extra; the NumPy reference rounds at the same points, slower
+else:                     # numba is the cpu extra; the NumPy reference rounds at the same points, slower
     from moetier.bytes import exl3 as _ref_exl3
 
     def cpu_rows(x, expert, act_limit):

@@ -14,10 +14,10 @@ from moetier.run.router import StoreRouter
 from moetier.bytes.transport import Reader, SlotPool
 
 try:
-    from backends.cpu import kernels
+    from backends.cpu import exl3, kernels
     from backends.cpu.lane import CpuLane
 except ImportError as e:  # numba is the `cpu` extra
-    kernels = None
+    exl3 = kernels = None
     _WHY = f"numba is not installed ({e}); install the cpu extra: pip install 'moetier[cpu]'"
 
 
@@ -42,6 +42,14 @@ class CpuBackend:
     @property
     def ram_slot_count(self) -> int:
         return self.pool.n
+
+    EXL3_KERNEL = exl3 is not None      # whether exl3_rows runs here (numba installed)
+
+    @staticmethod
+    def exl3_rows(x, expert, act_limit):
+        """moetier's Numba EXL3 expert on token rows x, fp16 at the engines' rounding points: the cpu lane the
+        engine adapters reach through the registry (``registry.factory("cpu").exl3_rows``)."""
+        return exl3.expert_forward(expert, x, act_limit, fp16=True)
 
     # -- routing and compute ------------------------------------------------------------------------------------------------
     def ram_view(self, slot: int) -> np.ndarray:
