@@ -159,3 +159,10 @@ def test_the_template_package_passes_the_suite_from_its_own_records(tmp_path):
     assert rep["counts"]["fail"] == 0 and "test_plan_parity_with_simulator" in ran
     assert "test_numerics_vs_reference[cpu-int8]" in ran and "test_fill_lands_manifest_bytes[int8]" in ran
     assert "| `test_plan_parity_with_simulator` | pass |" in (tmp_path / "r.md").read_text()
+
+
+def test_the_contract_page_names_every_verb_the_code_declares():
+    page = (ROOT / "docs" / "backend-contract.md").read_text()
+    names = (contract.REQUIRED + contract.VRAM_REQUIRED + tuple(contract.OPTIONAL) + tuple(contract.TELEMETRY)
+             + contract.TEST_HOOKS + tuple(contract.OPTIONS))
+    assert not [n for n in names if f"`{n}" not in page], "docs/backend-contract.md lacks some of the contract"
