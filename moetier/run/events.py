@@ -22,6 +22,10 @@ completed_seq delegate to a Sequencer, begin_measured / read_timing to the fills
 ``SequencedBackend.__init__(self, events=, reader=, router=)``; a verb used before that raises one AttributeError
 saying so.
 
+``ReaderFills`` is the same for a backend without device copies (host memory only): fill / cancel / landed / wait /
+fence / completed_seq and the telemetry (stats, begin_measured, read_timing) are the fills' Reader's, handed over
+as ``ReaderFills.__init__(self, reader=)``; the Reader's completions are the handles.
+
 Handles expose ``seq``, ``key``, ``kind``, ``state`` (pending | landed | failed), ``prefetch``, ``t_submit`` and
 ``t_landed`` (perf_counter seconds, 0.0 when not timed) - what the runtime reads (moetier.run.contract.Handle).
 """
@@ -225,3 +229,36 @@ class SequencedBackend:
             from moetier.run.contract import BackendUnavailable
             raise BackendUnavailable(f"{type(self).__name__}: no router of its own; route by a trace")
         return self.router.route(layer, x, rows)
+
+
+class ReaderFills:
+    def __init__(self, *, reader):
+        self.reader = reader
+
+    def fill(self, key: int, slot: int, *, prefetch: bool = False):
+        return self.reader.fill(key, slot, prefetch=prefetch)
+
+    def cancel(self, handle) -> bool:
+        return self.reader.cancel(handle)
+
+    def landed(self, handle) -> bool:
+        return self.reader.landed(handle)
+
+    def wait(self, handle):
+        return self.reader.wait(handle)
+
+    def fence(self) -> None:
+        self.reader.fence()
+
+    def completed_seq(self) -> int:
+        return self.reader.completed_seq()
+
+    @property
+    def stats(self) -> dict:
+        return dict(self.reader.stats)
+
+    def begin_measured(self) -> None:
+        self.reader.begin_measured()
+
+    def read_timing(self) -> dict:
+        return self.reader.read_timing()

@@ -2,7 +2,8 @@
 
 Contract (moetier.run.contract): every required verb, on the host. The RAM tier is moetier's ``SlotPool`` (4 KiB
 aligned slots in one mapping) and fills are moetier's O_DIRECT ``Reader`` into it, checksum-verified at
-``verify_rate``; a device whose host memory is its own allocation wraps it in ``BufferSlotPool`` instead. One
+``verify_rate``: ``ReaderFills`` turns the Reader into the contract's fill, landed, wait, fence, completed_seq,
+cancel and telemetry; a device whose host memory is its own allocation wraps it in ``BufferSlotPool`` instead. One
 compute lane, ``cpu``: each expert's record is dequantized and applied in float64, one token row at a time, so a
 row's bits never depend on the rows or experts batched with it. No VRAM tier: ``push`` / ``drain`` and
 ``workers`` / ``parallel_min`` are left out, and moetier binds the contract's defaults for them (no VRAM tier; calls
@@ -15,10 +16,11 @@ import numpy as np
 from moetier.bytes.expert import ENCODINGS, dequant, silu
 from moetier.bytes.transport import Reader, SlotPool
 from moetier.run.contract import BackendUnavailable, Capabilities
+from moetier.run.events import ReaderFills
 from moetier.run.router import StoreRouter
 
 
-class TemplateBackend:
+class TemplateBackend(ReaderFills):
     """The backend factory the ``moetier.backends`` entry point names: ``(store, *, ram_slots, vram_slots=0,
     **options)``; options it does not name are never passed (moetier.run.registry)."""
 
@@ -28,7 +30,8 @@ class TemplateBackend:
         self.store, self.layout = store, store.layout
         self.record_bytes = int(store.record_bytes)
         self.pool = SlotPool(max(1, int(ram_slots)), self.record_bytes)
-        self.reader = Reader(store, self.pool, verify_rate=verify_rate, faults=faults)
+        # fill / cancel / landed / wait / fence / completed_seq and the telemetry are the Reader's (ReaderFills)
+        ReaderFills.__init__(self, reader=Reader(store, self.pool, verify_rate=verify_rate, faults=faults))
         self.router = StoreRouter(store)
         self.capabilities = Capabilities(name="template", device="host CPU (numpy, float64)",
                                          lanes=frozenset({"cpu"}), encodings=frozenset(ENCODINGS), vram_slots=0)
@@ -52,43 +55,13 @@ class TemplateBackend:
             out[key] = y.astype(np.float32)
         return out
 
-    # -- required: transfers (fills; the Reader's handles carry seq, key, state, prefetch and times) ------------------
-    def fill(self, key: int, slot: int, *, prefetch: bool = False):
-        return self.reader.fill(key, slot, prefetch=prefetch)
-
-    def landed(self, handle) -> bool:
-        return self.reader.landed(handle)
-
-    def wait(self, handle):
-        return self.reader.wait(handle)
-
-    def fence(self) -> None:
-        self.reader.fence()
-
-    def completed_seq(self) -> int:
-        return self.reader.completed_seq()
-
     def close(self) -> None:
         self.reader.close()
         self.pool.close()
 
-    # -- optional, offered because the Reader has them -----------------------------------------------------------------
-    def cancel(self, handle) -> bool:
-        return self.reader.cancel(handle)
-
+    # -- optional: a router of its own (the store's router weights) ---------------------------------------------------
     def route(self, layer: int, x, rows=None):
         return self.router.route(layer, x, rows)
-
-    # -- telemetry ------------------------------------------------------------------------------------------------
-    @property
-    def stats(self) -> dict:
-        return dict(self.reader.stats)
-
-    def begin_measured(self) -> None:
-        self.reader.begin_measured()
-
-    def read_timing(self) -> dict:
-        return self.reader.read_timing()
 
     # -- test-only hook: the conformance suite's byte-exact checks read RAM slots through it --------------------------
     def ram_view(self, slot: int) -> np.ndarray:
