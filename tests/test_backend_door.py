@@ -121,6 +121,10 @@ def test_a_backend_package_ships_its_ci_recipe(install_distribution, tmp_path, m
     try:
         assert capabilities.recipe_id("pkgdev") == "tiny-ci-pkgdev"
         assert spec.resolve("tiny-ci-pkgdev").id == "tiny-ci-pkgdev"
+        user = tmp_path / "user" / "recipe"                          # the user registry provides one too
+        user.mkdir(parents=True)
+        (user / "tiny-ci-userdev.json").write_text(json.dumps({**rec, "id": "tiny-ci-userdev"}))
+        assert capabilities.recipe_id("userdev") == "tiny-ci-userdev"
     finally:
         spec.package_registries.cache_clear()
 
