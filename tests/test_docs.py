@@ -4,9 +4,11 @@ Scanned: README.md, docs/*.md and benchmarks/README.md. Every ``moetier.x.y`` th
 attribute of one; an entry-point group named in pyproject.toml counts; a quoted string such as a trace's source tag
 or a format id is data, not a name); every repository path they name (``moetier/...``, ``benchmarks/...``,
 ``docs/...`` and the other top-level folders) exists; no path of a development machine (/work/, /home/, /root/,
-/Users/, /mnt/) appears. benchmarks/README.md lists every script of benchmarks/ and names none that is gone.
+/Users/, /mnt/) appears. benchmarks/README.md lists every script of benchmarks/ and names none that is gone, and
+docs/fidelity.md's results table is what benchmarks/fidelity-*.json hold.
 """
 import importlib
+import json
 import re
 from pathlib import Path
 
@@ -106,3 +108,21 @@ def test_benchmarks_readme_lists_every_script_and_only_those():
 def test_the_listing_pattern_reads_table_rows_only():
     text = "| `a.py` | cmd | x | y |\n| `b.sh` | c |\nnot a row `c.py`\n| script | command |\n"
     assert listed_scripts(text) == {"a.py", "b.sh"}
+
+
+FIDELITY_PHASE = {"`moetier bench`": "bench", "`moetier calibrate --quick`": "quick",
+                  "a second `--quick`, right after": "quick_again"}
+
+
+def test_the_fidelity_table_is_the_fidelity_records():
+    """docs/fidelity.md's results table, row by row, against benchmarks/fidelity-<machine>.json (bench_fidelity.py
+    writes both the records and their .md)."""
+    rows = re.findall(r"^\| ([\w-]+) \| (.+?) \| (\d+) \| ([\d.]+)% \| ([\d.]+)% \(([\w.-]+)\) \| (\d+) of (\d+) \|$",
+                      _text(ROOT / "docs" / "fidelity.md"), re.M)
+    assert len(rows) >= 4
+    for machine, phase, sec, med, mx, arm, inside, arms in rows:
+        rec = json.loads(_text(ROOT / "benchmarks" / f"fidelity-{machine}.json"))[FIDELITY_PHASE[phase]]
+        s = rec["summary"]
+        assert (int(sec), med, mx, arm, int(inside), int(arms)) == (
+            round(rec["seconds"]), f"{s['median_abs_error_pct']:.1f}", f"{s['max_abs_error_pct']:.1f}", s["max_arm"],
+            round(s["inside_share"] * s["arms"]), s["arms"]), (machine, phase)
