@@ -87,7 +87,17 @@ def test_the_counts_beside_the_table_are_the_tables():
     prose = text.split("What each number means", 1)[1].split("\n- **conc**", 1)[0]
     assert f"how many of the {sum(counts):,} experts" in prose
     assert f"{counts[0]:,} VRAM slots, {counts[1]:,} fit in the" in prose and f"the other {counts[2]:,} are" in prose
-    assert f"({R.layers} layers x {R.experts} experts, top-{R.topk}" in text
+    assert f"({R.layers} layers x {R.experts} experts, top-{R.topk}, {R.expert_bytes * R.keys / 1e9:.0f} GB of " \
+        "experts)" in text
+
+
+def test_the_walks_model_is_the_one_it_packs():
+    from moetier.cli.doctor import store_bytes
+    from moetier.core import records as spec
+    R = spec.resolve("tiny-local-cpu")
+    pack = next(ln for ln in WALK if " store pack " in ln)
+    assert shlex.split(pack)[3] == R.model_id and f"# {store_bytes(R) / 1e9:.1f} GB store" in pack
+    assert f"(the local tiny model: {R.layers} layers x {R.experts} experts, top-{R.topk}, int8)" in readme()
 
 
 def fidelity_seconds(phases) -> list[float]:
