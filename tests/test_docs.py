@@ -1,7 +1,7 @@
 """The docs are references that tests keep true: what they name exists, and nothing in them is one machine's.
 
 Scanned: README.md, docs/*.md and benchmarks/README.md. Every ``moetier.x.y`` they name imports (a module, or an
-attribute of one; an entry-point group named in pyproject.toml counts; a quoted string such as a trace's source tag
+attribute of one; an entry-point group moetier reads counts; a quoted string such as a trace's source tag
 or a format id is data, not a name); every repository path they name (``moetier/...``, ``benchmarks/...``,
 ``docs/...`` and the other top-level folders) exists; no path of a development machine (/work/, /home/, /root/,
 /Users/, /mnt/) appears. benchmarks/README.md lists every script of benchmarks/ and names none that is gone, and
@@ -31,7 +31,10 @@ def _text(path: Path) -> str:
 
 
 def entry_point_groups() -> set[str]:
-    return set(re.findall(r'^\[project\.entry-points\."([^"]+)"\]', _text(ROOT / "pyproject.toml"), re.M))
+    """The entry-point groups moetier reads (named like modules, but not modules)."""
+    from moetier.core.records import PACKAGE_GROUP
+    from moetier.run.registry import GROUP
+    return {GROUP, PACKAGE_GROUP}
 
 
 def resolves(name: str) -> bool:
