@@ -10,6 +10,7 @@ and without progress bars.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -43,7 +44,9 @@ def rewrite(text: str) -> str:
 
 
 def main(argv=None) -> int:
-    check = "--check" in (argv if argv is not None else sys.argv[1:])
+    ap = argparse.ArgumentParser(description="Rewrite (or --check) the README's generated blocks.")
+    ap.add_argument("--check", action="store_true", help="exit 1 naming each block that differs; write nothing")
+    check = ap.parse_args(argv).check
     text = README.read_text(encoding="utf-8")
     if not blocks(text):
         raise SystemExit("readme_figures: README.md has no <!-- output: moetier ... --> block")
