@@ -1,5 +1,5 @@
-"""Measured costs: per lane per_layer / per_expert / per_extra_token (least squares over experts x rows, as
-moetier.bench.cpu_lane_costs), fill and push GB/s, written as a validated engine record into the report directory
+"""Measured costs: per lane per_layer / per_expert / per_extra_token (least squares over experts x rows, the
+engine record's lane cost model), fill and push GB/s, written as a validated engine record into the report directory
 (and to registry/engine/<ID>.json only with --write-engine ID)."""
 from __future__ import annotations
 
