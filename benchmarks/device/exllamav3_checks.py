@@ -18,7 +18,8 @@ script exits 1 if any failed:
 5. split     - the attached block under an NVMe tail against the engine's own (unattached) output: rel RMS < 2e-3;
 6. speed     - decode tok/s of the MoE blocks without moetier and with it (nvme-tail), and the simulator's
                prediction for the attached run's deals beside it (reported, not judged);
-7. load      - the tiny model loaded by moetier_load (the engine's own BlockSparseMLP.load on CUDA, its routed experts
+7. hand-over - attach frees the engine's own routed expert tensors on the device (>= 90 % of their bytes);
+8. load      - the tiny model loaded by moetier_load (the engine's own BlockSparseMLP.load on CUDA, its routed experts
                redirected to moetier's slots): no routed expert tensor reaches the checkpoint reader, and in exact
                mode with every expert resident its output is bit-identical to the engine's own load.
 
@@ -177,6 +178,7 @@ def main(argv=None) -> int:
         att.detach()
     same = all(torch.equal(a, b) for sa, sb in zip(outs["gpu"], outs["zerocopy"]) for a, b in zip(sa, sb))
     report("gpu/zc", same, "bit-identical" if same else "outputs differ between the gpu and zerocopy lanes")
+    handover_check(work, recs, torch)
     att = attach(model, tiny_recipe(8, 12), recs, record=True)
     got = forward_all(model.modules, xs)
     worst = max(rel_rms(a.numpy(), b.numpy()) for sa, sb in zip(got, base) for a, b in zip(sa, sb))
@@ -192,6 +194,33 @@ def main(argv=None) -> int:
     if args.checkpoint:
         real_checkpoint(args, torch)
     return finish(args)
+
+
+def handover_check(work, recs, torch) -> None:
+    """attach's hand-over frees the engine's own expert tensors on the device (the C++ bound classes rebuilt over
+    moetier's views): device memory after attach, less moetier's arena and bounce record, against before, on a
+    freshly loaded copy of the tiny model (its experts still the engine's own)."""
+    import gc
+    from adapters.exllamav3 import checkpoint
+    from adapters.exllamav3.attach import attach
+    model = checkpoint.build_model(work / "ckpt", device="cuda")
+    routed = sum(getattr(lins[e].inner, part).numel() * getattr(lins[e].inner, part).element_size()
+                 for m in model.modules for lins in (m.gates, m.ups, m.downs) for e in range(len(m.ups))
+                 for part in ("trellis", "suh", "svh"))
+    gc.collect()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    att = attach(model, tiny_recipe(8, 12), recs)
+    gc.collect()
+    torch.cuda.synchronize()
+    mine = att.backend.arena.numel() + att.bounce.numel()
+    freed = before + mine - torch.cuda.memory_allocated()
+    report("hand-over", freed >= 0.9 * routed, f"{freed:,} B of the engine's {routed:,} B of routed expert tensors "
+           f"freed on the device (moetier's arena and bounce record, {mine:,} B, counted out)",
+           freed_bytes=freed, routed_bytes=routed)
+    att.detach()
+    del att, model
+    gc.collect()
 
 
 def print_arch_list() -> int:
