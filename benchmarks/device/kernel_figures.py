@@ -190,7 +190,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="where to write the figures (JSON)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--experts", type=int, default=16, help="experts per gpu launch, push set and drain set")
-    ap.add_argument("--distinct", type=int, default=4, help="distinct records packed per geometry")
+    ap.add_argument("--distinct", type=int, default=2,
+                    help="distinct records packed per geometry (an int8 GLM-sized record takes seconds to make)")
     a = ap.parse_args(argv)
     for name in ("rounds", "experts", "distinct"):
         if getattr(a, name) < 1:
