@@ -84,7 +84,16 @@ s_setup() {
     if [ "$DRY" = 1 ]; then
         bash -n "$KIT/check.sh" && bash -n "$KIT/prepare.sh"
         "$PY" -m py_compile "$KIT/kernel_figures.py" "$KIT/summary.py" "$KIT/exllamav3_checks.py"
-        if [ -d "$WHEELS" ]; then bash "$KIT/prepare.sh" --check; else echo "no $WHEELS here (prepare.sh makes it)"; fi
+        if [ -d "$WHEELS" ]; then
+            bash "$KIT/prepare.sh" --check
+            # the whole set installs offline for the image's Python (cp312 manylinux), as the device run does
+            "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$W/xsite" --python-version 3.12 \
+                --implementation cp --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 \
+                --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --only-binary=:all: "$WHEELS"/*.whl
+            echo "the carried wheels install offline for cp312: $(ls "$W/xsite" | grep -c dist-info) distributions"
+        else
+            echo "no $WHEELS here (prepare.sh makes it)"
+        fi
         "$PY" -c 'import jsonschema, moetier, backends.cuda.backend; print("imports ok")'
         return
     fi
