@@ -198,3 +198,22 @@ def test_memcpy_async_copies_between_addresses_inside_its_memory_only():
         ops.memcpy_async(int(stray.ctypes.data), int(host.ctypes.data), 4096)
     with pytest.raises(OpError, match=r"\+4097 B\) is not inside"):
         ops.memcpy_async(int(dev.ctypes.data), int(host.ctypes.data), 4097)
+
+
+def test_arc_check_stops_when_exl3xpus_own_ops_do_not_load(monkeypatch, tmp_path, capsys):
+    """benchmarks/exl3xpu_arc_check.py on a machine where exl3xpu imports but its _moe.so does not load: one line,
+    exit 2, no check run on moetier's stand-in ops in its place."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("arc_check", surface.__file__.replace(
+        "adapters/exl3xpu/surface.py", "benchmarks/exl3xpu_arc_check.py"))
+    arc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(arc)
+
+    def no_lib():
+        raise OSError("_moe.so: cannot open shared object file")
+    monkeypatch.setattr(surface, "installed_version", lambda: "0.1.0")
+    monkeypatch.setattr(surface, "EngineOps", no_lib)
+    assert arc.main(["--out", str(tmp_path / "arc.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "_moe.so" in err and "did not load" in err
+    assert arc.RESULTS == [] and not (tmp_path / "arc.json").exists()
