@@ -22,6 +22,8 @@
 #   run         moetier run tiny-ci-cuda --backend cuda with the probe (NVML counters) on: the run record holds
 #               measured tok/s beside the simulator's, and plan parity (NVMe reads per token, run vs simulator)
 #   probe       moetier probe report --write: utilization (GPU util, VRAM, PCIe, power) into the run record
+#   bench       benchmarks/bench_cuda.py --quick --json: the lane costs `bench_cuda.py --apply` writes into the
+#               cuda-cupy engine record afterwards, without a GPU (bench_cuda.json is in logs.tar.gz)
 #   stage2      only when at least STAGE2_MIN_S (default 300 s) of the budget is left: exllamav3 1.6.5 installed
 #               from the carried wheel, its extension built (MAX_JOBS=nproc, TORCH_CUDA_ARCH_LIST of this device;
 #               the build time printed), then benchmarks/device/exllamav3_checks.py on the tiny EXL3 model with
@@ -173,6 +175,8 @@ s_probe() {
     head -n 20 "$W/probe.md"
 }
 
+s_bench() { "$PY" "$ROOT/benchmarks/bench_cuda.py" --quick --reps 5 --json --out "$W/bench_cuda.json" > /dev/null; }
+
 s_stage2() {
     set -e
     if [ "$DRY" = 1 ]; then
@@ -204,6 +208,7 @@ step tests 90 s_tests
 step kernels 150 s_kernels
 step run 120 s_run
 step probe 60 s_probe
+step bench 120 s_bench
 if budget_for_stage2; then step stage2 600 s_stage2; fi
 "$PY" "$KIT/summary.py" --work "$W" --out "$OUT" $([ "$DRY" = 1 ] && echo --dry-run)
 rc=$?

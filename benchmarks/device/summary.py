@@ -8,7 +8,7 @@ Writes into OUT at most 8 files (a device run brings no more back, each named in
   ``ok``: every started step exited 0; ``stage2``: ran, or why not;
 * conformance-cuda.json (the suite's report) and conformance-cuda.md (the same as a markdown table);
 * kernels.json, run-record.json, probe.md, stage2.json - each where its step made it;
-* logs.tar.gz - every step's whole log, the run's JSON and the probe's samples.
+* logs.tar.gz - every step's whole log, the run's JSON, the probe's samples and bench_cuda.py's JSON.
 
 Exit status: 0 when every started step passed, 1 otherwise (the summary says which).
 """
@@ -75,7 +75,7 @@ def gather(work: Path, out: Path, dry_run: bool) -> dict:
                                                                           .read_text())))
         files.append("conformance-cuda.md")
     with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
-        for p in sorted(work.glob("logs/*.log")) + [work / "run.json", work / "probe.jsonl"]:
+        for p in sorted(work.glob("logs/*.log")) + [work / n for n in ("run.json", "probe.jsonl", "bench_cuda.json")]:
             if p.exists():
                 tar.add(p, arcname=p.relative_to(work).as_posix())
     files.append("logs.tar.gz")
