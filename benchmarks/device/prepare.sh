@@ -12,7 +12,9 @@
 # exllamav3 1.6.5 wheel (pure Python plus the CUDA sources its first import compiles) and its import-time
 # requirements the image lacks: marisa-trie, pydantic (with pydantic-core, annotated-types, typing-inspection and a
 # typing-extensions new enough for it) and llguidance. Every wheel is cp312 manylinux x86_64 or pure Python, one
-# version per name, fetched with --no-deps (the names above are the whole set: the image has the rest).
+# version per name, fetched with --no-deps (the names above are the whole set: the image has the rest). The index
+# may hold no llguidance as new as exllamav3 1.6.5 asks for (>= 1.7): the newest there is taken, and pip, installing
+# with --no-deps, does not object; whether the engine imports with it shows only in stage two's log.
 set -euo pipefail
 cd "$(dirname "$0")"
 DIR=wheels
