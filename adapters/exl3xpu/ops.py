@@ -60,9 +60,10 @@ class OpError(RuntimeError):
     """An op was called with arguments the real op would fault or fail on (bad id, address outside any region)."""
 
 
-# where the real op's checks are (reference docs/adapters.md; exl3xpu's own repository has no commit recorded)
-SOURCE = ("experimental/n111-victim-ring/csrc/exl3_moe.sycl of sybil-solutions/qwen38-flash-next-b70-offload, "
-          "commit 557f80f")
+# where the real op's checks are: the exl3_moe.sycl the B70 image's _moe.so is built from, as published with the
+# offload project (exl3xpu's own repository has no commit recorded; reference docs/adapters.md section 0)
+SOURCE = ("https://github.com/sybil-solutions/qwen38-flash-next-b70-offload/blob/"
+          "557f80fe0f4235a76d4cf835f89e108d599b5e94/experimental/n111-victim-ring/csrc/exl3_moe.sycl")
 MAX_EXPERTS = 1024
 PREFILL_MIN_M = 256          # g_prefill_min_m: from this many rows the DPAS prefill path runs
 GU_P = 5                     # g_gu_p: the gate/up GEMV's k-splits

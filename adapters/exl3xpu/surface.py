@@ -87,9 +87,9 @@ class EngineOps:
 
 
 def s64(p: int) -> int:
-    """An address as the signed int64 an int64 tensor holds (exl3xpu's own wrapper: ``s64`` in
-    plugin/exl3xpu/moe_offload.py of sybil-solutions/qwen38-flash-next-b70-offload, commit 30d1b5b): an address at or
-    above 2^63 - a device address may be - wraps to a negative value instead of overflowing the table."""
+    """An address as the signed int64 an int64 tensor holds (exl3xpu's own wrapper, ``s64`` in
+    https://github.com/sybil-solutions/qwen38-flash-next-b70-offload/blob/30d1b5b94d15f020ed926350d37341d7269d3692/plugin/exl3xpu/moe_offload.py): an
+    address at or above 2^63 - a device address may be - wraps to a negative value instead of overflowing the table."""
     p = int(p)
     return p - (1 << 64) if p >= (1 << 63) else p
 

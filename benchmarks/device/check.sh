@@ -60,10 +60,10 @@ cd "$ROOT"
 
 left() { echo $((BUDGET - ($(date +%s) - T0))); }
 
-# step NAME CAP_S FUNCTION: FUNCTION runs under timeout (CAP_S, or what is left of the budget less 15 s for the
+# step NAME FUNCTION CAP_S: FUNCTION runs under timeout (CAP_S, or what is left of the budget less 15 s for the
 # summary); its exit status, seconds and log go to $W/steps.jsonl and $W/logs/NAME.log
 step() {
-    local name=$1 cap=$2 fn=$3 t rc s0
+    local name=$1 fn=$2 cap=$3 t rc s0
     if [ -n "$ONLY" ] && [ "$ONLY" != "$name" ] && [ "$name" != setup ]; then return; fi
     t=$(( $(left) - 15 ))
     [ "$t" -gt "$cap" ] && t=$cap
@@ -200,16 +200,16 @@ budget_for_stage2() {
 
 if [ "$DRY" = 0 ]; then export PYTHONPATH="$ROOT:$W/site${PYTHONPATH:+:$PYTHONPATH}"; else
     export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"; fi
-step setup 120 s_setup
-step device 30 s_device
-step doctor 60 s_doctor
-step conformance 180 s_conformance
-step tests 90 s_tests
-step kernels 150 s_kernels
-step run 120 s_run
-step probe 60 s_probe
-step bench 120 s_bench
-if budget_for_stage2; then step stage2 600 s_stage2; fi
+step setup s_setup 120
+step device s_device 30
+step doctor s_doctor 60
+step conformance s_conformance 180
+step tests s_tests 90
+step kernels s_kernels 150
+step run s_run 120
+step probe s_probe 60
+step bench s_bench 120
+if budget_for_stage2; then step stage2 s_stage2 600; fi
 "$PY" "$KIT/summary.py" --work "$W" --out "$OUT" $([ "$DRY" = 1 ] && echo --dry-run)
 rc=$?
 rm -rf "$W"
