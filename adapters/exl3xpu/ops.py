@@ -72,6 +72,11 @@ GU_P = 5                     # g_gu_p: the gate/up GEMV's k-splits
 def refusal(x, ids, w, ptrs, I, K, n_experts, kind_of, splits: bool = True) -> str | None:  # noqa: E741
     """Why the real moe_forward refuses these arguments (None: it takes them); ``kind_of(ptr)`` is usm_kind;
     ``splits=False`` leaves out the kernels' work-split geometry (prefill, down and gate/up splits)."""
+    return _inputs(x, ids, w, ptrs, int(n_experts), kind_of) or _geometry(x, I, K, int(n_experts), splits)
+
+
+def _inputs(x, ids, w, ptrs, E, kind_of) -> str | None:
+    """The tensors: on the device, dtypes, contiguity and shapes (moe_forward_impl's first checks)."""
     for name, a in (("x", x), ("topk_ids", ids), ("topk_w", w), ("ptrs", ptrs)):
         if not isinstance(a, np.ndarray) or (a.size and kind_of(int(a.ctypes.data)) != surface.USM_DEVICE):
             return f"{name} is not device memory (the op takes XPU tensors)"
@@ -80,26 +85,30 @@ def refusal(x, ids, w, ptrs, I, K, n_experts, kind_of, splits: bool = True) -> s
     for name, a, dt in (("topk_ids", ids, np.int32), ("topk_w", w, np.float32), ("ptrs", ptrs, np.int64)):
         if a.dtype != dt or not a.flags.c_contiguous:
             return f"{name} must be contiguous {np.dtype(dt).name}, got {a.dtype}"
-    M, H = x.shape
-    E = int(n_experts)
-    if not (E <= MAX_EXPERTS and H % 128 == 0 and I % 128 == 0):
-        return f"E <= {MAX_EXPERTS}, H % 128 == 0 and I % 128 == 0 required, got E={E} H={H} I={I}"
-    if ids.ndim != 2 or ids.shape != w.shape or ids.shape[0] != M or ptrs.shape != (E,):
+    if ids.ndim != 2 or ids.shape != w.shape or ids.shape[0] != x.shape[0] or ptrs.shape != (E,):
         return (f"x {list(x.shape)}, topk_ids {list(ids.shape)}, topk_w {list(w.shape)}, ptrs {list(ptrs.shape)}: "
                 f"expected [M, H], [M, k], [M, k], [{E}]")
+    return None
+
+
+def _geometry(x, I, K, E, splits) -> str | None:  # noqa: E741
+    """E, H, I and K, x's dtype, then the kernels' work splits, in the order the op meets them."""
+    M, H = x.shape
+    if not (E <= MAX_EXPERTS and H % 128 == 0 and I % 128 == 0):
+        return f"E <= {MAX_EXPERTS}, H % 128 == 0 and I % 128 == 0 required, got E={E} H={H} I={I}"
     if splits and M >= PREFILL_MIN_M and not (K == 3 and H % 512 == 0 and (2 * I // 16) % 8 == 0):
         return f"moe prefill geometry: K=3, H % 512 == 0 needed from {PREFILL_MIN_M} rows, got H={H} K={K}"
     if K != 3:
         return f"moe: K=3 only in this build, got K={K}"
     if x.dtype != np.float16:
         return f"x dtype: fp16 (or bf16) required, got {x.dtype}"
-    if not splits:
+    if not splits or M == 0:
         return None
     P = 10 if M <= 1 else 5
     RB = min(40 // P, 8)
-    if M and not ((I // 16) % P == 0 and ((I // 16) // P) % RB == 0):
+    if not ((I // 16) % P == 0 and ((I // 16) // P) % RB == 0):
         return f"moe down: I/16 split: I={I} is not {P} k-splits of a multiple of {RB} tile-rows"
-    if M and not ((H // 16) % GU_P == 0 and ((H // 16) // GU_P) % 8 == 0):
+    if not ((H // 16) % GU_P == 0 and ((H // 16) // GU_P) % 8 == 0):
         return f"moe gateup: H={H} is not {GU_P} k-splits of a multiple of 8 tile-rows (the kernel would skip rows)"
     return None
 
