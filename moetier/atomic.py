@@ -6,7 +6,8 @@ file is removed and the destination is untouched (no half-written record or trac
 a command that writes several files writes all of them or none (a failure while staging - a full disk, a folder
 that is not writable - leaves every destination untouched). ``cannot_write(folder)`` says why a file cannot be
 created there (None if it can), for checks made before a command starts its work. The files get the usual
-permissions (0666 minus the umask), not mkstemp's 0600.
+permissions (0666 minus the umask), not mkstemp's 0600. A destination that is a symlink is written through: its
+target is replaced and the link kept.
 """
 from __future__ import annotations
 
@@ -63,7 +64,8 @@ def atomic_write_many(items) -> list[Path]:
     staged: list[tuple[str, Path]] = []
     try:
         for path, write in items:
-            path = Path(path)
+            # through a symlink, as open() would: the link keeps pointing at the new file
+            path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
             staged.append((_stage(path, write), path))
         for i, (tmp, path) in enumerate(staged):
             os.replace(tmp, path)

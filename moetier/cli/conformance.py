@@ -18,6 +18,7 @@ import json
 import os
 
 from moetier.atomic import cannot_write
+from moetier.cli.outpath import file_arg
 from moetier.errors import UserError
 
 
@@ -25,7 +26,7 @@ def register(sub, parser_class) -> None:
     p = sub.add_parser("conformance", help="run the backend conformance suite against one backend")
     p.add_argument("--backend", required=True, help="a registered backend: cpu, sycl, cuda, exl3xpu, exllamav3, or any "
                    "installed moetier.backends entry point")
-    p.add_argument("--report", help="JSON report path (default conformance-report-<backend>.json)")
+    p.add_argument("--report", type=file_arg("--report"), help="JSON report path (default conformance-report-<backend>.json)")
     p.add_argument("--write-engine", metavar="ID", help="also write the measured engine record to "
                    "<user registry>/engine/<ID>.json")
     p.add_argument("--force", action="store_true", help="with --write-engine: replace an existing record")

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from moetier.cli.common import count_float, positive_float
+from moetier.cli.outpath import file_arg
 from moetier.errors import UserError
 
 
@@ -17,7 +18,7 @@ def register(sub, parser_class) -> None:
     sp = sub.add_parser("probe", help="host sampler and utilization / chokepoint report (docs/utilization.md)")
     psub = sp.add_subparsers(dest="probe_cmd", parser_class=parser_class)
     r = psub.add_parser("record", help="sample the host (JSON lines) while COMMAND runs")
-    r.add_argument("--out", required=True, help="probe file to append to")
+    r.add_argument("--out", required=True, type=file_arg("--out"), help="probe file to append to")
     r.add_argument("--interval", type=positive_float, default=0.1, help="seconds between samples (default 0.1)")
     r.add_argument("--duration", type=count_float, default=0.0,
                    help="stop sampling after S seconds (0: when COMMAND exits)")
@@ -30,7 +31,7 @@ def register(sub, parser_class) -> None:
                    "recipe's)")
     p.add_argument("--md", action="store_true", help="markdown tables instead of JSON")
     p.add_argument("--write", action="store_true", help="store utilization and chokepoints in the run record")
-    p.add_argument("--plot", metavar="PNG", help="also draw the per-layer chokepoint waterfall (moetier plot "
+    p.add_argument("--plot", metavar="PNG", type=file_arg("--plot"), help="also draw the per-layer chokepoint waterfall (moetier plot "
                    "waterfall)")
     sp.set_defaults(fn=cmd_probe)
 

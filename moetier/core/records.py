@@ -74,6 +74,7 @@ REGISTRY = _shipped_registry()
 _USER_REGISTRY: Path | None = None      # --registry DIR
 KINDS = ("model", "hardware", "engine", "recipe", "runs")
 ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+ID_MAX = 255 - len(".json")     # NAME_MAX of the file <id>.json (ids are ASCII: bytes = characters)
 
 # --------------------------------------------------------------------------------------------------------------------
 # paths, ids, reading
@@ -154,6 +155,9 @@ def _check_id(kind: str, rid, root: Path) -> Path:
         raise UserError(
             f"{kind} id {rid!r}: not a valid record id (expected a plain name matching ^[a-z0-9][a-z0-9._-]*$; "
             f"no '/', '\\', '..' or absolute paths)")
+    if len(rid) > ID_MAX:
+        raise UserError(f"{kind} id {rid[:40]}...: {len(rid)} characters (expected at most {ID_MAX}: the record's "
+                        f"file name, <id>.json, must fit the file system's 255-byte name limit)")
     folder = (root / kind).resolve()
     path = (folder / f"{rid}.json").resolve()
     if path.parent != folder:  # belt and braces: the pattern above already forbids this
