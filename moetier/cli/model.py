@@ -44,7 +44,7 @@ def cmd_model(args) -> int:
     else:
         if rec["id"] in spec.record_ids("model") and not args.force:
             raise UserError(f"model id {rec['id']!r} already in the registry; pass --id NAME or --force")
-        where = spec.write_record("model", rec, force=args.force)
+        where = spec.write_record("model", rec, force=args.force, overlay=args.force)
     if args.json:
         from moetier.cli.common import _emit
         _emit(rec)

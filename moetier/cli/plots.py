@@ -41,10 +41,7 @@ def _save(fig, path) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     _plt().close(fig)
-    try:
-        atomic_write(path, lambda f: f.write(buf.getvalue()))
-    except OSError as e:
-        raise UserError(f"plot: cannot write {path}: {e.strerror or e}") from None
+    atomic_write(path, lambda f: f.write(buf.getvalue()))
     return str(path)
 
 

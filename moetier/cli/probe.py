@@ -31,6 +31,8 @@ def register(sub, parser_class) -> None:
                    "recipe's)")
     p.add_argument("--md", action="store_true", help="markdown tables instead of JSON")
     p.add_argument("--write", action="store_true", help="store utilization and chokepoints in the run record")
+    p.add_argument("--force", action="store_true", help="with --write: write a shipped run record's id (the user "
+                   "registry's copy then overlays the shipped one)")
     p.add_argument("--plot", metavar="PNG", type=file_arg("--plot"), help="also draw the per-layer chokepoint waterfall (moetier plot "
                    "waterfall)")
     sp.set_defaults(fn=cmd_probe)
@@ -72,10 +74,11 @@ def _load_run(target: str):
     if p.is_file():
         if _is_probe_file(p):
             return None, None
+        from moetier import strictjson
         try:
-            rec = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise UserError(f"{target}: neither a probe file (JSON lines) nor a run record (JSON): {e}") from None
+            rec = strictjson.load(p, target)
+        except UserError as e:
+            raise UserError(f"{e} (neither a probe file, JSON lines, nor a run record, JSON)") from None
         if not isinstance(rec, dict) or "id" not in rec:
             raise UserError(f"{target}: not a run record (expected a JSON object with an 'id')")
         return rec, p
@@ -130,6 +133,8 @@ def _report(args) -> int:
         if not isinstance(src, str) or not src:
             raise UserError(f"run record {rec.get('id')}: no 'probe' field naming its probe file; give --probe FILE")
         probe_path = _resolve_probe(src, rec_path)
+        if args.write:          # before the report: --write updates the run's record, a shipped one only with --force
+            spec.check_writable("runs", rec.get("id"), force=True, overlay=args.force)
     if not probe_path.is_file():
         raise UserError(f"{probe_path}: probe file not found")
     hw, why = _hardware_for(args, rec)
@@ -142,7 +147,8 @@ def _report(args) -> int:
         rec["chokepoints"] = rep["chokepoints"]
         if "probe" not in rec:
             rec["probe"] = str(probe_path)
-        print(f"wrote {spec.write_record('runs', rec, force=True)}", file=sys.stderr)   # --write updates the run's record
+        print(f"wrote runs {rec['id']}: {spec.write_record('runs', rec, force=True, overlay=args.force)}",
+              file=sys.stderr)
     if args.plot:
         from moetier.cli.plots import plot_waterfall
         print(f"wrote {plot_waterfall(rep, args.plot)}", file=sys.stderr)

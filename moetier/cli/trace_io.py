@@ -47,8 +47,7 @@ def cmd_import(args) -> int:
 
 
 def cmd_fit(args) -> int:
-    import json
-
+    from moetier import strictjson
     from moetier.atomic import atomic_write
     from moetier.cli.common import _emit, find_path
     from moetier.traces.fit import fit_trace, format_fit
@@ -70,7 +69,8 @@ def cmd_fit(args) -> int:
         rec = {"generator": "moetier.traces.gen", "params": d["params"], "seed": d["seed"], "trace": d["trace"],
                "shape": d["shape"], "experts": d["experts"], "segments": d["segments"], "checks": d["checks"],
                "ok": d["ok"]}
-        atomic_write(args.out, lambda f: f.write((json.dumps(rec, indent=1, sort_keys=True) + "\n").encode()))
+        text = strictjson.dumps(rec, indent=1, sort_keys=True) + "\n"
+        atomic_write(args.out, lambda f: f.write(text.encode()))
         d["out"] = str(args.out)
     if args.json:
         _emit(d)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from moetier.errors import UserError
 
-GAP_FACTOR = 2.0                 # an interval longer than 2x nominal is a gap                 # an interval longer than 2x nominal is a gap
+MAX_BYTES = 4 << 30             # a day of 100 ms samples on a 256-core host is about 2 GB
+GAP_FACTOR = 2.0                 # an interval longer than 2x nominal is a gap
 
 
 def _finite(x) -> bool:
@@ -67,9 +68,18 @@ def _reject_constant(name):
 
 def read_probe(path) -> dict:
     """Parse a probe file: {header, samples, counters, marks, bad_lines, truncated_last_line, errors}."""
+    import os
+    import stat
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        with open(p, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):      # a device or a FIFO may never end
+                raise UserError(f"{path}: not a regular file (expected a probe file, JSON lines)")
+            if st.st_size > MAX_BYTES:
+                raise UserError(f"{path}: {st.st_size:,} bytes, over {MAX_BYTES:,} (expected a probe file of at "
+                                f"most that)")
+            raw = f.read(MAX_BYTES + 1)
     except OSError as e:
         raise UserError(f"{path}: cannot read probe file: {e.strerror or e}") from None
     text = raw.decode("utf-8", errors="replace")
