@@ -27,7 +27,7 @@ def _sim_runs(R, tr, concs, args):
     for c in concs:
         kw = {}
         if getattr(args, "window", None):
-            kw = dict(window=args.window, accept=args.accept, draft_ms=args.draft_ms)
+            kw = dict(window=args.window, accept=args.accept or 1.0, draft_ms=args.draft_ms or 0.0)
         steps = getattr(args, "steps", 0) or 0
         with progress.task(f"sim C{c}") as cb:
             out.append(sim.run(R, tr, c, max_steps=steps, progress=cb, timeline=bool(args.plot), **kw))
@@ -75,12 +75,18 @@ def cmd_show(args) -> int:
 
 
 def cmd_sim(args) -> int:
-    if args.window is not None and args.accept > args.window:
+    if args.window is None:
+        for flag, v in (("--accept", args.accept), ("--draft-ms", args.draft_ms)):
+            if v is not None:
+                raise UserError(f"{flag} {v:g}: needs --window N (the speculative verify window it applies to); "
+                                f"without one every stream makes one token a step")
+    elif args.accept is not None and args.accept > args.window:
         raise UserError(f"--accept {args.accept:g}: more than --window {args.window} (a stream cannot accept more "
                         f"tokens per step than its verify window holds)")
     R = _resolve(args)
     tr = _trace(args, R)
     res = _sim_runs(R, tr, args.conc or [1, 2, 4], args)
+    _fixed_notes(R, res)
     if args.plot:
         from moetier.cli.plots import plot_timeline
         print(f"wrote {plot_timeline(res, args.plot)}", file=sys.stderr)
@@ -92,6 +98,15 @@ def cmd_sim(args) -> int:
     views.print_decode(res, title=f"sim {R.id} (trace {tr.meta.get('name') or args.trace or R.trace}, "
                                   f"seed {R.policy.get('seed')})")
     return 0
+
+
+def _fixed_notes(R, results) -> None:
+    """Say on stderr where a concurrency's non-MoE time was not measured (fixed_basis; also in --json)."""
+    for r in results:
+        if r.get("fixed_basis", "measured") != "measured":
+            rows = r["conc"] * r["window"]
+            print(f"note: C{r['conc']}: recipe {R.id} has no calibration.fixed_ms entry for {rows} rows; its non-MoE "
+                  f"time (fixed) is {r['fixed_basis']}", file=sys.stderr)
 
 
 def standard_table(R, tr, concs, with_interval: bool = False) -> dict:
@@ -113,6 +128,7 @@ def cmd_table(args) -> int:
     R = _resolve(args)
     tr = _trace(args, R)
     t = standard_table(R, tr, args.conc or [1, 2, 4], args.interval)
+    _fixed_notes(R, t["decode"])
     if args.json:
         _emit(t)
         return 0
@@ -203,8 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("--steps", type=count, default=0, help="cap on measured steps (0 = the trace's)")
             sp.add_argument("--window", type=positive_int, default=None,
                             help="speculative verify window (tokens per stream)")
-            sp.add_argument("--accept", type=positive_float, default=1.0, help="tokens accepted per stream per step")
-            sp.add_argument("--draft-ms", type=count_float, default=0.0, help="draft cost per step (ms)")
+            sp.add_argument("--accept", type=positive_float, default=None,
+                            help="with --window: tokens accepted per stream per step (default 1)")
+            sp.add_argument("--draft-ms", type=count_float, default=None,
+                            help="with --window: draft cost per step (ms; default 0)")
             sp.add_argument("--plot", metavar="PNG", type=file_arg("--plot"), help="also draw tier use and VRAM hit rate over the replay "
                             "(moetier plot timeline)")
             sp.add_argument("--no-interval", dest="interval", action="store_false",

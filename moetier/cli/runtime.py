@@ -229,6 +229,8 @@ def cmd_run(args) -> int:
     rid = _record_id(args.record, f"{R.id}-run", when, write=not args.no_record, force=args.force)
     st = store.open_store(args.store, model=R.model)
     tr = _trace(args, R)
+    for c in args.conc:     # before measuring: the prediction beside each run needs the trace to support it
+        sim.check_conc(tr, c)
     rows, preds = [], []
     sampler = None
     if args.probe:

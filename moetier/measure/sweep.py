@@ -87,13 +87,15 @@ def resolve_cell(cell: dict):
 
 
 def check(cells_: list) -> None:
-    """Resolve every distinct recipe + overrides once, before anything runs: a bad path or value is one line."""
-    seen = set()
+    """Resolve every distinct recipe + overrides once, before anything runs: a bad path or value, or a concurrency
+    the trace cannot support (moetier.core.sim.check_conc), is one line."""
+    from moetier.core.sim import check_conc
+    seen = {}
     for c in cells_:
         k = (c["recipe"], tuple(_overrides(c)), c["trace"])
         if k not in seen:
-            seen.add(k)
-            _trace(c["trace"], resolve_cell(c))
+            seen[k] = _trace(c["trace"], resolve_cell(c))
+        check_conc(seen[k], c["conc"])
 
 
 @lru_cache(maxsize=8)
