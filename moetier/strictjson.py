@@ -116,17 +116,13 @@ def dumps(obj, **kw) -> str:
 
 def read_text(path, where: str, max_bytes: int = MAX_BYTES) -> str:
     """The UTF-8 text of a regular file of at most ``max_bytes``; UserError naming ``where`` otherwise."""
-    import os
-    import stat
+    from moetier.bounded import open_regular
     try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise UserError(f"{where}: not a regular file (expected a JSON file)")
+        with open_regular(path, where, max_bytes) as f:
             data = f.read(max_bytes + 1)
     except OSError as e:
         raise UserError(f"{where}: cannot read ({e.strerror or e})") from None
-    if len(data) > max_bytes:
+    if len(data) > max_bytes:       # grew while read
         raise UserError(f"{where}: larger than {max_bytes:,} bytes (expected a JSON file of at most that)")
     try:
         return data.decode("utf-8")

@@ -68,18 +68,11 @@ def _reject_constant(name):
 
 def read_probe(path) -> dict:
     """Parse a probe file: {header, samples, counters, marks, bad_lines, truncated_last_line, errors}."""
-    import os
-    import stat
+    from moetier.bounded import open_regular
     p = Path(path)
     try:
-        with open(p, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):      # a device or a FIFO may never end
-                raise UserError(f"{path}: not a regular file (expected a probe file, JSON lines)")
-            if st.st_size > MAX_BYTES:
-                raise UserError(f"{path}: {st.st_size:,} bytes, over {MAX_BYTES:,} (expected a probe file of at "
-                                f"most that)")
-            raw = f.read(MAX_BYTES + 1)
+        with open_regular(p, f"{path} (probe file)", MAX_BYTES) as f:
+            raw = f.read(MAX_BYTES)
     except OSError as e:
         raise UserError(f"{path}: cannot read probe file: {e.strerror or e}") from None
     text = raw.decode("utf-8", errors="replace")

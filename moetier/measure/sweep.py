@@ -134,22 +134,19 @@ def run_cells(batch: list) -> list:
 
 
 MAX_LINE = 1 << 20      # a result line is about 1 kB; a longer one is not a sweep's
+MAX_FILE = 1 << 30      # a million cells
 
 
 def _lines(out, torn: str = "keep"):
     """(line number, bytes) of each line of an existing results file, read one bounded line at a time; a file that
     is not a regular one (a device, a FIFO: endless) is refused. ``torn="cut"`` truncates a torn last line (a
     killed run) so later appends stay whole; ``"keep"`` skips it."""
-    import stat
+    from moetier.bounded import open_regular
     try:
-        f = open(out, "r+b" if torn == "cut" else "rb")
+        f = open_regular(out, f"--out {out}", MAX_FILE, "r+b" if torn == "cut" else "rb")
     except FileNotFoundError:
         return
-    except OSError as e:
-        raise UserError(f"--out {out}: cannot open the results file ({e.strerror})") from None
     with f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise UserError(f"--out {out}: not a regular file (expected a JSON-lines results file or a new name)")
         i, good = 0, 0
         while True:
             line = f.readline(MAX_LINE + 1)
