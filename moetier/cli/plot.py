@@ -59,7 +59,7 @@ def load_json(src: str, kind: str | None = "runs"):
     """A record id of ``kind``, a JSON file, or a JSON-lines file (a list of its objects)."""
     from moetier.core import records as spec
     p = Path(src)
-    if not p.is_file():
+    if not p.exists():
         if kind and spec.ID_RE.match(src):
             return spec.load_record(kind, src)
         raise UserError(f"{src}: no such file" + (f" and no {kind} record of that id" if kind else ""))
