@@ -1,8 +1,6 @@
 """Every flag that writes a file, driven with paths it cannot write (moetier.cli.outpath): one line naming the flag,
 exit 2, no traceback, nothing left behind; the user registry must be a folder for every command; writes that fail
 mid-way or go through a symlink leave no debris; inputs that never end are refused, not read."""
-import contextlib
-import io
 import json
 import os
 import time
@@ -11,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moetier.cli.main import build_parser, main
+from moetier.cli.main import build_parser
+from tests._cli import run_cli
 
 # command -> argv with {} where the writing flag's value goes; the other arguments only have to parse
 ARGV = {
@@ -85,12 +84,6 @@ def bad_paths(tmp_path_factory):
     }
 
 
-def _run(argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main(argv)
-    return rc, out.getvalue(), err.getvalue()
-
 
 @settings(max_examples=150)
 @given(data=st.data())
@@ -104,7 +97,7 @@ def test_a_writing_flag_refuses_a_path_it_cannot_write(data, bad_paths, tmp_path
     old = os.getcwd()
     os.chdir(cwd)
     try:
-        rc, out, err = _run([a.replace("{}", paths[kind]) for a in FLAGS[(cmd, flag)]])
+        rc, out, err = run_cli([a.replace("{}", paths[kind]) for a in FLAGS[(cmd, flag)]])
     finally:
         os.chdir(old)
     lines = err.strip().splitlines()
@@ -121,10 +114,10 @@ def test_a_registry_that_is_a_file_is_refused_by_every_command(argv, tmp_path, m
     f = tmp_path / "registry-file"
     f.write_text("not a folder")
     for args in (["--registry", str(f), *argv], [*argv, "--registry", str(f)]):
-        rc, out, err = _run(args)
+        rc, out, err = run_cli(args)
         assert rc == 2 and err.count("\n") == 1 and "--registry" in err and "a regular file" in err, err
     monkeypatch.setenv("MOETIER_REGISTRY", str(f))                # the environment's registry too
-    rc, out, err = _run(argv)
+    rc, out, err = run_cli(argv)
     assert rc == 2 and "user registry" in err and out == "", err
 
 
@@ -198,7 +191,7 @@ def test_an_id_or_name_over_the_name_limit_is_one_line(argv, tmp_path, monkeypat
         (tmp_path / "dir" / "config.json").write_text(
             '{"hidden_size": 64, "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 32, '
             '"num_hidden_layers": 2, "torch_dtype": "bfloat16"}')
-    rc, out, err = _run(argv)
+    rc, out, err = run_cli(argv)
     assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert "255" in err or "250" in err, err
     assert os.listdir(tmp_path) == (["dir"] if argv[0] == "model" else [])
@@ -207,7 +200,7 @@ def test_an_id_or_name_over_the_name_limit_is_one_line(argv, tmp_path, monkeypat
 def test_a_symlink_loop_in_the_user_registry_is_one_line(user_registry):
     (user_registry / "recipe").mkdir(parents=True)
     (user_registry / "recipe" / "loop.json").symlink_to("loop.json")
-    rc, out, err = _run(["list", "recipe"])
+    rc, out, err = run_cli(["list", "recipe"])
     assert rc == 0 and "| loop | (does not load:" in out and "symlink loop" in out and err == "", err
-    rc, out, err = _run(["show", "loop"])
+    rc, out, err = run_cli(["show", "loop"])
     assert rc == 2 and err.count("\n") == 1 and "loop.json: a symlink loop" in err, err

@@ -1,28 +1,15 @@
 """The soft cases decided: a concurrency the trace cannot support is refused with its bound, a non-MoE time not
 measured at the asked rows is stated, --accept/--draft-ms need --window, garbage in a probe's run record is one
 line."""
-import contextlib
-import io
 import json
 import time
 
 import pytest
 
-from moetier.cli.main import main
+from tests._cli import one_line, run_cli
 from moetier.core import records as spec
 
 
-def _run(argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main(argv)
-    return rc, out.getvalue(), err.getvalue()
-
-
-def one_line(rc, err, *needles):
-    assert rc == 2 and err.count("\n") == 1 and err.startswith("moetier: error:") and "Traceback" not in err, err
-    for n in needles:
-        assert n in err, (n, err)
 
 
 @pytest.mark.parametrize("argv", [
@@ -38,7 +25,7 @@ def test_a_concurrency_over_the_trace_is_refused_with_its_bound(argv, tmp_path, 
     R = spec.resolve("tiny-ci-cpu")
     assert load_trace(spec.REGISTRY.parent / R.trace).tokens == tokens
     t0 = time.monotonic()
-    rc, out, err = _run([a.format(tmp=tmp_path, store=tiny_ci_store) for a in argv])
+    rc, out, err = run_cli([a.format(tmp=tmp_path, store=tiny_ci_store) for a in argv])
     one_line(rc, err, f"supports at most {tokens} streams", "--conc")
     assert time.monotonic() - t0 < 10 and list(tmp_path.iterdir()) == []
 
@@ -60,18 +47,18 @@ def test_a_fixed_time_not_measured_at_the_rows_is_stated():
     between = next(n for n in range(rows[0], rows[-1]) if n not in R.fixed_ms)
     assert R.fixed_basis(between).startswith("interpolated between")
     assert R.fixed_basis(rows[-1] + 1).startswith("extrapolated from")
-    rc, out, err = _run(["sim", "tiny-ci-cpu", "--conc", str(between), "--no-interval", "--json"])
+    rc, out, err = run_cli(["sim", "tiny-ci-cpu", "--conc", str(between), "--no-interval", "--json"])
     assert rc == 0 and json.loads(out)["fixed_basis"].startswith("interpolated"), err
     assert f"no calibration.fixed_ms entry for {between} rows" in err
-    rc, out, err = _run(["sim", "tiny-ci-cpu", "--conc", str(rows[0]), "--no-interval"])
+    rc, out, err = run_cli(["sim", "tiny-ci-cpu", "--conc", str(rows[0]), "--no-interval"])
     assert rc == 0 and "fixed_ms" not in err, err
 
 
 @pytest.mark.parametrize("flag, value", [("--accept", "2"), ("--draft-ms", "3")])
 def test_speculative_flags_without_window_are_refused(flag, value):
-    rc, out, err = _run(["sim", "tiny-ci-cpu", flag, value])
+    rc, out, err = run_cli(["sim", "tiny-ci-cpu", flag, value])
     one_line(rc, err, flag, "needs --window")
-    rc, out, err = _run(["sim", "tiny-ci-cpu", "--conc", "1", "--window", "2", flag, value, "--no-interval",
+    rc, out, err = run_cli(["sim", "tiny-ci-cpu", "--conc", "1", "--window", "2", flag, value, "--no-interval",
                          "--json"])
     assert rc == 0, err
 
@@ -84,7 +71,7 @@ def test_garbage_runs_in_a_probed_run_record_are_one_line(runs, tmp_path):
                      '{"kind": "sample", "t": 1.1, "dt": 0.1, "cpu": [1.0]}\n')
     rec.update(measured_runs=runs, probe=str(probe))
     (tmp_path / "run.json").write_text(json.dumps(rec))
-    rc, out, err = _run(["probe", "report", str(tmp_path / "run.json")])
+    rc, out, err = run_cli(["probe", "report", str(tmp_path / "run.json")])
     one_line(rc, err, "$.measured_runs: expected a list of run objects")
 
 
@@ -100,7 +87,7 @@ def test_garbage_counters_in_a_probe_file_do_not_crash_the_report(counters, tmp_
              {"kind": "counters", "t": 1.2, **counters}]
     probe = tmp_path / "p.jsonl"
     probe.write_text("".join(json.dumps(ln) + "\n" for ln in lines))
-    rc, out, err = _run(["probe", "report", str(probe)])
+    rc, out, err = run_cli(["probe", "report", str(probe)])
     assert rc in (0, 2) and "Traceback" not in err, err
     if rc == 2:
         one_line(rc, err)

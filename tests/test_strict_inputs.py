@@ -1,30 +1,17 @@
 """Inputs read strictly and bounded before anything is allocated: config.json, plot inputs and router logs refuse
 NaN/Infinity with the field named, deep nesting is one line, sizes are checked against stated bounds, and the MoE
 geometry is linear in the layer count."""
-import contextlib
-import io
 import json
 import time
 
 import pytest
 
-from moetier.cli.main import main
+from tests._cli import one_line, run_cli
 
 CONFIG = {"hidden_size": 64, "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 32,
           "num_hidden_layers": 4, "torch_dtype": "bfloat16"}
 
 
-def _run(argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main(argv)
-    return rc, out.getvalue(), err.getvalue()
-
-
-def one_line(rc, err, *needles):
-    assert rc == 2 and err.count("\n") == 1 and err.startswith("moetier: error:") and "Traceback" not in err, err
-    for n in needles:
-        assert n in err, (n, err)
 
 
 @pytest.fixture
@@ -46,13 +33,13 @@ def model_dir(tmp_path):
     ("[" * 100000 + "]" * 100000, "nested too deeply"),
 ])
 def test_model_import_refuses_non_finite_numbers_and_deep_nesting(model_dir, tmp_path, text, needle):
-    rc, out, err = _run(["model", "import", model_dir(text), "--out", str(tmp_path / "rec.json")])
+    rc, out, err = run_cli(["model", "import", model_dir(text), "--out", str(tmp_path / "rec.json")])
     one_line(rc, err, "config.json", needle)
     assert not (tmp_path / "rec.json").exists()
 
 
 def test_model_import_writes_standard_json(model_dir, tmp_path):
-    rc, out, err = _run(["model", "import", model_dir(json.dumps(CONFIG)), "--out", str(tmp_path / "rec.json")])
+    rc, out, err = run_cli(["model", "import", model_dir(json.dumps(CONFIG)), "--out", str(tmp_path / "rec.json")])
     assert rc == 0, err
     text = (tmp_path / "rec.json").read_text()
     json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} written"))
@@ -61,7 +48,7 @@ def test_model_import_writes_standard_json(model_dir, tmp_path):
 def test_a_million_layers_are_refused_at_once(model_dir):
     cfg = dict(CONFIG, num_hidden_layers=1_000_000)
     t0 = time.monotonic()
-    rc, out, err = _run(["model", "import", model_dir(json.dumps(cfg))])
+    rc, out, err = run_cli(["model", "import", model_dir(json.dumps(cfg))])
     one_line(rc, err, "num_hidden_layers", "at most 4096")
     assert time.monotonic() - t0 < 5
 
@@ -83,7 +70,7 @@ def test_plot_compare_refuses_non_finite_rows(tmp_path):
                               '[{"policy": "a", "conc": "x", "tok_s": 1}]']):
         src = tmp_path / f"rows{i}.json"
         src.write_text(rows)
-        rc, out, err = _run(["plot", "compare", str(src), "--out", str(tmp_path / "c.png")])
+        rc, out, err = run_cli(["plot", "compare", str(src), "--out", str(tmp_path / "c.png")])
         one_line(rc, err)
         assert "NaN" in err or "Infinity" in err or "conc a positive integer" in err, err
         assert not (tmp_path / "c.png").exists()
@@ -102,7 +89,7 @@ def test_trace_import_bounds_and_finite_weights(tmp_path, log, suffix, needle):
     src = tmp_path / f"log.{suffix}"
     src.write_text(log)
     t0 = time.monotonic()
-    rc, out, err = _run(["trace", "import", str(src), "--out", str(tmp_path / "t.npz")])
+    rc, out, err = run_cli(["trace", "import", str(src), "--out", str(tmp_path / "t.npz")])
     one_line(rc, err, needle)
     assert time.monotonic() - t0 < 5 and not (tmp_path / "t.npz").exists()
 
@@ -129,5 +116,5 @@ def test_inputs_that_never_end_are_refused(tmp_path):
             (["trace", "import", str(tmp_path / "fifo"), "--format", "jsonl", "--out", str(tmp_path / "t.npz")],
              "regular file"),
             (["plot", "compare", "/dev/zero", "--out", str(tmp_path / "c.png")], "regular file")):
-        rc, out, err = _run(argv)
+        rc, out, err = run_cli(argv)
         one_line(rc, err, needle)

@@ -223,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
                             help="with --window: tokens accepted per stream per step (default 1)")
             sp.add_argument("--draft-ms", type=count_float, default=None,
                             help="with --window: draft cost per step (ms; default 0)")
-            sp.add_argument("--plot", metavar="PNG", type=file_arg("--plot"), help="also draw tier use and VRAM hit rate over the replay "
+            sp.add_argument("--plot", metavar="PNG", type=file_arg("--plot"),
+                            help="also draw tier use and VRAM hit rate over the replay "
                             "(moetier plot timeline)")
             sp.add_argument("--no-interval", dest="interval", action="store_false",
                             help="skip the prediction interval (two more replays: the terms at their slow and fast "
@@ -243,7 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cache-sizes", type=int_list, help="comma-separated slot counts for the hit-rate curves")
     s.add_argument("--layer-sizes", type=int_list, help="comma-separated slots per layer for the per-layer curves")
     s.add_argument("--json", action="store_true", help="machine-readable output")
-    s.add_argument("--plot", metavar="PNG", type=file_arg("--plot"), help="also draw per-layer hit-rate curves, LRU vs Belady (moetier plot "
+    s.add_argument("--plot", metavar="PNG", type=file_arg("--plot"),
+                   help="also draw per-layer hit-rate curves, LRU vs Belady (moetier plot "
                    "cache)")
     g = tsub.add_parser("gen", help="synthetic trace (docs/traces.md)")
     g.add_argument("--model", required=True, help="model id whose geometry (layers, experts, top-k) to use")

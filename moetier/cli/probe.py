@@ -33,7 +33,8 @@ def register(sub, parser_class) -> None:
     p.add_argument("--write", action="store_true", help="store utilization and chokepoints in the run record")
     p.add_argument("--force", action="store_true", help="with --write: write a shipped run record's id (the user "
                    "registry's copy then overlays the shipped one)")
-    p.add_argument("--plot", metavar="PNG", type=file_arg("--plot"), help="also draw the per-layer chokepoint waterfall (moetier plot "
+    p.add_argument("--plot", metavar="PNG", type=file_arg("--plot"),
+                   help="also draw the per-layer chokepoint waterfall (moetier plot "
                    "waterfall)")
     sp.set_defaults(fn=cmd_probe)
 

@@ -24,7 +24,8 @@ def register(sub, parser_class) -> None:
                         "routed experts of an EXL3 checkpoint (--checkpoint)")
     p.add_argument("model", nargs="?", help="model record id (with --checkpoint: checked against the checkpoint)")
     p.add_argument("--checkpoint", metavar="DIR", help="pack this EXL3 checkpoint's routed experts")
-    p.add_argument("--out", required=True, type=folder_arg("--out"), help="store directory to write (replaced atomically if a store)")
+    p.add_argument("--out", required=True, type=folder_arg("--out"),
+                   help="store directory to write (replaced atomically if a store)")
     p.add_argument("--seed", type=seed, default=0, help="seed of the deterministic expert weights (default 0)")
     v = ssub.add_parser("verify", help="re-read every record and check its checksum")
     v.add_argument("dir", help="store directory")
@@ -46,7 +47,8 @@ def register(sub, parser_class) -> None:
     r.add_argument("--no-record", action="store_true", help="do not write a run record")
     r.add_argument("--force", action="store_true", help="replace an existing run record of the --record id, or "
                    "write a shipped one's (the user registry's copy then overlays it)")
-    r.add_argument("--probe", metavar="FILE", type=file_arg("--probe"), help="sample the host at 100 ms and the runtime's counters per step "
+    r.add_argument("--probe", metavar="FILE", type=file_arg("--probe"),
+                   help="sample the host at 100 ms and the runtime's counters per step "
                    "into FILE (JSON lines; see `moetier probe`)")
     r.add_argument("--faults", type=fraction, default=0.0, metavar="RATE",
                    help="chaos: inject a fault into this fraction of reads (--fault-kinds); needs --verify-rate 1")
@@ -96,7 +98,8 @@ def register(sub, parser_class) -> None:
     c.add_argument("--record", help="run record id (default calibration-<recipe>-<utc time>)")
     c.add_argument("--force", action="store_true", help="replace an existing run record of the --record id")
     c.add_argument("--json", action="store_true", help="machine-readable output (the run record)")
-    c.add_argument("--plot", metavar="PNG", type=file_arg("--plot"), help="also draw measured vs predicted tok/s (moetier plot calibration)")
+    c.add_argument("--plot", metavar="PNG", type=file_arg("--plot"),
+                   help="also draw measured vs predicted tok/s (moetier plot calibration)")
     c.set_defaults(fn=cmd_calibrate)
 
     b = sub.add_parser("bench", help="measure this machine; write its hardware and engine records and a recipe that "

@@ -114,6 +114,7 @@ def register(tsub, parser_class) -> None:
                    help="tokens of the search's sample traces (default 4800)")
     f.add_argument("--sample-layers", type=positive_int, default=8,
                    help="layers of the search's sample traces (default 8)")
-    f.add_argument("--out", type=file_arg("--out"), help="write the fitted generator parameters and the checks here (JSON, atomic)")
+    f.add_argument("--out", type=file_arg("--out"),
+                   help="write the fitted generator parameters and the checks here (JSON, atomic)")
     f.add_argument("--json", action="store_true", help="machine-readable report")
     f.set_defaults(trace_fn=cmd_fit)
