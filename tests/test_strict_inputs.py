@@ -107,6 +107,21 @@ def test_trace_import_bounds_the_trace_before_allocating(tmp_path, monkeypatch):
         importer.import_log(src, layers=5000)
 
 
+@pytest.mark.parametrize("grid, needle", [("budget.ram_gb=NaN,1", "NaN is not a finite number"),
+                                          ("budget.ram_gb=" + "[" * 5000 + "]" * 5000, "nested too deeply")])
+def test_sweep_grid_values_are_strict(grid, needle, tmp_path):
+    rc, out, err = run_cli(["sweep", "tiny-ci-cpu", "--grid", grid, "--out", str(tmp_path / "s.jsonl")])
+    one_line(rc, err, "--grid budget.ram_gb=", needle)
+    assert len(err) < 300 and list(tmp_path.iterdir()) == []
+
+
+def test_a_registry_kind_that_is_a_file_is_refused_before_work(user_registry, tmp_path):
+    user_registry.mkdir()
+    (user_registry / "runs").write_text("not a folder")
+    rc, out, err = run_cli(["run", "tiny-ci-cpu", "--store", str(tmp_path / "no-store"), "--record", "r1"])
+    one_line(rc, err, "runs", "not a folder")
+
+
 def test_inputs_that_never_end_are_refused(tmp_path):
     import os
     os.mkfifo(tmp_path / "fifo")

@@ -63,7 +63,7 @@ def _is_probe_file(path: Path) -> bool:
         return False
     try:
         d = json.loads(first)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return isinstance(d, dict) and d.get("kind") in ("header", "sample", "counters", "mark")
 

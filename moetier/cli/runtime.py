@@ -400,11 +400,7 @@ def _ablate(args) -> int:
 def _load_run(path: str) -> dict:
     from moetier import strictjson
     from moetier.cli.common import find_path
-    try:
-        text = find_path(path).read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"calibrate --ablate {path}: expected a calibration run record (a JSON file): {e}") from None
-    rec = strictjson.loads(text, f"calibrate --ablate {path}")
+    rec = strictjson.load(find_path(path), f"calibrate --ablate {path} (expected a calibration run record)")
     if not isinstance(rec, dict) or not isinstance(rec.get("calibration"), dict):
         raise UserError(f"calibrate --ablate {path}: expected a calibration run record (a 'calibration' object), "
                         f"got {type(rec).__name__}" + (" without one" if isinstance(rec, dict) else ""))

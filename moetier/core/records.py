@@ -291,7 +291,7 @@ def check_writable(kind: str, rid, root=None, *, force: bool = False, overlay: b
     if path.exists() and not force:
         raise UserError(f"{_show(path)}: a {kind} record {rid!r} exists; not replacing it (pass --force to replace "
                         f"it, or give another id)")
-    why = cannot_write(path.parent)
+    why = "not a folder" if path.parent.exists() and not path.parent.is_dir() else cannot_write(path.parent)
     if why:
         raise UserError(f"{_show(path.parent)}: cannot write {kind} records there ({why}); expected a writable "
                         f"registry folder")

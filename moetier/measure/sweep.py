@@ -42,14 +42,19 @@ def parse_axis(item: str) -> tuple[str, list[str]]:
     path, sep, vals = item.partition("=")
     if not sep or not path or not vals:
         raise UserError(f"--grid {item!r}: expected PATH=V1,V2,... (for example budget.ram_gb=30,55,100)")
+    from moetier import strictjson
     try:
-        parsed = json.loads(f"[{vals}]")
-    except ValueError:
+        parsed = strictjson.loads(f"[{vals}]", f"--grid {path}=")
+    except UserError as e:
+        if "invalid JSON" not in str(e):        # a non-finite number or deep nesting: not a list of strings
+            raise
         parsed = []
         for v in vals.split(","):
             try:
-                parsed.append(json.loads(v))
-            except ValueError:
+                parsed.append(strictjson.loads(v, f"--grid {path}="))
+            except UserError as e:
+                if "invalid JSON" not in str(e):
+                    raise
                 parsed.append(v)
     if not parsed:
         raise UserError(f"--grid {item!r}: no values")
