@@ -49,7 +49,8 @@ def cmd_model(args) -> int:
         from moetier.cli.common import _emit
         _emit(rec)
     m, st = rec["moe"], rec["store"]
-    print(f"wrote {where}: {m['layers']} MoE layers x {m['experts']} experts (top-{m['topk']}, {m['shared']} shared), "
+    what = f"model {rec['id']}: {where}" if not args.out else where
+    print(f"wrote {what}: {m['layers']} MoE layers x {m['experts']} experts (top-{m['topk']}, {m['shared']} shared), "
           f"{rec['geometry']['hidden']} x {rec['geometry']['intermediate']} at {rec['geometry']['bits']:g} bits: "
           f"{m['expert_bytes']:,} B per expert, {st['record_bytes']:,} B per record"
           f"{', ' + st['encoding'] if 'encoding' in st else ' (simulate only)'}", file=sys.stderr if args.json else
