@@ -33,6 +33,8 @@ def cmd_model(args) -> int:
     from moetier.core import records as spec
     if args.model_cmd != "import":
         raise UserError("model: expected a subcommand: import")
+    if args.id and not args.out:        # before reading the checkpoint: the id can be written
+        spec.check_writable("model", args.id, force=args.force, overlay=args.force)
     rec = model_import.import_model(args.dir, bits=args.bits, rid=args.id)
     if args.out:
         from pathlib import Path
