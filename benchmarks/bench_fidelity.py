@@ -231,7 +231,7 @@ def run(args, reg: str, again: str) -> None:
           measure_arms(rid, st, tr, arms, args.steps, args.repeats))
     write(res, Path(args.out_dir), name)       # what the bench phase found stays if the next one fails
     if not args.skip_quick:
-        quick = ("calibrate", rid, "--store", args.store, "--quick")
+        quick = ("calibrate", rid, "--store", args.store, "--quick", "--overlay")   # into the records it checks
         secs = moetier(*quick, registry=reg)
         secs_again = moetier(*quick, registry=again)
         measured = measure_arms(rid, st, tr, arms, args.steps, args.repeats)

@@ -4,7 +4,6 @@ engine record's lane cost model), fill and push GB/s, written as a validated eng
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import platform
 import time
@@ -111,6 +110,8 @@ def engine_record(eid: str, costs: dict, backend: str, device: str) -> dict:
 
 def test_engine_record(kits, backend_name):
     """The measured costs as an engine record: validated by moetier.spec; written next to the report."""
+    from moetier import strictjson
+    from moetier.atomic import atomic_write
     from moetier.core import records as spec
     first_kit(kits)                                    # skips with the reason when the backend is unavailable
     c = _costs()
@@ -123,11 +124,10 @@ def test_engine_record(kits, backend_name):
     path = os.path.join(out_dir, f"engine-{eid}.json")
     spec.validate("engine", rec, path)
     os.makedirs(out_dir, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(rec, f, indent=2)
-        f.write("\n")
+    text = strictjson.dumps(rec, indent=2) + "\n"
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
     report.STATE["engine"] = rec
     report.STATE["engine_path"] = path
     if report.STATE.get("write_engine"):
-        report.STATE["engine_path"] = str(spec.write_record("engine", rec,
-                                                                  force=report.STATE.get("replace_engine", False)))
+        force = report.STATE.get("replace_engine", False)      # --force: replace, or overlay a shipped id
+        report.STATE["engine_path"] = str(spec.write_record("engine", rec, force=force, overlay=force))

@@ -1,18 +1,22 @@
 """Atomic file writes: a temporary file in the destination's folder, fsynced, then renamed over the destination.
 
 Contract: ``atomic_write(path, write)`` calls ``write(f)`` with a binary file object; on any error the temporary
-file is removed and the destination is untouched (no half-written record or trace ever exists under its name).
+file is removed and the destination is untouched (no half-written record or trace ever exists under its name); an
+OSError (a full disk, a read-only folder) becomes a one-line UserError naming the file.
 ``atomic_write_many([(path, write), ...])`` stages every file first and renames them only when all are staged, so
 a command that writes several files writes all of them or none (a failure while staging - a full disk, a folder
 that is not writable - leaves every destination untouched). ``cannot_write(folder)`` says why a file cannot be
 created there (None if it can), for checks made before a command starts its work. The files get the usual
-permissions (0666 minus the umask), not mkstemp's 0600.
+permissions (0666 minus the umask), not mkstemp's 0600. A destination that is a symlink is written through: its
+target is replaced and the link kept.
 """
 from __future__ import annotations
 
 import os
 import tempfile
 from pathlib import Path
+
+from moetier.errors import UserError
 
 
 def _stage(path: Path, write) -> str:
@@ -61,16 +65,21 @@ def atomic_write_many(items) -> list[Path]:
     """Stage every (path, write) pair, then rename each over its destination; on a failure while staging, remove
     what was staged and re-raise (no destination changed)."""
     staged: list[tuple[str, Path]] = []
+    path = None
     try:
         for path, write in items:
-            path = Path(path)
+            # through a symlink, as open() would: the link keeps pointing at the new file
+            path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
             staged.append((_stage(path, write), path))
         for i, (tmp, path) in enumerate(staged):
             os.replace(tmp, path)
             staged[i] = ("", path)
-    except BaseException:
+    except BaseException as e:
         for tmp, _ in staged:
             if tmp:
                 _unlink(tmp)
+        if isinstance(e, OSError):      # a full disk, a folder gone read-only: the user's to fix, not a bug
+            where = path if path is not None else e.filename
+            raise UserError(f"{where}: cannot write ({e.strerror or e}); nothing was written") from None
         raise
     return [path for _, path in staged]

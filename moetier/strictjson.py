@@ -11,6 +11,9 @@ Contract
   of writing a ``NaN`` token no other JSON reader accepts; numpy scalars are written as their Python values.
 * ``check_finite(obj, where)`` walks a parsed value and raises ``UserError`` at the first non-finite float (for
   values that came in some other way than ``loads``).
+* ``read_text(path, where, max_bytes)`` reads a regular file of at most ``max_bytes`` as UTF-8 (a device or FIFO,
+  which may never end, and a larger file are refused before anything is read into memory); ``load(path, where)`` is
+  ``loads(read_text(...))``.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import math
 from moetier.errors import UserError
 
 MAX_DEPTH = 64
+MAX_BYTES = 64 << 20        # records, configs and plot inputs are kilobytes; a bigger file is not one of them
 
 
 class _NonFinite(ValueError):
@@ -108,3 +112,24 @@ def dumps(obj, **kw) -> str:
     """json.dumps with allow_nan=False (standard JSON only) and numpy scalars as Python values."""
     kw.setdefault("default", _plain)
     return json.dumps(obj, allow_nan=False, **kw)
+
+
+def read_text(path, where: str, max_bytes: int = MAX_BYTES) -> str:
+    """The UTF-8 text of a regular file of at most ``max_bytes``; UserError naming ``where`` otherwise."""
+    from moetier.bounded import open_regular
+    try:
+        with open_regular(path, where, max_bytes) as f:
+            data = f.read(max_bytes + 1)
+    except OSError as e:
+        raise UserError(f"{where}: cannot read ({e.strerror or e})") from None
+    if len(data) > max_bytes:       # grew while read
+        raise UserError(f"{where}: larger than {max_bytes:,} bytes (expected a JSON file of at most that)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def load(path, where: str, max_bytes: int = MAX_BYTES):
+    """Strict JSON from a bounded regular file (read_text, then loads)."""
+    return loads(read_text(path, where, max_bytes), where)

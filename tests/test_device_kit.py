@@ -41,14 +41,15 @@ def test_dry_run_runs_every_step_and_fits_a_device_run(tmp_path):
     assert rec["table"][0]["measured_tok_s"] > 0 and "utilization" in rec
 
 
-def test_a_step_out_of_time_is_recorded_and_the_rest_still_run(tmp_path):
-    p = check(tmp_path, "--dry-run", CHECK_BUDGET_S="40")
+def test_steps_out_of_time_are_recorded_not_dropped(tmp_path):
+    # 19 s leaves under the 5 s a step needs once the summary's 15 s are kept back, whatever this machine's speed:
+    # every step must still get its line, marked timed out, and the run must fail
+    p = check(tmp_path, "--dry-run", CHECK_BUDGET_S="19")
     s = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert p.returncode == 1 and not s["ok"]
     assert [r["step"] for r in s["steps"]] == STEPS                   # every step has its line
-    assert s["steps"][0]["rc"] == 0
-    assert {r["rc"] for r in s["steps"][-4:]} == {124}                # the budget ran out: timed out, not dropped
-    assert set(s["failed"]) >= {"run", "probe", "bench", "stage2"}
+    assert {r["rc"] for r in s["steps"]} == {124}
+    assert set(s["failed"]) == set(STEPS)
 
 
 def test_unknown_argument_is_one_line(tmp_path):

@@ -23,6 +23,7 @@ MODULE = re.compile(r"""(?<![\w./"'-])moetier(?:\.[a-z_][a-z0-9_]*)+(?![\w"'/-])
 REPO_PATH = re.compile(r"(?<![\w./~-])(?:\.\./)?((?:" + "|".join(TOP) + r")/[\w./-]*\w)")
 PLACEHOLDER = re.compile(r"[A-Z]{3,}")            # NAME, RECIPE-TIME: a path the reader fills in
 INSTALLED_ONLY = {"moetier/shipped"}              # the shipped records' place in a wheel (pyproject.toml package-dir)
+MADE_BY_TOOLS = {"benchmarks/device/wheels"}      # git-ignored: benchmarks/device/prepare.sh fills it
 MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:work|home|root|Users|mnt)/")
 
 
@@ -61,7 +62,7 @@ def repo_paths(text: str) -> list[str]:
     """The repository paths ``text`` names, less patterns (followed by *, <, {) and placeholders (NAME.py)."""
     return [m.group(1) for m in REPO_PATH.finditer(text)
             if text[m.end():m.end() + 2].lstrip("-.")[:1] not in ("*", "<", "{") and not PLACEHOLDER.search(m.group(1))
-            and m.group(1) not in INSTALLED_ONLY]
+            and m.group(1) not in INSTALLED_ONLY | MADE_BY_TOOLS]
 
 
 def test_the_patterns_find_names_and_spare_data():

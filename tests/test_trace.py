@@ -269,7 +269,7 @@ def test_import_csv_and_npz_forms(tmp_path):
 def test_import_refuses_bad_logs_with_one_line(tmp_path):
     from moetier.errors import UserError
     from moetier.traces.importer import import_log
-    with pytest.raises(UserError, match="line 1: not valid JSON"):
+    with pytest.raises(UserError, match="line 1: invalid JSON"):
         import_log(_log(tmp_path, ["{nope"]))
     with pytest.raises(UserError, match="no field 'token'"):
         import_log(_log(tmp_path, ['{"t": 0, "layer": 0, "experts": [1]}']))

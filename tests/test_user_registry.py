@@ -27,7 +27,7 @@ def test_writes_go_to_the_user_registry_and_overlay_the_shipped(user_registry):
     before = _shipped_bytes()
     eng = spec.load_record("engine", "numba-cpu")
     eng["source"] = "a user's own calibration"
-    path = spec.write_record("engine", eng)
+    path = spec.write_record("engine", eng, overlay=True)
     assert path == user_registry / "engine" / "numba-cpu.json"
     assert spec.load_record("engine", "numba-cpu")["source"] == "a user's own calibration"
     assert spec.record_path("engine", "numba-cpu") == path

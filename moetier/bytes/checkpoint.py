@@ -19,13 +19,13 @@ this parser against ``safetensors.safe_open``.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 from dataclasses import dataclass
 
 import numpy as np
 
+from moetier import strictjson
 from moetier.errors import UserError
 
 HEADER_MAX = 100 * 1024 * 1024
@@ -62,10 +62,7 @@ def read_header(path: str) -> dict:
             raw = f.read(n)
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror})") from None
-    try:
-        hdr = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: safetensors header is not valid JSON ({e})") from None
+    hdr = strictjson.loads(raw, f"{path}: safetensors header")
     if not isinstance(hdr, dict):
         raise UserError(f"{path}: safetensors header is not a JSON object")
     base = 8 + n

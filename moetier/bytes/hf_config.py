@@ -11,7 +11,6 @@ naming the file and field.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -22,6 +21,7 @@ from moetier.errors import UserError
 # first present wins: (what, field names)
 EXPERTS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts", "n_experts")
 TOPK = ("num_experts_per_tok", "moe_topk", "moe_k", "top_k")
+MAX_LAYERS = 4096          # registry/schema/model.schema.json bounds moe.layers the same
 DTYPE_BITS = {"bfloat16": 16, "float16": 16, "half": 16, "float32": 32, "float": 32, "float8_e4m3fn": 8}
 
 
@@ -42,18 +42,14 @@ class MoeGeometry:
 
     @property
     def dense_layers(self) -> list:
-        return [i for i in range(self.layers_total) if i not in set(self.moe_layers)]
+        moe = set(self.moe_layers)
+        return [i for i in range(self.layers_total) if i not in moe]
 
 
 def load_json_object(path: str, what: str) -> dict:
     """A JSON object from a file; UserError naming the file if unreadable, not JSON or not an object."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
-    except OSError as e:
-        raise UserError(f"{path}: cannot read {what} ({e.strerror})") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: {what} is not valid JSON ({e})") from None
+    from moetier import strictjson
+    obj = strictjson.load(path, f"{path} ({what})")
     if not isinstance(obj, dict):
         raise UserError(f"{path}: {what} is not a JSON object")
     return obj
@@ -109,6 +105,7 @@ def _moe_layers(t: dict, n: int, where: str, pfx: str) -> tuple[tuple, str]:
         only = t.get("mlp_only_layers") or []
         if not isinstance(only, list) or not all(isinstance(i, int) for i in only):
             raise UserError(f"{where}: field '{pfx}mlp_only_layers' expected a list of layer indices")
+        only = set(only)
         return tuple(i for i in range(n) if i not in only and (i + 1) % s == 0), "decoder_sparse_step/mlp_only_layers"
     return tuple(range(n)), "num_hidden_layers (every layer MoE)"
 
@@ -130,6 +127,9 @@ def geometry(cfg: dict, where: str = "config.json") -> MoeGeometry:
     else:
         shared, n_s = 0, "(none)"
     layers = _int(t, "num_hidden_layers", where, pfx)
+    if layers > MAX_LAYERS:
+        raise UserError(f"{where}: field '{pfx}num_hidden_layers' is {layers}; expected at most {MAX_LAYERS} (the "
+                        f"model schema's bound on layers)")
     moe, n_l = _moe_layers(t, layers, where, pfx)
     if not moe:
         raise UserError(f"{where}: no MoE layer among the {layers} of '{pfx}num_hidden_layers' ({n_l})")

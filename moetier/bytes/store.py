@@ -183,7 +183,9 @@ def write_store(out_dir, mid: str, L: int, E: int, lay, fill, *, seed: int = 0, 
     keys L*E..); ``source`` says where the bytes came from; ``router(dir)``, when given, writes the router record's
 file into the store directory and returns its manifest entry (moetier.bytes.router_record). Atomic like ``pack``;
 returns the manifest dict."""
-    out = os.path.abspath(os.fspath(out_dir))
+    # through a symlink: the new store replaces its target and the link is kept (moving the link aside instead
+    # would leave it behind as <out>.old-<pid>, which rmtree cannot remove)
+    out = os.path.realpath(os.path.abspath(os.fspath(out_dir)))
     if os.path.lexists(out) and not (os.path.isdir(out) and _is_store_dir(out)):
         raise UserError(f"pack: {out} exists and is not a moetier store; refusing to overwrite it")
     parent = os.path.dirname(out)

@@ -129,6 +129,7 @@ def cmd_compare(args) -> int:
 
 def register(sub, parser_class) -> None:
     from moetier.cli.common import count, positive_int
+    from moetier.cli.outpath import file_arg
     sp = sub.add_parser("compare", help="peers' policies, moetier's default and the oracle bound side by side")
     sp.add_argument("recipe", help="recipe id (registry/recipe/<id>.json)")
     sp.add_argument("--trace", nargs="+", help="routing traces (default: the recipe's)")
@@ -136,7 +137,7 @@ def register(sub, parser_class) -> None:
     sp.add_argument("--steps", type=count, default=0, help="cap on measured steps (0 = the trace's)")
     sp.add_argument("--peers", help="comma-separated rows to run (default: all)")
     sp.add_argument("--no-oracle", action="store_true", help="leave out the oracle bound")
-    sp.add_argument("--png", help="PNG path (default compare-<recipe>.png)")
+    sp.add_argument("--png", type=file_arg("--png"), help="PNG path (default compare-<recipe>.png)")
     sp.add_argument("--set", nargs="+", metavar="PATH=VALUE", help="dotted recipe overrides, values as JSON")
     sp.add_argument("--json", action="store_true", help="machine-readable output")
     sp.set_defaults(fn=cmd_compare)

@@ -18,7 +18,9 @@ from __future__ import annotations
 import json
 import os
 
-from moetier.atomic import atomic_write, cannot_write
+from moetier.atomic import atomic_write
+from moetier.cli.outpath import check as check_out
+from moetier.cli.outpath import file_arg
 from moetier.errors import UserError
 
 
@@ -26,12 +28,14 @@ def register(sub, parser_class) -> None:
     p = sub.add_parser("conformance", help="run the backend conformance suite against one backend")
     p.add_argument("--backend", required=True, help="a registered backend: cpu, sycl, cuda, exl3xpu, exllamav3, or any "
                    "installed moetier.backends entry point")
-    p.add_argument("--report", help="JSON report path (default conformance-report-<backend>.json)")
-    p.add_argument("--md", metavar="FILE", help="also write the report as a markdown table (which checks ran, "
-                   "passed, failed, were skipped and why) to FILE")
+    p.add_argument("--report", type=file_arg("--report"),
+                   help="JSON report path (default conformance-report-<backend>.json)")
+    p.add_argument("--md", metavar="FILE", type=file_arg("--md"), help="also write the report as a markdown table "
+                   "(which checks ran, passed, failed, were skipped and why) to FILE")
     p.add_argument("--write-engine", metavar="ID", help="also write the measured engine record to "
                    "<user registry>/engine/<ID>.json")
-    p.add_argument("--force", action="store_true", help="with --write-engine: replace an existing record")
+    p.add_argument("--force", action="store_true", help="with --write-engine: replace an existing record, or write "
+                   "a shipped id (the user registry's copy then overlays the shipped one)")
     p.add_argument("-k", dest="select", metavar="EXPR", help="pytest -k expression selecting checks")
     p.add_argument("-x", dest="exitfirst", action="store_true", help="stop at the first failure")
     p.add_argument("-v", dest="verbose", action="store_true", help="verbose pytest output")
@@ -57,17 +61,6 @@ def pytest_args(backend: str, report: str, *, write_engine=None, select=None, ex
     return args
 
 
-def _check_report_path(report: str, flag: str) -> None:
-    folder = os.path.dirname(report)
-    if os.path.isdir(report):
-        raise UserError(f"{flag} {report}: is a directory; expected a file path")
-    if not os.path.isdir(folder):
-        raise UserError(f"{flag} {report}: folder {folder} does not exist")
-    why = cannot_write(folder)
-    if why:
-        raise UserError(f"{flag} {report}: cannot write there ({why}); expected a writable path")
-
-
 def cmd_conformance(args) -> int:
     from conformance import capabilities
     capabilities.check_name(args.backend)               # UserError -> one line, exit 2
@@ -76,12 +69,12 @@ def cmd_conformance(args) -> int:
     except ImportError:
         raise UserError("conformance: pytest is not installed (pip install 'moetier[test]')") from None
     report = os.path.abspath(args.report or f"conformance-report-{args.backend}.json")
-    _check_report_path(report, "--report")              # before the suite runs, not after
+    check_out(report, "--report")                       # before the suite runs, not after
     if args.md:
-        _check_report_path(os.path.abspath(args.md), "--md")
+        check_out(os.path.abspath(args.md), "--md")
     if args.write_engine:
         from moetier.core import records as spec
-        spec.check_writable("engine", args.write_engine, force=args.force)
+        spec.check_writable("engine", args.write_engine, force=args.force, overlay=args.force)
     if os.path.exists(report):
         os.unlink(report)
     rc = pytest.main(pytest_args(args.backend, report, write_engine=args.write_engine, select=args.select,

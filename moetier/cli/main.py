@@ -16,6 +16,8 @@ from moetier.cli.common import (DEFAULT_RECIPE, _emit, _Parser, _resolve, _trace
                                 count_float, find_path, fraction, int_list, json_object, positive_float,
                                 positive_int, seed)
 from moetier.cli import progress, views
+from moetier.cli.outpath import REGISTRY, file_arg, registry_arg
+from moetier.cli.outpath import check as check_out
 from moetier.errors import UserError
 
 
@@ -25,7 +27,7 @@ def _sim_runs(R, tr, concs, args):
     for c in concs:
         kw = {}
         if getattr(args, "window", None):
-            kw = dict(window=args.window, accept=args.accept, draft_ms=args.draft_ms)
+            kw = dict(window=args.window, accept=args.accept or 1.0, draft_ms=args.draft_ms or 0.0)
         steps = getattr(args, "steps", 0) or 0
         with progress.task(f"sim C{c}") as cb:
             out.append(sim.run(R, tr, c, max_steps=steps, progress=cb, timeline=bool(args.plot), **kw))
@@ -73,12 +75,18 @@ def cmd_show(args) -> int:
 
 
 def cmd_sim(args) -> int:
-    if args.window is not None and args.accept > args.window:
+    if args.window is None:
+        for flag, v in (("--accept", args.accept), ("--draft-ms", args.draft_ms)):
+            if v is not None:
+                raise UserError(f"{flag} {v:g}: needs --window N (the speculative verify window it applies to); "
+                                f"without one every stream makes one token a step")
+    elif args.accept is not None and args.accept > args.window:
         raise UserError(f"--accept {args.accept:g}: more than --window {args.window} (a stream cannot accept more "
                         f"tokens per step than its verify window holds)")
     R = _resolve(args)
     tr = _trace(args, R)
     res = _sim_runs(R, tr, args.conc or [1, 2, 4], args)
+    _fixed_notes(R, res)
     if args.plot:
         from moetier.cli.plots import plot_timeline
         print(f"wrote {plot_timeline(res, args.plot)}", file=sys.stderr)
@@ -90,6 +98,15 @@ def cmd_sim(args) -> int:
     views.print_decode(res, title=f"sim {R.id} (trace {tr.meta.get('name') or args.trace or R.trace}, "
                                   f"seed {R.policy.get('seed')})")
     return 0
+
+
+def _fixed_notes(R, results) -> None:
+    """Say on stderr where a concurrency's non-MoE time was not measured (fixed_basis; also in --json)."""
+    for r in results:
+        if r.get("fixed_basis", "measured") != "measured":
+            rows = r["conc"] * r["window"]
+            print(f"note: C{r['conc']}: recipe {R.id} has no calibration.fixed_ms entry for {rows} rows; its non-MoE "
+                  f"time (fixed) is {r['fixed_basis']}", file=sys.stderr)
 
 
 def standard_table(R, tr, concs, with_interval: bool = False) -> dict:
@@ -111,6 +128,7 @@ def cmd_table(args) -> int:
     R = _resolve(args)
     tr = _trace(args, R)
     t = standard_table(R, tr, args.conc or [1, 2, 4], args.interval)
+    _fixed_notes(R, t["decode"])
     if args.json:
         _emit(t)
         return 0
@@ -176,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="moetier", description="Tiered MoE expert residency: records, planner, simulator, runtime.")
     p.add_argument("--version", action="version", version=f"moetier {_version()}",
                    help="print the version and exit")
-    p.add_argument("--registry", metavar="DIR", help=REGISTRY_HELP)
+    p.add_argument("--registry", metavar="DIR", type=registry_arg, help=REGISTRY_HELP)
     sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
 
     def recipe_args(sp, optional=False):
@@ -201,9 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("--steps", type=count, default=0, help="cap on measured steps (0 = the trace's)")
             sp.add_argument("--window", type=positive_int, default=None,
                             help="speculative verify window (tokens per stream)")
-            sp.add_argument("--accept", type=positive_float, default=1.0, help="tokens accepted per stream per step")
-            sp.add_argument("--draft-ms", type=count_float, default=0.0, help="draft cost per step (ms)")
-            sp.add_argument("--plot", metavar="PNG", help="also draw tier use and VRAM hit rate over the replay "
+            sp.add_argument("--accept", type=positive_float, default=None,
+                            help="with --window: tokens accepted per stream per step (default 1)")
+            sp.add_argument("--draft-ms", type=count_float, default=None,
+                            help="with --window: draft cost per step (ms; default 0)")
+            sp.add_argument("--plot", metavar="PNG", type=file_arg("--plot"),
+                            help="also draw tier use and VRAM hit rate over the replay "
                             "(moetier plot timeline)")
             sp.add_argument("--no-interval", dest="interval", action="store_false",
                             help="skip the prediction interval (two more replays: the terms at their slow and fast "
@@ -223,18 +244,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cache-sizes", type=int_list, help="comma-separated slot counts for the hit-rate curves")
     s.add_argument("--layer-sizes", type=int_list, help="comma-separated slots per layer for the per-layer curves")
     s.add_argument("--json", action="store_true", help="machine-readable output")
-    s.add_argument("--plot", metavar="PNG", help="also draw per-layer hit-rate curves, LRU vs Belady (moetier plot "
+    s.add_argument("--plot", metavar="PNG", type=file_arg("--plot"),
+                   help="also draw per-layer hit-rate curves, LRU vs Belady (moetier plot "
                    "cache)")
     g = tsub.add_parser("gen", help="synthetic trace (docs/traces.md)")
     g.add_argument("--model", required=True, help="model id whose geometry (layers, experts, top-k) to use")
-    g.add_argument("--out", required=True, help="trace file to write (.npz)")
+    g.add_argument("--out", required=True, type=file_arg("--out"), help="trace file to write (.npz)")
     g.add_argument("--tokens", type=positive_int, default=4000, help="tokens to generate (default 4000)")
     g.add_argument("--segments", type=positive_int, default=4, help="independent segments (streams; default 4)")
     g.add_argument("--seed", type=seed, default=0, help="random seed (default 0)")
     g.add_argument("--params", type=json_object, help="GenParams as JSON")
     c = tsub.add_parser("convert", help="reference .npy (+ .segments.npy) <-> .npz")
     c.add_argument("src", help="trace to read (.npz or reference .npy)")
-    c.add_argument("dst", help="trace to write (.npz or .npy)")
+    c.add_argument("dst", type=file_arg("DST"), help="trace to write (.npz or .npy)")
     c.add_argument("--segments", help="segments .npy beside a reference .npy trace")
     from moetier.cli import trace_io
     trace_io.register(tsub, _Parser)
@@ -275,7 +297,8 @@ def _registry_everywhere(p: argparse.ArgumentParser) -> None:
     """--registry after the verb too (`moetier run ... --registry DIR`, `moetier probe report ... --registry DIR`)."""
     for sp in _subparsers(p):
         if sp is not p:
-            sp.add_argument("--registry", metavar="DIR", default=argparse.SUPPRESS, help=REGISTRY_HELP)
+            sp.add_argument("--registry", metavar="DIR", type=registry_arg, default=argparse.SUPPRESS,
+                            help=REGISTRY_HELP)
 
 
 def _extend(sub) -> None:
@@ -311,6 +334,9 @@ def main(argv=None) -> int:
     def dispatch() -> int:
         args = parser.parse_args(argv)
         spec.set_user_registry(getattr(args, "registry", None) or prev)
+        # before any work, read-only commands included: reads look there too
+        check_out(spec.user_registry(), "--registry" if getattr(args, "registry", None) else
+                  "user registry ($MOETIER_REGISTRY, else $XDG_DATA_HOME/moetier/registry)", REGISTRY)
         if not getattr(args, "fn", None):
             parser.print_help()
             return 2

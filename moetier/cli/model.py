@@ -7,10 +7,10 @@ written atomically to the registry (``--out FILE`` writes it there instead); an 
 """
 from __future__ import annotations
 
-import json
 import sys
 
 from moetier.cli.common import positive_float
+from moetier.cli.outpath import file_arg
 from moetier.errors import UserError
 
 
@@ -22,7 +22,7 @@ def register(sub, parser_class) -> None:
                    " or a config.json file")
     p.add_argument("--bits", type=positive_float, help="bits per expert weight (default: the quantization config)")
     p.add_argument("--id", help="record id (default: from the directory name)")
-    p.add_argument("--out", help="write the record to this file instead of the registry")
+    p.add_argument("--out", type=file_arg("--out"), help="write the record to this file instead of the registry")
     p.add_argument("--force", action="store_true", help="replace an existing registry record of the same id")
     p.add_argument("--json", action="store_true", help="print the record")
     sp.set_defaults(fn=cmd_model)
@@ -33,22 +33,26 @@ def cmd_model(args) -> int:
     from moetier.core import records as spec
     if args.model_cmd != "import":
         raise UserError("model: expected a subcommand: import")
+    if args.id and not args.out:        # before reading the checkpoint: the id can be written
+        spec.check_writable("model", args.id, force=args.force, overlay=args.force)
     rec = model_import.import_model(args.dir, bits=args.bits, rid=args.id)
     if args.out:
         from pathlib import Path
+        from moetier import strictjson
         from moetier.atomic import atomic_write
         spec.validate("model", rec, args.out)
-        text = json.dumps(rec, indent=2) + "\n"
+        text = strictjson.dumps(rec, indent=2) + "\n"     # standard JSON: never a bare NaN or Infinity
         where = atomic_write(Path(args.out), lambda f: f.write(text.encode("utf-8")))
     else:
         if rec["id"] in spec.record_ids("model") and not args.force:
             raise UserError(f"model id {rec['id']!r} already in the registry; pass --id NAME or --force")
-        where = spec.write_record("model", rec, force=args.force)
+        where = spec.write_record("model", rec, force=args.force, overlay=args.force)
     if args.json:
         from moetier.cli.common import _emit
         _emit(rec)
     m, st = rec["moe"], rec["store"]
-    print(f"wrote {where}: {m['layers']} MoE layers x {m['experts']} experts (top-{m['topk']}, {m['shared']} shared), "
+    what = f"model {rec['id']}: {where}" if not args.out else where
+    print(f"wrote {what}: {m['layers']} MoE layers x {m['experts']} experts (top-{m['topk']}, {m['shared']} shared), "
           f"{rec['geometry']['hidden']} x {rec['geometry']['intermediate']} at {rec['geometry']['bits']:g} bits: "
           f"{m['expert_bytes']:,} B per expert, {st['record_bytes']:,} B per record"
           f"{', ' + st['encoding'] if 'encoding' in st else ' (simulate only)'}", file=sys.stderr if args.json else

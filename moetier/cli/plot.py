@@ -7,10 +7,10 @@ take ``--plot PNG`` (sim, trace stats, probe report, calibrate, examples/levers.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from moetier.cli.common import positive_int
+from moetier.cli.outpath import file_arg
 from moetier.errors import UserError
 
 KINDS = ("levers", "timeline", "waterfall", "cache", "calibration", "compare")
@@ -21,7 +21,7 @@ def register(sub, parser_class) -> None:
     ps = sp.add_subparsers(dest="plot_kind", parser_class=parser_class, metavar="KIND")
 
     def out(p):
-        p.add_argument("--out", required=True, metavar="PNG", help="the PNG file to write")
+        p.add_argument("--out", required=True, metavar="PNG", type=file_arg("--out"), help="the PNG file to write")
         p.add_argument("--title", help="figure title (default: one naming the data)")
 
     p = ps.add_parser("levers", help="the lever study: bars per lever and concurrency")
@@ -59,25 +59,24 @@ def load_json(src: str, kind: str | None = "runs"):
     """A record id of ``kind``, a JSON file, or a JSON-lines file (a list of its objects)."""
     from moetier.core import records as spec
     p = Path(src)
-    if not p.is_file():
+    if not p.exists():
         if kind and spec.ID_RE.match(src):
             return spec.load_record(kind, src)
         raise UserError(f"{src}: no such file" + (f" and no {kind} record of that id" if kind else ""))
+    from moetier import strictjson
+    text = strictjson.read_text(p, src)
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{src}: cannot read: {e}") from None
-    try:
-        return json.loads(text)
-    except ValueError:
-        pass
+        return strictjson.loads(text, src)
+    except UserError as e:
+        if "invalid JSON" not in str(e):        # a non-finite number or deep nesting: no JSON-lines reading helps
+            raise
     rows = []
     for i, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
-                rows.append(json.loads(line))
-            except ValueError as e:
-                raise UserError(f"{src}:{i}: neither JSON nor JSON lines: {e}") from None
+                rows.append(strictjson.loads(line, f"{src}:{i}"))
+            except UserError as e:
+                raise UserError(f"{e} (neither JSON nor JSON lines)") from None
     return rows
 
 

@@ -41,10 +41,7 @@ def _save(fig, path) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     _plt().close(fig)
-    try:
-        atomic_write(path, lambda f: f.write(buf.getvalue()))
-    except OSError as e:
-        raise UserError(f"plot: cannot write {path}: {e.strerror or e}") from None
+    atomic_write(path, lambda f: f.write(buf.getvalue()))
     return str(path)
 
 
@@ -85,6 +82,12 @@ def plot_compare(rows, path, title: str | None = None) -> str:
     """The policy comparison: rows of {"policy", "conc", "tok_s"} (one per policy and concurrency)."""
     _need(isinstance(rows, list) and rows and all(isinstance(r, dict) and {"policy", "conc", "tok_s"} <= set(r)
                                                   for r in rows), "a list of rows {policy, conc, tok_s}")
+    for i, r in enumerate(rows):
+        conc, tok_s = r["conc"], r["tok_s"]
+        _need(isinstance(conc, int) and not isinstance(conc, bool) and conc >= 1,
+              f"row {i}: conc a positive integer, got {conc!r}")
+        _need(isinstance(tok_s, (int, float)) and not isinstance(tok_s, bool) and math.isfinite(tok_s)
+              and tok_s >= 0, f"row {i}: tok_s a finite number >= 0, got {tok_s!r}")
     policies = list(dict.fromkeys(str(r["policy"]) for r in rows))
     concs = sorted({int(r["conc"]) for r in rows})
     val = {(str(r["policy"]), int(r["conc"])): float(r["tok_s"]) for r in rows}

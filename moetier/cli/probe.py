@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from moetier.cli.common import count_float, positive_float
+from moetier.cli.outpath import file_arg
 from moetier.errors import UserError
 
 
@@ -17,7 +18,7 @@ def register(sub, parser_class) -> None:
     sp = sub.add_parser("probe", help="host sampler and utilization / chokepoint report (docs/utilization.md)")
     psub = sp.add_subparsers(dest="probe_cmd", parser_class=parser_class)
     r = psub.add_parser("record", help="sample the host (JSON lines) while COMMAND runs")
-    r.add_argument("--out", required=True, help="probe file to append to")
+    r.add_argument("--out", required=True, type=file_arg("--out"), help="probe file to append to")
     r.add_argument("--interval", type=positive_float, default=0.1, help="seconds between samples (default 0.1)")
     r.add_argument("--duration", type=count_float, default=0.0,
                    help="stop sampling after S seconds (0: when COMMAND exits)")
@@ -30,7 +31,10 @@ def register(sub, parser_class) -> None:
                    "recipe's)")
     p.add_argument("--md", action="store_true", help="markdown tables instead of JSON")
     p.add_argument("--write", action="store_true", help="store utilization and chokepoints in the run record")
-    p.add_argument("--plot", metavar="PNG", help="also draw the per-layer chokepoint waterfall (moetier plot "
+    p.add_argument("--force", action="store_true", help="with --write: write a shipped run record's id (the user "
+                   "registry's copy then overlays the shipped one)")
+    p.add_argument("--plot", metavar="PNG", type=file_arg("--plot"),
+                   help="also draw the per-layer chokepoint waterfall (moetier plot "
                    "waterfall)")
     sp.set_defaults(fn=cmd_probe)
 
@@ -59,7 +63,7 @@ def _is_probe_file(path: Path) -> bool:
         return False
     try:
         d = json.loads(first)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return isinstance(d, dict) and d.get("kind") in ("header", "sample", "counters", "mark")
 
@@ -71,10 +75,11 @@ def _load_run(target: str):
     if p.is_file():
         if _is_probe_file(p):
             return None, None
+        from moetier import strictjson
         try:
-            rec = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise UserError(f"{target}: neither a probe file (JSON lines) nor a run record (JSON): {e}") from None
+            rec = strictjson.load(p, target)
+        except UserError as e:
+            raise UserError(f"{e} (neither a probe file, JSON lines, nor a run record, JSON)") from None
         if not isinstance(rec, dict) or "id" not in rec:
             raise UserError(f"{target}: not a run record (expected a JSON object with an 'id')")
         return rec, p
@@ -129,6 +134,8 @@ def _report(args) -> int:
         if not isinstance(src, str) or not src:
             raise UserError(f"run record {rec.get('id')}: no 'probe' field naming its probe file; give --probe FILE")
         probe_path = _resolve_probe(src, rec_path)
+        if args.write:          # before the report: --write updates the run's record, a shipped one only with --force
+            spec.check_writable("runs", rec.get("id"), force=True, overlay=args.force)
     if not probe_path.is_file():
         raise UserError(f"{probe_path}: probe file not found")
     hw, why = _hardware_for(args, rec)
@@ -141,7 +148,8 @@ def _report(args) -> int:
         rec["chokepoints"] = rep["chokepoints"]
         if "probe" not in rec:
             rec["probe"] = str(probe_path)
-        print(f"wrote {spec.write_record('runs', rec, force=True)}", file=sys.stderr)   # --write updates the run's record
+        print(f"wrote runs {rec['id']}: {spec.write_record('runs', rec, force=True, overlay=args.force)}",
+              file=sys.stderr)
     if args.plot:
         from moetier.cli.plots import plot_waterfall
         print(f"wrote {plot_waterfall(rep, args.plot)}", file=sys.stderr)

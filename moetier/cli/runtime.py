@@ -13,6 +13,7 @@ import sys
 
 from moetier.cli import progress
 from moetier.cli.common import count, fraction, positive_float, positive_int, seed
+from moetier.cli.outpath import file_arg, folder_arg
 from moetier.errors import UserError
 
 
@@ -23,7 +24,8 @@ def register(sub, parser_class) -> None:
                         "routed experts of an EXL3 checkpoint (--checkpoint)")
     p.add_argument("model", nargs="?", help="model record id (with --checkpoint: checked against the checkpoint)")
     p.add_argument("--checkpoint", metavar="DIR", help="pack this EXL3 checkpoint's routed experts")
-    p.add_argument("--out", required=True, help="store directory to write (replaced atomically if a store)")
+    p.add_argument("--out", required=True, type=folder_arg("--out"),
+                   help="store directory to write (replaced atomically if a store)")
     p.add_argument("--seed", type=seed, default=0, help="seed of the deterministic expert weights (default 0)")
     v = ssub.add_parser("verify", help="re-read every record and check its checksum")
     v.add_argument("dir", help="store directory")
@@ -43,8 +45,10 @@ def register(sub, parser_class) -> None:
     r.add_argument("--verify-rate", type=fraction, default=1.0, help="fraction of reads checksum-checked on landing")
     r.add_argument("--record", help="run record id (default: <recipe>-run-<utc time>)")
     r.add_argument("--no-record", action="store_true", help="do not write a run record")
-    r.add_argument("--force", action="store_true", help="replace an existing run record of the --record id")
-    r.add_argument("--probe", metavar="FILE", help="sample the host at 100 ms and the runtime's counters per step "
+    r.add_argument("--force", action="store_true", help="replace an existing run record of the --record id, or "
+                   "write a shipped one's (the user registry's copy then overlays it)")
+    r.add_argument("--probe", metavar="FILE", type=file_arg("--probe"),
+                   help="sample the host at 100 ms and the runtime's counters per step "
                    "into FILE (JSON lines; see `moetier probe`)")
     r.add_argument("--faults", type=fraction, default=0.0, metavar="RATE",
                    help="chaos: inject a fault into this fraction of reads (--fault-kinds); needs --verify-rate 1")
@@ -85,10 +89,17 @@ def register(sub, parser_class) -> None:
     c.add_argument("--verify-rate", type=fraction, default=1.0,
                    help="fraction of reads checksum-checked on landing (default 1)")
     c.add_argument("--no-write", action="store_true", help="do not write the fitted terms or the run record")
+    c.add_argument("--suffix", default="-cal", type=_suffix,
+                   help="write the fitted terms as new records <id>SUFFIX (recipe, its engines and hardware; default "
+                        "-cal: `moetier sim RECIPE-cal` predicts from them), never over a shipped record")
+    c.add_argument("--overlay", action="store_true", help="write the fitted terms into the recipe's own records "
+                   "instead (shipped ones included: the user registry's copies then overlay them for every later "
+                   "command)")
     c.add_argument("--record", help="run record id (default calibration-<recipe>-<utc time>)")
     c.add_argument("--force", action="store_true", help="replace an existing run record of the --record id")
     c.add_argument("--json", action="store_true", help="machine-readable output (the run record)")
-    c.add_argument("--plot", metavar="PNG", help="also draw measured vs predicted tok/s (moetier plot calibration)")
+    c.add_argument("--plot", metavar="PNG", type=file_arg("--plot"),
+                   help="also draw measured vs predicted tok/s (moetier plot calibration)")
     c.set_defaults(fn=cmd_calibrate)
 
     b = sub.add_parser("bench", help="measure this machine; write its hardware and engine records and a recipe that "
@@ -151,7 +162,7 @@ def _record_id(rid, prefix: str, when: str, *, write: bool, force: bool) -> str:
         taken = set(spec.record_ids("runs"))
         rid = next(c for c in [base] + [f"{base}-{i}" for i in range(2, len(taken) + 3)] if c not in taken)
     if write:
-        spec.check_writable("runs", rid, force=force)
+        spec.check_writable("runs", rid, force=force, overlay=force)
     return rid
 
 
@@ -163,13 +174,23 @@ def _run_record(rid: str, recipe: str, backend: str, when: str) -> dict:
 
 def _write(kind: str, rec: dict, force: bool = False) -> None:
     from moetier.core import records as spec
-    print(f"wrote {spec.write_record(kind, rec, force=force)}", file=sys.stderr)
+    print(f"wrote {kind} {rec['id']}: {spec.write_record(kind, rec, force=force, overlay=force)}", file=sys.stderr)
 
 
 def _existing(kind: str, rid: str) -> dict | None:
     """The record a write would replace, if there is one."""
     from moetier.core import records as spec
     return spec.load_record(kind, rid) if rid in spec.record_ids(kind) else None
+
+
+def _suffix(s: str) -> str:
+    """An argparse type: a record-id suffix (``-cal``): id characters, starting with one that is not a letter or
+    digit so that it reads apart from the id."""
+    import argparse
+    import re
+    if not re.fullmatch(r"[._-][a-z0-9._-]{1,40}", s):
+        raise argparse.ArgumentTypeError(f"expected '-', '.' or '_' then 1 to 40 of a-z 0-9 . _ -, got {s!r}")
+    return s
 
 
 def fault_kinds(s: str) -> tuple:
@@ -211,6 +232,8 @@ def cmd_run(args) -> int:
     rid = _record_id(args.record, f"{R.id}-run", when, write=not args.no_record, force=args.force)
     st = store.open_store(args.store, model=R.model)
     tr = _trace(args, R)
+    for c in args.conc:     # before measuring: the prediction beside each run needs the trace to support it
+        sim.check_conc(tr, c)
     rows, preds = [], []
     sampler = None
     if args.probe:
@@ -309,6 +332,11 @@ def cmd_calibrate(args) -> int:
         raise UserError("calibrate: expected RECIPE and --store DIR (or --ablate RECORD...)")
     R = spec.resolve(args.recipe)
     rid = _record_id(args.record, f"calibration-{R.id}", _now(), write=not args.no_write, force=args.force)
+    suffix = "" if args.overlay else args.suffix
+    if not args.no_write:   # before measuring: the fitted terms can be written where they go
+        from moetier.measure.write import written_ids
+        for kind, wid in written_ids(R.id, calibrate.VRAM_ENGINE, suffix):
+            spec.check_writable(kind, wid, force=True, overlay=args.overlay, flag="--overlay")
     st = store.open_store(args.store, model=R.model)
     tr = _trace(args, R)
     with progress.status("calibrate") as prog:
@@ -318,7 +346,7 @@ def cmd_calibrate(args) -> int:
                                   plan_repeats=quick.get("plan_repeats"),
                                   arms=calibrate.quick_arms(R) if args.quick else None,
                                   backend=args.backend, verify_rate=args.verify_rate, write=not args.no_write,
-                                  progress=prog)
+                                  suffix=suffix, progress=prog)
     record = {**_run_record(rid, R.id, args.backend, res["when"]),
               "title": f"calibration matrix for {R.id}",
               "table": [{"arm": r["arm"], "conc": r["conc"], "decode": r["measured_tok_s"], "sim_decode": r["sim_tok_s"],
@@ -326,6 +354,8 @@ def cmd_calibrate(args) -> int:
               "calibration": res,
               "note": "arms interleaved A B .. A B ..; the fit arms of the checked pass set the cost terms, the others "
                       "are held out; errors are simulator vs measured decode tok/s"}
+    for w in res["written"]:
+        print(f"wrote {w['kind']} {w['id']}: {w['path']}", file=sys.stderr)
     if not args.no_write:
         _write("runs", record, force=args.force)
     if args.plot:
@@ -370,11 +400,7 @@ def _ablate(args) -> int:
 def _load_run(path: str) -> dict:
     from moetier import strictjson
     from moetier.cli.common import find_path
-    try:
-        text = find_path(path).read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"calibrate --ablate {path}: expected a calibration run record (a JSON file): {e}") from None
-    rec = strictjson.loads(text, f"calibrate --ablate {path}")
+    rec = strictjson.load(find_path(path), f"calibrate --ablate {path} (expected a calibration run record)")
     if not isinstance(rec, dict) or not isinstance(rec.get("calibration"), dict):
         raise UserError(f"calibrate --ablate {path}: expected a calibration run record (a 'calibration' object), "
                         f"got {type(rec).__name__}" + (" without one" if isinstance(rec, dict) else ""))
@@ -390,11 +416,7 @@ def cmd_bench(args) -> int:
     out_id = args.recipe_out or f"{recipe}-bench"
     if not args.dry_run:     # before measuring: every id can be written (replacing a record needs --force)
         for kind, rid in (("hardware", args.hardware), ("engine", args.engine), ("recipe", out_id)):
-            if spec.is_shipped(kind, rid) and not args.overlay:
-                flag = "--recipe-out" if kind == "recipe" else f"--{kind}"
-                raise UserError(f"bench: {kind} {rid!r} is a shipped record; writing it would overlay the shipped one "
-                                f"for every later command: give another id ({flag} ID) or pass --overlay")
-            spec.check_writable(kind, rid, force=args.force)
+            spec.check_writable(kind, rid, force=args.force, overlay=args.overlay, flag="--overlay")
     R = spec.resolve(recipe)
     st = store.open_store(args.store)
     if st.record_bytes != R.nvme_expert_bytes:
@@ -410,8 +432,9 @@ def cmd_bench(args) -> int:
     eng["model_lanes"] = bench_exl3.model_lanes(m["exl3_lanes"], when)
     rec = bench.recipe_record(m, recipe, out_id, args.hardware, args.engine, when)
     if not args.dry_run:     # all three records or none
-        for path in spec.write_records([("hardware", hw), ("engine", eng), ("recipe", rec)], force=args.force):
-            print(f"wrote {path}", file=sys.stderr)
+        written = [("hardware", hw), ("engine", eng), ("recipe", rec)]
+        for (kind, r), path in zip(written, spec.write_records(written, force=args.force, overlay=args.overlay)):
+            print(f"wrote {kind} {r['id']}: {path}", file=sys.stderr)
     if args.json:
         _emit({"measured": m, "hardware": hw, "engine": eng, "recipe": rec})
         return 0

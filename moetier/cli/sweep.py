@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from moetier.cli.common import count, positive_int
+from moetier.cli.outpath import file_arg
 from moetier.errors import UserError
 
 
@@ -29,13 +30,15 @@ def register(sub, parser_class) -> None:
                    help="RAM eviction policies (policy.ram_evict: lru, lfu, lfu:WINDOW[:HALFLIFE]; default: the "
                    "recipe's)")
     p.add_argument("--steps", type=count, default=0, help="cap on measured steps per cell (0 = the trace's)")
-    p.add_argument("--out", required=True, help="results file, JSON lines (appended; finished cells are skipped)")
+    p.add_argument("--out", required=True, type=file_arg("--out"),
+                   help="results file, JSON lines (appended; finished cells are skipped)")
     p.add_argument("--workers", type=positive_int, default=None,
                    help="local processes, or CPUs of a local Ray instance (default: the CPU count)")
     p.add_argument("--ray", metavar="ADDRESS", help="run on Ray: 'local' starts one here, else a cluster address "
                    "(needs pip install 'moetier[ray]')")
     p.add_argument("--batch", type=positive_int, default=1, help="cells per Ray task (default 1)")
-    p.add_argument("--plot", metavar="PNG", help="also draw tok/s per cell and concurrency (moetier plot compare)")
+    p.add_argument("--plot", metavar="PNG", type=file_arg("--plot"),
+                   help="also draw tok/s per cell and concurrency (moetier plot compare)")
     p.add_argument("--json", action="store_true", help="print the summary and this grid's rows as JSON")
     p.set_defaults(fn=cmd_sweep)
 

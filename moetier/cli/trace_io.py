@@ -47,8 +47,7 @@ def cmd_import(args) -> int:
 
 
 def cmd_fit(args) -> int:
-    import json
-
+    from moetier import strictjson
     from moetier.atomic import atomic_write
     from moetier.cli.common import _emit, find_path
     from moetier.traces.fit import fit_trace, format_fit
@@ -70,7 +69,8 @@ def cmd_fit(args) -> int:
         rec = {"generator": "moetier.traces.gen", "params": d["params"], "seed": d["seed"], "trace": d["trace"],
                "shape": d["shape"], "experts": d["experts"], "segments": d["segments"], "checks": d["checks"],
                "ok": d["ok"]}
-        atomic_write(args.out, lambda f: f.write((json.dumps(rec, indent=1, sort_keys=True) + "\n").encode()))
+        text = strictjson.dumps(rec, indent=1, sort_keys=True) + "\n"
+        atomic_write(args.out, lambda f: f.write(text.encode()))
         d["out"] = str(args.out)
     if args.json:
         _emit(d)
@@ -83,9 +83,10 @@ def cmd_fit(args) -> int:
 
 def register(tsub, parser_class) -> None:
     from moetier.cli.common import positive_int
+    from moetier.cli.outpath import file_arg
     i = tsub.add_parser("import", help="a router log (JSON lines, CSV, npz) to a moetier trace")
     i.add_argument("src", help="router log: .jsonl, .csv or .npz (or --format)")
-    i.add_argument("--out", required=True, help="trace to write (.npz)")
+    i.add_argument("--out", required=True, type=file_arg("--out"), help="trace to write (.npz)")
     i.add_argument("--format", choices=("jsonl", "csv", "npz"), help="log format (default: by suffix)")
     i.add_argument("--token-field", default="token", help="token index field (default token)")
     i.add_argument("--layer-field", default="layer", help="layer index field (default layer)")
@@ -113,6 +114,7 @@ def register(tsub, parser_class) -> None:
                    help="tokens of the search's sample traces (default 4800)")
     f.add_argument("--sample-layers", type=positive_int, default=8,
                    help="layers of the search's sample traces (default 8)")
-    f.add_argument("--out", help="write the fitted generator parameters and the checks here (JSON, atomic)")
+    f.add_argument("--out", type=file_arg("--out"),
+                   help="write the fitted generator parameters and the checks here (JSON, atomic)")
     f.add_argument("--json", action="store_true", help="machine-readable report")
     f.set_defaults(trace_fn=cmd_fit)

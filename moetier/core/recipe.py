@@ -86,6 +86,21 @@ class Recipe:
         (x0, y0), (x1, y1) = pts[-2], pts[-1]
         return float(y1 + (y1 - y0) * (ntok - x1) / (x1 - x0))
 
+    def fixed_basis(self, ntok: int) -> str:
+        """Where fixed(ntok) comes from: 'measured' when fixed_ms has an entry for ``ntok`` rows, else how it was
+        interpolated or extrapolated (the row counts it used)."""
+        rows = sorted(self.fixed_ms)
+        if ntok in self.fixed_ms:
+            return "measured"
+        if len(rows) == 1:
+            return f"taken from the only entry, {rows[0]} rows"
+        if ntok < rows[0]:
+            return f"taken from the smallest entry, {rows[0]} rows"
+        if ntok > rows[-1]:
+            return f"extrapolated from the entries for {rows[-2]} and {rows[-1]} rows"
+        lo = max(r for r in rows if r < ntok)
+        return f"interpolated between the entries for {lo} and {min(r for r in rows if r > ntok)} rows"
+
     def summary(self) -> dict:
         return {
             "recipe": self.id,

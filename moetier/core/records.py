@@ -25,7 +25,8 @@ Contract
   exist and that its budget fits them (moetier.core.record_rules), and joins them into a ``Recipe``
   (moetier.core.recipe: capacities, lanes with their costs, link speeds, the policy with every default, calibration).
 * ``write_record`` validates first and writes atomically (temporary file in the same folder, then ``os.replace``);
-  it refuses to replace an existing record unless ``force=True`` (the CLI's ``--force``). ``write_records`` writes
+  it refuses to replace an existing record unless ``force=True`` (the CLI's ``--force``) and to write a shipped id
+  (which would overlay the shipped record for every later command) unless ``overlay=True``. ``write_records`` writes
   several records all or none; ``check_writable`` is the same check made before a command starts its work.
 * Every number read from a record or an override is finite (``moetier.strictjson``): NaN, Infinity and numbers too
   large for a float are refused with the file or the override named; the schemas bound every numeric field.
@@ -80,6 +81,7 @@ _USER_REGISTRY: Path | None = None      # --registry DIR
 KINDS = ("model", "hardware", "engine", "recipe", "runs")
 ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 PACKAGE_GROUP = "moetier.registries"
+ID_MAX = 255 - len(".json")     # NAME_MAX of the file <id>.json (ids are ASCII: bytes = characters)
 
 # --------------------------------------------------------------------------------------------------------------------
 # paths, ids, reading
@@ -180,8 +182,14 @@ def _check_id(kind: str, rid, root: Path) -> Path:
         raise UserError(
             f"{kind} id {rid!r}: not a valid record id (expected a plain name matching ^[a-z0-9][a-z0-9._-]*$; "
             f"no '/', '\\', '..' or absolute paths)")
-    folder = (root / kind).resolve()
-    path = (folder / f"{rid}.json").resolve()
+    if len(rid) > ID_MAX:
+        raise UserError(f"{kind} id {rid[:40]}...: {len(rid)} characters (expected at most {ID_MAX}: the record's "
+                        f"file name, <id>.json, must fit the file system's 255-byte name limit)")
+    try:
+        folder = (root / kind).resolve()
+        path = (folder / f"{rid}.json").resolve()
+    except (OSError, RuntimeError):     # RuntimeError: pathlib's word for a symlink loop
+        raise UserError(f"{root / kind / rid}.json: a symlink loop (expected a record file or none)") from None
     if path.parent != folder:  # belt and braces: the pattern above already forbids this
         raise UserError(f"{kind} id {rid!r}: resolves outside {_show(root / kind)}/")
     return root / kind / f"{rid}.json"
@@ -291,30 +299,40 @@ def _check_refs(recipe: dict, path: Path, root, known=None) -> None:
     check_refs(recipe, _show(path), lambda kind: set(known[kind]) if known is not None else set(_ids(kind, root)))
 
 
-def check_writable(kind: str, rid, root=None, *, force: bool = False) -> Path:
-    """Before any work: ``rid`` is a valid id, an existing record of that id is replaced only with ``force``, and
-    the folder can be written. Returns the record's path; UserError naming the id and what to do otherwise."""
+def _check_overlay(kind: str, rid, root, overlay, flag: str) -> None:
+    if root is None and not overlay and is_shipped(kind, rid) and len(_roots(None)) > 1:   # 1: no overlay
+        raise UserError(f"{kind} {rid!r} is a shipped record; writing it would overlay the shipped one for every "
+                        f"later command: give another id or pass {flag}")
+
+
+def check_writable(kind: str, rid, root=None, *, force: bool = False, overlay: bool = False,
+                   flag: str = "--force") -> Path:
+    """Before any work: ``rid`` is a valid id, not a shipped one unless ``overlay`` (``flag`` names the option that
+    allows it), an existing record of that id is replaced only with ``force``, and the folder can be written.
+    Returns the record's path; UserError naming the id and what to do otherwise."""
     _check_kind(kind)
     r = _root(root)
     path = _check_id(kind, rid, r)
+    _check_overlay(kind, rid, root, overlay, flag)
     if path.exists() and not force:
         raise UserError(f"{_show(path)}: a {kind} record {rid!r} exists; not replacing it (pass --force to replace "
                         f"it, or give another id)")
-    why = cannot_write(path.parent)
+    why = "not a folder" if path.parent.exists() and not path.parent.is_dir() else cannot_write(path.parent)
     if why:
         raise UserError(f"{_show(path.parent)}: cannot write {kind} records there ({why}); expected a writable "
                         f"registry folder")
     return path
 
 
-def write_record(kind: str, record: dict, root=None, *, force: bool = False) -> Path:
+def write_record(kind: str, record: dict, root=None, *, force: bool = False, overlay: bool = False) -> Path:
     """Validate, then atomically write <user registry>/<kind>/<id>.json (or under ``root``); returns the path. An
     existing record is replaced only with ``force`` (no record is replaced silently). The shipped registry is never
-    written: a record of a shipped id written to the user registry overlays it."""
-    return write_records([(kind, record)], root, force=force)[0]
+    written: a record of a shipped id is refused unless ``overlay`` (written to the user registry, it overlays the
+    shipped one)."""
+    return write_records([(kind, record)], root, force=force, overlay=overlay)[0]
 
 
-def write_records(items, root=None, *, force: bool = False) -> list[Path]:
+def write_records(items, root=None, *, force: bool = False, overlay: bool = False) -> list[Path]:
     """Validate every (kind, record), then write them all or none (moetier.atomic.atomic_write_many)."""
     r = _root(root)
     staged = []
@@ -325,6 +343,7 @@ def write_records(items, root=None, *, force: bool = False) -> list[Path]:
         _check_kind(kind)
         rid = record.get("id") if isinstance(record, dict) else None
         path = _check_id(kind, rid, r)
+        _check_overlay(kind, rid, root, overlay, "--overlay")
         validate(kind, record, path)
         if kind == "recipe":
             _check_refs(record, path, _roots(root),
@@ -334,11 +353,7 @@ def write_records(items, root=None, *, force: bool = False) -> list[Path]:
                             f"replace it, or give another id)")
         text = strictjson.dumps(record, indent=2, ensure_ascii=False) + "\n"
         staged.append((path, lambda f, b=text.encode("utf-8"): f.write(b)))
-    try:
-        return atomic_write_many(staged)
-    except OSError as e:
-        where = _show(Path(e.filename)) if e.filename else _show(staged[0][0].parent)
-        raise UserError(f"{where}: cannot write the record ({e.strerror or e}); nothing was written") from None
+    return atomic_write_many(staged)
 
 
 # --------------------------------------------------------------------------------------------------------------------

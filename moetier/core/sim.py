@@ -14,6 +14,11 @@ Seeding (policy.seed):
 - "oracle": the reference's semantics: frequency over the whole trace (measured part included), 200 warm steps.
 - "none": empty tiers, 200 warm steps.
 
+Streams beyond the trace's segments start at later tokens of them, so a trace supports at most as many streams as
+it has tokens (``check_conc``: one start token each; more would replay the same tokens in lockstep and report
+nothing new). The non-MoE time at a row count ``calibration.fixed_ms`` has no entry for is interpolated between the
+entries around it, or extrapolated from the last two; the report says which (``fixed_basis``).
+
 ``prefill(R, prompt)`` is the closed-form prefill bound (compute vs PCIe vs NVMe per layer and chunk).
 
 The executor the replay drives (``Replay``) and the lockstep picks (``Streams``, ``rank_keys``) live in
@@ -27,10 +32,19 @@ import time
 from moetier.core.plan import LayerPlan
 from moetier.core.predict import make_predictor
 from moetier.core.replay import Replay, Streams, rank_keys, warmup_ids
+from moetier.errors import UserError
 
 __all__ = ["ORACLE_WARM_STEPS", "Replay", "Streams", "prefill", "rank_keys", "run"]
 
 ORACLE_WARM_STEPS = 200
+
+
+def check_conc(trace, conc: int, flag: str = "--conc") -> None:
+    """UserError unless ``trace`` supports ``conc`` streams (module contract)."""
+    if conc > trace.tokens:
+        raise UserError(f"{flag} {conc}: the trace holds {trace.tokens} tokens, so it supports at most "
+                        f"{trace.tokens} streams, each starting at a token of its own (expected {flag} <= "
+                        f"{trace.tokens}, or a longer trace)")
 
 
 def _segment_plan(trace, conc: int, window: int, seed_mode: str, warmup_tokens: int):
@@ -121,6 +135,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
     if seed_mode not in ("warmup", "oracle", "none"):
         raise ValueError(f"policy.seed: expected 'warmup', 'oracle' or 'none', got {seed_mode!r}")
     warmup_tokens = int(R.policy.get("warmup_tokens", 1000))
+    check_conc(trace, conc)
     offsets, warm_steps, measured, wtok = _segment_plan(trace, conc, window, seed_mode, warmup_tokens)
     if max_steps:
         measured = min(measured, max_steps)
@@ -189,7 +204,8 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
             progress(step, total)
     wall = time.perf_counter() - t_wall
     out = {"recipe": R.id, "conc": conc, "window": window, "accept": accept, "seed": seed_mode,
-           "steps": measured, "warm_steps": warm_steps, "tokens": measured * conc * accept}
+           "steps": measured, "warm_steps": warm_steps, "tokens": measured * conc * accept,
+           "fixed_basis": R.fixed_basis(nrows)}
     out.update(_report(R, rp, acc, pf0, measured, out["tokens"]))
     out["layer_plans"], out["sim_seconds"] = total * L, wall
     if tl is not None:

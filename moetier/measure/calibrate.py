@@ -368,7 +368,7 @@ def summary(rows) -> dict:
 
 
 def calibrate(recipe_id, st, tr, *, arms=None, steps=200, repeats=2, plan_repeats=None, backend="cpu",
-              verify_rate=1.0, write=True, progress=None) -> dict:
+              verify_rate=1.0, write=True, suffix="", progress=None) -> dict:
     R = spec.resolve(recipe_id)
     notes = []
     if arms is None:
@@ -398,12 +398,12 @@ def calibrate(recipe_id, st, tr, *, arms=None, steps=200, repeats=2, plan_repeat
     checked = measure(arms, plan_terms, "check", repeats)
     terms = fit(checked, plan_terms)
     when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    if write:
-        write_terms(recipe_id, terms, when, VRAM_ENGINE)
+    written = write_terms(recipe_id, terms, when, VRAM_ENGINE, suffix) if write else []
     rows = predict_and_compare(recipe_id, tr, arms, checked, steps, terms, plan_terms)
     return {"when": when, "terms": terms, "plan_terms": plan_terms, "rows": rows,
             "summary": {**summary(rows), "pass_drift_pct": pass_drift(fit_arms, planned, checked)},
-            "steps": steps, "repeats": repeats, "backend": backend, "notes": notes}
+            "steps": steps, "repeats": repeats, "backend": backend, "notes": notes,
+            "written": [{"kind": k, "id": i, "path": str(p)} for k, i, p in written]}
 
 
 def pass_drift(fit_arms, first: dict, second: dict) -> float | None:

@@ -13,6 +13,7 @@ from moetier.measure import probe_timeline as tl
 from moetier.measure.probe_file import _finite, _num, _quantile, _r, quality, read_probe
 from moetier.measure.probe_timeline import CUMULATIVE, LATER
 from moetier.measure.sampler import VERSION
+from moetier.errors import UserError
 
 IDLE_FRAC_OF_CEILING = 0.05      # an interval below 5% of the ceiling counts as idle for that resource
 DECODE_COVER = 0.5               # an interval is decode when runtime steps cover at least half of it
@@ -250,6 +251,10 @@ def _checked_run_record(run_record, missing: set):
     if not isinstance(run_record, dict):
         missing.add("run record: not a JSON object: ignored")
         return None
+    runs = run_record.get("measured_runs", [])
+    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+        raise UserError(f"run record {run_record.get('id')!r}: $.measured_runs: expected a list of run objects, got "
+                        f"{type(runs).__name__}" + (" holding other values" if isinstance(runs, list) else ""))
     for f in ("measured_runs", "recipe"):
         if f not in run_record:
             missing.add(f"run record: no {f!r} (older or other schema): not cross-checked")

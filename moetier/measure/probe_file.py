@@ -14,7 +14,8 @@ from pathlib import Path
 
 from moetier.errors import UserError
 
-GAP_FACTOR = 2.0                 # an interval longer than 2x nominal is a gap                 # an interval longer than 2x nominal is a gap
+MAX_BYTES = 4 << 30             # a day of 100 ms samples on a 256-core host is about 2 GB
+GAP_FACTOR = 2.0                 # an interval longer than 2x nominal is a gap
 
 
 def _finite(x) -> bool:
@@ -67,9 +68,11 @@ def _reject_constant(name):
 
 def read_probe(path) -> dict:
     """Parse a probe file: {header, samples, counters, marks, bad_lines, truncated_last_line, errors}."""
+    from moetier.bounded import open_regular
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        with open_regular(p, f"{path} (probe file)", MAX_BYTES) as f:
+            raw = f.read(MAX_BYTES)
     except OSError as e:
         raise UserError(f"{path}: cannot read probe file: {e.strerror or e}") from None
     text = raw.decode("utf-8", errors="replace")

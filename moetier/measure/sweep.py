@@ -42,14 +42,19 @@ def parse_axis(item: str) -> tuple[str, list[str]]:
     path, sep, vals = item.partition("=")
     if not sep or not path or not vals:
         raise UserError(f"--grid {item!r}: expected PATH=V1,V2,... (for example budget.ram_gb=30,55,100)")
+    from moetier import strictjson
     try:
-        parsed = json.loads(f"[{vals}]")
-    except ValueError:
+        parsed = strictjson.loads(f"[{vals}]", f"--grid {path}=")
+    except UserError as e:
+        if "invalid JSON" not in str(e):        # a non-finite number or deep nesting: not a list of strings
+            raise
         parsed = []
         for v in vals.split(","):
             try:
-                parsed.append(json.loads(v))
-            except ValueError:
+                parsed.append(strictjson.loads(v, f"--grid {path}="))
+            except UserError as e:
+                if "invalid JSON" not in str(e):
+                    raise
                 parsed.append(v)
     if not parsed:
         raise UserError(f"--grid {item!r}: no values")
@@ -87,13 +92,15 @@ def resolve_cell(cell: dict):
 
 
 def check(cells_: list) -> None:
-    """Resolve every distinct recipe + overrides once, before anything runs: a bad path or value is one line."""
-    seen = set()
+    """Resolve every distinct recipe + overrides once, before anything runs: a bad path or value, or a concurrency
+    the trace cannot support (moetier.core.sim.check_conc), is one line."""
+    from moetier.core.sim import check_conc
+    seen = {}
     for c in cells_:
         k = (c["recipe"], tuple(_overrides(c)), c["trace"])
         if k not in seen:
-            seen.add(k)
-            _trace(c["trace"], resolve_cell(c))
+            seen[k] = _trace(c["trace"], resolve_cell(c))
+        check_conc(seen[k], c["conc"])
 
 
 @lru_cache(maxsize=8)
@@ -131,25 +138,51 @@ def run_cells(batch: list) -> list:
     return [run_cell(c) for c in batch]
 
 
+MAX_LINE = 1 << 20      # a result line is about 1 kB; a longer one is not a sweep's
+MAX_FILE = 1 << 30      # a million cells
+
+
+def _lines(out, torn: str = "keep"):
+    """(line number, bytes) of each line of an existing results file, read one bounded line at a time; a file that
+    is not a regular one (a device, a FIFO: endless) is refused. ``torn="cut"`` truncates a torn last line (a
+    killed run) so later appends stay whole; ``"keep"`` skips it."""
+    from moetier.bounded import open_regular
+    try:
+        f = open_regular(out, f"--out {out}", MAX_FILE, "r+b" if torn == "cut" else "rb")
+    except FileNotFoundError:
+        return
+    with f:
+        i, good = 0, 0
+        while True:
+            line = f.readline(MAX_LINE + 1)
+            if not line:
+                break
+            i += 1
+            if not line.endswith(b"\n"):
+                if len(line) > MAX_LINE:
+                    raise UserError(f"--out {out}:{i}: a line over {MAX_LINE} bytes (expected sweep result lines)")
+                if torn == "cut":
+                    f.truncate(good)
+                break
+            good += len(line)
+            if line.strip():
+                yield i, line
+
+
+def _row(out, i: int, line: bytes) -> dict:
+    from moetier import strictjson
+    try:
+        row = strictjson.loads(line.decode("utf-8"), f"--out {out}:{i}")
+    except (UserError, UnicodeDecodeError):
+        row = None
+    if not isinstance(row, dict) or not isinstance(row.get("key"), str):
+        raise UserError(f"--out {out}:{i}: not a sweep result line (JSON with a 'key'); give another --out")
+    return row
+
+
 def done_keys(out) -> set:
     """Keys of the cells already in ``out``; a torn last line (a killed run) is cut off so appends stay whole."""
-    p = Path(out)
-    if not p.exists():
-        return set()
-    data = p.read_bytes()
-    end = data.rfind(b"\n") + 1
-    if end != len(data):
-        with open(p, "r+b") as f:
-            f.truncate(end)
-    keys = set()
-    for i, line in enumerate(data[:end].splitlines(), 1):
-        if line.strip():
-            try:
-                keys.add(json.loads(line)["key"])
-            except (ValueError, KeyError, TypeError):
-                raise UserError(f"{out}:{i}: not a sweep result line (JSON with a 'key'); give another --out") \
-                    from None
-    return keys
+    return {_row(out, i, line)["key"] for i, line in _lines(out, torn="cut")}
 
 
 def process_pool(workers: int):
@@ -229,5 +262,5 @@ def sweep(cells_: list, out, *, workers: int | None = None, ray: str | None = No
 
 
 def read_rows(out) -> list[dict]:
-    p = Path(out)
-    return [json.loads(ln) for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()] if p.exists() else []
+    """Every result line of ``out`` (bounded reads, as done_keys)."""
+    return [_row(out, i, line) for i, line in _lines(out)]

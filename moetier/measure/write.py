@@ -6,7 +6,10 @@ Contract
 VRAM engine, which runs the same cpu lane), the gpu / zerocopy lanes into the VRAM engine, the NVMe tables into
 the engines that produced the load, gpu.h2d_gbps into the hardware record and the host and non-MoE terms into the
 recipe's calibration block; each record validated and written atomically (moetier.core.records.write_record). A
-term an earlier calibration left and this one did not fit is removed.
+term an earlier calibration left and this one did not fit is removed. With a ``suffix`` (the CLI's ``-cal``) every
+record is written under ``<id><suffix>`` instead (an id that already ends with it is kept), the recipe naming the
+renamed engines and hardware, so no shipped record is overlaid; ``written_ids`` lists the ids a write may touch,
+for the check made before measuring. Returns (kind, id, path) of each record written.
 """
 from __future__ import annotations
 
@@ -15,7 +18,21 @@ from moetier.core.terms import CHANNEL_FIELDS
 from moetier.errors import UserError
 
 
-def write_terms(recipe_id: str, terms: dict, when: str, vram_engine: str) -> None:
+def cal_id(rid: str, suffix: str) -> str:
+    """The id calibrate writes the record ``rid`` under."""
+    return rid if not suffix or rid.endswith(suffix) else rid + suffix
+
+
+def written_ids(recipe_id: str, vram_engine: str, suffix: str) -> list[tuple[str, str]]:
+    """(kind, id) of every record write_terms may write for this recipe (which engines it writes depends on the
+    fit; these are all it can)."""
+    rec = spec.load_record("recipe", recipe_id)
+    ids = [("recipe", recipe_id), ("hardware", rec["hardware"])] + \
+        [("engine", e) for e in dict.fromkeys(rec["engines"] + [vram_engine])]
+    return [(kind, cal_id(rid, suffix)) for kind, rid in ids]
+
+
+def write_terms(recipe_id: str, terms: dict, when: str, vram_engine: str, suffix: str = "") -> list:
     """Write the fitted terms into the engines (cpu lane: the recipe's engine and, with VRAM arms, the VRAM engine,
     which runs the same cpu lane; gpu/zerocopy lanes: the VRAM engine), the hardware record (NVMe latency table,
     gpu.h2d_gbps from the copy time) and the recipe's calibration block (validated; all of them or none)."""
@@ -60,7 +77,16 @@ def write_terms(recipe_id: str, terms: dict, when: str, vram_engine: str) -> Non
         # the tables under load now live with the engines that produced the load
         hw["nvme"]["latency_note"] = "latency_by_qd_ms: moetier bench on an idle disk"
         hw_changed = True
-    spec.write_records(writes + ([("hardware", hw)] if hw_changed else []), force=True)
+    writes += [("hardware", hw)] if hw_changed else []
+    if suffix:
+        renamed = {r["id"]: cal_id(r["id"], suffix) for _, r in writes}
+        rec["engines"] = [renamed.get(e, e) for e in rec["engines"]]
+        rec["hardware"] = renamed.get(rec["hardware"], rec["hardware"])
+        for _, r in writes:
+            r["id"] = renamed[r["id"]]
+    # an earlier calibration's records are replaced by design; a shipped id only without a suffix (--overlay)
+    paths = spec.write_records(writes, force=True, overlay=not suffix)
+    return [(kind, r["id"], path) for (kind, r), path in zip(writes, paths)]
 
 
 def _write_channel(eng: dict, terms: dict, table: dict, record_bytes: int, when: str) -> None:

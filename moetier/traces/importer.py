@@ -26,7 +26,6 @@ names, the missing policy and how many tokens were dropped or picks masked, and 
 from __future__ import annotations
 
 import csv
-import json
 import math
 import re
 from dataclasses import asdict, dataclass
@@ -34,12 +33,17 @@ from pathlib import Path
 
 import numpy as np
 
+from moetier import strictjson
 from moetier.errors import UserError
 from moetier.traces.format import MASKED, Trace, ids_dtype
 
 __all__ = ["Fields", "import_log", "MISSING"]
 
 MISSING = ("error", "drop", "mask")
+# the model schema's bounds (registry/schema/model.schema.json): checked as records are read, before any array
+# is allocated, so a log naming layer 10**9 is one line and not a 1.46 TiB allocation
+MAX_LAYERS, MAX_TOPK, MAX_EXPERTS = 4096, 1024, 1048576
+MAX_PICKS = 1 << 31          # tokens x layers x topk of one trace: 16 GiB of int64 ids while importing
 _SPLIT = re.compile(r"[\s;|,]+")
 
 
@@ -69,7 +73,13 @@ def _ids(v, where: str) -> list:
             raise UserError(f"{where}: expert id {x!r} is not an integer") from None
         if isinstance(x, float) and x != i:
             raise UserError(f"{where}: expert id {x!r} is not an integer")
+        if i >= MAX_EXPERTS:
+            raise UserError(f"{where}: expert id {i} is above the bound {MAX_EXPERTS - 1} (the model schema's "
+                            f"experts per layer)")
         out.append(i if i >= 0 else None)
+    if len(out) > MAX_TOPK:
+        raise UserError(f"{where}: {len(out)} expert ids in one record (expected at most {MAX_TOPK}, the model "
+                        f"schema's top-k)")
     return out
 
 
@@ -78,10 +88,19 @@ def _weights(v, where: str) -> list:
         v = [x for x in _SPLIT.split(v.strip()) if x]
     if not isinstance(v, (list, tuple)):
         raise UserError(f"{where}: expected a list of gate weights, found {type(v).__name__}")
-    try:
-        return [float(x) if x not in (None, "") else float("nan") for x in v]
-    except (TypeError, ValueError):
-        raise UserError(f"{where}: gate weights must be numbers, found {v!r}") from None
+    out = []
+    for x in v:
+        if x is None or x == "":      # no weight: a missing pick's
+            out.append(0.0)
+            continue
+        try:
+            w = float(x)
+        except (TypeError, ValueError, OverflowError):
+            raise UserError(f"{where}: gate weights must be numbers, found {x!r}") from None
+        if isinstance(x, bool) or not math.isfinite(w):
+            raise UserError(f"{where}: gate weight {x!r} is not a finite number (expected a finite gate weight)")
+        out.append(w)
+    return out
 
 
 def _int(v, what: str, where: str) -> int:
@@ -100,10 +119,7 @@ def _records_jsonl(path: Path, f: Fields):
             if not line.strip():
                 continue
             where = f"{path}: line {n}"
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{where}: not valid JSON ({e.msg})") from None
+            r = strictjson.loads(line, where)
             if not isinstance(r, dict):
                 raise UserError(f"{where}: expected a JSON object per line")
             yield where, r
@@ -155,10 +171,14 @@ def _from_records(path: Path, recs, f: Fields):
         slot = out.setdefault((seg_order[seg], tok), {})
         if f.layer in r and r[f.layer] is not None:
             layer = _int(r[f.layer], f.layer, where)
-            if layer < 0:
-                raise UserError(f"{where}: layer {layer} is negative")
+            if not 0 <= layer < MAX_LAYERS:
+                raise UserError(f"{where}: field {f.layer!r} is {layer}; expected 0..{MAX_LAYERS - 1} (the model "
+                                f"schema's bound on layers)")
             per = [(layer, ex, w)]
         elif isinstance(ex, list) and ex and all(isinstance(x, list) for x in ex):
+            if len(ex) > MAX_LAYERS:
+                raise UserError(f"{where}: field {f.experts!r} holds {len(ex)} layers; expected at most {MAX_LAYERS} "
+                                f"(the model schema's bound on layers)")
             per = [(i, e, (w[i] if isinstance(w, list) and i < len(w) else None)) for i, e in enumerate(ex)]
         else:
             raise UserError(f"{where}: no field {f.layer!r} (name it with --layer-field), and {f.experts!r} is not "
@@ -264,7 +284,7 @@ def _fill(p: Path, table: dict, order: list, L: int, K: int, experts: int | None
                 continue
             ids[i, l], miss[i, l] = _layer_ids(p, key, l, got[0], K, experts)
             if wts is not None and got[1] is not None:
-                wts[i, l] = np.nan_to_num(np.asarray((got[1][:K] + [0.0] * K)[:K], dtype=np.float32))
+                wts[i, l] = np.asarray((got[1][:K] + [0.0] * K)[:K], dtype=np.float32)
     if extra := sorted({l for t in table.values() for l in t if l >= L}):
         raise UserError(f"{p}: layer {extra[0]} beyond the {L} layers asked for (--layers)")
     return ids, wts, miss
@@ -279,10 +299,18 @@ def import_log(path, fields: Fields = Fields(), missing: str = "error", fmt: str
         raise UserError(f"trace import --missing: expected one of {', '.join(MISSING)}, got {missing!r}")
     if not p.exists():
         raise UserError(f"{p}: file not found")
+    if not p.is_file():
+        raise UserError(f"{p}: not a regular file (expected a router log: .jsonl, .csv or .npz)")
     fmt, table, L = _read_table(p, fields, fmt)
     L = layers or L
     K = topk or max(len(ids) for t in table.values() for ids, _ in t.values())
     order = sorted(table)
+    for flag, v, bound in (("--layers", L, MAX_LAYERS), ("--topk", K, MAX_TOPK)):
+        if v > bound:
+            raise UserError(f"trace import {flag} {v}: expected at most {bound} (the model schema's bound)")
+    if len(order) * L * K > MAX_PICKS:
+        raise UserError(f"{p}: {len(order)} tokens x {L} layers x top-{K} is over {MAX_PICKS:,} picks (expected a "
+                        f"trace of at most that; import a part of the log)")
     ids, wts, miss = _fill(p, table, order, L, K, experts)
     n_missing = int(miss.any(1).sum())
     meta = {"source": "moetier trace import", "imported_from": p.name, "format": fmt, "fields": asdict(fields),
