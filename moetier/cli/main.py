@@ -14,7 +14,7 @@ import threading
 
 from moetier.cli.common import (DEFAULT_RECIPE, _emit, _Parser, _resolve, _trace, count,  # noqa: F401
                                 count_float, find_path, fraction, int_list, json_object, positive_float,
-                                positive_int, seed)
+                                positive_int, replay_interval, seed)
 from moetier.cli import progress, views
 from moetier.errors import UserError
 
@@ -30,15 +30,8 @@ def _sim_runs(R, tr, concs, args):
         with progress.task(f"sim C{c}") as cb:
             out.append(sim.run(R, tr, c, max_steps=steps, progress=cb, timeline=bool(args.plot), **kw))
         if args.interval:
-            out[-1]["interval"] = _interval(R, tr, c, steps, **kw)
+            out[-1]["interval"] = replay_interval(R, tr, c, steps, **kw)
     return out
-
-
-def _interval(R, tr, conc: int, steps: int = 0, **kw) -> dict:
-    """The prediction interval of one replay (moetier.core.interval: the terms at their slow and fast quantiles)."""
-    from moetier.core import interval, sim
-    with progress.task(f"interval C{conc}"):
-        return interval.interval(R, sim.run, tr, conc, max_steps=steps, **kw)
 
 
 # ---- verbs -----------------------------------------------------------------------------------------------------
@@ -99,7 +92,7 @@ def standard_table(R, tr, concs, with_interval: bool = False) -> dict:
         with progress.task(f"sim C{c}") as cb:
             decode.append(sim.run(R, tr, c, progress=cb))
         if with_interval:
-            decode[-1]["interval"] = _interval(R, tr, c)
+            decode[-1]["interval"] = replay_interval(R, tr, c)
     pre = {str(n): sim.prefill(R, n) for n in (8192, 32768)}
     return {"recipe": R.id, "vram_slots": R.vram_slots, "ram_slots": R.ram_slots, "nvme_only": R.nvme_only,
             "decode": decode, "prefill": pre}

@@ -12,7 +12,7 @@ import platform
 import sys
 
 from moetier.cli import progress
-from moetier.cli.common import count, fraction, positive_float, positive_int, seed
+from moetier.cli.common import count, fraction, positive_float, positive_int, replay_interval, seed
 from moetier.errors import UserError
 
 
@@ -241,7 +241,7 @@ def cmd_run(args) -> int:
             p = sim.run(R, tr, c, max_steps=args.steps, progress=cb)
         preds.append({**{k: p[k] for k in ("conc", "tok_s", "ms_per_token", "nvme_per_tok", "cpu_experts_per_tok",
                                            "ms_fixed", "ms_cpu_moe", "ms_gpu_moe", "ms_nvme_wait", "masked_per_tok")},
-                      "interval": interval.interval(R, sim.run, tr, c, max_steps=args.steps)})
+                      "interval": replay_interval(R, tr, c, args.steps)})
     table = []
     for r, p in zip(rows, preds):
         err = (p["tok_s"] / r["tok_s"] - 1) * 100 if r["tok_s"] else None
