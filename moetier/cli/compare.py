@@ -120,8 +120,9 @@ def cmd_compare(args) -> int:
     if args.json:
         _emit(docs if len(docs) > 1 else docs[0])
         return 0
+    from moetier.cli.render import text
     for d in docs:
-        print(format_compare(d))
+        text(format_compare(d))
         print(f"(plot: {d['png']})")
         print()
     return 0

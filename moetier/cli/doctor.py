@@ -248,7 +248,7 @@ MARK = {"ok": "ok", "warn": "warn", "fail": "FAIL", "skip": "skip"}
 
 def cmd_doctor(args) -> int:
     from moetier.cli.common import _emit
-    from moetier.cli.render import table
+    from moetier.cli.render import say, table
     from moetier.core import records as spec
     if not os.path.isdir(args.store_dir):
         raise UserError(f"doctor: --store-dir {args.store_dir}: not a directory")
@@ -264,7 +264,8 @@ def cmd_doctor(args) -> int:
     if fixes:
         print()
         for c in fixes:
-            print(f"fix {c['name']}: {c['fix']}")
+            say(f"fix {c['name']}: {c['fix']}")
     what = (f"run for real on {', '.join(d['backends'])}" if d["level"] == "run" else "be simulated")
-    print(f"\nrecipe {d['recipe']}: {'can' if d['can_run'] else 'can NOT'} {what} here")
+    print()
+    say(f"recipe {d['recipe']}: {'can' if d['can_run'] else 'can NOT'} {what} here")
     return 0 if d["can_run"] else 1

@@ -36,32 +36,33 @@ def _sim_runs(R, tr, concs, args):
 
 # ---- verbs -----------------------------------------------------------------------------------------------------
 def cmd_show(args) -> int:
+    from moetier.cli.render import say
     R = _resolve(args)
     s = R.summary()
     if args.json:
         _emit(s)
         return 0
-    print(f"recipe {R.id}: model {R.model_id} on {R.hardware_id}")
-    print(f"  experts: {R.layers} layers x {R.experts} (top-{R.topk}) = {R.keys} keys of {R.expert_bytes:,} B")
-    print(f"  capacity: vram {R.vram_slots:,} / ram {R.ram_slots:,} / nvme-only {R.nvme_only:,}")
-    print(f"  links: h2d {R.h2d_gbps} GB/s, nvme {R.nvme_bw_gbps} GB/s deep / {R.nvme_bw_qd1_gbps} GB/s qd1, "
+    say(f"recipe {R.id}: model {R.model_id} on {R.hardware_id}")
+    say(f"  experts: {R.layers} layers x {R.experts} (top-{R.topk}) = {R.keys} keys of {R.expert_bytes:,} B")
+    say(f"  capacity: vram {R.vram_slots:,} / ram {R.ram_slots:,} / nvme-only {R.nvme_only:,}")
+    say(f"  links: h2d {R.h2d_gbps} GB/s, nvme {R.nvme_bw_gbps} GB/s deep / {R.nvme_bw_qd1_gbps} GB/s qd1, "
           f"latency {R.nvme_latency_ms} ms")
-    print("  lanes (ms):        per_layer  per_expert  per_extra_token  reads")
+    say("  lanes (ms):        per_layer  per_expert  per_extra_token  reads")
     for ln in R.lanes.values():
-        print(f"    {ln.name:<14} {ln.per_layer_ms:>9.4f}  {ln.per_expert_ms:>10.4f}  {ln.per_extra_token_ms:>15.4f}"
+        say(f"    {ln.name:<14} {ln.per_layer_ms:>9.4f}  {ln.per_expert_ms:>10.4f}  {ln.per_extra_token_ms:>15.4f}"
               f"  {ln.reads}")
-    print("  lanes (GB/s implied by per_expert_ms, against the hardware record):")
+    say("  lanes (GB/s implied by per_expert_ms, against the hardware record):")
     for c in s["lane_checks"]:
         got = "n/a (no per-expert cost)" if c["gbps"] is None else f"{c['gbps']:.2f} GB/s"
         cap = f"{c['what']} {c['ceiling_gbps']:g} GB/s ({c['ceiling']})" if c["ceiling_gbps"] else \
             "no ceiling in the hardware record"
-        print(f"    {c['lane']:<14} {got:<24} {'ABOVE' if c['over'] else 'within'} {cap}")
+        say(f"    {c['lane']:<14} {got:<24} {'ABOVE' if c['over'] else 'within'} {cap}")
     for c in (c for c in s["lane_checks"] if c["over"]):
         print(f"  warning: {c['lane']} at {c['gbps']:.2f} GB/s is faster than the hardware record allows "
               f"({c['what']} {c['ceiling_gbps']:g} GB/s): its engine or hardware record is wrong for this model",
               file=sys.stderr)
-    print(f"  policy: {json.dumps(R.policy, sort_keys=True)}")
-    print(f"  fixed_ms: {json.dumps({str(k): v for k, v in sorted(R.fixed_ms.items())})}")
+    say(f"  policy: {json.dumps(R.policy, sort_keys=True)}")
+    say(f"  fixed_ms: {json.dumps({str(k): v for k, v in sorted(R.fixed_ms.items())})}")
     return 0
 
 

@@ -59,7 +59,14 @@ def _display():
         from rich.console import Console
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn,
                                    TimeElapsedColumn, TimeRemainingColumn)
-        p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        from rich.text import Text
+
+        class Count(MofNCompleteColumn):
+            """done/total, blank until the total is known (never "N/?")."""
+
+            def render(self, task):
+                return Text("") if task.total is None else super().render(task)
+        p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), Count(),
                      TextColumn("{task.fields[unit]}"), TaskProgressColumn(),
                      TextColumn("[cyan]{task.fields[rate]}"),
                      TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),

@@ -1,10 +1,14 @@
-"""Tables for people: rich on a terminal, plain markdown when piped, with a legend under each.
+"""Tables and text for people: rich on a terminal, plain markdown when piped, with a legend under each table.
 
 Contract: ``table(headers, rows, title=..., legend=...)`` prints to stdout. When stdout is a terminal (and
 MOETIER_PLAIN is unset) it draws a rich table with the title above and the legend below; otherwise it prints the
 title line, a GitHub markdown table (``| a | b |`` / ``|---|---|``), a blank line and the legend as a markdown list
 (``- ...``). Cells are strings already formatted by the caller. JSON output is not made
 here (``moetier.cli.common._emit``).
+
+``say(line)`` prints one line of prose and ``text(block)`` a block of prose and markdown tables: piped, as they are;
+on a terminal, a line wider than the terminal wraps at its spaces (the rest indented under it) and each markdown
+table draws as ``table`` does, so no figure is ever broken over lines by the terminal.
 
 On a terminal the table fits its width and never breaks a figure: a column whose cells are all figures (they start
 with a digit, or are '-') is right-justified and never wrapped; text columns are left-justified and wrap at their
@@ -17,7 +21,7 @@ import re
 import sys
 
 _FIGURE = re.compile(r"[-+]?\.?\d")
-_TEXT_MIN = 20             # a text column narrower than its longest word folds that word (never a figure's)
+_TEXT_MIN = 32             # a text column narrower than its longest word folds that word (never a figure's)
 
 
 def _rich() -> bool:
@@ -72,12 +76,14 @@ def _draw(con, headers, rows, cols, title) -> None:
     from rich import box
     from rich.table import Table
     widths = _widths(cols, con.width)
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
+    from rich.text import Text
+    t = Table(title=None if title is None else Text(title), title_justify="left", box=box.SIMPLE_HEAD,
+              padding=(0, 1))
     for k, c in enumerate(cols):
         t.add_column(headers[c["i"]], justify="right" if c["figures"] else "left",
                      overflow="fold", min_width=c["min"], width=None if widths is None else widths[k])
     for r in rows:
-        t.add_row(*(r[c["i"]] if c["i"] < len(r) else "" for c in cols))
+        t.add_row(*(Text(r[c["i"]] if c["i"] < len(r) else "") for c in cols))      # cells are text, not markup
     con.print(t)
 
 
@@ -94,8 +100,9 @@ def table(headers, rows, *, title: str | None = None, legend=()) -> None:
             con = Console(width=max(sum(c["min"] for c in b) + _frame(len(b)) for b in blocks))
         for k, b in enumerate(blocks):
             _draw(con, headers, rows, b, title if k == 0 else None)
+        from rich.text import Text
         for ln in legend:
-            con.print(f"[dim]{ln}[/dim]", highlight=False)
+            con.print(Text(ln, style="dim"))
         return
     if title:
         print(title)
@@ -107,3 +114,37 @@ def table(headers, rows, *, title: str | None = None, legend=()) -> None:
         print()
         for ln in legend:
             print(f"- {ln}")
+
+
+def say(line: str = "") -> None:
+    """Print one line of prose (module docstring)."""
+    if not _rich():
+        print(line)
+        return
+    import textwrap
+    from rich.console import Console
+    width = Console().width
+    indent = " " * (len(line) - len(line.lstrip(" ")) + 2)
+    print("\n".join(textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=False,
+                                  break_on_hyphens=False, drop_whitespace=True)) if len(line) > width else line)
+
+
+def text(block: str) -> None:
+    """Print a block of prose and markdown tables (module docstring)."""
+    if not _rich():
+        print(block)
+        return
+    lines = block.split("\n")
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("|") and i + 1 < len(lines) and lines[i + 1].startswith("|---"):
+            j = i + 2
+            while j < len(lines) and lines[j].startswith("|"):
+                j += 1
+            cells = [[c.strip() for c in ln.strip().strip("|").split(" | ")] for ln in lines[i:j] if
+                     not ln.startswith("|---")]
+            table(cells[0], cells[1:])
+            i = j
+            continue
+        say(lines[i])
+        i += 1
