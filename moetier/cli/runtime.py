@@ -42,7 +42,8 @@ def register(sub, parser_class) -> None:
     r.add_argument("--set", nargs="+", metavar="PATH=VALUE", help="dotted recipe overrides, values as JSON")
     r.add_argument("--verify-rate", type=fraction, default=1.0, help="fraction of reads checksum-checked on landing")
     r.add_argument("--record", help="run record id (default: <recipe>-run-<utc time>)")
-    r.add_argument("--no-record", action="store_true", help="do not write a run record")
+    r.add_argument("--no-write", "--no-record", dest="no_record", action="store_true",
+                   help="write nothing: no run record (--no-record is the old name)")
     r.add_argument("--force", action="store_true", help="replace an existing run record of the --record id")
     r.add_argument("--probe", metavar="FILE", help="sample the host at 100 ms and the runtime's counters per step "
                    "into FILE (JSON lines; see `moetier probe`)")
@@ -84,7 +85,7 @@ def register(sub, parser_class) -> None:
                         "warm-up tokens (calibrate.quick_arms; a few minutes, README)")
     c.add_argument("--verify-rate", type=fraction, default=1.0,
                    help="fraction of reads checksum-checked on landing (default 1)")
-    c.add_argument("--no-write", action="store_true", help="do not write the fitted terms or the run record")
+    c.add_argument("--no-write", action="store_true", help="write nothing: not the fitted terms, not the run record")
     c.add_argument("--record", help="run record id (default calibration-<recipe>-<utc time>)")
     c.add_argument("--force", action="store_true", help="replace an existing run record of the --record id")
     c.add_argument("--json", action="store_true", help="machine-readable output (the run record)")
@@ -104,7 +105,8 @@ def register(sub, parser_class) -> None:
     b.add_argument("--overlay", action="store_true", help="allow ids of shipped records: the user registry's copy "
                    "then overlays the shipped (calibrated) one for every later command")
     b.add_argument("--records", type=positive_int, default=256, help="records read per bandwidth pass")
-    b.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
+    b.add_argument("--no-write", "--dry-run", dest="dry_run", action="store_true",
+                   help="measure and print, write nothing (--dry-run is the old name)")
     b.add_argument("--force", action="store_true", help="replace existing hardware/engine records of these ids")
     b.add_argument("--json", action="store_true", help="machine-readable output (measures and both records)")
     b.set_defaults(fn=cmd_bench)
