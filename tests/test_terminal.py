@@ -93,6 +93,7 @@ def test_on_a_terminal(name, argvs, tmp_path):
         assert rc == ref.returncode, raw.decode(errors="replace")
         assert steady(name, got) == steady(name, ref.stdout), f"{name} > f at {cols} columns: not the piped output"
         assert BAR not in screen, f"{name} at {cols} columns: a progress frame left on the terminal:\n{screen}"
+        assert b"/?" not in raw, f"{name} at {cols} columns: a bar without its total"
         first = next(ln for ln in ref.stdout.splitlines() if ln.strip())
         assert steady(name, first.strip()) not in steady(name, screen), f"{name} at {cols}: stdout on the terminal"
 
@@ -125,6 +126,31 @@ def test_piped_json_on_a_terminal_reaches_the_pipe():
     assert _timeless(json.loads(got)) == _timeless(json.loads(ref))
     assert BAR in raw.decode(errors="replace"), "no bar drew: the terminal was not live"
     assert '"tok_s"' not in Screen(120).feed(raw).text()
+
+
+def test_the_interval_replays_count_on_one_bar_with_a_total(monkeypatch):
+    """Both replays of a prediction interval move one bar to one total (never "N/?"): done only grows, and the
+    second replay counts on past the first's half."""
+    import contextlib
+
+    from moetier.cli import common, progress
+    from moetier.core import records as spec
+    from moetier.traces.format import load_trace
+    calls = []
+
+    @contextlib.contextmanager
+    def task(label, unit="steps", total=None):
+        yield lambda done, total=None: calls.append((done, total))
+    monkeypatch.setattr(progress, "task", task)
+    R = spec.resolve("tiny-ci-cpu")
+    tr = load_trace(ROOT / "traces" / "tiny-ci.npz", layers=R.layers, experts=R.experts, topk=R.topk)
+    iv = common.replay_interval(R, tr, 1, steps=30)
+    assert iv["low"] <= iv["high"] and calls
+    totals = {t for _, t in calls}
+    done = [d for d, _ in calls]
+    assert len(totals) == 1 and None not in totals, totals
+    total = totals.pop()
+    assert done == sorted(done) and total // 2 < done[-1] <= total, (done, total)
 
 
 def _timeless(d: dict) -> dict:
