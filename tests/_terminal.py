@@ -2,9 +2,10 @@
 
 ``spawn(argv, cols, stdout=None)`` runs ``python -m moetier ARGV`` (``code=``: ``python -c CODE``) with stdin and
 stderr on a pty of ``cols`` columns, and stdout too unless ``stdout`` names a file to redirect it to (as ``> f``
-does) or is a pipe's write end (as ``| wc -c``); it returns the exit status and every byte the terminal received. ``Screen(cols).feed(data)`` replays those bytes the way a terminal does
-(carriage return, line feed, cursor up, erase line; colours ignored) into a scrollback that keeps every line, and
-counts the lines that ran past the right edge (``overflows``): a table that fits never makes one.
+does) or is a pipe's write end (as ``| wc -c``); it returns the exit status and every byte the terminal received.
+``Screen(cols).feed(data)`` replays those bytes the way a terminal does (carriage return, line feed, cursor up,
+erase line; colours ignored) into a scrollback that keeps every line, and counts the lines that ran past the right
+edge (``overflows``): a table that fits never makes one.
 """
 from __future__ import annotations
 

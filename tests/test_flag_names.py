@@ -46,4 +46,5 @@ def test_old_and_new_names_parse_the_same():
     assert p.parse_args(["plot", "cache", "t.npz", "--layer-sizes", "4,16", "--out", "x.png"]).layer_sizes == [4, 16]
     assert p.parse_args(["compare", "r", "--png", "a.png"]).plot == p.parse_args(["compare", "r", "--plot",
                                                                                    "a.png"]).plot == "a.png"
-    assert p.parse_args(["doctor", "--store-dir", "/d"]).store_dir == p.parse_args(["doctor", "--store", "/d"]).store_dir
+    old, new = p.parse_args(["doctor", "--store-dir", "/d"]), p.parse_args(["doctor", "--store", "/d"])
+    assert old.store_dir == new.store_dir == "/d"

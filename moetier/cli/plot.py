@@ -109,7 +109,8 @@ def cmd_plot(args) -> int:
     elif k == "waterfall":
         path = plots.plot_waterfall(load_json(args.data), args.out, args.title)
     elif k == "cache":
-        path = plots.plot_cache(cache_curves(args.trace, args.model, args.layers, args.layer_sizes), args.out, args.title)
+        curves = cache_curves(args.trace, args.model, args.layers, args.layer_sizes)
+        path = plots.plot_cache(curves, args.out, args.title)
     elif k == "calibration":
         path = plots.plot_calibration(load_json(args.data), args.out, args.title)
     else:

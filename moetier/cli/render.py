@@ -43,7 +43,10 @@ def _columns(headers, rows) -> list[dict]:
         cells = [r[i] for r in rows if i < len(r)]
         fig = _is_figures(cells)
         words = [len(w) for c in cells for w in c.split()] + [len(w) for w in h.split()]
-        least = max([len(c) for c in cells] + [len(w) for w in h.split()]) if fig else min(max(words + [1]), _TEXT_MIN)
+        if fig:
+            least = max([len(c) for c in cells] + [len(w) for w in h.split()])
+        else:
+            least = min(max(words + [1]), _TEXT_MIN)
         cols.append({"i": i, "figures": fig, "min": least, "max": max([len(c) for c in cells] + [len(h), least])})
     return cols
 
@@ -75,8 +78,8 @@ def _widths(cols, width: int) -> list[int] | None:
 def _draw(con, headers, rows, cols, title) -> None:
     from rich import box
     from rich.table import Table
-    widths = _widths(cols, con.width)
     from rich.text import Text
+    widths = _widths(cols, con.width)
     t = Table(title=None if title is None else Text(title), title_justify="left", box=box.SIMPLE_HEAD,
               padding=(0, 1))
     for k, c in enumerate(cols):
