@@ -56,9 +56,10 @@ def commands(store: str, probe: str) -> dict:
 
 def steady(name: str, text: str) -> str:
     """The output with what differs from run to run masked: a sweep's wall time and rate, a real run's measured
-    figures (and whether they fell inside the interval) and its record id's time; a replay's wall seconds."""
+    figures (and whether they fell inside the interval) and its record id's time, doctor's free disk and RAM; a
+    replay's wall seconds."""
     text = re.sub(r'("[a-z_]*seconds": )[-+.\de]+', r"\1N", text)
-    if name in ("sweep", "run"):
+    if name in ("sweep", "run", "doctor"):
         text = re.sub(r"\b(yes|no)\b", "B", re.sub(r"[-+]?\d+", "N", text))
     return text
 
