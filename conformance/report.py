@@ -2,7 +2,8 @@
 
 Options (group "moetier conformance"):
   --backend NAME       cpu, sycl, cuda, or a test-only broken-* backend (default: $MOETIER_CONFORMANCE_BACKEND or cpu)
-  --report PATH        JSON report (default: conformance-report-<backend>.json in the current directory)
+  --report PATH        also write the JSON report there, and the measured engine record beside it
+                       (engine-<ID>.json); without it nothing is written into the working directory
   --write-engine ID    also write the measured engine record to registry/engine/<ID>.json
 
 pytest parses options before it imports a conftest found through ``--pyargs``, so the options exist only when this
@@ -12,7 +13,12 @@ late registration the environment variables MOETIER_CONFORMANCE_BACKEND / _REPOR
 
 The report: {"backend", "capabilities" (the table, or null), "unavailable" (the BackendUnavailable reason, or
 null), "counts" {passed, failed, skipped}, "checks" [{"check", "outcome", "reason", "seconds"}], "costs" (measured
-lane costs and push GB/s), "engine" (the validated engine record), "engine_path"}.
+lane costs and push GB/s), "engine" (the validated engine record), "engine_path"}; ``build_report()`` gives it
+in-process after the run (``moetier conformance`` reads it there).
+
+Hypothesis keeps its files (example database, constants cache) under the user cache folder
+($XDG_CACHE_HOME/moetier/hypothesis, else ~/.cache/moetier/hypothesis) for the run, unless
+HYPOTHESIS_STORAGE_DIRECTORY names one: never a .hypothesis/ in the working directory.
 """
 from __future__ import annotations
 
@@ -30,7 +36,7 @@ _ENV = {"backend": "MOETIER_CONFORMANCE_BACKEND", "report": "MOETIER_CONFORMANCE
 def pytest_addoption(parser):
     g = parser.getgroup("moetier conformance")
     g.addoption("--backend", default=None, help="backend under test: cpu, sycl, cuda (or a test-only broken-*)")
-    g.addoption("--report", default=None, help="JSON report path (default conformance-report-<backend>.json)")
+    g.addoption("--report", default=None, help="also write the JSON report to this path (default: none)")
     g.addoption("--write-engine", default=None, metavar="ID",
                 help="also write the measured engine record to registry/engine/<ID>.json")
     g.addoption("--replace-engine", action="store_true", default=False,
@@ -49,16 +55,29 @@ def option(config, name: str):
     return v
 
 
+def _hypothesis_home():
+    """The user cache folder for hypothesis's files (module docstring)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "moetier", "hypothesis")
+
+
 def pytest_configure(config):
     from conformance import capabilities
+    if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        from hypothesis import configuration
+        STATE["hypothesis_home"] = vars(configuration).get("__hypothesis_home_directory")
+        configuration.set_hypothesis_home_dir(_hypothesis_home())
     from moetier.errors import UserError
     name = option(config, "backend")
     try:
         capabilities.check_name(name)
     except UserError as e:
         raise pytest.UsageError(str(e)) from None
+    home = STATE.pop("hypothesis_home", False)
     STATE.clear()
-    STATE.update(backend=name, report=option(config, "report") or f"conformance-report-{name}.json",
+    if home is not False:
+        STATE["hypothesis_home"] = home
+    STATE.update(backend=name, report=option(config, "report"),
                  write_engine=option(config, "write_engine"),
                  replace_engine=bool(config.getoption("replace_engine", False)), unavailable=None, capabilities=None, checks={},
                  costs={}, engine=None, engine_path=None, t0=time.time())
@@ -143,5 +162,14 @@ def pytest_terminal_summary(terminalreporter):
         v = (rep["costs"] or {}).get(f"{what}_gbps")
         if v is not None:
             tw.line(f"{what}: {v:.3f} GB/s")
-    path = write_report()
-    tw.line(f"report: {path}" + (f"; engine record: {rep['engine_path']}" if rep["engine_path"] else ""))
+    where = [f"report: {write_report()}"] if STATE.get("report") else []
+    if rep["engine_path"]:
+        where.append(f"engine record: {rep['engine_path']}")
+    if where:
+        tw.line("; ".join(where))
+
+
+def pytest_unconfigure(config):
+    if "hypothesis_home" in STATE:                # the process's own setting back (a run inside a test session)
+        from hypothesis import configuration
+        configuration.set_hypothesis_home_dir(STATE.pop("hypothesis_home"))

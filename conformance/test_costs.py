@@ -1,6 +1,6 @@
 """Measured costs: per lane per_layer / per_expert / per_extra_token (least squares over experts x rows, the
-engine record's lane cost model), fill and push GB/s, written as a validated engine record into the report directory
-(and to registry/engine/<ID>.json only with --write-engine ID)."""
+engine record's lane cost model), fill and push GB/s, as a validated engine record: written beside the report only
+with --report, and to registry/engine/<ID>.json only with --write-engine ID."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -109,7 +109,7 @@ def engine_record(eid: str, costs: dict, backend: str, device: str) -> dict:
 
 
 def test_engine_record(kits, backend_name):
-    """The measured costs as an engine record: validated by moetier.spec; written next to the report."""
+    """The measured costs as an engine record: validated by moetier.spec; written next to the report (if any)."""
     from moetier import strictjson
     from moetier.atomic import atomic_write
     from moetier.core import records as spec
@@ -120,14 +120,15 @@ def test_engine_record(kits, backend_name):
     eid = report.STATE.get("write_engine") or f"conformance-{backend_name}"
     dev = (report.STATE.get("capabilities") or {}).get("device", "?")
     rec = engine_record(eid, c, backend_name, dev)
-    out_dir = os.path.dirname(os.path.abspath(report.STATE["report"]))
-    path = os.path.join(out_dir, f"engine-{eid}.json")
-    spec.validate("engine", rec, path)
-    os.makedirs(out_dir, exist_ok=True)
-    text = strictjson.dumps(rec, indent=2) + "\n"
-    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+    spec.validate("engine", rec, f"engine-{eid}.json")
     report.STATE["engine"] = rec
-    report.STATE["engine_path"] = path
+    if report.STATE.get("report"):                  # beside the report only when one was asked for
+        out_dir = os.path.dirname(os.path.abspath(report.STATE["report"]))
+        path = os.path.join(out_dir, f"engine-{eid}.json")
+        os.makedirs(out_dir, exist_ok=True)
+        text = strictjson.dumps(rec, indent=2) + "\n"
+        atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+        report.STATE["engine_path"] = path
     if report.STATE.get("write_engine"):
         force = report.STATE.get("replace_engine", False)      # --force: replace, or overlay a shipped id
         report.STATE["engine_path"] = str(spec.write_record("engine", rec, force=force, overlay=force))

@@ -82,7 +82,7 @@ def test_moetier_row_is_the_plain_simulator(tiny):
 def test_compare_cli_prints_json_and_writes_the_png(tmp_path, capsys):
     png = tmp_path / "c.png"
     rc = main(["compare", "tiny-ci-cuda", "--conc", "1", "--steps", "10", "--peers", "moetier,fiddler",
-               "--json", "--png", str(png)])
+               "--json", "--plot", str(png)])
     assert rc == 0
     d = json.loads(capsys.readouterr().out)
     assert [r["peer"] for r in d["rows"]] == ["moetier", "fiddler", "oracle"]

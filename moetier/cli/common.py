@@ -135,3 +135,18 @@ def tok_s(o: dict) -> str:
     if o.get("masked_share"):
         s += f" (masked {100 * o['masked_share']:.1f}%)"
     return s
+
+
+def replay_interval(R, tr, conc: int, steps: int = 0, **kw) -> dict:
+    """The prediction interval of one replay (moetier.core.interval: the terms at their slow and fast quantiles),
+    its two replays counted on one bar, so the bar has a total and a time left."""
+    from moetier.cli import progress
+    from moetier.core import interval, sim
+    with progress.task(f"interval C{conc}") as cb:
+        done = []
+
+        def run(*a, **k):
+            base = len(done)
+            done.append(1)
+            return sim.run(*a, progress=lambda d, n: cb(base * n + d, 2 * n), **k)
+        return interval.interval(R, run, tr, conc, max_steps=steps, **kw)

@@ -5,8 +5,8 @@ and the oracle; columns tok/s at each concurrency (a lossy row shows its masked 
 first concurrency the tier shares (VRAM / RAM / NVMe), NVMe reads and MB per token, prefetch MB wasted per token;
 last the ratios moetier / best peer and moetier / oracle, the tier structure the oracle took at each concurrency
 and the rows, if any, faster than it. ``--json``: the moetier.core.policies.compare documents
-(a list when several traces). A PNG (tok/s per row and concurrency) is written to ``--png`` (default
-compare-<recipe>.png, one per trace: -<trace name> added when several), atomically.
+(a list when several traces). With ``--plot PNG`` a PNG (tok/s per row and concurrency) is written there, one
+per trace (-<trace name> added when several), atomically; without it nothing is written.
 """
 from __future__ import annotations
 
@@ -112,17 +112,19 @@ def cmd_compare(args) -> int:
             docs.append(compare(R, tr, concs=args.conc or [1, 2, 4], peers=peers, oracle=not args.no_oracle,
                                 max_steps=args.steps, trace_name=str(t),
                                 progress=lambda name, i, n: prog(i, n)))
-    for t, d in zip(traces, docs):
-        png = Path(args.png) if args.png else Path(f"compare-{R.id}.png")
+    for t, d in zip(traces, docs) if args.plot else ():
+        png = Path(args.plot)
         if len(traces) > 1:
             png = png.with_name(f"{png.stem}-{Path(t).stem}{png.suffix}")
         d["png"] = str(plot_compare(d["rows"], png, f"{R.id} / {Path(t).name}"))
     if args.json:
         _emit(docs if len(docs) > 1 else docs[0])
         return 0
+    from moetier.cli.render import text
     for d in docs:
-        print(format_compare(d))
-        print(f"(plot: {d['png']})")
+        text(format_compare(d))
+        if "png" in d:
+            print(f"(plot: {d['png']})")
         print()
     return 0
 
@@ -137,7 +139,8 @@ def register(sub, parser_class) -> None:
     sp.add_argument("--steps", type=count, default=0, help="cap on measured steps (0 = the trace's)")
     sp.add_argument("--peers", help="comma-separated rows to run (default: all)")
     sp.add_argument("--no-oracle", action="store_true", help="leave out the oracle bound")
-    sp.add_argument("--png", type=file_arg("--png"), help="PNG path (default compare-<recipe>.png)")
+    sp.add_argument("--plot", "--png", dest="plot", metavar="PNG", type=file_arg("--plot"),
+                    help="also draw tok/s per row and concurrency (moetier plot compare); --png is the old name")
     sp.add_argument("--set", nargs="+", metavar="PATH=VALUE", help="dotted recipe overrides, values as JSON")
     sp.add_argument("--json", action="store_true", help="machine-readable output")
     sp.set_defaults(fn=cmd_compare)

@@ -6,16 +6,16 @@ runs ``pytest -p conformance.report <the conformance package dir> --backend NAME
   0  every check that ran passed (NOT_SUPPORTED checks are skipped with their reason),
   1  at least one check failed,
   2  a user error: an unknown backend name, or NOTHING could run because the backend's runtime or device is
-     missing (the one-line BackendUnavailable reason is printed, e.g. "no CUDA device"); the report is still
+     missing (the one-line BackendUnavailable reason is printed, e.g. "no CUDA device"); a --report is still
      written with every check skipped.
 
-The summary table (check | pass/fail/skip | reason) is printed at the end; the JSON report goes to --report
-(default conformance-report-<backend>.json in the current directory) with the measured engine record beside it;
---md also writes it as a markdown page (conformance.publish).
+The summary table (check | pass/fail/skip | reason) is printed at the end. Files only where asked: the JSON report
+and the measured engine record beside it with --report, the markdown page with --md (conformance.publish), the engine
+record in the user registry with --write-engine; nothing in the working directory otherwise (hypothesis's files go to
+the user cache, conformance.report).
 """
 from __future__ import annotations
 
-import json
 import os
 
 from moetier.atomic import atomic_write
@@ -29,7 +29,7 @@ def register(sub, parser_class) -> None:
     p.add_argument("--backend", required=True, help="a registered backend: cpu, sycl, cuda, exl3xpu, exllamav3, or any "
                    "installed moetier.backends entry point")
     p.add_argument("--report", type=file_arg("--report"),
-                   help="JSON report path (default conformance-report-<backend>.json)")
+                   help="also write the JSON report to this path, the measured engine record beside it")
     p.add_argument("--md", metavar="FILE", type=file_arg("--md"), help="also write the report as a markdown table "
                    "(which checks ran, passed, failed, were skipped and why) to FILE")
     p.add_argument("--write-engine", metavar="ID", help="also write the measured engine record to "
@@ -42,12 +42,14 @@ def register(sub, parser_class) -> None:
     p.set_defaults(fn=cmd_conformance)
 
 
-def pytest_args(backend: str, report: str, *, write_engine=None, select=None, exitfirst=False,
+def pytest_args(backend: str, report: str | None, *, write_engine=None, select=None, exitfirst=False,
                 verbose=False, force=False) -> list:
     from conformance import capabilities
     pkg = os.path.dirname(os.path.abspath(capabilities.__file__))   # a path, not --pyargs: works from any cwd even
-    args = ["-p", "conformance.report", pkg, "--backend", backend, "--report", report,  # under an old editable install
+    args = ["-p", "conformance.report", pkg, "--backend", backend,  # under an old editable install
             "-rs", "-p", "no:cacheprovider", "-o", "addopts=", "-o", "testpaths=", "-q"]
+    if report:
+        args += ["--report", report]
     if write_engine:
         args += ["--write-engine", write_engine]
         if force:
@@ -68,22 +70,21 @@ def cmd_conformance(args) -> int:
         import pytest
     except ImportError:
         raise UserError("conformance: pytest is not installed (pip install 'moetier[test]')") from None
-    report = os.path.abspath(args.report or f"conformance-report-{args.backend}.json")
-    check_out(report, "--report")                       # before the suite runs, not after
+    from conformance import report as plugin
+    report = os.path.abspath(args.report) if args.report else None
+    if report:
+        check_out(report, "--report")                   # before the suite runs, not after
     if args.md:
         check_out(os.path.abspath(args.md), "--md")
     if args.write_engine:
         from moetier.core import records as spec
         spec.check_writable("engine", args.write_engine, force=args.force, overlay=args.force)
-    if os.path.exists(report):
+    if report and os.path.exists(report):
         os.unlink(report)
+    plugin.STATE.clear()
     rc = pytest.main(pytest_args(args.backend, report, write_engine=args.write_engine, select=args.select,
                                  exitfirst=args.exitfirst, verbose=args.verbose, force=args.force))
-    try:
-        with open(report, encoding="utf-8") as f:
-            rep = json.load(f)
-    except (OSError, ValueError):
-        rep = None
+    rep = plugin.build_report() if plugin.STATE.get("checks") else None
     if rep is not None and args.md:
         from conformance.publish import markdown
         text = markdown(rep).encode("utf-8")
@@ -91,7 +92,8 @@ def cmd_conformance(args) -> int:
     if rep is not None:
         n = rep["counts"]
         if rep.get("unavailable") and n["pass"] == 0 and n["fail"] == 0:
-            raise UserError(f"conformance: nothing could run: {rep['unavailable']} (report: {report})")
+            raise UserError(f"conformance: nothing could run: {rep['unavailable']}"
+                            + (f" (report: {report})" if report else ""))
         return 1 if n["fail"] else 0
     if int(rc) == 5:                                   # no tests collected / selected
         raise UserError(f"conformance: no check selected{f' by -k {args.select!r}' if args.select else ''}")

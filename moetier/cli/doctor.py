@@ -2,7 +2,7 @@
 
 Contract
 --------
-``moetier doctor [--recipe ID] [--store-dir DIR] [--json]`` checks, in order: Python and package versions; numba;
+``moetier doctor [--recipe ID] [--store DIR] [--json]`` checks, in order: Python and package versions; numba;
 dpctl and the OpenCL / Level Zero devices it sees; cupy and its GPU; O_DIRECT on the filesystem of DIR (an aligned
 O_DIRECT read of a temporary file written there); transparent huge pages; free disk on DIR against the recipe's
 store size; RAM against the recipe's RAM budget; the registry in use; the recipe's records and trace.
@@ -36,8 +36,9 @@ def register(sub, parser_class) -> None:
     p = sub.add_parser("doctor", help="check this machine: packages, devices, O_DIRECT, huge pages, disk; exit 0 "
                        "when the recipe can run")
     p.add_argument("--recipe", default=DEFAULT_RECIPE, help=f"recipe to check (default {DEFAULT_RECIPE})")
-    p.add_argument("--store-dir", default=".", help="where the recipe's store is or will be (O_DIRECT and free "
-                   "disk are checked there; default: the current directory)")
+    p.add_argument("--store", "--store-dir", dest="store_dir", default=".", metavar="DIR",
+                   help="where the recipe's store is or will be (O_DIRECT and free disk are checked there; default: "
+                   "the current directory; --store-dir is the old name)")
     p.add_argument("--json", action="store_true", help="machine-readable output: {checks, can_run, level}")
     p.set_defaults(fn=cmd_doctor)
 
@@ -171,7 +172,7 @@ def check_o_direct(dirpath) -> dict:
     ok, what = o_direct(dirpath)
     return _check(f"O_DIRECT on {dirpath}", "ok" if ok else "warn", what,
                   "put the store on a local ext4/xfs disk (tmpfs and some overlay filesystems refuse O_DIRECT; "
-                  "reads then go through the page cache): --store-dir /var/tmp")
+                  "reads then go through the page cache): --store /var/tmp")
 
 
 def check_huge_pages() -> dict:
@@ -196,12 +197,12 @@ def check_disk(R, dirpath) -> dict:
     try:
         free = shutil.disk_usage(dirpath).free
     except OSError as e:
-        return _check(f"free disk on {dirpath}", "fail", f"cannot stat: {e.strerror}", "--store-dir DIR (a writable "
+        return _check(f"free disk on {dirpath}", "fail", f"cannot stat: {e.strerror}", "--store DIR (a writable "
                       "directory)")
     ok = free >= need
     return _check(f"free disk on {dirpath}", "ok" if ok else "fail", f"{free / 1e9:.1f} GB free; the store of "
                   f"{R.model_id} needs {need / 1e9:.1f} GB", f"free {(need - free) / 1e9:.1f} GB there, or "
-                  "--store-dir on a larger disk")
+                  "--store on a larger disk")
 
 
 def check_ram(R) -> dict:
@@ -270,10 +271,10 @@ MARK = {"ok": "ok", "warn": "warn", "fail": "FAIL", "skip": "skip"}
 
 def cmd_doctor(args) -> int:
     from moetier.cli.common import _emit
-    from moetier.cli.render import table
+    from moetier.cli.render import say, table
     from moetier.core import records as spec
     if not os.path.isdir(args.store_dir):
-        raise UserError(f"doctor: --store-dir {args.store_dir}: not a directory")
+        raise UserError(f"doctor: --store {args.store_dir}: not a directory")
     if args.recipe not in spec.record_ids("recipe"):
         raise UserError(f"doctor: --recipe {args.recipe!r}: no such recipe (moetier list recipe)")
     d = diagnose(args.recipe, args.store_dir)
@@ -286,7 +287,8 @@ def cmd_doctor(args) -> int:
     if fixes:
         print()
         for c in fixes:
-            print(f"fix {c['name']}: {c['fix']}")
+            say(f"fix {c['name']}: {c['fix']}")
     what = (f"run for real on {', '.join(d['backends'])}" if d["level"] == "run" else "be simulated")
-    print(f"\nrecipe {d['recipe']}: {'can' if d['can_run'] else 'can NOT'} {what} here")
+    print()
+    say(f"recipe {d['recipe']}: {'can' if d['can_run'] else 'can NOT'} {what} here")
     return 0 if d["can_run"] else 1

@@ -14,7 +14,7 @@ import threading
 
 from moetier.cli.common import (DEFAULT_RECIPE, _emit, _Parser, _resolve, _trace, count,  # noqa: F401
                                 count_float, find_path, fraction, int_list, json_object, positive_float,
-                                positive_int, seed)
+                                positive_int, replay_interval, seed)
 from moetier.cli import progress, views
 from moetier.cli.outpath import REGISTRY, file_arg, registry_arg
 from moetier.cli.outpath import check as check_out
@@ -32,45 +32,39 @@ def _sim_runs(R, tr, concs, args):
         with progress.task(f"sim C{c}") as cb:
             out.append(sim.run(R, tr, c, max_steps=steps, progress=cb, timeline=bool(args.plot), **kw))
         if args.interval:
-            out[-1]["interval"] = _interval(R, tr, c, steps, **kw)
+            out[-1]["interval"] = replay_interval(R, tr, c, steps, **kw)
     return out
-
-
-def _interval(R, tr, conc: int, steps: int = 0, **kw) -> dict:
-    """The prediction interval of one replay (moetier.core.interval: the terms at their slow and fast quantiles)."""
-    from moetier.core import interval, sim
-    with progress.task(f"interval C{conc}"):
-        return interval.interval(R, sim.run, tr, conc, max_steps=steps, **kw)
 
 
 # ---- verbs -----------------------------------------------------------------------------------------------------
 def cmd_show(args) -> int:
+    from moetier.cli.render import say
     R = _resolve(args)
     s = R.summary()
     if args.json:
         _emit(s)
         return 0
-    print(f"recipe {R.id}: model {R.model_id} on {R.hardware_id}")
-    print(f"  experts: {R.layers} layers x {R.experts} (top-{R.topk}) = {R.keys} keys of {R.expert_bytes:,} B")
-    print(f"  capacity: vram {R.vram_slots:,} / ram {R.ram_slots:,} / nvme-only {R.nvme_only:,}")
-    print(f"  links: h2d {R.h2d_gbps} GB/s, nvme {R.nvme_bw_gbps} GB/s deep / {R.nvme_bw_qd1_gbps} GB/s qd1, "
+    say(f"recipe {R.id}: model {R.model_id} on {R.hardware_id}")
+    say(f"  experts: {R.layers} layers x {R.experts} (top-{R.topk}) = {R.keys} keys of {R.expert_bytes:,} B")
+    say(f"  capacity: vram {R.vram_slots:,} / ram {R.ram_slots:,} / nvme-only {R.nvme_only:,}")
+    say(f"  links: h2d {R.h2d_gbps} GB/s, nvme {R.nvme_bw_gbps} GB/s deep / {R.nvme_bw_qd1_gbps} GB/s qd1, "
           f"latency {R.nvme_latency_ms} ms")
-    print("  lanes (ms):        per_layer  per_expert  per_extra_token  reads")
+    say("  lanes (ms):        per_layer  per_expert  per_extra_token  reads")
     for ln in R.lanes.values():
-        print(f"    {ln.name:<14} {ln.per_layer_ms:>9.4f}  {ln.per_expert_ms:>10.4f}  {ln.per_extra_token_ms:>15.4f}"
+        say(f"    {ln.name:<14} {ln.per_layer_ms:>9.4f}  {ln.per_expert_ms:>10.4f}  {ln.per_extra_token_ms:>15.4f}"
               f"  {ln.reads}")
-    print("  lanes (GB/s implied by per_expert_ms, against the hardware record):")
+    say("  lanes (GB/s implied by per_expert_ms, against the hardware record):")
     for c in s["lane_checks"]:
         got = "n/a (no per-expert cost)" if c["gbps"] is None else f"{c['gbps']:.2f} GB/s"
         cap = f"{c['what']} {c['ceiling_gbps']:g} GB/s ({c['ceiling']})" if c["ceiling_gbps"] else \
             "no ceiling in the hardware record"
-        print(f"    {c['lane']:<14} {got:<24} {'ABOVE' if c['over'] else 'within'} {cap}")
+        say(f"    {c['lane']:<14} {got:<24} {'ABOVE' if c['over'] else 'within'} {cap}")
     for c in (c for c in s["lane_checks"] if c["over"]):
         print(f"  warning: {c['lane']} at {c['gbps']:.2f} GB/s is faster than the hardware record allows "
               f"({c['what']} {c['ceiling_gbps']:g} GB/s): its engine or hardware record is wrong for this model",
               file=sys.stderr)
-    print(f"  policy: {json.dumps(R.policy, sort_keys=True)}")
-    print(f"  fixed_ms: {json.dumps({str(k): v for k, v in sorted(R.fixed_ms.items())})}")
+    say(f"  policy: {json.dumps(R.policy, sort_keys=True)}")
+    say(f"  fixed_ms: {json.dumps({str(k): v for k, v in sorted(R.fixed_ms.items())})}")
     return 0
 
 
@@ -116,7 +110,7 @@ def standard_table(R, tr, concs, with_interval: bool = False) -> dict:
         with progress.task(f"sim C{c}") as cb:
             decode.append(sim.run(R, tr, c, progress=cb))
         if with_interval:
-            decode[-1]["interval"] = _interval(R, tr, c)
+            decode[-1]["interval"] = replay_interval(R, tr, c)
     pre = {str(n): sim.prefill(R, n) for n in (8192, 32768)}
     return {"recipe": R.id, "vram_slots": R.vram_slots, "ram_slots": R.ram_slots, "nvme_only": R.nvme_only,
             "decode": decode, "prefill": pre}

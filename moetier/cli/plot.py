@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moetier.cli.common import positive_int
+from moetier.cli.common import int_list, positive_int
 from moetier.cli.outpath import file_arg
 from moetier.errors import UserError
 
@@ -43,7 +43,9 @@ def register(sub, parser_class) -> None:
     p.add_argument("trace", help="trace file (.npz)")
     p.add_argument("--model", help="model id (its experts per layer; default: the trace's metadata)")
     p.add_argument("--layers", type=int, nargs="+", help="layers to draw (default: first, 1/3, 2/3, last)")
-    p.add_argument("--sizes", type=positive_int, nargs="+", help="slots per layer (default: a ladder)")
+    p.add_argument("--layer-sizes", type=int_list, help="comma-separated slots per layer (default: a ladder)")
+    p.add_argument("--sizes", dest="layer_sizes", type=positive_int, nargs="+",
+                   help="slots per layer, space-separated: the old name of --layer-sizes")
     out(p)
     p = ps.add_parser("calibration", help="calibration: measured vs predicted tok/s with the error bands")
     p.add_argument("data", metavar="RUN_OR_JSON", help="calibration run record id (moetier calibrate) or its file")
@@ -106,7 +108,8 @@ def cmd_plot(args) -> int:
     elif k == "waterfall":
         path = plots.plot_waterfall(load_json(args.data), args.out, args.title)
     elif k == "cache":
-        path = plots.plot_cache(cache_curves(args.trace, args.model, args.layers, args.sizes), args.out, args.title)
+        curves = cache_curves(args.trace, args.model, args.layers, args.layer_sizes)
+        path = plots.plot_cache(curves, args.out, args.title)
     elif k == "calibration":
         path = plots.plot_calibration(load_json(args.data), args.out, args.title)
     else:

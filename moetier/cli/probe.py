@@ -154,7 +154,8 @@ def _report(args) -> int:
         from moetier.cli.plots import plot_waterfall
         print(f"wrote {plot_waterfall(rep, args.plot)}", file=sys.stderr)
     if args.md:
-        print(probe.to_markdown(rep), end="")
+        from moetier.cli.render import text
+        text(probe.to_markdown(rep).rstrip("\n"))
     else:
         _emit(rep)
     return 0

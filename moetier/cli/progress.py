@@ -1,15 +1,20 @@
-"""Progress for the command line: one bar per long-running piece of work, with its rate and time left.
+"""Progress for the command line: one bar per long-running piece of work, with its count, rate and time left.
 
 Contract
 --------
 - ``session(quiet)`` wraps one command (``moetier.cli.main`` opens it around every verb; scripts such as
-  examples/levers.py open their own). Inside it, ``task(label, unit)`` is a context manager yielding a callback
-  ``cb(done, total)`` that the library's ``progress=`` parameters accept (sim.run, runtime.run, store.pack/verify,
-  traces.stats, sweep); leaving the block marks the task complete. ``status(label)`` yields a callback
-  ``cb(message)`` for work that reports stages rather than counts (calibrate); each call is one stage done.
-- Bars draw on stderr only, only when stderr is a terminal and the session is not quiet (``--quiet``,
-  or MOETIER_QUIET=1). Otherwise every callback does nothing, and nothing is written: piped
-  output stays byte-for-byte what the verb prints.
+  examples/levers.py open their own). It draws nothing by itself: a command that never opens a task (``show``,
+  ``list``) never starts the display.
+- Inside it, ``task(label, unit, total)`` is a context manager yielding a callback ``cb(done, total)`` that the
+  library's ``progress=`` parameters accept (sim.run, runtime.run, store.pack/verify, traces.stats, sweep).
+  ``status(label, total)`` yields ``cb(message, total=None)`` for work that reports stages rather than counts
+  (calibrate, bench); each call is one stage done, and a ``total`` given by the caller sets the stage count so
+  the bar shows a real total and time left.
+- The display starts with the first open task and stops, erasing its last frame, when the last open task closes:
+  whatever the command prints after its work (a table, a summary) never lands on or under a stale bar.
+- Bars draw on stderr only, only when stderr is a terminal and the session is not quiet (``--quiet``, or
+  MOETIER_QUIET=1). stdout and stderr are never captured or redirected: output that goes to a file or a pipe
+  stays byte-for-byte what the verb prints without a terminal.
 - Outside a session, ``task`` and ``status`` yield no-op callbacks, so library code can always call them.
 """
 from __future__ import annotations
@@ -19,7 +24,8 @@ import os
 import sys
 import time
 
-_state = {"progress": None, "quiet": False}
+# "on": a drawing session is open; "progress": the live display while at least one task is open
+_state = {"on": False, "progress": None, "open": 0, "quiet": False}
 
 
 def _noop(*_a, **_k) -> None:
@@ -28,36 +34,57 @@ def _noop(*_a, **_k) -> None:
 
 def enabled() -> bool:
     """Whether bars draw: a session is open, it is not quiet, and stderr is a terminal."""
-    return _state["progress"] is not None
+    return _state["on"]
 
 
 @contextlib.contextmanager
 def session(quiet: bool = False):
-    """Open the shared progress display for one command (a no-op when quiet or not on a terminal)."""
+    """Mark one command's span; bars draw inside it only when not quiet and stderr is a terminal."""
     quiet = quiet or os.environ.get("MOETIER_QUIET", "") not in ("", "0")
     prev = dict(_state)
     _state["quiet"] = quiet
-    if quiet or not sys.stderr.isatty() or _state["progress"] is not None:
-        try:
-            yield
-        finally:
-            _state.update(prev)
-        return
-    from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
-    p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                 TextColumn("{task.fields[unit]}"), TaskProgressColumn(),
-                 TextColumn("[cyan]{task.fields[rate]}"),
-                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                 console=Console(file=sys.stderr), transient=True, refresh_per_second=8)
-    _state["progress"] = p
-    p.start()
+    if not prev["on"]:
+        _state["on"] = not quiet and sys.stderr.isatty()
     try:
         yield
     finally:
-        p.stop()
+        if _state["progress"] is not None and prev["progress"] is None:
+            _state["progress"].stop()
         _state.update(prev)
+
+
+def _display():
+    """The live display, started on the first open task (stderr only; stdout and stderr left as they are)."""
+    if _state["progress"] is None:
+        from rich.console import Console
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn,
+                                   TimeElapsedColumn, TimeRemainingColumn)
+        from rich.text import Text
+
+        class Count(MofNCompleteColumn):
+            """done/total, blank until the total is known (never "N/?")."""
+
+            def render(self, task):
+                return Text("") if task.total is None else super().render(task)
+        p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), Count(),
+                     TextColumn("{task.fields[unit]}"), TaskProgressColumn(),
+                     TextColumn("[cyan]{task.fields[rate]}"),
+                     TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                     console=Console(file=sys.stderr), transient=True, refresh_per_second=8,
+                     # rich's defaults replace sys.stdout/sys.stderr while live and send both to the terminal:
+                     # a redirected stdout would stay empty
+                     redirect_stdout=False, redirect_stderr=False)
+        p.start()
+        _state["progress"] = p
+    _state["open"] += 1
+    return _state["progress"]
+
+
+def _release() -> None:
+    _state["open"] -= 1
+    if _state["open"] == 0 and _state["progress"] is not None:
+        _state["progress"].stop()                # transient: the last frame is erased
+        _state["progress"] = None
 
 
 class _Task:
@@ -76,41 +103,40 @@ class _Task:
             self.p.update(self.id, completed=done, rate=rate)
 
     def finish(self) -> None:
-        t = self.p.tasks[[x.id for x in self.p.tasks].index(self.id)]
-        if t.total is not None:
-            self.p.update(self.id, completed=t.total)
         self.p.remove_task(self.id)
 
 
 @contextlib.contextmanager
 def task(label: str, unit: str = "steps", total=None):
     """A bar for counted work; yields ``cb(done, total)`` (a no-op outside a drawing session)."""
-    p = _state["progress"]
-    if p is None:
+    if not _state["on"]:
         yield _noop
         return
-    t = _Task(p, label, unit, total)
+    t = _Task(_display(), label, unit, total)
     try:
         yield t
     finally:
         t.finish()
+        _release()
 
 
 @contextlib.contextmanager
 def status(label: str, total=None):
-    """A bar for staged work; yields ``cb(message)``: each call completes one stage and shows the message."""
-    p = _state["progress"]
-    if p is None:
+    """A bar for staged work; yields ``cb(message, total=None)``: each call completes one stage and shows the
+    message; a ``total`` sets the number of stages."""
+    if not _state["on"]:
         yield _noop
         return
+    p = _display()
     t = _Task(p, label, "stages", total)
     n = [0]
 
-    def cb(message: str = "") -> None:
+    def cb(message: str = "", total=None) -> None:
         n[0] += 1
         p.update(t.id, description=f"{label}: {message}" if message else label)
-        t(n[0] - 1)
+        t(n[0] - 1, total)
     try:
         yield cb
     finally:
         t.finish()
+        _release()

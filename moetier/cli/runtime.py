@@ -12,7 +12,7 @@ import platform
 import sys
 
 from moetier.cli import progress
-from moetier.cli.common import count, fraction, positive_float, positive_int, seed
+from moetier.cli.common import count, fraction, positive_float, positive_int, replay_interval, seed
 from moetier.cli.outpath import file_arg, folder_arg
 from moetier.errors import UserError
 
@@ -44,7 +44,8 @@ def register(sub, parser_class) -> None:
     r.add_argument("--set", nargs="+", metavar="PATH=VALUE", help="dotted recipe overrides, values as JSON")
     r.add_argument("--verify-rate", type=fraction, default=1.0, help="fraction of reads checksum-checked on landing")
     r.add_argument("--record", help="run record id (default: <recipe>-run-<utc time>)")
-    r.add_argument("--no-record", action="store_true", help="do not write a run record")
+    r.add_argument("--no-write", "--no-record", dest="no_record", action="store_true",
+                   help="write nothing: no run record (--no-record is the old name)")
     r.add_argument("--force", action="store_true", help="replace an existing run record of the --record id, or "
                    "write a shipped one's (the user registry's copy then overlays it)")
     r.add_argument("--probe", metavar="FILE", type=file_arg("--probe"),
@@ -88,7 +89,7 @@ def register(sub, parser_class) -> None:
                         "warm-up tokens (calibrate.quick_arms; a few minutes, README)")
     c.add_argument("--verify-rate", type=fraction, default=1.0,
                    help="fraction of reads checksum-checked on landing (default 1)")
-    c.add_argument("--no-write", action="store_true", help="do not write the fitted terms or the run record")
+    c.add_argument("--no-write", action="store_true", help="write nothing: not the fitted terms, not the run record")
     c.add_argument("--suffix", default="-cal", type=_suffix,
                    help="write the fitted terms as new records <id>SUFFIX (recipe, its engines and hardware; default "
                         "-cal: `moetier sim RECIPE-cal` predicts from them), never over a shipped record")
@@ -115,7 +116,8 @@ def register(sub, parser_class) -> None:
     b.add_argument("--overlay", action="store_true", help="allow ids of shipped records: the user registry's copy "
                    "then overlays the shipped (calibrated) one for every later command")
     b.add_argument("--records", type=positive_int, default=256, help="records read per bandwidth pass")
-    b.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
+    b.add_argument("--no-write", "--dry-run", dest="dry_run", action="store_true",
+                   help="measure and print, write nothing (--dry-run is the old name)")
     b.add_argument("--force", action="store_true", help="replace existing hardware/engine records of these ids")
     b.add_argument("--json", action="store_true", help="machine-readable output (measures and both records)")
     b.set_defaults(fn=cmd_bench)
@@ -264,7 +266,7 @@ def cmd_run(args) -> int:
             p = sim.run(R, tr, c, max_steps=args.steps, progress=cb)
         preds.append({**{k: p[k] for k in ("conc", "tok_s", "ms_per_token", "nvme_per_tok", "cpu_experts_per_tok",
                                            "ms_fixed", "ms_cpu_moe", "ms_gpu_moe", "ms_nvme_wait", "masked_per_tok")},
-                      "interval": interval.interval(R, sim.run, tr, c, max_steps=args.steps)})
+                      "interval": replay_interval(R, tr, c, args.steps)})
     table = []
     for r, p in zip(rows, preds):
         err = (p["tok_s"] / r["tok_s"] - 1) * 100 if r["tok_s"] else None

@@ -57,7 +57,7 @@ def label(row: dict, axes: list[str]) -> str:
 def cmd_sweep(args) -> int:
     from moetier.cli import progress
     from moetier.cli.common import _emit, find_path
-    from moetier.cli.render import table
+    from moetier.cli.render import say, table
     from moetier.measure import sweep as S
     traces = [str(find_path(t)) if t else None for t in args.trace]
     cells = S.cells(args.recipe, grid=args.grid, sets=args.set, traces=traces, concs=args.conc,
@@ -76,7 +76,7 @@ def cmd_sweep(args) -> int:
         _emit({"summary": summary, "rows": rows})
         return 0
     rate = f", {summary['cells_per_s']:.2f} cells/s" if summary["cells_per_s"] else ""
-    print(f"sweep {args.recipe}: {summary['cells']} cells, {summary['ran']} ran, {summary['skipped']} already in "
+    say(f"sweep {args.recipe}: {summary['cells']} cells, {summary['ran']} ran, {summary['skipped']} already in "
           f"{args.out}; {summary['backend']} x {summary['workers']}, {summary['seconds']:.1f} s{rate}")
     best = sorted(rows, key=lambda r: (r["conc"], -r["tok_s"]))
     shown = []

@@ -381,7 +381,7 @@ def calibrate(recipe_id, st, tr, *, arms=None, steps=200, repeats=2, plan_repeat
         for rep in range(reps):                      # A B C ... A B C ...: drift cancels across arms
             for a in which:
                 if progress:
-                    progress(f"{label} rep {rep + 1}/{reps} {a['name']}")
+                    progress(f"{label} rep {rep + 1}/{reps} {a['name']}", stages)
                 runs[a["name"]].append(_measure(recipe_id, st, tr, a, steps, backend, verify_rate, terms))
         return {k: _merge(v) for k, v in runs.items()}
 
@@ -393,9 +393,13 @@ def calibrate(recipe_id, st, tr, *, arms=None, steps=200, repeats=2, plan_repeat
         terms["lane_lateness_sd_ms_by_rows"] = fit_lane_lateness(recipe_id, tr, fit_arms, measured, steps, terms,
                                                                  planned_on=planned_on)
         return terms
-    planned = measure(fit_arms, None, "plan", plan_repeats or max(1, repeats // 2))
+    plan_reps = plan_repeats or max(1, repeats // 2)
+    stages = len(fit_arms) * plan_reps + len(arms) * repeats + 1      # every measured pass, then the fit
+    planned = measure(fit_arms, None, "plan", plan_reps)
     plan_terms = fit(planned)
     checked = measure(arms, plan_terms, "check", repeats)
+    if progress:
+        progress("fit and predict", stages)
     terms = fit(checked, plan_terms)
     when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     written = write_terms(recipe_id, terms, when, VRAM_ENGINE, suffix) if write else []

@@ -16,6 +16,9 @@ Contract
   cut off before appending). Local: a process pool of ``workers`` processes (default: the CPU count). Ray:
   ``ray="local"`` starts a local Ray instance with ``workers`` CPUs; any other string is a cluster address
   (``ray.init(address=...)``); moetier must be importable on every node.
+- Nothing outlives a killed sweep: pool workers die with the process that started them, even on SIGKILL
+  (moetier.measure.lifeline), and so does the resource tracker once they are gone; Ray starts a local instance's
+  processes fate-shared with their driver on Linux (its own prctl), and ``ray.shutdown`` ends them on a clean exit.
 """
 from __future__ import annotations
 
@@ -186,10 +189,13 @@ def done_keys(out) -> set:
 
 
 def process_pool(workers: int):
-    """A pool of fresh interpreters (spawn: no fork of a process that holds threads)."""
+    """A pool of fresh interpreters (spawn: no fork of a process that holds threads) that die with this process,
+    even when it is SIGKILLed (moetier.measure.lifeline)."""
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing as mp
-    return ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
+    from moetier.measure.lifeline import die_with_parent
+    return ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), initializer=die_with_parent,
+                               initargs=(os.getpid(),))
 
 
 def _pool(pending, workers, executor=None):
