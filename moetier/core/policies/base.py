@@ -1,11 +1,11 @@
-"""The shared parts of the tier replacement policies (moetier.core.policies.residency): queue membership, ghost
-lists, a lazily invalidated heap, the first key a tier may evict. Pure."""
+"""The shared parts of the tier replacement policies (moetier.core.policies.residency): queue membership,
+a lazily invalidated heap, the first key a tier may evict. Pure."""
 from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
 
-__all__ = ["_Queues", "_remember", "_Heaped", "_first"]
+__all__ = ["_Queues", "_Heaped", "_first"]
 
 
 class _Queues:
@@ -17,13 +17,6 @@ class _Queues:
 
     def __len__(self):
         return sum(len(getattr(self, q)) for q in self._queues)
-
-
-def _remember(ghost: OrderedDict, k, cap: int) -> None:
-    """Put an evicted key in a ghost list of at most ``cap`` keys (oldest forgotten first)."""
-    ghost[k] = None
-    while len(ghost) > cap:
-        ghost.popitem(last=False)
 
 
 class _Heaped(_Queues):
