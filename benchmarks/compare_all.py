@@ -2,7 +2,7 @@
 
 Run: PYTHONPATH=. python benchmarks/compare_all.py [--steps N] [--recipes a,b] [--jobs J]   (about 15 rows and the
 oracle's 6 structures x 3 concurrencies x recipes sim runs, fewer where rows replay identically
-(moetier.core.policies.compare.replay_key); --steps caps the measured steps of each run (the warm-up, 600 steps on
+(moetier.peers.compare.replay_key); --steps caps the measured steps of each run (the warm-up, 600 steps on
 the GLM and Qwen recipes, is replayed whatever it says); --jobs runs the replays in a process pool, same figures; --keep adds the named recipes' tables to those of the
 others already in the output, from a run with the same steps, so a long run can be done in parts).
 The recipes: every shipped recipe whose trace was recorded for its model (``shipped()``; the tiny EXL3 recipes name
@@ -21,8 +21,8 @@ from moetier.atomic import atomic_write
 from moetier.cli.common import find_path
 from moetier.cli.compare import format_compare, format_summary
 from moetier.core import records as spec
-from moetier.core.policies.compare import compare, replay_key, run_peer
-from moetier.core.policies.peers import ORACLE, PEERS, by_name, replays
+from moetier.peers.compare import compare, replay_key, run_peer
+from moetier.peers.rows import ORACLE, PEERS, by_name, replays
 from moetier.errors import UserError
 from moetier.traces.format import load_trace
 

@@ -7,9 +7,9 @@ import pytest
 
 from moetier.cli.main import find_path, main
 from moetier.core import records as spec, sim
-from moetier.core.policies import peers as P
+from moetier.peers import rows as P
 from moetier.core.policies.admission import admits
-from moetier.core.policies.compare import compare, replay_key, run_peer
+from moetier.peers.compare import compare, replay_key, run_peer
 from moetier.core.predict import GatedPredictor, make_predictor
 from moetier.traces.format import Trace, load_trace
 
@@ -117,10 +117,13 @@ def test_rows_that_replay_identically_share_one_replay(tiny):
 
 
 def test_peers_run_their_own_tier_policy_not_the_recipes():
-    mine = {"ram_evict": "2q", "ram_partition": "layer", "vram_evict": "wtinylfu", "vram_admit": "auto",
+    mine = {"ram_evict": "2q", "ram_partition": "global", "vram_evict": "wtinylfu", "vram_admit": "auto",
             "exact": "mask"}
     kt = P.recipe_policy(P.by_name("ktransformers-sieve"), mine)
-    assert (kt["ram_evict"], kt["ram_partition"], kt["vram_admit"]) == ("sieve", "global", False)
+    assert (kt["ram_evict"], kt["ram_partition"], kt["vram_admit"]) == ("kt-sieve", "layer", False)
+    tb = P.recipe_policy(P.by_name("textbook-sieve"), mine)
+    assert (tb["ram_evict"], tb["ram_partition"], tb["vram_admit"]) == ("sieve", "layer", False)
+    mine["ram_partition"] = "layer"
     ft = P.recipe_policy(P.by_name("freetoken"), mine)
     assert (ft["ram_evict"], ft["ram_partition"], ft["vram_evict"], ft["vram_admit"]) == ("lru", "global", "lru", True)
     assert kt["exact"] == ft["exact"] == "mask"          # what the recipe says about exactness stays

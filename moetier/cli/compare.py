@@ -1,10 +1,10 @@
 """``moetier compare RECIPE [--trace T ...]``: the peers' policies, moetier's default and the oracle bound, one table.
 
-Contract: for each trace (default: the recipe's) one table, rows = moetier, each peer (moetier.core.policies.peers)
+Contract: for each trace (default: the recipe's) one table, rows = moetier, each peer (moetier.peers.rows)
 and the oracle; columns tok/s at each concurrency (a lossy row shows its masked share beside tok/s), then at the
 first concurrency the tier shares (VRAM / RAM / NVMe), NVMe reads and MB per token, prefetch MB wasted per token;
 last the ratios moetier / best peer and moetier / oracle, the tier structure the oracle took at each concurrency
-and the rows, if any, faster than it. ``--json``: the moetier.core.policies.compare documents
+and the rows, if any, faster than it. ``--json``: the moetier.peers.compare documents
 (a list when several traces). A PNG (tok/s per row and concurrency) is written to ``--png`` (default
 compare-<recipe>.png, one per trace: -<trace name> added when several), atomically.
 """
@@ -91,8 +91,8 @@ def plot_compare(rows, path, title: str = "") -> str:
 def cmd_compare(args) -> int:
     from moetier.cli import progress
     from moetier.cli.common import _emit, _resolve, find_path
-    from moetier.core.policies.compare import compare
-    from moetier.core.policies.peers import PEERS, by_name
+    from moetier.peers.compare import compare
+    from moetier.peers.rows import PEERS, by_name
     from moetier.traces.format import load_trace
     R = _resolve(args)
     traces = args.trace or [R.trace]

@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from moetier.core import sim
 from moetier.core.policies.admission import admits
-from moetier.core.policies.peers import DEFAULT, ORACLE, PEERS, SHIPPED, Peer, recipe_policy, replays
+from moetier.peers.rows import DEFAULT, ORACLE, PEERS, SHIPPED, Peer, recipe_policy, replays, wiring
 
 __all__ = ["compare", "cell", "run_peer", "replay_key"]
 
@@ -50,7 +50,8 @@ def cell(o: dict, R) -> dict:
 def run_peer(R, trace, peer: Peer, conc: int, max_steps: int = 0) -> dict:
     """One sim.run of ``peer`` on recipe ``R`` (moetier's row keeps the recipe's policy)."""
     Rp = R if peer.name == "moetier" else replace(R, policy=recipe_policy(peer, R.policy))
-    return sim.run(Rp, trace, conc, max_steps=max_steps, peer=None if peer.name == "moetier" else peer)
+    wire = None if peer.name == "moetier" else wiring(peer, R.layers, R.experts)
+    return sim.run(Rp, trace, conc, max_steps=max_steps, wire=wire)
 
 
 def replay_key(R, peer: Peer) -> str:
