@@ -53,6 +53,7 @@ class Peer:
     rank: str = "frequency"
     deal: str = "planner"
     oracle: bool = False
+    belady: bool = False              # the row's own structure, deal and read-ahead under Belady (moetier.peers.gap)
     structures: tuple = ()            # a composite row: the best, per concurrency, of these rows' replays
 
 
@@ -230,24 +231,25 @@ def attach(peer: Peer, rp, streams, steps: int) -> None:
     the static placement (no admission), the lane deal."""
     R = rp.R
     part = peer.policy.get("vram_partition")
-    if peer.oracle:
+    if peer.oracle or peer.belady:
         fut = _future(streams, steps)
-        vpol = BeladyPolicy(R.vram_slots, fut)
+        L, E = R.layers, R.experts
+        vpol = (partitioned("belady", R.vram_slots, L, E, fut) if part == "layer" and R.vram_slots
+                else BeladyPolicy(R.vram_slots, fut))
         if R.policy.get("ram_partition", "global") == "layer":
-            rpol = partitioned("belady", R.ram_slots, R.layers, R.experts, fut)
-            clocked = [vpol, *rpol.parts]
+            rpol = partitioned("belady", R.ram_slots, L, E, fut)
         else:
             rpol = BeladyPolicy(R.ram_slots, fut)
-            clocked = [vpol, rpol]
+        clocked = [p for pol in (vpol, rpol) for p in (pol.parts if hasattr(pol, "parts") else (pol,))]
         rp.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, exclusive=rp.ledger.exclusive, ram_policy=rpol,
-                           vram_policy=vpol, layers=R.layers, experts=R.experts)
-        L = R.layers
+                           vram_policy=vpol, layers=L, experts=E)
 
         def before(layer, ledger=rp.ledger):
             now = ledger.step * L + layer
             for pol in clocked:
                 pol.now = now
         rp.before = before
+        dealer = None if peer.oracle else _dealer(peer, rp.ctx, R)
 
         def used(ledger, picks, hit=rpol.hit):
             # every RAM pick is used now, whichever lane computes it: one computed through the GPU (zerocopy) gets
@@ -257,7 +259,7 @@ def attach(peer: Peer, rp, streams, steps: int) -> None:
             for k in picks:
                 if k in ram:
                     hit(k)
-            return None                     # the planner's deal
+            return dealer(ledger, picks) if dealer is not None else None     # None: the planner's deal
         rp.deal = used
         return
     elif part == "layer" and R.vram_slots:
