@@ -14,10 +14,10 @@ experts computed from VRAM, from RAM in place or through the GPU, read from NVMe
 needed), ``masked_share`` (dropped; lossy rows say so beside tok/s), NVMe ``reads_per_tok`` (demand + prefetch) and
 ``bytes_per_tok``, and prefetch ``wasted_bytes_per_tok``. The oracle row is composite (peers.ORACLE): per
 concurrency the fastest of its structures' replays, its cell naming the one in ``structure``; ``over_oracle`` lists,
-per concurrency, the rows faster than it (none where it bounds the table). With ``gap=True`` the document adds
-``"gap": {row: {conc: {"gap", "replacement", "readahead", "rest"}}}``, tok/s (moetier.peers.gap). The ``moetier-default`` row (the shipped
-default policy on this recipe, peers.SHIPPED) is left out where it would replay exactly the ``moetier`` row (the
-recipe already runs it); where it is kept, ``ratios`` adds ``shipped_over_best_peer`` and ``shipped_over_oracle``.
+per concurrency, the rows faster than it (none where it bounds the table); ``ratios(rows, concs)`` takes them again
+from a table's rows. With ``gap=True`` the document adds ``"gap": {row: {conc: {"gap", "replacement", "readahead",
+"rest"}}}``, tok/s (moetier.peers.gap). The ``moetier-default`` row (the shipped default policy on this recipe,
+peers.SHIPPED) is left out where it would replay exactly the ``moetier`` row (the recipe already runs it); where it is kept, ``ratios`` adds ``shipped_over_best_peer`` and ``shipped_over_oracle``.
 Pure: no I/O (the CLI prints and plots).
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from moetier.core.policies.admission import admits
 from moetier.peers.gap import base_name, split, variants
 from moetier.peers.rows import DEFAULT, ORACLE, PEERS, SHIPPED, Peer, recipe_policy, replays, wiring
 
-__all__ = ["compare", "cell", "run_peer", "replay_key"]
+__all__ = ["compare", "cell", "run_peer", "replay_key", "ratios"]
 
 
 def cell(o: dict, R) -> dict:
@@ -108,9 +108,9 @@ def compare(R, trace, concs=(1, 2, 4), peers=PEERS, oracle: bool = True, max_ste
                 cells.append(dict(done[key], structure=q.name) if p.structures else dict(done[key]))
             by[str(c)] = max(cells, key=lambda v: v["tok_s"])       # first of equals: the structures' order
         rows.append({"peer": p.name, "system": p.system, "by_conc": by})
-    ratios = _ratios(rows, concs)
+    table_ratios = ratios(rows, concs)
     out = {"recipe": R.id, "trace": trace_name or R.trace, "concs": [int(c) for c in concs], "rows": rows,
-           "ratios": ratios}
+           "ratios": table_ratios}
     if gap and oracle:
         out["gap"] = _gaps(R, [p for p in todo if not p.oracle], rows, concs, run_cell, done, progress)
     return out
@@ -139,30 +139,30 @@ def _gaps(R, todo, rows, concs, run_cell, done, progress) -> dict:
     return out
 
 
-def _ratios(rows: list, concs) -> dict:
+def ratios(rows: list, concs) -> dict:
     """moetier (and, where its row is there, the shipped default) over the best peer and over the oracle, per
     concurrency; the rows faster than the oracle."""
-    ratios: dict = {"best_peer": {}, "default_over_best_peer": {}, "default_over_oracle": {}, "over_oracle": {}}
+    out: dict = {"best_peer": {}, "default_over_best_peer": {}, "default_over_oracle": {}, "over_oracle": {}}
     by = {r["peer"]: r for r in rows}
     mine = ["moetier"] + ([SHIPPED.name] if SHIPPED.name in by else [])
     if len(mine) > 1:
-        ratios["shipped_over_best_peer"], ratios["shipped_over_oracle"] = {}, {}
+        out["shipped_over_best_peer"], out["shipped_over_oracle"] = {}, {}
     names = {"moetier": "default", SHIPPED.name: "shipped"}
     others = [r for r in rows if r["peer"] != "oracle" and not r["peer"].startswith("moetier")]
     for c in map(str, concs):
         if "moetier" in by and others:
             best = max(others, key=lambda r: r["by_conc"][c]["tok_s"])
-            ratios["best_peer"][c] = best["peer"]
+            out["best_peer"][c] = best["peer"]
             for m in mine:
-                ratios[f"{names[m]}_over_best_peer"][c] = _ratio(by[m], best, c)
+                out[f"{names[m]}_over_best_peer"][c] = _ratio(by[m], best, c)
         if "moetier" in by and "oracle" in by:
             for m in mine:
-                ratios[f"{names[m]}_over_oracle"][c] = _ratio(by[m], by["oracle"], c)
+                out[f"{names[m]}_over_oracle"][c] = _ratio(by[m], by["oracle"], c)
         if "oracle" in by:
             bound = by["oracle"]["by_conc"][c]["tok_s"]
-            ratios["over_oracle"][c] = [r["peer"] for r in rows if r["peer"] != "oracle"
-                                        and r["by_conc"][c]["tok_s"] > bound]
-    return ratios
+            out["over_oracle"][c] = [r["peer"] for r in rows if r["peer"] != "oracle"
+                                     and r["by_conc"][c]["tok_s"] > bound]
+    return out
 
 
 def _ratio(a: dict, b: dict, c: str):
