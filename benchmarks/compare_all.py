@@ -106,8 +106,8 @@ def main(argv=None) -> int:
     ap.add_argument("--set", nargs="+", default=[], metavar="PATH=VALUE",
                     help="dotted recipe overrides for every recipe, values as JSON (the tables say so)")
     ap.add_argument("--out", default=str(HERE / "compare"))
-    ap.add_argument("--rows", help="comma-separated rows to replay; the other rows' cells are kept from the --out .json "
-                                   "(same --steps and --set)")
+    ap.add_argument("--rows", help="comma-separated rows to replay; the other rows' cells are kept from the --out "
+                                   ".json (same --steps and --set)")
     ap.add_argument("--keep", action="store_true",
                     help="keep the tables of the other recipes already in the --out .json (same --steps and --set; "
                          "the files then read as one run over all of them, in recipe order)")

@@ -5,9 +5,10 @@ and the oracle; columns tok/s at each concurrency (a lossy row shows its masked 
 first concurrency the tier shares (VRAM / RAM / NVMe), NVMe reads and MB per token, prefetch MB wasted per token;
 then the ratios moetier / best peer and moetier / oracle, the tier structure the oracle took at each concurrency
 and the rows, if any, faster than it; last, with the oracle, each row's distance from it in tok/s split into
-replacement, read-ahead and the rest (moetier.peers.gap; ``--no-gap`` leaves it out, three replays fewer a row). ``--json``: the moetier.peers.compare documents
-(a list when several traces). A PNG (tok/s per row and concurrency) is written to ``--png`` (default
-compare-<recipe>.png, one per trace: -<trace name> added when several), atomically.
+replacement, read-ahead and the rest (moetier.peers.gap; ``--no-gap`` leaves it out, three replays fewer a row).
+``--json``: the moetier.peers.compare documents (a list when several traces). A PNG (tok/s per row and
+concurrency) is written to ``--png`` (default compare-<recipe>.png, one per trace: -<trace name> added when
+several), atomically.
 """
 from __future__ import annotations
 

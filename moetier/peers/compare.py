@@ -17,7 +17,8 @@ concurrency the fastest of its structures' replays, its cell naming the one in `
 per concurrency, the rows faster than it (none where it bounds the table); ``ratios(rows, concs)`` takes them again
 from a table's rows. With ``gap=True`` the document adds ``"gap": {row: {conc: {"gap", "replacement", "readahead",
 "rest"}}}``, tok/s (moetier.peers.gap). The ``moetier-default`` row (the shipped default policy on this recipe,
-peers.SHIPPED) is left out where it would replay exactly the ``moetier`` row (the recipe already runs it); where it is kept, ``ratios`` adds ``shipped_over_best_peer`` and ``shipped_over_oracle``.
+peers.SHIPPED) is left out where it would replay exactly the ``moetier`` row (the recipe already runs it); where it
+is kept, ``ratios`` adds ``shipped_over_best_peer`` and ``shipped_over_oracle``.
 Pure: no I/O (the CLI prints and plots).
 """
 from __future__ import annotations

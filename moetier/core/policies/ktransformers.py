@@ -26,9 +26,11 @@ moetier.core.policies.machine. Pure.
 """
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 
+from moetier.core.policies.base import _Segments
 from moetier.core.policies.spec import count, ratio, share
+from moetier.core.policies.wtinylfu import WTinyLFU
 
 __all__ = ["KT2Q", "KTSLRU", "KTSieve", "KTS3FIFO", "KTWTinyLFU", "MACHINES"]
 
@@ -37,25 +39,7 @@ def _split(capacity: int, r: float) -> int:
     return capacity if capacity <= 1 else max(1, min(capacity - 1, int(round(capacity * r))))
 
 
-class _Ordered:
-    _queues: tuple = ()
-
-    def __contains__(self, k):
-        return any(k in getattr(self, q) for q in self._queues)
-
-    def __len__(self):
-        return sum(len(getattr(self, q)) for q in self._queues)
-
-    def order(self):
-        for q in self._queues:
-            yield from getattr(self, q)
-
-    def discard(self, k):
-        for q in self._queues:
-            getattr(self, q).pop(k, None)
-
-
-class KT2Q(_Ordered):
+class KT2Q(_Segments):
     PARAMS = {"a1": (0.25, ratio, "a share of the tier, 0 < a1 < 1")}
     _queues = ("a1", "am")
 
@@ -85,7 +69,7 @@ class KT2Q(_Ordered):
         return out
 
 
-class KTSLRU(_Ordered):
+class KTSLRU(_Segments):
     PARAMS = {"protected": (0.8, ratio, "a share of the tier, 0 < protected < 1")}
     _queues = ("prob", "prot")
 
@@ -173,7 +157,7 @@ class KTSieve:
         return out
 
 
-class KTS3FIFO(_Ordered):
+class KTS3FIFO(_Segments):
     PARAMS = {"small": (0.1, ratio, "a share of the tier, 0 < small < 1"),
               "ghost": (1.0, share, "a share of the tier, 0 to 4"),
               "move": (2, count, "a whole number of uses, at least 1"),
@@ -258,17 +242,18 @@ class KTS3FIFO(_Ordered):
         return out
 
 
-class KTWTinyLFU(_Ordered):
+class KTWTinyLFU(WTinyLFU):
+    """Caffeine's queues with kt-kernel's sizes, exact counts halved every ``decay`` requests and admission on equal
+    counts (a window of one key in a tier of one leaves no main: the candidate is dropped, as kt-kernel does)."""
     PARAMS = {"window": (0.1, ratio, "a share of the tier, 0 < window < 1"),
               "protected": (0.8, ratio, "a share of main, 0 < protected < 1"),
               "decay": (1000, count, "a whole number of requests, at least 1")}
-    _queues = ("win", "prob", "prot")
 
     def __init__(self, capacity: int, window: float = 0.1, protected: float = 0.8, decay: float = 1000):
         self.capacity = capacity
         self.wcap = _split(capacity, window)
-        self.mcap = capacity - self.wcap if capacity > 1 else 0
-        self.pcap = max(0, min(self.mcap, int(self.mcap * protected)))
+        main = capacity - self.wcap if capacity > 1 else 0
+        self.pcap = max(0, min(main, int(main * protected)))
         self.decay = int(decay)
         self.win: OrderedDict = OrderedDict()
         self.prob: OrderedDict = OrderedDict()
@@ -276,44 +261,14 @@ class KTWTinyLFU(_Ordered):
         self.freq: dict = {}
         self.total = 0
 
-    def order(self):
-        yield from self.prob
-        yield from self.win
-        yield from self.prot
-
-    def _count(self, k):
+    def _record(self, k):
         self.total += 1
         self.freq[k] = self.freq.get(k, 0) + 1
         if self.total % self.decay == 0:
             self.freq = {x: c // 2 for x, c in self.freq.items() if c // 2 > 0}
 
-    def access(self, k):
-        self._count(k)
-        if k in self.win:
-            self.win.move_to_end(k)
-            return ()
-        if k in self.prot:
-            self.prot.move_to_end(k)
-            return ()
-        if k in self.prob:
-            del self.prob[k]
-            self.prot[k] = None
-            while len(self.prot) > self.pcap:
-                self.prob[self.prot.popitem(last=False)[0]] = None
-            return ()
-        self.win[k] = None
-        if len(self.win) <= self.wcap:
-            return ()
-        cand = self.win.popitem(last=False)[0]
-        if self.mcap <= 0:
-            return [cand]
-        self.prob[cand] = None
-        if len(self) <= self.capacity:
-            return ()
-        vict = next(iter(self.prob))
-        out = vict if self.freq.get(cand, 0) >= self.freq.get(vict, 0) else cand
-        del self.prob[out]
-        return [out]
+    def _admit(self, cand, vict) -> bool:
+        return self.freq.get(cand, 0) >= self.freq.get(vict, 0)
 
 
 MACHINES = {"kt-2q": KT2Q, "kt-slru": KTSLRU, "kt-sieve": KTSieve, "kt-s3fifo": KTS3FIFO,

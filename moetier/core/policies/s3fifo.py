@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from moetier.core.policies.base import _Segments
 from moetier.core.policies.spec import count, ratio, share
 
 __all__ = ["S3FIFO", "PARAMS"]
@@ -25,7 +26,9 @@ PARAMS = {"small": (0.1, ratio, "a share of the tier, 0 < small < 1"),
           "move": (2, count, "a whole number of uses, at least 1")}
 
 
-class S3FIFO:
+class S3FIFO(_Segments):
+    _queues = ("s", "m")
+
     def __init__(self, capacity: int, small: float = 0.1, ghost: float = 0.9, move: float = 2):
         self.capacity = capacity
         self.scap = max(1, int(capacity * small))
@@ -38,19 +41,8 @@ class S3FIFO:
         self.freq: dict = {}
         self.evicted = False
 
-    def __contains__(self, k):
-        return k in self.s or k in self.m
-
-    def __len__(self):
-        return len(self.s) + len(self.m)
-
-    def order(self):
-        yield from self.s
-        yield from self.m
-
     def discard(self, k):
-        self.s.pop(k, None)
-        self.m.pop(k, None)
+        super().discard(k)
         self.freq.pop(k, None)
 
     def _evict_small(self):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from moetier.core.policies.base import _Segments
 from moetier.core.policies.spec import ratio
 
 __all__ = ["SLRU", "PARAMS"]
@@ -19,26 +20,14 @@ __all__ = ["SLRU", "PARAMS"]
 PARAMS = {"protected": (0.8, ratio, "a share of the tier, 0 < protected < 1")}
 
 
-class SLRU:
+class SLRU(_Segments):
+    _queues = ("prob", "prot")
+
     def __init__(self, capacity: int, protected: float = 0.8):
         self.capacity = capacity
         self.pcap = int(capacity * protected)
         self.prob: OrderedDict = OrderedDict()
         self.prot: OrderedDict = OrderedDict()
-
-    def __contains__(self, k):
-        return k in self.prob or k in self.prot
-
-    def __len__(self):
-        return len(self.prob) + len(self.prot)
-
-    def order(self):
-        yield from self.prob
-        yield from self.prot
-
-    def discard(self, k):
-        self.prob.pop(k, None)
-        self.prot.pop(k, None)
 
     def access(self, k):
         if k in self.prot:

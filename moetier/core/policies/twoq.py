@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from moetier.core.policies.base import _Segments
 from moetier.core.policies.spec import ratio, share
 
 __all__ = ["TwoQ", "PARAMS"]
@@ -20,7 +21,9 @@ PARAMS = {"a1": (0.25, ratio, "a share of the tier, 0 < a1 < 1"),
           "ghost": (0.5, share, "a share of the tier, 0 to 4")}
 
 
-class TwoQ:
+class TwoQ(_Segments):
+    _queues = ("a1in", "am")
+
     def __init__(self, capacity: int, a1: float = 0.25, ghost: float = 0.5):
         self.capacity = capacity
         self.kin = int(capacity * a1)
@@ -29,20 +32,10 @@ class TwoQ:
         self.a1out: OrderedDict = OrderedDict()
         self.am: OrderedDict = OrderedDict()
 
-    def __contains__(self, k):
-        return k in self.a1in or k in self.am
-
-    def __len__(self):
-        return len(self.a1in) + len(self.am)
-
     def order(self):
         yield from self.a1in if len(self.a1in) > self.kin else ()
         yield from self.am
         yield from self.a1in if len(self.a1in) <= self.kin else ()
-
-    def discard(self, k):
-        self.a1in.pop(k, None)
-        self.am.pop(k, None)
 
     def access(self, k):
         if k in self.am:

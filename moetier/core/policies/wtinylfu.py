@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from moetier.core.policies.base import _Segments
 from moetier.core.policies.sketch import Sketch
 from moetier.core.policies.spec import count, flag, ratio
 
@@ -27,7 +28,9 @@ PARAMS = {"window": (0.01, ratio, "a share of the tier, 0 < window < 1"),
           "doorkeeper": (0, flag, "0 or 1")}
 
 
-class WTinyLFU:
+class WTinyLFU(_Segments):
+    _queues = ("prob", "win", "prot")        # order(): probation first, as Caffeine evicts
+
     def __init__(self, capacity: int, window: float = 0.01, protected: float = 0.8, sample: float = 10,
                  doorkeeper: float = 0):
         self.capacity = capacity
@@ -39,24 +42,16 @@ class WTinyLFU:
         self.prot: OrderedDict = OrderedDict()
         self.sketch = Sketch(capacity, sample, bool(doorkeeper))
 
-    def __contains__(self, k):
-        return k in self.win or k in self.prob or k in self.prot
+    def _record(self, k):
+        self.sketch.add(k)
 
-    def __len__(self):
-        return len(self.win) + len(self.prob) + len(self.prot)
-
-    def order(self):
-        yield from self.prob
-        yield from self.win
-        yield from self.prot
-
-    def discard(self, k):
-        self.win.pop(k, None)
-        self.prob.pop(k, None)
-        self.prot.pop(k, None)
+    def _admit(self, cand, vict) -> bool:
+        """TinyLFU: the candidate enters main only with a strictly greater estimate."""
+        est = self.sketch.estimate
+        return est(cand) > est(vict)
 
     def access(self, k):
-        self.sketch.add(k)
+        self._record(k)
         if k in self.win:
             self.win.move_to_end(k)
             return ()
@@ -77,7 +72,6 @@ class WTinyLFU:
         if len(self) <= self.capacity:
             return ()
         vict = next(iter(self.prob))
-        est = self.sketch.estimate
-        out = vict if est(cand) > est(vict) else cand
+        out = vict if self._admit(cand, vict) else cand
         del self.prob[out]
         return [out]
