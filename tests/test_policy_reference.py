@@ -102,3 +102,21 @@ def test_a_key_dropped_on_a_hit_is_the_next_victim():
     pol.insert(2)                                  # A1 [1, 2] > 1: 1 dropped, held by the tier
     assert 1 in pol and 1 not in pol.resident()
     assert pol.victim(5, lambda _k: True) == 1
+
+
+@pytest.mark.parametrize("name", sorted(TEXTBOOK))
+def test_the_ledgers_ram_tier_holds_the_references_keys(name):
+    """The real ledger (moetier.core.ledger) running the policy on its RAM tier: after every request (a RAM hit,
+    or an NVMe fill landing) it holds exactly the reference's keys."""
+    from moetier.core.ledger import Ledger
+    for cap in (1, 4, 17):
+        seq = streams("mixed", cap, 300, 5)
+        led = Ledger(10_000 + 4 * cap * 300, 0, cap, ram_policy=name)
+        ref = TEXTBOOK[name](cap)
+        for k in seq:
+            if k in led.ram:
+                led.ram_hit([k])
+            else:
+                led.fill_landed(k)
+            ref.get(k)
+            assert set(led.ram) == ref.resident(), (name, cap, k)
