@@ -27,8 +27,8 @@ run's future known and the planner's split per layer; each structure is a replay
 oracle row of ``moetier compare`` is, per concurrency, the fastest of them (``structures`` names them).
 ``attach(peer, replay, streams, steps)`` wires a peer into a ``sim.Replay`` (its ledger, admission and deal hooks);
 ``rank_keys(peer, ranked, layers, experts)`` reorders the warm-up seed; ``wiring(peer, layers, experts)`` is both as
-the ``wire`` argument of ``sim.run``. ``PEERS`` lists the rows of ``moetier
-compare``; docs/peers.md says what each row models and what it leaves out. ``DEFAULT_POLICY`` is the shipped
+the ``wire`` argument of ``sim.run``. ``PEERS`` lists the rows of ``moetier compare``; docs/peers.md says what each
+row models and what it leaves out. ``DEFAULT_POLICY`` is the shipped
 default policy (tier options; the recipe keeps its prefetch), ``SHIPPED`` the row that applies it to any recipe.
 """
 from __future__ import annotations
