@@ -2,9 +2,11 @@
 
 Run: PYTHONPATH=. python benchmarks/compare_all.py [--steps N] [--recipes a,b] [--jobs J]   (about 15 rows and the
 oracle's 6 structures x 3 concurrencies x recipes sim runs, fewer where rows replay identically
-(moetier.core.policies.compare.replay_key); --steps caps the measured steps of each run (the warm-up, 600 steps on
+(moetier.peers.compare.replay_key); --steps caps the measured steps of each run (the warm-up, 600 steps on
 the GLM and Qwen recipes, is replayed whatever it says); --jobs runs the replays in a process pool, same figures; --keep adds the named recipes' tables to those of the
-others already in the output, from a run with the same steps, so a long run can be done in parts).
+others already in the output, from a run with the same steps, so a long run can be done in parts; --rows a,b replays
+only the named rows and keeps every other row's cells from the existing output of the same steps, for a change that
+touches only those rows: the figures are those a whole run gives, since every replay is deterministic).
 The recipes: every shipped recipe whose trace was recorded for its model (``shipped()``; the tiny EXL3 recipes name
 the int8 model's trace and are left out). The tables are what `moetier compare RECIPE --steps N --json` prints.
 """
@@ -21,8 +23,8 @@ from moetier.atomic import atomic_write
 from moetier.cli.common import find_path
 from moetier.cli.compare import format_compare, format_summary
 from moetier.core import records as spec
-from moetier.core.policies.compare import compare, replay_key, run_peer
-from moetier.core.policies.peers import ORACLE, PEERS, by_name, replays
+from moetier.peers.compare import compare, ratios, replay_key, run_peer
+from moetier.peers.rows import ORACLE, PEERS, by_name, replays
 from moetier.errors import UserError
 from moetier.traces.format import load_trace
 
@@ -85,6 +87,17 @@ def _kept(out: Path, steps: int, overrides: list, rids: list) -> list:
     return [x for x in d.get("tables", []) if x["recipe"] not in rids] if same else []
 
 
+def _merged(old: dict | None, new: dict) -> dict:
+    """``old``'s table with ``new``'s rows put in (in PEERS order, the oracle last) and the ratios taken again."""
+    if old is None:
+        raise SystemExit(f"compare_all --rows: no table for {new['recipe']} in the output to keep rows from")
+    by = {r["peer"]: r for r in old["rows"]}
+    by.update({r["peer"]: r for r in new["rows"]})
+    order = [p.name for p in PEERS] + ["oracle"]
+    rows = sorted(by.values(), key=lambda r: order.index(r["peer"]) if r["peer"] in order else len(order))
+    return dict(old, rows=rows, ratios=ratios(rows, old["concs"]))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=150)
@@ -93,6 +106,8 @@ def main(argv=None) -> int:
     ap.add_argument("--set", nargs="+", default=[], metavar="PATH=VALUE",
                     help="dotted recipe overrides for every recipe, values as JSON (the tables say so)")
     ap.add_argument("--out", default=str(HERE / "compare"))
+    ap.add_argument("--rows", help="comma-separated rows to replay; the other rows' cells are kept from the --out "
+                                   ".json (same --steps and --set)")
     ap.add_argument("--keep", action="store_true",
                     help="keep the tables of the other recipes already in the --out .json (same --steps and --set; "
                          "the files then read as one run over all of them, in recipe order)")
@@ -104,12 +119,14 @@ def main(argv=None) -> int:
     command = f"PYTHONPATH=. python benchmarks/compare_all.py --steps {a.steps}" + (
         f" --recipes {','.join(sorted(every))}" if sorted(every) != shipped() else "") + (
         " --set " + " ".join(f"'{x}'" for x in a.set) if a.set else "")
+    rows = tuple(by_name(n) for n in a.rows.split(",")) if a.rows else None
+    before = {x["recipe"]: x for x in _kept(Path(a.out), a.steps, a.set, [])} if rows else {}
     pool = ProcessPoolExecutor(a.jobs) if a.jobs > 1 else None
     futures: dict = {}
     if pool is not None:          # every distinct replay of every recipe queued at once, longest recipes first
         for rid in rids:
             R, _ = _recipe(rid)
-            for p in PEERS + replays(ORACLE):
+            for p in (rows or PEERS + replays(ORACLE)):
                 for c in CONCS:
                     key = (rid, replay_key(R, p), c)
                     if key not in futures:
@@ -123,7 +140,10 @@ def main(argv=None) -> int:
                 return _cell(rid, p.name, c, a.steps, tuple(a.set))
             return futures[(rid, replay_key(R, p), c)].result()
         d = compare(R, tr, concs=list(CONCS), max_steps=a.steps, trace_name=R.trace, run_cell=run_cell,
+                    peers=rows or PEERS, oracle=rows is None,
                     progress=lambda n, i, k: print(f"{rid}: {n} ({i + 1}/{k})", file=sys.stderr, flush=True))
+        if rows:
+            d = _merged(before.get(rid), d)
         d["command"] = f"python -m moetier compare {rid} --steps {a.steps} --json" + (
             " --set " + " ".join(f"'{x}'" for x in a.set) if a.set else "")
         docs.append(d)

@@ -4,7 +4,7 @@ The published simulator figures (reference digest 5.6 / 5.7) on the reference's 
 all experts in RAM 27.5 / 32.9 / 36.3 tok/s and 55 GB + NVMe tail 23.4 / 30.1 / 33.4 at C1 / C2 / C4. We do not have
 that trace, so we fit the generator (popularity skew, token reuse, cross-layer affinity, per-segment drift) until our
 simulator with `policy.seed=oracle` and the reference engine's tier policy (global LRU RAM, CLOCK VRAM:
-moetier.core.policies.peers.REFERENCE_POLICY) lands on those figures. This is a fit to published aggregates, not a
+moetier.peers.rows.REFERENCE_POLICY) lands on those figures. This is a fit to published aggregates, not a
 measurement; the winning parameters are written into the shipped trace's metadata.
 
     python examples/fit_glm_trace.py [--evals N] [--write traces/glm53-synth.npz]
@@ -18,7 +18,7 @@ import sys
 
 from moetier.core import sim
 from moetier.core import records as spec
-from moetier.core.policies.peers import reference_overrides
+from moetier.peers.rows import reference_overrides
 from moetier.traces.format import save_trace
 from moetier.traces.gen import GenParams, generate
 

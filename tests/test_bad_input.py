@@ -187,6 +187,21 @@ def test_window_lfu_on_a_per_layer_ram_tier(capsys):
 
 
 # ---- flags ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("spec,words", [
+    ("2q:a2=0.3", ("$.policy.ram_evict", "unknown parameter 'a2'", "a1, ghost")),
+    ("s3fifo:move=0", ("$.policy.ram_evict", "move=0", "at least 1")),
+    ("wtinylfu:window=x", ("$.policy.ram_evict", "window='x'", "not a number")),
+])
+def test_policy_parameter_unknown_or_out_of_range(capsys, spec, words):
+    rc, _, err = run(capsys, "sim", "tiny-ci-cpu", "--steps", "3", "--set", f'policy.ram_evict="{spec}"')
+    one_line_error(rc, err, *words)
+
+
+def test_vram_policy_parameter_out_of_range(capsys):
+    rc, _, err = run(capsys, "sim", "tiny-ci-cpu", "--steps", "3", "--set", 'policy.vram_evict="slru:protected=1"')
+    one_line_error(rc, err, "$.policy.vram_evict", "protected=1", "0 < protected < 1")
+
+
 def test_accept_inf(capsys):
     rc, _, err = run(capsys, "sim", "tiny-ci-cpu", "--window", "4", "--accept", "inf")
     one_line_error(rc, err, "--accept", "'inf'")

@@ -19,9 +19,10 @@ PKG = REPO / "moetier"
 
 # the pure core: records, ledger, planner, channel, predictors, host-cache model, simulator, traces, expert math
 CORE = ("moetier.core", "moetier.traces", "moetier.bytes.expert")
-# what the core must never import: devices, the runtime, the CLI, calibration and the probe
-FORBIDDEN = ("backends", "moetier.run", "moetier.cli", "moetier.measure", "moetier.measure.probe", "adapters",
-             "conformance")
+# what the core must never import: devices, the runtime, the CLI, calibration and the probe, the peers and the
+# compare harness (they run the simulator)
+FORBIDDEN = ("backends", "moetier.run", "moetier.cli", "moetier.measure", "moetier.measure.probe", "moetier.peers",
+             "adapters", "conformance")
 
 
 TEMPLATE = REPO / "examples" / "backend-template"

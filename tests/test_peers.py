@@ -7,9 +7,9 @@ import pytest
 
 from moetier.cli.main import find_path, main
 from moetier.core import records as spec, sim
-from moetier.core.policies import peers as P
+from moetier.peers import rows as P
 from moetier.core.policies.admission import admits
-from moetier.core.policies.compare import compare, replay_key, run_peer
+from moetier.peers.compare import compare, replay_key, run_peer
 from moetier.core.predict import GatedPredictor, make_predictor
 from moetier.traces.format import Trace, load_trace
 
@@ -117,10 +117,13 @@ def test_rows_that_replay_identically_share_one_replay(tiny):
 
 
 def test_peers_run_their_own_tier_policy_not_the_recipes():
-    mine = {"ram_evict": "2q", "ram_partition": "layer", "vram_evict": "wtinylfu", "vram_admit": "auto",
+    mine = {"ram_evict": "2q", "ram_partition": "global", "vram_evict": "wtinylfu", "vram_admit": "auto",
             "exact": "mask"}
     kt = P.recipe_policy(P.by_name("ktransformers-sieve"), mine)
-    assert (kt["ram_evict"], kt["ram_partition"], kt["vram_admit"]) == ("sieve", "global", False)
+    assert (kt["ram_evict"], kt["ram_partition"], kt["vram_admit"]) == ("kt-sieve", "layer", False)
+    tb = P.recipe_policy(P.by_name("textbook-sieve"), mine)
+    assert (tb["ram_evict"], tb["ram_partition"], tb["vram_admit"]) == ("sieve", "layer", False)
+    mine["ram_partition"] = "layer"
     ft = P.recipe_policy(P.by_name("freetoken"), mine)
     assert (ft["ram_evict"], ft["ram_partition"], ft["vram_evict"], ft["vram_admit"]) == ("lru", "global", "lru", True)
     assert kt["exact"] == ft["exact"] == "mask"          # what the recipe says about exactness stays
@@ -260,3 +263,31 @@ def test_the_oracle_structures_follow_the_recipe():
     assert (r["ram_partition"], r["vram_admit"], r["prefetch"]["depth"]) == ("global", True, 0)
     assert [q.name for q in P.replays(P.ORACLE)] == list(P.ORACLE.structures)
     assert P.replays(P.DEFAULT) == (P.DEFAULT,)
+
+
+def test_gap_splits_into_replacement_readahead_and_rest(tiny):
+    """The gap decomposition (moetier.peers.gap): the parts add up to oracle - row; two rows that differ only in
+    their RAM policy share the 'rest' (perfect replacement and read-ahead leave only the structure and the deal);
+    a perfect replacement never slows a row down on this trace."""
+    from moetier.peers.gap import split
+    assert split(10.0, 14.0, 12.0, 15.0, 20.0) == {"gap": 10.0, "replacement": 3.5, "readahead": 1.5, "rest": 5.0}
+    R, tr = tiny
+    d = compare(R, tr, concs=[1], peers=(P.by_name("ktransformers-2q"), P.by_name("textbook-2q")), max_steps=30,
+                gap=True)
+    g = d["gap"]
+    for name, per in g.items():
+        x = per["1"]
+        assert abs(x["replacement"] + x["readahead"] + x["rest"] - x["gap"]) < 1e-9
+        row = next(r for r in d["rows"] if r["peer"] == name)["by_conc"]["1"]["tok_s"]
+        assert abs(x["gap"] - (d["rows"][-1]["by_conc"]["1"]["tok_s"] - row)) < 1e-9
+        assert x["replacement"] > 0, (name, x)
+    assert abs(g["ktransformers-2q"]["1"]["rest"] - g["textbook-2q"]["1"]["rest"]) < 1e-9
+
+
+def test_compare_cli_prints_the_gap_under_the_table(tmp_path, capsys):
+    from moetier.cli.main import main
+    rc = main(["compare", "tiny-ci-cpu", "--steps", "10", "--conc", "1", "--peers", "moetier,llama.cpp-ot",
+               "--png", str(tmp_path / "c.png")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "distance from the oracle" in out and "| llama.cpp-ot | " in out.split("distance from the oracle")[1]

@@ -106,22 +106,26 @@ def test_sieve_matches_the_papers_algorithm(seed):
 
 
 def test_s3fifo_one_hit_wonders_never_reach_main_and_ghosts_return_to_main():
-    pol = P.make("s3fifo", 10)            # small queue of 1
+    pol = P.make("s3fifo", 10)            # small queue of 1; before the first eviction a full S sends keys to main
     for k in range(10):
         pol.insert(k)
+    q = pol.m
+    assert list(q.s) == [0] and list(q.m) == list(range(1, 10))
     v = pol.victim(99, lambda _k: True)
-    assert v == 0 and 0 not in pol.m      # used once: to the ghost, not to main
+    assert v == 0 and 0 not in q.m        # used once: to the ghost, not to main
     pol.remove(v)
     pol.insert(99)
-    assert 0 in pol.ghost
-    v = pol.victim(0, lambda _k: True)
+    assert 0 in q.g and 99 in q.s
+    v = pol.victim(0, lambda _k: True)    # the ghost is looked up before S gives 99 up for it
+    assert v == 99
     pol.remove(v)
     pol.insert(0)                         # back from the ghost: straight into main
-    assert 0 in pol.m
+    assert 0 in q.m and 0 not in q.g
 
 
 def test_pins_are_never_victims_and_all_pinned_gives_none():
-    for name in ("lru", "lfu", "dlfu", "2q", "slru", "sieve", "s3fifo", "wtinylfu"):
+    for name in ("lru", "lfu", "dlfu", "2q", "slru", "sieve", "s3fifo", "wtinylfu", "kt-2q", "kt-slru", "kt-sieve",
+                 "kt-s3fifo", "kt-wtinylfu"):
         pol = P.make(name, 4)
         for k in range(4):
             pol.insert(k)

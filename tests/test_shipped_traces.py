@@ -8,7 +8,7 @@ import pytest
 
 from moetier.core import sim
 from moetier.core import records as spec
-from moetier.core.policies.peers import reference_overrides
+from moetier.peers.rows import reference_overrides
 from moetier.traces.format import load_trace
 
 PUBLISHED = {230: ((27.5, 32.9, 36.3), 0.05), 55: ((23.4, 30.1, 33.4), 0.10)}

@@ -1,12 +1,14 @@
 """``moetier compare RECIPE [--trace T ...]``: the peers' policies, moetier's default and the oracle bound, one table.
 
-Contract: for each trace (default: the recipe's) one table, rows = moetier, each peer (moetier.core.policies.peers)
+Contract: for each trace (default: the recipe's) one table, rows = moetier, each peer (moetier.peers.rows)
 and the oracle; columns tok/s at each concurrency (a lossy row shows its masked share beside tok/s), then at the
 first concurrency the tier shares (VRAM / RAM / NVMe), NVMe reads and MB per token, prefetch MB wasted per token;
-last the ratios moetier / best peer and moetier / oracle, the tier structure the oracle took at each concurrency
-and the rows, if any, faster than it. ``--json``: the moetier.core.policies.compare documents
-(a list when several traces). With ``--plot PNG`` a PNG (tok/s per row and concurrency) is written there, one
-per trace (-<trace name> added when several), atomically; without it nothing is written.
+then the ratios moetier / best peer and moetier / oracle, the tier structure the oracle took at each concurrency
+and the rows, if any, faster than it; last, with the oracle, each row's distance from it in tok/s split into
+replacement, read-ahead and the rest (moetier.peers.gap; ``--no-gap`` leaves it out, three replays fewer a row).
+``--json``: the moetier.peers.compare documents (a list when several traces). With ``--plot PNG`` a PNG (tok/s per
+row and concurrency) is written there, one per trace (-<trace name> added when several), atomically; without it
+nothing is written.
 """
 from __future__ import annotations
 
@@ -52,6 +54,20 @@ def format_compare(d: dict) -> str:
         over = {c: x for c, x in rt.get("over_oracle", {}).items() if x}
         lines.append("rows faster than the oracle (not a bound there; docs/peers.md): " + (", ".join(
             f"C{c} {', '.join(x)}" for c, x in over.items()) if over else "none"))
+    if d.get("gap"):
+        lines += ["", format_gap(d["gap"], cs)]
+    return "\n".join(lines)
+
+
+def format_gap(gap: dict, cs) -> str:
+    """Each row's distance from the oracle (tok/s) = replacement + read-ahead + rest, per concurrency."""
+    head = ["row"] + [f"oracle - row C{c} = replacement + read-ahead + rest" for c in cs]
+    lines = ["distance from the oracle, tok/s (docs/peers.md: the gap)", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, per in gap.items():
+        lines.append("| " + " | ".join([name] + [
+            f"{g['gap']:.2f} = {g['replacement']:.2f} + {g['readahead']:.2f} + {g['rest']:.2f}"
+            for g in (per[c] for c in cs)]) + " |")
     return "\n".join(lines)
 
 
@@ -91,8 +107,8 @@ def plot_compare(rows, path, title: str = "") -> str:
 def cmd_compare(args) -> int:
     from moetier.cli import progress
     from moetier.cli.common import _emit, _resolve, find_path
-    from moetier.core.policies.compare import compare
-    from moetier.core.policies.peers import PEERS, by_name
+    from moetier.peers.compare import compare
+    from moetier.peers.rows import PEERS, by_name
     from moetier.traces.format import load_trace
     R = _resolve(args)
     traces = args.trace or [R.trace]
@@ -110,7 +126,7 @@ def cmd_compare(args) -> int:
         tr = load_trace(find_path(t), layers=R.layers, experts=R.experts, topk=R.topk, model_id=R.model_id)
         with progress.task(f"compare {Path(t).stem}", unit="rows") as prog:
             docs.append(compare(R, tr, concs=args.conc or [1, 2, 4], peers=peers, oracle=not args.no_oracle,
-                                max_steps=args.steps, trace_name=str(t),
+                                max_steps=args.steps, trace_name=str(t), gap=not args.no_gap,
                                 progress=lambda name, i, n: prog(i, n)))
     for t, d in zip(traces, docs) if args.plot else ():
         png = Path(args.plot)
@@ -139,6 +155,8 @@ def register(sub, parser_class) -> None:
     sp.add_argument("--steps", type=count, default=0, help="cap on measured steps (0 = the trace's)")
     sp.add_argument("--peers", help="comma-separated rows to run (default: all)")
     sp.add_argument("--no-oracle", action="store_true", help="leave out the oracle bound")
+    sp.add_argument("--no-gap", action="store_true",
+                    help="leave out each row's distance from the oracle split into replacement and read-ahead")
     sp.add_argument("--plot", "--png", dest="plot", metavar="PNG", type=file_arg("--plot"),
                     help="also draw tok/s per row and concurrency (moetier plot compare); --png is the old name")
     sp.add_argument("--set", nargs="+", metavar="PATH=VALUE", help="dotted recipe overrides, values as JSON")

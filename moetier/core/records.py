@@ -51,7 +51,7 @@ from moetier.core.overrides import EXTENSIBLE, fmt_item, parse_overrides
 from moetier.core.overrides import apply_overrides as _apply_overrides
 from moetier.core.recipe import (DEFAULT_POLICY, DEFAULT_PREFETCH, HOST_TERMS, HOST_TIMED_TERMS,
                                  Recipe, join, ram_slots_for)
-from moetier.core.record_rules import check_budget, check_refs
+from moetier.core.record_rules import check_budget, check_policy, check_refs
 from moetier.core.record_schema import REMOVED_FIELDS, _SCHEMAS
 from moetier.errors import UserError
 
@@ -395,5 +395,7 @@ def resolve(recipe_id: str, overrides=(), root=None) -> Recipe:
     model = load_record("model", rec["model"], root)
     hw = load_record("hardware", rec["hardware"], root)
     engines = [load_record("engine", e, root) for e in rec["engines"]]
-    check_budget(rec, model, hw, f"{_show(path)}{' (with --set)' if ovr else ''}")
+    shown = f"{_show(path)}{' (with --set)' if ovr else ''}"
+    check_budget(rec, model, hw, shown)
+    check_policy(rec, shown)
     return join(rec, model, hw, engines, _show(path))

@@ -129,7 +129,7 @@ class Replay:
         self.admissions = 0       # RAM -> VRAM pushes of resident (zerocopy) picks, counted by the executors
         self.split_end = None     # when the cpu lane's last split call ended (model ms): its worker's idle
         self._copies = 0
-        # a peer's hooks (moetier.core.policies.peers.attach): ``deal(ledger, picks)`` -> the lanes of a layer's
+        # a peer's hooks (moetier.peers.rows.attach): ``deal(ledger, picks)`` -> the lanes of a layer's
         # picks (None: the planner's), ``before(layer)`` ahead of each layer's plan (the oracle's clock)
         self.deal = None
         self.before = None

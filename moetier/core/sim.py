@@ -123,14 +123,15 @@ def _same_tiers(a: LayerPlan, b: LayerPlan) -> bool:
 
 def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_ms: float = 0.0,
         max_steps: int = 0, progress=None, plan_hook=None, choose=None, timeline: bool = False,
-        peer=None) -> dict:
+        wire=None) -> dict:
     """Replay ``trace`` through recipe ``R`` at ``conc`` streams; returns the report dict (see module docstring).
     ``timeline``: also return, per measured step, the experts each tier served and the tiers' occupancy
     (``out["timeline"]``, _Timeline: a few integers a step, read from counters the replay keeps anyway)
     ``choose``: the recipe a predicted run planned on (moetier.measure.calibrate: the plan pass's terms): a replay of
     it on its own clock deals every pick to its lane, as that run did, and ``R``'s terms time the deal (_Dealer).
-    ``peer``: a moetier.core.policies.peers.Peer whose placement, replacement and lane deal the replay runs (its
-    policy overrides are the caller's to apply to ``R``)."""
+    ``wire(replay, streams, steps) -> order or None``: wires a row of ``moetier compare`` into the fresh replay
+    before it is seeded (moetier.peers.rows.wiring: its ledger, admission and lane deal; its policy overrides are the
+    caller's to apply to ``R``); ``order(ranked keys) -> keys`` reorders the warm-up seed."""
     seed_mode = R.policy.get("seed", "warmup")
     if seed_mode not in ("warmup", "oracle", "none"):
         raise ValueError(f"policy.seed: expected 'warmup', 'oracle' or 'none', got {seed_mode!r}")
@@ -145,11 +146,7 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
     predictor = make_predictor(R.policy, L, E)
     nrows = conc * window
     rp = Replay(R, predictor=predictor, rows=nrows)
-    order = None
-    if peer is not None:
-        from moetier.core.policies import peers as _peers
-        _peers.attach(peer, rp, streams, warm_steps + measured)
-        order = lambda ranked: _peers.rank_keys(peer, ranked, L, E)      # noqa: E731
+    order = wire(rp, streams, warm_steps + measured) if wire is not None else None
     _seed(rp, trace, seed_mode, wtok, order)
     dealer = _Dealer(choose, trace, seed_mode, wtok, nrows, draft_ms) if choose is not None else None
 

@@ -66,18 +66,8 @@ def write_terms(recipe_id: str, terms: dict, when: str, vram_engine: str, suffix
                                   "source": f"moetier calibrate {when}"}
     rec["calibration"]["source"] = f"moetier calibrate {when}: fixed_ms = measured step wall outside the layers"
     writes.append(("recipe", rec))
-    hw = spec.load_record("hardware", rec["hardware"])
-    hw_changed = False
-    if terms.get("copy_ms") and hw.get("gpu"):
-        hw["gpu"]["h2d_gbps"] = round(copy_gbps(record_bytes, terms["copy_ms"]), 4)
-        hw["gpu"]["note"] = (f"h2d_gbps: moetier calibrate {when}: one record pushed or drained by the runtime "
-                             f"(copy + stage time over copies, VRAM fit arms)")
-        hw_changed = True
-    if tables and hw["nvme"].pop("latency_by_rows_qd_ms", None) is not None:
-        # the tables under load now live with the engines that produced the load
-        hw["nvme"]["latency_note"] = "latency_by_qd_ms: moetier bench on an idle disk"
-        hw_changed = True
-    writes += [("hardware", hw)] if hw_changed else []
+    hw = _hardware(spec.load_record("hardware", rec["hardware"]), terms, bool(tables), record_bytes, when)
+    writes += [("hardware", hw)] if hw else []
     if suffix:
         renamed = {r["id"]: cal_id(r["id"], suffix) for _, r in writes}
         rec["engines"] = [renamed.get(e, e) for e in rec["engines"]]
@@ -87,6 +77,21 @@ def write_terms(recipe_id: str, terms: dict, when: str, vram_engine: str, suffix
     # an earlier calibration's records are replaced by design; a shipped id only without a suffix (--overlay)
     paths = spec.write_records(writes, force=True, overlay=not suffix)
     return [(kind, r["id"], path) for (kind, r), path in zip(writes, paths)]
+
+
+def _hardware(hw: dict, terms: dict, tables: bool, record_bytes: int, when: str) -> dict | None:
+    """The hardware record with the fitted copy bandwidth and without the loaded NVMe tables; None if unchanged."""
+    changed = False
+    if terms.get("copy_ms") and hw.get("gpu"):
+        hw["gpu"]["h2d_gbps"] = round(copy_gbps(record_bytes, terms["copy_ms"]), 4)
+        hw["gpu"]["note"] = (f"h2d_gbps: moetier calibrate {when}: one record pushed or drained by the runtime "
+                             f"(copy + stage time over copies, VRAM fit arms)")
+        changed = True
+    if tables and hw["nvme"].pop("latency_by_rows_qd_ms", None) is not None:
+        # the tables under load now live with the engines that produced the load
+        hw["nvme"]["latency_note"] = "latency_by_qd_ms: moetier bench on an idle disk"
+        changed = True
+    return hw if changed else None
 
 
 def _write_channel(eng: dict, terms: dict, table: dict, record_bytes: int, when: str) -> None:

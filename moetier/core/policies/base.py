@@ -1,11 +1,11 @@
-"""The shared parts of the tier replacement policies (moetier.core.policies.residency): queue membership, ghost
-lists, a lazily invalidated heap, the first key a tier may evict. Pure."""
+"""The shared parts of the tier replacement policies (moetier.core.policies.residency): queue membership,
+a lazily invalidated heap, the first key a tier may evict. Pure."""
 from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
 
-__all__ = ["_Queues", "_remember", "_Heaped", "_first"]
+__all__ = ["_Queues", "_Segments", "_Heaped", "_first"]
 
 
 class _Queues:
@@ -19,11 +19,17 @@ class _Queues:
         return sum(len(getattr(self, q)) for q in self._queues)
 
 
-def _remember(ghost: OrderedDict, k, cap: int) -> None:
-    """Put an evicted key in a ghost list of at most ``cap`` keys (oldest forgotten first)."""
-    ghost[k] = None
-    while len(ghost) > cap:
-        ghost.popitem(last=False)
+class _Segments(_Queues):
+    """A cache of ordered segments (``_queues``, each a dict in eviction order): what moetier.core.policies.machine
+    needs beside ``access``. ``order()``: resident keys, the segments' order; ``discard(k)``: k leaves, no ghost."""
+
+    def order(self):
+        for q in self._queues:
+            yield from getattr(self, q)
+
+    def discard(self, k):
+        for q in self._queues:
+            getattr(self, q).pop(k, None)
 
 
 class _Heaped(_Queues):

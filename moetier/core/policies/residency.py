@@ -16,16 +16,17 @@ The tier (moetier.core.ledger.Ledger, or ``replay`` below) owns residency; the p
                          then calls ``remove`` on the key it returned (unless it returned ``k``).
 
 Policies: ``lru``, ``fifo``, ``lfu`` (pick counts that outlive eviction, ties to the least recent), ``dlfu`` (counts
-decayed by a half-life in uses of the tier: activation-aware, MoE-Infinity / HybriMoE style), ``2q`` (Johnson and
-Shasha: A1in FIFO of 25%, A1out ghost of 50%, Am LRU), ``slru`` (20% probation, 80% protected), ``sieve`` (Zhang et
-al. 2024: FIFO with a visited bit and a hand), ``s3fifo`` (Yang et al. 2023: small FIFO of 10%, main FIFO, ghost as
-large as main, 2-bit counts; an object leaves the small queue for main when it was used at least once there),
-``wtinylfu`` (Caffeine: 1% LRU window, SLRU main, admission by frequency with counts halved every 10 x capacity
-uses; exact counts instead of a count-min sketch) and ``belady`` (the future known: evict the key used farthest
-ahead, bypass the incoming key when it is that key; ``BeladyPolicy.now`` is set by the caller).
+decayed by a half-life in uses of the tier: activation-aware, MoE-Infinity / HybriMoE style; ``dlfu:halflife=H`` or
+``dlfu:H``), ``belady`` (the future known: evict the key used farthest ahead, bypass the incoming key when it is that
+key; ``BeladyPolicy.now`` is set by the caller), and each published policy as its authors wrote it, one module each:
+``2q`` (moetier.core.policies.twoq), ``slru`` (slru), ``sieve`` (sieve), ``s3fifo`` (s3fifo), ``wtinylfu``
+(wtinylfu), and KTransformers' own ``kt-2q``, ``kt-slru``, ``kt-sieve``, ``kt-s3fifo``, ``kt-wtinylfu``
+(ktransformers). A spec sets any parameter its module lists: ``2q:a1=0.25,ghost=0.5`` (moetier.core.policies.spec;
+an unknown parameter or a bad value is a ValueError naming it). ``victim`` is told the incoming key before anything
+is reclaimed: a policy with a ghost list looks the key up there first (moetier.core.policies.machine).
 
-The scan-resistant ones live in moetier.core.policies.scanres, the shared parts in moetier.core.policies.base.
-``make(spec, capacity, future=None)`` builds one from a name; ``partitioned(...)`` splits a tier into per-layer
+The shared parts live in moetier.core.policies.base. ``make(spec, capacity, future=None)`` builds one from a spec,
+``parse(spec)`` checks one without building it; ``partitioned(...)`` splits a tier into per-layer
 parts (each layer ``capacity // layers`` slots, the remainder to the first layers) with a policy each. ``replay(pol,
 seq)`` runs a stand-alone cache over an access sequence (hits), the known-answer harness of the tests.
 """
@@ -36,9 +37,13 @@ from bisect import bisect_right
 from collections import OrderedDict
 
 from moetier.core.policies.base import _first, _Heaped, _Queues
-from moetier.core.policies.scanres import SLRU, S3FIFO, Sieve, TwoQ, WTinyLFU
+from moetier.core.policies import s3fifo, slru, twoq, wtinylfu
+from moetier.core.policies.ktransformers import MACHINES as KT_MACHINES
+from moetier.core.policies.machine import Machine
+from moetier.core.policies.sieve import Sieve
+from moetier.core.policies.spec import parse as parse_spec
 
-__all__ = ["make", "partitioned", "replay", "POLICIES", "BeladyPolicy", "Partitioned"]
+__all__ = ["make", "parse", "partitioned", "replay", "POLICIES", "BeladyPolicy", "Partitioned"]
 
 
 class LRU(_Queues):
@@ -160,22 +165,39 @@ class BeladyPolicy(_Heaped):
 
 
 
-POLICIES = {"lru": LRU, "fifo": FIFO, "lfu": LFU, "dlfu": None, "2q": TwoQ, "slru": SLRU, "sieve": Sieve,
-            "s3fifo": S3FIFO, "wtinylfu": WTinyLFU, "belady": BeladyPolicy}
+def _halflife(v) -> bool:
+    return v > 0
+
+
+# name -> (class, its parameters: name -> (default, check, expected), runs through Machine)
+POLICIES = {"lru": (LRU, {}, False), "fifo": (FIFO, {}, False), "lfu": (LFU, {}, False),
+            "dlfu": (LFU, {"halflife": (0.0, _halflife, "uses of the tier, above 0")}, False),
+            "belady": (BeladyPolicy, {}, False), "sieve": (Sieve, {}, False),
+            "2q": (twoq.TwoQ, twoq.PARAMS, True), "slru": (slru.SLRU, slru.PARAMS, True),
+            "s3fifo": (s3fifo.S3FIFO, s3fifo.PARAMS, True), "wtinylfu": (wtinylfu.WTinyLFU, wtinylfu.PARAMS, True),
+            **{n: (c, c.PARAMS, True) for n, c in KT_MACHINES.items()}}
+
+
+def parse(spec: str) -> tuple[str, dict]:
+    """(name, parameters with defaults filled) of a policy spec; ValueError naming what is wrong."""
+    name = str(spec).partition(":")[0]
+    if name not in POLICIES:
+        raise ValueError(f"residency policy: expected one of {sorted(POLICIES)}, got {spec!r}")
+    return parse_spec(spec, POLICIES[name][1], positional="halflife" if name == "dlfu" else None)
 
 
 def make(spec: str, capacity: int, future: dict | None = None):
-    """A policy from its name (``dlfu:HALFLIFE`` for decayed LFU; default half-life 4 x capacity uses)."""
-    name, _, arg = str(spec).partition(":")
-    if name not in POLICIES:
-        raise ValueError(f"residency policy: expected one of {sorted(POLICIES)}, got {spec!r}")
+    """A policy from its spec (``dlfu`` alone: half-life 4 x capacity uses)."""
+    name, params = parse(spec)
+    cls, _, machine = POLICIES[name]
     if name == "belady":
         if future is None:
             raise ValueError("residency policy 'belady' needs the future (an oracle bound only)")
         return BeladyPolicy(capacity, future)
     if name == "dlfu":
-        return LFU(capacity, float(arg) if arg else 4.0 * max(1, capacity))
-    return POLICIES[name](capacity)
+        return LFU(capacity, params["halflife"] or 4.0 * max(1, capacity))
+    return Machine(cls(capacity, **params), name) if machine else cls(capacity)
+
 
 
 class Partitioned(_Queues):

@@ -14,9 +14,11 @@ experts computed from VRAM, from RAM in place or through the GPU, read from NVMe
 needed), ``masked_share`` (dropped; lossy rows say so beside tok/s), NVMe ``reads_per_tok`` (demand + prefetch) and
 ``bytes_per_tok``, and prefetch ``wasted_bytes_per_tok``. The oracle row is composite (peers.ORACLE): per
 concurrency the fastest of its structures' replays, its cell naming the one in ``structure``; ``over_oracle`` lists,
-per concurrency, the rows faster than it (none where it bounds the table). The ``moetier-default`` row (the shipped
-default policy on this recipe, peers.SHIPPED) is left out where it would replay exactly the ``moetier`` row (the
-recipe already runs it); where it is kept, ``ratios`` adds ``shipped_over_best_peer`` and ``shipped_over_oracle``.
+per concurrency, the rows faster than it (none where it bounds the table); ``ratios(rows, concs)`` takes them again
+from a table's rows. With ``gap=True`` the document adds ``"gap": {row: {conc: {"gap", "replacement", "readahead",
+"rest"}}}``, tok/s (moetier.peers.gap). The ``moetier-default`` row (the shipped default policy on this recipe,
+peers.SHIPPED) is left out where it would replay exactly the ``moetier`` row (the recipe already runs it); where it
+is kept, ``ratios`` adds ``shipped_over_best_peer`` and ``shipped_over_oracle``.
 Pure: no I/O (the CLI prints and plots).
 """
 from __future__ import annotations
@@ -26,9 +28,10 @@ from dataclasses import replace
 
 from moetier.core import sim
 from moetier.core.policies.admission import admits
-from moetier.core.policies.peers import DEFAULT, ORACLE, PEERS, SHIPPED, Peer, recipe_policy, replays
+from moetier.peers.gap import base_name, split, variants
+from moetier.peers.rows import DEFAULT, ORACLE, PEERS, SHIPPED, Peer, recipe_policy, replays, wiring
 
-__all__ = ["compare", "cell", "run_peer", "replay_key"]
+__all__ = ["compare", "cell", "run_peer", "replay_key", "ratios"]
 
 
 def cell(o: dict, R) -> dict:
@@ -47,10 +50,20 @@ def cell(o: dict, R) -> dict:
             "wasted_bytes_per_tok": pf["wasted_bytes"] / t, "prefetch_precision": pf["precision"]}
 
 
+def _policy(R, peer: Peer) -> dict:
+    """The recipe policy a row runs: moetier's row (and its gap variants) the recipe's own, with the variant's
+    read-ahead; any other row its own (recipe_policy)."""
+    if base_name(peer.name) == "moetier":
+        return dict(R.policy, **peer.policy)
+    return recipe_policy(peer, R.policy)
+
+
 def run_peer(R, trace, peer: Peer, conc: int, max_steps: int = 0) -> dict:
     """One sim.run of ``peer`` on recipe ``R`` (moetier's row keeps the recipe's policy)."""
-    Rp = R if peer.name == "moetier" else replace(R, policy=recipe_policy(peer, R.policy))
-    return sim.run(Rp, trace, conc, max_steps=max_steps, peer=None if peer.name == "moetier" else peer)
+    if peer.name == "moetier":
+        return sim.run(R, trace, conc, max_steps=max_steps)
+    return sim.run(replace(R, policy=_policy(R, peer)), trace, conc, max_steps=max_steps,
+                   wire=wiring(peer, R.layers, R.experts))
 
 
 def replay_key(R, peer: Peer) -> str:
@@ -59,21 +72,23 @@ def replay_key(R, peer: Peer) -> str:
     mask``), a VRAM that never admits (so never drains a victim into RAM) and no prefetch; the tier then holds its
     seed for the whole run and no replacement decision is ever made (the KTransformers rows on a lossy recipe)."""
     pol = {"vram_evict": "clock", "vram_admit": True, "ram_partition": "global", "ram_evict": "lru"}
-    pol.update(R.policy if peer.name == "moetier" else recipe_policy(peer, R.policy))   # absent: the ledger's default
+    pol.update(_policy(R, peer))                 # absent: the ledger's default
     pf = pol.get("prefetch") or {}
     if (pol.get("exact") == "mask" and not admits(pol, R.vram_slots, R.layers, R.topk) and not peer.oracle
+            and not peer.belady
             and not (pf.get("depth") and pf.get("predictor", "none") != "none")):
         pol.pop("ram_evict", None)
         pol.pop("ram_partition", None)
-    return json.dumps([pol, peer.placement, peer.rank, peer.deal, peer.oracle, peer.policy.get("vram_partition")],
-                      sort_keys=True, default=str)
+    return json.dumps([pol, peer.placement, peer.rank, peer.deal, peer.oracle, peer.policy.get("vram_partition")]
+                      + ([True] if peer.belady else []), sort_keys=True, default=str)
 
 
 def compare(R, trace, concs=(1, 2, 4), peers=PEERS, oracle: bool = True, max_steps: int = 0,
-            trace_name: str | None = None, progress=None, run_cell=None) -> dict:
+            trace_name: str | None = None, progress=None, run_cell=None, gap: bool = False) -> dict:
     """The compare document (module docstring). ``run_cell(peer, conc) -> sim.run report`` replaces the local
     replay (benchmarks/compare_all.py runs the cells in a process pool); rows whose ``replay_key`` is equal share
-    one replay per concurrency."""
+    one replay per concurrency. ``gap`` (with the oracle): each row's distance from it split into replacement,
+    read-ahead and the rest (moetier.peers.gap), three more replays a row and concurrency."""
     if run_cell is None:
         def run_cell(p, c):
             return run_peer(R, trace, p, c, max_steps)
@@ -94,35 +109,61 @@ def compare(R, trace, concs=(1, 2, 4), peers=PEERS, oracle: bool = True, max_ste
                 cells.append(dict(done[key], structure=q.name) if p.structures else dict(done[key]))
             by[str(c)] = max(cells, key=lambda v: v["tok_s"])       # first of equals: the structures' order
         rows.append({"peer": p.name, "system": p.system, "by_conc": by})
-    ratios = _ratios(rows, concs)
-    return {"recipe": R.id, "trace": trace_name or R.trace, "concs": [int(c) for c in concs], "rows": rows,
-            "ratios": ratios}
+    table_ratios = ratios(rows, concs)
+    out = {"recipe": R.id, "trace": trace_name or R.trace, "concs": [int(c) for c in concs], "rows": rows,
+           "ratios": table_ratios}
+    if gap and oracle:
+        out["gap"] = _gaps(R, [p for p in todo if not p.oracle], rows, concs, run_cell, done, progress)
+    return out
 
 
-def _ratios(rows: list, concs) -> dict:
+def _gaps(R, todo, rows, concs, run_cell, done, progress) -> dict:
+    """{row: {conc: gap.split(...)}} for every row, its variants replayed through ``run_cell`` (shared by key)."""
+    bound = next(r for r in rows if r["peer"] == "oracle")["by_conc"]
+    tok = {r["peer"]: r["by_conc"] for r in rows}
+    out = {}
+    for i, p in enumerate(todo):
+        if progress is not None:
+            progress(f"{p.name}: gap", i, len(todo))
+        vs = variants(p)
+        per = {}
+        for c in map(str, concs):
+            ts = {}
+            for k, q in vs.items():
+                key = (replay_key(R, q), int(c))
+                if key not in done:
+                    done[key] = cell(run_cell(q, int(c)), R)
+                ts[k] = done[key]["tok_s"]
+            per[c] = split(tok[p.name][c]["tok_s"], ts["replacement"], ts["readahead"], ts["both"],
+                           bound[c]["tok_s"])
+        out[p.name] = per
+    return out
+
+
+def ratios(rows: list, concs) -> dict:
     """moetier (and, where its row is there, the shipped default) over the best peer and over the oracle, per
     concurrency; the rows faster than the oracle."""
-    ratios: dict = {"best_peer": {}, "default_over_best_peer": {}, "default_over_oracle": {}, "over_oracle": {}}
+    out: dict = {"best_peer": {}, "default_over_best_peer": {}, "default_over_oracle": {}, "over_oracle": {}}
     by = {r["peer"]: r for r in rows}
     mine = ["moetier"] + ([SHIPPED.name] if SHIPPED.name in by else [])
     if len(mine) > 1:
-        ratios["shipped_over_best_peer"], ratios["shipped_over_oracle"] = {}, {}
+        out["shipped_over_best_peer"], out["shipped_over_oracle"] = {}, {}
     names = {"moetier": "default", SHIPPED.name: "shipped"}
     others = [r for r in rows if r["peer"] != "oracle" and not r["peer"].startswith("moetier")]
     for c in map(str, concs):
         if "moetier" in by and others:
             best = max(others, key=lambda r: r["by_conc"][c]["tok_s"])
-            ratios["best_peer"][c] = best["peer"]
+            out["best_peer"][c] = best["peer"]
             for m in mine:
-                ratios[f"{names[m]}_over_best_peer"][c] = _ratio(by[m], best, c)
+                out[f"{names[m]}_over_best_peer"][c] = _ratio(by[m], best, c)
         if "moetier" in by and "oracle" in by:
             for m in mine:
-                ratios[f"{names[m]}_over_oracle"][c] = _ratio(by[m], by["oracle"], c)
+                out[f"{names[m]}_over_oracle"][c] = _ratio(by[m], by["oracle"], c)
         if "oracle" in by:
             bound = by["oracle"]["by_conc"][c]["tok_s"]
-            ratios["over_oracle"][c] = [r["peer"] for r in rows if r["peer"] != "oracle"
-                                        and r["by_conc"][c]["tok_s"] > bound]
-    return ratios
+            out["over_oracle"][c] = [r["peer"] for r in rows if r["peer"] != "oracle"
+                                     and r["by_conc"][c]["tok_s"] > bound]
+    return out
 
 
 def _ratio(a: dict, b: dict, c: str):

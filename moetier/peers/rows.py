@@ -26,8 +26,9 @@ and VRAM admission; each with no prefetch or a perfect one, every NVMe pick read
 run's future known and the planner's split per layer; each structure is a replay of its own and the
 oracle row of ``moetier compare`` is, per concurrency, the fastest of them (``structures`` names them).
 ``attach(peer, replay, streams, steps)`` wires a peer into a ``sim.Replay`` (its ledger, admission and deal hooks);
-``rank_keys(peer, ranked, layers, experts)`` reorders the warm-up seed. ``PEERS`` lists the rows of ``moetier
-compare``; docs/peers.md says what each row models and what it leaves out. ``DEFAULT_POLICY`` is the shipped
+``rank_keys(peer, ranked, layers, experts)`` reorders the warm-up seed; ``wiring(peer, layers, experts)`` is both as
+the ``wire`` argument of ``sim.run``. ``PEERS`` lists the rows of ``moetier compare``; docs/peers.md says what each
+row models and what it leaves out. ``DEFAULT_POLICY`` is the shipped
 default policy (tier options; the recipe keeps its prefetch), ``SHIPPED`` the row that applies it to any recipe.
 """
 from __future__ import annotations
@@ -40,7 +41,7 @@ from moetier.core.policies.residency import BeladyPolicy, partitioned
 
 __all__ = ["Peer", "PEERS", "ORACLE", "ORACLE_STRUCTURES", "DEFAULT", "TUNED", "SHIPPED", "DEFAULT_POLICY",
            "REFERENCE_POLICY",
-           "reference_overrides", "attach", "rank_keys", "by_name", "replays"]
+           "reference_overrides", "attach", "rank_keys", "wiring", "by_name", "replays"]
 
 
 @dataclass(frozen=True)
@@ -52,12 +53,18 @@ class Peer:
     rank: str = "frequency"
     deal: str = "planner"
     oracle: bool = False
+    belady: bool = False              # the row's own structure, deal and read-ahead under Belady (moetier.peers.gap)
     structures: tuple = ()            # a composite row: the best, per concurrency, of these rows' replays
 
 
 _NO_PF = {"prefetch": {"depth": 0, "recall": 0.0, "predictor": "none", "budget": 8}}
 _TRANSITION = {"prefetch": {"depth": 1, "recall": 0.0, "predictor": "transition", "budget": 8}}
 
+# the KTransformers rows run kt-kernel's own policies (moetier.core.policies.ktransformers); the textbook rows the
+# published ones (moetier.core.policies.twoq, slru, sieve, s3fifo, wtinylfu) in the same structure
+_SCAN_RESISTANT = ("2q", "slru", "sieve", "s3fifo", "wtinylfu")
+_AUTHORS = {"2q": "Johnson & Shasha", "slru": "Caffeine", "sieve": "Zhang et al.", "s3fifo": "libCacheSim",
+            "wtinylfu": "Caffeine"}
 DEFAULT = Peer("moetier", "moetier: the recipe's own policy (planner split, its tier policies and prefetch)")
 PEERS = (
     DEFAULT,
@@ -76,9 +83,12 @@ PEERS = (
     Peer("hybrimoe", "HybriMoE: dynamic CPU/GPU split, impact-driven prefetch, score-based VRAM cache",
          dict(_TRANSITION, vram_evict="dlfu", ram_evict="lru"), "dynamic", "frequency", "planner"),
 ) + tuple(
-    Peer(f"ktransformers-{p}", f"KTransformers: hot experts in VRAM, CPU computes the rest, {p} RAM tier",
-         dict(_NO_PF, ram_evict=p), "static", "frequency", "cpu")
-    for p in ("2q", "slru", "sieve", "s3fifo", "wtinylfu"))
+    Peer(f"ktransformers-{p}", f"KTransformers: hot experts in VRAM, CPU computes the rest, kt-kernel's {p} "
+         "RAM tier per layer", dict(_NO_PF, ram_evict=f"kt-{p}", ram_partition="layer"), "static", "frequency", "cpu")
+    for p in _SCAN_RESISTANT) + tuple(
+    Peer(f"textbook-{p}", f"KTransformers' structure with the textbook {p} ({_AUTHORS[p]}) as its RAM tier per "
+         "layer", dict(_NO_PF, ram_evict=p, ram_partition="layer"), "static", "frequency", "cpu")
+    for p in _SCAN_RESISTANT)
 # moetier's previous default (a global LRU RAM tier, CLOCK VRAM that always admits): the shipped recipes now run
 # DEFAULT_POLICY (docs/peers.md), and this row shows what that change is worth on each recipe
 # (also the reference engine's policy, under which its published figures were measured)
@@ -221,24 +231,25 @@ def attach(peer: Peer, rp, streams, steps: int) -> None:
     the static placement (no admission), the lane deal."""
     R = rp.R
     part = peer.policy.get("vram_partition")
-    if peer.oracle:
+    if peer.oracle or peer.belady:
         fut = _future(streams, steps)
-        vpol = BeladyPolicy(R.vram_slots, fut)
+        L, E = R.layers, R.experts
+        vpol = (partitioned("belady", R.vram_slots, L, E, fut) if part == "layer" and R.vram_slots
+                else BeladyPolicy(R.vram_slots, fut))
         if R.policy.get("ram_partition", "global") == "layer":
-            rpol = partitioned("belady", R.ram_slots, R.layers, R.experts, fut)
-            clocked = [vpol, *rpol.parts]
+            rpol = partitioned("belady", R.ram_slots, L, E, fut)
         else:
             rpol = BeladyPolicy(R.ram_slots, fut)
-            clocked = [vpol, rpol]
+        clocked = [p for pol in (vpol, rpol) for p in (pol.parts if hasattr(pol, "parts") else (pol,))]
         rp.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, exclusive=rp.ledger.exclusive, ram_policy=rpol,
-                           vram_policy=vpol, layers=R.layers, experts=R.experts)
-        L = R.layers
+                           vram_policy=vpol, layers=L, experts=E)
 
         def before(layer, ledger=rp.ledger):
             now = ledger.step * L + layer
             for pol in clocked:
                 pol.now = now
         rp.before = before
+        dealer = None if peer.oracle else _dealer(peer, rp.ctx, R)
 
         def used(ledger, picks, hit=rpol.hit):
             # every RAM pick is used now, whichever lane computes it: one computed through the GPU (zerocopy) gets
@@ -248,7 +259,7 @@ def attach(peer: Peer, rp, streams, steps: int) -> None:
             for k in picks:
                 if k in ram:
                     hit(k)
-            return None                     # the planner's deal
+            return dealer(ledger, picks) if dealer is not None else None     # None: the planner's deal
         rp.deal = used
         return
     elif part == "layer" and R.vram_slots:
@@ -259,3 +270,11 @@ def attach(peer: Peer, rp, streams, steps: int) -> None:
                            ram_partition=R.policy.get("ram_partition", "global"), layers=R.layers,
                            experts=R.experts)
     rp.deal = _dealer(peer, rp.ctx, R)
+
+
+def wiring(peer: Peer, layers: int, experts: int):
+    """``sim.run``'s ``wire``: attach ``peer`` to the fresh replay and return its seed order."""
+    def wire(rp, streams, steps):
+        attach(peer, rp, streams, steps)
+        return lambda ranked: rank_keys(peer, ranked, layers, experts)
+    return wire
