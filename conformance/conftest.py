@@ -134,13 +134,13 @@ def kits(tmp_path_factory, backend_name):
                 report.STATE["unavailable"] = str(e)
                 made[enc] = e
             else:
+                if report.STATE.get("capabilities") is None:         # the backend's, whatever the encoding
+                    report.STATE["capabilities"] = caps.table(kit.be)
                 why = caps.encoding_skip(kit.be, enc)
                 if why:
                     kit.close()
                     made[enc] = why
                 else:
-                    if report.STATE.get("capabilities") is None:     # of a kit that computes, not a skipped one
-                        report.STATE["capabilities"] = caps.table(kit.be)
                     try:
                         kit.load()
                     except Exception as e:  # a failed load fails every check that needs it, with the reason

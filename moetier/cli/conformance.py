@@ -1,10 +1,13 @@
 """`moetier conformance`: run the backend conformance suite (the `conformance` package) against one backend.
 
-Contract: ``moetier conformance --backend NAME [--report PATH] [--write-engine ID] [-k EXPR] [-x] [-v]`` runs
+Contract: ``moetier conformance --backend NAME [--report PATH] [--perf] [--write-engine ID] [-k EXPR] [-x] [-v]`` runs
 ``pytest -p conformance.report <the conformance package dir> --backend NAME -rs`` in this process and exits
 
-  0  every check that ran passed (NOT_SUPPORTED checks are skipped with their reason),
-  1  at least one check failed,
+  0  every check that ran passed (NOT_SUPPORTED checks are skipped with their reason) and, on a full run (no -k,
+     no -x), the backend meets the minimum bar (conformance.bar: one lane's numerics, fill, landed/fence, the
+     residency rule),
+  1  at least one check failed, or the minimum bar is not met (one line on stderr says which part and why; a
+     backend that declares no lanes is named as such),
   2  a user error: an unknown backend name, or NOTHING could run because the backend's runtime or device is
      missing (the one-line BackendUnavailable reason is printed, e.g. "no CUDA device"); the report is still
      written with every check skipped.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from moetier.atomic import cannot_write
 from moetier.errors import UserError
@@ -29,6 +33,8 @@ def register(sub, parser_class) -> None:
     p.add_argument("--write-engine", metavar="ID", help="also write the measured engine record to "
                    "<user registry>/engine/<ID>.json")
     p.add_argument("--force", action="store_true", help="with --write-engine: replace an existing record")
+    p.add_argument("--perf", action="store_true", help="also run the perf section (lane costs, fill/push GB/s, the "
+                   "engine record): figures only, never counted as a pass or a fail")
     p.add_argument("-k", dest="select", metavar="EXPR", help="pytest -k expression selecting checks")
     p.add_argument("-x", dest="exitfirst", action="store_true", help="stop at the first failure")
     p.add_argument("-v", dest="verbose", action="store_true", help="verbose pytest output")
@@ -36,7 +42,7 @@ def register(sub, parser_class) -> None:
 
 
 def pytest_args(backend: str, report: str, *, write_engine=None, select=None, exitfirst=False,
-                verbose=False, force=False) -> list:
+                verbose=False, force=False, perf=False) -> list:
     from conformance import capabilities
     pkg = os.path.dirname(os.path.abspath(capabilities.__file__))   # a path, not --pyargs: works from any cwd even
     args = ["-p", "conformance.report", pkg, "--backend", backend, "--report", report,  # under an old editable install
@@ -45,6 +51,8 @@ def pytest_args(backend: str, report: str, *, write_engine=None, select=None, ex
         args += ["--write-engine", write_engine]
         if force:
             args.append("--replace-engine")
+    if perf or write_engine:                            # the engine record is the perf section's figures
+        args.append("--perf")
     if select:
         args += ["-k", select]
     if exitfirst:
@@ -66,7 +74,7 @@ def _check_report_path(report: str) -> None:
 
 
 def cmd_conformance(args) -> int:
-    from conformance import capabilities
+    from conformance import bar, capabilities
     capabilities.check_name(args.backend)               # UserError -> one line, exit 2
     try:
         import pytest
@@ -80,7 +88,8 @@ def cmd_conformance(args) -> int:
     if os.path.exists(report):
         os.unlink(report)
     rc = pytest.main(pytest_args(args.backend, report, write_engine=args.write_engine, select=args.select,
-                                 exitfirst=args.exitfirst, verbose=args.verbose, force=args.force))
+                                 exitfirst=args.exitfirst, verbose=args.verbose, force=args.force,
+                                 perf=args.perf))
     try:
         with open(report, encoding="utf-8") as f:
             rep = json.load(f)
@@ -90,7 +99,13 @@ def cmd_conformance(args) -> int:
         n = rep["counts"]
         if rep.get("unavailable") and n["pass"] == 0 and n["fail"] == 0:
             raise UserError(f"conformance: nothing could run: {rep['unavailable']} (report: {report})")
-        return 1 if n["fail"] else 0
+        if n["fail"]:
+            return 1
+        why = None if args.select or args.exitfirst else bar.shortfall(rep)   # a selection cannot meet the bar
+        if why:
+            print(f"conformance: {why} (report: {report})", file=sys.stderr)
+            return 1
+        return 0
     if int(rc) == 5:                                   # no tests collected / selected
         raise UserError(f"conformance: no check selected{f' by -k {args.select!r}' if args.select else ''}")
     return 1 if int(rc) else 0
