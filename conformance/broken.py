@@ -426,30 +426,41 @@ class Mutant:
     verb: str
     cls: type
     check: str              # the conformance check that must fail on it
+    what: str               # what it breaks, in a few words (docs/conformance.md's table)
     bases: tuple = ("cpu", "sycl")
 
 
+_ROUTE, _NUM, _FILL = "test_route_top_k_of_the_store_router", "test_numerics_vs_reference", \
+    "test_fill_lands_manifest_bytes"
 MUTANTS = (
-    Mutant("route-wrong-topk", "route", BrokenRouteWrongTopk, "test_route_top_k_of_the_store_router"),
-    Mutant("route-not-renormalised", "route", BrokenRouteNotRenormalised, "test_route_top_k_of_the_store_router"),
-    Mutant("route-dropped-pick", "route", BrokenRouteDroppedPick, "test_route_top_k_of_the_store_router"),
-    Mutant("compute-scale", "compute", BrokenComputeScale, "test_numerics_vs_reference"),
-    Mutant("compute-wrong-expert", "compute", BrokenComputeWrongExpert, "test_numerics_vs_reference"),
-    Mutant("compute-row-off-by-one", "compute", BrokenComputeRowOffByOne, "test_numerics_vs_reference"),
-    Mutant("nondeterministic", "compute", BrokenNondeterministic, "test_deterministic_bit_identical"),
-    Mutant("fill-wrong-slot", "fill", BrokenFillWrongSlot, "test_fill_lands_manifest_bytes"),
-    Mutant("fill-short-read", "fill", BrokenFillShortRead, "test_fill_lands_manifest_bytes"),
-    Mutant("bytes", "fill", BrokenBytes, "test_fill_lands_manifest_bytes"),
-    Mutant("push-wrong-slot", "push", BrokenPushWrongSlot, "test_push_lands_manifest_bytes", ("sycl",)),
-    Mutant("push-landed-early", "push", BrokenPushLandedEarly, "test_landed_never_before_readable", ("sycl",)),
-    Mutant("drain-bytes-lost", "drain", BrokenDrainBytesLost, "test_drain_returns_pushed_bytes", ("sycl",)),
-    Mutant("drain-wrong-key", "drain", BrokenDrainWrongKey, "test_drain_returns_pushed_bytes", ("sycl",)),
-    Mutant("landed-early", "landed", BrokenLandedEarly, "test_landed_never_before_readable"),
-    Mutant("landed-never", "landed", BrokenLandedNever, "test_fence_leaves_nothing_pending"),
-    Mutant("out-of-order", "completed_seq", BrokenOutOfOrder, "test_seq_monotonic"),
-    Mutant("fence-early", "fence", BrokenFenceEarly, "test_fence_leaves_nothing_pending"),
-    Mutant("seq", "handles", BrokenSeq, "test_seq_monotonic"),
-    Mutant("slot-reuse", "fill", BrokenSlotReuse, "test_fill_lands_manifest_bytes"),
+    Mutant("route-wrong-topk", "route", BrokenRouteWrongTopk, _ROUTE, "k-th pick is the (k+1)-th best"),
+    Mutant("route-not-renormalised", "route", BrokenRouteNotRenormalised, _ROUTE, "weights not rescaled to sum 1"),
+    Mutant("route-dropped-pick", "route", BrokenRouteDroppedPick, _ROUTE, "one row loses a pick"),
+    Mutant("compute-scale", "compute", BrokenComputeScale, _NUM, "every output x1.001"),
+    Mutant("compute-wrong-expert", "compute", BrokenComputeWrongExpert, _NUM, "one key computed from another slot"),
+    Mutant("compute-row-off-by-one", "compute", BrokenComputeRowOffByOne, _NUM, "a job's last row read one row on"),
+    Mutant("nondeterministic", "compute", BrokenNondeterministic, "test_deterministic_bit_identical",
+           "1e-6 fresh noise per call"),
+    Mutant("fill-wrong-slot", "fill", BrokenFillWrongSlot, _FILL, "lands in slot ^ 1"),
+    Mutant("fill-short-read", "fill", BrokenFillShortRead, _FILL, "last 4 KiB unread, reported whole"),
+    Mutant("bytes", "fill", BrokenBytes, _FILL, "one byte flipped after landing"),
+    Mutant("push-wrong-slot", "push", BrokenPushWrongSlot, "test_push_lands_manifest_bytes", "lands in VRAM slot ^ 1",
+           ("sycl",)),
+    Mutant("push-landed-early", "push", BrokenPushLandedEarly, "test_landed_never_before_readable",
+           "landed() before the copy ends", ("sycl",)),
+    Mutant("drain-bytes-lost", "drain", BrokenDrainBytesLost, "test_drain_returns_pushed_bytes",
+           "lands zeros", ("sycl",)),
+    Mutant("drain-wrong-key", "drain", BrokenDrainWrongKey, "test_drain_returns_pushed_bytes",
+           "copies the neighbouring VRAM slot", ("sycl",)),
+    Mutant("landed-early", "landed", BrokenLandedEarly, "test_landed_never_before_readable",
+           "True before the read starts"),
+    Mutant("landed-never", "landed", BrokenLandedNever, "test_fence_leaves_nothing_pending", "never True"),
+    Mutant("out-of-order", "completed_seq", BrokenOutOfOrder, "test_seq_monotonic",
+           "highest landed seq, not the watermark"),
+    Mutant("fence-early", "fence", BrokenFenceEarly, "test_fence_leaves_nothing_pending",
+           "returns with transfers pending"),
+    Mutant("seq", "handles", BrokenSeq, "test_seq_monotonic", "seq runs backwards"),
+    Mutant("slot-reuse", "fill", BrokenSlotReuse, _FILL, "staging slot reused before it was copied out"),
 )
 
 

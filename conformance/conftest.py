@@ -200,6 +200,10 @@ def runtime_backend(name: str, R, st, conc: int = 2):
         pytest.skip(f"UNAVAILABLE: {e}")
     if report.STATE.get("capabilities") is None:
         report.STATE["capabilities"] = caps.table(be)
+    why = caps.encoding_skip(be, st.layout.encoding)
+    if why:
+        be.close()
+        pytest.skip(f"{why} (the encoding of the CI recipe {R.id})")
     return be
 
 

@@ -99,13 +99,10 @@ def cmd_conformance(args) -> int:
         n = rep["counts"]
         if rep.get("unavailable") and n["pass"] == 0 and n["fail"] == 0:
             raise UserError(f"conformance: nothing could run: {rep['unavailable']} (report: {report})")
-        if n["fail"]:
-            return 1
         why = None if args.select or args.exitfirst else bar.shortfall(rep)   # a selection cannot meet the bar
         if why:
             print(f"conformance: {why} (report: {report})", file=sys.stderr)
-            return 1
-        return 0
+        return 1 if n["fail"] or why else 0
     if int(rc) == 5:                                   # no tests collected / selected
         raise UserError(f"conformance: no check selected{f' by -k {args.select!r}' if args.select else ''}")
     return 1 if int(rc) else 0
