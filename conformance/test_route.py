@@ -2,7 +2,8 @@
 renormalisation, top-k): each row's picks are the top-k experts and its weights their scores.
 
 Rows whose k-th and (k+1)-th float64 scores lie closer than ``TIE`` are not judged on the pick set (float32 logits
-may order them either way); at least half the rows must be clear of ties, or the check says so.
+may order them either way); at least half the rows must be clear of ties, or the check says so. A backend whose
+route() raises BackendUnavailable (an engine adapter: the engine routes) skips as NOT_SUPPORTED with its reason.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from conformance.conftest import EXPERTS, LAYERS, first_kit, xrows
+from moetier.run.contract import BackendUnavailable
 
 ROWS = 64
 TIE = 1e-4            # relative score gap below which two experts' order is float32's to pick
@@ -43,7 +45,10 @@ def test_route_top_k_of_the_store_router(kits, layer):
     scores (renormalised to sum 1 where the router record says so)."""
     kit = first_kit(kits)
     x = xrows(ROWS, seed=20 + layer)
-    picks, weights = kit.be.route(layer, x)
+    try:
+        picks, weights = kit.be.route(layer, x)
+    except BackendUnavailable as e:          # an engine adapter whose engine routes refuses route(), and says why
+        pytest.skip(f"NOT_SUPPORTED: {e}")
     ids, _, want_w, gap, rec = reference_route(kit.store, layer, x)
     k, experts = ids.shape[1], EXPERTS
     assert len(picks) == ROWS and len(weights) == ROWS, f"route returned {len(picks)} rows of picks for {ROWS}"
