@@ -95,6 +95,16 @@ class BrokenComputeRowOffByOne(_Wrap):
         return self._inner.compute(lane, [(k, s, list(r[:-1]) + [(int(r[-1]) + 1) % n]) for k, s, r in jobs], x)
 
 
+class BrokenZerocopyUlp(_Wrap):
+    """BROKEN: the zerocopy lane's outputs are one ulp off the gpu lane's (deterministic, inside every bound)."""
+
+    def compute(self, lane, jobs, x):
+        out = self._inner.compute(lane, jobs, x)
+        if lane != "zerocopy":
+            return out
+        return {k: np.nextafter(y, np.float32(np.inf)) for k, y in out.items()}
+
+
 class BrokenNondeterministic(_Wrap):
     """BROKEN: every compute() adds fresh noise of relative size 1e-6 (NMSE 1e-12, inside every bound; never the
     same bits twice)."""
@@ -377,6 +387,13 @@ class BrokenOutOfOrder(_Held):
         return max(done, default=0)
 
 
+class BrokenSeqStuck(_Wrap):
+    """BROKEN: completed_seq() stays 0 however many transfers land."""
+
+    def completed_seq(self):
+        return 0
+
+
 class BrokenFenceEarly(_Held):
     """BROKEN: fence() returns at once, with transfers still held (landed() False after it)."""
 
@@ -441,6 +458,8 @@ MUTANTS = (
     Mutant("compute-row-off-by-one", "compute", BrokenComputeRowOffByOne, _NUM, "a job's last row read one row on"),
     Mutant("nondeterministic", "compute", BrokenNondeterministic, "test_deterministic_bit_identical",
            "1e-6 fresh noise per call"),
+    Mutant("zerocopy-ulp", "compute", BrokenZerocopyUlp, "test_gpu_zerocopy_bit_identical",
+           "zerocopy one ulp off gpu", ("sycl",)),
     Mutant("fill-wrong-slot", "fill", BrokenFillWrongSlot, _FILL, "lands in slot ^ 1"),
     Mutant("fill-short-read", "fill", BrokenFillShortRead, _FILL, "last 4 KiB unread, reported whole"),
     Mutant("bytes", "fill", BrokenBytes, _FILL, "one byte flipped after landing"),
@@ -457,6 +476,7 @@ MUTANTS = (
     Mutant("landed-never", "landed", BrokenLandedNever, "test_fence_leaves_nothing_pending", "never True"),
     Mutant("out-of-order", "completed_seq", BrokenOutOfOrder, "test_seq_monotonic",
            "highest landed seq, not the watermark"),
+    Mutant("seq-stuck", "completed_seq", BrokenSeqStuck, "test_seq_monotonic", "the watermark never moves"),
     Mutant("fence-early", "fence", BrokenFenceEarly, "test_fence_leaves_nothing_pending",
            "returns with transfers pending"),
     Mutant("seq", "handles", BrokenSeq, "test_seq_monotonic", "seq runs backwards"),

@@ -158,6 +158,21 @@ def test_declares_nothing_fails_the_minimum_bar_in_one_line(tmp_path):
     assert data["counts"]["pass"] == 0 and data["counts"]["fail"] == 0
 
 
+def test_reference_cache_keys_on_the_whole_input(tmp_path):
+    """Two inputs alike in their first 64 bytes (the old cache key) but not after get their own references."""
+    from conformance.conftest import Kit
+    kit = Kit("cpu", "int8", str(tmp_path))
+    try:
+        x = np.random.default_rng(0).standard_normal((4, kit.layout.hidden)).astype(np.float32)
+        y = x.copy()
+        y[-1] *= 2
+        a, b = kit.ref(3, x), kit.ref(3, y)
+        assert np.array_equal(a[:-1], b[:-1]) and not np.allclose(a[-1], b[-1])
+        assert kit.ref(3, x.astype(np.float64)).dtype == np.float64 and len(kit._refs) == 3   # dtype is in the key
+    finally:
+        kit.close()
+
+
 def test_minimum_bar_names_the_missing_part():
     from conformance.bar import shortfall
     cap = {"lanes": ["cpu"]}
