@@ -18,8 +18,8 @@ the event's non-blocking query and its wait. It gets ``ram_slot_count`` / ``ram_
   whose bytes it saw land - add the key to ``engine_keys`` and return zero partials (the engine adds its own);
   with no model attached (``point`` None) they go to ``unattached(lane, jobs, x)``: the engine's kernel run on the
   slots alone where the adapter can (exl3xpu's ``moe_forward``), else BackendUnavailable;
-* ``fill`` / ``cancel`` / ``landed`` / ``wait`` / ``completed_seq`` (the Sequencer's), ``victims`` (none: admission
-  is host-planned);
+* ``fill`` / ``cancel`` / ``landed`` / ``wait`` / ``completed_seq`` (the Sequencer's; evictions are host-planned and
+  reach ``drain`` directly);
 * ``_landed_copy(handle)``: the Sequencer's on_landed: a push or drain landed, so the key's rows follow its bytes
   (never precede them);
 * ``stats``: the Reader's counters plus pushes, drains, their bytes, copy failures and the rows pointed.
@@ -29,17 +29,24 @@ from __future__ import annotations
 import numpy as np
 
 from moetier.bytes.expert import EXL3, exl3_expert
+from moetier.run import registry
 from moetier.run.contract import BackendUnavailable
 from moetier.run.events import SequencedBackend, Sequencer
 
-try:
-    from backends.cpu import exl3 as _numba_exl3
 
-    def cpu_rows(x, expert, act_limit):
-        return _numba_exl3.expert_forward(expert, x, act_limit, fp16=True)
+def _cpu_backend():
+    """The registered cpu backend's class (moetier.run.registry), or None where it does not import."""
+    try:
+        return registry.factory("cpu")
+    except BackendUnavailable:
+        return None
 
+
+_CPU = _cpu_backend()
+if getattr(_CPU, "EXL3_KERNEL", False):
+    cpu_rows = _CPU.exl3_rows
     CPU_KERNEL = "moetier Numba EXL3 kernel"
-except ImportError:       # numba is the cpu extra; the NumPy reference rounds at the same points, slower
+else:                     # numba is the cpu extra; the NumPy reference rounds at the same points, slower
     from moetier.bytes import exl3 as _ref_exl3
 
     def cpu_rows(x, expert, act_limit):
@@ -54,7 +61,8 @@ class EngineLanes(SequencedBackend):
         self.act_limit = float(self.layout.act_limit or 0.0)
         self.point = None                       # (key, address) -> None: set by attach
         self.engine_keys: set = set()           # keys handed to the gpu / zerocopy lanes since the caller cleared it
-        self.events = Sequencer(self.reader, poll, block, name, on_landed=self._landed_copy)
+        SequencedBackend.__init__(self, events=Sequencer(self.reader, poll, block, name, on_landed=self._landed_copy),
+                                  reader=self.reader)
         self._stats = dict(pushes=0, drains=0, push_bytes=0, drain_bytes=0, rows_pointed=0)
 
     # the rest of the backend contract (moetier.run.contract): the cpu lane computes its experts one after another,
@@ -114,9 +122,6 @@ class EngineLanes(SequencedBackend):
         self._stats["pushes" if kind == "push" else "drains"] += 1
         self._stats[kind + "_bytes"] += self.record_bytes
         return h
-
-    def victims(self) -> list:
-        return []                 # admission is host-planned: evictions reach drain() directly
 
     def _landed_copy(self, h) -> None:
         """A push or drain landed (the Sequencer's on_landed): the key's rows follow its bytes (VRAM slot after a

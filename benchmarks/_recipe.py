@@ -1,10 +1,9 @@
-"""Set-up the runtime benchmarks share: the recipe arguments, and the recipe, store and trace they name.
+"""Set-up the runtime benchmarks share (bench_probe.py, chaos.py): the recipe arguments, and the recipe, store and
+trace they name.
 
-``parser(steps, overrides=...)`` has --store (a packed record store), --recipe, --steps, --json and, for scripts
-that run the recipe itself (not calibration arms of their own), --set FIELD=VALUE (repeatable recipe overrides);
-a script adds its own arguments. ``open_recipe(args)`` returns (recipe, store, trace);
-``recipe_trace(R)`` loads the recipe's shipped trace alone; ``calibration_arm(R, name, script)`` is one arm of the
-calibration matrix and its recipe.
+``parser(steps, overrides=...)`` has --store (a packed record store), --recipe, --steps, --json and, with
+``overrides``, --set FIELD=VALUE (repeatable recipe overrides); a script adds its own arguments.
+``open_recipe(args)`` returns (recipe, store, trace); ``recipe_trace(R)`` loads the recipe's shipped trace alone.
 """
 from __future__ import annotations
 
@@ -29,16 +28,6 @@ def parser(steps: int, overrides: bool = False) -> argparse.ArgumentParser:
                         help="recipe override (repeatable)")
     ap.add_argument("--json", action="store_true")
     return ap
-
-
-def calibration_arm(R0, name: str, script: str) -> tuple[dict, object]:
-    """(arm, its recipe) of the calibration arm ``name`` (moetier.measure.calibrate.default_arms) with the registry's
-    terms; an unknown name exits with the choices."""
-    from moetier.measure import calibrate
-    arms = {x["name"]: x for x in calibrate.default_arms(R0, vram=True)}
-    if name not in arms:
-        raise SystemExit(f"{script}: --arm: expected one of {', '.join(arms)}, got {name!r}")
-    return arms[name], calibrate.arm_recipe(R0.id, arms[name])
 
 
 def recipe_trace(R):

@@ -7,7 +7,7 @@ cuda and any other distribution's ``moetier.backends`` entry point) and the deli
 ``open_backend(name, store, ram_slots=, vram_slots=)`` constructs one (``BackendUnavailable`` with the backend's own
 one-line reason when its runtime or device is missing). ``table(be)`` is the capability table of a constructed
 backend: what it declares (``capabilities``: lanes, encodings, VRAM slots) plus the optional test hooks it offers
-(``ram_view`` for reading a RAM slot, ``device_bytes``/``read_vram`` for reading a VRAM slot). Tests ask
+(``ram_view`` for reading a RAM slot, ``read_vram`` for reading a VRAM slot: moetier.run.contract.TEST_HOOKS). Tests ask
 ``lane_skip`` / ``encoding_skip`` / ``vram_skip`` for a reason string and skip with it (NOT_SUPPORTED: ...) - no
 test names a backend.
 """
@@ -40,10 +40,11 @@ def check_name(name: str) -> str:
 
 
 def recipe_id(name: str) -> str:
-    """The CI recipe a backend's runtime checks use: tiny-ci-<name> when it exists, else tiny-ci-cpu."""
+    """The CI recipe a backend's runtime checks use: tiny-ci-<name> where the registries hold one (the user
+    registry, a backend package's ``moetier.registries`` folder, the shipped records), else tiny-ci-cpu."""
     from moetier.core import records as spec
     rid = f"tiny-ci-{name}"
-    return rid if (spec.REGISTRY / "recipe" / f"{rid}.json").is_file() else "tiny-ci-cpu"
+    return rid if rid in spec.record_ids("recipe") else "tiny-ci-cpu"
 
 
 def open_backend(name: str, store, *, ram_slots: int, vram_slots: int = 0, **kw):
@@ -100,12 +101,9 @@ def ram_reader(be):
 
 
 def vram_reader(be):
-    """slot -> host copy of a VRAM slot's bytes (optional test hook: device_bytes or read_vram), or None."""
-    for name in ("device_bytes", "read_vram"):
-        f = getattr(be, name, None)
-        if callable(f):
-            return f
-    return None
+    """slot -> host copy of a VRAM slot's bytes (the optional test hook read_vram), or None."""
+    f = getattr(be, "read_vram", None)
+    return f if callable(f) else None
 
 
 __all__ = ["real", "ENCODINGS", "known", "check_name", "recipe_id", "open_backend", "table", "lane_skip",

@@ -185,7 +185,8 @@ def recipe_env(tmp_path_factory, backend_name):
     out = tmp_path_factory.mktemp("recipe") / "store"
     store.pack(R.model, str(out))
     st = store.open_store(str(out), model=R.model)
-    tr = load_trace(spec.REGISTRY.parent / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
+    trace = next((r / R.trace for r in spec.data_roots() if (r / R.trace).exists()), spec.REGISTRY.parent / R.trace)
+    tr = load_trace(trace, layers=R.layers, experts=R.experts, topk=R.topk)
     return rid, R, st, tr
 
 

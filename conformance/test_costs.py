@@ -1,7 +1,7 @@
 """The perf section (``--perf``; every check here is marked ``perf``): measured costs per lane per_layer /
-per_expert / per_extra_token (least squares over experts x rows, as moetier.bench.cpu_lane_costs), fill and push
-GB/s, written as a validated engine record into the report directory (and to registry/engine/<ID>.json only with
---write-engine ID). Figures, never a verdict: the report keeps these checks apart and does not count them."""
+per_expert / per_extra_token (least squares over experts x rows, the engine record's lane cost model), fill and
+push GB/s, written as a validated engine record into the report directory (and to registry/engine/<ID>.json only
+with --write-engine ID). Figures, never a verdict: the report keeps these checks apart and does not count them."""
 from __future__ import annotations
 
 import datetime as _dt

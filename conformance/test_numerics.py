@@ -1,4 +1,4 @@
-"""Numerics: every lane's expert output vs moetier.expert.reference at its encoding's bound (conformance.bounds),
+"""Numerics: every lane's expert output vs moetier.bytes.expert.reference at its encoding's bound (conformance.bounds),
 bit-determinism, gpu == zerocopy, tier invariance."""
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """moetier doctor: real checks of this machine; exit 0 exactly when the recipe can run, the fix for what cannot."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -60,3 +61,31 @@ def test_bad_arguments_are_one_line(argv, needle, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and needle in err
+
+
+def _tree(root, files: dict):
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return str(root / "moetier" / "__init__.py")
+
+
+def test_a_fix_installs_the_way_this_copy_was_installed(tmp_path, monkeypatch):
+    checkout = _tree(tmp_path / "src", {"moetier/__init__.py": "", "pyproject.toml": '[project]\nname = "moetier"\n'})
+    wheel = _tree(tmp_path / "site-packages", {"moetier/__init__.py": ""})
+    other = _tree(tmp_path / "other", {"moetier/__init__.py": "", "pyproject.toml": '[project]\nname = "x"\n'})
+    assert doctor.source_checkout(checkout) == (tmp_path / "src").resolve()
+    assert doctor.source_checkout(wheel) is None and doctor.source_checkout(other) is None
+
+    import moetier
+    monkeypatch.setattr(moetier, "__file__", wheel)
+    assert doctor.install("cpu").endswith(" -m pip install 'moetier[cpu]'") and " -e " not in doctor.install("cpu")
+    assert doctor.install().endswith(" -m pip install 'moetier'")
+    monkeypatch.setattr(moetier, "__file__", checkout)
+    assert doctor.install("sycl").endswith(f" -m pip install -e '{(tmp_path / 'src').resolve()}[sycl]'")
+
+
+def test_this_checkout_gets_an_editable_fix():
+    import moetier
+    assert doctor.source_checkout(moetier.__file__) == Path(__file__).resolve().parents[1]
+    assert doctor.install("cpu").endswith(f"-e '{Path(__file__).resolve().parents[1]}[cpu]'")

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCANNED = ("moetier", "backends", "conformance", "adapters", "docs", "benchmarks", "tests", "README.md")
+SCANNED = ("moetier", "backends", "conformance", "adapters", "docs", "benchmarks", "tests", "tools", "README.md")
 SUFFIXES = {".py", ".md", ".sh", ".txt", ".toml", ".cl", ".cu", ".cfg", ".ini"}
 
 # the pattern definitions below are the one place these words may stand

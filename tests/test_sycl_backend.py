@@ -119,7 +119,7 @@ def test_tier_invariance(be):
 
 def test_push_lands_exact_bytes(be):
     for k in range(NKEYS):
-        assert np.array_equal(be.device_bytes(k), _rec(be, k))
+        assert np.array_equal(be.read_vram(k), _rec(be, k))
 
 
 def test_drain_returns_pushed_bytes(be):
@@ -139,9 +139,9 @@ def test_drain_ordered_before_later_push(be):
     be.wait(hp)
     be.wait(hd)
     assert np.array_equal(be.pool.view(ram_out)[:be.record_bytes], _rec(be, old))
-    assert np.array_equal(be.device_bytes(s), _rec(be, new))
+    assert np.array_equal(be.read_vram(s), _rec(be, new))
     be.wait(be.push(old, old, s))  # restore
-    assert np.array_equal(be.device_bytes(s), _rec(be, old))
+    assert np.array_equal(be.read_vram(s), _rec(be, old))
 
 
 def test_landed_never_before_readable_and_fence(be):
@@ -155,7 +155,7 @@ def test_landed_never_before_readable_and_fence(be):
         if h.kind == "fill":
             assert np.array_equal(be.pool.view(h.slot)[:be.record_bytes], _rec(be, h.key))
         else:
-            assert np.array_equal(be.device_bytes(h.dst), _rec(be, h.key))
+            assert np.array_equal(be.read_vram(h.dst), _rec(be, h.key))
 
     poll_landed(be, hs, check)
     be.fence()

@@ -39,7 +39,6 @@ suite compares it with the store's bytes; ``read_vram`` reads the device slot ba
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,34 +47,20 @@ from adapters.engine_lanes import EngineLanes
 from adapters.exl3xpu import blob, surface
 from adapters.exl3xpu.ring import Ring
 from moetier.bytes.expert import EXL3
-from moetier.bytes.pool import PAGE, SlotPool
+from moetier.bytes.pool import PAGE, BufferSlotPool
 from moetier.bytes.transport import Reader, TransportError
 from moetier.run.contract import BackendUnavailable, Capabilities
 
 RING_SLOTS = 8                     # victim ring claims in flight (a9's K)
 
 
-class HostPool(SlotPool):
+class HostPool(BufferSlotPool):
     """``n`` RAM slots of ``slot_bytes`` (rounded up to 4 KiB) in one ``host_alloc`` buffer, for the O_DIRECT Reader:
-    the SlotPool interface over USM host memory instead of an anonymous mapping."""
+    the slot pool protocol (moetier.bytes.pool) over USM host memory instead of an anonymous mapping."""
 
     def __init__(self, buf, n: int, slot_bytes: int):
-        self.n = int(n)
-        self.slot_bytes = -(-int(slot_bytes) // PAGE) * PAGE
-        self.nbytes = self.n * self.slot_bytes
         self._buf = buf                              # the allocation (a torch tensor on the engine) stays alive
-        self._mm = surface.host_array(buf)[:self.nbytes]
-        self._off, self.base, self.hugepage = 0, surface.address(buf), False
-        self._free = list(range(self.n - 1, -1, -1))
-        self._isfree = [True] * self.n
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def _zero(self, i: int) -> None:
-        self._mm[i * self.slot_bytes:(i + 1) * self.slot_bytes] = 0
-
-    def close(self) -> None:
-        self._closed = True
+        super().__init__(surface.host_array(buf), n, slot_bytes, surface.address(buf))
 
 
 @dataclass

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from adapters.exl3xpu.surface import PLANAR4_K, blob_bytes
+from adapters.exl3xpu.geometry import PLANAR4_K, blob_bytes
 from moetier.bytes import exl3
 from moetier.bytes.expert import pack_exl3
 

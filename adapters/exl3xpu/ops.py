@@ -43,7 +43,8 @@ import weakref
 import numpy as np
 
 from adapters.engine_lanes import CPU_KERNEL, cpu_rows
-from adapters.exl3xpu import blob, surface
+from adapters.exl3xpu import blob
+from adapters.exl3xpu import geometry
 from moetier.bytes.expert import EXL3, layout
 
 PAGE = 4096
@@ -86,7 +87,7 @@ class _Memory:
 
     def kind(self, ptr: int) -> int:
         hit = self._find(ptr)
-        return hit[1] if hit else surface.USM_UNKNOWN
+        return hit[1] if hit else geometry.USM_UNKNOWN
 
     def view(self, ptr: int, nbytes: int) -> np.ndarray:
         hit = self._find(ptr, nbytes)
@@ -107,7 +108,7 @@ def _aligned(nbytes: int) -> np.ndarray:
 def device_empty(table: "ProvidedOps", nbytes: int) -> np.ndarray:
     """The stand-in's ``torch.empty(nbytes, dtype=uint8, device="xpu")``: device memory of ``table`` (usm_kind 2)."""
     a = _aligned(nbytes)
-    table._memory.enter(a, surface.USM_DEVICE)
+    table._memory.enter(a, geometry.USM_DEVICE)
     return a
 
 
@@ -138,7 +139,7 @@ class ProvidedOps:
         if ids.size and (ids.min() < 0 or ids.max() >= n_experts):
             raise OpError(f"moe_forward: topk_ids outside 0..{n_experts - 1}")
         lay = self._layout(H, int(I), int(K))
-        nblob = surface.blob_bytes(H, int(I), int(K))
+        nblob = geometry.blob_bytes(H, int(I), int(K))
         self.calls["moe_forward"] += 1
         rows: dict = {}
         for r in range(M):
@@ -166,7 +167,7 @@ class ProvidedOps:
     # -- memory -------------------------------------------------------------------------------------------------
     def host_alloc(self, nbytes):
         a = _aligned(nbytes)
-        self._memory.enter(a, surface.USM_HOST)
+        self._memory.enter(a, geometry.USM_HOST)
         return a
 
     def usm_kind(self, ptr):
@@ -178,7 +179,7 @@ class ProvidedOps:
         ctypes.memmove(d.ctypes.data, s.ctypes.data, n)
 
     def blob_bytes(self, H, I, K):  # noqa: E741
-        return surface.blob_bytes(int(H), int(I), int(K))
+        return geometry.blob_bytes(int(H), int(I), int(K))
 
 
 class SyclOps(ProvidedOps):
@@ -189,9 +190,9 @@ class SyclOps(ProvidedOps):
     dpctl's default)."""
 
     def __init__(self, store, codebook: str = "mul1", act_limit: float = 0.0, *, slots: int = 64, device=None):
-        from backends.sycl.backend import SyclBackend
+        from moetier.run.registry import get_backend
         super().__init__(codebook, act_limit)
-        self.sycl = SyclBackend(store, ram_slots=slots, vram_slots=0, device=device)
+        self.sycl = get_backend("sycl", store, ram_slots=slots, vram_slots=0, device=device)
         self.provider = f"moetier (SYCL EXL3 kernel on {self.sycl.device.name})"
 
     def _experts(self, lay, jobs, x) -> dict:

@@ -26,10 +26,12 @@ from dataclasses import dataclass
 
 from adapters import surface
 from adapters.surface import SurfaceMismatch, check_surface, describe
+# the blob geometry and usm_kind's answers live in a leaf module that blob and ops read too (no import circle)
+from adapters.exl3xpu.geometry import (ALIGN, PLANAR4_K, QWEN, USM_DEVICE, USM_HOST, USM_SHARED,  # noqa: F401
+                                       USM_UNKNOWN, blob_bytes, record_bytes)
 
 ENGINE = "exl3xpu"
 NAMESPACE = "exl3xpu_moe"
-ALIGN = 4096
 
 OPS = {
     "moe_forward": ["x", "topk_ids", "topk_w", "ptrs", "I", "K", "n_experts"],
@@ -39,23 +41,6 @@ OPS = {
     "blob_bytes": ["H", "I", "K"],
 }
 EXPECTED: dict = {f"{NAMESPACE}.{op}": {"kind": "callable", "params": list(p)} for op, p in OPS.items()}
-
-# the blob of one expert (moe_offload.py's docstring, the kernel's Geom): gate|up trellis uint32 [H/16][2I/16][8K],
-# down trellis [I/16][H/16][8K], then fp16 suh_g[H] suh_u[H] svh_g[I] svh_u[I] suh_d[I] svh_d[H]
-QWEN = {"L": 48, "E": 512, "K": 3, "H": 2560, "I": 640, "blob": 1_862_400, "rec": 1_863_680}
-PLANAR4_K = (3, 5, 7)                  # the K planar4() supports
-USM_UNKNOWN, USM_HOST, USM_DEVICE, USM_SHARED = 0, 1, 2, 3      # usm_kind's answers (exl3_moe.sycl)
-
-
-def blob_bytes(H: int, I: int, K: int) -> int:  # noqa: E741  (the kernel's names)
-    gu = (H // 16) * (2 * I // 16) * 8 * K * 4
-    dn = (I // 16) * (H // 16) * 8 * K * 4
-    return gu + dn + 2 * (3 * H + 3 * I)
-
-
-def record_bytes(H: int, I: int, K: int) -> int:  # noqa: E741
-    """The store stride of one blob (serve/pack_store.py: record r = layer*E + e at r * rec)."""
-    return -(-blob_bytes(H, I, K) // ALIGN) * ALIGN
 
 
 def installed_version() -> str | None:

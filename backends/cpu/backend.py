@@ -9,19 +9,20 @@ from __future__ import annotations
 import numpy as np
 
 from moetier.bytes.expert import RECORD_KINDS
-from moetier.run.contract import BackendUnavailable, Capabilities
+from moetier.run.contract import BackendUnavailable, Capabilities, Defaults
+from moetier.run.events import ReaderFills
 from moetier.run.router import StoreRouter
 from moetier.bytes.transport import Reader, SlotPool
 
 try:
-    from backends.cpu import kernels
+    from backends.cpu import exl3, kernels
     from backends.cpu.lane import CpuLane
 except ImportError as e:  # numba is the `cpu` extra
-    kernels = None
+    exl3 = kernels = None
     _WHY = f"numba is not installed ({e}); install the cpu extra: pip install 'moetier[cpu]'"
 
 
-class CpuBackend:
+class CpuBackend(ReaderFills, Defaults):
     def __init__(self, store, *, ram_slots: int, vram_slots: int = 0, queue_depth: int = 16, verify_rate: float = 1.0,
                  faults=None, direct: bool = True):
         # vram_slots: accepted like every backend's, but there is no VRAM tier (capabilities.vram_slots = 0, and the
@@ -31,8 +32,8 @@ class CpuBackend:
         self.store = store
         self.layout = store.layout
         self.pool = SlotPool(max(1, ram_slots), store.record_bytes)
-        self.reader = Reader(store, self.pool, queue_depth=queue_depth, verify_rate=verify_rate, direct=direct,
-                             faults=faults)
+        ReaderFills.__init__(self, reader=Reader(store, self.pool, queue_depth=queue_depth, verify_rate=verify_rate,
+                                                 direct=direct, faults=faults))
         self.capabilities = Capabilities(name="cpu", device="host CPU (Numba)", lanes=frozenset({"cpu"}),
                                          encodings=frozenset(RECORD_KINDS), vram_slots=0)
         self.lane = CpuLane(self.layout)
@@ -42,6 +43,14 @@ class CpuBackend:
     @property
     def ram_slot_count(self) -> int:
         return self.pool.n
+
+    EXL3_KERNEL = exl3 is not None      # whether exl3_rows runs here (numba installed)
+
+    @staticmethod
+    def exl3_rows(x, expert, act_limit):
+        """moetier's Numba EXL3 expert on token rows x, fp16 at the engines' rounding points: the cpu lane the
+        engine adapters reach through the registry (``registry.factory("cpu").exl3_rows``)."""
+        return exl3.expert_forward(expert, x, act_limit, fp16=True)
 
     # -- routing and compute ------------------------------------------------------------------------------------------------
     def ram_view(self, slot: int) -> np.ndarray:
@@ -75,40 +84,7 @@ class CpuBackend:
             raise BackendUnavailable(f"cpu backend: no {lane!r} lane")
         return self.lane.exl3_int_forward(jobs, x, shift, a_max, self.pool.view)
 
-    # -- transfers --------------------------------------------------------------------------------------------
-    def fill(self, key: int, slot: int, *, prefetch: bool = False):
-        return self.reader.fill(key, slot, prefetch=prefetch)
-
-    def cancel(self, handle) -> bool:
-        return self.reader.cancel(handle)
-
-    def push(self, key: int, src_slot: int, vram_slot: int):
-        raise BackendUnavailable("cpu backend: no VRAM tier (push)")
-
-    def drain(self, key: int, vram_slot: int, ram_slot: int):
-        raise BackendUnavailable("cpu backend: no VRAM tier (drain)")
-
-    def landed(self, handle) -> bool:
-        return self.reader.landed(handle)
-
-    def wait(self, handle):
-        return self.reader.wait(handle)
-
-    def fence(self) -> None:
-        self.reader.fence()
-
-    def completed_seq(self) -> int:
-        return self.reader.completed_seq()
-
-    def begin_measured(self) -> None:
-        self.reader.begin_measured()
-
-    def read_timing(self) -> dict:
-        return self.reader.read_timing()
-
-    @property
-    def stats(self) -> dict:
-        return dict(self.reader.stats)
+    # transfers: fills and telemetry are the Reader's (ReaderFills); push / drain the contract's defaults (no VRAM)
 
     def close(self) -> None:
         self.lane.close()

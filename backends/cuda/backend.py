@@ -106,7 +106,6 @@ class CudaBackend(SequencedBackend):
                                          lanes=frozenset(lanes), encodings=frozenset(RECORD_KINDS),
                                          vram_slots=self.nvram, notes=notes)
         self._offs = section_offsets(lay)
-        self.events = Sequencer(self.reader, lambda ev: bool(ev.done), lambda ev: ev.synchronize(), "cuda")
         self._slot_event: dict = {}                    # vram slot -> event of the last copy touching it
         self._stats = {"pushes": 0, "drains": 0, "push_bytes": 0, "drain_bytes": 0}
         self._closed = False
@@ -114,7 +113,9 @@ class CudaBackend(SequencedBackend):
         self.lane = CpuLane(lay) if CpuLane is not None else None
         self.workers = self.lane.workers if self.lane else 1
         self.parallel_min = self.lane.parallel_min if self.lane else 0
-        self.router = StoreRouter(store)
+        SequencedBackend.__init__(self, events=Sequencer(self.reader, lambda ev: bool(ev.done),
+                                                         lambda ev: ev.synchronize(), "cuda"),
+                                  reader=self.reader, router=StoreRouter(store))
 
     # -- helpers ------------------------------------------------------------------------------------------------
 
@@ -187,7 +188,7 @@ class CudaBackend(SequencedBackend):
         return int(slot)
 
     def _check_ram(self, slot) -> int:
-        self.pool._check_index(slot)
+        self.pool.check_index(slot)
         return int(slot)
 
     def _vram_ptr(self, slot: int) -> int:

@@ -93,7 +93,6 @@ class SyclBackend(SequencedBackend):
         self.capabilities = Capabilities(name="sycl", device=f"{dev.name} ({dev.backend}, {dev.device_type})",
                                          lanes=frozenset(lanes), encodings=frozenset(RECORD_KINDS),
                                          vram_slots=vram_slots, notes=tuple(notes))
-        self.events = Sequencer(self.reader, _event_done, _event_wait, "sycl")
         self._copy_stats = {"pushes": 0, "drains": 0, "push_bytes": 0, "drain_bytes": 0, "kernel_calls": 0}
         self._scratch: dict = {}
         self._closed = False
@@ -102,7 +101,8 @@ class SyclBackend(SequencedBackend):
         self.lane = CpuLane(lay) if CpuLane is not None else None
         self.workers = self.lane.workers if self.lane else 1
         self.parallel_min = self.lane.parallel_min if self.lane else 0
-        self.router = StoreRouter(store)
+        SequencedBackend.__init__(self, events=Sequencer(self.reader, _event_done, _event_wait, "sycl"),
+                                  reader=self.reader, router=StoreRouter(store))
         self.compute("gpu" if vram_slots else "zerocopy", [(0, 0, [0])], np.zeros((1, lay.hidden), np.float32))
 
     # -- sizes ------------------------------------------------------------------------------------------------
@@ -116,7 +116,7 @@ class SyclBackend(SequencedBackend):
     def _ram(self, slot: int):
         m = self._ram_sub[slot]
         if m is None:
-            self.pool._check_index(slot)
+            self.pool.check_index(slot)
             m = self._dm.MemoryUSMHost(UsmSub(self.pool.mem, slot * self.slot_bytes, self.slot_bytes, self.q))
             self._ram_sub[slot] = m
         return m
@@ -130,7 +130,7 @@ class SyclBackend(SequencedBackend):
             self._dev_sub[slot] = m
         return m
 
-    def device_bytes(self, vram_slot: int) -> np.ndarray:
+    def read_vram(self, vram_slot: int) -> np.ndarray:
         """A host copy of one device slot's record bytes (tests / debugging; waits for the copy queue)."""
         out = np.empty(self.record_bytes, np.uint8)
         self.cq.wait()
@@ -157,7 +157,7 @@ class SyclBackend(SequencedBackend):
             if self.lane is None:
                 raise BackendUnavailable("sycl backend: cpu lane needs numba: pip install 'moetier[cpu]'")
             for _, s, _ in jobs:
-                self.pool._check_index(s)
+                self.pool.check_index(s)
             return self.lane.run(jobs, x, self.pool.view)
         if lane == "gpu":
             base = self.dev_mem
@@ -166,7 +166,7 @@ class SyclBackend(SequencedBackend):
         elif lane == "zerocopy":
             base = self.pool.mem
             for _, s, _ in jobs:
-                self.pool._check_index(s)
+                self.pool.check_index(s)
         else:
             raise BackendUnavailable(f"sycl backend: no {lane!r} lane")
         return self._device_forward(base, jobs, x)

@@ -2,7 +2,7 @@
 
 Contract
 --------
-- ``UsmSlotPool(n, slot_bytes, queue)``: a moetier.bytes.transport.SlotPool whose ``n`` 4 KiB-aligned slots are
+- ``UsmSlotPool(n, slot_bytes, queue)``: the slot pool protocol (moetier.bytes.pool) whose ``n`` 4 KiB-aligned slots are
   carved from one ``MemoryUSMHost`` allocation (2 MiB aligned, MADV_HUGEPAGE advised); the Reader lands records in it
   and the zerocopy lane's kernels read it in place.
 - ``UsmSub(mem, off, n, queue)``: an object exposing a sub-range of a USM allocation (dpctl builds memory over it).
@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
 
 import numpy as np
 
 from moetier.run.contract import BackendUnavailable
-from moetier.bytes.transport import HUGE, PAGE, SlotPool, _round_up
+from moetier.bytes.transport import HUGE, PAGE, BufferSlotPool, _round_up
 
 
 class UsmSub:
@@ -39,37 +38,25 @@ def _madvise_huge(addr: int, n: int) -> bool:
         return False
 
 
-class UsmSlotPool(SlotPool):
-    """SlotPool whose slots live in one USM host allocation (device-readable host memory).
-
-    Same surface the Reader uses (n, slot_bytes, addr, view, _memoryview, _zero, _check_index, alloc/free, close).
-    """
+class UsmSlotPool(BufferSlotPool):
+    """The slot pool protocol (moetier.bytes.pool) over one USM host allocation (device-readable host memory)."""
 
     def __init__(self, n: int, slot_bytes: int, queue, *, hugepage: bool = True):
         import dpctl.memory as dm
         if int(n) < 1:
             raise ValueError(f"UsmSlotPool: n must be >= 1, got {n}")
-        self.n = int(n)
-        self.slot_bytes = _round_up(int(slot_bytes), PAGE)
-        self.nbytes = self.n * self.slot_bytes
-        self.mem = dm.MemoryUSMHost(self.nbytes, alignment=HUGE, queue=queue)
-        self._mm = memoryview(self.mem).cast("B")
-        self._off = 0
-        self.base = self.mem._pointer
+        nbytes = int(n) * _round_up(int(slot_bytes), PAGE)
+        self.mem = dm.MemoryUSMHost(nbytes, alignment=HUGE, queue=queue)
+        super().__init__(memoryview(self.mem).cast("B"), n, slot_bytes, self.mem._pointer)
         if self.base % PAGE:
             raise BackendUnavailable(f"--backend sycl: USM host allocation not 4 KiB aligned (0x{self.base:x})")
         self.hugepage = bool(hugepage) and _madvise_huge(self.base, _round_up(self.nbytes, PAGE))
         self.u8 = np.frombuffer(self._mm, dtype=np.uint8)  # one root array: cpu-lane views share it
-        self._free = list(range(self.n))
-        self._free.reverse()
-        self._isfree = [True] * self.n
-        self._lock = threading.Lock()
-        self._closed = False
         self.queue = queue
 
     def view(self, i: int) -> np.ndarray:
         self._check_open()
-        self._check_index(i)
+        self.check_index(i)
         return self.u8[i * self.slot_bytes:(i + 1) * self.slot_bytes]
 
     def close(self) -> None:

@@ -2,6 +2,14 @@
 
 Contract
 --------
+- The slot pool protocol (what the O_DIRECT ``Reader`` and the lanes use; a device's host pool implements the same,
+  most simply by subclassing ``BufferSlotPool`` over its own allocation): ``n``, ``slot_bytes`` (a multiple of 4 KiB),
+  ``nbytes``, ``base`` (address of slot 0); ``alloc()`` / ``free(i)`` / ``nfree``; ``addr(i)``; ``view(i)`` (a
+  zero-copy uint8 array of slot i); ``buffer(i, nbytes)`` -> ``(parent, sub)`` memoryviews over the first ``nbytes``
+  of slot i, which the caller releases (a read lands there); ``zero(i)`` (a failed read's bytes are never used);
+  ``check_index(i)`` (ValueError naming the slot when out of range); ``close()``.
+- ``BufferSlotPool(buf, n, slot_bytes, base)`` is that protocol over any writable buffer of at least
+  ``n * slot_bytes`` bytes whose first byte is at address ``base`` (USM host memory, an engine's pinned tensor).
 - ``SlotPool(n, slot_bytes, hugepage=True)`` carves ``n`` slots of ``slot_bytes`` (rounded up to 4 KiB) from one
   anonymous private mapping whose base is aligned to 2 MiB and advised ``MADV_HUGEPAGE``; each slot is 4 KiB aligned,
   which O_DIRECT needs. ``alloc``/``free`` hand slots out (lowest index first) and back; ``addr``/``view`` address
@@ -59,42 +67,20 @@ def smaps_huge_bytes(start: int, length: int) -> int:
 # Slot pool
 
 
-class SlotPool:
-    """``n`` RAM slots of ``slot_bytes`` (rounded up to 4096) in one 2 MiB-aligned anonymous private mapping.
+class BufferSlotPool:
+    """The slot pool protocol over a writable buffer ``buf`` of at least ``n * slot_bytes`` bytes (``slot_bytes``
+    rounded up to 4096) starting ``offset`` bytes in, whose byte ``offset`` is at address ``base``."""
 
-    The mapping is one huge page longer than the slots rounded up to whole huge pages, so that the aligned region
-    always holds whole huge pages, whatever the pool's size: a pool smaller than 2 MiB can be backed by one too.
-    ``hugepage=False`` skips madvise(MADV_HUGEPAGE) (4 KiB pages; the bench uses it as a control arm).
-    ``self.hugepage`` tells whether the advice was accepted; ``huge_bytes()`` tells how many bytes of the slots the
-    kernel actually backs with huge pages (from /proc/self/smaps), which is what a measurement should report.
-    """
-
-    def __init__(self, n: int, slot_bytes: int, *, hugepage: bool = True):
+    def __init__(self, buf, n: int, slot_bytes: int, base: int, *, offset: int = 0):
         if int(n) < 1:
-            raise ValueError(f"SlotPool: n must be >= 1, got {n}")
+            raise ValueError(f"{type(self).__name__}: n must be >= 1, got {n}")
         if int(slot_bytes) < 1:
-            raise ValueError(f"SlotPool: slot_bytes must be >= 1, got {slot_bytes}")
+            raise ValueError(f"{type(self).__name__}: slot_bytes must be >= 1, got {slot_bytes}")
         self.n = int(n)
         self.slot_bytes = _round_up(int(slot_bytes), PAGE)
         self.nbytes = self.n * self.slot_bytes
-        flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
-        total = _round_up(self.nbytes, HUGE) + HUGE
-        if flags:
-            self._mm = mmap.mmap(-1, total, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        else:  # pragma: no cover - non-POSIX
-            self._mm = mmap.mmap(-1, total)
-        cbuf = ctypes.c_char.from_buffer(self._mm)
-        raw = ctypes.addressof(cbuf)
-        del cbuf  # release the buffer export so close() works
-        self._off = (-raw) % HUGE
-        self.base = raw + self._off
+        self._mm, self._off, self.base = buf, int(offset), int(base)
         self.hugepage = False
-        if hugepage and hasattr(self._mm, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
-            try:
-                self._mm.madvise(mmap.MADV_HUGEPAGE, self._off, _round_up(self.nbytes, HUGE))
-                self.hugepage = True
-            except (OSError, ValueError):
-                pass
         self._free = list(range(self.n))  # kept sorted descending so pop() hands out the lowest index
         self._free.reverse()
         self._isfree = [True] * self.n
@@ -114,7 +100,7 @@ class SlotPool:
     def free(self, i: int) -> None:
         with self._lock:
             self._check_open()
-            self._check_index(i)
+            self.check_index(i)
             if self._isfree[i]:
                 raise ValueError(f"SlotPool.free: slot {i} is already free")
             self._isfree[i] = True
@@ -127,38 +113,91 @@ class SlotPool:
 
     # addressing ---------------------------------------------------------------------------------------------------
     def addr(self, i: int) -> int:
-        self._check_index(i)
+        self.check_index(i)
         return self.base + i * self.slot_bytes
 
     def view(self, i: int) -> np.ndarray:
         """Zero-copy uint8 view of slot ``i`` (len slot_bytes). Drop views before close()."""
         self._check_open()
-        self._check_index(i)
+        self.check_index(i)
         return np.frombuffer(self._mm, dtype=np.uint8, count=self.slot_bytes, offset=self._off + i * self.slot_bytes)
 
-    def _memoryview(self, i: int, nbytes: int) -> tuple:
+    def buffer(self, i: int, nbytes: int) -> tuple:
         """(parent, sub) memoryviews over the first nbytes of slot i; the caller releases both."""
         parent = memoryview(self._mm)
         start = self._off + i * self.slot_bytes
         return parent, parent[start:start + nbytes]
+
+    def zero(self, i: int) -> None:
+        self.check_index(i)
+        parent, sub = self.buffer(i, self.slot_bytes)
+        try:
+            sub[:] = bytes(self.slot_bytes)
+        finally:
+            sub.release()
+            parent.release()
+
+    def check_index(self, i) -> None:
+        if not isinstance(i, (int, np.integer)) or not 0 <= int(i) < self.n:
+            raise ValueError(f"{type(self).__name__}: slot index {i!r} out of range 0..{self.n - 1}")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError("SlotPool: closed")
+
+    def close(self) -> None:
+        """Mark the pool closed; the buffer's owner frees it (a subclass that owns it frees it here)."""
+        self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"{type(self).__name__}(n={self.n}, slot_bytes={self.slot_bytes}, free={self.nfree}, base=0x{self.base:x})"
+
+
+class SlotPool(BufferSlotPool):
+    """``n`` RAM slots of ``slot_bytes`` (rounded up to 4096) in one 2 MiB-aligned anonymous private mapping.
+
+    The mapping is one huge page longer than the slots rounded up to whole huge pages, so that the aligned region
+    always holds whole huge pages, whatever the pool's size: a pool smaller than 2 MiB can be backed by one too.
+    ``hugepage=False`` skips madvise(MADV_HUGEPAGE) (4 KiB pages; the bench uses it as a control arm).
+    ``self.hugepage`` tells whether the advice was accepted; ``huge_bytes()`` tells how many bytes of the slots the
+    kernel actually backs with huge pages (from /proc/self/smaps), which is what a measurement should report.
+    """
+
+    def __init__(self, n: int, slot_bytes: int, *, hugepage: bool = True):
+        if int(n) < 1:
+            raise ValueError(f"SlotPool: n must be >= 1, got {n}")
+        if int(slot_bytes) < 1:
+            raise ValueError(f"SlotPool: slot_bytes must be >= 1, got {slot_bytes}")
+        nbytes = int(n) * _round_up(int(slot_bytes), PAGE)
+        flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+        total = _round_up(nbytes, HUGE) + HUGE
+        if flags:
+            mm = mmap.mmap(-1, total, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        else:  # pragma: no cover - non-POSIX
+            mm = mmap.mmap(-1, total)
+        cbuf = ctypes.c_char.from_buffer(mm)
+        raw = ctypes.addressof(cbuf)
+        del cbuf  # release the buffer export so close() works
+        off = (-raw) % HUGE
+        super().__init__(mm, n, slot_bytes, raw + off, offset=off)
+        if hugepage and hasattr(self._mm, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+            try:
+                self._mm.madvise(mmap.MADV_HUGEPAGE, self._off, _round_up(self.nbytes, HUGE))
+                self.hugepage = True
+            except (OSError, ValueError):
+                pass
 
     def huge_bytes(self) -> int:
         """Bytes of the slots backed by huge pages now (0 where /proc/self/smaps is not readable).
 
         Pages are backed on first touch, so a fresh pool reports 0 until its slots are written."""
         return smaps_huge_bytes(self.base, self.nbytes)
-
-    def _zero(self, i: int) -> None:
-        start = self._off + i * self.slot_bytes
-        self._mm[start:start + self.slot_bytes] = bytes(self.slot_bytes)
-
-    def _check_index(self, i) -> None:
-        if not isinstance(i, (int, np.integer)) or not 0 <= int(i) < self.n:
-            raise ValueError(f"SlotPool: slot index {i!r} out of range 0..{self.n - 1}")
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise TransportError("SlotPool: closed")
 
     # lifetime -----------------------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -170,12 +209,3 @@ class SlotPool:
         except BufferError:
             # A caller still holds a view(); the mapping is unmapped when the last view is dropped.
             pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __repr__(self):
-        return f"SlotPool(n={self.n}, slot_bytes={self.slot_bytes}, free={self.nfree}, base=0x{self.base:x})"

@@ -31,11 +31,11 @@ from concurrent.futures import TimeoutError as _FutTimeout
 from moetier.bytes import faults as _faults
 from moetier.bytes.faults import FAULT_KINDS, FaultPlan  # noqa: F401  (re-exported)
 from moetier.bytes.layout import digest as record_digest   # the store format owns its checksum
-from moetier.bytes.pool import (HUGE, PAGE, PoolExhausted, SlotPool, TransportError,  # noqa: F401  (re-exported)
-                                _round_up, smaps_huge_bytes)
+from moetier.bytes.pool import (HUGE, PAGE, BufferSlotPool, PoolExhausted, SlotPool,  # noqa: F401  (re-exported)
+                                TransportError, _round_up, smaps_huge_bytes)
 
-__all__ = ["Completion", "FAULT_KINDS", "FaultPlan", "HUGE", "PAGE", "PoolExhausted", "Reader", "SlotPool",
-           "TransportError", "smaps_huge_bytes"]
+__all__ = ["BufferSlotPool", "Completion", "FAULT_KINDS", "FaultPlan", "HUGE", "PAGE", "PoolExhausted", "Reader",
+           "SlotPool", "TransportError", "smaps_huge_bytes"]
 
 # Paths (directories) already warned about an O_DIRECT refusal: the warning is printed once per process per folder.
 _WARNED: set = set()
@@ -78,7 +78,7 @@ class Reader:
     the manifest digest (deterministic: read number i is sampled when floor((i+1)*rate) > floor(i*rate)).
     """
 
-    def __init__(self, store, pool: SlotPool, *, queue_depth: int = 16, verify_rate: float = 1.0, direct: bool = True,
+    def __init__(self, store, pool, *, queue_depth: int = 16, verify_rate: float = 1.0, direct: bool = True,
                  faults=None):
         if int(queue_depth) < 1:
             raise ValueError(f"Reader: queue_depth must be >= 1, got {queue_depth}")
@@ -157,7 +157,7 @@ class Reader:
         slot = int(slot)
         if not 0 <= key < int(self.store.nrecords):
             raise ValueError(f"Reader.fill: key {key} out of range 0..{int(self.store.nrecords) - 1}")
-        self.pool._check_index(slot)
+        self.pool.check_index(slot)
         with self._lock:
             if self._closed:
                 raise TransportError("Reader: closed")
@@ -263,7 +263,7 @@ class Reader:
 
     # worker -------------------------------------------------------------------------------------------------------
     def _read(self, slot: int, offset: int, nbytes: int) -> int:
-        parent, sub = self.pool._memoryview(slot, nbytes)
+        parent, sub = self.pool.buffer(slot, nbytes)
         try:
             got = 0
             while got < nbytes:
@@ -307,7 +307,7 @@ class Reader:
             bad_sum = err is not None
         if err is not None:
             try:
-                self.pool._zero(c.slot)  # failed bytes must never be used
+                self.pool.zero(c.slot)  # failed bytes must never be used
             except Exception:
                 pass
         with self._cv:
@@ -363,7 +363,7 @@ class Reader:
             want = self.store.digest(c.key)
             if want is None:
                 return False, None
-            parent, sub = self.pool._memoryview(c.slot, self.record_bytes)
+            parent, sub = self.pool.buffer(c.slot, self.record_bytes)
             try:
                 have = record_digest(sub)
             finally:

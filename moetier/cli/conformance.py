@@ -1,7 +1,8 @@
 """`moetier conformance`: run the backend conformance suite (the `conformance` package) against one backend.
 
-Contract: ``moetier conformance --backend NAME [--report PATH] [--perf] [--write-engine ID] [-k EXPR] [-x] [-v]`` runs
-``pytest -p conformance.report <the conformance package dir> --backend NAME -rs`` in this process and exits
+Contract: ``moetier conformance --backend NAME [--report PATH] [--md PATH] [--perf] [--write-engine ID] [-k EXPR]
+[-x] [-v]`` runs ``pytest -p conformance.report <the conformance package dir> --backend NAME -rs`` in this process
+and exits
 
   0  every check that ran passed (NOT_SUPPORTED checks are skipped with their reason) and, on a full run (no -k,
      no -x), the backend meets the minimum bar (conformance.bar: one lane's numerics, fill, landed/fence, the
@@ -13,7 +14,8 @@ Contract: ``moetier conformance --backend NAME [--report PATH] [--perf] [--write
      written with every check skipped.
 
 The summary table (check | pass/fail/skip | reason) is printed at the end; the JSON report goes to --report
-(default conformance-report-<backend>.json in the current directory) with the measured engine record beside it.
+(default conformance-report-<backend>.json in the current directory) with the measured engine record beside it;
+--md also writes it as a markdown page (conformance.publish).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import json
 import os
 import sys
 
-from moetier.atomic import cannot_write
+from moetier.atomic import atomic_write, cannot_write
 from moetier.errors import UserError
 
 
@@ -30,6 +32,8 @@ def register(sub, parser_class) -> None:
     p.add_argument("--backend", required=True, help="a registered backend: cpu, sycl, cuda, exl3xpu, exllamav3, or any "
                    "installed moetier.backends entry point")
     p.add_argument("--report", help="JSON report path (default conformance-report-<backend>.json)")
+    p.add_argument("--md", metavar="FILE", help="also write the report as a markdown table (which checks ran, "
+                   "passed, failed, were skipped and why) to FILE")
     p.add_argument("--write-engine", metavar="ID", help="also write the measured engine record to "
                    "<user registry>/engine/<ID>.json")
     p.add_argument("--force", action="store_true", help="with --write-engine: replace an existing record")
@@ -62,15 +66,15 @@ def pytest_args(backend: str, report: str, *, write_engine=None, select=None, ex
     return args
 
 
-def _check_report_path(report: str) -> None:
+def _check_report_path(report: str, flag: str) -> None:
     folder = os.path.dirname(report)
     if os.path.isdir(report):
-        raise UserError(f"--report {report}: is a directory; expected a file path")
+        raise UserError(f"{flag} {report}: is a directory; expected a file path")
     if not os.path.isdir(folder):
-        raise UserError(f"--report {report}: folder {folder} does not exist")
+        raise UserError(f"{flag} {report}: folder {folder} does not exist")
     why = cannot_write(folder)
     if why:
-        raise UserError(f"--report {report}: cannot write there ({why}); expected a writable path")
+        raise UserError(f"{flag} {report}: cannot write there ({why}); expected a writable path")
 
 
 def cmd_conformance(args) -> int:
@@ -81,7 +85,9 @@ def cmd_conformance(args) -> int:
     except ImportError:
         raise UserError("conformance: pytest is not installed (pip install 'moetier[test]')") from None
     report = os.path.abspath(args.report or f"conformance-report-{args.backend}.json")
-    _check_report_path(report)                          # before the suite runs, not after
+    _check_report_path(report, "--report")              # before the suite runs, not after
+    if args.md:
+        _check_report_path(os.path.abspath(args.md), "--md")
     if args.write_engine:
         from moetier.core import records as spec
         spec.check_writable("engine", args.write_engine, force=args.force)
@@ -95,6 +101,10 @@ def cmd_conformance(args) -> int:
             rep = json.load(f)
     except (OSError, ValueError):
         rep = None
+    if rep is not None and args.md:
+        from conformance.publish import markdown
+        text = markdown(rep).encode("utf-8")
+        atomic_write(os.path.abspath(args.md), lambda f: f.write(text))
     if rep is not None:
         n = rep["counts"]
         if rep.get("unavailable") and n["pass"] == 0 and n["fail"] == 0:

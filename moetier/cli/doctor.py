@@ -8,7 +8,8 @@ O_DIRECT read of a temporary file written there); transparent huge pages; free d
 store size; RAM against the recipe's RAM budget; the registry in use; the recipe's records and trace.
 
 Each check is ``{"name", "status": ok|warn|fail|skip, "detail", "fix"}``; ``fix`` is one command (or one action)
-when the status is not ok. The recipe *can run* when its records resolve and its trace loads (so it can be
+when the status is not ok; a missing package's fix installs the extra the way this copy was installed (an
+editable install of the source checkout it runs from, else the installed distribution's extra). The recipe *can run* when its records resolve and its trace loads (so it can be
 simulated) and, when its engines are ones a moetier backend runs (numba-cpu -> cpu, sycl-opencl-cpu -> sycl,
 cuda-cupy -> cuda), that backend works here, the RAM budget fits this machine's memory and the store fits on DIR.
 A recipe whose engines are another program's (a reference machine's, such as exllamav3-cuda) is checked for
@@ -27,7 +28,6 @@ from moetier.errors import UserError
 
 ENGINE_BACKEND = {"numba-cpu": "cpu", "sycl-opencl-cpu": "sycl", "cuda-cupy": "cuda"}
 BACKEND_CHECK = {"cpu": "numba (", "sycl": "dpctl (", "cuda": "cupy ("}
-PIP = f"{sys.executable} -m pip install"
 PACKAGES = ("numpy", "jsonschema", "psutil", "xxhash", "rich", "matplotlib", "numba", "dpctl", "cupy", "ray")
 
 
@@ -59,6 +59,28 @@ def _version(mod: str):
     return None
 
 
+def source_checkout(package_file: str) -> Path | None:
+    """The repository root when moetier runs from a source checkout (editable install or PYTHONPATH), else None.
+
+    A checkout has moetier's pyproject.toml beside the package; a wheel leaves the package alone in site-packages."""
+    root = Path(package_file).resolve().parent.parent
+    try:
+        text = (root / "pyproject.toml").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return root if 'name = "moetier"' in text else None
+
+
+def install(extra: str | None = None) -> str:
+    """The pip line that installs moetier (with ``extra``) the way this copy was installed: an editable install of
+    the checkout it runs from, or the extra of the installed distribution (a wheel has no checkout to point at)."""
+    import moetier
+    root = source_checkout(moetier.__file__)
+    suffix = f"[{extra}]" if extra else ""
+    where = f"-e '{root}{suffix}'" if root else f"'moetier{suffix}'"
+    return f"{sys.executable} -m pip install {where}"
+
+
 def check_python() -> list[dict]:
     from moetier import __version__
     ok = sys.version_info >= (3, 10)
@@ -68,7 +90,7 @@ def check_python() -> list[dict]:
     core_missing = [m for m in ("numpy", "jsonschema", "psutil", "xxhash", "rich") if not vers[m]]
     out.append(_check("packages", "fail" if core_missing else "ok",
                       ", ".join(f"{m} {v or '-'}" for m, v in vers.items()),
-                      f"{PIP} -e . (missing: {', '.join(core_missing)})"))
+                      f"{install()} (missing: {', '.join(core_missing)})"))
     return out
 
 
@@ -76,7 +98,7 @@ def check_numba() -> dict:
     try:
         import numba
     except ImportError:
-        return _check("numba (cpu backend)", "fail", "not installed", f"{PIP} -e '.[cpu]'")
+        return _check("numba (cpu backend)", "fail", "not installed", install("cpu"))
     return _check("numba (cpu backend)", "ok", f"numba {numba.__version__}, {numba.config.NUMBA_NUM_THREADS} threads")
 
 
@@ -85,16 +107,16 @@ def check_dpctl() -> dict:
         from backends.sycl.backend import import_dpctl     # points OpenCL at the venv's CPU runtime, as runs do
         dpctl = import_dpctl()
     except Exception:                                      # BackendUnavailable, or ImportError of the package
-        return _check("dpctl (sycl backend)", "fail", "not installed", f"{PIP} -e '.[sycl]'")
+        return _check("dpctl (sycl backend)", "fail", "not installed", install("sycl"))
     try:
         devs = dpctl.get_devices()
     except Exception as e:                                 # a broken runtime raises its own types
         return _check("dpctl (sycl backend)", "fail", f"dpctl {dpctl.__version__}: listing devices failed: {e}",
-                      f"{PIP} -e '.[sycl]' (brings Intel's OpenCL CPU runtime)")
+                      install("sycl") + " (brings Intel's OpenCL CPU runtime)")
     names = [f"{d.backend.name}:{d.device_type.name} {d.name}" for d in devs]
     if not names:
         return _check("dpctl (sycl backend)", "fail", f"dpctl {dpctl.__version__}: no OpenCL / Level Zero device",
-                      f"{PIP} -e '.[sycl]' (brings Intel's OpenCL CPU runtime)")
+                      install("sycl") + " (brings Intel's OpenCL CPU runtime)")
     return _check("dpctl (sycl backend)", "ok", f"dpctl {dpctl.__version__}: " + "; ".join(names))
 
 
@@ -103,7 +125,7 @@ def check_cupy() -> dict:
         import cupy
     except ImportError:
         return _check("cupy (cuda backend)", "skip", "not installed (only needed with an NVIDIA GPU)",
-                      f"{PIP} -e '.[cuda12]' (or '.[cuda13]' for a CUDA 13 driver)")
+                      install("cuda12") + " (cuda13 for a CUDA 13 driver)")
     try:
         n = cupy.cuda.runtime.getDeviceCount()
         names = [cupy.cuda.runtime.getDeviceProperties(i)["name"].decode() for i in range(n)]

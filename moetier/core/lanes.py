@@ -26,9 +26,8 @@ WAKE_SCALE_MS = 0.1       # idle_wake: the idle that counts as one unit (below i
 def idle_wake(idle_ms: float) -> float:
     """How cold a split call's worker has gone, in the units the cpu lane's ``per_wake_ms`` is paid in: log2(1 +
     idle / 0.1 ms), idle = the time since the lane's last split call ended. A worker thread that idled longer wakes
-    slower and colder (on a VM its vCPU halts after its poll window; its core's caches go to others): a 4-expert
-    split call with the worker idle under 0.1 ms took 0.33-0.36 ms, after 1.6-3.2 ms 0.40-0.48 ms, and growing
-    roughly by a constant per doubling of the idle (benchmarks/bench_cpu_call_warmth.py measures it)."""
+    slower and colder (on a VM its vCPU halts after its poll window; its core's caches go to others), and a split
+    call's time grows roughly by a constant per doubling of the idle: hence the log."""
     return math.log2(1.0 + idle_ms / WAKE_SCALE_MS) if idle_ms > 0.0 else 0.0
 
 
@@ -44,8 +43,8 @@ def hands_off(n: int, workers: int) -> bool:
     """Whether a split call of ``n`` experts ends with a worker's share (``deal``): a worker takes as many experts
     as the calling thread unless n leaves the caller the only one with an extra (n % workers == 1). Its share starts
     a hand-off later than the caller's (the submit and its wake-up), so such a call pays the lane's
-    ``per_handoff_ms``; one whose caller has an expert more ends with the caller's share (a 7-expert call over two
-    threads ran 0.15-0.22 ms shorter than an 8-expert one; benchmarks/cpu_lane_residuals.py)."""
+    ``per_handoff_ms``; one whose caller has an expert more ends with the caller's share (so a 7-expert call over
+    two threads runs shorter than an 8-expert one by more than an expert's compute)."""
     return workers > 1 and n % workers != 1
 
 

@@ -11,6 +11,9 @@ Contract
   run records): ``--registry DIR`` (``set_user_registry``), else ``$MOETIER_REGISTRY``, else
   ``$XDG_DATA_HOME/moetier/registry`` (``~/.local/share/moetier/registry``). Reads look in the user registry first,
   so a record written there overlays a shipped one of the same id; writes go to the user registry only.
+  Between the two, the registries other distributions ship (a backend package's CI recipe and engine record):
+  each ``moetier.registries`` entry point names a callable returning a folder with the same layout
+  (``package_registries``); the user registry overlays them and they overlay the shipped one.
   Every function takes ``root=None``, meaning that overlay; pass one folder with the same layout to use it alone.
   A recipe's ``trace`` path is relative to the folder above the registry that holds the recipe (``traces/`` beside
   ``registry/``), or to the current directory.
@@ -32,6 +35,7 @@ Contract
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -52,7 +56,8 @@ from moetier.errors import UserError
 
 __all__ = [
     # this module's: the overlay, loading, writing, resolve
-    "REGISTRY", "KINDS", "ID_RE", "user_registry", "set_user_registry", "record_path", "is_shipped", "data_roots",
+    "REGISTRY", "KINDS", "ID_RE", "user_registry", "set_user_registry", "package_registries", "record_path",
+    "is_shipped", "data_roots",
     "record_ids", "validate", "load_record", "load_all", "index", "check_writable", "write_record", "write_records",
     "apply_overrides", "resolve",
     # re-exported from the modules split out of it
@@ -74,6 +79,7 @@ REGISTRY = _shipped_registry()
 _USER_REGISTRY: Path | None = None      # --registry DIR
 KINDS = ("model", "hardware", "engine", "recipe", "runs")
 ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+PACKAGE_GROUP = "moetier.registries"
 
 # --------------------------------------------------------------------------------------------------------------------
 # paths, ids, reading
@@ -98,13 +104,33 @@ def set_user_registry(path):
     return prev
 
 
+@functools.lru_cache(maxsize=1)
+def package_registries() -> tuple:
+    """The folders installed distributions ship records in: each ``moetier.registries`` entry point's callable
+    returns one (read once per process; ``package_registries.cache_clear()`` reads them again). A target that does
+    not load or names no folder is one UserError line naming the entry point."""
+    from importlib import metadata
+    out = []
+    for ep in sorted(metadata.entry_points(group=PACKAGE_GROUP), key=lambda e: e.name):
+        try:
+            folder = Path(ep.load()())
+        except Exception as e:  # a third party's code: whatever it raises becomes one line naming it
+            raise UserError(f"entry point {PACKAGE_GROUP}:{ep.name} ({ep.value}): {type(e).__name__}: {e}") from None
+        if not folder.is_dir():
+            raise UserError(f"entry point {PACKAGE_GROUP}:{ep.name} ({ep.value}): {folder} is not a folder; "
+                            "expected a registry folder (recipe/, engine/, ...)")
+        out.append(folder)
+    return tuple(out)
+
+
 def _roots(root) -> list[Path]:
-    """The registries to read, overlay first: ``root`` alone when given, else the user registry over the shipped."""
+    """The registries to read, overlay first: ``root`` alone when given, else the user registry over the packages'
+    over the shipped."""
     if root is not None:
         return [Path(root)]
     user = user_registry()
     same = user.is_dir() and user.resolve() == REGISTRY.resolve()
-    return [REGISTRY] if same else [user, REGISTRY]
+    return ([] if same else [user]) + list(package_registries()) + [REGISTRY]
 
 
 def _root(root) -> Path:

@@ -193,9 +193,8 @@ class Replay:
         runtime: expiry of this layer's unused prefetches, prediction + prefetch for layer + depth, predictor
         learning, the last two only where ``arm`` armed the layer. Issued at t0 + plan.issue_ms: past the layer's
         resident lanes and before its waits, so a read has the rest of the layer to land in; issued after the layer,
-        a depth-1 read was still queued when the next layer needed it (benchmarks/bench_prefetch_timing.py counts the
-        prefetches that had started). The runtime's hooks move real bytes: ``on_expire(layer)`` before the model
-        expires, ``on_issue(key, ticket)`` per read."""
+        a depth-1 read was still queued when the next layer needed it. The runtime's hooks move real bytes:
+        ``on_expire(layer)`` before the model expires, ``on_issue(key, ticket)`` per read."""
         pred, depth, t = self.predictor, self.pf_depth, t0 + plan.issue_ms
         if on_expire is not None:
             on_expire(layer)

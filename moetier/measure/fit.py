@@ -220,7 +220,7 @@ def fit_device_terms(fit_runs: list[dict]) -> dict:
     gpu call took 0.25 ms with no read in flight, 0.29 with one, 0.30 with two - the lanes share the cores with the
     reader. What a read in flight costs does not grow with the reads (a one-expert gpu call 0.33 ms with none, 0.46
     with one, 0.36 with two): with per_read_busy beside per_read the fit puts it all in per_read_busy, and the gpu
-    calls with reads in flight come within 10% (benchmarks/device_calls.py)."""
+    calls with reads in flight come within 10% (a calibration record's ``rows[].measured_run.call_groups``)."""
     groups: dict[str, dict] = {}
     for m in fit_runs:
         for p, e, x, r, n, sec in m.get("call_groups", ()):

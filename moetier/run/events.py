@@ -17,8 +17,14 @@ that points its tables at a slot does it there, so a table row never precedes it
 - ``copies_done()`` marks every pending copy finished after the caller drained its device queues (fence).
 
 ``SequencedBackend`` is the mixin the device backends share: the contract's fill / cancel / landed / wait /
-completed_seq delegate to ``self.events`` (a Sequencer), begin_measured / read_timing to ``self.reader``, route to
-``self.router`` (moetier.run.router.StoreRouter).
+completed_seq delegate to a Sequencer, begin_measured / read_timing to the fills' Reader, route to a router
+(moetier.run.router.StoreRouter; None: the backend has none). A subclass hands the three over once they exist:
+``SequencedBackend.__init__(self, events=, reader=, router=)``; a verb used before that raises one AttributeError
+saying so.
+
+``ReaderFills`` is the same for a backend without device copies (host memory only): fill / cancel / landed / wait /
+fence / completed_seq and the telemetry (stats, begin_measured, read_timing) are the fills' Reader's, handed over
+as ``ReaderFills.__init__(self, reader=)``; the Reader's completions are the handles.
 
 Handles expose ``seq``, ``key``, ``kind``, ``state`` (pending | landed | failed), ``prefetch``, ``t_submit`` and
 ``t_landed`` (perf_counter seconds, 0.0 when not timed) - what the runtime reads (moetier.run.contract.Handle).
@@ -183,6 +189,18 @@ class Sequencer:
 
 
 class SequencedBackend:
+    _NEEDS = ("events", "reader", "router")
+
+    def __init__(self, *, events: Sequencer, reader, router=None):
+        self.events, self.reader, self.router = events, reader, router
+
+    def __getattr__(self, name):
+        # only reached when normal lookup failed: a subclass that never handed its parts over
+        if name in SequencedBackend._NEEDS:
+            raise AttributeError(f"{type(self).__name__}: SequencedBackend needs self.{name}; call "
+                                 "SequencedBackend.__init__(self, events=, reader=, router=) in __init__")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def fill(self, key: int, slot: int, *, prefetch: bool = False):
         return self.events.fill(int(key), int(slot), prefetch=prefetch)
 
@@ -207,4 +225,40 @@ class SequencedBackend:
 
     def route(self, layer: int, x, rows=None):
         """The model's top-k router on hidden states x [rows, H] (on the host), its weights from the store."""
+        if self.router is None:
+            from moetier.run.contract import BackendUnavailable
+            raise BackendUnavailable(f"{type(self).__name__}: no router of its own; route by a trace")
         return self.router.route(layer, x, rows)
+
+
+class ReaderFills:
+    def __init__(self, *, reader):
+        self.reader = reader
+
+    def fill(self, key: int, slot: int, *, prefetch: bool = False):
+        return self.reader.fill(key, slot, prefetch=prefetch)
+
+    def cancel(self, handle) -> bool:
+        return self.reader.cancel(handle)
+
+    def landed(self, handle) -> bool:
+        return self.reader.landed(handle)
+
+    def wait(self, handle):
+        return self.reader.wait(handle)
+
+    def fence(self) -> None:
+        self.reader.fence()
+
+    def completed_seq(self) -> int:
+        return self.reader.completed_seq()
+
+    @property
+    def stats(self) -> dict:
+        return dict(self.reader.stats)
+
+    def begin_measured(self) -> None:
+        self.reader.begin_measured()
+
+    def read_timing(self) -> dict:
+        return self.reader.read_timing()

@@ -85,7 +85,7 @@ def make_backend(name: str, st, R, conc: int, verify_rate: float = 1.0, faults=N
     ram_slots = min(R.keys, R.ram_slots) + headroom_slots(R, conc)
     try:
         return get_backend(name, st, ram_slots=ram_slots, vram_slots=R.vram_slots, verify_rate=verify_rate,
-                           **({"faults": faults} if faults is not None else {}))
+                           faults=faults)
     except BackendUnavailable as e:
         raise UserError(str(e)) from None
 
