@@ -158,6 +158,15 @@ def test_declares_nothing_fails_the_minimum_bar_in_one_line(tmp_path):
     assert data["counts"]["pass"] == 0 and data["counts"]["fail"] == 0
 
 
+def test_markdown_report_shows_the_numerics_beside_their_bounds():
+    from conformance.publish import markdown
+    f = {"nmse": 6.64e-9, "nmse_bound": bounds.BOUNDS["int8"].nmse, "scale_minus_1": 2.5e-7, "scale_bound": 2e-5,
+         "outputs": 9}
+    md = markdown({"backend": "cpu", "counts": {"pass": 1}, "checks": [], "numerics": {"cpu-int8": f}})
+    assert "| cpu-int8 | 6.64e-09 | 1.19e-07 | +2.5e-07 | 2e-05 |" in md, md
+    assert "worst NMSE" not in markdown({"backend": "cpu", "counts": {}, "checks": []})
+
+
 def test_reference_cache_keys_on_the_whole_input(tmp_path):
     """Two inputs alike in their first 64 bytes (the old cache key) but not after get their own references."""
     from conformance.conftest import Kit
