@@ -330,32 +330,39 @@ class BrokenLandedNever(_Wrap):
         return False
 
 
-class _Held(_Wrap):
+class _Issued(_Wrap):
+    """Passes the handle of every fill, push and drain through ``_issued(h)`` (what the caller gets back)."""
+
+    def _issued(self, h):
+        return h
+
+    def fill(self, key, slot, *, prefetch=False):
+        return self._issued(self._inner.fill(key, slot, prefetch=prefetch))
+
+    def push(self, key, src_slot, vram_slot):
+        return self._issued(self._inner.push(key, src_slot, vram_slot))
+
+    def drain(self, key, vram_slot, ram_slot):
+        return self._issued(self._inner.drain(key, vram_slot, ram_slot))
+
+
+class _Held(_Issued):
     """Every transfer whose seq is picked by ``_held_seq`` answers landed() False for its first HOLD polls (a slow
     transfer: legal); wait() and a true fence() release it."""
 
     def __init__(self, inner):
         super().__init__(inner)
         self._polls: dict = {}
-        self._issued: list = []
+        self._all: list = []
 
     def _held_seq(self, seq: int) -> bool:
         return True
 
-    def _hold(self, h):
-        self._issued.append(h)
+    def _issued(self, h):
+        self._all.append(h)
         if self._held_seq(h.seq):
             self._polls[id(h)] = HOLD
         return h
-
-    def fill(self, key, slot, *, prefetch=False):
-        return self._hold(self._inner.fill(key, slot, prefetch=prefetch))
-
-    def push(self, key, src_slot, vram_slot):
-        return self._hold(self._inner.push(key, src_slot, vram_slot))
-
-    def drain(self, key, vram_slot, ram_slot):
-        return self._hold(self._inner.drain(key, vram_slot, ram_slot))
 
     def _is_held(self, h) -> bool:
         return self._polls.get(id(h), 0) > 0
@@ -383,7 +390,7 @@ class BrokenOutOfOrder(_Held):
         return seq % 2 == 0
 
     def completed_seq(self):
-        done = [h.seq for h in self._issued if not self._is_held(h) and self._inner.landed(h)]
+        done = [h.seq for h in self._all if not self._is_held(h) and self._inner.landed(h)]
         return max(done, default=0)
 
 
@@ -401,22 +408,13 @@ class BrokenFenceEarly(_Held):
         return None
 
 
-class BrokenSeq(_Wrap):
+class BrokenSeq(_Issued):
     """BROKEN: handle seq numbers decrease (1_000_000 - the real seq)."""
 
-    def _wrap(self, h):
+    def _issued(self, h):
         w = _H(1_000_000 - h.seq, h.key, None)
         w.inner = h
         return w
-
-    def fill(self, key, slot, *, prefetch=False):
-        return self._wrap(self._inner.fill(key, slot, prefetch=prefetch))
-
-    def push(self, key, src_slot, vram_slot):
-        return self._wrap(self._inner.push(key, src_slot, vram_slot))
-
-    def drain(self, key, vram_slot, ram_slot):
-        return self._wrap(self._inner.drain(key, vram_slot, ram_slot))
 
     def landed(self, h):
         return self._inner.landed(h.inner)

@@ -97,7 +97,7 @@ class Kit:
         return r
 
     def ref(self, k: int, x: np.ndarray) -> np.ndarray:
-        """float64 reference output of key k (moetier.expert.reference) for x."""
+        """float64 reference output of key k (moetier.bytes.expert.reference) for x."""
         import xxhash
         from moetier.bytes import expert
         x = np.ascontiguousarray(x)
