@@ -20,6 +20,7 @@ import pytest
 
 import numba  # noqa: E402,F401  (the cpu extra: a missing install fails, it does not skip)
 from conformance import bounds
+from conformance.bar import shortfall
 from conformance.broken import MUTANTS, name_of
 from tests._extras import missing
 
@@ -121,6 +122,7 @@ def test_real_backend_passes_with_its_error_beside_the_bounds(tmp_path, backend)
               f"{f['scale_minus_1']:+.2g} (bound {f['scale_bound']:g})")
     assert all(c["reason"] for c in data["checks"] if c["outcome"] == "skip"), "every skip carries its reason"
     assert f"moetier conformance: backend {backend}" in r.stdout
+    assert shortfall(data) is None, "a real backend meets the minimum bar"
 
 
 @pytest.mark.parametrize("enc", sorted(bounds.BOUNDS))
@@ -183,7 +185,6 @@ def test_reference_cache_keys_on_the_whole_input(tmp_path):
 
 
 def test_minimum_bar_names_the_missing_part():
-    from conformance.bar import shortfall
     cap = {"lanes": ["cpu"]}
     ok = [{"check": c, "outcome": "pass", "reason": ""} for c in
           ("test_numerics_vs_reference[cpu-int8]", "test_fill_lands_manifest_bytes[int8]",
