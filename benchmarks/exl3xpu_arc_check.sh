@@ -5,7 +5,8 @@
 # Installs exl3xpu from EXL3XPU_SRC (a source tree: built with EXL3_AOT=1 for the B70, `-device bmg`; or a wheel) into
 # the active Python unless it is already installed, prints and records how long the build took, then runs the checks.
 # EXL3_MOE_LIB must name exl3xpu's _moe.so (shipped in the B70 image; exl3xpu loads it on first use).
-# Exit status: that of the checks (0 all passed, 1 a check failed, 2 no XPU, 3 passed but real-kernel checks missing).
+# Exit status: that of the checks (0 all passed, 1 a check failed, 2 no XPU or exl3xpu's own ops did not load - never
+# a fall-back to moetier's stand-in ops -, 3 passed but the attached tiny model on the real op not checked).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: exl3xpu_arc_check.sh OUT.json [EXL3XPU_SRC]}

@@ -6,24 +6,34 @@ Each fake mirrors the real kernel's interface (the stand-in extension gets them 
   scores, the selection bias for the choice only, weights normalised over the chosen set times the scaling factor,
   written into the caller's buffers;
 * ``FakeBlockSparseBC``: ext.BC_BlockSparseMLP, built with the real constructor arguments; ``run_bszN`` (the decode
-  path) computes every (row, slot) pick whose expert id is >= 0 by reading the expert's bytes *through the pointer
-  tables it was built with* (the fused kernels' gu tables for gate/up, the down MultiLinear tables) and running the
-  NumPy EXL3 reference with the engine's fp16 rounding points - the engine's gpu lane, stood in. It refuses a row
-  that points outside every memory region it was told about, instead of reading stray memory;
+  path) computes every (row, slot) pick whose routing weight is not 0 - the kernel's skip rule, not the expert id -
+  by reading the expert's bytes *through the tables run_bszN reads*: the gate, up and down MultiLinear tables
+  (``ptrs_trellis`` / ``ptrs_suh`` / ``ptrs_svh``, constructor arguments 16-18, 22-24 and 28-30 in exllamav3 1.6.5,
+  modules/block_sparse_mlp.py; blocksparse_mlp.cpp's run_bszN passes those to its kernels), and running the NumPy
+  EXL3 reference with the engine's fp16 rounding points - the engine's gpu lane, stood in. The fused kernels'
+  ``gu_*_ptr`` [E, 2] tables (arguments 43-45) are stored by the CUDA build and never read on this path, so the
+  fake never reads them either: an adapter that kept only those current computes stale experts here as on the GPU.
+  It refuses a row that points outside every memory region it was told about, instead of reading stray memory;
+* ``FakeLinearBC``: ext.BC_LinearEXL3, holding its trellis, suh and svh as the C++ struct's at::Tensor members hold
+  them (a reference that keeps the memory alive), so a test can count what an engine object still keeps after
+  moetier's hand-over; ``FakeBlockSparseBC`` likewise keeps its constructor arguments, the experts' BC_LinearEXL3
+  lists among them;
 * ``exl3_moe_max_concurrency``: 1.
 """
 from __future__ import annotations
 
 import ctypes
+import weakref
 
 import numpy as np
 
 from moetier.bytes import exl3
 
 # argument positions of ext.BC_BlockSparseMLP in exllamav3 1.6.5 (blocksparse_mlp.h; adapters.md section 3.2)
-A_DOWN = (28, 29, 30)          # down ptrs_trellis, ptrs_suh, ptrs_svh
+A_GATE = (16, 17, 18)          # gate MultiLinear ptrs_trellis, ptrs_suh, ptrs_svh [E]
+A_UP = (22, 23, 24)            # up
+A_DOWN = (28, 29, 30)          # down
 A_ACT_LIMIT = 39
-A_GU = (43, 44, 45)            # gu_trellis_ptr, gu_suh_ptr, gu_svh_ptr [E, 2]
 A_OUT_BSZN = 46
 
 
@@ -66,6 +76,11 @@ class FakeRouter:
         w.copy_(ws.half())
 
 
+class FakeLinearBC:
+    def __init__(self, trellis, suh, svh, *args):
+        self.trellis, self.suh, self.svh, self.args = trellis, suh, svh, args
+
+
 class FakeBlockSparseBC:
     def __init__(self, memory: Memory, hidden: int, inter: int, K: int, *args, **kwargs):
         self.mem, self.H, self.I, self.K, self.args = memory, hidden, inter, K, args
@@ -78,26 +93,23 @@ class FakeBlockSparseBC:
                                rd(v_addr, np.float16, (n,)))
 
     def expert(self, e: int) -> exl3.Exl3Expert:
-        gt, gs, gv = (self.args[i] for i in A_GU)
-        dt, ds, dv = (self.args[i] for i in A_DOWN)
         H, I = self.H, self.I
-        return exl3.Exl3Expert(self._lin(gt[e, 0], gs[e, 0], gv[e, 0], H, I),
-                               self._lin(gt[e, 1], gs[e, 1], gv[e, 1], H, I),
-                               self._lin(dt[e], ds[e], dv[e], I, H))
+        return exl3.Exl3Expert(*(self._lin(*(self.args[i][e] for i in a), k, n)
+                                 for a, k, n in ((A_GATE, H, I), (A_UP, H, I), (A_DOWN, I, H))))
 
     def run_bszN(self, y, sel, w):
         import torch
         if self.on_run is not None:
-            self.on_run(self, sel)
+            self.on_run(self, sel, w)
         act_limit = float(self.args[A_ACT_LIMIT] or 0.0)
         out = self.args[A_OUT_BSZN]
         yn = y.float().cpu().numpy()
         for r in range(y.shape[0]):
             acc = np.zeros(self.H, np.float64)
             for j in range(sel.shape[1]):
-                e = int(sel[r, j])
-                if e < 0:
+                if float(w[r, j]) == 0.0:       # the kernel skips a pick on its weight, whatever its id
                     continue
+                e = int(sel[r, j])
                 self.picks += 1
                 acc += exl3.expert_forward(yn[r:r + 1], self.expert(e), act_limit, float(w[r, j]), fp16=True)[0]
             out[r] = torch.from_numpy(acc.astype(np.float32))
@@ -109,7 +121,7 @@ class FakeEngine:
     def __init__(self, spec):
         """``spec``: the model's moetier.bytes.synth_exl3.SynthSpec (hidden, inter, bits)."""
         self.spec, self.memory, self.router = spec, Memory(), FakeRouter()
-        self.bcs: list = []
+        self.bcs = weakref.WeakSet()     # the live ones: a rebuilt block's old bound class is not kept alive here
 
     def __enter__(self):
         from adapters.exllamav3 import standin
@@ -119,16 +131,17 @@ class FakeEngine:
 
         def make_bc(*args, **kwargs):
             bc = FakeBlockSparseBC(self.memory, s.hidden, s.inter, s.bits, *args, **kwargs)
-            self.bcs.append(bc)
+            self.bcs.add(bc)
             return bc
 
         self.ext.routing_ds3_nogroup = self.router.routing_ds3_nogroup
         self.ext.BC_BlockSparseMLP = make_bc
+        self.ext.BC_LinearEXL3 = FakeLinearBC
         self.ext.exl3_moe_max_concurrency = lambda index: 1
         return self
 
     def __exit__(self, *exc):
-        for name in ("routing_ds3_nogroup", "BC_BlockSparseMLP", "exl3_moe_max_concurrency"):
+        for name in ("routing_ds3_nogroup", "BC_BlockSparseMLP", "BC_LinearEXL3", "exl3_moe_max_concurrency"):
             self.ext.__dict__.pop(name, None)
 
     def load(self, model):

@@ -84,28 +84,104 @@ def test_cli_adapter_check(capsys, monkeypatch):
     assert "MISSING" in cap.out
 
 
-def test_moe_forward_reads_only_known_memory_and_valid_ids():
-    """The ops read exl3xpu's blobs (PLANAR4) through ptrs: the output equals the float64 expert within 2e-3."""
+H_OK = I_OK = 640      # a geometry the real moe_forward takes (its work splits need H/16 and I/16 multiples of 40)
+
+
+def _two_experts(ops, H=H_OK, I=I_OK):  # noqa: E741
     from adapters.exl3xpu import blob
     from moetier.bytes import exl3
-    ops = ProvidedOps()
-    ex = exl3.random_expert(np.random.default_rng(1), 128, 128, 3)
-    rb = surface.record_bytes(128, 128, 3)
+    ex = exl3.random_expert(np.random.default_rng(1), H, I, 3)
+    rb = surface.record_bytes(H, I, 3)
     host = ops.host_alloc(2 * rb)
-    host[:surface.blob_bytes(128, 128, 3)] = blob.pack(ex)
-    base = int(host.ctypes.data)
-    x = np.random.default_rng(2).standard_normal((2, 128)).astype(np.float32)
+    host[:surface.blob_bytes(H, I, 3)] = blob.pack(ex)
+    return ex, host, rb
+
+
+def test_moe_forward_reads_only_known_memory_and_valid_ids():
+    """The ops read exl3xpu's blobs (PLANAR4) through ptrs: the output equals the float64 expert within 2e-3."""
+    from adapters.exl3xpu.ops import device_array
+    from moetier.bytes import exl3
+    ops = ProvidedOps()
+    ex, host, rb = _two_experts(ops)
+    base = surface.address(host)
+    dev = lambda a: device_array(ops, a)      # noqa: E731
+    x = (np.random.default_rng(2).standard_normal((2, H_OK)) * 1e-2).astype(np.float16)   # fp16 out: no overflow
     ptrs = np.array([base, base + rb], np.int64)
     ids = np.array([[0, 1], [1, 0]], np.int32)
     w = np.array([[0.75, 0.0], [0.0, 0.5]], np.float32)        # expert 1's slot is zeros: weight 0 only
-    y = ops.moe_forward(x, ids, w, ptrs, 128, 3, 2)
+    y = ops.moe_forward(dev(x), dev(ids), dev(w), dev(ptrs), I_OK, 3, 2)
+    assert y.dtype == np.float16 and ops.usm_kind(int(y.ctypes.data)) == surface.USM_DEVICE
     want = exl3.expert_forward(x.astype(np.float64), ex, None) * np.array([[0.75], [0.5]])
     assert np.sqrt(np.mean((y - want) ** 2) / np.mean(want ** 2)) < 2e-3
     assert ops.usm_kind(base) == surface.USM_HOST and ops.usm_kind(1) == surface.USM_UNKNOWN
     with pytest.raises(OpError, match="not inside any host or device allocation"):
-        ops.moe_forward(x, ids, w, np.array([base, 64], np.int64), 128, 3, 2)   # a weight-0 row is still read
+        ops.moe_forward(dev(x), dev(ids), dev(w), dev(np.array([base, 64], np.int64)), I_OK, 3, 2)  # weight 0: read
     with pytest.raises(OpError, match="topk_ids outside 0..1"):
-        ops.moe_forward(x, ids + 1, w, ptrs, 128, 3, 2)
+        ops.moe_forward(dev(x), dev(ids + 1), dev(w), dev(ptrs), I_OK, 3, 2)
+
+
+def test_a_weight_0_pick_is_computed_as_the_kernel_computes_it():
+    """The real kernel has no skip: weight 0 times a pick whose bytes decode to NaN is NaN in the output (moetier's
+    masking must point such picks at landed bytes); the old skip would have hidden it."""
+    from adapters.exl3xpu.ops import device_array
+    ops = ProvidedOps()
+    _, host, rb = _two_experts(ops)
+    base = surface.address(host)
+    nb = surface.blob_bytes(H_OK, I_OK, 3)
+    host[rb + nb - 2 * H_OK:rb + nb] = np.full(H_OK, np.nan, np.float16).view(np.uint8)   # expert 1's svh_d: NaN
+    dev = lambda a: device_array(ops, a)      # noqa: E731
+    x = dev(np.full((1, H_OK), 1e-2, np.float16))
+    ptrs = dev(np.array([base, base + rb], np.int64))
+    y = ops.moe_forward(x, dev(np.array([[0, 1]], np.int32)), dev(np.array([[1.0, 0.0]], np.float32)), ptrs, I_OK,
+                        3, 2)
+    assert np.isnan(y).all()
+    y = ops.moe_forward(x, dev(np.array([[0, 0]], np.int32)), dev(np.array([[1.0, 0.0]], np.float32)), ptrs, I_OK,
+                        3, 2)
+    assert np.isfinite(y).all()
+
+
+@pytest.mark.parametrize("case, match", [
+    ("host x", "x is not device memory"), ("fp32 x", "x dtype"), ("int64 ids", "topk_ids must be contiguous int32"),
+    ("fp16 w", "topk_w must be contiguous float32"), ("K 4", "K=3 only"), ("I 128", "I/16 split"),
+    ("H 256", "moe gateup"), ("E 1025", "E <= 1024"), ("3-D x", "2-D"),
+])
+def test_moe_forward_refuses_what_the_real_op_refuses(case, match):
+    """The real op's checks (moe_forward_impl, launch_down in exl3_moe.sycl): dtype, device, contiguity, K and the
+    kernels' work-split geometry - a tiny model of H 256 or I 128 is refused here as it is there."""
+    from adapters.exl3xpu.ops import device_array
+    ops = ProvidedOps()
+    dev = lambda a: device_array(ops, a)      # noqa: E731
+    H, I, K, E = H_OK, I_OK, 3, 2             # noqa: E741
+    x, ids = np.zeros((1, H), np.float16), np.zeros((1, 1), np.int32)
+    w, ptrs = np.ones((1, 1), np.float32), np.zeros(E, np.int64)
+    args = {"x": dev(x), "ids": dev(ids), "w": dev(w), "ptrs": dev(ptrs)}
+    if case == "host x":
+        args["x"] = x
+    elif case == "fp32 x":
+        args["x"] = dev(x.astype(np.float32))
+    elif case == "int64 ids":
+        args["ids"] = dev(ids.astype(np.int64))
+    elif case == "fp16 w":
+        args["w"] = dev(w.astype(np.float16))
+    elif case == "K 4":
+        K = 4
+    elif case == "I 128":
+        I = 128                               # noqa: E741
+    elif case == "H 256":
+        args["x"] = dev(np.zeros((1, 256), np.float16))
+    elif case == "E 1025":
+        E = 1025
+        args["ptrs"] = dev(np.zeros(E, np.int64))
+    elif case == "3-D x":
+        args["x"] = dev(x.reshape(1, 1, H))
+    with pytest.raises(OpError, match=match):
+        ops.moe_forward(args["x"], args["ids"], args["w"], args["ptrs"], I, K, E)
+
+
+def test_addresses_are_written_as_s64():
+    assert surface.s64(2 ** 64 - 8) == -8 and surface.s64(2 ** 63 - 1) == 2 ** 63 - 1
+    a = np.zeros(8, np.uint8)
+    assert surface.address(a) == int(a.ctypes.data)
 
 
 def test_memcpy_async_copies_between_addresses_inside_its_memory_only():
@@ -122,3 +198,22 @@ def test_memcpy_async_copies_between_addresses_inside_its_memory_only():
         ops.memcpy_async(int(stray.ctypes.data), int(host.ctypes.data), 4096)
     with pytest.raises(OpError, match=r"\+4097 B\) is not inside"):
         ops.memcpy_async(int(dev.ctypes.data), int(host.ctypes.data), 4097)
+
+
+def test_arc_check_stops_when_exl3xpus_own_ops_do_not_load(monkeypatch, tmp_path, capsys):
+    """benchmarks/exl3xpu_arc_check.py on a machine where exl3xpu imports but its _moe.so does not load: one line,
+    exit 2, no check run on moetier's stand-in ops in its place."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("arc_check", surface.__file__.replace(
+        "adapters/exl3xpu/surface.py", "benchmarks/exl3xpu_arc_check.py"))
+    arc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(arc)
+
+    def no_lib():
+        raise OSError("_moe.so: cannot open shared object file")
+    monkeypatch.setattr(surface, "installed_version", lambda: "0.1.0")
+    monkeypatch.setattr(surface, "EngineOps", no_lib)
+    assert arc.main(["--out", str(tmp_path / "arc.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "_moe.so" in err and "did not load" in err
+    assert arc.RESULTS == [] and not (tmp_path / "arc.json").exists()

@@ -44,6 +44,8 @@ def attach(model, fake, R, st, **kw):
     att = attach_(model, R, st, record=True, **kw)
     fake.memory.add_tensor(att.backend.arena)
     fake.memory.add(att.backend.pool.base, att.backend.pool.nbytes)
+    if att.bounce is not None:
+        fake.memory.add_tensor(att.bounce)         # the home of every expert outside the VRAM tier: zeros
     return att
 
 
@@ -141,16 +143,16 @@ def test_lane_deal_equals_the_simulators(tiny, engine, split):
 
 
 def test_rows_point_only_at_landed_slots_and_cpu_picks_never_reach_the_engine(tiny, engine):
-    from tests.exllamav3_fakes import A_GU
+    from tests.exllamav3_fakes import A_GATE
     model, fake = engine
     spec, _, st, _ = tiny
     att = attach(model, fake, recipe(*SPLITS["nvme-tail"]), st)
     seen = {"engine": 0, "masked": 0}
 
-    def check(bc, sel):
+    def check(bc, sel, w):
         """As the engine's kernel runs: every pick it gets has its rows on the slot the ledger has its landed bytes
-        in; every pick of moetier's lanes reaches it as -1."""
-        o = next(i for i, t in enumerate(att.tables) if t.gu["trellis"] is bc.args[A_GU[0]])
+        in; every pick of moetier's lanes reaches it as -1 with weight 0 (the kernel skips on the weight)."""
+        o = next(i for i, t in enumerate(att.tables) if t.multi["gate"].ptrs_trellis is bc.args[A_GATE[0]])
         _, o2, picks, dealt = att.deals[-1]
         assert o2 == o
         mine = set(dealt["gpu"] + dealt["zerocopy"] + dealt["nvme_gpu"])
@@ -161,7 +163,7 @@ def test_rows_point_only_at_landed_slots_and_cpu_picks_never_reach_the_engine(ti
             for j in range(sel.shape[1]):
                 k = base + int(routed[r, j])
                 if int(sel[r, j]) < 0:
-                    assert k not in mine
+                    assert k not in mine and float(w[r, j]) == 0.0
                     seen["masked"] += 1
                     continue
                 assert k in mine
@@ -177,6 +179,54 @@ def test_rows_point_only_at_landed_slots_and_cpu_picks_never_reach_the_engine(ti
     run(model, att, inputs(spec, seed=17))
     assert seen["engine"] > 0 and seen["masked"] > 0, seen
     att.detach()
+
+
+def test_keeping_only_the_fused_gu_tables_current_computes_stale_experts(tiny, engine):
+    """run_bszN reads the gate/up/down MultiLinear tables; the fused kernels' gu tables [E, 2] are stored and never
+    read on that path. The broken variant of the adapter - its decode pointing writes the gu tables and the down
+    table only, the gate/up MultiLinear rows left at home (the bounce record after hand-over) - must fail the
+    float64 check that the adapter as shipped passes."""
+    model, fake = engine
+    spec, _, st, _ = tiny
+    xs = inputs(spec, seed=5)
+
+    def gu_only(t):
+        def point(expert, base):
+            addr = t.addresses(base)
+            for part, tab in t.gu.items():
+                tab[expert, 0], tab[expert, 1] = addr[f"gate_{part}"], addr[f"up_{part}"]
+            for part in ("trellis", "suh", "svh"):
+                getattr(t.multi["down"], f"ptrs_{part}")[expert] = addr[f"down_{part}"]
+        return point
+
+    for broken in (False, True):
+        att = attach(model, fake, recipe(*SPLITS["ram-only"]), st, exact=True)
+        if broken:
+            for t in att.tables:
+                t.point = gu_only(t)
+        got = run(model, att, xs)
+        att.detach()
+        if broken:
+            with pytest.raises(AssertionError):
+                assert_within(got, xs, lambda *a: reference(tiny, *a))
+        else:
+            assert_within(got, xs, lambda *a: reference(tiny, *a))
+
+
+@pytest.mark.parametrize("stage", ["router_pre_norm", "routed_pre_norm", "latent_in"])
+def test_attach_refuses_a_block_whose_experts_input_differs_from_the_routers(tiny, engine, stage):
+    from moetier.errors import UserError
+    model, fake = engine
+    _, _, st, _ = tiny
+    m = model.modules[1]
+    setattr(m, stage, object())                  # any norm or projection between the router's input and the experts'
+    try:
+        with pytest.raises(UserError) as e:
+            attach(model, fake, recipe(*SPLITS["nvme-tail"]), st)
+        assert "\n" not in str(e.value) and m.key in str(e.value) and stage in str(e.value)
+        attach(model, fake, recipe(*SPLITS["nvme-tail"]), st, exact=True).detach()    # no cpu lane: nothing to refuse
+    finally:
+        setattr(m, stage, None)
 
 
 def test_residency_rule_through_the_adapter_under_adversarial_timing(tiny, engine):
@@ -269,7 +319,15 @@ def test_only_the_vram_tier_is_in_the_engines_tables_and_no_expert_holds_engine_
     assert att.handed_over == spec.moe_layers * spec.experts
     assert set(att.engine_expert_bytes().values()) == {0}
     gc.collect()
-    assert all(r() is None for r in owned), "the engine still holds its own copy of some expert tensor"
+    kept = [r() for r in owned if r() is not None]
+    assert not kept, (f"{len(kept)} of the engine's own expert tensors are still referenced, e.g. by "
+                      f"{[type(x).__name__ for x in gc.get_referrers(kept[0])]}")
+    for m in model.modules:       # the live bound classes (the C++ side on a GPU) hold only views of moetier's memory
+        for lbc in (b for lists in m.bc.args[40:43] for b in lists):
+            for ten in (lbc.trellis, lbc.suh, lbc.svh):
+                a = int(ten.data_ptr())
+                assert any(b <= a < b + n for b, n in ((int(att.backend.arena.data_ptr()), att.backend.arena.numel()),
+                                                       (int(att.bounce.data_ptr()), att.bounce.numel())))
     L, rt, be = att.rt.L, att.rt, att.backend
     bounce = int(att.bounce.data_ptr())
     vram = [k for k in range(att.R.keys) if L.state_of(k) == "vram"]

@@ -11,8 +11,9 @@ states). Two modes:
   the simulator's ``plan_layer`` on the modeled clock, so the deal is the simulator's; demand NVMe reads; moetier's
   cpu lane on the RAM slots; residency changes through ledger tickets, a key resident only after its handle reported
   landed). The gpu / zerocopy / NVMe -> VRAM picks have their pointer-table rows pointed at their landed slot (VRAM
-  slot, or a RAM slot read over the bus); every other pick (cpu lane, masked) reaches ``moe_forward`` as the layer's
-  safe expert with weight 0, which contributes exactly 0. Output = ``moe_forward``'s fixed-order sum + moetier's
+  slot, or a RAM slot read over the bus); every other pick (cpu lane, masked) reaches ``moe_forward`` as one of the
+  call's engine picks with weight 0 (the kernel computes it and adds 0 x its output: its bytes are landed, so that is
+  exactly 0); a call with no engine pick does not run the kernel. Output = ``moe_forward``'s fixed-order sum + moetier's
   partial summed in the router's slot order; then ``fence`` and only then the layer's slots are freed.
 * **graph** (decode as XPU graph replays: no Python per layer, no host sync inside a step): ``apply`` stands for the
   captured kernel and reads only the device copies, ``dev_table`` (the pointer tables) and ``dev_ok`` (per key: its
@@ -136,8 +137,14 @@ class Attached:
         y, rows_keys = self._plan(o, ids, w, x)
         mine = self.backend.engine_keys
         engine = np.array([[k in mine for k in row] for row in rows_keys], bool).reshape(ids.shape)
-        out = np.asarray(apply0(x, np.where(engine, ids, 0).astype(np.int32), np.where(engine, w, 0.0)
-                                .astype(np.float32)), np.float32)
+        if not engine.any():             # every pick is moetier's: the kernel would add only weight-0 picks
+            out = np.zeros_like(y)
+        else:
+            # the kernel computes weight-0 picks too (0 x their output): each masked pick reads the bytes of one the
+            # engine computes in this call, which are landed, never a row that may name a stale slot
+            safe = int(ids[engine][0])
+            out = np.asarray(apply0(x, np.where(engine, ids, safe).astype(np.int32), np.where(engine, w, 0.0)
+                                    .astype(np.float32)), np.float32)
         self.be.fence()                  # the kernel and every transfer done: slots may be reused
         self.rt.end_layer()
         return out + y

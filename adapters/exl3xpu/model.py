@@ -2,8 +2,8 @@
 
 Contract
 --------
-``TINY`` is the tiny model's spec (moetier.bytes.synth_exl3.SynthSpec): 2 MoE layers x 16 experts, top-2, hidden 256,
-intermediate 128, K 3 (mul1), a gated shared expert, no MTP layer. ``write_tiny(path, seed)`` writes its checkpoint.
+``TINY`` is the tiny model's spec (moetier.bytes.synth_exl3.SynthSpec): 2 MoE layers x 16 experts, top-2, hidden 640,
+intermediate 640, K 3 (mul1), a gated shared expert, no MTP layer. ``write_tiny(path, seed)`` writes its checkpoint.
 
 ``build_model(path, ops)`` loads it the way exl3xpu's SGLang method does: every routed expert packed into the engine's
 host store at load time (one ``ops.host_alloc`` buffer, the blob of ``layer * E + e`` at ``key * record`` where record
@@ -24,7 +24,9 @@ import numpy as np
 
 from moetier.bytes import synth_exl3
 
-TINY = synth_exl3.SynthSpec(layout="qwen", hidden=256, inter=128, experts=16, topk=2, moe_layers=2, mtp_layers=0,
+# hidden and intermediate 640: the smallest geometry exl3xpu's moe_forward takes (its GEMV work splits need H/16 and
+# I/16 multiples of 40; adapters.exl3xpu.ops.refusal)
+TINY = synth_exl3.SynthSpec(layout="qwen", hidden=640, inter=640, experts=16, topk=2, moe_layers=2, mtp_layers=0,
                             shared=1, bits=3, codebook="mul1", act_limit=0.0, shards=1)
 
 
@@ -50,7 +52,13 @@ class Method:
         self.home = ptrs.copy()
 
     def apply(self, x, topk_ids, topk_w):
-        return self.ops.moe_forward(x, topk_ids, topk_w, self.ptrs, self.inter, self.K, len(self.ptrs))
+        """The op on its own terms: fp16 rows, int32 ids, fp32 weights and the table, all on the device."""
+        from adapters.exl3xpu import surface
+        dev = surface.device_input(self.ops)
+        y = self.ops.moe_forward(dev(np.asarray(x, np.float16)), dev(np.asarray(topk_ids, np.int32)),
+                                 dev(np.asarray(topk_w, np.float32)), dev(self.ptrs), self.inter, self.K,
+                                 len(self.ptrs))
+        return y.float().cpu().numpy() if hasattr(y, "cpu") else np.asarray(y, np.float32)
 
 
 @dataclass

@@ -8,12 +8,19 @@ arrays where the real ops take torch tensors:
 
 * ``moe_forward(x, topk_ids, topk_w, ptrs, I, K, n_experts)``: the grouped MoE with every expert addressed only
   through ``ptrs`` (int64[n_experts], one address per expert): y[r] = sum over j (in slot order, fp32) of
-  topk_w[r, j] * expert(ptrs[topk_ids[r, j]])(x[r]). Each expert is computed by moetier's EXL3 CPU kernel
-  (backends.cpu.exl3, fp16 at the engine's rounding points; the NumPy reference where numba is missing) on the
-  blob at that address. Every address a pick reads must lie inside memory the stand-in allocated (``host_alloc``,
-  or ``device_empty``: the stand-in's ``torch.empty(device="xpu")``), or the op raises - a row that points nowhere
-  fails loudly instead of reading junk. A pick of weight 0 (the masked "safe expert, weight 0" of the tier)
-  contributes exactly 0 and its row is still checked.
+  topk_w[r, j] * expert(ptrs[topk_ids[r, j]])(x[r]), returned in x's dtype. Each expert is computed by moetier's EXL3
+  CPU kernel (backends.cpu.exl3, fp16 at the engine's rounding points; the NumPy reference where numba is missing) on
+  the blob at that address. It refuses (OpError, one line) what the real op refuses, with the real op's checks
+  (``refusal``: moe_forward_impl, launch_down and moe_prefill in exl3_moe.sycl, see ``SOURCE``): the four inputs
+  must be device memory (XPU tensors there: here arrays in the stand-in's device memory, ``device_array``), x 2-D
+  fp16 with unit stride along H (bf16, which the real op also takes, has no numpy dtype), ids int32, weights fp32 and
+  ptrs int64, each contiguous; n_experts <= 1024, H and I multiples of 128, K = 3; the decode kernels' work splits
+  (the down GEMV's I/16 rows over P = 10 k-splits for one row, else 5, in batches of min(40 / P, 8); the gate/up
+  GEMV's H/16 rows over 5 k-splits in batches of 8 - the source checks the first and silently truncates the second)
+  and, from 256 rows, the prefill geometry (H a multiple of 512). Every pick is computed, a weight-0 pick too (the
+  kernel has no skip): its contribution is 0 * output, so a row pointing at bytes that decode to inf or NaN makes
+  the output NaN, as on the device. Every address a pick reads must lie inside memory the stand-in allocated
+  (``host_alloc``, ``device_empty``), or the op raises - a row that points nowhere fails loudly.
 * ``host_alloc(nbytes)``: USM host memory, a page-aligned uint8 array (the real op: a CPU uint8 tensor over
   ``sycl::malloc_host``), freed when the array is dropped.
 * ``usm_kind(ptr)``: an int, as the real op returns it: 0 unknown (pageable), 1 host USM, 2 device USM, 3 shared.
@@ -54,6 +61,59 @@ class OpError(RuntimeError):
     """An op was called with arguments the real op would fault or fail on (bad id, address outside any region)."""
 
 
+# where the real op's checks are: the exl3_moe.sycl the B70 image's _moe.so is built from, as published with the
+# offload project (exl3xpu's own repository has no commit recorded; reference docs/adapters.md section 0)
+SOURCE = ("https://github.com/sybil-solutions/qwen38-flash-next-b70-offload/blob/"
+          "557f80fe0f4235a76d4cf835f89e108d599b5e94/experimental/n111-victim-ring/csrc/exl3_moe.sycl")
+MAX_EXPERTS = 1024
+PREFILL_MIN_M = 256          # g_prefill_min_m: from this many rows the DPAS prefill path runs
+GU_P = 5                     # g_gu_p: the gate/up GEMV's k-splits
+
+
+def refusal(x, ids, w, ptrs, I, K, n_experts, kind_of, splits: bool = True) -> str | None:  # noqa: E741
+    """Why the real moe_forward refuses these arguments (None: it takes them); ``kind_of(ptr)`` is usm_kind;
+    ``splits=False`` leaves out the kernels' work-split geometry (prefill, down and gate/up splits)."""
+    return _inputs(x, ids, w, ptrs, int(n_experts), kind_of) or _geometry(x, I, K, int(n_experts), splits)
+
+
+def _inputs(x, ids, w, ptrs, E, kind_of) -> str | None:
+    """The tensors: on the device, dtypes, contiguity and shapes (moe_forward_impl's first checks)."""
+    for name, a in (("x", x), ("topk_ids", ids), ("topk_w", w), ("ptrs", ptrs)):
+        if not isinstance(a, np.ndarray) or (a.size and kind_of(int(a.ctypes.data)) != geometry.USM_DEVICE):
+            return f"{name} is not device memory (the op takes XPU tensors)"
+    if x.ndim != 2 or (x.shape[1] > 1 and x.strides[1] != x.itemsize):
+        return f"x must be 2-D with unit stride along H, got shape {list(x.shape)}"
+    for name, a, dt in (("topk_ids", ids, np.int32), ("topk_w", w, np.float32), ("ptrs", ptrs, np.int64)):
+        if a.dtype != dt or not a.flags.c_contiguous:
+            return f"{name} must be contiguous {np.dtype(dt).name}, got {a.dtype}"
+    if ids.ndim != 2 or ids.shape != w.shape or ids.shape[0] != x.shape[0] or ptrs.shape != (E,):
+        return (f"x {list(x.shape)}, topk_ids {list(ids.shape)}, topk_w {list(w.shape)}, ptrs {list(ptrs.shape)}: "
+                f"expected [M, H], [M, k], [M, k], [{E}]")
+    return None
+
+
+def _geometry(x, I, K, E, splits) -> str | None:  # noqa: E741
+    """E, H, I and K, x's dtype, then the kernels' work splits, in the order the op meets them."""
+    M, H = x.shape
+    if not (E <= MAX_EXPERTS and H % 128 == 0 and I % 128 == 0):
+        return f"E <= {MAX_EXPERTS}, H % 128 == 0 and I % 128 == 0 required, got E={E} H={H} I={I}"
+    if splits and M >= PREFILL_MIN_M and not (K == 3 and H % 512 == 0 and (2 * I // 16) % 8 == 0):
+        return f"moe prefill geometry: K=3, H % 512 == 0 needed from {PREFILL_MIN_M} rows, got H={H} K={K}"
+    if K != 3:
+        return f"moe: K=3 only in this build, got K={K}"
+    if x.dtype != np.float16:
+        return f"x dtype: fp16 (or bf16) required, got {x.dtype}"
+    if not splits or M == 0:
+        return None
+    P = 10 if M <= 1 else 5
+    RB = min(40 // P, 8)
+    if not ((I // 16) % P == 0 and ((I // 16) // P) % RB == 0):
+        return f"moe down: I/16 split: I={I} is not {P} k-splits of a multiple of {RB} tile-rows"
+    if not ((H // 16) % GU_P == 0 and ((H // 16) // GU_P) % 8 == 0):
+        return f"moe gateup: H={H} is not {GU_P} k-splits of a multiple of 8 tile-rows (the kernel would skip rows)"
+    return None
+
+
 class _Memory:
     """The stand-in's allocations: base address -> (nbytes, USM kind, a weak reference to the array owning the bytes,
     the offset of base in it). An allocation leaves when its owner is collected (every view of it dropped)."""
@@ -76,7 +136,8 @@ class _Memory:
             self._bases.remove(base)
 
     def _find(self, ptr: int, nbytes: int = 1):
-        i = bisect.bisect(self._bases, int(ptr)) - 1
+        ptr = int(ptr) & ((1 << 64) - 1)           # an s64-wrapped address names the same byte
+        i = bisect.bisect(self._bases, ptr) - 1
         if i >= 0:
             base = self._bases[i]
             size, kind, ref, off = self._regions[base]
@@ -107,16 +168,26 @@ def _aligned(nbytes: int) -> np.ndarray:
 
 def device_empty(table: "ProvidedOps", nbytes: int) -> np.ndarray:
     """The stand-in's ``torch.empty(nbytes, dtype=uint8, device="xpu")``: device memory of ``table`` (usm_kind 2)."""
-    a = _aligned(nbytes)
+    a = _aligned(max(int(nbytes), 1))[:int(nbytes)]
     table._memory.enter(a, geometry.USM_DEVICE)
     return a
+
+
+def device_array(table: "ProvidedOps", a) -> np.ndarray:
+    """The stand-in's ``torch.from_numpy(a).to("xpu")``: a contiguous copy of ``a`` in ``table``'s device memory."""
+    a = np.ascontiguousarray(a)
+    d = device_empty(table, a.nbytes)
+    d[:] = a.reshape(-1).view(np.uint8)
+    return d.view(a.dtype).reshape(a.shape)
 
 
 class ProvidedOps:
     provider = f"moetier ({CPU_KERNEL})"
 
-    def __init__(self, codebook: str = "mul1", act_limit: float = 0.0):
-        self._codebook, self._act_limit = codebook, float(act_limit)
+    def __init__(self, codebook: str = "mul1", act_limit: float = 0.0, *, kernel_splits: bool = True):
+        """``kernel_splits=False``: moe_forward takes geometries whose work splits the real kernels refuse (the
+        conformance suite's H 256 x I 128 records); every other check of the real op stays."""
+        self._codebook, self._act_limit, self._splits = codebook, float(act_limit), bool(kernel_splits)
         self._memory = _Memory()
         self._layouts: dict = {}
         self.calls = {"moe_forward": 0, "pairs": 0, "experts": 0}
@@ -129,36 +200,38 @@ class ProvidedOps:
 
     # -- compute ----------------------------------------------------------------------------------------------
     def moe_forward(self, x, topk_ids, topk_w, ptrs, I, K, n_experts):  # noqa: E741
-        x = np.asarray(x, np.float32)
-        ids, w = np.asarray(topk_ids, np.int32), np.asarray(topk_w, np.float32)
-        ptrs = np.asarray(ptrs, np.int64)
+        why = refusal(x, topk_ids, topk_w, ptrs, int(I), int(K), n_experts, self._memory.kind, self._splits)
+        if why:
+            raise OpError(f"moe_forward: {why} ({SOURCE})")
         M, H = x.shape
-        if ids.shape != w.shape or ids.shape[0] != M or ptrs.shape != (int(n_experts),):
-            raise OpError(f"moe_forward: x {x.shape}, topk_ids {ids.shape}, topk_w {w.shape}, ptrs {ptrs.shape} "
-                          f"(expected [M, H], [M, k], [M, k], [{n_experts}])")
+        ids, w = topk_ids, topk_w
+        out16 = device_empty(self, M * H * 2).view(np.float16).reshape(M, H)
+        if M == 0:
+            return out16
         if ids.size and (ids.min() < 0 or ids.max() >= n_experts):
             raise OpError(f"moe_forward: topk_ids outside 0..{n_experts - 1}")
         lay = self._layout(H, int(I), int(K))
         nblob = geometry.blob_bytes(H, int(I), int(K))
         self.calls["moe_forward"] += 1
+        xf = x.astype(np.float32)
         rows: dict = {}
         for r in range(M):
             for j in range(ids.shape[1]):
                 e = int(ids[r, j])
                 rec = self._memory.view(int(ptrs[e]), nblob)                # every row read is checked
-                if w[r, j] != 0.0:
-                    rows.setdefault(e, (rec, []))[1].append(r)
+                rows.setdefault(e, (rec, []))[1].append(r)                  # weight 0 too: the kernel has no skip
         jobs = [(e, rec, sorted(set(rs))) for e, (rec, rs) in rows.items()]
-        done = self._experts(lay, jobs, x)
+        done = self._experts(lay, jobs, xf)
         out = {e: dict(zip(rs, np.asarray(done[e], np.float32))) for e, _, rs in jobs}
         self.calls["experts"] += len(jobs)
         y = np.zeros((M, H), np.float32)
-        for r in range(M):                  # combine: fixed order, slot j ascending, fp32
-            for j in range(ids.shape[1]):
-                if w[r, j] != 0.0:
+        with np.errstate(invalid="ignore", over="ignore"):
+            for r in range(M):              # combine: fixed order, slot j ascending, fp32
+                for j in range(ids.shape[1]):
                     y[r] += w[r, j] * out[int(ids[r, j])][r]
                     self.calls["pairs"] += 1
-        return y
+            out16[:] = y                    # the output in x's dtype (empty_like(x) in the real op)
+        return out16
 
     def _experts(self, lay, jobs, x) -> dict:
         """{expert: its unweighted output rows} for jobs [(expert, blob bytes, rows)]."""
@@ -189,9 +262,10 @@ class SyclOps(ProvidedOps):
     address first, so ``ptrs`` alone still says which bytes are computed. ``device``: a dpctl filter string (default:
     dpctl's default)."""
 
-    def __init__(self, store, codebook: str = "mul1", act_limit: float = 0.0, *, slots: int = 64, device=None):
+    def __init__(self, store, codebook: str = "mul1", act_limit: float = 0.0, *, slots: int = 64, device=None,
+                 kernel_splits: bool = True):
         from moetier.run.registry import get_backend
-        super().__init__(codebook, act_limit)
+        super().__init__(codebook, act_limit, kernel_splits=kernel_splits)
         self.sycl = get_backend("sycl", store, ram_slots=slots, vram_slots=0, device=device)
         self.provider = f"moetier (SYCL EXL3 kernel on {self.sycl.device.name})"
 

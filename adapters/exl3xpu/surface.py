@@ -71,9 +71,29 @@ class EngineOps:
                                                for a in schema.arguments]}
 
 
+def s64(p: int) -> int:
+    """An address as the signed int64 an int64 tensor holds (exl3xpu's own wrapper, ``s64`` in
+    https://github.com/sybil-solutions/qwen38-flash-next-b70-offload/blob/30d1b5b94d15f020ed926350d37341d7269d3692/plugin/exl3xpu/moe_offload.py): an
+    address at or above 2^63 - a device address may be - wraps to a negative value instead of overflowing the table."""
+    p = int(p)
+    return p - (1 << 64) if p >= (1 << 63) else p
+
+
 def address(buf) -> int:
-    """The address of a torch tensor's or numpy array's first byte (what ``memcpy_async`` and ``ptrs`` take)."""
-    return int(buf.data_ptr()) if hasattr(buf, "data_ptr") else int(buf.ctypes.data)
+    """The address of a torch tensor's or numpy array's first byte, as ``s64`` writes it (what ``memcpy_async`` and
+    ``ptrs`` take)."""
+    return s64(buf.data_ptr() if hasattr(buf, "data_ptr") else buf.ctypes.data)
+
+
+def device_input(table):
+    """``array -> the op's device input``: under exl3xpu's ops an XPU tensor (``moe_forward`` takes XPU tensors only),
+    under moetier's stand-in a copy in its device memory (ops.device_array), which its ``moe_forward`` requires."""
+    import numpy as np
+    if isinstance(table, EngineOps):
+        import torch
+        return lambda a: torch.from_numpy(np.ascontiguousarray(a)).to("xpu")
+    from adapters.exl3xpu import ops
+    return lambda a: ops.device_array(table, a)
 
 
 def host_array(buf):
@@ -117,6 +137,7 @@ def op_table(store=None, **provider_kw):
     moetier's SYCL EXL3 kernel when a ``store`` (the records' geometry) is given and dpctl finds a device, else on its
     EXL3 CPU kernel."""
     if installed_version() is not None:
+        provider_kw.pop("kernel_splits", None)      # the real op decides
         try:
             return EngineOps()
         except (ImportError, OSError, RuntimeError):

@@ -134,6 +134,21 @@ class Tables:
             t.copy_(self.home[name])
 
 
+# BlockSparseMLP.forward (exllamav3 1.6.5) routes on z = router_pre_norm(y) and computes the experts on
+# latent_in(routed_pre_norm(y)); routing_fn sees only z, so moetier's cpu lane is right only where these are absent
+EXPERT_INPUT_STAGES = ("router_pre_norm", "routed_pre_norm", "latent_in")
+
+
+def refuse_split_inputs(modules) -> None:
+    """One line (UserError) for a block whose experts' input differs from its router's: moetier's cpu lane computes
+    on the router input, the only one routing_fn is given."""
+    for m in modules:
+        stages = [a for a in EXPERT_INPUT_STAGES if getattr(m, a, None) is not None]
+        if stages:
+            raise UserError(f"{m.key}: the experts' input differs from the router's ({', '.join(stages)}); moetier's "
+                            f"cpu lane computes on the router's, so attach needs exact=True (no cpu lane) here")
+
+
 def recipe_for(R, modules, store, *, exact: bool = False):
     """The recipe checked against the model and the store (one line naming the mismatch), with the cpu lane off
     in exact mode and the expert sizes of the store's records."""
@@ -148,6 +163,8 @@ class Attached:
                  queue_depth: int = 16, record: bool = False, hand_over: bool = True, load=None):
         surface.require()
         self.modules = redirect.ordered(modules, store)
+        if not exact:
+            refuse_split_inputs(self.modules)
         self.R = recipe_for(R, self.modules, store, exact=exact)
         self.store = store
         self.E = self.R.experts
@@ -270,8 +287,9 @@ class Attached:
         gate, up and down ``LinearEXL3``) become views of the VRAM slot moetier seeded it into, or, for every expert
         not in the VRAM tier, of one shared zeroed bounce record; the engine's own copies are dropped (its per-linear
         bound classes rebuilt over the views) and the tables' home rows point at the same places. So the engine
-        holds no memory of its own for any routed expert, and only the VRAM tier's experts are in its tables.
-        Returns how many experts were handed over."""
+        holds no memory of its own for any routed expert, and only the VRAM tier's experts are in its tables: the
+        block's own bound class, which holds the experts' per-linear ones and through them their tensors, is rebuilt
+        too (load_local), so no C++ object keeps an old tensor alive. Returns how many experts were handed over."""
         import torch
         import exllamav3.modules.quant.exl3 as q
         from exllamav3.ext import exllamav3_ext as ext
@@ -287,8 +305,11 @@ class Attached:
                         setattr(inner, part, views.view(o, e, f"{p}_{part}"))
                     inner.bc = ext.BC_LinearEXL3(inner.trellis, inner.suh, inner.svh, inner.K, inner.bias,
                                                  inner.mcg, inner.mul1, q.g_tensor_cache.get(*inner.bsz1_xh_args))
-                t.point(e, int(src.data_ptr()))
                 n += 1
+            # the block's bound class (ext.BC_BlockSparseMLP) holds the experts' old BC_LinearEXL3 objects, and they
+            # the old tensors: rebuilt over the views (capture runs load_local), the old ones are released and the
+            # MultiLinear tables - the home rows - are built over the views
+            t.gu = t.capture()
             t.home = {name: tt.clone() for name, tt in t._all()}
         return n
 

@@ -1,9 +1,10 @@
 """The exllamav3 adapter on a CUDA GPU with the engine's real kernels: the checks a CPU cannot make.
 
-    python benchmarks/exllamav3_gpu_check.py --out RECORD.json [--steps N] [--checkpoint DIR --recipe ID
+    python benchmarks/device/exllamav3_checks.py --out RECORD.json [--steps N] [--checkpoint DIR --recipe ID
                                              [--compare-plain]]
 
-Run by benchmarks/exllamav3_gpu_check.sh after it has installed and built exllamav3. On the tiny synthetic model
+Run by benchmarks/device/check.sh (step stage2) after it has installed exllamav3 from the carried wheel; the first
+import builds the engine's extension (timed: check ``build``). On the tiny synthetic model
 (adapters.exllamav3.checkpoint.TINY: 2 MoE layers x 16 experts, top-2, hidden 256, intermediate 128, K 3, shared expert;
 its experts packed with moetier.bytes.store.pack_checkpoint), each check prints PASS or FAIL with its figure, and the
 script exits 1 if any failed:
@@ -17,7 +18,8 @@ script exits 1 if any failed:
 5. split     - the attached block under an NVMe tail against the engine's own (unattached) output: rel RMS < 2e-3;
 6. speed     - decode tok/s of the MoE blocks without moetier and with it (nvme-tail), and the simulator's
                prediction for the attached run's deals beside it (reported, not judged);
-7. load      - the tiny model loaded by moetier_load (the engine's own BlockSparseMLP.load on CUDA, its routed experts
+7. hand-over - attach frees the engine's own routed expert tensors on the device (>= 90 % of their bytes);
+8. load      - the tiny model loaded by moetier_load (the engine's own BlockSparseMLP.load on CUDA, its routed experts
                redirected to moetier's slots): no routed expert tensor reaches the checkpoint reader, and in exact
                mode with every expert resident its output is bit-identical to the engine's own load.
 
@@ -36,6 +38,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import os
 import sys
 import tempfile
 import time
@@ -43,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 RESULTS: list = []
@@ -124,17 +127,29 @@ def simulated_tok_s(att) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, help="run record (JSON) to write")
+    ap.add_argument("--out", help="run record (JSON) to write")
+    ap.add_argument("--arch-list", action="store_true",
+                    help="print TORCH_CUDA_ARCH_LIST for this machine's GPU (e.g. 9.0) and exit; exit 2 without one")
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--checkpoint", help="a real EXL3 MoE checkpoint directory (optional)")
     ap.add_argument("--recipe", help="the recipe for --checkpoint")
     ap.add_argument("--compare-plain", action="store_true",
                     help="also load --checkpoint by the engine alone and compare (only if it fits the GPU)")
     args = ap.parse_args(argv)
+    if args.arch_list:
+        return print_arch_list()
+    if not args.out:
+        ap.error("--out is required (unless --arch-list)")
     import torch
     if not torch.cuda.is_available():
-        print("exllamav3_gpu_check: no CUDA device", file=sys.stderr)
+        print("exllamav3_checks: no CUDA device", file=sys.stderr)
         return 2
+    t = time.perf_counter()
+    import exllamav3.ext  # noqa: F401  (the first import builds the extension: 169 .cu + 25 .cpp sources)
+    build_s = time.perf_counter() - t
+    report("build", True, f"exllamav3's extension built and imported in {build_s:.0f} s "
+           f"(MAX_JOBS={os.environ.get('MAX_JOBS')}, TORCH_CUDA_ARCH_LIST={os.environ.get('TORCH_CUDA_ARCH_LIST')})",
+           build_s=build_s)
     from adapters.exllamav3 import checkpoint, standin, surface
     from adapters.exllamav3.attach import attach
     from moetier.bytes import store
@@ -163,6 +178,7 @@ def main(argv=None) -> int:
         att.detach()
     same = all(torch.equal(a, b) for sa, sb in zip(outs["gpu"], outs["zerocopy"]) for a, b in zip(sa, sb))
     report("gpu/zc", same, "bit-identical" if same else "outputs differ between the gpu and zerocopy lanes")
+    handover_check(work, recs, torch)
     att = attach(model, tiny_recipe(8, 12), recs, record=True)
     got = forward_all(model.modules, xs)
     worst = max(rel_rms(a.numpy(), b.numpy()) for sa, sb in zip(got, base) for a, b in zip(sa, sb))
@@ -178,6 +194,47 @@ def main(argv=None) -> int:
     if args.checkpoint:
         real_checkpoint(args, torch)
     return finish(args)
+
+
+def handover_check(work, recs, torch) -> None:
+    """attach's hand-over frees the engine's own expert tensors on the device (the C++ bound classes rebuilt over
+    moetier's views): device memory after attach, less moetier's arena and bounce record, against before, on a
+    freshly loaded copy of the tiny model (its experts still the engine's own)."""
+    import gc
+    from adapters.exllamav3 import checkpoint
+    from adapters.exllamav3.attach import attach
+    model = checkpoint.build_model(work / "ckpt", device="cuda")
+    routed = sum(getattr(lins[e].inner, part).numel() * getattr(lins[e].inner, part).element_size()
+                 for m in model.modules for lins in (m.gates, m.ups, m.downs) for e in range(len(m.ups))
+                 for part in ("trellis", "suh", "svh"))
+    gc.collect()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    att = attach(model, tiny_recipe(8, 12), recs)
+    gc.collect()
+    torch.cuda.synchronize()
+    mine = att.backend.arena.numel() + att.bounce.numel()
+    freed = before + mine - torch.cuda.memory_allocated()
+    report("hand-over", freed >= 0.9 * routed, f"{freed:,} B of the engine's {routed:,} B of routed expert tensors "
+           f"freed on the device (moetier's arena and bounce record, {mine:,} B, counted out)",
+           freed_bytes=freed, routed_bytes=routed)
+    att.detach()
+    del att, model
+    gc.collect()
+
+
+def print_arch_list() -> int:
+    """TORCH_CUDA_ARCH_LIST for the GPU here: its compute capability as torch reports it ("9.0" on an H100/H200)."""
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            raise RuntimeError("torch sees no CUDA device")
+        major, minor = torch.cuda.get_device_capability(0)
+    except Exception as e:
+        print(f"exllamav3_checks: no arch list: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    print(f"{major}.{minor}")
+    return 0
 
 
 class RoutedReads:
@@ -296,7 +353,7 @@ def finish(args) -> int:
     import torch
 
     from adapters.exllamav3 import surface
-    rec = {"kind": "exllamav3-gpu-check", "engine": {"exllamav3": surface.installed_version(),
+    rec = {"kind": "exllamav3-device-check", "engine": {"exllamav3": surface.installed_version(),
                                                      "torch": torch.__version__},
            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
            "t": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "checks": RESULTS}
