@@ -1,21 +1,28 @@
-"""Deliberately BROKEN backends - test-only, used by tests/test_conformance_meta.py to show the suite catches
-breakage. Never use them for anything else.
+"""Deliberately BROKEN backends (mutants) - test-only: tests/test_conformance_meta.py runs the suite against each to
+show a named check catches it. Never use them for anything else.
 
-Each wraps a working backend (the cpu backend; see conformance.capabilities.open_backend) and breaks exactly one
-promise of the contract:
-
-* ``BrokenLandedEarly``   - landed() is True at once, before the bytes are in the slot (the read only starts
-                            when someone wait()s or fence()s)
-* ``BrokenNondeterministic`` - compute() adds tiny noise: still within NMSE, never bit-identical twice
-* ``BrokenBytes``         - a landed fill has one byte flipped
-* ``BrokenSeq``           - handle seq numbers run backwards
+Each wraps a working backend and breaks exactly one promise of the contract. ``MUTANTS`` lists them: the failure,
+the verb it breaks, the check that must catch it and the bases it wraps (the cpu backend, and the sycl backend
+where the verb exists there: push and drain exist only on sycl). ``BROKEN`` maps each ``--backend`` name to a
+factory: ``broken-<failure>`` wraps cpu, ``broken-sycl-<failure>`` wraps sycl. ``broken-declares-nothing``
+declares no lanes and no encodings: the minimum bar (conformance.bar), not a check, rejects it.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import numpy as np
+
+from moetier.run.router import StoreRouter, topk_scores
+
+VICTIM = 5            # the key the one-wrong-expert mutant computes from its neighbour's slot
+SHORT = 4096          # bytes a short read leaves unwritten at the end of a record: one O_DIRECT page
+HOLD = 5              # landed() polls a held transfer answers False before it reports landed
 
 
 class _Wrap:
+    """Forwards everything to the wrapped backend; subclasses override the verb they break."""
+
     def __init__(self, inner):
         self._inner = inner
         self.capabilities = inner.capabilities
@@ -23,96 +30,84 @@ class _Wrap:
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
+
+# -- route ------------------------------------------------------------------------------------------------------------
+
+class _RouteBase(_Wrap):
+    def _scores(self, layer, x, k):
+        rec = self._inner.store.router_record()
+        logits = np.asarray(x, np.float32) @ self._inner.store.router(layer).T
+        return rec, logits, int(k or rec["topk"])
+
+
+class BrokenRouteWrongTopk(_RouteBase):
+    """BROKEN: each row's k-th pick is the (k+1)-th best expert."""
+
+    def route(self, layer, x, rows=None):
+        rec, logits, k = self._scores(layer, x, None)
+        ids, w = topk_scores(logits, k + 1, rec["scoring"], False)
+        ids, w = np.delete(ids, k - 1, axis=1), np.delete(w, k - 1, axis=1)
+        if rec["renormalize"]:
+            w = w / w.sum(axis=1, keepdims=True)
+        return ids.tolist(), w.tolist()
+
+
+class BrokenRouteNotRenormalised(_RouteBase):
+    """BROKEN: the top-k weights are the raw scores, not rescaled to sum 1 as the router record says."""
+
+    def route(self, layer, x, rows=None):
+        rec, logits, k = self._scores(layer, x, None)
+        ids, w = topk_scores(logits, k, rec["scoring"], False)
+        return ids.tolist(), w.tolist()
+
+
+class BrokenRouteDroppedPick(_Wrap):
+    """BROKEN: row 3 loses its last pick (and weight)."""
+
+    def route(self, layer, x, rows=None):
+        picks, weights = StoreRouter(self._inner.store).route(layer, x, rows)
+        if len(picks) > 3:
+            picks[3], weights[3] = picks[3][:-1], weights[3][:-1]
+        return picks, weights
+
+
+# -- compute ----------------------------------------------------------------------------------------------------------
+
+class BrokenComputeScale(_Wrap):
+    """BROKEN: every output scaled by 1.001 (inside the old 5e-4 NMSE bound)."""
+
     def compute(self, lane, jobs, x):
-        return self._inner.compute(lane, jobs, x)
-
-    def fill(self, key, slot, *, prefetch=False):
-        return self._inner.fill(key, slot, prefetch=prefetch)
-
-    def push(self, key, src_slot, vram_slot):
-        return self._inner.push(key, src_slot, vram_slot)
-
-    def drain(self, key, vram_slot, ram_slot):
-        return self._inner.drain(key, vram_slot, ram_slot)
-
-    def landed(self, h):
-        return self._inner.landed(h)
-
-    def wait(self, h):
-        return self._inner.wait(h)
-
-    def fence(self):
-        return self._inner.fence()
-
-    def completed_seq(self):
-        return self._inner.completed_seq()
-
-    def close(self):
-        return self._inner.close()
+        return {k: y * np.float32(1.001) for k, y in self._inner.compute(lane, jobs, x).items()}
 
 
-class _H:
-    """A wrapped handle (seq, key) around the inner backend's handle."""
+class BrokenComputeWrongExpert(_Wrap):
+    """BROKEN: key VICTIM is computed from the bytes of the slot next to its own."""
 
-    __slots__ = ("seq", "key", "inner", "slot", "started")
-    prefetch = False
-
-    def __init__(self, seq, key, inner=None, slot=-1):
-        self.seq, self.key, self.inner, self.slot, self.started = seq, key, inner, slot, inner is not None
-
-    @property
-    def state(self):
-        return self.inner.state if self.inner is not None else "pending"
-
-    @property
-    def t_submit(self):
-        return self.inner.t_submit if self.inner is not None else 0.0
-
-    @property
-    def t_landed(self):
-        return self.inner.t_landed if self.inner is not None else 0.0
+    def compute(self, lane, jobs, x):
+        return self._inner.compute(lane, [(k, s ^ 1 if k == VICTIM else s, r) for k, s, r in jobs], x)
 
 
-class BrokenLandedEarly(_Wrap):
-    """BROKEN: landed() says True while the slot still holds zeros; the read starts only on wait()/fence()."""
+class BrokenComputeRowOffByOne(_Wrap):
+    """BROKEN: each job's last output row is computed from the next row of x."""
 
-    def __init__(self, inner):
-        super().__init__(inner)
-        self._seq = 0
-        self._deferred: list[_H] = []
+    def compute(self, lane, jobs, x):
+        n = len(x)
+        return self._inner.compute(lane, [(k, s, list(r[:-1]) + [(int(r[-1]) + 1) % n]) for k, s, r in jobs], x)
 
-    def fill(self, key, slot, *, prefetch=False):
-        self._inner.ram_view(slot)[:] = 0
-        self._seq += 1
-        h = _H(self._seq, int(key), slot=int(slot))
-        self._deferred.append(h)
-        return h
 
-    def _start(self, h):
-        if not h.started:
-            h.inner = self._inner.fill(h.key, h.slot)
-            h.started = True
-            self._deferred.remove(h)
+class BrokenZerocopyUlp(_Wrap):
+    """BROKEN: the zerocopy lane's outputs are one ulp off the gpu lane's (deterministic, inside every bound)."""
 
-    def landed(self, h):
-        return True                                   # the lie
-
-    def wait(self, h):
-        self._start(h)
-        self._inner.wait(h.inner)
-        return h
-
-    def fence(self):
-        for h in list(self._deferred):
-            self._start(h)
-        self._inner.fence()
-
-    def completed_seq(self):
-        return self._seq
+    def compute(self, lane, jobs, x):
+        out = self._inner.compute(lane, jobs, x)
+        if lane != "zerocopy":
+            return out
+        return {k: np.nextafter(y, np.float32(np.inf)) for k, y in out.items()}
 
 
 class BrokenNondeterministic(_Wrap):
-    """BROKEN: every compute() adds fresh noise of relative size 1e-6 (passes NMSE, fails bit-identity)."""
+    """BROKEN: every compute() adds fresh noise of relative size 1e-6 (NMSE 1e-12, inside every bound; never the
+    same bits twice)."""
 
     def __init__(self, inner):
         super().__init__(inner)
@@ -123,49 +118,303 @@ class BrokenNondeterministic(_Wrap):
         return {k: (y * (1 + 1e-6 * self._rng.standard_normal(y.shape))).astype(np.float32) for k, y in out.items()}
 
 
-class BrokenBytes(_Wrap):
-    """BROKEN: once a fill has landed, one byte of the slot is flipped."""
+# -- transfers that land wrong bytes ----------------------------------------------------------------------------------
+
+class _AfterLanding(_Wrap):
+    """Runs a damage function on a transfer's destination once, right after the inner backend says it landed."""
 
     def __init__(self, inner):
         super().__init__(inner)
-        self._flipped: set = set()
+        self._todo: dict = {}
 
-    def _flip(self, h):
-        if h.state == "landed" and h.seq not in self._flipped:
-            self._flipped.add(h.seq)
-            v = self._inner.ram_view(h.slot)
-            i = (h.key * 7919) % int(self._inner.store.record_bytes)
-            v[i] ^= 0x5A
+    def _track(self, h, damage):
+        self._todo[id(h)] = (h, damage)
+        return h
+
+    def _settle(self, h):
+        got = self._todo.pop(id(h), None)
+        if got is not None:
+            got[1]()
 
     def landed(self, h):
         ok = self._inner.landed(h)
         if ok:
-            self._flip(h)
+            self._settle(h)
         return ok
 
     def wait(self, h):
         r = self._inner.wait(h)
-        self._flip(h)
+        self._settle(h)
         return r
 
     def fence(self):
         self._inner.fence()
+        for h, _ in list(self._todo.values()):
+            self._settle(h)
 
 
-class BrokenSeq(_Wrap):
-    """BROKEN: handle seq numbers decrease (1_000_000 - the real seq)."""
-
-    def _wrap(self, h):
-        return _H(1_000_000 - h.seq, h.key, h, getattr(h, "slot", -1))
+class BrokenFillShortRead(_AfterLanding):
+    """BROKEN: a fill reads all but the last SHORT bytes of the record and reports the read whole."""
 
     def fill(self, key, slot, *, prefetch=False):
-        return self._wrap(self._inner.fill(key, slot, prefetch=prefetch))
+        def cut():
+            self._inner.ram_view(slot)[self._inner.store.record_bytes - SHORT:self._inner.store.record_bytes] = 0
+        return self._track(self._inner.fill(key, slot, prefetch=prefetch), cut)
 
-    def push(self, key, src_slot, vram_slot):
-        return self._wrap(self._inner.push(key, src_slot, vram_slot))
+
+class BrokenBytes(_AfterLanding):
+    """BROKEN: once a fill has landed, one byte of the slot is flipped."""
+
+    def fill(self, key, slot, *, prefetch=False):
+        def flip():
+            self._inner.ram_view(slot)[(int(key) * 7919) % int(self._inner.store.record_bytes)] ^= 0x5A
+        return self._track(self._inner.fill(key, slot, prefetch=prefetch), flip)
+
+
+class BrokenDrainBytesLost(_AfterLanding):
+    """BROKEN: a drain reports landed but the RAM slot never gets the bytes (zeros)."""
 
     def drain(self, key, vram_slot, ram_slot):
-        return self._wrap(self._inner.drain(key, vram_slot, ram_slot))
+        def lose():
+            self._inner.ram_view(ram_slot)[:] = 0
+        return self._track(self._inner.drain(key, vram_slot, ram_slot), lose)
+
+
+class BrokenFillWrongSlot(_Wrap):
+    """BROKEN: fill(key, slot) lands in slot ^ 1."""
+
+    def fill(self, key, slot, *, prefetch=False):
+        return self._inner.fill(key, slot ^ 1, prefetch=prefetch)
+
+
+class BrokenPushWrongSlot(_Wrap):
+    """BROKEN: push(key, src, vram_slot) lands in VRAM slot vram_slot ^ 1."""
+
+    def push(self, key, src_slot, vram_slot):
+        return self._inner.push(key, src_slot, vram_slot ^ 1)
+
+
+class BrokenDrainWrongKey(_Wrap):
+    """BROKEN: drain(key, vram_slot, ram_slot) copies the neighbouring VRAM slot (another key's bytes)."""
+
+    def drain(self, key, vram_slot, ram_slot):
+        return self._inner.drain(key, vram_slot ^ 1, ram_slot)
+
+
+class BrokenSlotReuse(_Wrap):
+    """BROKEN: every fill reads into one staging slot (the arena's last) and is copied out to its own slot only when
+    the queue has drained - the staging slot is reused before the previous read was fenced out of it, so transfers
+    in flight together all land the last read's bytes."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self._stage = int(inner.ram_slot_count) - 1
+        self._out: list = []                          # [(inner handle, destination slot)] not yet copied out
+
+    def fill(self, key, slot, *, prefetch=False):
+        h = self._inner.fill(key, self._stage, prefetch=prefetch)
+        self._out.append((h, int(slot)))
+        return h
+
+    def _flush(self):
+        for h, _ in self._out:
+            self._inner.wait(h)
+        stage = self._inner.ram_view(self._stage)
+        for _, slot in self._out:
+            if slot != self._stage:
+                self._inner.ram_view(slot)[:] = stage
+        self._out.clear()
+
+    def landed(self, h):
+        ok = self._inner.landed(h)
+        if ok and any(o is h for o, _ in self._out):
+            self._flush()
+        return ok
+
+    def wait(self, h):
+        r = self._inner.wait(h)
+        if any(o is h for o, _ in self._out):
+            self._flush()
+        return r
+
+    def fence(self):
+        self._inner.fence()
+        self._flush()
+
+
+# -- landed / fence / seq ---------------------------------------------------------------------------------------------
+
+class _H:
+    """A wrapped handle (seq, key) around the inner backend's handle, started later."""
+
+    __slots__ = ("seq", "key", "inner", "start")
+    prefetch = False
+
+    def __init__(self, seq, key, start):
+        self.seq, self.key, self.inner, self.start = seq, key, None, start
+
+    @property
+    def state(self):
+        return self.inner.state if self.inner is not None else "pending"
+
+    t_submit = t_landed = 0.0
+
+
+class _Deferred(_Wrap):
+    """Transfers of the kinds in ``DEFER`` start only on wait() or fence(); landed() of them is True at once."""
+
+    DEFER: tuple = ()
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self._seq = 0
+        self._deferred: list = []
+
+    def _defer(self, key, start):
+        self._seq += 1
+        h = _H(self._seq, int(key), start)
+        self._deferred.append(h)
+        return h
+
+    def _go(self, h):
+        if h.inner is None:
+            h.inner = h.start()
+            self._deferred.remove(h)
+
+    def fill(self, key, slot, *, prefetch=False):
+        if "fill" not in self.DEFER:
+            return self._inner.fill(key, slot, prefetch=prefetch)
+        self._inner.ram_view(slot)[:] = 0
+        return self._defer(key, lambda: self._inner.fill(key, slot))
+
+    def push(self, key, src_slot, vram_slot):
+        if "push" not in self.DEFER:
+            return self._inner.push(key, src_slot, vram_slot)
+        return self._defer(key, lambda: self._inner.push(key, src_slot, vram_slot))
+
+    def landed(self, h):
+        return True if isinstance(h, _H) else self._inner.landed(h)      # the lie
+
+    def wait(self, h):
+        if isinstance(h, _H):
+            self._go(h)
+            self._inner.wait(h.inner)
+            return h
+        return self._inner.wait(h)
+
+    def fence(self):
+        for h in list(self._deferred):
+            self._go(h)
+        self._inner.fence()
+
+
+class BrokenLandedEarly(_Deferred):
+    """BROKEN: landed() of a fill is True while the slot still holds zeros; the read starts only on wait()/fence()."""
+
+    DEFER = ("fill",)
+
+    def completed_seq(self):
+        return self._seq
+
+
+class BrokenPushLandedEarly(_Deferred):
+    """BROKEN: landed() of a push is True before the copy ends (it starts only on wait()/fence())."""
+
+    DEFER = ("push",)
+
+
+class BrokenLandedNever(_Wrap):
+    """BROKEN: landed() never says True (wait() and fence() still work)."""
+
+    def landed(self, h):
+        return False
+
+
+class _Issued(_Wrap):
+    """Passes the handle of every fill, push and drain through ``_issued(h)`` (what the caller gets back)."""
+
+    def _issued(self, h):
+        return h
+
+    def fill(self, key, slot, *, prefetch=False):
+        return self._issued(self._inner.fill(key, slot, prefetch=prefetch))
+
+    def push(self, key, src_slot, vram_slot):
+        return self._issued(self._inner.push(key, src_slot, vram_slot))
+
+    def drain(self, key, vram_slot, ram_slot):
+        return self._issued(self._inner.drain(key, vram_slot, ram_slot))
+
+
+class _Held(_Issued):
+    """Every transfer whose seq is picked by ``_held_seq`` answers landed() False for its first HOLD polls (a slow
+    transfer: legal); wait() and a true fence() release it."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self._polls: dict = {}
+        self._all: list = []
+
+    def _held_seq(self, seq: int) -> bool:
+        return True
+
+    def _issued(self, h):
+        self._all.append(h)
+        if self._held_seq(h.seq):
+            self._polls[id(h)] = HOLD
+        return h
+
+    def _is_held(self, h) -> bool:
+        return self._polls.get(id(h), 0) > 0
+
+    def landed(self, h):
+        if self._is_held(h):
+            self._polls[id(h)] -= 1
+            return False
+        return self._inner.landed(h)
+
+    def wait(self, h):
+        self._polls.pop(id(h), None)
+        return self._inner.wait(h)
+
+    def fence(self):
+        self._inner.fence()
+        self._polls.clear()
+
+
+class BrokenOutOfOrder(_Held):
+    """BROKEN: completed_seq() is the highest seq that landed, not the highest below which everything landed: with
+    the even-seq transfers held back, it covers handles that have not landed."""
+
+    def _held_seq(self, seq):
+        return seq % 2 == 0
+
+    def completed_seq(self):
+        done = [h.seq for h in self._all if not self._is_held(h) and self._inner.landed(h)]
+        return max(done, default=0)
+
+
+class BrokenSeqStuck(_Wrap):
+    """BROKEN: completed_seq() stays 0 however many transfers land."""
+
+    def completed_seq(self):
+        return 0
+
+
+class BrokenFenceEarly(_Held):
+    """BROKEN: fence() returns at once, with transfers still held (landed() False after it)."""
+
+    def fence(self):
+        return None
+
+
+class BrokenSeq(_Issued):
+    """BROKEN: handle seq numbers decrease (1_000_000 - the real seq)."""
+
+    def _issued(self, h):
+        w = _H(1_000_000 - h.seq, h.key, None)
+        w.inner = h
+        return w
 
     def landed(self, h):
         return self._inner.landed(h.inner)
@@ -175,9 +424,74 @@ class BrokenSeq(_Wrap):
         return h
 
 
-BROKEN = {
-    "broken-landed-early": BrokenLandedEarly,
-    "broken-nondeterministic": BrokenNondeterministic,
-    "broken-bytes": BrokenBytes,
-    "broken-seq": BrokenSeq,
-}
+class BrokenDeclaresNothing(_Wrap):
+    """BROKEN: declares no lanes and no encodings - every check is NOT_SUPPORTED; the minimum bar rejects it."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.capabilities = replace(inner.capabilities, name="broken-declares-nothing", lanes=frozenset(),
+                                    encodings=frozenset())
+
+
+# -- the list ---------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Mutant:
+    failure: str            # the --backend name's tail
+    verb: str
+    cls: type
+    check: str              # the conformance check that must fail on it
+    what: str               # what it breaks, in a few words (docs/conformance.md's table)
+    bases: tuple = ("cpu", "sycl")
+
+
+_ROUTE, _NUM, _FILL = "test_route_top_k_of_the_store_router", "test_numerics_vs_reference", \
+    "test_fill_lands_manifest_bytes"
+MUTANTS = (
+    Mutant("route-wrong-topk", "route", BrokenRouteWrongTopk, _ROUTE, "k-th pick is the (k+1)-th best"),
+    Mutant("route-not-renormalised", "route", BrokenRouteNotRenormalised, _ROUTE, "weights not rescaled to sum 1"),
+    Mutant("route-dropped-pick", "route", BrokenRouteDroppedPick, _ROUTE, "one row loses a pick"),
+    Mutant("compute-scale", "compute", BrokenComputeScale, _NUM, "every output x1.001"),
+    Mutant("compute-wrong-expert", "compute", BrokenComputeWrongExpert, _NUM, "one key computed from another slot"),
+    Mutant("compute-row-off-by-one", "compute", BrokenComputeRowOffByOne, _NUM, "a job's last row read one row on"),
+    Mutant("nondeterministic", "compute", BrokenNondeterministic, "test_deterministic_bit_identical",
+           "1e-6 fresh noise per call"),
+    Mutant("zerocopy-ulp", "compute", BrokenZerocopyUlp, "test_gpu_zerocopy_bit_identical",
+           "zerocopy one ulp off gpu", ("sycl",)),
+    Mutant("fill-wrong-slot", "fill", BrokenFillWrongSlot, _FILL, "lands in slot ^ 1"),
+    Mutant("fill-short-read", "fill", BrokenFillShortRead, _FILL, "last 4 KiB unread, reported whole"),
+    Mutant("bytes", "fill", BrokenBytes, _FILL, "one byte flipped after landing"),
+    Mutant("push-wrong-slot", "push", BrokenPushWrongSlot, "test_push_lands_manifest_bytes", "lands in VRAM slot ^ 1",
+           ("sycl",)),
+    Mutant("push-landed-early", "push", BrokenPushLandedEarly, "test_landed_never_before_readable",
+           "landed() before the copy ends", ("sycl",)),
+    Mutant("drain-bytes-lost", "drain", BrokenDrainBytesLost, "test_drain_returns_pushed_bytes",
+           "lands zeros", ("sycl",)),
+    Mutant("drain-wrong-key", "drain", BrokenDrainWrongKey, "test_drain_returns_pushed_bytes",
+           "copies the neighbouring VRAM slot", ("sycl",)),
+    Mutant("landed-early", "landed", BrokenLandedEarly, "test_landed_never_before_readable",
+           "True before the read starts"),
+    Mutant("landed-never", "landed", BrokenLandedNever, "test_fence_leaves_nothing_pending", "never True"),
+    Mutant("out-of-order", "completed_seq", BrokenOutOfOrder, "test_seq_monotonic",
+           "highest landed seq, not the watermark"),
+    Mutant("seq-stuck", "completed_seq", BrokenSeqStuck, "test_seq_monotonic", "the watermark never moves"),
+    Mutant("fence-early", "fence", BrokenFenceEarly, "test_fence_leaves_nothing_pending",
+           "returns with transfers pending"),
+    Mutant("seq", "handles", BrokenSeq, "test_seq_monotonic", "seq runs backwards"),
+    Mutant("slot-reuse", "fill", BrokenSlotReuse, _FILL, "staging slot reused before it was copied out"),
+)
+
+
+def name_of(m: Mutant, base: str) -> str:
+    return f"broken-{m.failure}" if base == "cpu" else f"broken-{base}-{m.failure}"
+
+
+def _factory(cls, base):
+    def make(store, *, ram_slots, vram_slots=0, **kw):
+        from moetier.run.registry import get_backend
+        return cls(get_backend(base, store, ram_slots=ram_slots, vram_slots=vram_slots, **kw))
+    return make
+
+
+BROKEN = {name_of(m, b): _factory(m.cls, b) for m in MUTANTS for b in m.bases}
+BROKEN["broken-declares-nothing"] = _factory(BrokenDeclaresNothing, "cpu")

@@ -51,7 +51,7 @@ def open_backend(name: str, store, *, ram_slots: int, vram_slots: int = 0, **kw)
     """Construct backend ``name``; raises BackendUnavailable with the reason when it cannot run here."""
     from conformance.broken import BROKEN
     if name in BROKEN:
-        return BROKEN[name](get_backend("cpu", store, ram_slots=ram_slots, **kw))
+        return BROKEN[name](store, ram_slots=ram_slots, vram_slots=vram_slots, **kw)
     check_name(name)
     return get_backend(name, store, ram_slots=ram_slots, vram_slots=vram_slots, **kw)
 

@@ -18,6 +18,7 @@ import pytest
 
 from conformance import capabilities as caps
 from conformance import report
+from conformance.bounds import nmse  # noqa: F401  (re-exported: the backends' own tests import it from here)
 from moetier.run.contract import BackendUnavailable
 
 # the OpenCL CPU runtime of the venv, before dpctl's first device enumeration (same rule as backends.sycl)
@@ -35,6 +36,16 @@ VRAM_SCRATCH = 6
 def pytest_addoption(parser, pluginmanager):
     if not pluginmanager.is_registered(report) and not pluginmanager.has_plugin("conformance.report"):
         pluginmanager.register(report, "conformance.report")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The perf section (figures, never a verdict) runs only with --perf."""
+    if report.STATE.get("perf_on"):
+        return
+    perf = [it for it in items if it.get_closest_marker("perf")]
+    if perf:
+        config.hook.pytest_deselected(items=perf)
+        items[:] = [it for it in items if not it.get_closest_marker("perf")]
 
 
 EXL3_STORE = {"bits": 3, "codebook": "mul1", "act_limit": 10.0}   # GLM-5.3-Flash's experts, at small shapes
@@ -86,9 +97,11 @@ class Kit:
         return r
 
     def ref(self, k: int, x: np.ndarray) -> np.ndarray:
-        """float64 reference output of key k (moetier.expert.reference) for x."""
+        """float64 reference output of key k (moetier.bytes.expert.reference) for x."""
+        import xxhash
         from moetier.bytes import expert
-        ck = (k, x.shape, x.tobytes()[:64])
+        x = np.ascontiguousarray(x)
+        ck = (k, x.shape, x.dtype.str, xxhash.xxh3_128_hexdigest(x.tobytes()))   # the whole input, not a prefix
         r = self._refs.get(ck)
         if r is None:
             r = self._refs[ck] = expert.reference(self.layout, self.rec(k), x)
@@ -121,13 +134,13 @@ def kits(tmp_path_factory, backend_name):
                 report.STATE["unavailable"] = str(e)
                 made[enc] = e
             else:
+                if report.STATE.get("capabilities") is None:         # the backend's, whatever the encoding
+                    report.STATE["capabilities"] = caps.table(kit.be)
                 why = caps.encoding_skip(kit.be, enc)
                 if why:
                     kit.close()
                     made[enc] = why
                 else:
-                    if report.STATE.get("capabilities") is None:     # of a kit that computes, not a skipped one
-                        report.STATE["capabilities"] = caps.table(kit.be)
                     try:
                         kit.load()
                     except Exception as e:  # a failed load fails every check that needs it, with the reason
@@ -188,12 +201,11 @@ def runtime_backend(name: str, R, st, conc: int = 2):
         pytest.skip(f"UNAVAILABLE: {e}")
     if report.STATE.get("capabilities") is None:
         report.STATE["capabilities"] = caps.table(be)
+    why = caps.encoding_skip(be, st.layout.encoding)
+    if why:
+        be.close()
+        pytest.skip(f"{why} (the encoding of the CI recipe {R.id})")
     return be
-
-
-def nmse(y, ref) -> float:
-    y = np.asarray(y, np.float64)
-    return float(((y - ref) ** 2).sum() / max((ref ** 2).sum(), 1e-30))
 
 
 def xrows(rows: int, seed: int = 0) -> np.ndarray:

@@ -2,7 +2,8 @@
 
 Contract: ``markdown(report)`` renders the JSON report (conformance.report.build_report) as: a heading naming the
 backend and device, the capability table, the counts (ran = passed + failed; skipped, each with its reason), then one
-table row per check (check | outcome | reason | seconds), failures first. Pure: a dict in, text out.
+table row per check (check | outcome | reason | seconds), failures first, and the numerics measured beside their
+bounds (the report's ``numerics``) where any ran. Pure: a dict in, text out.
 """
 from __future__ import annotations
 
@@ -30,4 +31,10 @@ def markdown(rep: dict) -> str:
     for c in sorted(rep.get("checks") or [], key=lambda c: (ORDER.get(c["outcome"], 3), c["check"])):
         lines.append(f"| `{_cell(c['check'])}` | {c['outcome']} | {_cell(c.get('reason') or '')} | "
                      f"{c.get('seconds', '')} |")
+    num = rep.get("numerics") or {}
+    if num:
+        lines += ["", "Numerics against the float64 reference, measured beside the bounds (docs/conformance.md):", "",
+                  "| lane-encoding | worst NMSE | bound | best scale - 1 | bound |", "|---|---|---|---|---|"]
+        lines += [f"| {k} | {f['nmse']:.3g} | {f['nmse_bound']:.3g} | {f['scale_minus_1']:+.2g} | {f['scale_bound']:g} |"
+                  for k, f in sorted(num.items())]
     return "\n".join(lines) + "\n"

@@ -5,6 +5,8 @@ Options (group "moetier conformance"):
   --report PATH        also write the JSON report there, and the measured engine record beside it
                        (engine-<ID>.json); without it nothing is written into the working directory
   --write-engine ID    also write the measured engine record to registry/engine/<ID>.json
+  --perf               also run the perf section (checks marked ``perf``: lane costs, fill/push GB/s, the engine
+                       record); it reports figures and never counts as a pass or a fail
 
 pytest parses options before it imports a conftest found through ``--pyargs``, so the options exist only when this
 module is loaded as a plugin up front: ``pytest -p conformance.report --pyargs conformance --backend sycl`` (what
@@ -12,9 +14,10 @@ module is loaded as a plugin up front: ``pytest -p conformance.report --pyargs c
 late registration the environment variables MOETIER_CONFORMANCE_BACKEND / _REPORT / _WRITE_ENGINE stand in.
 
 The report: {"backend", "capabilities" (the table, or null), "unavailable" (the BackendUnavailable reason, or
-null), "counts" {passed, failed, skipped}, "checks" [{"check", "outcome", "reason", "seconds"}], "costs" (measured
-lane costs and push GB/s), "engine" (the validated engine record), "engine_path"}; ``build_report()`` gives it
-in-process after the run (``moetier conformance`` reads it there).
+null), "counts" {passed, failed, skipped}, "checks" [{"check", "outcome", "reason", "seconds"}], "numerics"
+{"<lane>-<encoding>": {nmse, nmse_bound, scale_minus_1, scale_bound, outputs}}, "perf" (the perf section's checks,
+not counted), "costs" (measured lane costs and push GB/s), "engine" (the validated engine record), "engine_path"};
+``build_report()`` gives it in-process after the run (``moetier conformance`` reads it there).
 
 Hypothesis keeps its files (example database, constants cache) under the user cache folder
 ($XDG_CACHE_HOME/moetier/hypothesis, else ~/.cache/moetier/hypothesis) for the run, unless
@@ -30,7 +33,7 @@ import pytest
 
 STATE: dict = {}
 _ENV = {"backend": "MOETIER_CONFORMANCE_BACKEND", "report": "MOETIER_CONFORMANCE_REPORT",
-        "write_engine": "MOETIER_CONFORMANCE_WRITE_ENGINE"}
+        "write_engine": "MOETIER_CONFORMANCE_WRITE_ENGINE", "perf": "MOETIER_CONFORMANCE_PERF"}
 
 
 def pytest_addoption(parser):
@@ -41,6 +44,8 @@ def pytest_addoption(parser):
                 help="also write the measured engine record to registry/engine/<ID>.json")
     g.addoption("--replace-engine", action="store_true", default=False,
                 help="with --write-engine: replace an existing engine record of that id")
+    g.addoption("--perf", action="store_true", default=None,
+                help="also run the perf section (costs, bandwidths, engine record): figures, never a pass or fail")
 
 
 def option(config, name: str):
@@ -80,7 +85,9 @@ def pytest_configure(config):
     STATE.update(backend=name, report=option(config, "report"),
                  write_engine=option(config, "write_engine"),
                  replace_engine=bool(config.getoption("replace_engine", False)), unavailable=None, capabilities=None, checks={},
-                 costs={}, engine=None, engine_path=None, t0=time.time())
+                 costs={}, engine=None, engine_path=None, t0=time.time(), perf_on=bool(option(config, "perf")),
+                 perf={}, numerics={})
+    config.addinivalue_line("markers", "perf: a figure of the perf section (--perf); never a pass or a fail")
 
 
 def _check_name(report) -> str:
@@ -102,8 +109,8 @@ def _reason(report) -> str:
 def pytest_runtest_logreport(report):
     if not STATE or "conformance" not in report.nodeid.split("::")[0].replace("\\", "/").split("/")[:-1]:
         return                              # only checks of the conformance package (not tests/test_conformance_*)
-    checks = STATE["checks"]
     name = _check_name(report)
+    checks = STATE["perf"] if "perf" in report.keywords else STATE["checks"]
     if report.when == "call" or (report.when == "setup" and not report.passed):
         outcome = "pass" if report.passed else ("skip" if report.skipped else "fail")
         checks[name] = {"check": name, "outcome": outcome, "reason": "" if report.passed else _reason(report),
@@ -117,6 +124,7 @@ def build_report() -> dict:
     counts = {k: sum(c["outcome"] == k for c in checks) for k in ("pass", "fail", "skip")}
     return {"backend": STATE.get("backend"), "capabilities": STATE.get("capabilities"),
             "unavailable": STATE.get("unavailable"), "counts": counts, "checks": checks,
+            "numerics": STATE.get("numerics"), "perf": list(STATE.get("perf", {}).values()),
             "costs": STATE.get("costs"), "engine": STATE.get("engine"), "engine_path": STATE.get("engine_path"),
             "seconds": round(time.time() - STATE.get("t0", time.time()), 2)}
 
@@ -134,7 +142,7 @@ def write_report(path=None) -> str:
 
 
 def pytest_terminal_summary(terminalreporter):
-    if not STATE or not STATE.get("checks"):
+    if not STATE or not (STATE.get("checks") or STATE.get("perf")):    # a -k may select the perf section alone
         return
     rep = build_report()
     tw = terminalreporter
@@ -147,7 +155,7 @@ def pytest_terminal_summary(terminalreporter):
                 f"vram_readback={cap['vram_readback']}")
     if rep["unavailable"]:
         tw.line(f"UNAVAILABLE: {rep['unavailable']}")
-    w = max(len(c["check"]) for c in rep["checks"])
+    w = max((len(c["check"]) for c in rep["checks"]), default=5)
     w = min(max(w, 5), 60)
     tw.line(f"{'check':<{w}} | {'result':<6} | reason")
     tw.line(f"{'-' * w}-+-{'-' * 6}-+-{'-' * 30}")
@@ -155,6 +163,11 @@ def pytest_terminal_summary(terminalreporter):
         tw.line(f"{c['check'][:w]:<{w}} | {c['outcome']:<6} | {c['reason']}")
     n = rep["counts"]
     tw.line(f"{n['pass']} pass, {n['fail']} fail, {n['skip']} skip")
+    for what, f in sorted((rep["numerics"] or {}).items()):
+        tw.line(f"numerics {what}: NMSE {f['nmse']:.3g} (bound {f['nmse_bound']:.3g}), scale-1 "
+                f"{f['scale_minus_1']:+.2g} (bound {f['scale_bound']:g})")
+    if rep["perf"]:
+        tw.line("perf (figures only, not counted): " + ", ".join(f"{c['check']} {c['outcome']}" for c in rep["perf"]))
     for lane, fit in sorted((rep["costs"] or {}).get("lanes", {}).items()):
         tw.line(f"cost {lane}: per_layer {fit['per_layer_ms']:.4f} ms, per_expert {fit['per_expert_ms']:.4f} ms, "
                 f"per_extra_token {fit['per_extra_token_ms']:.4f} ms")

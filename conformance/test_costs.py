@@ -1,6 +1,8 @@
-"""Measured costs: per lane per_layer / per_expert / per_extra_token (least squares over experts x rows, the
-engine record's lane cost model), fill and push GB/s, as a validated engine record: written beside the report only
-with --report, and to registry/engine/<ID>.json only with --write-engine ID."""
+"""The perf section (``--perf``; every check here is marked ``perf``): measured costs per lane per_layer /
+per_expert / per_extra_token (least squares over experts x rows, the engine record's lane cost model), fill and
+push GB/s, as a validated engine record: written beside the report only with --report, and to
+registry/engine/<ID>.json only with --write-engine ID. Figures, never a verdict: the report keeps these checks apart
+and does not count them."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -19,6 +21,7 @@ from moetier.run.contract import LANES
 EXPERTS = (1, 2, 4, 8, 16)
 ROWS = (1, 2, 4, 8)
 REPEATS = 5
+pytestmark = pytest.mark.perf
 
 
 def _costs() -> dict:
@@ -50,10 +53,12 @@ def test_lane_cost_fit(kits, lane):
             samples.append({"experts": n, "rows": m, "ms": round(ms, 5)})
     coef, *_ = np.linalg.lstsq(np.array(A), np.array(y), rcond=None)
     assert np.isfinite(coef).all(), coef
-    per_layer, per_expert, per_extra = (max(0.0, float(c)) for c in coef)
+    fit = dict(zip(("per_layer_ms", "per_expert_ms", "per_extra_token_ms"), (float(c) for c in coef)))
+    # the engine record's terms cannot be negative; the unclipped fit stays beside them, so a fit that went
+    # negative shows
     _costs().setdefault("lanes", {})[lane] = {
-        "reads": "vram" if lane == "gpu" else "ram", "per_layer_ms": per_layer, "per_expert_ms": per_expert,
-        "per_extra_token_ms": per_extra, "samples": samples}
+        "reads": "vram" if lane == "gpu" else "ram", **{k: max(0.0, v) for k, v in fit.items()}, "fit": fit,
+        "samples": samples}
 
 
 def _gbps(be, issue, n, rb):

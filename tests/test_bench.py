@@ -1,4 +1,6 @@
 """moetier bench's host-cache measurements on the CI tiny store (real reads, real cpu kernels)."""
+import os
+
 import pytest
 
 import numba  # noqa: F401  (the cpu extra: a missing install fails, it does not skip)
@@ -31,9 +33,20 @@ def test_monotone_pools_adjacent_violators():
     assert bench.monotone([]) == []
 
 
-def test_llc_bytes_reads_sysfs_or_says_zero():
-    n = bench.llc_bytes()
-    assert isinstance(n, int) and n >= 0
+def test_llc_bytes_reads_sysfs_or_says_zero(tmp_path):
+    """The highest level's size from a sysfs-shaped tree (a fake one here: entries unreadable or malformed are
+    passed over), 0 without one; on this host, where sysfs reports caches, a size of at least the L1's."""
+    fake = tmp_path / "cache"
+    for i, (level, size) in enumerate([("1", "48K"), ("2", "1024K"), ("3", "32768K"), ("x", "9M"), ("4", "big")]):
+        (fake / f"index{i}").mkdir(parents=True)
+        (fake / f"index{i}" / "level").write_text(level + "\n")
+        (fake / f"index{i}" / "size").write_text(size + "\n")
+    (fake / "index9").mkdir()
+    assert bench.llc_bytes(str(fake)) == 32768 << 10
+    assert bench.llc_bytes(str(tmp_path / "none")) == 0
+    real = "/sys/devices/system/cpu/cpu0/cache"
+    if os.path.isdir(real) and any(os.path.isfile(f"{real}/{e}/size") for e in os.listdir(real)):
+        assert bench.llc_bytes() >= 16 << 10
 
 
 def test_records_carry_the_cache_measurements_into_a_valid_hardware_record():

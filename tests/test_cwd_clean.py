@@ -55,7 +55,7 @@ def test_compare_plot_and_conformance_report_write_where_asked(tmp_path):
     assert r.returncode == 0 and (tmp_path / "old.png").exists(), "the old name --png still works"
     rep = tmp_path / "out" / "report.json"
     (tmp_path / "out").mkdir()
-    r = _run(["conformance", "--backend", "cpu", "-k", "lane_cost_fit or engine_record", "--report", str(rep)],
+    r = _run(["conformance", "--backend", "cpu", "--perf", "-k", "lane_cost_fit or engine_record", "--report", str(rep)],
              cwd, tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert sorted(os.listdir(tmp_path / "out")) == ["engine-conformance-cpu.json", "report.json"]

@@ -1,10 +1,14 @@
 """`moetier conformance`: run the backend conformance suite (the `conformance` package) against one backend.
 
-Contract: ``moetier conformance --backend NAME [--report PATH] [--md PATH] [--write-engine ID] [-k EXPR] [-x] [-v]``
-runs ``pytest -p conformance.report <the conformance package dir> --backend NAME -rs`` in this process and exits
+Contract: ``moetier conformance --backend NAME [--report PATH] [--md PATH] [--perf] [--write-engine ID] [-k EXPR]
+[-x] [-v]`` runs ``pytest -p conformance.report <the conformance package dir> --backend NAME -rs`` in this process
+and exits
 
-  0  every check that ran passed (NOT_SUPPORTED checks are skipped with their reason),
-  1  at least one check failed,
+  0  every check that ran passed (NOT_SUPPORTED checks are skipped with their reason) and, on a full run (no -k,
+     no -x), the backend meets the minimum bar (conformance.bar: one lane's numerics, fill, landed/fence, the
+     residency rule),
+  1  at least one check failed, or the minimum bar is not met (one line on stderr says which part and why; a
+     backend that declares no lanes is named as such),
   2  a user error: an unknown backend name, or NOTHING could run because the backend's runtime or device is
      missing (the one-line BackendUnavailable reason is printed, e.g. "no CUDA device"); a --report is still
      written with every check skipped.
@@ -17,6 +21,7 @@ the user cache, conformance.report).
 from __future__ import annotations
 
 import os
+import sys
 
 from moetier.atomic import atomic_write
 from moetier.cli.outpath import check as check_out
@@ -36,6 +41,8 @@ def register(sub, parser_class) -> None:
                    "<user registry>/engine/<ID>.json")
     p.add_argument("--force", action="store_true", help="with --write-engine: replace an existing record, or write "
                    "a shipped id (the user registry's copy then overlays the shipped one)")
+    p.add_argument("--perf", action="store_true", help="also run the perf section (lane costs, fill/push GB/s, the "
+                   "engine record): figures only, never counted as a pass or a fail")
     p.add_argument("-k", dest="select", metavar="EXPR", help="pytest -k expression selecting checks")
     p.add_argument("-x", dest="exitfirst", action="store_true", help="stop at the first failure")
     p.add_argument("-v", dest="verbose", action="store_true", help="verbose pytest output")
@@ -43,7 +50,7 @@ def register(sub, parser_class) -> None:
 
 
 def pytest_args(backend: str, report: str | None, *, write_engine=None, select=None, exitfirst=False,
-                verbose=False, force=False) -> list:
+                verbose=False, force=False, perf=False) -> list:
     from conformance import capabilities
     pkg = os.path.dirname(os.path.abspath(capabilities.__file__))   # a path, not --pyargs: works from any cwd even
     args = ["-p", "conformance.report", pkg, "--backend", backend,  # under an old editable install
@@ -54,6 +61,8 @@ def pytest_args(backend: str, report: str | None, *, write_engine=None, select=N
         args += ["--write-engine", write_engine]
         if force:
             args.append("--replace-engine")
+    if perf or write_engine:                            # the engine record is the perf section's figures
+        args.append("--perf")
     if select:
         args += ["-k", select]
     if exitfirst:
@@ -64,7 +73,7 @@ def pytest_args(backend: str, report: str | None, *, write_engine=None, select=N
 
 
 def cmd_conformance(args) -> int:
-    from conformance import capabilities
+    from conformance import bar, capabilities
     capabilities.check_name(args.backend)               # UserError -> one line, exit 2
     try:
         import pytest
@@ -83,7 +92,8 @@ def cmd_conformance(args) -> int:
         os.unlink(report)
     plugin.STATE.clear()
     rc = pytest.main(pytest_args(args.backend, report, write_engine=args.write_engine, select=args.select,
-                                 exitfirst=args.exitfirst, verbose=args.verbose, force=args.force))
+                                 exitfirst=args.exitfirst, verbose=args.verbose, force=args.force,
+                                 perf=args.perf))
     rep = plugin.build_report() if plugin.STATE.get("checks") else None
     if rep is not None and args.md:
         from conformance.publish import markdown
@@ -94,7 +104,10 @@ def cmd_conformance(args) -> int:
         if rep.get("unavailable") and n["pass"] == 0 and n["fail"] == 0:
             raise UserError(f"conformance: nothing could run: {rep['unavailable']}"
                             + (f" (report: {report})" if report else ""))
-        return 1 if n["fail"] else 0
+        why = None if args.select or args.exitfirst else bar.shortfall(rep)   # a selection cannot meet the bar
+        if why:
+            print(f"conformance: {why}" + (f" (report: {report})" if report else ""), file=sys.stderr)
+        return 1 if n["fail"] or why else 0
     if int(rc) == 5:                                   # no tests collected / selected
         raise UserError(f"conformance: no check selected{f' by -k {args.select!r}' if args.select else ''}")
     return 1 if int(rc) else 0

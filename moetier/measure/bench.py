@@ -179,10 +179,9 @@ def fit_cpu_lane(rows, workers: int, read_cpu: float | None = 0.0) -> dict:
     return out
 
 
-def llc_bytes() -> int:
+def llc_bytes(base: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
     """Size of the host's last-level cache from sysfs (0 where it is not reported)."""
     best = (0, 0)
-    base = "/sys/devices/system/cpu/cpu0/cache"
     try:
         entries = os.listdir(base)
     except OSError:
