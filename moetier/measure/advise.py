@@ -58,10 +58,13 @@ def overrides(knobs: list, cand: tuple) -> list[str]:
 
 def upgrade_recipe(R, hw: dict):
     """``R`` on upgraded hardware: ``nvme_scale`` (more drives: bandwidth up, queue latencies down by the same
-    factor), ``h2d_scale`` (a faster link: copies and the zerocopy lane's streamed experts), ``cores``."""
+    factor), ``h2d_scale`` (a faster link: copies and the zerocopy lane's streamed experts), ``cores``; and
+    ``corner`` ("slow" / "fast": moetier.core.interval.corner, applied last) for the prediction interval."""
     if not hw:
         return R
     from moetier.core import interval
+    if "corner" in hw:
+        return interval.corner(upgrade_recipe(R, {k: v for k, v in hw.items() if k != "corner"}), hw["corner"])
     hard, engines = dict(R.hardware), [dict(e) for e in R.engines]
     upd = {}
     f = float(hw.get("nvme_scale", 1.0))
