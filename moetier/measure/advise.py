@@ -12,8 +12,8 @@ Contract
   row with ``error``, never a crash. Cells run through moetier.measure.sweep's pool or Ray (``sweep.rows``): the
   same rows either way.
 - ``search(...)`` is successive halving: every candidate at the shortest fidelity, the best ``1/eta`` per
-  concurrency (rows over ``masked_cap`` or with errors dropped) plus one candidate built from each knob's best
-  single change go up a rung, and the last rung replays the survivors in full. Ties break on the candidate's index,
+  concurrency (rows over ``masked_cap`` or with errors dropped), the Pareto front of tok/s against RAM and against
+  VRAM used, and one candidate built from each knob's best single change go up a rung, and the last rung replays the survivors in full. Ties break on the candidate's index,
   so the result is deterministic for a seed. ``rows`` keeps every row tried (the Pareto view reads them).
 - ``attribution(...)``: for the best candidate per concurrency, the tok/s lost when each changed knob alone is put
   back to the starting value (full replays).
@@ -212,6 +212,11 @@ def search(recipe: str, *, concs=(1, 2, 4), lim, n: int = 64, seed: int = 0, ste
             for row in ranked[:keep]:
                 if tuple(row["cand"]) not in nxt:
                     nxt.append(tuple(row["cand"]))
+        for ranked in _best_by_conc(rows, lim.masked_cap).values():
+            for mem in ("ram_gb", "vram_gb"):          # the memory/speed front goes up too: the Pareto view
+                for row, on in zip(ranked, pareto([(x[mem], x["tok_s"]) for x in ranked])):
+                    if on and tuple(row["cand"]) not in nxt:
+                        nxt.append(tuple(row["cand"]))
         if r == 0:
             for c in _combined(knobs, cands, rows, lim.masked_cap):
                 if c not in index:
