@@ -135,7 +135,7 @@ def test_an_upgrade_changes_the_machine_not_the_recipe():
     assert up.nvme_bw_gbps == 2 * R.nvme_bw_gbps and up.hardware["cpu"]["cores"] == 8
     assert R.hardware["cpu"].get("cores") != 8                   # the resolved original is untouched
     names = [u["name"] for u in A.upgrades(R)]
-    assert any(n.startswith("ram +") for n in names) and any(n.startswith("nvme") for n in names)
+    assert any(n.startswith("ram ") for n in names) and any(n.startswith("nvme") for n in names)
     assert not any("gpu" in n for n in names)                    # no GPU: no link or second-GPU rows
     g = [u for u in A.upgrades(spec.resolve("glm53-rtx3090-55g-nvx4")) if "second gpu" in u["name"]]
     assert g and "why" in g[0]

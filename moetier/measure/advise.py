@@ -267,7 +267,7 @@ def pareto(points: list) -> list[bool]:
     return out
 
 
-UPGRADES = ("ram", "nvme", "gpu2", "pcie", "cores")
+RAM_STEPS = (1.25, 1.5, 2.0)      # the RAM cap times these: steps that scale with the machine
 
 
 def upgrades(R) -> list[dict]:
@@ -275,8 +275,8 @@ def upgrades(R) -> list[dict]:
     (the RAM cap it gives, None: unchanged)}, or with ``why`` where it cannot be expressed."""
     out = []
     cap = float(R.raw["budget"]["ram_gb"])
-    for add in (16, 32, 64):
-        out.append({"name": f"ram +{add} GB", "ram_gb": cap + add, "hw": {}})
+    for f in RAM_STEPS:
+        out.append({"name": f"ram {cap:g} -> {cap * f:g} GB", "ram_gb": cap * f, "hw": {}})
     name = str(R.hardware["nvme"].get("name", ""))
     drives = int(name.split("x", 1)[0]) if name.split("x", 1)[0].isdigit() else 1
     out.append({"name": f"nvme {drives} -> {drives + 1} drives", "hw": {"nvme_scale": (drives + 1) / drives},
