@@ -2,6 +2,7 @@
 
     python benchmarks/bench_advise.py [--recipes ID ...] [--candidates 24] [--steps 150] [--workers 2]
                                       [--rate-recipe tiny-local-cpu] [--out benchmarks/advise.json] [--json]
+    python benchmarks/bench_advise.py --real STORE [--advised ID] [--repeats 5] [--run-steps 100]
 
 Goal 1: on every shipped GLM and Qwen recipe (ids starting glm53- or qwen38fn-, or --recipes) at its own memory
 (the recipe's RAM cap, VRAM reserve as its slots leave), the advised configuration's simulated tok/s at C1, C2, C4
@@ -9,6 +10,13 @@ Goal 1: on every shipped GLM and Qwen recipe (ids starting glm53- or qwen38fn-, 
 how much and which knob mattered most. Goal 2: configurations evaluated per second by the search (distinct
 candidates that got at least one replay, over the search's wall time, pool start-up included), on the first recipe
 and on --rate-recipe (a cheap one), with replays per second beside it. Writes the JSON (--out) and prints markdown.
+
+Goal 3 (--real STORE, a packed store of tiny-local-cpu's model: `moetier store pack moetier-tiny-16x64-int8`):
+`moetier run` of the shipped tiny-local-cpu and of the advised recipe (--advised, default the C1 advice
+`tiny-local-cpu-advised-c1` in the user registry: run `moetier advise tiny-local-cpu` first), --repeats interleaved
+rounds (shipped, advised; advised, shipped; ...), each run at C1, C2, C4 for --run-steps steps, no run record
+written; per recipe and concurrency the median measured tok/s, the min-max, the predicted tok/s and whether the
+measured median fell inside the predicted interval. Writes benchmarks/advise-real.json beside --out.
 """
 from __future__ import annotations
 
@@ -64,6 +72,36 @@ def rate(rid: str, n: int, steps: int, workers: int) -> dict:
             "candidates_per_s": res["candidates"] / wall, "replays_per_s": res["cells"] / wall}
 
 
+def real(store: str, advised: str, repeats: int, steps: int) -> dict:
+    import statistics
+    import subprocess
+    recipes = ("tiny-local-cpu", advised)
+    runs: dict = {r: [] for r in recipes}
+    for i in range(repeats):
+        for rid in (recipes if i % 2 == 0 else recipes[::-1]):
+            cmd = [sys.executable, "-m", "moetier", "run", rid, "--store", store, "--conc", *map(str, CONCS),
+                   "--steps", str(steps), "--no-record", "--json", "--quiet"]
+            p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+            if p.returncode:
+                raise SystemExit(f"{' '.join(cmd)}: exit {p.returncode}: {p.stderr.strip()[-400:]}")
+            runs[rid].append(json.loads(p.stdout)["table"])
+            print(f"round {i + 1}: {rid} done", file=sys.stderr)
+    out = {}
+    for rid, tables in runs.items():
+        per = {}
+        for j, c in enumerate(CONCS):
+            m = [t[j]["measured_tok_s"] for t in tables]
+            iv = tables[0][j]["sim_interval"]
+            med = statistics.median(m)
+            per[str(c)] = {"measured_median": med, "measured_min": min(m), "measured_max": max(m),
+                           "sim_tok_s": tables[0][j]["sim_tok_s"], "sim_interval": iv,
+                           "inside": iv["low"] <= med <= iv["high"]}
+        out[rid] = per
+    return {"store": store, "repeats": repeats, "steps": steps, "recipes": out,
+            "advised_ge_shipped": {str(c): out[advised][str(c)]["measured_median"] >=
+                                   out["tiny-local-cpu"][str(c)]["measured_median"] for c in CONCS}}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipes", nargs="+", help="recipe ids (default: every shipped glm53-* and qwen38fn-*)")
@@ -74,7 +112,23 @@ def main(argv=None) -> int:
     ap.add_argument("--rate-candidates", type=int, default=500, help="candidates of the rate search (default 500)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "advise.json"), help="JSON results file")
     ap.add_argument("--json", action="store_true", help="print the JSON instead of the tables")
+    ap.add_argument("--real", metavar="STORE", help="goal 3 only: run tiny-local-cpu and its advice for real")
+    ap.add_argument("--advised", default="tiny-local-cpu-advised-c1", help="the advised recipe id (with --real)")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved rounds (with --real; default 5)")
+    ap.add_argument("--run-steps", type=int, default=100, help="measured steps per run (with --real)")
     a = ap.parse_args(argv)
+    if a.real:
+        doc = real(a.real, a.advised, a.repeats, a.run_steps)
+        Path(a.out).with_name("advise-real.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n",
+                                                             encoding="utf-8")
+        print("| recipe | conc | measured median (min-max) | predicted | interval | inside |")
+        print("|---|---|---|---|---|---|")
+        for rid, per in doc["recipes"].items():
+            for c, p in per.items():
+                print(f"| {rid} | C{c} | {p['measured_median']:.2f} ({p['measured_min']:.2f}-{p['measured_max']:.2f})"
+                      f" | {p['sim_tok_s']:.2f} | {p['sim_interval']['low']:.2f}-{p['sim_interval']['high']:.2f} | "
+                      f"{p['inside']} |")
+        return 0
     recipes = a.recipes or shipped()
     rows = []
     with AR._executor(a.workers, None) as ex:
