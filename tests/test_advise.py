@@ -207,3 +207,13 @@ def test_halving_keeps_the_start_and_ranks_by_tok_s_with_a_fake_replay(monkeypat
     assert res["start"][1]["tok_s"] == 0.0
     assert res["best"][1]["tok_s"] == max(r["tok_s"] for r in final) > 0
     assert len(final) < 40                                       # most were discarded on short replays
+
+
+def test_tighter_limits_clamp_the_start():
+    R = spec.resolve("glm53-rtx3090-55g-nvx4")
+    got = space.clamp(R, space.limits(R, ram_gb=30, vram_reserve_gb=12))
+    slots = int(12e9 // R.expert_bytes)
+    assert got == ["budget.ram_gb=30.0", f"budget.vram_expert_slots={slots}"]
+    assert space.clamp(R, space.limits(R)) == []
+    clamped = spec.resolve(R.id, got)
+    assert space.ram_gb_used(clamped) <= 30 and space.vram_gb_used(clamped) <= 24 - 12

@@ -41,7 +41,9 @@ def _executor(workers, ray):
 
 def advise(recipe: str, *, lim, concs=(1, 2, 4), n: int = 64, seed: int = 0, steps: int = 150, trace=None,
            workers=None, ray=None, progress=None, upgrades: bool = False, executor=None) -> dict:
-    kw = dict(trace=trace, workers=workers, ray=ray)
+    from moetier.core import records as spec
+    from moetier.measure import advise_space as space
+    kw = dict(trace=trace, workers=workers, ray=ray, base_overrides=space.clamp(spec.resolve(recipe), lim))
     with (contextlib.nullcontext(executor) if executor is not None else _executor(workers, ray)) as ex:
         t0 = time.perf_counter()
         res = A.search(recipe, concs=concs, lim=lim, n=n, seed=seed, steps=steps, progress=progress,

@@ -4,7 +4,8 @@ Contract
 --------
 - ``Limits(ram_gb, vram_reserve_gb, lossy, masked_cap)``; ``limits(R, ...)`` fills what the user left out from the
   starting recipe (its RAM cap, and as VRAM reserve whatever its VRAM slots leave free) and checks every value:
-  a bad limit is a UserError naming the option and what was expected.
+  a bad limit is a UserError naming the option and what was expected. ``clamp(R, limits)``: the overrides that
+  bring the starting recipe inside tighter limits (the search starts there).
 - A ``Knob`` is a name and its choices; each choice is a list of ``"path=value"`` overrides (values canonical JSON),
   and choice 0 is always ``[]``: the starting recipe's own value, so putting a knob back is choosing 0.
 - ``knobs(R, limits)`` lists every knob the recipe schema offers for this recipe: VRAM expert slots, RAM budget,
@@ -85,6 +86,17 @@ def max_vram_slots(R, lim: Limits) -> int:
     if lim.vram_reserve_gb is None:
         return 0
     return max(0, min(R.keys, int((vram_gb(R) - lim.vram_reserve_gb) * 1e9 // R.expert_bytes)))
+
+
+def clamp(R, lim: Limits) -> list[str]:
+    """Overrides that bring the starting recipe inside the limits (a RAM cap or a VRAM reserve tighter than the
+    recipe's own); the search starts from the recipe with them."""
+    out = []
+    if float(R.raw["budget"]["ram_gb"]) > lim.ram_gb:
+        out.append(_ov("budget.ram_gb", lim.ram_gb))
+    if R.vram_slots > max_vram_slots(R, lim):
+        out.append(_ov("budget.vram_expert_slots", max_vram_slots(R, lim)))
+    return out
 
 
 def ram_gb_used(R) -> float:
