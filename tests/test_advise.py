@@ -217,3 +217,10 @@ def test_tighter_limits_clamp_the_start():
     assert space.clamp(R, space.limits(R)) == []
     clamped = spec.resolve(R.id, got)
     assert space.ram_gb_used(clamped) <= 30 and space.vram_gb_used(clamped) <= 24 - 12
+
+
+def test_a_small_candidate_list_still_touches_every_knob():
+    R = spec.resolve("glm53-rtx3090-55g-nvx4")
+    knobs = space.knobs(R, space.limits(R))
+    few = A.candidates(knobs, len(knobs) + 1, 0)
+    assert {i for c in few for i, j in enumerate(c) if j} == set(range(len(knobs)))

@@ -4,8 +4,8 @@ concurrency.
 Contract
 --------
 - A *candidate* is one choice per knob (a tuple of indices; all zeros is the starting recipe). ``candidates(knobs,
-  n, seed)`` gives the start, every single-knob change, then random combinations (numpy, seeded) up to ``n``
-  distinct ones: the same seed, the same list.
+  n, seed)`` gives the start, every single-knob change (round-robin over the knobs), then random combinations
+  (numpy, seeded), ``n`` distinct ones in all: the same seed, the same list.
 - A *cell* is one replay: a candidate's overrides, a concurrency, a fidelity (``steps`` measured steps after
   ``warmup`` warm-up tokens; None: the recipe's) and ``hw``, hardware edits for an upgrade (``upgrade_recipe``).
   ``run_cell(cell)`` is a pure function of the cell but for ``seconds``; a cell the schema or the join rejects is a
@@ -36,12 +36,13 @@ def candidates(knobs: list, n: int, seed: int) -> list[tuple]:
     """Start, single-knob changes, then seeded random combinations, ``n`` distinct in all (module docstring)."""
     start = tuple(0 for _ in knobs)
     out, seen = [start], {start}
-    for i, k in enumerate(knobs):
-        for j in range(1, len(k.choices)):
-            c = tuple(j if a == i else 0 for a in range(len(knobs)))
-            if c not in seen:
-                out.append(c)
-                seen.add(c)
+    # round-robin over the knobs (each knob's first change, then each one's second, ...): a small n still touches
+    # every knob
+    for j in range(1, max((len(k.choices) for k in knobs), default=1)):
+        for i, k in enumerate(knobs):
+            if j < len(k.choices):
+                out.append(tuple(j if a == i else 0 for a in range(len(knobs))))
+                seen.add(out[-1])
     rng = np.random.default_rng(seed)
     total = math.prod(len(k.choices) for k in knobs)
     while len(out) < min(n, total):
