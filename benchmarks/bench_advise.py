@@ -150,9 +150,9 @@ def main(argv=None) -> int:
         for c, p in r["conc"].items():
             iv = p["interval"]
             top = p["top_knob"]
+            knob = f"{top['knob']} {top['value']} ({top['lost_tok_s']:.2f})" if top else "-"
             print(f"| {r['recipe']} | C{c} | {p['shipped']:.2f} | {p['advised']:.2f} | {p['gain']:+.2f} | "
-                  f"{iv['low']:.2f}-{iv['high']:.2f} | "
-                  f"{(top['knob'] + ' ' + top['value'] + ' (' + format(top['lost_tok_s'], '.2f') + ')') if top else '-'} |")
+                  f"{iv['low']:.2f}-{iv['high']:.2f} | {knob} |")
     print(f"\nsearch rate ({a.workers} workers, {os.cpu_count()} CPUs, 1-min load average {doc['load_avg_1m']:.1f})")
     print("| recipe | configurations | replays | wall s | configurations/s | replays/s |")
     print("|---|---|---|---|---|---|")

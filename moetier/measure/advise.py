@@ -13,8 +13,8 @@ Contract
   same rows either way.
 - ``search(...)`` is successive halving: every candidate at the shortest fidelity, the best ``1/eta`` per
   concurrency (rows over ``masked_cap`` or with errors dropped), the Pareto front of tok/s against RAM and against
-  VRAM used, and one candidate built from each knob's best single change go up a rung, and the last rung replays the survivors in full. Ties break on the candidate's index,
-  so the result is deterministic for a seed. ``rows`` keeps every row tried (the Pareto view reads them).
+  VRAM used, and one candidate built from each knob's best single change go up a rung; the last rung replays the
+  survivors in full. Ties break on the candidate's index, so the result is deterministic for a seed. ``rows`` keeps every row tried (the Pareto view reads them).
 - ``attribution(...)``: for the best candidate per concurrency, the tok/s lost when each changed knob alone is put
   back to the starting value (full replays).
 """
