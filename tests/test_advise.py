@@ -224,3 +224,12 @@ def test_a_small_candidate_list_still_touches_every_knob():
     knobs = space.knobs(R, space.limits(R))
     few = A.candidates(knobs, len(knobs) + 1, 0)
     assert {i for c in few for i, j in enumerate(c) if j} == set(range(len(knobs)))
+
+
+def test_ray_gives_the_pools_rows(pool):
+    pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'moetier[ray]')")
+    cells = [A.cell(TINY, ov, c, 16, 32, None) for ov in ([], ['policy.ram_evict="lru"']) for c in (1, 2)]
+    strip = [{k: v for k, v in r.items() if k != "seconds"}
+             for r in A._run([dict(c) for c in cells], executor=pool)]
+    assert strip == [{k: v for k, v in r.items() if k != "seconds"}
+                     for r in A._run([dict(c) for c in cells], ray="local", workers=2)]
