@@ -233,3 +233,15 @@ def test_ray_gives_the_pools_rows(pool):
              for r in A._run([dict(c) for c in cells], executor=pool)]
     assert strip == [{k: v for k, v in r.items() if k != "seconds"}
                      for r in A._run([dict(c) for c in cells], ray="local", workers=2)]
+
+
+def test_a_start_that_masks_caps_candidates_at_its_own_masked_share():
+    R = spec.resolve("qwen38fn-arcb70-16g-nvx4")
+    lim = space.limits(R)
+    assert lim.lossy and lim.masked_cap is None
+    assert "exactness" in {k.name for k in space.knobs(R, lim)}          # stall is a choice: it may go exact
+    rows = [{"conc": 1, "_idx": 0, "masked_share": 0.05, "tok_s": 10.0},
+            {"conc": 1, "_idx": 1, "masked_share": 0.06, "tok_s": 20.0},
+            {"conc": 1, "_idx": 2, "masked_share": 0.0, "tok_s": 12.0}]
+    assert [r["_idx"] for r in A._best_by_conc(rows, None)[1]] == [2, 0]
+    assert [r["_idx"] for r in A._best_by_conc(rows, 0.1)[1]] == [1, 2, 0]

@@ -32,7 +32,8 @@ def register(sub, parser_class) -> None:
     p.add_argument("--vram-reserve-gb", type=count_float,
                    help="VRAM kept for the non-MoE part and KV cache (default: what the recipe's slots leave)")
     p.add_argument("--lossy", action="store_true", help="allow masking NVMe picks and low-bit cold records")
-    p.add_argument("--masked-cap", type=fraction, help="largest masked share of picks (with --lossy; default 0.02)")
+    p.add_argument("--masked-cap", type=fraction, help="largest masked share of picks (with --lossy; default 0.02, "
+                   "or a start that masks: its own share)")
     p.add_argument("--target", type=positive_float, help="decode tok/s wanted at every concurrency")
     p.add_argument("--candidates", type=positive_int, default=64, help="configurations to try (default 64)")
     p.add_argument("--seed", type=seed, default=0, help="seed of the random candidates (default 0)")
@@ -93,7 +94,8 @@ def cmd_advise(args) -> int:
         out = AR.advise(rid, lim=lim, concs=args.conc, n=args.candidates, seed=args.seed, steps=args.steps,
                         trace=trace, workers=args.workers, ray=args.ray, progress=cb, upgrades=args.upgrades)
     if not out["best"]:
-        raise UserError(f"advise {rid}: no configuration ran within the limits (masked cap {lim.masked_cap:g})")
+        cap = "the start's share" if lim.masked_cap is None else f"{lim.masked_cap:g}"
+        raise UserError(f"advise {rid}: no configuration ran within the limits (masked cap {cap})")
     written = []
     if args.write:
         recs = [("recipe", AR.record(R0, out["best"][c], ids[c], c, args.seed)) for c in out["best"]]

@@ -145,15 +145,14 @@ def fidelities(steps: int, warmup: int) -> list[tuple[int, int | None]]:
     return [(max(8, steps // 9), max(32, warmup // 8)), (max(16, steps // 3), max(64, warmup // 3)), (steps, None)]
 
 
-def _ok(row: dict, masked_cap: float) -> bool:
-    return "error" not in row and row["masked_share"] <= masked_cap + 1e-12
-
-
-def _best_by_conc(rows: list, masked_cap: float) -> dict:
-    """{conc: [rows, best first]} of the rows that ran within the cap; ties on the candidate's index."""
+def _best_by_conc(rows: list, masked_cap) -> dict:
+    """{conc: [rows, best first]} of the rows that ran within the masked cap (None: the start's share in the same
+    rows, per concurrency); ties on the candidate's index."""
+    start = {r["conc"]: r.get("masked_share", 0.0) for r in rows if r["_idx"] == 0 and "error" not in r}
     by: dict = {}
     for r in rows:
-        if _ok(r, masked_cap):
+        cap = start.get(r["conc"], 0.0) if masked_cap is None else masked_cap
+        if "error" not in r and r["masked_share"] <= cap + 1e-12:
             by.setdefault(r["conc"], []).append(r)
     return {c: sorted(v, key=lambda r: (-r["tok_s"], r["_idx"])) for c, v in by.items()}
 

@@ -3,7 +3,8 @@
 Contract
 --------
 - ``Limits(ram_gb, vram_reserve_gb, lossy, masked_cap)``; ``limits(R, ...)`` fills what the user left out from the
-  starting recipe (its RAM cap, and as VRAM reserve whatever its VRAM slots leave free) and checks every value:
+  starting recipe (its RAM cap, as VRAM reserve whatever its VRAM slots leave free, and for a start that already
+  masks: lossy, capped at the start's own masked share) and checks every value:
   a bad limit is a UserError naming the option and what was expected. ``clamp(R, limits)``: the overrides that
   bring the starting recipe inside tighter limits (the search starts there).
 - A ``Knob`` is a name and its choices; each choice is a list of ``"path=value"`` overrides (values canonical JSON),
@@ -33,7 +34,7 @@ class Limits:
     ram_gb: float
     vram_reserve_gb: float | None      # None: the machine has no GPU
     lossy: bool
-    masked_cap: float
+    masked_cap: float | None           # None: no more than the starting recipe's own masked share
 
 
 @dataclass(frozen=True)
@@ -74,12 +75,19 @@ def limits(R, *, ram_gb=None, vram_reserve_gb=None, lossy=False, masked_cap=None
         if not math.isfinite(reserve) or not 0 <= reserve < vg:
             raise UserError(f"--vram-reserve-gb {reserve:g}: expected a number in [0, {vg:g}) "
                             f"(the GPU's {vg:g} GB, hardware {R.hardware_id})")
-    cap_m = (0.02 if lossy else 0.0) if masked_cap is None else float(masked_cap)
-    if not 0.0 <= cap_m <= 1.0:
-        raise UserError(f"--masked-cap {cap_m:g}: expected a share in [0, 1]")
-    if cap_m > 0 and not lossy:
+    if R.policy.get("exact") == "mask" and not lossy:
+        # the start already masks: lossy is what its user chose; by default no candidate may mask more than it
+        return Limits(cap, reserve, True, None if masked_cap is None else _cap(masked_cap, True))
+    return Limits(cap, reserve, bool(lossy), (0.02 if lossy else 0.0) if masked_cap is None
+                  else _cap(masked_cap, lossy))
+
+
+def _cap(v: float, lossy: bool) -> float:
+    if not 0.0 <= float(v) <= 1.0:
+        raise UserError(f"--masked-cap {v:g}: expected a share in [0, 1]")
+    if v > 0 and not lossy:
         raise UserError("--masked-cap: masking drops picks (lossy); expected --lossy with it")
-    return Limits(cap, reserve, bool(lossy), cap_m)
+    return float(v)
 
 
 def max_vram_slots(R, lim: Limits) -> int:
