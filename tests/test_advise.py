@@ -245,3 +245,17 @@ def test_a_start_that_masks_caps_candidates_at_its_own_masked_share():
             {"conc": 1, "_idx": 2, "masked_share": 0.0, "tok_s": 12.0}]
     assert [r["_idx"] for r in A._best_by_conc(rows, None)[1]] == [2, 0]
     assert [r["_idx"] for r in A._best_by_conc(rows, 0.1)[1]] == [1, 2, 0]
+
+
+def test_the_worked_example_in_the_docs_is_what_the_simulator_gives():
+    """docs/advise.md's example table: each start and advised tok/s is a full replay of that configuration."""
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "docs" / "advise.md").read_text(encoding="utf-8")
+    rows = [ln.split(" | ") for ln in text.splitlines() if ln.startswith("| C") and "cpu-moe" in ln]
+    assert len(rows) == 3
+    for r in rows:
+        conc = int(r[0].strip("| C"))
+        ov = [o.strip() for o in r[-1].rstrip(" |").split(";")]
+        start = A.run_cell(A.cell("tiny-local-cpu", [], conc, 150, None, None))["tok_s"]
+        best = A.run_cell(A.cell("tiny-local-cpu", ov, conc, 150, None, None))["tok_s"]
+        assert (f"{start:.2f}", f"{best:.2f}") == (r[1], r[2])
