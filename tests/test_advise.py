@@ -259,3 +259,12 @@ def test_the_worked_example_in_the_docs_is_what_the_simulator_gives():
         start = A.run_cell(A.cell("tiny-local-cpu", [], conc, 150, None, None))["tok_s"]
         best = A.run_cell(A.cell("tiny-local-cpu", ov, conc, 150, None, None))["tok_s"]
         assert (f"{start:.2f}", f"{best:.2f}") == (r[1], r[2])
+
+
+def test_model_and_hardware_start_from_the_shipped_candidate(user_registry):
+    from moetier.cli.advise import start_recipe
+    import argparse
+    rec = spec.load_record("recipe", "glm53-rtx3090-55g-nvx4")
+    spec.write_record("recipe", {**rec, "id": "a-glm-mine"})          # sorts first by id, but is the user's
+    a = argparse.Namespace(recipe=None, model=rec["model"], hardware=rec["hardware"], engines=None)
+    assert start_recipe(a) == "glm53-rtx3090-55g-nvx4"

@@ -52,7 +52,8 @@ def register(sub, parser_class) -> None:
 
 
 def start_recipe(args) -> str:
-    """The recipe to start from: the one given, else the first (by id) joining --model with --hardware."""
+    """The recipe to start from: the one given, else the first joining --model with --hardware (shipped
+    candidates first, then by id)."""
     from moetier.core import records as spec
     if args.recipe:
         if args.model or args.hardware or args.engines:
@@ -67,6 +68,8 @@ def start_recipe(args) -> str:
         raise UserError(f"advise: no recipe joins model {args.model!r} with hardware {args.hardware!r}"
                         f"{' and engines ' + ' '.join(args.engines) if args.engines else ''}; a recipe carries the "
                         f"calibration a search needs: write one (docs/advise.md)")
+    # a shipped candidate before a what-if or a record of the user's (an earlier advice among them)
+    recs.sort(key=lambda r: (not spec.is_shipped("recipe", r["id"]), r["status"] != "candidate", r["id"]))
     return recs[0]["id"]
 
 
