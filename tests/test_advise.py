@@ -268,3 +268,11 @@ def test_model_and_hardware_start_from_the_shipped_candidate(user_registry):
     spec.write_record("recipe", {**rec, "id": "a-glm-mine"})          # sorts first by id, but is the user's
     a = argparse.Namespace(recipe=None, model=rec["model"], hardware=rec["hardware"], engines=None)
     assert start_recipe(a) == "glm53-rtx3090-55g-nvx4"
+
+
+def test_cli_bad_trace_is_one_line_before_the_search(tmp_path, capsys):
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a trace")
+    assert main(["advise", TINY, "--trace", str(bad), "--no-write"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert str(bad) in err and len(err.splitlines()) == 1

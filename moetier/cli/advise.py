@@ -86,6 +86,8 @@ def cmd_advise(args) -> int:
     if args.target is not None:
         AR.target_check(R0, args.target, args.conc)
     trace = str(find_path(args.trace)) if args.trace else None
+    from moetier.measure import sweep as S
+    S._trace(trace, R0)                    # a bad trace is one line here, not an error in every replay
     prefix = args.rid or f"{rid}-advised"
     ids = {c: f"{prefix}-c{c}" for c in args.conc}
     if args.write:
@@ -97,8 +99,10 @@ def cmd_advise(args) -> int:
         out = AR.advise(rid, lim=lim, concs=args.conc, n=args.candidates, seed=args.seed, steps=args.steps,
                         trace=trace, workers=args.workers, ray=args.ray, progress=cb, upgrades=args.upgrades)
     if not out["best"]:
+        errs = [r["error"] for r in out["search"]["rows"] if "error" in r]
         cap = "the start's share" if lim.masked_cap is None else f"{lim.masked_cap:g}"
-        raise UserError(f"advise {rid}: no configuration ran within the limits (masked cap {cap})")
+        raise UserError(f"advise {rid}: no configuration ran within the limits (masked cap {cap})"
+                        + (f"; the first error: {errs[0]}" if errs else ""))
     written = []
     if args.write:
         recs = [("recipe", AR.record(R0, out["best"][c], ids[c], c, args.seed)) for c in out["best"]]
