@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=150, help="measured steps of a full replay (default 150)")
     ap.add_argument("--workers", type=int, default=2, help="pool processes (default 2)")
     ap.add_argument("--rate-recipe", default="tiny-local-cpu", help="a cheap recipe for the rate (default tiny)")
-    ap.add_argument("--rate-candidates", type=int, default=500, help="candidates of the rate search (default 500)")
+    ap.add_argument("--rate-candidates", type=int, default=500, help="candidates of the rate search (default 500; 0: none)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "advise.json"), help="JSON results file")
     ap.add_argument("--json", action="store_true", help="print the JSON instead of the tables")
     ap.add_argument("--real", metavar="STORE", help="goal 3 only: run tiny-local-cpu and its advice for real")
@@ -134,8 +134,8 @@ def main(argv=None) -> int:
     with AR._executor(a.workers, None) as ex:
         for rid in recipes:
             rows.append(one(rid, a.candidates, a.steps, ex))
-            print(f"{rid}: {rows[-1]['wall_s']:.0f} s", file=sys.stderr)
-    rates = [rate(a.rate_recipe, a.rate_candidates, a.steps, a.workers)]
+            print(json.dumps(rows[-1], sort_keys=True), file=sys.stderr, flush=True)   # kept if a later one dies
+    rates = [rate(a.rate_recipe, a.rate_candidates, a.steps, a.workers)] if a.rate_candidates else []
     doc = {"recipes": rows, "rate": rates, "candidates": a.candidates, "steps": a.steps, "workers": a.workers,
            "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
            "advised_ge_shipped": all(p["ok"] for r in rows for p in r["conc"].values())}
