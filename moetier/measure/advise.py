@@ -157,7 +157,7 @@ def _best_by_conc(rows: list, masked_cap) -> dict:
     return {c: sorted(v, key=lambda r: (-r["tok_s"], r["_idx"])) for c, v in by.items()}
 
 
-def _combined(knobs: list, cands: list, rows: list, masked_cap: float) -> list[tuple]:
+def _combined(knobs: list, rows: list, masked_cap) -> list[tuple]:
     """Per concurrency, each knob at the single change that beat the start by most (the start's value if none)."""
     out = []
     for c, ranked in _best_by_conc(rows, masked_cap).items():
@@ -209,16 +209,14 @@ def search(recipe: str, *, concs=(1, 2, 4), lim, n: int = 64, seed: int = 0, ste
         keep = max(2, math.ceil(len(alive) / ETA))
         nxt = []
         for ranked in _best_by_conc(rows, lim.masked_cap).values():
-            for row in ranked[:keep]:
+            up = ranked[:keep]
+            for mem in ("ram_gb", "vram_gb"):          # the memory/speed front goes up too: the Pareto view
+                up += [x for x, on in zip(ranked, pareto([(x[mem], x["tok_s"]) for x in ranked])) if on]
+            for row in up:
                 if tuple(row["cand"]) not in nxt:
                     nxt.append(tuple(row["cand"]))
-        for ranked in _best_by_conc(rows, lim.masked_cap).values():
-            for mem in ("ram_gb", "vram_gb"):          # the memory/speed front goes up too: the Pareto view
-                for row, on in zip(ranked, pareto([(x[mem], x["tok_s"]) for x in ranked])):
-                    if on and tuple(row["cand"]) not in nxt:
-                        nxt.append(tuple(row["cand"]))
         if r == 0:
-            for c in _combined(knobs, cands, rows, lim.masked_cap):
+            for c in _combined(knobs, rows, lim.masked_cap):
                 if c not in index:
                     index[c] = len(index)
                 if c not in nxt:
