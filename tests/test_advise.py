@@ -276,3 +276,9 @@ def test_cli_bad_trace_is_one_line_before_the_search(tmp_path, capsys):
     assert main(["advise", TINY, "--trace", str(bad), "--no-write"]) == 2
     err = capsys.readouterr().err.strip()
     assert str(bad) in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("rid", [r for r in spec.record_ids("recipe") if spec.is_shipped("recipe", r)])
+def test_default_limits_leave_every_shipped_recipe_as_it_is(rid):
+    R = spec.resolve(rid)
+    assert space.clamp(R, space.limits(R)) == []

@@ -93,7 +93,9 @@ def _cap(v: float, lossy: bool) -> float:
 def max_vram_slots(R, lim: Limits) -> int:
     if lim.vram_reserve_gb is None:
         return 0
-    return max(0, min(R.keys, int((vram_gb(R) - lim.vram_reserve_gb) * 1e9 // R.expert_bytes)))
+    # whole bytes first: the default reserve is the GPU's size less the start's slots, and that difference in floats
+    # can fall a hair short of the slots it came from
+    return max(0, min(R.keys, int(round((vram_gb(R) - lim.vram_reserve_gb) * 1e9)) // R.expert_bytes))
 
 
 def clamp(R, lim: Limits) -> list[str]:
