@@ -4,6 +4,8 @@
 
 Each row adds one lever to the previous ones (the first row, all experts in RAM, is the calibration reference and
 is not cumulative). `--seed oracle` reproduces the reference's semantics (whole-trace frequency seeding).
+The levers are a fixed path that mixes software what-ifs with hardware; the searched, hardware-only counterpart is
+`moetier advise RECIPE --upgrades` (docs/advise.md).
 """
 from __future__ import annotations
 

@@ -298,8 +298,8 @@ def _registry_everywhere(p: argparse.ArgumentParser) -> None:
 def _extend(sub) -> None:
     """Verbs that need the runtime extras register here (kept out of the import path of the core verbs)."""
     from moetier.cli import adapter as cli_adapter       # imports its engine only when run
-    from moetier.cli import doctor, listing, plot, sweep
-    for m in (cli_adapter, listing, plot, doctor, sweep):
+    from moetier.cli import advise, doctor, listing, plot, sweep
+    for m in (cli_adapter, listing, plot, doctor, sweep, advise):
         m.register(sub, _Parser)
     try:
         from moetier.cli import runtime as cli_runtime

@@ -198,11 +198,11 @@ def process_pool(workers: int):
                                initargs=(os.getpid(),))
 
 
-def _pool(pending, workers, executor=None):
+def _pool(pending, workers, executor=None, fn=None):
     from concurrent.futures import as_completed
     own = executor is None
     ex = process_pool(workers) if own else executor
-    futs = [ex.submit(run_cell, c) for c in pending]
+    futs = [ex.submit(fn or run_cell, c) for c in pending]
     try:
         for f in as_completed(futs):
             yield f.result()
@@ -213,7 +213,7 @@ def _pool(pending, workers, executor=None):
             ex.shutdown(wait=True, cancel_futures=True)
 
 
-def _ray(pending, workers, address, batch):
+def _ray(pending, workers, address, batch, batch_fn=None):
     try:
         import ray
     except ImportError:
@@ -226,7 +226,7 @@ def _ray(pending, workers, address, batch):
         ray.init(include_dashboard=False, log_to_driver=False, ignore_reinit_error=True, runtime_env=env,
                  logging_level="ERROR", **kw)
     try:
-        task = ray.remote(num_cpus=1)(run_cells)
+        task = ray.remote(num_cpus=1)(batch_fn or run_cells)
         refs = [task.remote(pending[i:i + batch]) for i in range(0, len(pending), batch)]
         while refs:
             ready, refs = ray.wait(refs, num_returns=1)
@@ -235,6 +235,17 @@ def _ray(pending, workers, address, batch):
     finally:
         if started:
             ray.shutdown()
+
+
+def rows(pending: list, *, workers: int | None = None, ray: str | None = None, batch: int = 1, fn=None,
+         batch_fn=None, executor=None):
+    """Rows of ``pending`` as they finish, on the pool or Ray as ``sweep`` runs them, without a results file:
+    ``fn(cell)`` / ``batch_fn(cells)`` (module-level, importable by the workers) replace run_cell / run_cells;
+    ``executor``: a process pool to reuse across calls."""
+    workers = workers or os.cpu_count() or 1
+    if ray:
+        return _ray(pending, workers, ray, batch, batch_fn)
+    return _pool(pending, workers, executor, fn)
 
 
 def sweep(cells_: list, out, *, workers: int | None = None, ray: str | None = None, batch: int = 1,

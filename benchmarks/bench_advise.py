@@ -1,0 +1,167 @@
+"""`moetier advise` against the shipped recipes, and the search's rate, side by side in one run.
+
+    python benchmarks/bench_advise.py [--recipes ID ...] [--candidates 24] [--steps 150] [--workers 2]
+                                      [--rate-recipe tiny-local-cpu] [--out benchmarks/advise.json] [--json]
+    python benchmarks/bench_advise.py --real STORE [--advised ID] [--repeats 5] [--run-steps 100]
+
+Goal 1: on every shipped GLM and Qwen recipe (ids starting glm53- or qwen38fn-, or --recipes) at its own memory
+(the recipe's RAM cap, VRAM reserve as its slots leave), the advised configuration's simulated tok/s at C1, C2, C4
+(150 steps) is >= the shipped recipe's, both full replays of the same trace in the same search; the table says by
+how much and which knob mattered most. Goal 2: configurations evaluated per second by the search (distinct
+candidates that got at least one replay, over the search's wall time, pool start-up included), on the first recipe
+and on --rate-recipe (a cheap one), with replays per second beside it. Writes the JSON (--out) and prints markdown.
+
+Goal 3 (--real STORE, a packed store of tiny-local-cpu's model: `moetier store pack moetier-tiny-16x64-int8`):
+`moetier run` of the shipped tiny-local-cpu and of the advised recipe (--advised, default the C1 advice
+`tiny-local-cpu-advised-c1` in the user registry: run `moetier advise tiny-local-cpu` first), --repeats interleaved
+rounds (shipped, advised; advised, shipped; ...), each run at C1, C2, C4 for --run-steps steps, no run record
+written; per recipe and concurrency the median measured tok/s, the min-max, the predicted tok/s and whether the
+measured median fell inside the predicted interval. Writes benchmarks/advise-real.json beside --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from moetier.core import records as spec  # noqa: E402
+from moetier.measure import advise_report as AR  # noqa: E402
+from moetier.measure import advise_space as space  # noqa: E402
+from moetier.measure import sweep as S  # noqa: E402
+
+CONCS = (1, 2, 4)
+
+
+def shipped() -> list[str]:
+    return [r for r in spec.record_ids("recipe") if spec.is_shipped("recipe", r)
+            and r.startswith(("glm53-", "qwen38fn-"))]
+
+
+def one(rid: str, n: int, steps: int, ex) -> dict:
+    R = spec.resolve(rid)
+    t0 = time.perf_counter()
+    out = AR.advise(rid, lim=space.limits(R), concs=CONCS, n=n, seed=0, steps=steps, executor=ex)
+    wall = time.perf_counter() - t0
+    per = {}
+    for c in CONCS:
+        b, s = out["best"][c], out["start"][c]
+        top = out["mattered"][c][0] if out["mattered"][c] else None
+        per[str(c)] = {"shipped": s["tok_s"], "advised": b["tok_s"], "gain": b["tok_s"] - s["tok_s"],
+                       "interval": out["interval"][c], "overrides": b["overrides"], "top_knob": top,
+                       "ok": b["tok_s"] >= s["tok_s"]}
+    return {"recipe": rid, "conc": per, "candidates": out["candidates"], "replays": out["cells"],
+            "search_s": out["seconds"], "wall_s": wall,
+            "candidates_per_s": out["candidates"] / out["seconds"], "replays_per_s": out["cells"] / out["seconds"]}
+
+
+def rate(rid: str, n: int, steps: int, workers: int) -> dict:
+    """The search alone, pool start-up included (a fresh pool): what one `moetier advise` call pays."""
+    R = spec.resolve(rid)
+    t0 = time.perf_counter()
+    with AR._executor(workers, None) as ex:
+        from moetier.measure import advise as A
+        res = A.search(rid, concs=CONCS, lim=space.limits(R), n=n, seed=0, steps=steps, executor=ex)
+    wall = time.perf_counter() - t0
+    return {"recipe": rid, "candidates": res["candidates"], "replays": res["cells"], "wall_s": wall,
+            "candidates_per_s": res["candidates"] / wall, "replays_per_s": res["cells"] / wall}
+
+
+def real(store: str, advised: str, repeats: int, steps: int) -> dict:
+    import statistics
+    import subprocess
+    recipes = ("tiny-local-cpu", advised)
+    runs: dict = {r: [] for r in recipes}
+    for i in range(repeats):
+        for rid in (recipes if i % 2 == 0 else recipes[::-1]):
+            cmd = [sys.executable, "-m", "moetier", "run", rid, "--store", store, "--conc", *map(str, CONCS),
+                   "--steps", str(steps), "--no-record", "--json", "--quiet"]
+            p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+            if p.returncode:
+                raise SystemExit(f"{' '.join(cmd)}: exit {p.returncode}: {p.stderr.strip()[-400:]}")
+            runs[rid].append(json.loads(p.stdout)["table"])
+            print(f"round {i + 1}: {rid} done", file=sys.stderr)
+    out = {}
+    for rid, tables in runs.items():
+        per = {}
+        for j, c in enumerate(CONCS):
+            m = [t[j]["measured_tok_s"] for t in tables]
+            iv = tables[0][j]["sim_interval"]
+            med = statistics.median(m)
+            per[str(c)] = {"measured_median": med, "measured_min": min(m), "measured_max": max(m),
+                           "sim_tok_s": tables[0][j]["sim_tok_s"], "sim_interval": iv,
+                           "inside": iv["low"] <= med <= iv["high"]}
+        out[rid] = per
+    return {"store": store, "repeats": repeats, "steps": steps, "recipes": out,
+            "advised_ge_shipped": {str(c): out[advised][str(c)]["measured_median"] >=
+                                   out["tiny-local-cpu"][str(c)]["measured_median"] for c in CONCS}}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recipes", nargs="+", help="recipe ids (default: every shipped glm53-* and qwen38fn-*)")
+    ap.add_argument("--candidates", type=int, default=24, help="candidates per search (default 24)")
+    ap.add_argument("--steps", type=int, default=150, help="measured steps of a full replay (default 150)")
+    ap.add_argument("--workers", type=int, default=2, help="pool processes (default 2)")
+    ap.add_argument("--rate-recipe", default="tiny-local-cpu", help="a cheap recipe for the rate (default tiny)")
+    ap.add_argument("--rate-candidates", type=int, default=500, help="candidates of the rate search (default 500; 0: none)")
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "advise.json"), help="JSON results file")
+    ap.add_argument("--json", action="store_true", help="print the JSON instead of the tables")
+    ap.add_argument("--real", metavar="STORE", help="goal 3 only: run tiny-local-cpu and its advice for real")
+    ap.add_argument("--advised", default="tiny-local-cpu-advised-c1", help="the advised recipe id (with --real)")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved rounds (with --real; default 5)")
+    ap.add_argument("--run-steps", type=int, default=100, help="measured steps per run (with --real)")
+    a = ap.parse_args(argv)
+    if a.real:
+        doc = real(a.real, a.advised, a.repeats, a.run_steps)
+        Path(a.out).with_name("advise-real.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n",
+                                                             encoding="utf-8")
+        print("| recipe | conc | measured median (min-max) | predicted | interval | inside |")
+        print("|---|---|---|---|---|---|")
+        for rid, per in doc["recipes"].items():
+            for c, p in per.items():
+                print(f"| {rid} | C{c} | {p['measured_median']:.2f} ({p['measured_min']:.2f}-{p['measured_max']:.2f})"
+                      f" | {p['sim_tok_s']:.2f} | {p['sim_interval']['low']:.2f}-{p['sim_interval']['high']:.2f} | "
+                      f"{p['inside']} |")
+        return 0
+    recipes = a.recipes or shipped()
+    rows = []
+    with AR._executor(a.workers, None) as ex:
+        for rid in recipes:
+            rows.append(one(rid, a.candidates, a.steps, ex))
+            print(json.dumps(rows[-1], sort_keys=True), file=sys.stderr, flush=True)   # kept if a later one dies
+    rates = [rate(a.rate_recipe, a.rate_candidates, a.steps, a.workers)] if a.rate_candidates else []
+    doc = {"recipes": rows, "rate": rates, "candidates": a.candidates, "steps": a.steps, "workers": a.workers,
+           "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
+           "advised_ge_shipped": all(p["ok"] for r in rows for p in r["conc"].values())}
+    Path(a.out).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    if a.json:
+        print(json.dumps(doc, indent=1, sort_keys=True))
+        return 0
+    print(f"advised vs shipped, simulated decode tok/s, {a.steps} steps, {a.candidates} candidates a search, seed 0")
+    print("| recipe | conc | shipped | advised | gain | advised interval | knob that mattered most (tok/s lost) |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        for c, p in r["conc"].items():
+            iv = p["interval"]
+            top = p["top_knob"]
+            knob = f"{top['knob']} {top['value']} ({top['lost_tok_s']:.2f})" if top else "-"
+            print(f"| {r['recipe']} | C{c} | {p['shipped']:.2f} | {p['advised']:.2f} | {p['gain']:+.2f} | "
+                  f"{iv['low']:.2f}-{iv['high']:.2f} | {knob} |")
+    print(f"\nsearch rate ({a.workers} workers, {os.cpu_count()} CPUs, 1-min load average {doc['load_avg_1m']:.1f})")
+    print("| recipe | configurations | replays | wall s | configurations/s | replays/s |")
+    print("|---|---|---|---|---|---|")
+    for r in rows + rates:
+        wall = r.get("search_s", r["wall_s"])
+        print(f"| {r['recipe']} | {r['candidates']} | {r['replays']} | {wall:.1f} | {r['candidates_per_s']:.2f} | "
+              f"{r['replays_per_s']:.2f} |")
+    return 0 if doc["advised_ge_shipped"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""`moetier advise` end to end, without printing: search, the advice's interval, which knobs mattered, the advised
+recipe records, and what to buy next.
+
+Contract
+--------
+- ``advise(recipe, ...)`` runs moetier.measure.advise.search on one process pool (or Ray) kept for the whole call,
+  then per concurrency replays the best at the interval's slow and fast corners (moetier.core.interval) and puts
+  each changed knob back (advise.attribution). Returns {"search", "best", "start", "interval", "mattered",
+  "seconds", "candidates", "cells"}; ``best[c]`` / ``start[c]`` are full-replay rows.
+- ``record(R0, row, rid, conc, seed)`` is the advised recipe record: the starting record with the winning overrides,
+  its own id and status "what-if", a note saying where it came from. The caller writes it (moetier.core.records).
+- ``upgrades(recipe, base, ...)``: for each upgrade of advise.upgrades the search again on the upgraded machine;
+  rows {name, gain: {conc: tok/s gained over ``base``'s best}} or {name, why} where the records cannot express it.
+- ``target_check(R0, target, concs)``: a target above what no placement can reach (all MoE time gone: the
+  non-MoE time alone) is a UserError naming that ceiling.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import os
+import time
+
+from moetier.errors import UserError
+from moetier.measure import advise as A
+
+
+@contextlib.contextmanager
+def _executor(workers, ray):
+    if ray:
+        yield None
+        return
+    from moetier.measure import sweep as S
+    ex = S.process_pool(workers or os.cpu_count() or 1)
+    try:
+        yield ex
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
+
+
+def advise(recipe: str, *, lim, concs=(1, 2, 4), n: int = 64, seed: int = 0, steps: int = 150, trace=None,
+           workers=None, ray=None, progress=None, upgrades: bool = False, executor=None) -> dict:
+    from moetier.core import records as spec
+    from moetier.measure import advise_space as space
+    kw = dict(trace=trace, workers=workers, ray=ray, base_overrides=space.clamp(spec.resolve(recipe), lim))
+    with (contextlib.nullcontext(executor) if executor is not None else _executor(workers, ray)) as ex:
+        t0 = time.perf_counter()
+        res = A.search(recipe, concs=concs, lim=lim, n=n, seed=seed, steps=steps, progress=progress,
+                       executor=ex, **kw)
+        seconds = time.perf_counter() - t0
+        cells = [A.cell(recipe, res["best"][c]["overrides"], c, steps, None, trace, {"corner": side})
+                 for c in res["best"] for side in ("slow", "fast")]
+        corners = A._run(cells, executor=ex, workers=workers, ray=ray)
+        iv = {}
+        for i, c in enumerate(res["best"]):
+            t = [r["tok_s"] for r in corners[2 * i:2 * i + 2] if "error" not in r]
+            iv[c] = {"low": min(t), "high": max(t)} if len(t) == 2 else None
+        mattered = A.attribution(res, executor=ex, **kw)
+        out = {"search": res, "best": res["best"], "start": res["start"], "interval": iv, "mattered": mattered,
+               "seconds": seconds, "candidates": res["candidates"], "cells": res["cells"]}
+        if upgrades:
+            out["upgrades"] = upgrade_table(recipe, res, lim=lim, concs=concs, n=n, seed=seed, steps=steps,
+                                            executor=ex, progress=progress, **kw)
+    return out
+
+
+def upgrade_table(recipe: str, base: dict, *, lim, concs, n, seed, steps, executor=None, progress=None,
+                  **kw) -> list[dict]:
+    out = []
+    for u in A.upgrades(base["R0"]):
+        if "why" in u:
+            out.append({"name": u["name"], "why": u["why"]})
+            continue
+        lim_u = dataclasses.replace(lim, ram_gb=u["ram_gb"]) if u["ram_gb"] is not None else lim
+        res = A.search(recipe, concs=concs, lim=lim_u, n=n, seed=seed, steps=steps, hw=u["hw"], executor=executor,
+                       progress=progress, **kw)
+        gain = {c: res["best"][c]["tok_s"] - base["best"][c]["tok_s"]
+                for c in concs if c in res["best"] and c in base["best"]}
+        out.append({"name": u["name"], "gain": gain, "best": {c: res["best"][c]["tok_s"] for c in res["best"]},
+                    "overrides": {c: res["best"][c]["overrides"] for c in res["best"]}})
+    return out
+
+
+def record(R0, row: dict, rid: str, conc: int, seed: int) -> dict:
+    from moetier.core import records as spec
+    rec = spec.apply_overrides(copy.deepcopy(R0.raw), spec.parse_overrides(row["overrides"]))
+    rec["id"] = rid
+    rec["status"] = "what-if"
+    changed = ", ".join(row["overrides"]) or "no change"
+    rec["note"] = (f"advised by `moetier advise {R0.id}` for C{conc} (seed {seed}): {changed}; predicted "
+                   f"{row['tok_s']:.2f} tok/s")
+    return rec
+
+
+def target_check(R0, target: float, concs) -> None:
+    for c in concs:
+        ceiling = 1000.0 * c / R0.fixed(c) if R0.fixed(c) > 0 else float("inf")
+        if target > ceiling:
+            raise UserError(f"--target {target:g}: no placement reaches it at C{c}: the non-MoE part alone "
+                            f"({R0.fixed(c):.2f} ms a step, calibration.fixed_ms) caps decode at {ceiling:.2f} tok/s")
