@@ -13,8 +13,8 @@ import sys
 import threading
 
 from moetier.cli.common import (DEFAULT_RECIPE, _emit, _Parser, _resolve, _trace, count,  # noqa: F401
-                                count_float, find_path, fraction, int_list, json_object, positive_float,
-                                positive_int, seed)
+                                count_float, find_path, fraction, int_list, json_object, missing_arg,
+                                positive_float, positive_int, seed)
 from moetier.cli import progress, views
 from moetier.errors import UserError
 
@@ -125,14 +125,14 @@ def cmd_trace(args) -> int:
     if args.trace_cmd == "stats":
         from moetier.traces.stats import stats
         kw = _model_geometry(args.model) if args.model else {}
-        tr = T.load_trace(find_path(args.path), args.segments, **kw)
+        tr = T.load_trace(find_path(args.path), args.segments, missing=args.missing, **kw)
         experts = kw.get("experts") or int(tr.meta.get("experts") or int(tr.ids.max()) + 1)
         with progress.task("trace stats", unit="parts") as cb:
             d = stats(tr, experts, cache_sizes=args.cache_sizes, layer_sizes=args.layer_sizes, progress=cb)
         if args.plot:
             from moetier.cli.plot import cache_curves
             from moetier.cli.plots import plot_cache
-            curves = cache_curves(args.path, args.model)
+            curves = cache_curves(args.path, args.model, missing=args.missing)
             curves.update({"cache": d["cache"], "layers": d["layers"]})
             print(f"wrote {plot_cache(curves, args.plot)}", file=sys.stderr)
         if args.json:
@@ -152,7 +152,7 @@ def cmd_trace(args) -> int:
               f"{tr.nseg} segments")
         return 0
     if args.trace_cmd == "convert":
-        tr = T.convert(find_path(args.src), args.dst, segments_path=args.segments)
+        tr = T.convert(find_path(args.src), args.dst, segments_path=args.segments, missing=args.missing)
         print(f"wrote {args.dst}: {tuple(tr.ids.shape)}, {tr.nseg} segments")
         return 0
     if getattr(args, "trace_fn", None) is not None:
@@ -197,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--trace", help="routing trace (.npz, or reference .npy); default: the recipe's")
         sp.add_argument("--segments", help="segments .npy for a reference .npy trace")
         sp.add_argument("--conc", type=positive_int, nargs="+", help="concurrency levels (default 1 2 4)")
+        missing_arg(sp)
         if name == "sim":
             sp.add_argument("--steps", type=count, default=0, help="cap on measured steps (0 = the trace's)")
             sp.add_argument("--window", type=positive_int, default=None,
@@ -222,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", help="model id to validate against")
     s.add_argument("--cache-sizes", type=int_list, help="comma-separated slot counts for the hit-rate curves")
     s.add_argument("--layer-sizes", type=int_list, help="comma-separated slots per layer for the per-layer curves")
+    missing_arg(s)
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--plot", metavar="PNG", help="also draw per-layer hit-rate curves, LRU vs Belady (moetier plot "
                    "cache)")
@@ -236,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("src", help="trace to read (.npz or reference .npy)")
     c.add_argument("dst", help="trace to write (.npz or .npy)")
     c.add_argument("--segments", help="segments .npy beside a reference .npy trace")
+    missing_arg(c)
     from moetier.cli import trace_io
     trace_io.register(tsub, _Parser)
     sp.set_defaults(fn=cmd_trace)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from moetier.cli.common import positive_int
+from moetier.cli.common import missing_arg, positive_int
 from moetier.errors import UserError
 
 KINDS = ("levers", "timeline", "waterfall", "cache", "calibration", "compare")
@@ -44,6 +44,7 @@ def register(sub, parser_class) -> None:
     p.add_argument("--model", help="model id (its experts per layer; default: the trace's metadata)")
     p.add_argument("--layers", type=int, nargs="+", help="layers to draw (default: first, 1/3, 2/3, last)")
     p.add_argument("--sizes", type=positive_int, nargs="+", help="slots per layer (default: a ladder)")
+    missing_arg(p)
     out(p)
     p = ps.add_parser("calibration", help="calibration: measured vs predicted tok/s with the error bands")
     p.add_argument("data", metavar="RUN_OR_JSON", help="calibration run record id (moetier calibrate) or its file")
@@ -107,7 +108,7 @@ def cmd_plot(args) -> int:
     elif k == "waterfall":
         path = plots.plot_waterfall(load_json(args.data), args.out, args.title)
     elif k == "cache":
-        path = plots.plot_cache(cache_curves(args.trace, args.model, args.layers, args.sizes), args.out, args.title)
+        path = plots.plot_cache(cache_curves(args.trace, args.model, args.layers, args.sizes, args.missing), args.out, args.title)
     elif k == "calibration":
         path = plots.plot_calibration(load_json(args.data), args.out, args.title)
     else:
@@ -117,7 +118,7 @@ def cmd_plot(args) -> int:
     return 0
 
 
-def cache_curves(trace_path: str, model: str | None, layers=None, sizes=None) -> dict:
+def cache_curves(trace_path: str, model: str | None, layers=None, sizes=None, missing: str = "error") -> dict:
     from moetier.cli import plots
     from moetier.cli.common import find_path
     from moetier.core import records as spec
@@ -126,7 +127,7 @@ def cache_curves(trace_path: str, model: str | None, layers=None, sizes=None) ->
     if model:
         m = spec.load_record("model", model)["moe"]
         kw = {"layers": m["layers"], "experts": m["experts"], "topk": m["topk"], "model_id": model}
-    tr = T.load_trace(find_path(trace_path), None, **kw)
+    tr = T.load_trace(find_path(trace_path), None, missing=missing, **kw)
     experts = kw.get("experts") or int(tr.meta.get("experts") or int(tr.ids.max()) + 1)
     from moetier.cli import progress
     with progress.task("hit-rate curves", unit="layers") as cb:

@@ -21,13 +21,13 @@ def cmd_import(args) -> int:
         m = spec.load_record("model", args.model)["moe"]
         geo = {"experts": m["experts"], "topk": m["topk"], "layers": m["layers"]}
     fields = Fields(token=args.token_field, layer=args.layer_field, experts=args.experts_field,
-                    weights=args.weights_field or None, segment=args.segment_field)
-    tr = import_log(find_path(args.src), fields, missing=args.missing, fmt=args.format,
+                    weights=args.weights_field or None, segment=args.segment)
+    tr = import_log([find_path(x) for x in args.src], fields, missing=args.missing, fmt=args.format,
                     experts=args.experts or geo.get("experts"), topk=args.topk or geo.get("topk"),
                     layers=args.layers or geo.get("layers"), name=args.name)
     if args.model:
         tr.meta["model_id"] = args.model
-        validate(tr, layers=geo["layers"], experts=geo["experts"], topk=geo["topk"], path=args.src,
+        validate(tr, layers=geo["layers"], experts=geo["experts"], topk=geo["topk"], path=args.src[0],
                  model_id=args.model)
     save_trace(tr, args.out)
     summary = {"out": str(args.out), "tokens": tr.tokens, "layers": tr.layers, "topk": tr.topk,
@@ -58,7 +58,7 @@ def cmd_fit(args) -> int:
         from moetier.core import records as spec
         m = spec.load_record("model", args.model)["moe"]
         geo = {"experts": m["experts"], "topk": m["topk"], "layers": m["layers"], "model_id": args.model}
-    tr = load_trace(find_path(args.path), args.segments, **geo)
+    tr = load_trace(find_path(args.path), args.segments, missing=args.missing, **geo)
     experts = args.experts or geo.get("experts") or tr.meta.get("experts")
     if not experts:
         raise UserError(f"trace fit {args.path}: the expert count is not in the trace's meta; give --experts or "
@@ -82,16 +82,19 @@ def cmd_fit(args) -> int:
 
 
 def register(tsub, parser_class) -> None:
-    from moetier.cli.common import positive_int
-    i = tsub.add_parser("import", help="a router log (JSON lines, CSV, npz) to a moetier trace")
-    i.add_argument("src", help="router log: .jsonl, .csv or .npz (or --format)")
+    from moetier.cli.common import missing_arg, positive_int
+    i = tsub.add_parser("import", help="router logs (JSON lines, CSV, npz) to one moetier trace")
+    i.add_argument("src", nargs="+", help="router logs: .jsonl, .csv or .npz (or --format); several files or glob "
+                   "patterns (quoted) are read in order into one trace")
     i.add_argument("--out", required=True, help="trace to write (.npz)")
     i.add_argument("--format", choices=("jsonl", "csv", "npz"), help="log format (default: by suffix)")
     i.add_argument("--token-field", default="token", help="token index field (default token)")
     i.add_argument("--layer-field", default="layer", help="layer index field (default layer)")
     i.add_argument("--experts-field", default="experts", help="picked expert ids field (default experts)")
     i.add_argument("--weights-field", default="weights", help="gate weights field (default weights; '' for none)")
-    i.add_argument("--segment-field", help="request / segment field (default: one segment)")
+    i.add_argument("--segment", "--segment-field", dest="segment", metavar="FIELD[,FIELD...]",
+                   help="request (segment) field, or several that together name a request (e.g. dataset,problem_id); "
+                        "default: a token index that goes back starts a segment")
     i.add_argument("--missing", choices=("error", "drop", "mask"), default="error",
                    help="a missing router record: refuse (default), drop its token, or mask its picks (lossy)")
     i.add_argument("--model", help="model id: geometry from its record, and the trace is checked against it")
@@ -108,6 +111,7 @@ def register(tsub, parser_class) -> None:
     f.add_argument("--segments", help="segments .npy for a reference .npy trace")
     f.add_argument("--model", help="model id: geometry from its record, and the trace is checked against it")
     f.add_argument("--experts", type=positive_int, help="experts per layer (default: the trace's meta)")
+    missing_arg(f)
     f.add_argument("--seed", type=seed, default=0, help="generator seed of the search and the check (default 0)")
     f.add_argument("--sample-tokens", type=positive_int, default=4800,
                    help="tokens of the search's sample traces (default 4800)")

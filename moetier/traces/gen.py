@@ -45,8 +45,8 @@ from moetier.traces.stats import nmi_counts, nmi_pairs
 
 __all__ = ["GenParams", "generate", "fit_olmoe", "OLMOE_COUNTS", "inclusion_stats"]
 
-OLMOE_COUNTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "olmoe-routing-counts" / \
-    "routing_counts.npz"
+# package data (pyproject.toml: moetier.traces data/*): Apache-2.0 counts from allenai/OLMoE, notice beside them
+OLMOE_COUNTS = Path(__file__).resolve().parent / "data" / "olmoe-routing-counts.npz"
 
 
 @dataclass(frozen=True)
