@@ -143,10 +143,30 @@ def cmd_trace(args) -> int:
         return 0
     if args.trace_cmd == "gen":
         from moetier.traces.gen import GenParams, generate
+        from moetier.traces.layergen import MODEL, LayerParams, generate_layers
         geo = _model_geometry(args.model)
-        params = GenParams.from_json(args.params) if args.params is not None else GenParams()
-        tr = generate(params, layers=geo["layers"], experts=geo["experts"], topk=geo["topk"], tokens=args.tokens,
-                      segments=args.segments, seed=args.seed, model_id=args.model)
+        if args.fit:
+            from moetier import strictjson
+            try:
+                text = find_path(args.fit).read_text()
+            except OSError as e:
+                raise UserError(f"trace gen --fit {args.fit}: cannot be read ({e.strerror})") from None
+            rec = strictjson.loads(text, f"trace gen --fit {args.fit}")
+            if not isinstance(rec, dict) or not isinstance(rec.get("params"), dict):
+                raise UserError(f"trace gen --fit {args.fit}: expected the record `trace fit --out` writes (a JSON "
+                                f"object with \"params\")")
+            args.params = rec["params"]
+        if isinstance(args.params, dict) and args.params.get("model") == MODEL:     # `trace fit --out`'s params
+            lp = LayerParams.from_json(args.params)
+            if lp.layers != geo["layers"]:
+                raise UserError(f"trace gen --params: {lp.layers} layers of parameters; model {args.model} has "
+                                f"{geo['layers']} MoE layers")
+            tr = generate_layers(lp, experts=geo["experts"], topk=geo["topk"], tokens=args.tokens,
+                                 segments=args.segments, seed=args.seed, model_id=args.model)
+        else:
+            params = GenParams.from_json(args.params) if args.params is not None else GenParams()
+            tr = generate(params, layers=geo["layers"], experts=geo["experts"], topk=geo["topk"],
+                          tokens=args.tokens, segments=args.segments, seed=args.seed, model_id=args.model)
         T.save_trace(tr, args.out)
         print(f"wrote {args.out}: {tr.ids.shape[0]} tokens x {tr.ids.shape[1]} layers x top-{tr.ids.shape[2]}, "
               f"{tr.nseg} segments")
@@ -233,7 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tokens", type=positive_int, default=4000, help="tokens to generate (default 4000)")
     g.add_argument("--segments", type=positive_int, default=4, help="independent segments (streams; default 4)")
     g.add_argument("--seed", type=seed, default=0, help="random seed (default 0)")
-    g.add_argument("--params", type=json_object, help="GenParams as JSON")
+    g.add_argument("--params", type=json_object, help="GenParams as JSON, or the per-layer parameters `trace fit "
+                   "--out` wrote (its \"params\")")
+    g.add_argument("--fit", metavar="JSON", help="the record `trace fit --out` wrote: generate from its per-layer "
+                   "parameters")
     c = tsub.add_parser("convert", help="reference .npy (+ .segments.npy) <-> .npz")
     c.add_argument("src", help="trace to read (.npz or reference .npy)")
     c.add_argument("dst", help="trace to write (.npz or .npy)")

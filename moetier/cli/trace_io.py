@@ -1,14 +1,17 @@
 """``moetier trace import`` and ``moetier trace fit``: router logs in, and the generator fitted to a trace.
 
 Contract: ``register(tsub, parser_class)`` adds both subcommands to the ``trace`` parser; each sets ``trace_fn``,
-which ``cmd_trace`` calls. Bad input: one line naming the file, field or flag (UserError, exit 2); the trace is
+which ``cmd_trace`` calls. ``trace fit`` exits 0 when every layer's statistics are within their tolerances, 3
+(``FIT_MISSED``) when one is not, after printing the table. Bad input: one line naming the file, field or flag (UserError, exit 2); the trace is
 written atomically (moetier.traces.format.save_trace) or not at all.
 """
 from __future__ import annotations
 
 from moetier.errors import UserError
 
-__all__ = ["register"]
+__all__ = ["register", "FIT_MISSED"]
+
+FIT_MISSED = 3      # `trace fit`'s exit status when a statistic misses its tolerance at some layer
 
 
 def cmd_import(args) -> int:
@@ -63,13 +66,12 @@ def cmd_fit(args) -> int:
     if not experts:
         raise UserError(f"trace fit {args.path}: the expert count is not in the trace's meta; give --experts or "
                         "--model")
-    d = fit_trace(tr, int(experts), seed=args.seed, sample_tokens=args.sample_tokens,
-                  sample_layers=args.sample_layers)
+    d = fit_trace(tr, int(experts), seed=args.seed, rounds=args.rounds)
     d["trace"] = str(args.path)
     if args.out:
-        rec = {"generator": "moetier.traces.gen", "params": d["params"], "seed": d["seed"], "trace": d["trace"],
-               "shape": d["shape"], "experts": d["experts"], "segments": d["segments"], "checks": d["checks"],
-               "ok": d["ok"]}
+        rec = {"generator": "moetier.traces.layergen", "params": d["params"], "seed": d["seed"],
+               "trace": d["trace"], "shape": d["shape"], "experts": d["experts"], "segments": d["segments"],
+               "checks": d["checks"], "ok": d["ok"]}
         atomic_write(args.out, lambda f: f.write((json.dumps(rec, indent=1, sort_keys=True) + "\n").encode()))
         d["out"] = str(args.out)
     if args.json:
@@ -78,7 +80,7 @@ def cmd_fit(args) -> int:
         print(format_fit(d))
         if args.out:
             print(f"wrote {args.out}")
-    return 0
+    return 0 if d["ok"] else FIT_MISSED
 
 
 def register(tsub, parser_class) -> None:
@@ -106,17 +108,16 @@ def register(tsub, parser_class) -> None:
     i.set_defaults(trace_fn=cmd_import)
 
     from moetier.cli.common import seed
-    f = tsub.add_parser("fit", help="fit the trace generator to a trace and check the fit (docs/traces.md)")
+    f = tsub.add_parser("fit", help="fit the per-layer generator to a trace and check the fit per layer; exit 3 when "
+                        "a statistic misses its tolerance (docs/traces.md)")
     f.add_argument("path", help="trace file (.npz, or a reference .npy with --segments)")
     f.add_argument("--segments", help="segments .npy for a reference .npy trace")
     f.add_argument("--model", help="model id: geometry from its record, and the trace is checked against it")
     f.add_argument("--experts", type=positive_int, help="experts per layer (default: the trace's meta)")
     missing_arg(f)
     f.add_argument("--seed", type=seed, default=0, help="generator seed of the search and the check (default 0)")
-    f.add_argument("--sample-tokens", type=positive_int, default=4800,
-                   help="tokens of the search's sample traces (default 4800)")
-    f.add_argument("--sample-layers", type=positive_int, default=8,
-                   help="layers of the search's sample traces (default 8)")
+    f.add_argument("--rounds", type=positive_int, default=2,
+                   help="passes of the affinity and skew search (default 2; docs/traces.md)")
     f.add_argument("--out", help="write the fitted generator parameters and the checks here (JSON, atomic)")
     f.add_argument("--json", action="store_true", help="machine-readable report")
     f.set_defaults(trace_fn=cmd_fit)

@@ -215,6 +215,29 @@ class _Table:
         return n
 
 
+def _dense_segments(path: Path, b: np.ndarray, T: int) -> np.ndarray:
+    """The segment of each of a dense log's T tokens from its ``segments`` boundaries."""
+    if not (b.ndim == 1 and b.dtype.kind in "iu" and len(b) >= 2 and b[0] == 0 and b[-1] == T
+            and (np.diff(b) > 0).all()):
+        raise UserError(f"{path}: array 'segments' must be boundaries [0, ..., {T}] strictly increasing, found "
+                        f"{b.tolist()[:8]}")
+    return np.searchsorted(b, np.arange(T), side="right") - 1
+
+
+def _record_arrays(path: Path, z, f: Fields, name: str, n: int) -> tuple:
+    """(token, layer, [(segment field, array)]) of a [records, topk] npz log: one entry per record each."""
+    for k in (f.token, f.layer):
+        if k not in z.files:
+            raise UserError(f"{path}: array {name!r} is [records, topk]; needs arrays {f.token!r} and {f.layer!r} "
+                            f"per record; found {z.files}")
+    tok, lay = np.asarray(z[f.token]), np.asarray(z[f.layer])
+    segs = [(k, np.asarray(z[k])) for k in f.segments if k in z.files]
+    for k, a in [(f.token, tok), (f.layer, lay), *segs]:
+        if a.shape != (n,):
+            raise UserError(f"{path}: array {k!r} must have one entry per record ({n})")
+    return tok, lay, segs
+
+
 def _from_npz(path: Path, f: Fields):
     """Records of an npz log; a dense log's ``segments`` boundaries (moetier's trace format) are its segments."""
     try:
@@ -222,7 +245,6 @@ def _from_npz(path: Path, f: Fields):
     except (ValueError, OSError) as e:
         raise UserError(f"{path}: not a readable npz without pickle ({e})") from None
     with z:
-        # a moetier trace (ids, segments) imports as it is
         name = f.experts if f.experts in z.files or "ids" not in z.files else "ids"    # a moetier trace: ids
         if name not in z.files:
             raise UserError(f"{path}: no array {f.experts!r} (name it with --experts-field); found {z.files}")
@@ -239,22 +261,9 @@ def _from_npz(path: Path, f: Fields):
             ex = ex.reshape(T * L, -1)
             w = w.reshape(T * L, -1) if w is not None else None
             if "segments" in z.files:
-                b = np.asarray(z["segments"])
-                if not (b.ndim == 1 and b.dtype.kind in "iu" and len(b) >= 2 and b[0] == 0 and b[-1] == T
-                        and (np.diff(b) > 0).all()):
-                    raise UserError(f"{path}: array 'segments' must be boundaries [0, ..., {T}] strictly "
-                                    f"increasing, found {b.tolist()[:8]}")
-                seg_key = np.repeat(np.searchsorted(b, np.arange(T), side="right") - 1, L)
+                seg_key = np.repeat(_dense_segments(path, np.asarray(z["segments"]), T), L)
         elif ex.ndim == 2:
-            for k in (f.token, f.layer):
-                if k not in z.files:
-                    raise UserError(f"{path}: array {name!r} is [records, topk]; needs arrays {f.token!r} and "
-                                    f"{f.layer!r} per record; found {z.files}")
-            tok, lay = np.asarray(z[f.token]), np.asarray(z[f.layer])
-            segs = [(k, np.asarray(z[k])) for k in f.segments if k in z.files]
-            for k, a in [(f.token, tok), (f.layer, lay), *segs]:
-                if a.shape != (len(ex),):
-                    raise UserError(f"{path}: array {k!r} must have one entry per record ({len(ex)})")
+            tok, lay, segs = _record_arrays(path, z, f, name, len(ex))
         else:
             raise UserError(f"{path}: array {name!r} must be [tokens, layers, topk] or [records, topk], found "
                             f"shape {list(ex.shape)}")
