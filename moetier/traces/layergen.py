@@ -142,7 +142,7 @@ def _zipf(s: np.ndarray, E: int) -> np.ndarray:
 def generate_layers(params: LayerParams, *, experts: int, topk: int, tokens: int, segments=1, seed: int = 0,
                     model_id: str | None = None) -> Trace:
     """A trace [tokens, layers, topk] from the per-layer recency model (module docstring)."""
-    from moetier.traces.gen import _check_memory, _segments
+    from moetier.traces.gen import _check_memory, _segments, diagonals
     if isinstance(params, dict):
         params = LayerParams.from_json(params)
     for name, v in (("experts", experts), ("topk", topk), ("tokens", tokens)):
@@ -182,13 +182,9 @@ def generate_layers(params: LayerParams, *, experts: int, topk: int, tokens: int
     cdf = (np.cumsum(pop, axis=1) / pop.sum(axis=1, keepdims=True) + np.arange(L)[:, None]).ravel()
     cdf[np.arange(1, L + 1) * E - 1] = np.arange(1, L + 1)                               # no rounding gap at the end
     ids = np.zeros((T, L, K), dtype=np.int64)
-    larange = np.arange(L)
     top_n = min(E, D + K)
     tries = 16
-    for d in range(T + L - 1):
-        lo, hi = max(0, d - T + 1), min(L - 1, d)
-        ls = larange[lo:hi + 1]
-        ts = d - ls
+    for ls, ts in diagonals(T, L):
         n = len(ls)
         rows = np.arange(n)
         lst = last[ls]                                                                  # [n, E], before the token
