@@ -18,11 +18,11 @@ the fitted parameters at the source's shape (tokens, layers, top-k, segment boun
 The fit: the depth law of every (layer, slot) is the source's histogram of LRU stack depths below 3 x top-k (so the
 LRU curve and the top-1 repeat are the source's by construction, to within the rounding of exact counts); then
 per-layer bisection, all layers at once on one generated trace a step: ``zipf_s`` on the layer's entropy (a steeper
-Zipf law, a lower entropy), then ``rounds`` passes of ``affinity`` on the layer's predictability (only on layers
-that miss it by more than half the tolerance: popularity carries part of it) and ``zipf_s`` again (affinity
-concentrates load), each bracket half as wide as the last. A layer's statistics move little with another layer's
-knobs, so the bisections run side by side; each keeps the best value it tried, not its last midpoint.
-Deterministic for a seed. Pure: no I/O.
+Zipf law, a lower entropy), then ``rounds`` passes of ``affinity`` on the layer's predictability and ``zipf_s``
+again (affinity draws a layer's load toward its parent layer's), each bracket narrower than the last; last, two
+sweeps of both knobs on the even layers with the odd ones held, then on the odd ones: a layer's statistics follow
+its parent layer's picks, so a layer's targets hold still while it is bisected only when its parent is held. Each
+bisection keeps the best value it tried, not its last midpoint. Deterministic for a seed. Pure: no I/O.
 """
 from __future__ import annotations
 
@@ -108,48 +108,6 @@ class _Bisect:
         self.hi = np.where(self.active & ~up, x, self.hi)
 
 
-def _score(m: dict, src: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Per layer: (entropy error, predictability error) of a generated trace's measure ``m`` (layer 0: no
-    predictability), and the worst of the two in tolerances."""
-    eh = m["entropy_norm"] - src["entropy_norm"]
-    ep = np.concatenate([[0.0], m["predictability"] - src["predictability"]])
-    return np.stack([eh, ep], axis=1), np.maximum(np.abs(eh) / TOLERANCE["entropy_norm"],
-                                                  np.abs(ep) / TOLERANCE["predictability"])
-
-
-def _joint(run, s: np.ndarray, src: dict, steps: int) -> tuple[np.ndarray, np.ndarray]:
-    """(zipf_s, affinity) per layer solving entropy and predictability together: the chord method (Newton's with
-    the Jacobian held) on each layer's 2 x 2 system, all layers at once. A layer's two statistics move with both of
-    its knobs (affinity draws a layer's load toward its parents', skew moves what popularity predicts); the
-    Jacobians come from one probe step of each knob. A layer depends on the layers before it too (affinity follows
-    the previous layer's picks); the iteration leaves that coupling to later steps, damped. Keeps the iterate whose
-    worst layer is best."""
-    L = len(s)
-    first = np.arange(L) == 0
-    a = np.zeros(L)
-    f, worst = _score(run(s, a, True), src)
-    best = (worst.max(), s.copy(), a.copy())
-    ds, da = 0.25, 0.3
-    fs, _ = _score(run(s + ds, a, True), src)
-    fa, _ = _score(run(s, np.where(first, 0.0, da), True), src)
-    J = np.stack([(fs - f) / ds, (fa - f) / da], axis=2)                              # [L, 2 stats, 2 knobs]
-    J[:, 0, 0] = np.minimum(J[:, 0, 0], -0.005)
-    J[:, 1, 1] = np.maximum(J[:, 1, 1], 0.02)
-    J[first] = [[J[0, 0, 0], 0.0], [0.0, 1.0]]                                        # no affinity, no prediction
-    x = np.stack([s, a], axis=1)
-    for _ in range(max(1, steps) * 5):
-        dx = -0.8 * np.linalg.solve(J, f[:, :, None])[:, :, 0]
-        xn = np.clip(x + np.clip(dx, [-0.5, -0.25], [0.5, 0.25]), 0.0, [4.0, 1.0])
-        xn[first, 1] = 0.0
-        f, worst = _score(run(xn[:, 0], xn[:, 1], True), src)
-        x = xn
-        if worst.max() < best[0]:
-            best = (worst.max(), x[:, 0].copy(), x[:, 1].copy())
-        if best[0] <= 0.8:
-            break
-    return best[1], best[2]
-
-
 def _depth_law(depth: np.ndarray, D: int) -> tuple:
     """Per layer, per slot: the share of picks at stack depth 0..D-1 and deeper (the last entry)."""
     T, L, K = depth.shape
@@ -187,24 +145,27 @@ def fit_trace(trace: Trace, experts: int, *, seed: int = 0, rounds: int = 2, aff
             b.update(x, run(x, a, False)["entropy_norm"], src["entropy_norm"])
         return np.where(b.active, b.best_x, s)
 
-    def fit_affinity(s, a, width, steps):
+    def fit_affinity(s, a, width, steps, active=None):
         b = _Bisect(np.maximum(0.0, a - width), np.minimum(1.0, a + width), increasing=True,
-                    active=np.arange(L) > 0)
+                    active=(np.arange(L) > 0) & (True if active is None else active))
         for _ in range(steps):
-            x = np.where(b.active, b.mid(), 0.0)
+            x = np.where(b.active, b.mid(), a)
             got = np.concatenate([[0.0], run(s, x, True)["predictability"]])
             b.update(x, got, np.concatenate([[0.0], src["predictability"]]))
-        return np.where(b.active, b.best_x, 0.0)
+        return np.where(b.active, b.best_x, a)
 
     # skew first (affinity off), then each round affinity and skew again, each bracket narrower than the last
-    s, a = fit_skew(np.full(L, 1.5), np.zeros(L), 1.5, _BISECT_STEPS), np.zeros(L)
+    s, a = fit_skew(np.full(L, 3.0), np.zeros(L), 3.0, _BISECT_STEPS + 1), np.zeros(L)
     for r in range(max(1, int(rounds)) if src["predictability"] is not None else 0):
         a = fit_affinity(s, a, 0.5 ** r, _BISECT_STEPS - 1 - r)
         s = fit_skew(s, a, 0.5 ** (r + 1), _BISECT_STEPS - 1 - r)
     # last, the even layers' skew with the odd ones held, then the odd ones': a layer's entropy follows its parent
     # layer's picks through affinity, so a layer's target holds still while it is bisected
-    for parity in (0, 1) if a.any() else ():
-        s = fit_skew(s, a, 0.5, _BISECT_STEPS - 1, active=np.arange(L) % 2 == parity)
+    for sweep in range(2) if a.any() else ():
+        for parity in (0, 1):
+            held = np.arange(L) % 2 == parity
+            a = fit_affinity(s, a, 0.25 / 2 ** sweep, _BISECT_STEPS - 2 - sweep, active=held)
+            s = fit_skew(s, a, 0.5, _BISECT_STEPS - 1, active=held)
 
     params = LayerParams(zipf_s=tuple(round(float(x), 4) for x in s), affinity=tuple(round(float(x), 4) for x in a),
                          depth_p=law, affinity_width=W)
