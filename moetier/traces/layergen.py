@@ -217,7 +217,7 @@ def generate_layers(params: LayerParams, *, experts: int, topk: int, tokens: int
             need = np.flatnonzero(~use & (dep == D))
             if len(need):
                 # the first of ``tries`` popularity draws that lies deeper than D; the exact masked draw if none does
-                x = np.searchsorted(cdf, fu[need, k]) - ls[need, None] * E                  # [m, tries]
+                x = np.searchsorted(cdf, fu[need, k], side="right") - ls[need, None] * E     # [m, tries]
                 ok = (lst[need[:, None], x] < thr[need, None]) & ~(x[:, :, None] == out[need, None, :]).any(-1)
                 first = np.argmax(ok, axis=1)
                 got = x[np.arange(len(need)), first]
