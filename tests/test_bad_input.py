@@ -449,14 +449,15 @@ def test_json_output_is_strict_for_every_command(capsys, tiny_ci_store, reg, tmp
         "compare": ["compare", "tiny-ci-cuda", "--conc", "1", "--steps", "3", "--peers", "moetier,fiddler",
                     "--png", str(tmp_path / "c.png"), "--json"],
         "trace stats": ["trace", "stats", "traces/tiny-ci.npz", "--cache-sizes", "4,16", "--json"],
-        "trace fit": ["trace", "fit", "traces/tiny-ci.npz", "--experts", "32", "--sample-tokens", "200",
-                      "--sample-layers", "4", "--json"],
+        "trace fit": ["trace", "fit", "traces/tiny-ci.npz", "--experts", "32", "--rounds", "1", "--json"],
         "run": ["run", "tiny-ci-cpu", "--store", tiny_ci_store, "--steps", "2", "--conc", "1", "--no-record", "--json"],
         "bench": ["bench", "--store", tiny_ci_store, "--recipe", "tiny-ci-cpu", "--rounds", "3", "--records", "8",
                   "--dry-run", "--json"],
         "calibrate": ["calibrate", "tiny-ci-cpu", "--store", tiny_ci_store, "--steps", "1", "--repeats", "1",
                       "--no-write", "--json"],
         "list": ["list", "--json"],
+        "advise": ["advise", "tiny-ci-cpu", "--candidates", "3", "--steps", "10", "--conc", "1", "--workers", "1",
+                   "--no-write", "--json"],
         "doctor": ["doctor", "--store-dir", str(tmp_path), "--json"],
         "sweep": ["sweep", "tiny-ci-cpu", "--conc", "1", "--steps", "2", "--workers", "1", "--out",
                   str(tmp_path / "sweep.jsonl"), "--json"],
@@ -464,5 +465,5 @@ def test_json_output_is_strict_for_every_command(capsys, tiny_ci_store, reg, tmp
     assert set(_json_commands()) <= set(argvs), "a command with --json has no strict-JSON check here"
     for name in _json_commands():
         rc, out, err = run(capsys, *argvs[name])
-        assert rc == 0, (name, err)
+        assert rc == 0 or (name == "trace fit" and rc == 3), (name, err)      # 3: a fit outside a tolerance
         json.loads(out, parse_constant=_no_constant)       # NaN / Infinity tokens fail here

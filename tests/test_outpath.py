@@ -15,6 +15,7 @@ from tests._cli import run_cli
 # command -> argv with {} where the writing flag's value goes; the other arguments only have to parse
 ARGV = {
     ("sim", "--plot"): ["sim", "tiny-ci-cpu", "--plot", "{}"],
+    ("advise", "--plot"): ["advise", "tiny-ci-cpu", "--candidates", "2", "--no-write", "--plot", "{}"],
     ("trace stats", "--plot"): ["trace", "stats", "t.npz", "--plot", "{}"],
     ("trace gen", "--out"): ["trace", "gen", "--model", "m", "--out", "{}"],
     ("trace convert", "dst"): ["trace", "convert", "a.npz", "{}"],
@@ -53,6 +54,27 @@ def writing_flags():
 FOUND = writing_flags()
 COMPARE = sorted(f for f in FOUND if f[0] == "compare")        # its PNG flag, whatever its name
 FLAGS = {**ARGV, **{f: ["compare", "tiny-ci-cpu", f[1], "{}"] for f in COMPARE}}
+
+
+WRITING_NAMES = {"--out", "--plot", "--png", "--report", "--md", "--probe"}
+READ_NOT_WRITTEN = {"probe report --probe"}         # the probe file a report reads
+
+
+def test_every_flag_named_for_writing_takes_the_output_path_helper():
+    """A new --out / --plot / ... added without the helper would otherwise be invisible to the walk above."""
+    missed = []
+
+    def walk(p, name):
+        for a in p._actions:
+            flag = f"{name} {a.option_strings[0]}" if a.option_strings else ""
+            if (WRITING_NAMES & set(a.option_strings) and a.nargs != 0 and flag not in READ_NOT_WRITTEN
+                    and not hasattr(a.type, "writes")):
+                missed.append(flag)
+            if a.__class__.__name__ == "_SubParsersAction":
+                for sub, sp in a.choices.items():
+                    walk(sp, f"{name} {sub}".strip())
+    walk(build_parser(), "")
+    assert not missed, f"writing flags without moetier.cli.outpath: {missed}"
 
 
 def test_every_writing_flag_is_checked_and_driven_here():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 
 from moetier.cli.common import count_float, fraction, positive_float, positive_int, seed
+from moetier.cli.outpath import file_arg
 from moetier.errors import UserError
 
 
@@ -45,7 +46,7 @@ def register(sub, parser_class) -> None:
     p.add_argument("--no-write", dest="write", action="store_false", help="do not write the advised records")
     p.add_argument("--upgrades", action="store_true",
                    help="also search each upgrade the hardware record can express and print the tok/s each gains")
-    p.add_argument("--plot", metavar="PNG", help="draw tok/s against RAM/VRAM used, Pareto front marked "
+    p.add_argument("--plot", metavar="PNG", type=file_arg("--plot"), help="draw tok/s against RAM/VRAM used, Pareto front marked "
                    "(with --upgrades also PNG's stem + '-upgrades.png')")
     p.add_argument("--json", action="store_true", help="print the advice as JSON")
     p.set_defaults(fn=cmd_advise)

@@ -120,13 +120,22 @@ def find_path(p: str) -> Path:
     return q
 
 
+def missing_arg(p) -> None:
+    """``--missing`` on a command that reads a trace (moetier.traces.format.load_trace)."""
+    from moetier.traces.format import MISSING
+    p.add_argument("--missing", choices=MISSING, default="error",
+                   help="a -1 hole (a missing router record) in the trace: refuse it (default), mask the pick (not "
+                        "computed; statistics leave its token out) or drop its token")
+
+
 def _trace(args, R):
     from moetier.traces.format import load_trace
     path = args.trace or R.trace
     if not path:
         raise UserError(f"recipe {R.id}: no trace given (--trace) and the recipe names none")
     return load_trace(find_path(path), find_path(args.segments) if args.segments else None,
-                      layers=R.layers, experts=R.experts, topk=R.topk, model_id=R.model_id)
+                      layers=R.layers, experts=R.experts, topk=R.topk, model_id=R.model_id,
+                      missing=getattr(args, "missing", "error"))
 
 
 def tok_s(o: dict) -> str:

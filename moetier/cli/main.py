@@ -13,8 +13,8 @@ import sys
 import threading
 
 from moetier.cli.common import (DEFAULT_RECIPE, _emit, _Parser, _resolve, _trace, count,  # noqa: F401
-                                count_float, find_path, fraction, int_list, json_object, positive_float,
-                                positive_int, replay_interval, seed)
+                                count_float, find_path, fraction, int_list, json_object, missing_arg,
+                                positive_float, positive_int, replay_interval, seed)
 from moetier.cli import progress, views
 from moetier.cli.outpath import REGISTRY, file_arg, registry_arg
 from moetier.cli.outpath import check as check_out
@@ -137,14 +137,14 @@ def cmd_trace(args) -> int:
     if args.trace_cmd == "stats":
         from moetier.traces.stats import stats
         kw = _model_geometry(args.model) if args.model else {}
-        tr = T.load_trace(find_path(args.path), args.segments, **kw)
+        tr = T.load_trace(find_path(args.path), args.segments, missing=args.missing, **kw)
         experts = kw.get("experts") or int(tr.meta.get("experts") or int(tr.ids.max()) + 1)
         with progress.task("trace stats", unit="parts") as cb:
             d = stats(tr, experts, cache_sizes=args.cache_sizes, layer_sizes=args.layer_sizes, progress=cb)
         if args.plot:
             from moetier.cli.plot import cache_curves
             from moetier.cli.plots import plot_cache
-            curves = cache_curves(args.path, args.model)
+            curves = cache_curves(args.path, args.model, missing=args.missing)
             curves.update({"cache": d["cache"], "layers": d["layers"]})
             print(f"wrote {plot_cache(curves, args.plot)}", file=sys.stderr)
         if args.json:
@@ -155,16 +155,36 @@ def cmd_trace(args) -> int:
         return 0
     if args.trace_cmd == "gen":
         from moetier.traces.gen import GenParams, generate
+        from moetier.traces.layergen import MODEL, LayerParams, generate_layers
         geo = _model_geometry(args.model)
-        params = GenParams.from_json(args.params) if args.params is not None else GenParams()
-        tr = generate(params, layers=geo["layers"], experts=geo["experts"], topk=geo["topk"], tokens=args.tokens,
-                      segments=args.segments, seed=args.seed, model_id=args.model)
+        if args.fit:
+            from moetier import strictjson
+            try:
+                text = find_path(args.fit).read_text()
+            except OSError as e:
+                raise UserError(f"trace gen --fit {args.fit}: cannot be read ({e.strerror})") from None
+            rec = strictjson.loads(text, f"trace gen --fit {args.fit}")
+            if not isinstance(rec, dict) or not isinstance(rec.get("params"), dict):
+                raise UserError(f"trace gen --fit {args.fit}: expected the record `trace fit --out` writes (a JSON "
+                                f"object with \"params\")")
+            args.params = rec["params"]
+        if isinstance(args.params, dict) and args.params.get("model") == MODEL:     # `trace fit --out`'s params
+            lp = LayerParams.from_json(args.params)
+            if lp.layers != geo["layers"]:
+                raise UserError(f"trace gen --params: {lp.layers} layers of parameters; model {args.model} has "
+                                f"{geo['layers']} MoE layers")
+            tr = generate_layers(lp, experts=geo["experts"], topk=geo["topk"], tokens=args.tokens,
+                                 segments=args.segments, seed=args.seed, model_id=args.model)
+        else:
+            params = GenParams.from_json(args.params) if args.params is not None else GenParams()
+            tr = generate(params, layers=geo["layers"], experts=geo["experts"], topk=geo["topk"],
+                          tokens=args.tokens, segments=args.segments, seed=args.seed, model_id=args.model)
         T.save_trace(tr, args.out)
         print(f"wrote {args.out}: {tr.ids.shape[0]} tokens x {tr.ids.shape[1]} layers x top-{tr.ids.shape[2]}, "
               f"{tr.nseg} segments")
         return 0
     if args.trace_cmd == "convert":
-        tr = T.convert(find_path(args.src), args.dst, segments_path=args.segments)
+        tr = T.convert(find_path(args.src), args.dst, segments_path=args.segments, missing=args.missing)
         print(f"wrote {args.dst}: {tuple(tr.ids.shape)}, {tr.nseg} segments")
         return 0
     if getattr(args, "trace_fn", None) is not None:
@@ -209,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--trace", help="routing trace (.npz, or reference .npy); default: the recipe's")
         sp.add_argument("--segments", help="segments .npy for a reference .npy trace")
         sp.add_argument("--conc", type=positive_int, nargs="+", help="concurrency levels (default 1 2 4)")
+        missing_arg(sp)
         if name == "sim":
             sp.add_argument("--steps", type=count, default=0, help="cap on measured steps (0 = the trace's)")
             sp.add_argument("--window", type=positive_int, default=None,
@@ -237,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", help="model id to validate against")
     s.add_argument("--cache-sizes", type=int_list, help="comma-separated slot counts for the hit-rate curves")
     s.add_argument("--layer-sizes", type=int_list, help="comma-separated slots per layer for the per-layer curves")
+    missing_arg(s)
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--plot", metavar="PNG", type=file_arg("--plot"),
                    help="also draw per-layer hit-rate curves, LRU vs Belady (moetier plot "
@@ -247,11 +269,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tokens", type=positive_int, default=4000, help="tokens to generate (default 4000)")
     g.add_argument("--segments", type=positive_int, default=4, help="independent segments (streams; default 4)")
     g.add_argument("--seed", type=seed, default=0, help="random seed (default 0)")
-    g.add_argument("--params", type=json_object, help="GenParams as JSON")
+    g.add_argument("--params", type=json_object, help="GenParams as JSON, or the per-layer parameters `trace fit "
+                   "--out` wrote (its \"params\")")
+    g.add_argument("--fit", metavar="JSON", help="the record `trace fit --out` wrote: generate from its per-layer "
+                   "parameters")
     c = tsub.add_parser("convert", help="reference .npy (+ .segments.npy) <-> .npz")
     c.add_argument("src", help="trace to read (.npz or reference .npy)")
     c.add_argument("dst", type=file_arg("DST"), help="trace to write (.npz or .npy)")
     c.add_argument("--segments", help="segments .npy beside a reference .npy trace")
+    missing_arg(c)
     from moetier.cli import trace_io
     trace_io.register(tsub, _Parser)
     sp.set_defaults(fn=cmd_trace)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moetier.cli.common import int_list, positive_int
+from moetier.cli.common import int_list, missing_arg, positive_int
 from moetier.cli.outpath import file_arg
 from moetier.errors import UserError
 
@@ -46,6 +46,7 @@ def register(sub, parser_class) -> None:
     p.add_argument("--layer-sizes", type=int_list, help="comma-separated slots per layer (default: a ladder)")
     p.add_argument("--sizes", dest="layer_sizes", type=positive_int, nargs="+",
                    help="slots per layer, space-separated: the old name of --layer-sizes")
+    missing_arg(p)
     out(p)
     p = ps.add_parser("calibration", help="calibration: measured vs predicted tok/s with the error bands")
     p.add_argument("data", metavar="RUN_OR_JSON", help="calibration run record id (moetier calibrate) or its file")
@@ -108,7 +109,7 @@ def cmd_plot(args) -> int:
     elif k == "waterfall":
         path = plots.plot_waterfall(load_json(args.data), args.out, args.title)
     elif k == "cache":
-        curves = cache_curves(args.trace, args.model, args.layers, args.layer_sizes)
+        curves = cache_curves(args.trace, args.model, args.layers, args.layer_sizes, args.missing)
         path = plots.plot_cache(curves, args.out, args.title)
     elif k == "calibration":
         path = plots.plot_calibration(load_json(args.data), args.out, args.title)
@@ -119,7 +120,7 @@ def cmd_plot(args) -> int:
     return 0
 
 
-def cache_curves(trace_path: str, model: str | None, layers=None, sizes=None) -> dict:
+def cache_curves(trace_path: str, model: str | None, layers=None, sizes=None, missing: str = "error") -> dict:
     from moetier.cli import plots
     from moetier.cli.common import find_path
     from moetier.core import records as spec
@@ -128,7 +129,7 @@ def cache_curves(trace_path: str, model: str | None, layers=None, sizes=None) ->
     if model:
         m = spec.load_record("model", model)["moe"]
         kw = {"layers": m["layers"], "experts": m["experts"], "topk": m["topk"], "model_id": model}
-    tr = T.load_trace(find_path(trace_path), None, **kw)
+    tr = T.load_trace(find_path(trace_path), None, missing=missing, **kw)
     experts = kw.get("experts") or int(tr.meta.get("experts") or int(tr.ids.max()) + 1)
     from moetier.cli import progress
     with progress.task("hit-rate curves", unit="layers") as cb:

@@ -198,8 +198,8 @@ def layer_curves(trace, experts: int, layers=None, sizes=None, progress=None) ->
     """Per-layer LRU and Belady hit rates of ``trace`` for ``layers`` (default: first, a third, two thirds,
     last) at ``sizes`` slots per layer (default a ladder up to ``experts``): {"layer N": {slots, lru, belady}}."""
     import numpy as np
-    from moetier.traces.stats import belady_hits, lru_hits, next_use
-    ids = np.asarray(trace.ids).astype(np.int64)
+    from moetier.traces.stats import belady_hits, drop_masked, lru_hits, next_use
+    ids = drop_masked(trace, "plot cache")[0]
     L = ids.shape[1]
     layers = sorted(set(layers)) if layers else sorted({0, L // 3, (2 * L) // 3, L - 1})
     bad = [l for l in layers if not 0 <= l < L]

@@ -42,9 +42,11 @@ from moetier.atomic import atomic_write, atomic_write_many
 from moetier import strictjson
 from moetier.errors import UserError
 
-__all__ = ["Trace", "load_trace", "save_trace", "validate", "convert", "segments_sibling", "ids_dtype", "MASKED"]
+__all__ = ["Trace", "load_trace", "save_trace", "validate", "convert", "segments_sibling", "ids_dtype", "MASKED",
+           "MISSING"]
 
 MASKED = -1     # a pick whose router record was missing (traces imported with --missing mask)
+MISSING = ("error", "drop", "mask")     # what a MASKED hole means (--missing on every command that reads a trace)
 
 
 def ids_dtype(experts: int | None, max_id: int | None = None) -> np.dtype:
@@ -176,11 +178,12 @@ def _check_segments(seg: np.ndarray, tokens: int, where: str) -> None:
 
 
 def validate(trace: Trace, *, layers: int | None, experts: int | None, topk: int | None, path="trace",
-             model_id: str | None = None) -> None:
+             model_id: str | None = None, masked: bool = False) -> None:
     """Raise UserError (naming ``path``) unless ``trace`` fits a model with these dimensions.
 
     ``layers``/``experts``/``topk``/``model_id`` may be None to skip that check. ``ids`` may have more than
-    ``topk`` columns (only the first ``topk`` are used); fewer is an error.
+    ``topk`` columns (only the first ``topk`` are used); fewer is an error. ``MASKED`` holes pass when ``masked``
+    or the trace was imported with ``--missing mask``.
     """
     where = f"trace {path}"
     ids = trace.ids
@@ -201,7 +204,7 @@ def validate(trace: Trace, *, layers: int | None, experts: int | None, topk: int
     if ids.shape[2] == 0:
         raise UserError(f"{where}: has no routing columns (shape {_shape(ids)})")
     cols = ids[:, :, :topk] if topk is not None else ids
-    masked_ok = isinstance(trace.meta, dict) and trace.meta.get("missing") == "mask"
+    masked_ok = masked or (isinstance(trace.meta, dict) and trace.meta.get("missing") == "mask")
     bad = (cols < MASKED) if masked_ok else (cols < 0)
     if experts is not None:
         bad = bad | (cols >= experts)
@@ -209,8 +212,9 @@ def validate(trace: Trace, *, layers: int | None, experts: int | None, topk: int
     if nbad:
         first = np.unravel_index(int(np.argmax(bad)), cols.shape)
         rng = f"0..{experts - 1}" if experts is not None else ">= 0"
+        hint = "" if masked_ok or int(cols[first]) != MASKED else " (holes: --missing mask or --missing drop)"
         raise UserError(f"{where}: {nbad} expert ids out of range {rng}; first at [token {first[0]}, layer "
-                        f"{first[1]}, slot {first[2]}] = {int(cols[first])}")
+                        f"{first[1]}, slot {first[2]}] = {int(cols[first])}{hint}")
     seg = np.asarray(trace.segments)
     _check_segments(seg, int(ids.shape[0]), where)
     if trace.weights is not None:
@@ -236,12 +240,16 @@ def _check_weights(w, ids, where: str) -> None:
 
 
 def load_trace(path, segments_path=None, *, layers: int | None = None, experts: int | None = None,
-               topk: int | None = None, model_id: str | None = None) -> Trace:
+               topk: int | None = None, model_id: str | None = None, missing: str = "error") -> Trace:
     """Read a trace (.npz ours or .npy reference, by suffix), validate it and return it.
 
     For .npy the sibling ``<stem>.segments.npy`` is used when present; ``segments_path`` overrides it (for .npz it
-    overrides the stored segments). Only the first ``topk`` columns are kept when ``topk`` is given.
+    overrides the stored segments). Only the first ``topk`` columns are kept when ``topk`` is given. ``missing``
+    (``--missing``) says what a ``MASKED`` (-1) hole in a trace not imported with ``--missing mask`` means: ``error``
+    refuses it, ``mask`` keeps it (the pick is not computed), ``drop`` leaves its token out (segments keep the rest).
     """
+    if missing not in MISSING:
+        raise UserError(f"trace {path}: --missing {missing!r}; expected one of {', '.join(MISSING)}")
     p = Path(path)
     suffix = p.suffix.lower()
     weights = None
@@ -259,7 +267,9 @@ def load_trace(path, segments_path=None, *, layers: int | None = None, experts: 
                         f"(reference [tokens, layers, topk] array)")
     # ids first (with a placeholder segmentation), so shape problems are reported before segment problems
     placeholder = np.array([0, int(ids.shape[0]) if ids.ndim >= 1 else 0], dtype=np.int64)
-    validate(Trace(ids, placeholder, meta=meta if isinstance(meta, dict) else {}), layers=layers, experts=experts, topk=topk, path=p, model_id=model_id)
+    holes = missing != "error"
+    validate(Trace(ids, placeholder, meta=meta if isinstance(meta, dict) else {}), layers=layers, experts=experts,
+             topk=topk, path=p, model_id=model_id, masked=holes)
     if segments_path is not None:
         sp = Path(segments_path)
         seg = _load_npy(sp, "segments")
@@ -267,11 +277,13 @@ def load_trace(path, segments_path=None, *, layers: int | None = None, experts: 
     if seg is None:
         seg = placeholder
     tr = Trace(ids=ids, segments=seg, weights=weights, meta=meta)
-    validate(tr, layers=layers, experts=experts, topk=topk, path=p, model_id=model_id)
+    validate(tr, layers=layers, experts=experts, topk=topk, path=p, model_id=model_id, masked=holes)
     if topk is not None and ids.shape[2] > topk:
         tr.ids = tr.ids[:, :, :topk]
         if tr.weights is not None:
             tr.weights = tr.weights[:, :, :topk]
+    if holes and (tr.ids < 0).any():
+        _apply_missing(tr, missing, p)
     mx = max(0, int(tr.ids.max())) if tr.ids.size else 0
     tr.ids = np.ascontiguousarray(tr.ids, dtype=ids_dtype(experts, mx))
     tr.segments = np.asarray(tr.segments, dtype=np.int64)
@@ -280,6 +292,24 @@ def load_trace(path, segments_path=None, *, layers: int | None = None, experts: 
     if model_id is not None and "model_id" not in tr.meta:
         tr.meta["model_id"] = model_id
     return tr
+
+
+def _apply_missing(tr: Trace, missing: str, p: Path) -> None:
+    """``--missing mask``: the holes stay and the meta says so; ``drop``: the tokens with a hole are left out."""
+    if missing == "mask":
+        tr.meta["missing"] = "mask"
+        return
+    keep = (tr.ids >= 0).all(axis=(1, 2))
+    if not keep.any():
+        raise UserError(f"trace {p}: every token has a -1 hole; --missing drop leaves nothing")
+    seg_of = tr.segment_of_token()[keep]
+    starts = np.flatnonzero(np.concatenate([[True], seg_of[1:] != seg_of[:-1]]))
+    tr.ids = tr.ids[keep]
+    tr.weights = tr.weights[keep] if tr.weights is not None else None
+    tr.segments = np.concatenate([starts, [len(tr.ids)]]).astype(np.int64)
+    tr.meta["dropped_tokens"] = int(tr.meta.get("dropped_tokens") or 0) + int((~keep).sum())
+    if tr.meta.get("missing") == "mask":
+        tr.meta["missing"] = "drop"
 
 
 def save_trace(trace: Trace, path) -> None:
@@ -306,11 +336,12 @@ def save_trace(trace: Trace, path) -> None:
         raise UserError(f"trace {p}: unknown trace format '{p.suffix}'; expected .npz or .npy")
 
 
-def convert(src, dst, *, segments_path=None) -> Trace:
-    """Read ``src`` (either format) and write ``dst`` (format by its suffix); return the trace written."""
+def convert(src, dst, *, segments_path=None, missing: str = "error") -> Trace:
+    """Read ``src`` (either format; ``missing`` as load_trace) and write ``dst`` (format by its suffix); return the
+    trace written."""
     s, d = Path(src), Path(dst)
     if s.resolve() == d.resolve():
         raise UserError(f"trace {d}: convert destination is the source file")
-    tr = load_trace(s, segments_path)
+    tr = load_trace(s, segments_path, missing=missing)
     save_trace(tr, d)
     return tr

@@ -45,8 +45,8 @@ from moetier.traces.stats import nmi_counts, nmi_pairs
 
 __all__ = ["GenParams", "generate", "fit_olmoe", "OLMOE_COUNTS", "inclusion_stats"]
 
-OLMOE_COUNTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "olmoe-routing-counts" / \
-    "routing_counts.npz"
+# package data (pyproject.toml: moetier.traces data/*): Apache-2.0 counts from allenai/OLMoE, notice beside them
+OLMOE_COUNTS = Path(__file__).resolve().parent / "data" / "olmoe-routing-counts.npz"
 
 
 @dataclass(frozen=True)
@@ -124,6 +124,15 @@ def _rank(score: np.ndarray) -> np.ndarray:
     return np.argsort(np.argsort(-score, axis=-1), axis=-1) + 1
 
 
+def diagonals(T: int, L: int):
+    """(layers, tokens) of each anti-diagonal t + l = d in order: every (t, l) comes after (t-1, l) and (t, l-1),
+    and the layers of one diagonal are independent, so a generator vectorises over them."""
+    larange = np.arange(L)
+    for d in range(T + L - 1):
+        ls = larange[max(0, d - T + 1):min(L - 1, d) + 1]
+        yield ls, d - ls
+
+
 def generate(params: GenParams, *, layers: int, experts: int, topk: int, tokens: int, segments=1, seed: int = 0,
              model_id: str | None = None) -> Trace:
     """Synthetic trace [tokens, layers, topk] (see module docstring). ``segments``: a count (equal split) or
@@ -170,12 +179,8 @@ def generate(params: GenParams, *, layers: int, experts: int, topk: int, tokens:
     is_start[seg[:-1]] = True
     ids = np.empty((T, L, K), dtype=np.int64)
     reuse = float(params.reuse)
-    larange = np.arange(L)
     kpos = np.arange(K)
-    for d in range(T + L - 1):
-        lo, hi = max(0, d - T + 1), min(L - 1, d)
-        ls = larange[lo:hi + 1]
-        ts = d - ls
+    for ls, ts in diagonals(T, L):
         n = len(ls)
         rows_all = np.arange(n)
         keys = pop[seg_of[ts], ls] / rng.standard_exponential((n, E)).astype(np.float32)

@@ -55,7 +55,8 @@ from moetier.errors import UserError
 from moetier.traces.format import Trace
 
 __all__ = ["stats", "drop_masked", "norm_entropy", "lru_hits", "belady_hits", "default_cache_sizes", "next_use",
-           "REUSE_BUCKETS", "FINE_BUCKETS", "layer_cache_curves", "next_layer_recall", "default_layer_sizes"]
+           "REUSE_BUCKETS", "FINE_BUCKETS", "layer_cache_curves", "stack_depths", "next_layer_recall",
+           "default_layer_sizes"]
 
 REUSE_BUCKETS = ["<64", "64-255", "256-1023", ">=1024", "never"]
 FINE_BUCKETS = ["1", "2", "3-4", "5-8", "9-16", "17-64", "65-256", ">256", "never"]
@@ -359,6 +360,35 @@ def default_layer_sizes(experts: int, topk: int) -> list[int]:
                                                      experts // 2)})
 
 
+def stack_depths(ids: np.ndarray, cap: int | None = None) -> np.ndarray:
+    """LRU stack depth of every pick, int64 [tokens, layers, topk]: how many distinct experts of its layer were
+    picked since its expert's last pick there (0 = the most recent), replaying each layer's picks in (token, slot)
+    order over all segments; ``cap`` (default: never) for a first pick and, given ``cap``, for any depth >= cap. An
+    LRU cache of s slots per layer hits exactly the picks with depth < s (Mattson's inclusion property), so one
+    pass gives the per-layer LRU curve at every size."""
+    ids = np.asarray(ids, dtype=np.int64)
+    T, L, K = ids.shape
+    never = int(cap) if cap is not None else np.iinfo(np.int64).max
+    out = np.full((T, L, K), never, dtype=np.int64)
+    for l in range(L):
+        stack: list = []
+        index, pop, ins = stack.index, stack.pop, stack.insert
+        col = out[:, l, :].reshape(-1)
+        for i, x in enumerate(ids[:, l, :].ravel().tolist()):
+            try:
+                d = index(x)
+            except ValueError:
+                ins(0, x)
+                continue
+            if d:
+                pop(d)
+                ins(0, x)
+            if cap is None or d < cap:
+                col[i] = d
+        out[:, l, :] = col.reshape(T, K)
+    return out
+
+
 def layer_cache_curves(ids: np.ndarray, experts: int, sizes=None, *, belady: bool = True) -> dict:
     """Per-layer LRU and Belady hit rates (module docstring: ``layer_cache``); ``belady=False`` leaves Belady out
     (its rates are then reported as None)."""
@@ -367,18 +397,16 @@ def layer_cache_curves(ids: np.ndarray, experts: int, sizes=None, *, belady: boo
     sizes = default_layer_sizes(E, K) if sizes is None else sorted({int(s) for s in sizes})
     if any(s < 1 for s in sizes):
         raise UserError(f"trace stats: per-layer cache sizes must be >= 1 slot, found {sizes}")
-    lru, opt = np.zeros((L, len(sizes))), np.zeros((L, len(sizes)))
-    for l in range(L):
+    depth = stack_depths(ids, max(sizes))
+    lru = np.stack([(depth < sz).mean(axis=(0, 2)) for sz in sizes], axis=1)             # [L, sizes]
+    opt = np.full((L, len(sizes)), np.nan)
+    for l in range(L) if belady else ():
         seq = np.asarray(ids[:, l, :], dtype=np.int64).ravel()
         n = len(seq)
         distinct = len(np.unique(seq))
-        nx = next_use(seq) if belady else None
+        nx = next_use(seq)
         for j, sz in enumerate(sizes):
-            if sz >= distinct:
-                lru[l, j] = opt[l, j] = (n - distinct) / n
-            else:
-                lru[l, j] = lru_hits(seq, sz) / n
-                opt[l, j] = belady_hits(seq, sz, nx) / n if belady else np.nan
+            opt[l, j] = (n - distinct) / n if sz >= distinct else belady_hits(seq, sz, nx) / n
 
     def rows(a):
         return [[_r(x) if belady or a is lru else None for x in row] for row in a]
