@@ -254,10 +254,10 @@ def sweep(cells_: list, out, *, workers: int | None = None, ray: str | None = No
     n = 0
     if pending:
         rows = _ray(pending, workers, ray, batch) if ray else _pool(pending, workers, executor)
-        with open(out, "a", encoding="utf-8") as f:
+        from moetier.linelog import LineLog
+        with LineLog(out, f"--out {out}") as log:
             for row in rows:
-                f.write(json.dumps(row, sort_keys=True) + "\n")
-                f.flush()
+                log.append(json.dumps(row, sort_keys=True))
                 n += 1
                 if progress is not None:
                     progress(n, len(pending))
