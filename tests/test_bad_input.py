@@ -259,7 +259,7 @@ def test_probe_file_with_1e308_values(capsys, tmp_path):
               "step_wall_s": big},
              {"kind": "sample", "t": 100.0, "dt": 0.1, "cpu": [0.5], "mem_used": 1e9, "rss": big, "disk": {}}]
     p.write_text("".join(json.dumps(d) + "\n" for d in lines))
-    rc, out, err = run(capsys, "probe", "report", str(p))
+    rc, out, err = run(capsys, "probe", "report", str(p), "--json")
     assert rc == 0 and "Traceback" not in err
     rep = json.loads(out, parse_constant=_no_constant)
     assert rep["utilization"]["quality"]["bad_lines"] == 5

@@ -37,7 +37,7 @@ def register(sub, parser_class) -> None:
     out(p)
     p = ps.add_parser("waterfall", help="per-layer chokepoint waterfall of a probed run")
     p.add_argument("data", metavar="RUN_OR_JSON", help="run record id with chokepoints (moetier probe report RUN "
-                   "--write), or a probe report JSON file (moetier probe report ... > report.json)")
+                   "--write), or a probe report JSON file (moetier probe report ... --json > report.json)")
     out(p)
     p = ps.add_parser("cache", help="per-layer hit rate against cache slots: LRU vs Belady")
     p.add_argument("trace", help="trace file (.npz)")
