@@ -98,6 +98,16 @@ def cmd_plot(args) -> int:
     k = args.plot_kind
     if k is None:
         raise UserError(f"plot: expected a kind: {', '.join(KINDS)}")
+    try:
+        return _plot(plots, k, args)
+    except UserError as e:          # the drawing functions see rows, not files: name the input here
+        src = getattr(args, "data", None)
+        if src is None or not str(e).startswith("plot: "):
+            raise
+        raise UserError(f"plot {k} {src}: {str(e).removeprefix('plot: ')}") from None
+
+
+def _plot(plots, k, args) -> int:
     if k == "levers":
         path = plots.plot_levers(load_json(args.data, None), args.out, args.title)
     elif k == "timeline":

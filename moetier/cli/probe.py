@@ -145,6 +145,10 @@ def _report(args) -> int:
         raise UserError(f"{probe_path}: probe file not found")
     hw, why = _hardware_for(args, rec)
     rep = probe.report(probe_path, hw, run_record=rec)
+    q = rep["utilization"].get("quality") or {}
+    if not q.get("samples") and rep["chokepoints"] is None:     # nothing to report: say so, not an empty table
+        raise UserError(f"{probe_path}: no samples and no counters ({q.get('bad_lines', 0)} bad lines); expected a "
+                        "probe file from moetier probe record or moetier run --probe")
     if why:
         rep["utilization"]["missing"] = sorted(set(rep["utilization"]["missing"]) | {why})
     if args.write:

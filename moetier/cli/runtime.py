@@ -12,7 +12,9 @@ import platform
 import sys
 
 from moetier.cli import progress
-from moetier.cli.common import count, fraction, positive_float, positive_int, replay_interval, seed
+from moetier.cli.common import count, fraction, int_in, positive_float, positive_int, replay_interval, seed
+
+MAX_REPEATS = 100       # a calibration's repeats run back to back; 100 of the default matrix is days
 from moetier.cli.outpath import file_arg, folder_arg
 from moetier.errors import UserError
 
@@ -82,7 +84,7 @@ def register(sub, parser_class) -> None:
     c.add_argument("--backend", default="cpu", help="cpu, sycl or cuda (default cpu)")
     c.add_argument("--steps", type=positive_int, default=None,
                    help="measured steps per arm and repeat (default 200; with --quick 60)")
-    c.add_argument("--repeats", type=positive_int, default=None,
+    c.add_argument("--repeats", type=int_in(1, MAX_REPEATS), default=None,
                    help="interleaved repeats of the whole matrix (A B .. A B ..; default 2)")
     c.add_argument("--quick", action="store_true",
                    help="the fit arms without a VRAM tier, one plan and four checked repeats of 60 steps after 16 "

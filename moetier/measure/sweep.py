@@ -61,7 +61,11 @@ def parse_axis(item: str) -> tuple[str, list[str]]:
                 parsed.append(v)
     if not parsed:
         raise UserError(f"--grid {item!r}: no values")
-    return path, [json.dumps(v, sort_keys=True) for v in parsed]
+    vals = [json.dumps(v, sort_keys=True) for v in parsed]
+    if len(set(vals)) != len(vals):
+        dup = next(v for v in vals if vals.count(v) > 1)
+        raise UserError(f"--grid {path}: the value {dup} twice (expected each value once)")
+    return path, vals
 
 
 def cells(recipe: str, *, grid=(), sets=(), traces=(None,), concs=(1,), policies=(None,), steps: int = 0) -> list:

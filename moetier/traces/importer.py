@@ -35,14 +35,14 @@ import numpy as np
 
 from moetier import strictjson
 from moetier.errors import UserError
-from moetier.traces.format import MASKED, Trace, ids_dtype
+from moetier.traces.format import MASKED, MAX_EXPERTS, Trace, ids_dtype
 
 __all__ = ["Fields", "import_log", "MISSING"]
 
 MISSING = ("error", "drop", "mask")
 # the model schema's bounds (registry/schema/model.schema.json): checked as records are read, before any array
 # is allocated, so a log naming layer 10**9 is one line and not a 1.46 TiB allocation
-MAX_LAYERS, MAX_TOPK, MAX_EXPERTS = 4096, 1024, 1048576
+MAX_LAYERS, MAX_TOPK = 4096, 1024
 MAX_PICKS = 1 << 31          # tokens x layers x topk of one trace: 16 GiB of int64 ids while importing
 _SPLIT = re.compile(r"[\s;|,]+")
 
@@ -301,7 +301,11 @@ def import_log(path, fields: Fields = Fields(), missing: str = "error", fmt: str
         raise UserError(f"{p}: file not found")
     if not p.is_file():
         raise UserError(f"{p}: not a regular file (expected a router log: .jsonl, .csv or .npz)")
-    fmt, table, L = _read_table(p, fields, fmt)
+    try:
+        fmt, table, L = _read_table(p, fields, fmt)
+    except UnicodeDecodeError as e:
+        raise UserError(f"{p}: not UTF-8 text at byte {e.start} (expected a router log: .jsonl, .csv or .npz)") \
+            from None
     L = layers or L
     K = topk or max(len(ids) for t in table.values() for ids, _ in t.values())
     order = sorted(table)
