@@ -480,7 +480,8 @@ def cases() -> list[Case]:
         + json.dumps({"kind": "sample", "t": 1.1, "dt": 0.1, "cpu": [1.0]}) + "\n"}
     for pname, body in probes.items():
         add(Case("probe", f"probe report of {pname}", ["probe", "report", "{d}/p.jsonl"], "p.jsonl",
-                 text("p.jsonl", body), quick=pname in ("deep", "only-junk-lines")))
+                 text("p.jsonl", body), quick=pname in ("deep", "only-junk-lines"),
+                 reported="interval_s" if pname == "negative-interval" else ""))
     for path, label in [("/dev/zero", "/dev/zero"), (f"{s}/fifo", "fifo"), (f"{s}/a-dir", "a-dir")]:
         add(Case("probe", f"probe report of {label}", ["probe", "report", path], label))
         add(Case("probe", f"probe report --probe {label}", ["probe", "report", "tiny-local-cpu-runtime-2026-11-29",
