@@ -259,10 +259,14 @@ def test_probe_file_with_1e308_values(capsys, tmp_path):
               "step_wall_s": big},
              {"kind": "sample", "t": 100.0, "dt": 0.1, "cpu": [0.5], "mem_used": 1e9, "rss": big, "disk": {}}]
     p.write_text("".join(json.dumps(d) + "\n" for d in lines))
-    rc, out, err = run(capsys, "probe", "report", str(p))
+    rc, out, err = run(capsys, "probe", "report", str(p), "--json")
+    one_line_error(rc, err, "no samples and no counters", "5 bad lines")        # every line beyond the bounds
+    lines[-1]["rss"] = 1e9
+    p.write_text("".join(json.dumps(d) + "\n" for d in lines))
+    rc, out, err = run(capsys, "probe", "report", str(p), "--json")
     assert rc == 0 and "Traceback" not in err
     rep = json.loads(out, parse_constant=_no_constant)
-    assert rep["utilization"]["quality"]["bad_lines"] == 5
+    assert rep["utilization"]["quality"]["bad_lines"] == 4
 
 
 def _no_constant(c):
@@ -440,7 +444,11 @@ def test_json_output_is_strict_for_every_command(capsys, tiny_ci_store, reg, tmp
         "num_experts": 64, "num_experts_per_tok": 8, "torch_dtype": "bfloat16"}))
     log = tmp_path / "router.jsonl"
     log.write_text('{"token": 0, "layer": 0, "experts": [1, 2]}\n')
+    probe = tmp_path / "p.jsonl"
+    probe.write_text('{"kind": "header", "version": 1, "interval_s": 0.1, "cpus": [0], "started": 1.0}\n'
+                     '{"kind": "sample", "t": 1.1, "dt": 0.1, "cpu": [1.0]}\n')
     argvs = {
+        "probe report": ["probe", "report", str(probe), "--json"],
         "model import": ["model", "import", str(hf), "--out", str(tmp_path / "m.json"), "--json"],
         "show": ["show", "tiny-ci-cpu", "--json"],
         "sim": ["sim", "tiny-ci-cpu", "--steps", "3", "--conc", "1", "2", "--json"],

@@ -245,11 +245,14 @@ def one_line_error(rc, err):
 
 def test_cli_report_and_errors(tmp_path, capsys):
     p = write(tmp_path / "p.jsonl", good_lines())
-    assert main(["probe", "report", str(p)]) == 0
+    assert main(["probe", "report", str(p), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"utilization", "chokepoints"}
-    assert main(["probe", "report", str(p), "--md"]) == 0
-    assert "decode critical path" in capsys.readouterr().out
+    assert main(["probe", "report", str(p)]) == 0
+    tables = capsys.readouterr().out
+    assert "decode critical path" in tables
+    assert main(["probe", "report", str(p), "--md"]) == 0       # the old flag: accepted, the same tables
+    assert capsys.readouterr().out == tables
     one_line_error(main(["probe", "report", str(tmp_path / "nope.jsonl")]), capsys.readouterr().err)
     one_line_error(main(["probe", "report", str(p), "--write"]), capsys.readouterr().err)
     one_line_error(main(["probe", "report", str(p), "--hardware", "no-such-hw"]), capsys.readouterr().err)
@@ -271,7 +274,7 @@ def test_cli_report_write_fills_run_record(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(spec, "REGISTRY", reg)
     monkeypatch.setenv("MOETIER_REGISTRY", str(reg))
     monkeypatch.chdir(tmp_path)
-    assert main(["probe", "report", "t-run", "--write", "--md"]) == 0
+    assert main(["probe", "report", "t-run", "--write"]) == 0
     capsys.readouterr()
     got = json.loads((reg / "runs" / "t-run.json").read_text())
     assert got["chokepoints"]["phases"]["decode_C1"]["decode"]["binding"] == "cpu_moe"

@@ -50,7 +50,7 @@ def commands(store: str, probe: str) -> dict:
                   "--workers", "1", "--out", "sweep.jsonl"],
         "doctor": ["doctor", "--recipe", "tiny-ci-cpu"],
         "run": ["run", "tiny-ci-cpu", "--store", store, "--steps", "4", "--conc", "1", "--no-record"],
-        "probe report": ["probe", "report", probe, "--md"],
+        "probe report": ["probe", "report", probe],
     }
 
 

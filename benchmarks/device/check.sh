@@ -170,7 +170,7 @@ EOF
 s_probe() {
     set -e
     "$PY" -m moetier probe report "$RUN_ID" --write --quiet > /dev/null
-    "$PY" -m moetier probe report "$RUN_ID" --md --quiet > "$W/probe.md"
+    "$PY" -m moetier probe report "$RUN_ID" --quiet > "$W/probe.md"
     cp "$MOETIER_REGISTRY/runs/$RUN_ID.json" "$W/run-record.json"
     head -n 20 "$W/probe.md"
 }

@@ -36,6 +36,11 @@ fraction = _number(float, lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]")
 seed = _number(int, lambda v: 0 <= v < 2**63, "an integer in [0, 2**63)")
 
 
+def int_in(lo: int, hi: int):
+    """An argparse type: an integer in [lo, hi] (a count whose every unit is work: repeats, a verify window)."""
+    return _number(int, lambda v: lo <= v <= hi, f"an integer in [{lo}, {hi}]")
+
+
 def int_list(s: str) -> list:
     """An argparse type: comma-separated positive integers (``--cache-sizes 64,128``)."""
     try:

@@ -85,7 +85,7 @@ def cmd_conformance(args) -> int:
         check_out(report, "--report")                   # before the suite runs, not after
     if args.md:
         check_out(os.path.abspath(args.md), "--md")
-    if args.write_engine:
+    if args.write_engine is not None:
         from moetier.core import records as spec
         spec.check_writable("engine", args.write_engine, force=args.force, overlay=args.force)
     if report and os.path.exists(report):

@@ -13,12 +13,14 @@ import sys
 import threading
 
 from moetier.cli.common import (DEFAULT_RECIPE, _emit, _Parser, _resolve, _trace, count,  # noqa: F401
-                                count_float, find_path, fraction, int_list, json_object, missing_arg,
+                                count_float, find_path, fraction, int_in, int_list, json_object, missing_arg,
                                 positive_float, positive_int, replay_interval, seed)
 from moetier.cli import progress, views
 from moetier.cli.outpath import REGISTRY, file_arg, registry_arg
 from moetier.cli.outpath import check as check_out
 from moetier.errors import UserError
+
+MAX_WINDOW = 256        # sim --window: tokens verified per stream per step; each one is a row of every layer
 
 
 def _sim_runs(R, tr, concs, args):
@@ -232,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
         missing_arg(sp)
         if name == "sim":
             sp.add_argument("--steps", type=count, default=0, help="cap on measured steps (0 = the trace's)")
-            sp.add_argument("--window", type=positive_int, default=None,
+            sp.add_argument("--window", type=int_in(1, MAX_WINDOW), default=None,
                             help="speculative verify window (tokens per stream)")
             sp.add_argument("--accept", type=positive_float, default=None,
                             help="with --window: tokens accepted per stream per step (default 1)")

@@ -33,14 +33,15 @@ def cmd_model(args) -> int:
     from moetier.core import records as spec
     if args.model_cmd != "import":
         raise UserError("model: expected a subcommand: import")
-    if args.id and not args.out:        # before reading the checkpoint: the id can be written
+    if args.id is not None and not args.out:        # before reading the checkpoint: the id can be written
         spec.check_writable("model", args.id, force=args.force, overlay=args.force)
     rec = model_import.import_model(args.dir, bits=args.bits, rid=args.id)
+    from pathlib import Path
+    config = Path(args.dir) / "config.json" if Path(args.dir).is_dir() else Path(args.dir)
+    spec.validate("model", rec, f"{config} (the model record made from it)")   # the input named, not the output
     if args.out:
-        from pathlib import Path
         from moetier import strictjson
         from moetier.atomic import atomic_write
-        spec.validate("model", rec, args.out)
         text = strictjson.dumps(rec, indent=2) + "\n"     # standard JSON: never a bare NaN or Infinity
         where = atomic_write(Path(args.out), lambda f: f.write(text.encode("utf-8")))
     else:

@@ -37,7 +37,7 @@ def register(sub, parser_class) -> None:
     out(p)
     p = ps.add_parser("waterfall", help="per-layer chokepoint waterfall of a probed run")
     p.add_argument("data", metavar="RUN_OR_JSON", help="run record id with chokepoints (moetier probe report RUN "
-                   "--write), or a probe report JSON file (moetier probe report ... > report.json)")
+                   "--write), or a probe report JSON file (moetier probe report ... --json > report.json)")
     out(p)
     p = ps.add_parser("cache", help="per-layer hit rate against cache slots: LRU vs Belady")
     p.add_argument("trace", help="trace file (.npz)")
@@ -99,6 +99,16 @@ def cmd_plot(args) -> int:
     k = args.plot_kind
     if k is None:
         raise UserError(f"plot: expected a kind: {', '.join(KINDS)}")
+    try:
+        return _plot(plots, k, args)
+    except UserError as e:          # the drawing functions see rows, not files: name the input here
+        src = getattr(args, "data", None)
+        if src is None or not str(e).startswith("plot: "):
+            raise
+        raise UserError(f"plot {k} {src}: {str(e).removeprefix('plot: ')}") from None
+
+
+def _plot(plots, k, args) -> int:
     if k == "levers":
         path = plots.plot_levers(load_json(args.data, None), args.out, args.title)
     elif k == "timeline":

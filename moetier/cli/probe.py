@@ -2,6 +2,8 @@
 chokepoints for a run record or a probe file; ``--write`` stores them in the run record).
 
 Contract: same as moetier.cli (one-line errors, exit 2). ``record`` exits with the command's exit status.
+``report`` prints markdown tables, or with ``--json`` one strict JSON document ``{utilization, chokepoints}``;
+``--md`` is accepted and ignored for one release (it asked for the tables when JSON was the default).
 """
 from __future__ import annotations
 
@@ -29,7 +31,10 @@ def register(sub, parser_class) -> None:
     p.add_argument("--probe", help="probe file (default: the run record's 'probe' field)")
     p.add_argument("--hardware", help="hardware record id for the ceilings (default: the run record's, or its "
                    "recipe's)")
-    p.add_argument("--md", action="store_true", help="markdown tables instead of JSON")
+    p.add_argument("--json", action="store_true", help="print the report as one strict JSON document instead of "
+                   "the tables")
+    p.add_argument("--md", action="store_true", help="accepted and ignored (the tables are the default now; "
+                   "the flag goes in the next release)")
     p.add_argument("--write", action="store_true", help="store utilization and chokepoints in the run record")
     p.add_argument("--force", action="store_true", help="with --write: write a shipped run record's id (the user "
                    "registry's copy then overlays the shipped one)")
@@ -140,6 +145,10 @@ def _report(args) -> int:
         raise UserError(f"{probe_path}: probe file not found")
     hw, why = _hardware_for(args, rec)
     rep = probe.report(probe_path, hw, run_record=rec)
+    q = rep["utilization"].get("quality") or {}
+    if not q.get("samples") and rep["chokepoints"] is None:     # nothing to report: say so, not an empty table
+        raise UserError(f"{probe_path}: no samples and no counters ({q.get('bad_lines', 0)} bad lines); expected a "
+                        "probe file from moetier probe record or moetier run --probe")
     if why:
         rep["utilization"]["missing"] = sorted(set(rep["utilization"]["missing"]) | {why})
     if args.write:
@@ -153,9 +162,9 @@ def _report(args) -> int:
     if args.plot:
         from moetier.cli.plots import plot_waterfall
         print(f"wrote {plot_waterfall(rep, args.plot)}", file=sys.stderr)
-    if args.md:
+    if args.json:
+        _emit(rep)
+    else:
         from moetier.cli.render import text
         text(probe.to_markdown(rep).rstrip("\n"))
-    else:
-        _emit(rep)
     return 0

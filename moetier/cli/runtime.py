@@ -12,7 +12,11 @@ import platform
 import sys
 
 from moetier.cli import progress
-from moetier.cli.common import count, fraction, positive_float, positive_int, replay_interval, seed
+from moetier.cli.common import count, fraction, int_in, positive_float, positive_int, replay_interval, seed
+
+MAX_REPEATS = 100       # a calibration's repeats run back to back; 100 of the default matrix is days
+MAX_ROUNDS = 100        # bench rounds: each one re-measures every term
+MAX_RECORDS = 1 << 16   # bench records per bandwidth pass: 256 by default; beyond this the pass is only longer
 from moetier.cli.outpath import file_arg, folder_arg
 from moetier.errors import UserError
 
@@ -82,7 +86,7 @@ def register(sub, parser_class) -> None:
     c.add_argument("--backend", default="cpu", help="cpu, sycl or cuda (default cpu)")
     c.add_argument("--steps", type=positive_int, default=None,
                    help="measured steps per arm and repeat (default 200; with --quick 60)")
-    c.add_argument("--repeats", type=positive_int, default=None,
+    c.add_argument("--repeats", type=int_in(1, MAX_REPEATS), default=None,
                    help="interleaved repeats of the whole matrix (A B .. A B ..; default 2)")
     c.add_argument("--quick", action="store_true",
                    help="the fit arms without a VRAM tier, one plan and four checked repeats of 60 steps after 16 "
@@ -109,13 +113,13 @@ def register(sub, parser_class) -> None:
     b.add_argument("--recipe", default=None, help="the recipe whose sizes are measured (default tiny-local-cpu)")
     b.add_argument("--recipe-out", help="recipe id to write: the recipe on this bench's records (default "
                    "RECIPE-bench); predict with `moetier sim` / `table` / `run` of it")
-    b.add_argument("--rounds", type=positive_int, default=5,
+    b.add_argument("--rounds", type=int_in(1, MAX_ROUNDS), default=5,
                    help="interleaved repetitions of the prediction terms (their spread is measured over them)")
     b.add_argument("--hardware", default="bench-cpu", help="hardware record id to write (default bench-cpu)")
     b.add_argument("--engine", default="bench-numba-cpu", help="engine record id to write (default bench-numba-cpu)")
     b.add_argument("--overlay", action="store_true", help="allow ids of shipped records: the user registry's copy "
                    "then overlays the shipped (calibrated) one for every later command")
-    b.add_argument("--records", type=positive_int, default=256, help="records read per bandwidth pass")
+    b.add_argument("--records", type=int_in(1, MAX_RECORDS), default=256, help="records read per bandwidth pass")
     b.add_argument("--no-write", "--dry-run", dest="dry_run", action="store_true",
                    help="measure and print, write nothing (--dry-run is the old name)")
     b.add_argument("--force", action="store_true", help="replace existing hardware/engine records of these ids")
@@ -415,7 +419,7 @@ def cmd_bench(args) -> int:
     from moetier.cli.common import _emit, _trace
     from moetier.core import records as spec
     recipe = args.recipe or bench.RECIPE
-    out_id = args.recipe_out or f"{recipe}-bench"
+    out_id = args.recipe_out if args.recipe_out is not None else f"{recipe}-bench"    # "" is refused, not a default
     if not args.dry_run:     # before measuring: every id can be written (replacing a record needs --force)
         for kind, rid in (("hardware", args.hardware), ("engine", args.engine), ("recipe", out_id)):
             spec.check_writable(kind, rid, force=args.force, overlay=args.overlay, flag="--overlay")

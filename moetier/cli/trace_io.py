@@ -65,7 +65,10 @@ def cmd_fit(args) -> int:
     if not experts:
         raise UserError(f"trace fit {args.path}: the expert count is not in the trace's meta; give --experts or "
                         "--model")
-    d = fit_trace(tr, int(experts), seed=args.seed, rounds=args.rounds)
+    try:
+        d = fit_trace(tr, int(experts), seed=args.seed, rounds=args.rounds)
+    except UserError as e:          # fit_trace sees an array, not a file: name the file here
+        raise UserError(f"{args.path}: {str(e).removeprefix('trace fit: ')}") from None
     d["trace"] = str(args.path)
     if args.out:
         rec = {"generator": "moetier.traces.layergen", "params": d["params"], "seed": d["seed"],

@@ -238,6 +238,9 @@ def _header_interval(P: dict, missing: set) -> float:
     if hdr is not None and hdr.get("gpu") is None:
         missing.add(f"gpu: {hdr.get('gpu_note') or 'no GPU sampled'}")
     interval = _num((hdr or {}).get("interval_s"))
+    if hdr is not None and (interval is None or interval <= 0):
+        missing.add(f"probe header: interval_s {hdr.get('interval_s')!r} is not a positive number: interval taken "
+                    "from the samples")
     if interval is None or interval <= 0:
         dts = sorted(_num(s.get("dt"), 0.0) for s in P["samples"] if _num(s.get("dt"), 0.0) > 0)
         interval = _quantile(dts, 0.5) if dts else 0.1

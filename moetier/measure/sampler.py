@@ -12,6 +12,8 @@ background thread and writes JSON lines to ``path``:
 * ``counters(d)`` appends the runtime's per-step counter line as given (``kind: "counters"``), thread-safe;
 * ``mark(phase)`` appends ``{"kind": "mark", "phase", "t"}``: the phase window runs to the next mark.
 
+Each line is appended whole (moetier.linelog): a killed run or a full disk never leaves a torn last line, and a
+failed write makes ``stop()`` raise a one-line UserError after keeping the lines before it.
 ``record(out, command, interval=, duration=)`` samples while ``command`` runs and returns its exit status.
 The format is read back by moetier.measure.probe_file; docs/utilization.md is the field reference.
 """
@@ -118,6 +120,7 @@ class Sampler:
         self._stop = threading.Event()
         self._thread = None
         self._f = None
+        self.failed = None
         self._closed = False
         # the probe's own cost, for the overhead check: sampler thread CPU time, and time spent in the step hook on
         # the decode thread
@@ -125,17 +128,20 @@ class Sampler:
         self.hook_s = 0.0
 
     # -- output ---------------------------------------------------------------------------------------------------
-    def _write(self, obj: dict, flush: bool = False) -> None:
-        line = json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n"
+    def _write(self, obj: dict) -> None:
+        line = json.dumps(obj, separators=(",", ":"), allow_nan=False)
         with self._lock:
             if self._f is None:
                 return
-            self._f.write(line)
-            if flush:
-                self._f.flush()
+            try:
+                self._f.append(line)
+            except UserError as e:          # a full disk: the lines so far stay whole; stop() says why
+                self.failed = str(e)
+                self._f.close()
+                self._f = None
 
     def mark(self, phase: str) -> None:
-        self._write({"kind": "mark", "phase": str(phase), "t": time.time()}, flush=True)
+        self._write({"kind": "mark", "phase": str(phase), "t": time.time()})
 
     def counters(self, d: dict) -> None:
         """The runtime's step hook: one counters line per step (non-finite numbers written as null)."""
@@ -152,7 +158,8 @@ class Sampler:
             return self
         ps = self._ps
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "a", encoding="utf-8")
+        from moetier.linelog import LineLog
+        self._f = LineLog(self.path, f"probe file {self.path}")
         try:
             self._proc = ps.Process(self.pid)
         except ps.Error:
@@ -163,7 +170,7 @@ class Sampler:
                "gpu": self._nvml.info}
         if not self._nvml.ok:
             hdr["gpu_note"] = self._nvml.note
-        self._write(hdr, flush=True)
+        self._write(hdr)
         self._base = self._read_raw()
         self._t_last = time.time()
         self._thread = threading.Thread(target=self._loop, name="moetier-probe", daemon=True)
@@ -179,11 +186,12 @@ class Sampler:
             self._thread.join(timeout=max(2.0, 5 * self.interval))
         with self._lock:
             if self._f is not None:
-                self._f.flush()
                 self._f.close()
                 self._f = None
         if getattr(self, "_nvml", None) is not None:
             self._nvml.close()
+        if self.failed:
+            raise UserError(self.failed)
 
     def __enter__(self):
         return self.start()
@@ -229,7 +237,7 @@ class Sampler:
         if self._nvml.ok:
             s["gpu"] = self._nvml.sample()
         self._base, self._t_last = (cpu1, disk1), now
-        self._write(s, flush=True)
+        self._write(s)
 
     def _loop(self) -> None:
         t0 = time.monotonic()
@@ -245,7 +253,7 @@ class Sampler:
                 self._sample()
                 self.sampler_cpu_s += time.thread_time() - c0
             except Exception as e:  # never take the host process down; say why once and stop sampling
-                self._write({"kind": "error", "t": time.time(), "error": f"{type(e).__name__}: {e}"}, flush=True)
+                self._write({"kind": "error", "t": time.time(), "error": f"{type(e).__name__}: {e}"})
                 break
             # absolute schedule: the next tick after now (late ticks are skipped, the gap shows in dt)
             k = max(k + 1, int((time.monotonic() - t0) / self.interval) + 1)

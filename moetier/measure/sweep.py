@@ -61,7 +61,11 @@ def parse_axis(item: str) -> tuple[str, list[str]]:
                 parsed.append(v)
     if not parsed:
         raise UserError(f"--grid {item!r}: no values")
-    return path, [json.dumps(v, sort_keys=True) for v in parsed]
+    vals = [json.dumps(v, sort_keys=True) for v in parsed]
+    if len(set(vals)) != len(vals):
+        dup = next(v for v in vals if vals.count(v) > 1)
+        raise UserError(f"--grid {path}: the value {dup} twice (expected each value once)")
+    return path, vals
 
 
 def cells(recipe: str, *, grid=(), sets=(), traces=(None,), concs=(1,), policies=(None,), steps: int = 0) -> list:
@@ -265,10 +269,10 @@ def sweep(cells_: list, out, *, workers: int | None = None, ray: str | None = No
     n = 0
     if pending:
         rows = _ray(pending, workers, ray, batch) if ray else _pool(pending, workers, executor)
-        with open(out, "a", encoding="utf-8") as f:
+        from moetier.linelog import LineLog
+        with LineLog(out, f"--out {out}") as log:
             for row in rows:
-                f.write(json.dumps(row, sort_keys=True) + "\n")
-                f.flush()
+                log.append(json.dumps(row, sort_keys=True))
                 n += 1
                 if progress is not None:
                     progress(n, len(pending))

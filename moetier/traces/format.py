@@ -47,6 +47,7 @@ __all__ = ["Trace", "load_trace", "save_trace", "validate", "convert", "segments
 
 MASKED = -1     # a pick whose router record was missing (traces imported with --missing mask)
 MISSING = ("error", "drop", "mask")     # what a MASKED hole means (--missing on every command that reads a trace)
+MAX_EXPERTS = 1 << 20   # the model schema's bound on experts per layer: the bound on an id when no model is named
 
 
 def ids_dtype(experts: int | None, max_id: int | None = None) -> np.dtype:
@@ -206,12 +207,11 @@ def validate(trace: Trace, *, layers: int | None, experts: int | None, topk: int
     cols = ids[:, :, :topk] if topk is not None else ids
     masked_ok = masked or (isinstance(trace.meta, dict) and trace.meta.get("missing") == "mask")
     bad = (cols < MASKED) if masked_ok else (cols < 0)
-    if experts is not None:
-        bad = bad | (cols >= experts)
+    bad = bad | (cols >= (experts if experts is not None else MAX_EXPERTS))
     nbad = int(bad.sum())
     if nbad:
         first = np.unravel_index(int(np.argmax(bad)), cols.shape)
-        rng = f"0..{experts - 1}" if experts is not None else ">= 0"
+        rng = f"0..{(experts if experts is not None else MAX_EXPERTS) - 1}"
         hint = "" if masked_ok or int(cols[first]) != MASKED else " (holes: --missing mask or --missing drop)"
         raise UserError(f"{where}: {nbad} expert ids out of range {rng}; first at [token {first[0]}, layer "
                         f"{first[1]}, slot {first[2]}] = {int(cols[first])}{hint}")

@@ -45,13 +45,13 @@ import numpy as np
 
 from moetier import strictjson
 from moetier.errors import UserError
-from moetier.traces.format import MASKED, MISSING, Trace, ids_dtype
+from moetier.traces.format import MASKED, MAX_EXPERTS, MISSING, Trace, ids_dtype
 
 __all__ = ["Fields", "import_log", "MISSING"]
 
 # the model schema's bounds (registry/schema/model.schema.json): checked as records are read, before any array
 # is allocated, so a log naming layer 10**9 is one line and not a 1.46 TiB allocation
-MAX_LAYERS, MAX_TOPK, MAX_EXPERTS = 4096, 1024, 1048576
+MAX_LAYERS, MAX_TOPK = 4096, 1024
 MAX_PICKS = 1 << 31          # tokens x layers x topk of one trace: 16 GiB of int64 ids while importing
 _SPLIT = re.compile(r"[\s;|,]+")
 
@@ -395,7 +395,12 @@ def import_log(paths, fields: Fields = Fields(), missing: str = "error", fmt: st
     fmts = []
     for p in files:
         fmts.append(_format(p, fmt))
-        if not table.add(_READERS[fmts[-1]](p, fields)):
+        try:
+            n = table.add(_READERS[fmts[-1]](p, fields))
+        except UnicodeDecodeError as e:
+            raise UserError(f"{p}: not UTF-8 text at byte {e.start} (expected a router log: .jsonl, .csv or .npz)") \
+                from None
+        if not n:
             raise UserError(f"{p}: no router records")
     p = files[0] if len(files) == 1 else Path(f"{files[0]} (and {len(files) - 1} more)")
     L = layers or table.layers
