@@ -9,6 +9,7 @@ declares no lanes and no encodings: the minimum bar (conformance.bar), not a che
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -408,6 +409,21 @@ class BrokenFenceEarly(_Held):
         return None
 
 
+class BrokenFenceNever(_Wrap):
+    """BROKEN: fence() never returns (it blocks until close(), so the process that gave up on it can end)."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self._closed = threading.Event()
+
+    def fence(self):
+        self._closed.wait()
+
+    def close(self):
+        self._closed.set()
+        self._inner.close()
+
+
 class BrokenSeq(_Issued):
     """BROKEN: handle seq numbers decrease (1_000_000 - the real seq)."""
 
@@ -477,6 +493,7 @@ MUTANTS = (
     Mutant("seq-stuck", "completed_seq", BrokenSeqStuck, "test_seq_monotonic", "the watermark never moves"),
     Mutant("fence-early", "fence", BrokenFenceEarly, "test_fence_leaves_nothing_pending",
            "returns with transfers pending"),
+    Mutant("fence-never", "fence", BrokenFenceNever, "test_fence_leaves_nothing_pending", "never returns"),
     Mutant("seq", "handles", BrokenSeq, "test_seq_monotonic", "seq runs backwards"),
     Mutant("slot-reuse", "fill", BrokenSlotReuse, _FILL, "staging slot reused before it was copied out"),
 )
