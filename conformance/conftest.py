@@ -52,9 +52,17 @@ def pytest_collection_modifyitems(config, items):
 EXL3_STORE = {"bits": 3, "codebook": "mul1", "act_limit": 10.0}   # GLM-5.3-Flash's experts, at small shapes
 
 
-def small_model(enc: str) -> dict:
+def small_model(enc: str, hidden: int = H, ffn: int = F) -> dict:
     return {"id": f"conformance-{enc}", "moe": {"layers": LAYERS, "experts": EXPERTS, "topk": 2},
-            "store": {"hidden": H, "ffn": F, "encoding": enc, **(EXL3_STORE if enc == "exl3" else {})}}
+            "store": {"hidden": hidden, "ffn": ffn, "encoding": enc, **(EXL3_STORE if enc == "exl3" else {})}}
+
+
+def kit_geometry(name: str, enc: str) -> tuple[int, int]:
+    """(hidden, ffn) of a kit: the backend's CI recipe's model where that model is of this encoding (an engine's
+    kernels may take only some geometries: exl3xpu's moe_forward needs H and I multiples of 640), else H x F."""
+    from moetier.core import records as spec
+    store = spec.resolve(caps.recipe_id(name)).model["store"]
+    return (int(store["hidden"]), int(store["ffn"])) if store["encoding"] == enc else (H, F)
 
 
 def unavailable_skip():
@@ -69,9 +77,11 @@ class Kit:
     def __init__(self, name: str, enc: str, root):
         from moetier.bytes import store
         self.enc = enc
+        self.hidden, ffn = kit_geometry(name, enc)
+        model = small_model(enc, self.hidden, ffn)
         out = os.path.join(root, f"store-{enc}")
-        store.pack(small_model(enc), out, seed=SEED)
-        self.store = st = store.open_store(out, model=small_model(enc))
+        store.pack(model, out, seed=SEED)
+        self.store = st = store.open_store(out, model=model)
         self.layout = st.layout
         self.rb = int(st.record_bytes)
         self.be = caps.open_backend(name, st, ram_slots=NK + RAM_SCRATCH, vram_slots=NK + VRAM_SCRATCH)
@@ -106,6 +116,9 @@ class Kit:
         if r is None:
             r = self._refs[ck] = expert.reference(self.layout, self.rec(k), x)
         return r
+
+    def xrows(self, rows: int, seed: int = 0) -> np.ndarray:
+        return xrows(rows, seed, self.hidden)
 
     def slot_for(self, lane: str, k: int) -> int:
         return k                                     # canonical: RAM slot k and VRAM slot k hold key k
@@ -208,8 +221,8 @@ def runtime_backend(name: str, R, st, conc: int = 2):
     return be
 
 
-def xrows(rows: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng([SEED, seed, rows]).standard_normal((rows, H)).astype(np.float32)
+def xrows(rows: int, seed: int = 0, hidden: int = H) -> np.ndarray:
+    return np.random.default_rng([SEED, seed, rows]).standard_normal((rows, hidden)).astype(np.float32)
 
 
 _HUNG: dict = {}                 # id(backend) -> the thread of its fence() that did not return in time

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conformance import capabilities as caps
-from conformance.conftest import NK, RAM_SCRATCH, VRAM_SCRATCH, fence_within, first_kit, poll_landed, xrows
+from conformance.conftest import NK, RAM_SCRATCH, VRAM_SCRATCH, fence_within, first_kit, poll_landed
 from moetier.bytes import store as _store
 
 SEQ_DEADLINE_S = 10.0
@@ -118,7 +118,7 @@ def test_landed_never_before_readable(kits, enc):
         hs.append(h)
     poll_landed(be, hs, check_fill)
     if kit.vram >= NK + 2 and caps.lane_skip(be, "gpu") is None:
-        x = xrows(2, seed=4)
+        x = kit.xrows(2, seed=4)
         pairs = [(3, NK), (12, NK + 1)]
         want = be.compute("gpu", [(k, k, [0, 1]) for k, _ in pairs], x)
         for k, vs in pairs:                              # put another key's bytes there first
@@ -231,7 +231,7 @@ def test_landed_truthful_under_random_interleaving(kits, ops):
     be = kit.be
     ram_lane = next((ln for ln in ("cpu", "zerocopy") if caps.lane_skip(be, ln) is None), None)
     gpu = kit.vram >= NK + _NV and caps.lane_skip(be, "gpu") is None
-    x = xrows(2, seed=9)
+    x = kit.xrows(2, seed=9)
     want = {}
 
     def expect(lane, k):
