@@ -23,7 +23,7 @@ exl3       fp16 (where the engines round)         2^-11       32 u^2        3e-4
   what catches an output scaled by 1.001 on exl3, where 1e-6 of NMSE hides inside fp16's own error.
 
 ``uniform_scale_caught(enc)`` says whether both checks together reject ``ref x 1.001`` (tests/test_conformance_meta
-asserts it for every encoding). The measured figures land in the report's ``numerics`` section beside the bounds.
+asserts it for every encoding). ``breaks`` and ``Tally`` are also what the backends' own tests judge by. The measured figures land in the report's ``numerics`` section beside the bounds.
 """
 from __future__ import annotations
 
@@ -88,6 +88,14 @@ class Tally:
         b = self.bound
         return {"nmse": self.worst, "nmse_bound": b.nmse, "scale_minus_1": self.scale - 1, "scale_bound": b.scale,
                 "outputs": self.n}
+
+
+def breaks(enc: str, y, ref, where: str = "one output") -> list[str]:
+    """The bounds of ``enc`` one output ``y`` breaks against its float64 reference (empty when it holds): the
+    backends' own tests judge by this, so the suite and they share one source for the bounds."""
+    t = Tally(enc)
+    t.add(y, ref, where)
+    return t.failures()
 
 
 def uniform_scale_caught(enc: str, ref, factor: float = 1.001) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -18,7 +19,6 @@ import pytest
 
 from conformance import capabilities as caps
 from conformance import report
-from conformance.bounds import nmse  # noqa: F401  (re-exported: the backends' own tests import it from here)
 from moetier.run.contract import BackendUnavailable
 
 # the OpenCL CPU runtime of the venv, before dpctl's first device enumeration (same rule as backends.sycl)
@@ -31,6 +31,7 @@ LAYERS, EXPERTS = 2, 8
 NK = LAYERS * EXPERTS            # keys in a kit's store
 RAM_SCRATCH = 16
 VRAM_SCRATCH = 6
+FENCE_DEADLINE_S = 10.0          # a fence over the suite's few small transfers takes milliseconds
 
 
 def pytest_addoption(parser, pluginmanager):
@@ -51,9 +52,17 @@ def pytest_collection_modifyitems(config, items):
 EXL3_STORE = {"bits": 3, "codebook": "mul1", "act_limit": 10.0}   # GLM-5.3-Flash's experts, at small shapes
 
 
-def small_model(enc: str) -> dict:
+def small_model(enc: str, hidden: int = H, ffn: int = F) -> dict:
     return {"id": f"conformance-{enc}", "moe": {"layers": LAYERS, "experts": EXPERTS, "topk": 2},
-            "store": {"hidden": H, "ffn": F, "encoding": enc, **(EXL3_STORE if enc == "exl3" else {})}}
+            "store": {"hidden": hidden, "ffn": ffn, "encoding": enc, **(EXL3_STORE if enc == "exl3" else {})}}
+
+
+def kit_geometry(name: str, enc: str) -> tuple[int, int]:
+    """(hidden, ffn) of a kit: the backend's CI recipe's model where that model is of this encoding (an engine's
+    kernels may take only some geometries: exl3xpu's moe_forward needs H and I multiples of 640), else H x F."""
+    from moetier.core import records as spec
+    store = spec.resolve(caps.recipe_id(name)).model["store"]
+    return (int(store["hidden"]), int(store["ffn"])) if store["encoding"] == enc else (H, F)
 
 
 def unavailable_skip():
@@ -68,9 +77,11 @@ class Kit:
     def __init__(self, name: str, enc: str, root):
         from moetier.bytes import store
         self.enc = enc
+        self.hidden, ffn = kit_geometry(name, enc)
+        model = small_model(enc, self.hidden, ffn)
         out = os.path.join(root, f"store-{enc}")
-        store.pack(small_model(enc), out, seed=SEED)
-        self.store = st = store.open_store(out, model=small_model(enc))
+        store.pack(model, out, seed=SEED)
+        self.store = st = store.open_store(out, model=model)
         self.layout = st.layout
         self.rb = int(st.record_bytes)
         self.be = caps.open_backend(name, st, ram_slots=NK + RAM_SCRATCH, vram_slots=NK + VRAM_SCRATCH)
@@ -85,7 +96,6 @@ class Kit:
         if self.vram >= NK:
             for h in [be.push(k, k, k) for k in range(NK)]:
                 be.wait(h)
-        be.fence()
 
     def rec(self, k: int) -> np.ndarray:
         """The record bytes of key k as the store holds them (read from the data file)."""
@@ -106,6 +116,9 @@ class Kit:
         if r is None:
             r = self._refs[ck] = expert.reference(self.layout, self.rec(k), x)
         return r
+
+    def xrows(self, rows: int, seed: int = 0) -> np.ndarray:
+        return xrows(rows, seed, self.hidden)
 
     def slot_for(self, lane: str, k: int) -> int:
         return k                                     # canonical: RAM slot k and VRAM slot k hold key k
@@ -208,8 +221,37 @@ def runtime_backend(name: str, R, st, conc: int = 2):
     return be
 
 
-def xrows(rows: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng([SEED, seed, rows]).standard_normal((rows, H)).astype(np.float32)
+def xrows(rows: int, seed: int = 0, hidden: int = H) -> np.ndarray:
+    return np.random.default_rng([SEED, seed, rows]).standard_normal((rows, hidden)).astype(np.float32)
+
+
+_HUNG: dict = {}                 # id(backend) -> the thread of its fence() that did not return in time
+
+
+def fence_within(be, deadline_s: float = FENCE_DEADLINE_S):
+    """be.fence(), failing (never skipping) when it has not returned within ``deadline_s``: a fence that never
+    returns would otherwise hang the suite. The call is left behind in a daemon thread; while it is still blocked,
+    every later fence_within on that backend fails at once (hypothesis would otherwise wait out each example)."""
+    hung = _HUNG.get(id(be))
+    if hung is not None and hung.is_alive():
+        pytest.fail(f"an earlier fence() has not returned (it missed its {deadline_s} s deadline)")
+    done, raised = threading.Event(), []
+
+    def call():
+        try:
+            be.fence()
+        except BaseException as e:  # handed back to the test's thread
+            raised.append(e)
+        finally:
+            done.set()
+
+    t = threading.Thread(target=call, name="conformance-fence", daemon=True)
+    t.start()
+    if not done.wait(deadline_s):
+        _HUNG[id(be)] = t
+        pytest.fail(f"fence() did not return within {deadline_s} s")
+    if raised:
+        raise raised[0]
 
 
 def poll_landed(be, hs, check, deadline_s=30.0):
@@ -227,9 +269,9 @@ def poll_landed(be, hs, check, deadline_s=30.0):
         assert time.monotonic() < t_end, f"{len(left)} handles never reported landed within {deadline_s} s"
 
 
-def reference_hook(worst: list, every: int):
-    """A runtime layer_hook that, every ``every`` steps, checks the layer output against the float64 reference MoE
-    of the records as stored on disk, appending each NMSE to ``worst``."""
+def reference_hook(tally, every: int):
+    """A runtime layer_hook that, every ``every`` steps, adds the layer output and the float64 reference MoE of the
+    records as stored on disk to ``tally`` (a conformance.bounds.Tally of the store's encoding)."""
     from moetier.bytes.expert import moe_reference
 
     def hook(step, layer, xin, y, rows_keys, rows_w, rt):
@@ -242,6 +284,6 @@ def reference_hook(worst: list, every: int):
                     f.seek(rt.store.offset(k))
                     bufs[k] = (rt.store.layout, np.frombuffer(f.read(rt.store.record_bytes), np.uint8))
         picks = [list(zip(ks, w)) for ks, w in zip(rows_keys, rows_w)]
-        worst.append(nmse(y, moe_reference(bufs, picks, xin.astype(np.float64))))
+        tally.add(y, moe_reference(bufs, picks, xin.astype(np.float64)), f"step {step} layer {layer}")
 
     return hook

@@ -17,7 +17,7 @@ import pytest
 
 from conformance import bounds
 from conformance import capabilities as caps
-from conformance.conftest import NK, xrows
+from conformance.conftest import NK
 from moetier.bytes import exl3
 from moetier.run.contract import LANES
 
@@ -84,7 +84,7 @@ def test_exl3_expert_vs_float64(kits, lane):
     exl3 bounds (conformance.bounds), and not exactly float64: the lane rounds to fp16 where the engines do."""
     from conformance.test_numerics import judge
     kit = _kit(kits, lane)
-    x = xrows(8, seed=5)
+    x = kit.xrows(8, seed=5)
     tally = bounds.Tally("exl3")
     for m in ROWS:
         out = kit.be.compute(lane, [(k, kit.slot_for(lane, k), list(range(m))) for k in range(NK)], x)
@@ -101,7 +101,7 @@ def test_exl3_deterministic_and_slot_invariant(kits, lane):
     """Same bytes + same rows -> same bits: a repeat, one expert alone vs in a batch, and the bytes filled into
     another RAM slot (RAM lanes) or pushed into another VRAM slot (gpu lane)."""
     kit = _kit(kits, lane)
-    be, x = kit.be, xrows(4, seed=6)
+    be, x = kit.be, kit.xrows(4, seed=6)
     jobs = [(k, k, list(range(k % 4 + 1))) for k in range(NK)]
     a = be.compute(lane, jobs, x)
     b = be.compute(lane, jobs, x)

@@ -8,7 +8,7 @@ import pytest
 from conformance import bounds
 from conformance import capabilities as caps
 from conformance import report
-from conformance.conftest import NK, xrows
+from conformance.conftest import NK
 from moetier.run.contract import LANES
 
 ROWS = range(1, 9)
@@ -34,7 +34,7 @@ def test_numerics_vs_reference(kits, lane, enc):
     float64 reference within the encoding's bounds (conformance.bounds)."""
     kit = kits(enc)
     _lane(kit, lane)
-    x = xrows(8)
+    x = kit.xrows(8)
     tally = bounds.Tally(enc)
     for m in ROWS:
         out = kit.be.compute(lane, [(k, kit.slot_for(lane, k), list(range(m))) for k in range(NK)], x)
@@ -59,7 +59,7 @@ def test_gpu_zerocopy_bit_identical(kits, enc):
     kit = kits(enc)
     for lane in ("gpu", "zerocopy"):
         _lane(kit, lane)
-    x = xrows(5, seed=7)
+    x = kit.xrows(5, seed=7)
     jobs = [(k, k, list(range(k % 5 + 1))) for k in range(NK)]
     g, z = kit.be.compute("gpu", jobs, x), kit.be.compute("zerocopy", jobs, x)
     differ = [k for k in range(NK) if g[k].tobytes() != z[k].tobytes()]
@@ -72,7 +72,7 @@ def test_deterministic_bit_identical(kits, lane, enc):
     """Same bytes + same rows -> same bits: repeated calls, and one expert alone vs inside a batch."""
     kit = kits(enc)
     _lane(kit, lane)
-    x = xrows(6, seed=1)
+    x = kit.xrows(6, seed=1)
     jobs = [(k, kit.slot_for(lane, k), list(range(k % 6 + 1))) for k in range(NK)]
     a = kit.be.compute(lane, jobs, x)
     for rep in range(2):
@@ -100,7 +100,7 @@ def test_tier_invariance(kits, lane, enc):
     lanes), a push into another VRAM slot (gpu lane)."""
     kit = kits(enc)
     _lane(kit, lane)
-    be, x = kit.be, xrows(4, seed=2)
+    be, x = kit.be, kit.xrows(4, seed=2)
     base = be.compute(lane, [(k, k, ROWS4) for k in KEYS], x)
     if lane == "gpu":
         for i, k in enumerate(KEYS):
@@ -124,7 +124,7 @@ def test_tier_invariance_through_vram(kits, lane, enc):
     why = caps.vram_skip(kit.be, NK + 4)
     if why:
         pytest.skip(why)
-    be, x = kit.be, xrows(4, seed=3)
+    be, x = kit.be, kit.xrows(4, seed=3)
     base = be.compute(lane, [(k, k, ROWS4) for k in KEYS], x)
     for i, k in enumerate(KEYS):
         if caps.ram_reader(be):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conformance.conftest import EXPERTS, LAYERS, first_kit, xrows
+from conformance.conftest import EXPERTS, LAYERS, first_kit
 from moetier.run.contract import BackendUnavailable
 
 ROWS = 64
@@ -44,7 +44,7 @@ def test_route_top_k_of_the_store_router(kits, layer):
     """Every row: exactly k distinct expert ids of the layer, the k best by score, and weights equal to their
     scores (renormalised to sum 1 where the router record says so)."""
     kit = first_kit(kits)
-    x = xrows(ROWS, seed=20 + layer)
+    x = kit.xrows(ROWS, seed=20 + layer)
     try:
         picks, weights = kit.be.route(layer, x)
     except BackendUnavailable as e:          # an engine adapter whose engine routes refuses route(), and says why

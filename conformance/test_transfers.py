@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conformance import capabilities as caps
-from conformance.conftest import NK, RAM_SCRATCH, VRAM_SCRATCH, first_kit, poll_landed, xrows
+from conformance.conftest import NK, RAM_SCRATCH, VRAM_SCRATCH, fence_within, first_kit, poll_landed
 from moetier.bytes import store as _store
 
 SEQ_DEADLINE_S = 10.0
@@ -118,7 +118,7 @@ def test_landed_never_before_readable(kits, enc):
         hs.append(h)
     poll_landed(be, hs, check_fill)
     if kit.vram >= NK + 2 and caps.lane_skip(be, "gpu") is None:
-        x = xrows(2, seed=4)
+        x = kit.xrows(2, seed=4)
         pairs = [(3, NK), (12, NK + 1)]
         want = be.compute("gpu", [(k, k, [0, 1]) for k, _ in pairs], x)
         for k, vs in pairs:                              # put another key's bytes there first
@@ -146,7 +146,7 @@ def test_fence_leaves_nothing_pending(kits, enc):
     hs = [be.fill((7 * i) % NK, NK + i) for i in range(RAM_SCRATCH)]
     if kit.vram >= NK + VRAM_SCRATCH:
         hs += [be.push(i, i, NK + i) for i in range(VRAM_SCRATCH)]
-    be.fence()
+    fence_within(be)
     late = [h for h in hs if not be.landed(h)]
     assert not late, f"{len(late)} handles not landed after fence(): {late[:3]}"
     top = max(h.seq for h in hs)
@@ -186,7 +186,7 @@ def test_seq_monotonic(kits, enc):
         assert time.monotonic() < t_end, \
             f"completed_seq() {c} still short of the last seq {seqs[-1]} after {SEQ_DEADLINE_S} s of polling"
         time.sleep(0.001)
-    be.fence()
+    fence_within(be)
     assert be.completed_seq() >= max(last, seqs[-1])
 
 
@@ -231,7 +231,7 @@ def test_landed_truthful_under_random_interleaving(kits, ops):
     be = kit.be
     ram_lane = next((ln for ln in ("cpu", "zerocopy") if caps.lane_skip(be, ln) is None), None)
     gpu = kit.vram >= NK + _NV and caps.lane_skip(be, "gpu") is None
-    x = xrows(2, seed=9)
+    x = kit.xrows(2, seed=9)
     want = {}
 
     def expect(lane, k):
@@ -277,7 +277,7 @@ def test_landed_truthful_under_random_interleaving(kits, ops):
             slot = ("r", NK + a) if a < _NR else ("v", NK + a - _NR)
             if slot in holds and slot not in busy:
                 verify(slot, holds[slot])
-    be.fence()
+    fence_within(be)
     for h, dst, k, _ in out:
         assert be.landed(h), f"{h!r} not landed after fence()"
         verify(dst, k)

@@ -8,7 +8,7 @@ import numba  # noqa: E402,F401  (the cpu extra: a missing install fails, it doe
 from backends.cpu import kernels as K  # noqa: E402
 from moetier.bytes import expert as E  # noqa: E402
 
-from conformance.conftest import nmse  # noqa: E402
+from conformance.bounds import BOUNDS, breaks, nmse  # noqa: E402
 
 GEOMS = [(256, 128), (1024, 512)]
 
@@ -31,16 +31,22 @@ def test_nmse_vs_reference(records, enc, H, F, rows):
     x = np.random.default_rng(rows).standard_normal((rows, H)).astype(np.float32)
     y = K.expert_forward(lay, buf, x)
     assert y.dtype == np.float32 and y.shape == (rows, H)
-    assert nmse(y, E.reference(lay, buf, x)) < 5e-4
+    assert not breaks(enc, y, E.reference(lay, buf, x))
 
 
 @pytest.mark.parametrize("enc", E.ENCODINGS)
 def test_outlier_activations(records, enc):
-    # LLM activations have a few huge channels; int16 activation quantization must still hold the bound.
+    # LLM activations have a few huge channels. The row's int16 step is 2u max|x| whatever the other channels
+    # hold, so rounding adds u^2 max^2 / 3 per channel: NMSE ~ u^2 crest^2 / 3 (crest^2 = max x^2 / mean x^2, ~10
+    # for a Gaussian row, ~3000 here). The encoding's bound assumes Gaussian rows; this one is widened by the crest
+    # (8x the rounding model) and checks NMSE only: a few outlier channels make the error correlate with the output.
     lay, buf = records[enc, 1024, 512]
     x = np.random.default_rng(0).standard_normal((4, 1024)).astype(np.float32)
     x[:, [5, 300]] *= 100.0
-    assert nmse(K.expert_forward(lay, buf, x), E.reference(lay, buf, x)) < 5e-4
+    crest2 = float(((x ** 2).max(axis=1) / (x ** 2).mean(axis=1)).max())
+    bound = 8 * BOUNDS[enc].unit ** 2 * crest2 / 3
+    assert bound < 5e-4 / 100, "widened, it is still orders tighter than the old 5e-4"
+    assert nmse(K.expert_forward(lay, buf, x), E.reference(lay, buf, x)) < bound
 
 
 @pytest.mark.parametrize("enc", E.ENCODINGS)
@@ -149,7 +155,7 @@ def test_moe_combination_matches_reference():
     for i, row in enumerate(picks):
         for k, w in row:
             y[i] += w * K.expert_forward(lay, experts[k][1], x[i:i + 1])[0]
-    assert nmse(y, E.moe_reference(experts, picks, x)) < 5e-4
+    assert not breaks("int4g32", y, E.moe_reference(experts, picks, x))
 
 
 def test_warmup_and_membw():

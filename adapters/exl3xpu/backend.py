@@ -128,10 +128,7 @@ class XpuBackend(EngineLanes):
             name="exl3xpu", device=f"exl3xpu ops: {ops.provider}", lanes=frozenset({"cpu", "zerocopy", "gpu"}),
             encodings=frozenset({"exl3"}), vram_slots=self.vram_slots,
             notes=("gpu and zerocopy picks are computed by exl3xpu's moe_forward through its pointer tables",
-                   "drains go through exl3xpu's victim ring")
-            + (() if getattr(ops, "_splits", True) else
-               ("stand-in ops without the kernels' work-split geometry checks (exl3xpu's moe_forward refuses some "
-                "geometries these take)",)))
+                   "drains go through exl3xpu's victim ring"))
         self._init_lanes("exl3xpu", self._poll, self._block)
         self._owns_ops = False              # open_backend made the op table: close() closes it
         self._raw: dict = {}                # RAM slot -> seq of the fill whose record is not yet packed into a blob
@@ -321,15 +318,14 @@ def open_backend(store, *, ram_slots: int, vram_slots: int = 0, **kw) -> XpuBack
     ops where exl3xpu runs here, else moetier's provider of them (adapters.exl3xpu.surface.op_table: moetier's SYCL
     EXL3 kernel on a dpctl device, or its CPU kernel). Its gpu and zerocopy lanes are ``moe_forward`` over the slot
     handed. It opens over a store of any records (its transfers are byte moves) but declares, and computes, exl3
-    only. On moetier's stand-in ops the kernels' work-split geometry is not enforced (the conformance suite's H 256 x
-    I 128 records are ones exl3xpu's moe_forward refuses; every other check of the op stays, and the capabilities'
-    notes say so); on exl3xpu's own ops the real op decides. BackendUnavailable (one line) for an op table that does
-    not offer the pinned surface."""
+    only, of the geometries exl3xpu's moe_forward takes (the stand-in ops refuse the others as the real op does:
+    the conformance suite's exl3 kit for this backend is the 640 x 640 of its CI recipe's model). BackendUnavailable
+    (one line) for an op table that does not offer the pinned surface."""
     from adapters.exl3xpu import surface
     lay = store.layout
     exl3 = lay.encoding == EXL3
     ops = surface.op_table(store if exl3 else None, codebook=lay.codebook if exl3 else "mul1",
-                           act_limit=float(lay.act_limit or 0.0) if exl3 else 0.0, kernel_splits=False)
+                           act_limit=float(lay.act_limit or 0.0) if exl3 else 0.0)
     try:
         surface.require(ops)
         be = XpuBackend(store, ops, ram_slots=ram_slots, vram_slots=vram_slots, any_store=True, **kw)

@@ -70,10 +70,9 @@ PREFILL_MIN_M = 256          # g_prefill_min_m: from this many rows the DPAS pre
 GU_P = 5                     # g_gu_p: the gate/up GEMV's k-splits
 
 
-def refusal(x, ids, w, ptrs, I, K, n_experts, kind_of, splits: bool = True) -> str | None:  # noqa: E741
-    """Why the real moe_forward refuses these arguments (None: it takes them); ``kind_of(ptr)`` is usm_kind;
-    ``splits=False`` leaves out the kernels' work-split geometry (prefill, down and gate/up splits)."""
-    return _inputs(x, ids, w, ptrs, int(n_experts), kind_of) or _geometry(x, I, K, int(n_experts), splits)
+def refusal(x, ids, w, ptrs, I, K, n_experts, kind_of) -> str | None:  # noqa: E741
+    """Why the real moe_forward refuses these arguments (None: it takes them); ``kind_of(ptr)`` is usm_kind."""
+    return _inputs(x, ids, w, ptrs, int(n_experts), kind_of) or _geometry(x, I, K, int(n_experts))
 
 
 def _inputs(x, ids, w, ptrs, E, kind_of) -> str | None:
@@ -92,18 +91,18 @@ def _inputs(x, ids, w, ptrs, E, kind_of) -> str | None:
     return None
 
 
-def _geometry(x, I, K, E, splits) -> str | None:  # noqa: E741
+def _geometry(x, I, K, E) -> str | None:  # noqa: E741
     """E, H, I and K, x's dtype, then the kernels' work splits, in the order the op meets them."""
     M, H = x.shape
     if not (E <= MAX_EXPERTS and H % 128 == 0 and I % 128 == 0):
         return f"E <= {MAX_EXPERTS}, H % 128 == 0 and I % 128 == 0 required, got E={E} H={H} I={I}"
-    if splits and M >= PREFILL_MIN_M and not (K == 3 and H % 512 == 0 and (2 * I // 16) % 8 == 0):
+    if M >= PREFILL_MIN_M and not (K == 3 and H % 512 == 0 and (2 * I // 16) % 8 == 0):
         return f"moe prefill geometry: K=3, H % 512 == 0 needed from {PREFILL_MIN_M} rows, got H={H} K={K}"
     if K != 3:
         return f"moe: K=3 only in this build, got K={K}"
     if x.dtype != np.float16:
         return f"x dtype: fp16 (or bf16) required, got {x.dtype}"
-    if not splits or M == 0:
+    if M == 0:
         return None
     P = 10 if M <= 1 else 5
     RB = min(40 // P, 8)
@@ -184,10 +183,8 @@ def device_array(table: "ProvidedOps", a) -> np.ndarray:
 class ProvidedOps:
     provider = f"moetier ({CPU_KERNEL})"
 
-    def __init__(self, codebook: str = "mul1", act_limit: float = 0.0, *, kernel_splits: bool = True):
-        """``kernel_splits=False``: moe_forward takes geometries whose work splits the real kernels refuse (the
-        conformance suite's H 256 x I 128 records); every other check of the real op stays."""
-        self._codebook, self._act_limit, self._splits = codebook, float(act_limit), bool(kernel_splits)
+    def __init__(self, codebook: str = "mul1", act_limit: float = 0.0):
+        self._codebook, self._act_limit = codebook, float(act_limit)
         self._memory = _Memory()
         self._layouts: dict = {}
         self.calls = {"moe_forward": 0, "pairs": 0, "experts": 0}
@@ -200,7 +197,7 @@ class ProvidedOps:
 
     # -- compute ----------------------------------------------------------------------------------------------
     def moe_forward(self, x, topk_ids, topk_w, ptrs, I, K, n_experts):  # noqa: E741
-        why = refusal(x, topk_ids, topk_w, ptrs, int(I), int(K), n_experts, self._memory.kind, self._splits)
+        why = refusal(x, topk_ids, topk_w, ptrs, int(I), int(K), n_experts, self._memory.kind)
         if why:
             raise OpError(f"moe_forward: {why} ({SOURCE})")
         M, H = x.shape
@@ -262,10 +259,9 @@ class SyclOps(ProvidedOps):
     address first, so ``ptrs`` alone still says which bytes are computed. ``device``: a dpctl filter string (default:
     dpctl's default)."""
 
-    def __init__(self, store, codebook: str = "mul1", act_limit: float = 0.0, *, slots: int = 64, device=None,
-                 kernel_splits: bool = True):
+    def __init__(self, store, codebook: str = "mul1", act_limit: float = 0.0, *, slots: int = 64, device=None):
         from moetier.run.registry import get_backend
-        super().__init__(codebook, act_limit, kernel_splits=kernel_splits)
+        super().__init__(codebook, act_limit)
         self.sycl = get_backend("sycl", store, ram_slots=slots, vram_slots=0, device=device)
         self.provider = f"moetier (SYCL EXL3 kernel on {self.sycl.device.name})"
 

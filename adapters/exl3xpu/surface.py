@@ -137,7 +137,6 @@ def op_table(store=None, **provider_kw):
     moetier's SYCL EXL3 kernel when a ``store`` (the records' geometry) is given and dpctl finds a device, else on its
     EXL3 CPU kernel."""
     if installed_version() is not None:
-        provider_kw.pop("kernel_splits", None)      # the real op decides
         try:
             return EngineOps()
         except (ImportError, OSError, RuntimeError):

@@ -132,6 +132,21 @@ def _cpu_lane_terms(rows, read_cpu: float | None) -> tuple[bool, bool, bool, boo
     return fit_read, fit_wake, fit_handoff, fit_waited
 
 
+_OPTIONAL = ("per_read_ms", "per_wake_ms", "per_after_wait_ms", "per_handoff_ms")     # fit_cpu_lane's columns 4..7
+
+
+def _identifiable(A, wanted: list[int]) -> list[int]:
+    """Those of the ``wanted`` optional columns (in order) the rows can tell apart from the four base ones: each
+    joins while the used columns stay linearly independent and fewer than the rows. Beyond that least squares has
+    many exact answers and the subset search returns an arbitrary one (on 5 aggregate rows and 8 terms: per_expert_ms
+    at 0, the optional terms taking its cost)."""
+    used, keep = [c for c in range(4) if A[:, c].any()], []
+    for c in wanted:
+        if len(used) + 1 < A.shape[0] and np.linalg.matrix_rank(A[:, used + [c]]) == len(used) + 1:
+            used, keep = used + [c], keep + [c]
+    return keep
+
+
 def fit_cpu_lane(rows, workers: int, read_cpu: float | None = 0.0) -> dict:
     """Fit the cpu lane's costs from timed calls, split by how the backend ran them.
 
@@ -149,34 +164,28 @@ def fit_cpu_lane(rows, workers: int, read_cpu: float | None = 0.0) -> dict:
     The longest share, not the mean: a batch of 7 runs 4 experts on one thread of two. ``read_cpu``: a known per_read
     (the bench's reader CPU time per core, taken out first); None: per_read is fitted too and returned as
     ``per_read_ms`` - the in-situ cost, which also carries what a read does to the cache. Non-negative relative
-    least squares (every row weighs the same).
+    least squares (every row weighs the same). An optional term the rows cannot tell apart from the others
+    (``_identifiable``) is left out of the fit and of the result.
     """
-    A, y = [], []
     fit_read, fit_wake, fit_handoff, fit_waited = _cpu_lane_terms(rows, read_cpu)
-    read_cpu = read_cpu or 0.0
-    for r in rows:
-        if not r["calls"]:
-            continue
-        e, n = r.get("cold", r["experts"]), r.get("contended", 0)
+    timed = [r for r in rows if r["calls"]]
+    A = []
+    for r in timed:
+        e = r.get("cold", r["experts"])
         if r["cls"] == "inline":
             a = [r["calls"], 0.0, e, r["extra"]]
         else:
             a = [0.0, r["calls"], r.get("crit_cold", e / workers), r.get("crit_extra", r["extra"] / workers)]
-        A.append(a + ([n] if fit_read else []) + ([r.get("wake", 0.0)] if fit_wake else [])
-                 + ([r.get("waited", 0)] if fit_waited else [])
-                 + ([r.get("handoff", 0) if r["cls"] == "split" else 0] if fit_handoff else []))
-        y.append(max(1e-6, r["ms"] - (0.0 if fit_read else read_cpu * n)))
-    coef = relative_lstsq(A, y)
-    out = dict(zip(("per_call_ms", "per_layer_ms", "per_expert_ms", "per_extra_token_ms"), coef))
-    if fit_read:
-        out["per_read_ms"] = coef[4]
-    if fit_wake:
-        out["per_wake_ms"] = coef[4 + fit_read]
-    if fit_waited:
-        out["per_after_wait_ms"] = coef[4 + fit_read + fit_wake]
-    if fit_handoff:
-        out["per_handoff_ms"] = coef[-1]
-    return out
+        A.append(a + [r.get("contended", 0), r.get("wake", 0.0), r.get("waited", 0),
+                      r.get("handoff", 0) if r["cls"] == "split" else 0])
+    A = np.asarray(A, float).reshape(len(timed), 4 + len(_OPTIONAL))
+    wanted = [c for c, f in enumerate((fit_read, fit_wake, fit_waited, fit_handoff), 4) if f]
+    cols = list(range(4)) + _identifiable(A, wanted)
+    fit_read = 4 in cols
+    y = [max(1e-6, r["ms"] - (0.0 if fit_read else (read_cpu or 0.0) * r.get("contended", 0))) for r in timed]
+    coef = relative_lstsq(A[:, cols], y)
+    return dict(zip([(("per_call_ms", "per_layer_ms", "per_expert_ms", "per_extra_token_ms") + _OPTIONAL)[c]
+                     for c in cols], coef))
 
 
 def llc_bytes(base: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
