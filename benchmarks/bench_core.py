@@ -21,9 +21,9 @@ Whole runs, each a fresh process (``--rounds`` of each; min / median / max over 
   (1,000 warm-up tokens, the gap's three more replays a row) is tens of minutes on two loaded cores, and every
   replay runs the same per-layer path, so the capped run's ratio is the full one's;
 * ``sweep``: a ``--sweep-cells`` sweep of the default recipe (RAM budget x VRAM slots x ram_evict lru/lfu x C1, C2,
-  C4, C8; 2 measured steps and 4 warm-up tokens a cell, as benchmarks/bench_sweep.py), 2 workers. Its wall is a
-  fixed start-up plus a cost per cell: the JSON gives both (``per_cell_s``) so a 1,000-cell figure scales from a
-  smaller run.
+  C4, C8; 2 measured steps and 4 warm-up tokens a cell, as benchmarks/bench_sweep.py), 2 workers. The JSON gives
+  its wall over the cells (``per_cell_s``, the start-up included): 1,000 x that bounds a 1,000-cell sweep from
+  above.
 
 Targets (issue: the core at machine speed): plan_layer + bookkeeping median <= 10 us per layer call at about 31
 picks; simulator >= 300,000 layer-plans/s on the GLM trace at C1; `moetier table` <= 2 s warm.
@@ -258,7 +258,7 @@ def bench_runs(trees: dict, measures, rounds: int, a) -> dict:
             sa, sb = out[m]["A"], out[m]["B"]
             out[m]["ratio_b_over_a"] = {"median": sb["median"] / sa["median"], "min": sb["min"] / sa["min"]}
     if "sweep" in out:
-        for k in trees:             # the sweep's wall per cell, what a 1,000-cell sweep scales by
+        for k in trees:             # the start-up included: scaled to more cells, an upper bound
             out["sweep"][k]["per_cell_s"] = out["sweep"][k]["median"] / a.sweep_cells
         out["sweep"]["cells"] = a.sweep_cells
     if "compare" in out:
