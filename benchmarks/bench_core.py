@@ -1,20 +1,40 @@
-"""Core speed: plan_layer + ledger bookkeeping per layer call, simulator throughput, `moetier table` wall time.
+"""Core speed: plan_layer + ledger bookkeeping per layer call, simulator throughput, and the wall of the commands
+that run the core: `moetier table` (warm, and first run after install), `moetier compare`, a sweep.
 
-    python benchmarks/bench_core.py [--json]
-    python benchmarks/bench_core.py --against DIR [--calls N]   # paired A/B against another checkout
+    python benchmarks/bench_core.py [--json] [--rounds 3]
+    python benchmarks/bench_core.py --against DIR [--calls N] [--rounds 3]   # paired A/B against another checkout
     python benchmarks/bench_core.py --opcodes                   # bytecodes per layer call, by function
+    python benchmarks/bench_core.py --skip compare sweep        # leave out the long measures
 
-plan_layer and the bookkeeping after it (the ledger's commit of the plan) are timed separately on every call; the
-figures are min / median / max over the calls. Targets: plan_layer + bookkeeping median <= 20 us per layer call at
-about 31 picks (C4); simulator >= 50,000 layer-plans/s on the shipped GLM trace at C1; `moetier table` on the default
-recipe < 60 s.
+Per layer call: plan_layer and the bookkeeping after it (the ledger's commit of the plan and the LFU counts) are
+timed separately on every call at C4 (about 31 picks a layer) on the default recipe under the shipped default
+policy (peers.DEFAULT_POLICY); the figures are min / median / max over the calls.
+
+Whole runs, each a fresh process (``--rounds`` of each; min / median / max over them):
+
+* ``sim``: the simulator's layer-plans/s on the shipped GLM trace at C1 (the replay alone, timed inside the process);
+* ``table``: `moetier table` wall, warm (a compiled core's cache already filled);
+* ``table_first``: `moetier table` wall with a fresh, empty NUMBA_CACHE_DIR: the first run after install, which
+  compiles into the cache;
+* ``compare``: `moetier compare` of the default recipe, ``--compare-steps`` measured steps and
+  ``--compare-warmup`` warm-up tokens per replay, without the gap split unless ``--compare-gap``: the full command
+  (1,000 warm-up tokens, the gap's three more replays a row) is tens of minutes on two loaded cores, and every
+  replay runs the same per-layer path, so the capped run's ratio is the full one's;
+* ``sweep``: a ``--sweep-cells`` sweep of the default recipe (RAM budget x VRAM slots x ram_evict lru/lfu x C1, C2,
+  C4, C8; 2 measured steps and 4 warm-up tokens a cell, as benchmarks/bench_sweep.py), 2 workers. The JSON gives
+  its wall over the cells (``per_cell_s``, the start-up included): 1,000 x that bounds a 1,000-cell sweep from
+  above.
+
+Targets (issue: the core at machine speed): plan_layer + bookkeeping median <= 10 us per layer call at about 31
+picks; simulator >= 300,000 layer-plans/s on the GLM trace at C1; `moetier table` <= 2 s warm.
 
 ``--against DIR`` loads DIR's moetier (e.g. a `git worktree` of main) beside this one and plans and commits every
 layer call with both, in alternating order, on the same picks: the same statistic for both, taken in one run, so a
 loaded host slows both alike; it prints each side's min / median / max, the median of the paired differences, and
-how many plans differ (0: the change keeps every plan). ``--opcodes`` counts the bytecodes each function executes per
-layer call (sys.settrace opcode events): a figure that does not move with the host's load, and says where the time
-goes.
+how many plans differ (0: the change keeps every plan). The whole runs alternate too (round i runs A then B, round
+i + 1 B then A, each measure in turn), each side in its own tree (cwd and PYTHONPATH), and each measure gets the
+ratio B / A of the medians and of the mins. ``--opcodes`` counts the bytecodes each function executes per layer call
+(sys.settrace opcode events): a figure that does not move with the host's load, and says where the time goes.
 """
 from __future__ import annotations
 
@@ -24,6 +44,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,9 +54,14 @@ sys.path.insert(0, str(REPO))
 from moetier.core import sim  # noqa: E402
 from moetier.core import records as spec  # noqa: E402
 from moetier.core.plan import plan_layer  # noqa: E402
+from moetier.peers.rows import DEFAULT_POLICY  # noqa: E402
 from moetier.traces.format import load_trace  # noqa: E402
 
 RECIPE = "glm53-rtx3090-55g-nvx4"
+# the shipped default policy, stated rather than inherited from the recipe: the per-call figure is the goal's
+DEFAULT = [f"policy.{k}={json.dumps(v)}" for k, v in DEFAULT_POLICY.items()]
+TARGETS = {"together_us": 10.0, "layer_plans_per_s": 300_000.0, "table_s": 2.0}
+MEASURES = ("sim", "table", "table_first", "compare", "sweep")
 
 
 def bench_plan(R, tr, rows_per_call=4, calls=20000):
@@ -56,6 +82,7 @@ def bench_plan(R, tr, rows_per_call=4, calls=20000):
             plan = plan_layer(rp.ctx, rp.ledger, picks, t, rp.chan)
             t1 = perf()
             rp.commit(plan, picks)
+            rp.after_layer(picks)
             t2 = perf()
             plan_ns.append(t1 - t0)
             commit_ns.append(t2 - t1)
@@ -98,9 +125,10 @@ def _load_tree(tree: Path):
 def bench_against(tree: Path, calls: int = 20000) -> dict:
     """Paired, interleaved A/B: this tree (B) and ``tree`` (A) plan and commit the same layer calls."""
     sim_a, plan_a, spec_a = _load_tree(tree)
-    R = spec.resolve(RECIPE)
+    R = spec.resolve(RECIPE, DEFAULT)
     tr = load_trace(REPO / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
-    sides = {"A": (*_replay_of(spec_a.resolve(RECIPE), tr, sim_a), plan_a), "B": (*_replay_of(R, tr, sim), plan_layer)}
+    sides = {"A": (*_replay_of(spec_a.resolve(RECIPE, DEFAULT), tr, sim_a), plan_a),
+             "B": (*_replay_of(R, tr, sim), plan_layer)}
     st = sides["B"][1]
     ns = {k: ([], []) for k in sides}
     clock = dict.fromkeys(sides, 0.0)
@@ -117,6 +145,7 @@ def bench_against(tree: Path, calls: int = 20000) -> dict:
                 plans[k] = p = plan_fn(rp.ctx, rp.ledger, picks, clock[k], rp.chan)
                 t1 = perf()
                 rp.commit(p, picks)
+                rp.after_layer(picks)
                 ns[k][0].append(t1 - t0)
                 ns[k][1].append(perf() - t1)
                 clock[k] += p.ms + 1.0
@@ -167,54 +196,151 @@ def bench_opcodes(R, tr, calls: int = 1000) -> dict:
             "by_function": {k: v / n for k, v in count.most_common(15)}}
 
 
-def bench_sim(R, tr):
-    best = None
-    for _ in range(3):
+# the simulator's replay alone, in a fresh process of the tree it runs in: layer-plans / the replay's own seconds
+_SIM = ("import json, sys; from moetier.core import records as spec, sim; from moetier.traces.format import load_trace;"
+        "R = spec.resolve(sys.argv[1], sys.argv[2:]); "
+        "tr = load_trace(spec.REGISTRY.parent / R.trace, layers=R.layers, experts=R.experts, topk=R.topk); "
+        "o = sim.run(R, tr, 1); print(json.dumps([o['layer_plans'], o['sim_seconds']]))")
+
+
+def _sweep_grid(cells: int) -> list:
+    """`moetier sweep` arguments for about ``cells`` cells (a multiple of 40 is exact), as bench_sweep.py's grid."""
+    per = max(1, -(-cells // 40))
+    return ["--grid", "budget.ram_gb=" + ",".join(str(20 + 4 * i) for i in range(per)),
+            "budget.vram_expert_slots=1000,1250,1510,1750,2000", "--policy", "lru", "lfu", "--conc", "1", "2", "4",
+            "8", "--steps", "2", "--set", "policy.warmup_tokens=4", "--workers", "2"]
+
+
+def whole_run(tree: Path, measure: str, a) -> float:
+    """One run of ``measure`` in ``tree`` (its own moetier: cwd and PYTHONPATH): seconds, or layer-plans/s for sim."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    with tempfile.TemporaryDirectory(prefix="bench-core-") as tmp:
+        env["MOETIER_REGISTRY"] = str(Path(tmp) / "registry")     # nothing lands in the user's registry
+        if measure == "table_first":
+            env["NUMBA_CACHE_DIR"] = str(Path(tmp) / "numba")      # empty: this run compiles into it
+        cmd = [sys.executable, "-m", "moetier"]
+        if measure == "sim":
+            cmd = [sys.executable, "-c", _SIM, RECIPE]
+        elif measure in ("table", "table_first"):
+            cmd += ["table", "--quiet"]
+        elif measure == "compare":
+            cmd += ["compare", RECIPE, "--steps", str(a.compare_steps), "--quiet", "--json"]
+            cmd += [] if a.compare_gap else ["--no-gap"]
+            cmd += ["--set", f"policy.warmup_tokens={a.compare_warmup}"] if a.compare_warmup else []
+        else:
+            cmd += ["sweep", RECIPE, *_sweep_grid(a.sweep_cells), "--out", str(Path(tmp) / "sweep.jsonl"),
+                    "--quiet", "--json"]
         t0 = time.perf_counter()
-        o = sim.run(R, tr, 1)
+        r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
         dt = time.perf_counter() - t0
-        rate = o["layer_plans"] / dt
-        best = max(best or 0, rate)
-    return {"layer_plans_per_s": best, "layer_plans": o["layer_plans"], "replay_s": o["layer_plans"] / best}
+    if r.returncode:
+        raise SystemExit(f"bench_core: {measure} in {tree} exited {r.returncode}: {r.stderr.strip()[-400:]}")
+    if measure == "sim":
+        plans, seconds = json.loads(r.stdout.strip().splitlines()[-1])
+        return plans / seconds
+    return dt
 
 
-def bench_table():
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "moetier", "table"], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
-    return {"seconds": time.perf_counter() - t0}
+def bench_runs(trees: dict, measures, rounds: int, a) -> dict:
+    """``rounds`` runs of every measure on every tree ({side: path}), interleaved: the sides' order flips every
+    round, so drift in the host's load lands on both; per side min / median / max, and with two sides the ratios
+    B / A of the medians and of the mins (for sim, layer-plans/s: above 1 is faster; for walls below 1 is)."""
+    got = {m: {k: [] for k in trees} for m in measures}
+    for i in range(rounds):
+        order = list(trees) if i % 2 == 0 else list(trees)[::-1]
+        for m in measures:
+            for k in order:
+                got[m][k].append(whole_run(trees[k], m, a))
+    out = {}
+    for m, by in got.items():
+        out[m] = {k: {"min": min(v), "median": statistics.median(v), "max": max(v), "runs": v} for k, v in by.items()}
+        if len(trees) == 2:
+            sa, sb = out[m]["A"], out[m]["B"]
+            out[m]["ratio_b_over_a"] = {"median": sb["median"] / sa["median"], "min": sb["min"] / sa["min"]}
+    if "sweep" in out:
+        for k in trees:             # the start-up included: scaled to more cells, an upper bound
+            out["sweep"][k]["per_cell_s"] = out["sweep"][k]["median"] / a.sweep_cells
+        out["sweep"]["cells"] = a.sweep_cells
+    if "compare" in out:
+        out["compare"].update(steps=a.compare_steps, warmup_tokens=a.compare_warmup, gap=a.compare_gap)
+    return out
+
+
+def targets(per_call: dict, runs: dict, side: str) -> dict:
+    """Each goal met or not, from ``side``'s figures (medians)."""
+    out = {"plan_and_bookkeeping_median_us<=10": per_call["together_us"]["median"] <= TARGETS["together_us"]}
+    if "sim" in runs:
+        out["sim_layer_plans_per_s>=300000"] = runs["sim"][side]["median"] >= TARGETS["layer_plans_per_s"]
+    if "table" in runs:
+        out["table_warm_s<=2"] = runs["table"][side]["median"] <= TARGETS["table_s"]
+    return out
+
+
+def _fmt(m: str, v: dict) -> str:
+    unit = " layer-plans/s" if m == "sim" else " s"
+    f = (lambda x: f"{x:,.0f}") if m == "sim" else (lambda x: f"{x:.2f}")
+    return f"{f(v['min'])} / {f(v['median'])} / {f(v['max'])}{unit}"
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--against", type=Path, help="another checkout: a paired, interleaved A/B of plan + commit")
-    ap.add_argument("--calls", type=int, default=20000, help="layer calls of --against (default 20000)")
+    ap.add_argument("--against", type=Path, help="another checkout: a paired, interleaved A/B of every measure")
+    ap.add_argument("--calls", type=int, default=20000, help="layer calls of the per-call figure (default 20000)")
+    ap.add_argument("--rounds", type=int, default=3, help="runs of each whole-run measure per side (default 3)")
+    ap.add_argument("--skip", nargs="*", default=[], choices=MEASURES, help="whole-run measures to leave out")
+    ap.add_argument("--compare-steps", type=int, default=40, help="moetier compare --steps (default 40; 0: all)")
+    ap.add_argument("--compare-warmup", type=int, default=100,
+                    help="moetier compare's policy.warmup_tokens (default 100; 0: the recipe's 1,000)")
+    ap.add_argument("--compare-gap", action="store_true", help="moetier compare with its gap split (3x the replays)")
+    ap.add_argument("--sweep-cells", type=int, default=200, help="cells of the sweep (default 200)")
     ap.add_argument("--opcodes", action="store_true", help="bytecodes per layer call, by function")
     a = ap.parse_args(argv)
-    R = spec.resolve(RECIPE)
+    R = spec.resolve(RECIPE, DEFAULT)
     tr = load_trace(REPO / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
-    if a.against is not None or a.opcodes:
-        return _print_extra(bench_against(a.against, a.calls) if a.against is not None else bench_opcodes(R, tr),
-                            a.json)
-    res = {"plan_layer": bench_plan(R, tr), "simulator": bench_sim(R, tr), "table": bench_table()}
-    res["targets"] = {"plan_and_bookkeeping_median_us<=20": res["plan_layer"]["together_us"]["median"] <= 20,
-                      "sim_layer_plans_per_s>=50000": res["simulator"]["layer_plans_per_s"] >= 50000,
-                      "table_s<60": res["table"]["seconds"] < 60}
+    if a.opcodes:
+        return _print_extra(bench_opcodes(R, tr), a.json)
+    measures = [m for m in MEASURES if m not in a.skip]
+    if a.against is not None:
+        res = bench_against(a.against, a.calls)
+        res["runs"] = bench_runs({"A": a.against, "B": REPO}, measures, a.rounds, a)
+        res["targets"] = targets(res["B"], res["runs"], "B")
+        return _print_extra(res, a.json)
+    res = {"plan_layer": bench_plan(R, tr, calls=a.calls), "load": os.getloadavg()}
+    res["runs"] = bench_runs({"B": REPO}, measures, a.rounds, a)
+    res["targets"] = targets(res["plan_layer"], res["runs"], "B")
     if a.json:
         print(json.dumps(res, indent=1, sort_keys=True))
         return
-    p, s, t = res["plan_layer"], res["simulator"], res["table"]
-    print("| measure | value | target |\n|---|---|---|")
+    p = res["plan_layer"]
+    print(f"load average {res['load'][0]:.1f}\n| measure | min / median / max | target |\n|---|---|---|")
     for name, key in (("plan_layer", "plan_us"), ("bookkeeping (commit)", "bookkeeping_us"),
                       ("plan_layer + bookkeeping", "together_us")):
         v = p[key]
-        target = "<= 20 us" if key == "together_us" else ""
-        print(f"| {name} per layer call ({p['mean_picks']:.1f} picks), min / median / max | {v['min']:.1f} / "
-              f"{v['median']:.1f} / {v['max']:.1f} us | {target} |")
-    print(f"| simulator, C1 on the shipped GLM trace | {s['layer_plans_per_s']:,.0f} layer-plans/s "
-          f"({s['replay_s']:.2f} s for {s['layer_plans']:,}) | >= 50,000 |")
-    print(f"| moetier table (default recipe) | {t['seconds']:.1f} s | < 60 s |")
+        target = "<= 10 us median" if key == "together_us" else ""
+        print(f"| {name} per layer call ({p['mean_picks']:.1f} picks) | {v['min']:.1f} / {v['median']:.1f} / "
+              f"{v['max']:.1f} us | {target} |")
+    _print_runs(res["runs"], ("B",))
     print(json.dumps(res, sort_keys=True))
+
+
+_NAMES = {"sim": ("simulator, C1 on the shipped GLM trace", ">= 300,000 layer-plans/s"),
+          "table": ("moetier table, warm", "<= 2 s"), "table_first": ("moetier table, first run (empty cache)", ""),
+          "compare": ("moetier compare of the default recipe", "before / after"),
+          "sweep": ("sweep of the default recipe", "before / after")}
+
+
+def _print_runs(runs: dict, sides) -> None:
+    for m, by in runs.items():
+        name, target = _NAMES[m]
+        if m == "compare":
+            name += f" (--steps {by['steps']}, warm-up {by['warmup_tokens'] or 'recipe'}{', gap' if by['gap'] else ''})"
+        if m == "sweep":
+            name += f" ({by['cells']} cells, {by['B']['per_cell_s'] * 1000:.0f} ms a cell)"
+        cells = " | ".join(_fmt(m, by[k]) for k in sides)
+        ratio = by.get("ratio_b_over_a")
+        r = f" | {ratio['median']:.2f} / {ratio['min']:.2f}" if ratio else ""
+        print(f"| {name} | {cells}{r} | {target} |")
 
 
 def _print_extra(res: dict, as_json: bool) -> None:
@@ -230,6 +356,10 @@ def _print_extra(res: dict, as_json: bool) -> None:
             print(f"| {k} | " + " | ".join(f"{res[k][m]['min']:.1f} / {res[k][m]['median']:.1f} / {res[k][m]['max']:.0f}"
                                         for m in ("plan_us", "bookkeeping_us", "together_us")) + " |")
         print(f"paired median of B - A (together): {res['paired_median_b_minus_a_us']:+.2f} us")
+        if res.get("runs"):
+            print("| whole run | A: min / median / max | B: min / median / max | B / A: median / min | target |\n"
+                  "|---|---|---|---|---|")
+            _print_runs(res["runs"], ("A", "B"))
     else:
         print(f"{res['per_call']:,.0f} bytecodes per layer call (plan_layer + commit) over {res['calls']:,} calls")
         for k, v in res["by_function"].items():

@@ -1,0 +1,42 @@
+"""benchmarks/bench_core.py's paired whole runs: interleaved sides, the same statistic, ratios B / A, and the
+sweep's per-cell scaling (the runs themselves are faked here: they are minutes of real commands)."""
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import bench_core  # noqa: E402
+
+
+def test_runs_alternate_the_sides_and_give_ratios_of_the_same_statistic(monkeypatch):
+    calls = []
+    fake_seconds = {"A": [4.0, 6.0, 5.0], "B": [1.0, 3.0, 2.0]}
+
+    def fake_whole_run(tree, measure, a):
+        calls.append((measure, tree))
+        return fake_seconds[tree].pop(0) if measure == "table" else 100.0
+
+    monkeypatch.setattr(bench_core, "whole_run", fake_whole_run)
+    a = argparse.Namespace(sweep_cells=80, compare_steps=40, compare_warmup=100, compare_gap=False)
+    out = bench_core.bench_runs({"A": "A", "B": "B"}, ["table", "sweep"], 3, a)
+    # round 0 runs A first, round 1 B first, round 2 A first: every measure in turn within a round
+    assert [t for m, t in calls if m == "table"] == ["A", "B", "B", "A", "A", "B"]
+    t = out["table"]
+    assert (t["A"]["min"], t["A"]["median"], t["A"]["max"]) == (4.0, 5.0, 6.0)
+    assert t["ratio_b_over_a"] == {"median": 2.0 / 5.0, "min": 1.0 / 4.0}
+    assert out["sweep"]["B"]["per_cell_s"] == 100.0 / 80 and out["sweep"]["cells"] == 80
+
+
+def test_targets_are_the_issue_goals():
+    per_call = {"together_us": {"median": 10.0}}
+    runs = {"sim": {"B": {"median": 299_999.0}}, "table": {"B": {"median": 2.0}}}
+    assert bench_core.targets(per_call, runs, "B") == {"plan_and_bookkeeping_median_us<=10": True,
+                                                       "sim_layer_plans_per_s>=300000": False,
+                                                       "table_warm_s<=2": True}
+
+
+def test_sweep_grid_has_the_cells_asked_for():
+    args = bench_core._sweep_grid(200)
+    ram = next(x for x in args if x.startswith("budget.ram_gb="))
+    assert len(ram.split("=")[1].split(",")) * 5 * 2 * 4 == 200
