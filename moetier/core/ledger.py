@@ -310,6 +310,10 @@ class Ledger:
             return
         ram = self.ram
         if self._rpol is not None:
+            many = getattr(self._rpol, "hit_many", None)
+            if many is not None:          # a batch: one compiled call for the layer's hits
+                many([k for k in keys if k in ram])
+                return
             hit = self._rpol.hit
             for k in keys:
                 if k in ram:

@@ -94,6 +94,10 @@ class PolicySlots(Clock):
         self.pol.remove(key)
 
     def hit(self, keys) -> None:
+        many = getattr(self.pol, "hit_many", None)
+        if many is not None:
+            many(keys if isinstance(keys, list) else list(keys))
+            return
         for k in keys:
             self.pol.hit(k)
 
