@@ -1,7 +1,7 @@
 """The array-state (decayed) LFU (moetier.core.policies.lfu) against the dict-and-heap LFU it replaced
 (tests/policy_references.RefHeapLFU), operation by operation: the same victims under pins, the same resident sets,
-through renormalisations (a half-life of a few uses passes 1e200 within a few thousand uses), and batched hits as
-single hits."""
+through renormalisations (a half-life of a few uses passes 1e200 within a few thousand uses), batched hits as
+single hits and ``replace`` as remove + insert."""
 import numpy as np
 import pytest
 
@@ -18,7 +18,12 @@ def _drive(pol, ref, rng, n, keys, base=0, batch=False):
             ok = lambda x: x not in pinned  # noqa: E731
             v, rv = pol.victim(None, ok), ref.victim(None, ok)
             assert v == rv, (step, v, rv)
-            if v is not None:
+            if v is not None and op == 1:            # an eviction for an incoming key: one call
+                k = int(base + rng.integers(0, keys))
+                pol.replace(v, k)
+                ref.remove(v)
+                ref.insert(k)
+            elif v is not None:
                 pol.remove(v)
                 ref.remove(v)
         elif op < 3:

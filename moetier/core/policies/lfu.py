@@ -3,7 +3,8 @@
 Contract
 --------
 The policy interface of moetier.core.policies.residency (insert / hit / remove / victim, ``in``, ``len``) plus
-``hit_many(keys)``, the hits of one layer call in one compiled call. Order: the resident key with the least
+``hit_many(keys)``, the hits of one layer call in one compiled call, and ``replace(old, new)``, an eviction's
+remove and insert in one. Order: the resident key with the least
 (score, tick, key) goes first; a use adds ``2^(tick / halflife)`` to the key's count (``halflife`` 0: 1), the decay
 as a growing weight instead of shrinking every count (same order, O(1)); ``tick`` counts the policy's uses, and
 when the weight passes 1e200 every count is divided by it and ``tick`` restarts at 0. Counts outlive eviction (a
@@ -67,6 +68,14 @@ def _remove(iv, st, i):
 
 
 @njit(cache=True)
+def _replace(fs, iv, st, halflife, old, i):
+    """Key index ``old`` leaves, ``i`` enters (or is used again): one call for an eviction's two steps."""
+    if old >= 0:
+        _remove(iv, st, old)
+    _touch(fs, iv, st, halflife, i)
+
+
+@njit(cache=True)
 def _next(fs, iv, st, s0, t0, i0):
     """The resident index with the least (score, tick, index) above (s0, t0, i0); -1 when none."""
     best, bs, bt = -1, 0.0, 0
@@ -125,6 +134,12 @@ class LFU:
         i = int(k) - self.base
         if 0 <= i < self.fs.shape[1]:
             _remove(self.iv, self.st, i)
+
+    def replace(self, old, new):
+        """``remove(old)`` then ``insert(new)``, in one compiled call."""
+        i = self._index(new)
+        o = int(old) - self.base
+        _replace(self.fs, self.iv, self.st, self.halflife, o if 0 <= o < self.fs.shape[1] else -1, i)
 
     def victim(self, k, ok):
         fs, iv, st, base = self.fs, self.iv, self.st, self.base

@@ -181,6 +181,15 @@ class Partitioned(_Queues):
     def hit(self, k):
         self.part(k).hit(k)
 
+    def replace(self, old, new):
+        """``remove(old)``, ``insert(new)``: one call where both are one part's and the part can."""
+        p = self.part(new)
+        if old // self.experts == new // self.experts and hasattr(p, "replace"):
+            p.replace(old, new)
+        else:
+            self.part(old).remove(old)
+            p.insert(new)
+
     def hit_many(self, keys):
         """``hit`` of each of ``keys``: one call per part where the part takes a batch (one layer call's keys are
         one part's)."""
