@@ -479,3 +479,45 @@ def agreement(make_policy, ref, cap: int, seq, kt: bool = False) -> tuple[int, i
         mine = pol.resident() if kt else held
         same += mine == ref.resident()
     return same, len(seq)
+
+
+class RefHeapLFU:
+    """(Decayed) LFU as moetier wrote it over dicts and a lazily invalidated heap before its array state
+    (moetier.core.policies.lfu): the policy interface itself (insert / hit / remove / victim), so the differential
+    test can pin keys and remove them as a tier does. A use adds 2^(tick / halflife); past 1e200 every count is divided
+    by the weight, the tick restarts and each resident key's score becomes its count."""
+
+    def __init__(self, cap, halflife=0.0):
+        self.cap, self.halflife = cap, float(halflife)
+        self.freq, self.res, self.heap, self.tick = {}, {}, [], 0
+
+    def _touch(self, k):
+        import heapq
+        w = 2.0 ** (self.tick / self.halflife) if self.halflife > 0 else 1.0
+        self.freq[k] = self.freq.get(k, 0.0) + w
+        if self.halflife > 0 and w > 1e200:
+            self.freq = {x: v / w for x, v in self.freq.items()}
+            self.tick = 0
+            self.res = {x: (self.freq[x], t) for x, (_, t) in self.res.items()}
+            self.heap = [(s, t, x) for x, (s, t) in self.res.items()]
+            heapq.heapify(self.heap)
+        self.res[k] = (self.freq[k], self.tick)
+        self.tick += 1
+        heapq.heappush(self.heap, (self.freq[k], self.res[k][1], k))
+
+    insert = hit = _touch
+
+    def remove(self, k):
+        self.res.pop(k, None)
+
+    def victim(self, k, ok):
+        for s, t, x in sorted(self.heap):
+            if self.res.get(x) == (s, t) and ok(x):
+                return x
+        return None
+
+    def __contains__(self, k):
+        return k in self.res
+
+    def __len__(self):
+        return len(self.res)

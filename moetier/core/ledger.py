@@ -41,7 +41,7 @@ from collections import OrderedDict
 from moetier.core.policies import residency
 from moetier.core.tickets import (ABSENT, DRAINING, FILLING, PUSHING, RAM, STAGED, STATE_NAMES, TIER_NVME, TIER_OF,
                                   TIER_RAM, TIER_VRAM, VRAM, ResidencyError, Ticket)
-from moetier.core.tier_order import Clock, PolicySlots, lfu_terms, make_policy
+from moetier.core.tier_order import Clock, PolicySlots, lfu_terms, make_policy, replace
 
 __all__ = ["ABSENT", "DRAINING", "FILLING", "PUSHING", "RAM", "STAGED", "STATE_NAMES", "TIER_NVME", "TIER_RAM",
            "TIER_VRAM", "VRAM", "Clock", "Ledger", "PolicySlots", "ResidencyError", "Ticket"]
@@ -310,6 +310,10 @@ class Ledger:
             return
         ram = self.ram
         if self._rpol is not None:
+            many = getattr(self._rpol, "hit_many", None)
+            if many is not None:          # a batch: one compiled call for the layer's hits
+                many([k for k in keys if k in ram])
+                return
             hit = self._rpol.hit
             for k in keys:
                 if k in ram:
@@ -393,22 +397,24 @@ class Ledger:
             pol.hit(key)
             state[key] = RAM
             return ()
-        out = ()
         full = pol.full(key) if isinstance(pol, residency.Partitioned) else len(ram) >= self.ram_slots
         if full:
             evictable = (RAM,) if self.exclusive else (RAM, VRAM)
             victim = pol.victim(key, lambda k: k not in protect and k in ram and state.get(k) in evictable)
             if victim is None or victim == key:
                 return self._refuse(key)
-            self._ram_del(victim)
+            del ram[victim]
             if state[victim] == RAM:
                 del state[victim]
             self.counters["ram_evictions"] += 1
-            out = (victim,)
+            ram[key] = None
+            replace(pol, victim, key)
+            state[key] = RAM
+            return (victim,)
         ram[key] = None
         pol.insert(key)
         state[key] = RAM
-        return out
+        return ()
 
     def _ram_victim(self, protect):
         """Least recently used RAM key that is neither protected nor mid-transfer (PUSHING)."""

@@ -9,6 +9,7 @@ Contract
 - ``PolicySlots(n, pol)``: the same slot map ordered by a moetier.core.policies.residency policy.
 - ``make_policy(spec, ...)``: a policy object from its recipe name (or the object itself), per layer when asked;
   errors name the recipe field.
+- ``replace(pol, old, new)``: ``old`` leaves a policy's tier and ``new`` enters, in one call where the policy can.
 - ``lfu_terms(spec)``: the window and halflife of the built-in window LFU (``lfu[:window[:halflife]]``).
 """
 from __future__ import annotations
@@ -85,8 +86,9 @@ class PolicySlots(Clock):
     def place(self, slot: int, key: int) -> int:
         old = super().place(slot, key)
         if old >= 0:
-            self.pol.remove(old)
-        self.pol.insert(key)
+            replace(self.pol, old, key)
+        else:
+            self.pol.insert(key)
         return old
 
     def remove(self, key: int) -> None:
@@ -94,8 +96,23 @@ class PolicySlots(Clock):
         self.pol.remove(key)
 
     def hit(self, keys) -> None:
+        many = getattr(self.pol, "hit_many", None)
+        if many is not None:
+            many(keys if isinstance(keys, list) else list(keys))
+            return
         for k in keys:
             self.pol.hit(k)
+
+
+def replace(pol, old, new) -> None:
+    """``old`` leaves the policy's tier and ``new`` enters (remove, then insert): in one call where the policy has
+    ``replace`` (the compiled ones: each call from Python costs about as much as the work)."""
+    rep = getattr(pol, "replace", None)
+    if rep is None:
+        pol.remove(old)
+        pol.insert(new)
+    else:
+        rep(old, new)
 
 
 def make_policy(spec, slots: int, layers, experts, partition: str, field: str):

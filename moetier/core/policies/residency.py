@@ -37,6 +37,7 @@ from bisect import bisect_right
 from collections import OrderedDict
 
 from moetier.core.policies.base import _first, _Heaped, _Queues
+from moetier.core.policies.lfu import LFU
 from moetier.core.policies import s3fifo, slru, twoq, wtinylfu
 from moetier.core.policies.ktransformers import MACHINES as KT_MACHINES
 from moetier.core.policies.machine import Machine
@@ -73,50 +74,6 @@ class FIFO(LRU):
 
     def hit(self, k):
         pass
-
-
-class LFU(_Heaped):
-    """Least frequently used; counts survive eviction (a key's history follows it), ties to the least recent use.
-    ``halflife`` > 0 decays counts by uses of the tier (dlfu)."""
-    name = "lfu"
-
-    def __init__(self, capacity: int, halflife: float = 0.0):
-        self.capacity, self.halflife = capacity, float(halflife)
-        self.freq: dict = {}
-        self.res: dict = {}           # resident key -> its heap entry (score, tick)
-        self.heap: list = []
-        self.tick = 0
-        self.name = "dlfu" if self.halflife > 0 else "lfu"
-
-    def _score(self, k):
-        # decay as a growing weight (2^(tick/halflife)) instead of shrinking every count: same order, O(1)
-        w = 2.0 ** (self.tick / self.halflife) if self.halflife > 0 else 1.0
-        self.freq[k] = self.freq.get(k, 0.0) + w
-        if self.halflife > 0 and w > 1e200:          # renormalise before the weights overflow
-            self.freq = {x: v / w for x, v in self.freq.items()}
-            self.tick = 0
-            self.heap = [(self.freq[x], t, x) for x, (_, t) in self.res.items()]
-            self.res = {x: (self.freq[x], t) for x, (_, t) in self.res.items()}
-            heapq.heapify(self.heap)
-        e = (self.freq[k], self.tick)
-        self.tick += 1
-        return e
-
-    def _touch(self, k):
-        e = self._score(k)
-        self.res[k] = e
-        heapq.heappush(self.heap, (e[0], e[1], k))
-
-    insert = hit = _touch
-
-    def _entry(self, x):
-        return self.res[x] + (x,)
-
-    def _stale(self, e):
-        return self.res.get(e[2]) != e[:2]
-
-    def victim(self, k, ok):
-        return self._top(ok)
 
 
 class BeladyPolicy(_Heaped):
@@ -186,8 +143,9 @@ def parse(spec: str) -> tuple[str, dict]:
     return parse_spec(spec, POLICIES[name][1], positional="halflife" if name == "dlfu" else None)
 
 
-def make(spec: str, capacity: int, future: dict | None = None):
-    """A policy from its spec (``dlfu`` alone: half-life 4 x capacity uses)."""
+def make(spec: str, capacity: int, future: dict | None = None, base: int = 0, width: int = 64):
+    """A policy from its spec (``dlfu`` alone: half-life 4 x capacity uses). ``base`` / ``width``: the keys it will
+    see (a per-layer part's), what the array-state policies (moetier.core.policies.lfu) size for."""
     name, params = parse(spec)
     cls, _, machine = POLICIES[name]
     if name == "belady":
@@ -195,7 +153,9 @@ def make(spec: str, capacity: int, future: dict | None = None):
             raise ValueError("residency policy 'belady' needs the future (an oracle bound only)")
         return BeladyPolicy(capacity, future)
     if name == "dlfu":
-        return LFU(capacity, params["halflife"] or 4.0 * max(1, capacity))
+        return LFU(capacity, params["halflife"] or 4.0 * max(1, capacity), base, width)
+    if name == "lfu":
+        return LFU(capacity, 0.0, base, width)
     return Machine(cls(capacity, **params), name) if machine else cls(capacity)
 
 
@@ -209,7 +169,7 @@ class Partitioned(_Queues):
         base, extra = divmod(capacity, layers)
         self.experts, self.capacity = experts, capacity
         self.caps = [base + (1 if l < extra else 0) for l in range(layers)]
-        self.parts = [make(spec, max(1, c), future) for c in self.caps]
+        self.parts = [make(spec, max(1, c), future, l * experts, experts) for l, c in enumerate(self.caps)]
         self.name = f"{self.parts[0].name}/layer"
 
     def part(self, k):
@@ -220,6 +180,28 @@ class Partitioned(_Queues):
 
     def hit(self, k):
         self.part(k).hit(k)
+
+    def replace(self, old, new):
+        """``remove(old)``, ``insert(new)``: one call where both are one part's and the part can."""
+        p = self.part(new)
+        if old // self.experts == new // self.experts and hasattr(p, "replace"):
+            p.replace(old, new)
+        else:
+            self.part(old).remove(old)
+            p.insert(new)
+
+    def hit_many(self, keys):
+        """``hit`` of each of ``keys``: one call per part where the part takes a batch (one layer call's keys are
+        one part's)."""
+        if not keys:
+            return
+        l = keys[0] // self.experts
+        p = self.parts[l]
+        if hasattr(p, "hit_many") and all(k // self.experts == l for k in keys):
+            p.hit_many(keys)
+            return
+        for k in keys:
+            self.part(k).hit(k)
 
     def remove(self, k):
         self.part(k).remove(k)

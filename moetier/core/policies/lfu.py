@@ -1,0 +1,160 @@
+"""LFU and decayed LFU (``lfu``, ``dlfu``) over array state, the per-key work compiled with Numba.
+
+Contract
+--------
+The policy interface of moetier.core.policies.residency (insert / hit / remove / victim, ``in``, ``len``) plus
+``hit_many(keys)``, the hits of one layer call in one compiled call, and ``replace(old, new)``, an eviction's
+remove and insert in one. Order: the resident key with the least
+(score, tick, key) goes first; a use adds ``2^(tick / halflife)`` to the key's count (``halflife`` 0: 1), the decay
+as a growing weight instead of shrinking every count (same order, O(1)); ``tick`` counts the policy's uses, and
+when the weight passes 1e200 every count is divided by it and ``tick`` restarts at 0. Counts outlive eviction (a
+key's history follows it); a resident key's score is its count at its last use (or at the last renormalisation).
+``victim(k, ok)`` is never told no: it returns the first key in that order with ``ok(key)``, or None.
+
+Array state (keys are ``base + i``, ``i`` < the arrays' width, which grows on demand):
+
+    fs[0, i]  count of key i (float64)            iv[0, i]  tick of key i's last use (int64)
+    fs[1, i]  its resident score (float64)        iv[1, i]  its place in the resident list, -1 if not resident
+    st[0]     the policy's tick                   iv[2, :n] the resident list (indices), n = st[1]
+
+The kernels are ``@njit(cache=True)``: a second process loads them from the cache instead of compiling.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["LFU"]
+
+_RENORM = 1e200
+
+
+@njit(cache=True)
+def _touch(fs, iv, st, halflife, i):
+    """One use of key index i: its count, its score and tick, resident from now on."""
+    w = 2.0 ** (st[0] / halflife) if halflife > 0 else 1.0
+    fs[0, i] += w
+    if halflife > 0 and w > _RENORM:          # renormalise before the weights overflow
+        fs[0, :] /= w
+        st[0] = 0
+        for j in range(st[1]):
+            r = iv[2, j]
+            fs[1, r] = fs[0, r]
+    fs[1, i] = fs[0, i]
+    iv[0, i] = st[0]
+    st[0] += 1
+    if iv[1, i] < 0:
+        iv[1, i] = st[1]
+        iv[2, st[1]] = i
+        st[1] += 1
+
+
+@njit(cache=True)
+def _touch_many(fs, iv, st, halflife, idx):
+    for i in idx:
+        _touch(fs, iv, st, halflife, i)
+
+
+@njit(cache=True)
+def _remove(iv, st, i):
+    p = iv[1, i]
+    if p < 0:
+        return
+    last = iv[2, st[1] - 1]
+    iv[2, p] = last
+    iv[1, last] = p
+    iv[1, i] = -1
+    st[1] -= 1
+
+
+@njit(cache=True)
+def _replace(fs, iv, st, halflife, old, i):
+    """Key index ``old`` leaves, ``i`` enters (or is used again): one call for an eviction's two steps."""
+    if old >= 0:
+        _remove(iv, st, old)
+    _touch(fs, iv, st, halflife, i)
+
+
+@njit(cache=True)
+def _next(fs, iv, st, s0, t0, i0):
+    """The resident index with the least (score, tick, index) above (s0, t0, i0); -1 when none."""
+    best, bs, bt = -1, 0.0, 0
+    for j in range(st[1]):
+        i = iv[2, j]
+        s, t = fs[1, i], iv[0, i]
+        if s < s0 or (s == s0 and (t < t0 or (t == t0 and i <= i0))):
+            continue
+        if best < 0 or s < bs or (s == bs and (t < bt or (t == bt and i < best))):
+            best, bs, bt = i, s, t
+    return best
+
+
+class LFU:
+    """Least frequently used; counts survive eviction (a key's history follows it), ties to the least recent use.
+    ``halflife`` > 0 decays counts by uses of the tier (dlfu). ``base``: the lowest key (a per-layer part's first
+    key), ``width``: how many keys from it to size the arrays for (they grow past it on demand)."""
+
+    def __init__(self, capacity: int, halflife: float = 0.0, base: int = 0, width: int = 64):
+        self.capacity, self.halflife = capacity, float(halflife)
+        self.name = "dlfu" if self.halflife > 0 else "lfu"
+        self.base = base
+        self.fs = np.zeros((2, max(1, width)))
+        self.iv = np.full((3, max(1, width)), -1, dtype=np.int64)
+        self.st = np.zeros(2, dtype=np.int64)
+
+    def _index(self, k) -> int:
+        i = int(k) - self.base
+        if i < 0:
+            raise ValueError(f"{self.name}: key {k} is below this policy's first key {self.base}")
+        if i >= self.fs.shape[1]:
+            n = max(2 * self.fs.shape[1], i + 1)
+            fs, iv = np.zeros((2, n)), np.full((3, n), -1, dtype=np.int64)
+            fs[:, :self.fs.shape[1]] = self.fs
+            iv[:, :self.iv.shape[1]] = self.iv
+            self.fs, self.iv = fs, iv
+        return i
+
+    def insert(self, k):
+        i = self._index(k)               # first: it may grow the arrays
+        _touch(self.fs, self.iv, self.st, self.halflife, i)
+
+    hit = insert
+
+    def hit_many(self, keys):
+        """``hit`` of each of ``keys`` in turn, in one compiled call."""
+        if keys:
+            idx = np.fromiter(keys, dtype=np.int64, count=len(keys)) - self.base
+            top = idx.max()
+            if top >= self.fs.shape[1] or idx.min() < 0:
+                self._index(keys[int(idx.argmax())])
+                self._index(keys[int(idx.argmin())])
+            _touch_many(self.fs, self.iv, self.st, self.halflife, idx)
+
+    def remove(self, k):
+        i = int(k) - self.base
+        if 0 <= i < self.fs.shape[1]:
+            _remove(self.iv, self.st, i)
+
+    def replace(self, old, new):
+        """``remove(old)`` then ``insert(new)``, in one compiled call."""
+        i = self._index(new)
+        o = int(old) - self.base
+        _replace(self.fs, self.iv, self.st, self.halflife, o if 0 <= o < self.fs.shape[1] else -1, i)
+
+    def victim(self, k, ok):
+        fs, iv, st, base = self.fs, self.iv, self.st, self.base
+        s, t, i = -np.inf, -1, -1
+        while True:
+            i = _next(fs, iv, st, s, t, i)
+            if i < 0:
+                return None
+            if ok(base + i):
+                return base + i
+            s, t = fs[1, i], iv[0, i]
+
+    def __contains__(self, k):
+        i = int(k) - self.base
+        return 0 <= i < self.fs.shape[1] and self.iv[1, i] >= 0
+
+    def __len__(self):
+        return int(self.st[1])
