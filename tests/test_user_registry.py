@@ -48,7 +48,10 @@ def test_a_user_recipe_resolves_against_shipped_records(user_registry):
 
 def test_registry_flag_points_the_writes(tmp_path, capsys, user_registry):
     d = tmp_path / "elsewhere"
-    (tmp_path / "p.jsonl").write_text(json.dumps({"kind": "header", "version": 1, "interval_s": 0.1}) + "\n")
+    lines = [{"kind": "header", "version": 1, "interval_s": 0.1}]     # a report needs at least one sample
+    lines += [{"kind": "sample", "t": 1000.0 + 0.1 * i, "dt": 0.1, "cpu": [0.5, 1.0], "mem_used": 2 ** 31,
+               "rss": 2 ** 30, "disk": {"vda": [25_000_000, 0]}} for i in range(3)]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in lines))
     run = {"id": "t-run", "kind": "run", "recipe": "tiny-ci-cpu", "table": [{"conc": 1}], "probe": "p.jsonl"}
     (d / "runs").mkdir(parents=True)
     (d / "runs" / "t-run.json").write_text(json.dumps(run))
