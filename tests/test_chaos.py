@@ -62,6 +62,24 @@ def test_a_stalled_transfer_stops_the_run_with_one_line(packed):
     assert all("stalled" in ln and "\n" not in ln for ln in fig["stop_lines"])
 
 
+def test_a_fence_that_never_returns_stops_the_run_with_one_line(packed):
+    """The closing fence is bounded like every wait: a backend whose fence() never returns (conformance's
+    fence-never mutant) stops the run with one line within the stall timeout instead of hanging it."""
+    import time
+    from conformance.broken_handles import BrokenFenceNever
+    from moetier.errors import UserError
+    R, st, tr = _recipe(packed)
+    be = BrokenFenceNever(runtime.make_backend("cpu", st, R, 1))
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(UserError) as e:
+            runtime.run(R, st, be, tr, 1, max_steps=2, wait_timeout_s=0.5)
+    finally:
+        be.close()           # releases the fence thread the run gave up on
+    assert "fence did not return within 0.5 s" in str(e.value) and "\n" not in str(e.value)
+    assert time.perf_counter() - t0 < 120
+
+
 def test_chaos_at_a_stall_rate_that_stalls_every_seeding_ends_after_max_runs(packed):
     """At 5% stalls seeding's 146 reads all but always stall, so no run computes a layer output: the loop must
     end by its run bound (it once spun forever waiting for layer steps that never came)."""

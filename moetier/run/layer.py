@@ -288,11 +288,11 @@ class Runtime(Waits, Booking):
         self.ram.end_layer()
 
     def close(self) -> None:
-        for _, h, _ in self.inflight.values():     # bounded first (wait_timeout_s): the fence itself has no limit
+        for _, h, _ in self.inflight.values():     # each wait bounded by wait_timeout_s, and the fence too
             self._quiet(h)
         for h, _ in self.wasted:
             self._quiet(h)
-        self.be.fence()
+        self._fence()
         for _, slot in self.wasted:
             self.ram.release_later(slot)
         self.wasted.clear()

@@ -13,13 +13,15 @@ only after the layer ends (``end_layer``), so nothing the layer may still read i
   ``retries`` times, each counted in ``stats["read_retries"]``; its bytes were never used (the reader zeroes a
   failed slot). A transfer that still fails, or one not landed after ``wait_timeout_s`` (a stalled completion),
   aborts its ticket and stops the run with a one-line ``UserError``. Every wait is bounded when ``wait_timeout_s``
-  is set: the wait for an unused prefetch read whose slot is needed, and those at the end of a run, too.
+  is set: the wait for an unused prefetch read whose slot is needed, and those at the end of a run, too, and the
+  backend's closing ``fence`` (``_fence``: a fence that never returns stops the run with one line).
 - ``_fill_ram`` / ``_fill_now`` / ``_push_now`` / ``_drains`` carry out the ledger's fills, pushes and drains, each
   ``Ledger.land`` only after the backend reported its bytes landed, and free the host slots the landing frees.
 - ``_wait_read`` is ``_wait`` for an NVMe pick, booking the read coverage of a layer's first wait.
 """
 from __future__ import annotations
 
+import threading
 import time
 
 from moetier.bytes.transport import TransportError
@@ -203,6 +205,30 @@ class Waits:
             if time.perf_counter() > deadline:
                 raise TimeoutError
             time.sleep(WATCH_POLL_S)
+
+    def _fence(self) -> None:
+        """The backend's fence, within ``wait_timeout_s`` when one is set. fence() has no non-blocking form in the
+        contract, so it runs on a daemon thread that is joined with the deadline: a fence that never returns (a
+        transfer the device cannot finish) stops the run with one line instead of hanging the process; the thread
+        is left to the backend. What fence raises is raised here."""
+        if self.wait_timeout_s is None:
+            self.be.fence()
+            return
+        raised: list = []
+
+        def fence():
+            try:
+                self.be.fence()
+            except BaseException as e:      # handed to the caller's thread, raised there
+                raised.append(e)
+        t = threading.Thread(target=fence, name="moetier-fence", daemon=True)
+        t.start()
+        t.join(self.wait_timeout_s)
+        if t.is_alive():
+            raise UserError(f"backend fence did not return within {self.wait_timeout_s:g} s (a transfer the device "
+                            f"cannot finish); run stopped")
+        if raised:
+            raise raised[0]
 
     def _quiet(self, h) -> None:
         """Let an unused read finish (bounded like every wait); its failure does not matter, a stall does."""
