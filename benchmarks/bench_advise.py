@@ -3,6 +3,7 @@
     python benchmarks/bench_advise.py [--recipes ID ...] [--candidates 24] [--steps 150] [--workers 2]
                                       [--rate-recipe tiny-local-cpu] [--out benchmarks/advise.json] [--json]
     python benchmarks/bench_advise.py --real STORE [--advised ID] [--repeats 5] [--run-steps 100]
+    python benchmarks/bench_advise.py --phases RECIPE [--conc 1] [--repeats 5]
 
 Goal 1: on every shipped GLM and Qwen recipe (ids starting glm53- or qwen38fn-, or --recipes) at its own memory
 (the recipe's RAM cap, VRAM reserve as its slots leave), the advised configuration's simulated tok/s at C1, C2, C4
@@ -17,6 +18,11 @@ Goal 3 (--real STORE, a packed store of tiny-local-cpu's model: `moetier store p
 rounds (shipped, advised; advised, shipped; ...), each run at C1, C2, C4 for --run-steps steps, no run record
 written; per recipe and concurrency the median measured tok/s, the min-max, the predicted tok/s and whether the
 measured median fell inside the predicted interval. Writes benchmarks/advise-real.json beside --out.
+
+Where a candidate's seconds go (--phases RECIPE): one rung-0 cell of the search (advise.fidelities' shortest
+replay), timed by phase (recipe resolve, trace load, Streams, seeding, warm-up replay, measured steps) in this
+fresh process, first the cell a new pool worker pays (imports and caches cold) and then warm cells (median of
+--repeats, another candidate each time so that nothing is reused but what the worker keeps between cells).
 """
 from __future__ import annotations
 
@@ -102,6 +108,69 @@ def real(store: str, advised: str, repeats: int, steps: int) -> dict:
                                    out["tiny-local-cpu"][str(c)]["measured_median"] for c in CONCS}}
 
 
+PHASES = ("recipe resolve", "trace load", "Streams", "seeding", "warm-up replay", "measured steps")
+
+
+def phases(rid: str, conc: int, repeats: int) -> dict:
+    """Seconds per phase of one rung-0 cell (module docstring): the cell runs through advise.run_cell as the pool
+    runs it, with timers around the phases' functions for the length of the call."""
+    import contextlib
+    import statistics
+    from moetier.core import sim
+    from moetier.measure import advise as A
+    t0 = time.perf_counter()
+    A.run_cell(A.cell("tiny-ci-cpu", [], 1, 1, 1, None))     # the imports and caches any worker's first cell loads
+    setup = time.perf_counter() - t0
+    st, wu = A.fidelities(150, 1000)[0]
+    acc: dict = {}
+
+    @contextlib.contextmanager
+    def timed(mod, name, key):
+        f = getattr(mod, name)
+
+        def g(*a, **k):
+            t = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                acc[key] = acc.get(key, 0.0) + time.perf_counter() - t
+        setattr(mod, name, g)
+        try:
+            yield
+        finally:
+            setattr(mod, name, f)
+
+    def cell(ovr: list) -> dict:
+        acc.clear()
+        marks: dict = {}
+        run = sim.run
+
+        def hooked(R, tr, c, **k):
+            return run(R, tr, c, plan_hook=lambda step, layer, plan: marks.setdefault(step, time.perf_counter()),
+                       **k)
+        with timed(spec, "resolve", "recipe resolve"), timed(S, "_trace", "trace load"), \
+                timed(sim, "Streams", "Streams"), timed(sim, "_seed", "seeding"), timed(sim, "run", "run"):
+            sim.run = hooked
+            t = time.perf_counter()
+            row = A.run_cell(A.cell(rid, ovr, conc, st, wu, None))
+            total = time.perf_counter() - t
+        if "error" in row:
+            raise SystemExit(f"--phases {rid}: {row['error']}")
+        steps = sorted(marks)
+        first_measured = marks[steps[len(steps) - st]]
+        acc["warm-up replay"] = first_measured - marks[steps[0]]
+        acc["measured steps"] = t + total - first_measured      # and the report's few lines after the last step
+        acc["total"] = total
+        acc.pop("run", None)
+        return dict(acc)
+    others = [n for n in space.residency_names() if n != "lru"][:repeats]
+    first = cell([])
+    warm = [cell([f'policy.ram_evict="{n}"']) for n in others]
+    med = {k: statistics.median(w.get(k, 0.0) for w in warm) for k in (*PHASES, "total")}
+    return {"recipe": rid, "conc": conc, "warmup_tokens": wu, "measured_steps": st, "setup_s": setup,
+            "first": first, "warm_median": med, "warm_cells": len(warm)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipes", nargs="+", help="recipe ids (default: every shipped glm53-* and qwen38fn-*)")
@@ -116,7 +185,23 @@ def main(argv=None) -> int:
     ap.add_argument("--advised", default="tiny-local-cpu-advised-c1", help="the advised recipe id (with --real)")
     ap.add_argument("--repeats", type=int, default=5, help="interleaved rounds (with --real; default 5)")
     ap.add_argument("--run-steps", type=int, default=100, help="measured steps per run (with --real)")
+    ap.add_argument("--phases", metavar="RECIPE", help="where one rung-0 cell's seconds go (module docstring)")
+    ap.add_argument("--conc", type=int, default=1, help="the cell's concurrency (with --phases; default 1)")
     a = ap.parse_args(argv)
+    if a.phases:
+        doc = phases(a.phases, a.conc, a.repeats)
+        if a.json:
+            print(json.dumps(doc, indent=1, sort_keys=True))
+            return 0
+        w = doc["warm_median"]
+        print(f"{a.phases}: one rung-0 cell at C{a.conc} ({doc['warmup_tokens']} warm-up tokens, "
+              f"{doc['measured_steps']} measured steps); a new worker's set-up (imports, compiled-code caches, "
+              f"one tiny-ci-cpu cell) {doc['setup_s']:.2f} s")
+        print(f"| phase | first cell in a worker (s) | warm cell, median of {doc['warm_cells']} (s) | share |")
+        print("|---|---|---|---|")
+        for k in (*PHASES, "total"):
+            print(f"| {k} | {doc['first'].get(k, 0.0):.3f} | {w[k]:.3f} | {w[k] / w['total']:.0%} |")
+        return 0
     if a.real:
         doc = real(a.real, a.advised, a.repeats, a.run_steps)
         Path(a.out).with_name("advise-real.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n",
