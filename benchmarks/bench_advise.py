@@ -13,11 +13,11 @@ candidates that got at least one replay, over the search's wall time, pool start
 and on --rate-recipe (a cheap one), with replays per second beside it. Writes the JSON (--out) and prints markdown.
 
 Goal 3 (--real STORE, a packed store of tiny-local-cpu's model: `moetier store pack moetier-tiny-16x64-int8`):
-`moetier run` of the shipped tiny-local-cpu and of the advised recipe (--advised, default the C1 advice
-`tiny-local-cpu-advised-c1` in the user registry: run `moetier advise tiny-local-cpu` first), --repeats interleaved
-rounds (shipped, advised; advised, shipped; ...), each run at C1, C2, C4 for --run-steps steps, no run record
-written; per recipe and concurrency the median measured tok/s, the min-max, the predicted tok/s and whether the
-measured median fell inside the predicted interval. Writes benchmarks/advise-real.json beside --out.
+`moetier run` of the shipped tiny-local-cpu (at C1, C2, C4) and of each concurrency's advice at its own
+concurrency (--advised PREFIX: PREFIX-c1, -c2, -c4 in the user registry, default `tiny-local-cpu-advised`: run
+`moetier advise tiny-local-cpu` first), --repeats interleaved rounds (shipped, advice c1, c2, c4; then the reverse;
+...), each for --run-steps steps, no run record written; per recipe and concurrency the median measured tok/s,
+the min-max, the predicted tok/s and whether the measured median fell inside the predicted interval. Writes benchmarks/advise-real.json beside --out.
 
 Where a candidate's seconds go (--phases RECIPE): one rung-0 cell of the search (advise.fidelities' shortest
 replay), timed by phase (recipe resolve, trace load, Streams, seeding, warm-up replay, measured steps) in this
@@ -79,33 +79,36 @@ def rate(rid: str, n: int, steps: int, workers: int) -> dict:
 
 
 def real(store: str, advised: str, repeats: int, steps: int) -> dict:
+    """Goal 3 (module docstring): per concurrency the shipped recipe and that concurrency's advice, run for real."""
     import statistics
     import subprocess
-    recipes = ("tiny-local-cpu", advised)
-    runs: dict = {r: [] for r in recipes}
+    ids = {c: f"{advised}-c{c}" for c in CONCS}
+    for c, rid in ids.items():
+        spec.load_record("recipe", rid)          # a missing advice is one line before anything runs
+    # one run of the shipped recipe covers every concurrency; each advice runs at its own
+    jobs = [("tiny-local-cpu", CONCS)] + [(ids[c], (c,)) for c in CONCS]
+    got: dict = {}
     for i in range(repeats):
-        for rid in (recipes if i % 2 == 0 else recipes[::-1]):
-            cmd = [sys.executable, "-m", "moetier", "run", rid, "--store", store, "--conc", *map(str, CONCS),
+        for rid, concs in (jobs if i % 2 == 0 else jobs[::-1]):
+            cmd = [sys.executable, "-m", "moetier", "run", rid, "--store", store, "--conc", *map(str, concs),
                    "--steps", str(steps), "--no-record", "--json", "--quiet"]
             p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
             if p.returncode:
                 raise SystemExit(f"{' '.join(cmd)}: exit {p.returncode}: {p.stderr.strip()[-400:]}")
-            runs[rid].append(json.loads(p.stdout)["table"])
+            for row in json.loads(p.stdout)["table"]:
+                got.setdefault((rid, int(row["conc"])), []).append(row)
             print(f"round {i + 1}: {rid} done", file=sys.stderr)
-    out = {}
-    for rid, tables in runs.items():
-        per = {}
-        for j, c in enumerate(CONCS):
-            m = [t[j]["measured_tok_s"] for t in tables]
-            iv = tables[0][j]["sim_interval"]
-            med = statistics.median(m)
-            per[str(c)] = {"measured_median": med, "measured_min": min(m), "measured_max": max(m),
-                           "sim_tok_s": tables[0][j]["sim_tok_s"], "sim_interval": iv,
-                           "inside": iv["low"] <= med <= iv["high"]}
-        out[rid] = per
+    out: dict = {}
+    for (rid, c), rows in got.items():
+        m = [r["measured_tok_s"] for r in rows]
+        iv = rows[0]["sim_interval"]
+        med = statistics.median(m)
+        out.setdefault("shipped" if rid == "tiny-local-cpu" else "advised", {})[str(c)] = {
+            "recipe": rid, "measured": m, "measured_median": med, "measured_min": min(m), "measured_max": max(m),
+            "sim_tok_s": rows[0]["sim_tok_s"], "sim_interval": iv, "inside": iv["low"] <= med <= iv["high"]}
     return {"store": store, "repeats": repeats, "steps": steps, "recipes": out,
-            "advised_ge_shipped": {str(c): out[advised][str(c)]["measured_median"] >=
-                                   out["tiny-local-cpu"][str(c)]["measured_median"] for c in CONCS}}
+            "advised_ge_shipped": {str(c): out["advised"][str(c)]["measured_median"] >=
+                                   out["shipped"][str(c)]["measured_median"] for c in CONCS}}
 
 
 PHASES = ("recipe resolve", "trace load", "Streams", "seeding", "warm-up replay", "measured steps")
@@ -182,7 +185,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "advise.json"), help="JSON results file")
     ap.add_argument("--json", action="store_true", help="print the JSON instead of the tables")
     ap.add_argument("--real", metavar="STORE", help="goal 3 only: run tiny-local-cpu and its advice for real")
-    ap.add_argument("--advised", default="tiny-local-cpu-advised-c1", help="the advised recipe id (with --real)")
+    ap.add_argument("--advised", default="tiny-local-cpu-advised",
+                    help="the advice's id prefix: PREFIX-c1, -c2, -c4 (with --real; advise's default)")
     ap.add_argument("--repeats", type=int, default=5, help="interleaved rounds (with --real; default 5)")
     ap.add_argument("--run-steps", type=int, default=100, help="measured steps per run (with --real)")
     ap.add_argument("--phases", metavar="RECIPE", help="where one rung-0 cell's seconds go (module docstring)")
@@ -206,13 +210,15 @@ def main(argv=None) -> int:
         doc = real(a.real, a.advised, a.repeats, a.run_steps)
         Path(a.out).with_name("advise-real.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n",
                                                              encoding="utf-8")
-        print("| recipe | conc | measured median (min-max) | predicted | interval | inside |")
+        print(f"measured decode tok/s, {a.repeats} interleaved repeats of {a.run_steps} steps, store {a.real}")
+        print("| conc | recipe | measured median (min-max) | predicted | interval | inside |")
         print("|---|---|---|---|---|---|")
-        for rid, per in doc["recipes"].items():
-            for c, p in per.items():
-                print(f"| {rid} | C{c} | {p['measured_median']:.2f} ({p['measured_min']:.2f}-{p['measured_max']:.2f})"
-                      f" | {p['sim_tok_s']:.2f} | {p['sim_interval']['low']:.2f}-{p['sim_interval']['high']:.2f} | "
-                      f"{p['inside']} |")
+        for c in CONCS:
+            for side in ("shipped", "advised"):
+                p = doc["recipes"][side][str(c)]
+                print(f"| C{c} | {p['recipe']} | {p['measured_median']:.2f} ({p['measured_min']:.2f}-"
+                      f"{p['measured_max']:.2f}) | {p['sim_tok_s']:.2f} | {p['sim_interval']['low']:.2f}-"
+                      f"{p['sim_interval']['high']:.2f} | {'yes' if p['inside'] else 'no'} |")
         return 0
     recipes = a.recipes or shipped()
     rows = []
