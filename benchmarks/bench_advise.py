@@ -17,7 +17,9 @@ Goal 3 (--real STORE, a packed store of tiny-local-cpu's model: `moetier store p
 concurrency (--advised PREFIX: PREFIX-c1, -c2, -c4 in the user registry, default `tiny-local-cpu-advised`: run
 `moetier advise tiny-local-cpu` first), --repeats interleaved rounds (shipped, advice c1, c2, c4; then the reverse;
 ...), each for --run-steps steps, no run record written; per recipe and concurrency the median measured tok/s,
-the min-max, the predicted tok/s and whether the measured median fell inside the predicted interval. Writes benchmarks/advise-real.json beside --out.
+the min-max, the predicted tok/s and whether the measured median fell inside the predicted interval, and the
+ratio advised / shipped paired by round (runs of one round are neighbours in time). Writes
+benchmarks/advise-real.json beside --out.
 
 Where a candidate's seconds go (--phases RECIPE): one rung-0 cell of the search (advise.fidelities' shortest
 replay), timed by phase (recipe resolve, trace load, Streams, seeding, warm-up replay, measured steps) in this
@@ -78,15 +80,17 @@ def rate(rid: str, n: int, steps: int, workers: int) -> dict:
             "candidates_per_s": res["candidates"] / wall, "replays_per_s": res["cells"] / wall}
 
 
-def real(store: str, advised: str, repeats: int, steps: int) -> dict:
+def real(store: str, advised: str, repeats: int, steps: int, shipped_id: str = "tiny-local-cpu") -> dict:
     """Goal 3 (module docstring): per concurrency the shipped recipe and that concurrency's advice, run for real."""
     import statistics
     import subprocess
     ids = {c: f"{advised}-c{c}" for c in CONCS}
-    for c, rid in ids.items():
-        spec.load_record("recipe", rid)          # a missing advice is one line before anything runs
+    missing = [rid for rid in ids.values() if rid not in spec.record_ids("recipe")]
+    if missing:          # one line before anything runs
+        raise SystemExit(f"--advised {advised}: no recipe {', '.join(missing)} in the registry; expected the "
+                         f"records `moetier advise {shipped_id}` writes")
     # one run of the shipped recipe covers every concurrency; each advice runs at its own
-    jobs = [("tiny-local-cpu", CONCS)] + [(ids[c], (c,)) for c in CONCS]
+    jobs = [(shipped_id, CONCS)] + [(ids[c], (c,)) for c in CONCS]
     got: dict = {}
     for i in range(repeats):
         for rid, concs in (jobs if i % 2 == 0 else jobs[::-1]):
@@ -103,10 +107,16 @@ def real(store: str, advised: str, repeats: int, steps: int) -> dict:
         m = [r["measured_tok_s"] for r in rows]
         iv = rows[0]["sim_interval"]
         med = statistics.median(m)
-        out.setdefault("shipped" if rid == "tiny-local-cpu" else "advised", {})[str(c)] = {
+        out.setdefault("shipped" if rid == shipped_id else "advised", {})[str(c)] = {
             "recipe": rid, "measured": m, "measured_median": med, "measured_min": min(m), "measured_max": max(m),
             "sim_tok_s": rows[0]["sim_tok_s"], "sim_interval": iv, "inside": iv["low"] <= med <= iv["high"]}
-    return {"store": store, "repeats": repeats, "steps": steps, "recipes": out,
+    # runs of one round are neighbours in time: their ratio cancels most of the machine's drift between rounds
+    paired = {}
+    for c in map(str, CONCS):
+        r = [a / b for a, b in zip(out["advised"][c]["measured"], out["shipped"][c]["measured"])]
+        paired[c] = {"ratios": r, "median": statistics.median(r), "advised_faster": sum(x > 1 for x in r),
+                     "predicted": out["advised"][c]["sim_tok_s"] / out["shipped"][c]["sim_tok_s"]}
+    return {"store": store, "repeats": repeats, "steps": steps, "recipes": out, "paired": paired,
             "advised_ge_shipped": {str(c): out["advised"][str(c)]["measured_median"] >=
                                    out["shipped"][str(c)]["measured_median"] for c in CONCS}}
 
@@ -219,6 +229,12 @@ def main(argv=None) -> int:
                 print(f"| C{c} | {p['recipe']} | {p['measured_median']:.2f} ({p['measured_min']:.2f}-"
                       f"{p['measured_max']:.2f}) | {p['sim_tok_s']:.2f} | {p['sim_interval']['low']:.2f}-"
                       f"{p['sim_interval']['high']:.2f} | {'yes' if p['inside'] else 'no'} |")
+        print("\nadvised / shipped, paired by round")
+        print("| conc | measured ratio, median (min-max) | rounds the advice was faster | predicted ratio |")
+        print("|---|---|---|---|")
+        for c, p in doc["paired"].items():
+            print(f"| C{c} | {p['median']:.3f} ({min(p['ratios']):.3f}-{max(p['ratios']):.3f}) | "
+                  f"{p['advised_faster']} of {len(p['ratios'])} | {p['predicted']:.3f} |")
         return 0
     recipes = a.recipes or shipped()
     rows = []

@@ -1,6 +1,6 @@
 """The lever study is one call of advise's what-if table: a fixed path of recipe overrides and hardware edits,
 each a full replay, stacked on the ones before it but for a reference row; examples/levers.py is that call."""
-import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,11 +60,9 @@ def test_a_ram_cap_is_a_budget_override_on_a_fixed_path():
 
 
 def _levers():
-    p = Path(__file__).resolve().parents[1] / "examples" / "levers.py"
-    spec_ = importlib.util.spec_from_file_location("levers_example", p)
-    mod = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(mod)
-    return mod
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import levers
+    return levers
 
 
 def test_levers_example_is_one_call_of_the_table(monkeypatch, tmp_path):
