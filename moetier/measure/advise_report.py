@@ -74,9 +74,9 @@ def upgrade_table(recipe: str, base: dict | None = None, *, concs, steps, upgrad
                   trace=None, workers=None, ray=None, base_overrides=()) -> list[dict]:
     """One row per what-if (module docstring). ``upgrades``: [{name, sets (recipe overrides), hw
     (advise.upgrade_recipe's edits), ram_gb (a RAM cap, None: unchanged), alone (true: on the recipe alone, not
-    carried to the next)}] or {name, why}; default advise.upgrades of ``base``'s start. ``search``: search each what-if again (``lim``, ``n``,
-    ``seed``) or replay the recipe with it as it is (a fixed path, such as examples/levers.py's). ``cumulative``:
-    each what-if on top of the ones before it."""
+    carried to the next)}] or {name, why}; default advise.upgrades of ``base``'s start. ``search``: search each
+    what-if again (``lim``, ``n``, ``seed``) or replay the recipe with it as it is (a fixed path, such as
+    examples/levers.py's). ``cumulative``: each what-if on top of the ones before it."""
     ups = A.upgrades(base["R0"]) if upgrades is None else upgrades
     kw = dict(trace=trace, workers=workers, ray=ray)
     steps_of, acc, hw_acc = [], [], {}
