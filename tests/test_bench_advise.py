@@ -1,6 +1,9 @@
-"""benchmarks/bench_advise.py --phases: a rung-0 cell's seconds split by phase, the phases adding up to the cell."""
+"""benchmarks/bench_advise.py: --phases (a rung-0 cell's seconds by phase, adding up to the cell) and --real (the
+shipped recipe and each concurrency's advice run for real, paired by round)."""
 import sys
 from pathlib import Path
+
+import pytest
 
 from moetier.measure import advise as A
 
@@ -43,7 +46,6 @@ def test_real_runs_each_advice_at_its_own_concurrency_paired_by_round(tiny_ci_st
 
 
 def test_real_without_the_advice_is_one_line_before_any_run(tiny_ci_store):
-    import pytest
     with pytest.raises(SystemExit) as e:
         b.real(tiny_ci_store, "nobody", 1, 6, shipped_id="tiny-ci-cpu")
     assert "nobody-c1" in str(e.value) and "moetier advise tiny-ci-cpu" in str(e.value)
