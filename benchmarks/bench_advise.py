@@ -3,6 +3,7 @@
     python benchmarks/bench_advise.py [--recipes ID ...] [--candidates 24] [--steps 150] [--workers 2]
                                       [--rate-recipe tiny-local-cpu] [--out benchmarks/advise.json] [--json]
     python benchmarks/bench_advise.py --real STORE [--advised ID] [--repeats 5] [--run-steps 100]
+    python benchmarks/bench_advise.py --phases RECIPE [--conc 1] [--repeats 5]
 
 Goal 1: on every shipped GLM and Qwen recipe (ids starting glm53- or qwen38fn-, or --recipes) at its own memory
 (the recipe's RAM cap, VRAM reserve as its slots leave), the advised configuration's simulated tok/s at C1, C2, C4
@@ -12,11 +13,18 @@ candidates that got at least one replay, over the search's wall time, pool start
 and on --rate-recipe (a cheap one), with replays per second beside it. Writes the JSON (--out) and prints markdown.
 
 Goal 3 (--real STORE, a packed store of tiny-local-cpu's model: `moetier store pack moetier-tiny-16x64-int8`):
-`moetier run` of the shipped tiny-local-cpu and of the advised recipe (--advised, default the C1 advice
-`tiny-local-cpu-advised-c1` in the user registry: run `moetier advise tiny-local-cpu` first), --repeats interleaved
-rounds (shipped, advised; advised, shipped; ...), each run at C1, C2, C4 for --run-steps steps, no run record
-written; per recipe and concurrency the median measured tok/s, the min-max, the predicted tok/s and whether the
-measured median fell inside the predicted interval. Writes benchmarks/advise-real.json beside --out.
+`moetier run` of the shipped tiny-local-cpu (at C1, C2, C4) and of each concurrency's advice at its own
+concurrency (--advised PREFIX: PREFIX-c1, -c2, -c4 in the user registry, default `tiny-local-cpu-advised`: run
+`moetier advise tiny-local-cpu` first), --repeats interleaved rounds (shipped, advice c1, c2, c4; then the reverse;
+...), each for --run-steps steps, no run record written; per recipe and concurrency the median measured tok/s,
+the min-max, the predicted tok/s and whether the measured median fell inside the predicted interval, and the
+ratio advised / shipped paired by round (runs of one round are neighbours in time). Writes
+benchmarks/advise-real.json beside --out.
+
+Where a candidate's seconds go (--phases RECIPE): one rung-0 cell of the search (advise.fidelities' shortest
+replay), timed by phase (recipe resolve, trace load, Streams, seeding, warm-up replay, measured steps) in this
+fresh process, first the cell a new pool worker pays (imports and caches cold) and then warm cells (median of
+--repeats, another candidate each time so that nothing is reused but what the worker keeps between cells).
 """
 from __future__ import annotations
 
@@ -72,34 +80,110 @@ def rate(rid: str, n: int, steps: int, workers: int) -> dict:
             "candidates_per_s": res["candidates"] / wall, "replays_per_s": res["cells"] / wall}
 
 
-def real(store: str, advised: str, repeats: int, steps: int) -> dict:
+def real(store: str, advised: str, repeats: int, steps: int, shipped_id: str = "tiny-local-cpu") -> dict:
+    """Goal 3 (module docstring): per concurrency the shipped recipe and that concurrency's advice, run for real."""
     import statistics
     import subprocess
-    recipes = ("tiny-local-cpu", advised)
-    runs: dict = {r: [] for r in recipes}
+    ids = {c: f"{advised}-c{c}" for c in CONCS}
+    missing = [rid for rid in ids.values() if rid not in spec.record_ids("recipe")]
+    if missing:          # one line before anything runs
+        raise SystemExit(f"--advised {advised}: no recipe {', '.join(missing)} in the registry; expected the "
+                         f"records `moetier advise {shipped_id}` writes")
+    # one run of the shipped recipe covers every concurrency; each advice runs at its own
+    jobs = [(shipped_id, CONCS)] + [(ids[c], (c,)) for c in CONCS]
+    got: dict = {}
     for i in range(repeats):
-        for rid in (recipes if i % 2 == 0 else recipes[::-1]):
-            cmd = [sys.executable, "-m", "moetier", "run", rid, "--store", store, "--conc", *map(str, CONCS),
+        for rid, concs in (jobs if i % 2 == 0 else jobs[::-1]):
+            cmd = [sys.executable, "-m", "moetier", "run", rid, "--store", store, "--conc", *map(str, concs),
                    "--steps", str(steps), "--no-record", "--json", "--quiet"]
             p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
             if p.returncode:
                 raise SystemExit(f"{' '.join(cmd)}: exit {p.returncode}: {p.stderr.strip()[-400:]}")
-            runs[rid].append(json.loads(p.stdout)["table"])
+            for row in json.loads(p.stdout)["table"]:
+                got.setdefault((rid, int(row["conc"])), []).append(row)
             print(f"round {i + 1}: {rid} done", file=sys.stderr)
-    out = {}
-    for rid, tables in runs.items():
-        per = {}
-        for j, c in enumerate(CONCS):
-            m = [t[j]["measured_tok_s"] for t in tables]
-            iv = tables[0][j]["sim_interval"]
-            med = statistics.median(m)
-            per[str(c)] = {"measured_median": med, "measured_min": min(m), "measured_max": max(m),
-                           "sim_tok_s": tables[0][j]["sim_tok_s"], "sim_interval": iv,
-                           "inside": iv["low"] <= med <= iv["high"]}
-        out[rid] = per
-    return {"store": store, "repeats": repeats, "steps": steps, "recipes": out,
-            "advised_ge_shipped": {str(c): out[advised][str(c)]["measured_median"] >=
-                                   out["tiny-local-cpu"][str(c)]["measured_median"] for c in CONCS}}
+    out: dict = {}
+    for (rid, c), rows in got.items():
+        m = [r["measured_tok_s"] for r in rows]
+        iv = rows[0]["sim_interval"]
+        med = statistics.median(m)
+        out.setdefault("shipped" if rid == shipped_id else "advised", {})[str(c)] = {
+            "recipe": rid, "measured": m, "measured_median": med, "measured_min": min(m), "measured_max": max(m),
+            "sim_tok_s": rows[0]["sim_tok_s"], "sim_interval": iv, "inside": iv["low"] <= med <= iv["high"]}
+    # runs of one round are neighbours in time: their ratio cancels most of the machine's drift between rounds
+    paired = {}
+    for c in map(str, CONCS):
+        r = [a / b for a, b in zip(out["advised"][c]["measured"], out["shipped"][c]["measured"])]
+        paired[c] = {"ratios": r, "median": statistics.median(r), "advised_faster": sum(x > 1 for x in r),
+                     "predicted": out["advised"][c]["sim_tok_s"] / out["shipped"][c]["sim_tok_s"]}
+    return {"store": store, "repeats": repeats, "steps": steps, "recipes": out, "paired": paired,
+            "advised_ge_shipped": {str(c): out["advised"][str(c)]["measured_median"] >=
+                                   out["shipped"][str(c)]["measured_median"] for c in CONCS}}
+
+
+PHASES = ("recipe resolve", "trace load", "Streams", "seeding", "warm-up replay", "measured steps")
+
+
+def phases(rid: str, conc: int, repeats: int) -> dict:
+    """Seconds per phase of one rung-0 cell (module docstring): the cell runs through advise.run_cell as the pool
+    runs it, with timers around the phases' functions for the length of the call."""
+    import contextlib
+    import statistics
+    from moetier.core import sim
+    from moetier.measure import advise as A
+    t0 = time.perf_counter()
+    A.run_cell(A.cell("tiny-ci-cpu", [], 1, 1, 1, None))     # the imports and caches any worker's first cell loads
+    setup = time.perf_counter() - t0
+    st, wu = A.fidelities(150, 1000)[0]
+    acc: dict = {}
+
+    @contextlib.contextmanager
+    def timed(mod, name, key):
+        f = getattr(mod, name)
+
+        def g(*a, **k):
+            t = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                acc[key] = acc.get(key, 0.0) + time.perf_counter() - t
+        setattr(mod, name, g)
+        try:
+            yield
+        finally:
+            setattr(mod, name, f)
+
+    def cell(ovr: list) -> dict:
+        acc.clear()
+        marks: dict = {}
+        run = sim.run
+
+        def hooked(R, tr, c, **k):
+            return run(R, tr, c, plan_hook=lambda step, layer, plan: marks.setdefault(step, time.perf_counter()),
+                       **k)
+        with timed(spec, "resolve", "recipe resolve"), timed(S, "_trace", "trace load"), \
+                timed(sim, "Streams", "Streams"), timed(sim, "_seed", "seeding"):
+            sim.run = hooked
+            try:
+                t = time.perf_counter()
+                row = A.run_cell(A.cell(rid, ovr, conc, st, wu, None))
+                total = time.perf_counter() - t
+            finally:
+                sim.run = run
+        if "error" in row:
+            raise SystemExit(f"--phases {rid}: {row['error']}")
+        steps = sorted(marks)
+        first_measured = marks[steps[len(steps) - st]]
+        acc["warm-up replay"] = first_measured - marks[steps[0]]
+        acc["measured steps"] = t + total - first_measured      # and the report's few lines after the last step
+        acc["total"] = total
+        return dict(acc)
+    others = [n for n in space.residency_names() if n != "lru"][:repeats]
+    first = cell([])
+    warm = [cell([f'policy.ram_evict="{n}"']) for n in others]
+    med = {k: statistics.median(w.get(k, 0.0) for w in warm) for k in (*PHASES, "total")}
+    return {"recipe": rid, "conc": conc, "warmup_tokens": wu, "measured_steps": st, "setup_s": setup,
+            "first": first, "warm_median": med, "warm_cells": len(warm)}
 
 
 def main(argv=None) -> int:
@@ -113,21 +197,46 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "advise.json"), help="JSON results file")
     ap.add_argument("--json", action="store_true", help="print the JSON instead of the tables")
     ap.add_argument("--real", metavar="STORE", help="goal 3 only: run tiny-local-cpu and its advice for real")
-    ap.add_argument("--advised", default="tiny-local-cpu-advised-c1", help="the advised recipe id (with --real)")
+    ap.add_argument("--advised", default="tiny-local-cpu-advised",
+                    help="the advice's id prefix: PREFIX-c1, -c2, -c4 (with --real; advise's default)")
     ap.add_argument("--repeats", type=int, default=5, help="interleaved rounds (with --real; default 5)")
     ap.add_argument("--run-steps", type=int, default=100, help="measured steps per run (with --real)")
+    ap.add_argument("--phases", metavar="RECIPE", help="where one rung-0 cell's seconds go (module docstring)")
+    ap.add_argument("--conc", type=int, default=1, help="the cell's concurrency (with --phases; default 1)")
     a = ap.parse_args(argv)
+    if a.phases:
+        doc = phases(a.phases, a.conc, a.repeats)
+        if a.json:
+            print(json.dumps(doc, indent=1, sort_keys=True))
+            return 0
+        w = doc["warm_median"]
+        print(f"{a.phases}: one rung-0 cell at C{a.conc} ({doc['warmup_tokens']} warm-up tokens, "
+              f"{doc['measured_steps']} measured steps); a new worker's set-up (imports, compiled-code caches, "
+              f"one tiny-ci-cpu cell) {doc['setup_s']:.2f} s")
+        print(f"| phase | first cell in a worker (s) | warm cell, median of {doc['warm_cells']} (s) | share |")
+        print("|---|---|---|---|")
+        for k in (*PHASES, "total"):
+            print(f"| {k} | {doc['first'].get(k, 0.0):.3f} | {w[k]:.3f} | {w[k] / w['total']:.0%} |")
+        return 0
     if a.real:
         doc = real(a.real, a.advised, a.repeats, a.run_steps)
         Path(a.out).with_name("advise-real.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n",
                                                              encoding="utf-8")
-        print("| recipe | conc | measured median (min-max) | predicted | interval | inside |")
+        print(f"measured decode tok/s, {a.repeats} interleaved repeats of {a.run_steps} steps, store {a.real}")
+        print("| conc | recipe | measured median (min-max) | predicted | interval | inside |")
         print("|---|---|---|---|---|---|")
-        for rid, per in doc["recipes"].items():
-            for c, p in per.items():
-                print(f"| {rid} | C{c} | {p['measured_median']:.2f} ({p['measured_min']:.2f}-{p['measured_max']:.2f})"
-                      f" | {p['sim_tok_s']:.2f} | {p['sim_interval']['low']:.2f}-{p['sim_interval']['high']:.2f} | "
-                      f"{p['inside']} |")
+        for c in CONCS:
+            for side in ("shipped", "advised"):
+                p = doc["recipes"][side][str(c)]
+                print(f"| C{c} | {p['recipe']} | {p['measured_median']:.2f} ({p['measured_min']:.2f}-"
+                      f"{p['measured_max']:.2f}) | {p['sim_tok_s']:.2f} | {p['sim_interval']['low']:.2f}-"
+                      f"{p['sim_interval']['high']:.2f} | {'yes' if p['inside'] else 'no'} |")
+        print("\nadvised / shipped, paired by round")
+        print("| conc | measured ratio, median (min-max) | rounds the advice was faster | predicted ratio |")
+        print("|---|---|---|---|")
+        for c, p in doc["paired"].items():
+            print(f"| C{c} | {p['median']:.3f} ({min(p['ratios']):.3f}-{max(p['ratios']):.3f}) | "
+                  f"{p['advised_faster']} of {len(p['ratios'])} | {p['predicted']:.3f} |")
         return 0
     recipes = a.recipes or shipped()
     rows = []

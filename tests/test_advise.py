@@ -153,8 +153,13 @@ def test_pareto_front():
 def test_cli_writes_records_of_its_own_and_refuses_to_replace_them(tmp_path, capsys, user_registry):
     args = ["advise", TINY, "--conc", "1", "--candidates", "4", "--steps", "16", "--workers", "2"]
     assert main(args + ["--json", "--plot", str(tmp_path / "p.png")]) == 0
-    d = json.loads(capsys.readouterr().out)
+    cap = capsys.readouterr()
+    d = json.loads(cap.out)
     rec = spec.load_record("recipe", f"{TINY}-advised-c1")
+    path = spec.record_path("recipe", rec["id"])
+    assert d["written"] == [{"kind": "recipe", "id": rec["id"], "path": str(path)}]
+    # the form every command that writes records prints (moetier.measure.write's callers)
+    assert f"wrote recipe {rec['id']}: {path}" in cap.err.splitlines()
     assert rec["status"] == "what-if" and not spec.is_shipped("recipe", rec["id"])
     R = spec.resolve(rec["id"])                                   # a valid recipe that resolves
     assert d["advice"]["1"]["best"]["overrides"] == [] or R.raw != spec.load_record("recipe", TINY)
@@ -162,6 +167,8 @@ def test_cli_writes_records_of_its_own_and_refuses_to_replace_them(tmp_path, cap
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert "exists" in err and "--force" in err and len(err.splitlines()) == 1
+    assert main(args + ["--force"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote recipe {rec['id']}: {path}"
 
 
 def test_cli_impossible_and_unreachable_targets(capsys):

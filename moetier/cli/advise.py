@@ -6,7 +6,8 @@ Contract: ``moetier advise [RECIPE | --model M --hardware H [--engines E ...]] [
 [--steps N] [--workers N | --ray ADDRESS] [--id PREFIX] [--force] [--no-write] [--upgrades] [--plot PNG] [--json]``
 prints, per concurrency, the starting and the advised tok/s with the advice's interval, what bounds it and which
 knobs mattered; writes each advised recipe to the user registry as ``<PREFIX>-c<N>`` (default prefix
-``<recipe>-advised``; an existing record is replaced only with --force, and the id is checked before the search);
+``<recipe>-advised``; an existing record is replaced only with --force, and the id is checked before the search),
+printing ``wrote recipe <id>: <path>`` for each (on stderr with --json);
 with --target, a target no placement can reach is one line and exit 2 before the search, and a target the search
 does not reach says the best reachable and exits 1 (the advice is still printed and written). Bad limits: one
 line, exit 2. Search and output: docs/advise.md.
@@ -101,7 +102,8 @@ def cmd_advise(args) -> int:
     written = []
     if args.write:
         recs = [("recipe", AR.record(R0, out["best"][c], ids[c], c, args.seed)) for c in out["best"]]
-        written = [str(p) for p in spec.write_records(recs, force=args.force)]
+        written = [{"kind": kind, "id": rec["id"], "path": str(path)}
+                   for (kind, rec), path in zip(recs, spec.write_records(recs, force=args.force))]
     if args.plot:
         _plots(args, out, rid)
     short = [c for c in args.conc if args.target is not None and
@@ -109,7 +111,9 @@ def cmd_advise(args) -> int:
     if args.json:
         _emit(_doc(rid, out, ids, written, args))
     else:
-        _print(rid, out, ids, written, args)
+        _print(rid, out, args)
+    for w in written:             # the form every command that writes records uses (moetier.measure.write)
+        print(f"wrote {w['kind']} {w['id']}: {w['path']}", file=sys.stderr if args.json else sys.stdout)
     if short:
         best = ", ".join(f"C{c} {out['best'][c]['tok_s']:.2f}" for c in short if c in out["best"])
         print(f"advise: target {args.target:g} tok/s not reached at {', '.join(f'C{c}' for c in short)}; best "
@@ -153,7 +157,7 @@ def _doc(rid, out, ids, written, args) -> dict:
                              for u in out["upgrades"]]} if "upgrades" in out else {})}
 
 
-def _print(rid, out, ids, written, args) -> None:
+def _print(rid, out, args) -> None:
     from moetier.cli.render import table
     rows = []
     for c, b in out["best"].items():
@@ -177,5 +181,3 @@ def _print(rid, out, ids, written, args) -> None:
               [[u["name"], *[f"{u['gain'][c]:+.2f}" if c in u.get("gain", {}) else "-" for c in args.conc],
                 u.get("why", "")] for u in out["upgrades"]],
               title="what to buy next: tok/s gained over the advice, each upgrade searched again")
-    for p in written:
-        print(f"wrote {p}")

@@ -9,8 +9,11 @@ Contract
   "seconds", "candidates", "cells"}; ``best[c]`` / ``start[c]`` are full-replay rows.
 - ``record(R0, row, rid, conc, seed)`` is the advised recipe record: the starting record with the winning overrides,
   its own id and status "what-if", a note saying where it came from. The caller writes it (moetier.core.records).
-- ``upgrades(recipe, base, ...)``: for each upgrade of advise.upgrades the search again on the upgraded machine;
-  rows {name, gain: {conc: tok/s gained over ``base``'s best}} or {name, why} where the records cannot express it.
+- ``upgrade_table(recipe, base, ...)``: one row per what-if: by default each upgrade of advise.upgrades, searched
+  again on the upgraded machine, rows {name, best: {conc: tok/s}, gain: {conc: tok/s gained over ``base``'s best},
+  ...} or {name, why} where the records cannot express it. Given a fixed path of what-ifs (recipe overrides, such
+  as software changes, and hardware edits), ``search=False`` replays the recipe with each as it is and
+  ``cumulative=True`` stacks each on the ones before it: the lever study (examples/levers.py) is that one call.
 - ``target_check(R0, target, concs)``: a target above what no placement can reach (all MoE time gone: the
   non-MoE time alone) is a UserError naming that ceiling.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import json
 import os
 import time
 
@@ -65,20 +69,58 @@ def advise(recipe: str, *, lim, concs=(1, 2, 4), n: int = 64, seed: int = 0, ste
     return out
 
 
-def upgrade_table(recipe: str, base: dict, *, lim, concs, n, seed, steps, executor=None, progress=None,
-                  **kw) -> list[dict]:
-    out = []
-    for u in A.upgrades(base["R0"]):
+def upgrade_table(recipe: str, base: dict | None = None, *, concs, steps, upgrades=None, search: bool = True,
+                  cumulative: bool = False, lim=None, n: int = 64, seed: int = 0, executor=None, progress=None,
+                  trace=None, workers=None, ray=None, base_overrides=()) -> list[dict]:
+    """One row per what-if (module docstring). ``upgrades``: [{name, sets (recipe overrides), hw
+    (advise.upgrade_recipe's edits), ram_gb (a RAM cap, None: unchanged), alone (true: on the recipe alone, not
+    carried to the next)}] or {name, why}; default advise.upgrades of ``base``'s start. ``search``: search each
+    what-if again (``lim``, ``n``, ``seed``) or replay the recipe with it as it is (a fixed path, such as
+    examples/levers.py's). ``cumulative``: each what-if on top of the ones before it."""
+    ups = A.upgrades(base["R0"]) if upgrades is None else upgrades
+    kw = dict(trace=trace, workers=workers, ray=ray)
+    steps_of, acc, hw_acc = [], [], {}
+    for u in ups:
         if "why" in u:
+            steps_of.append(None)
+            continue
+        ram = [] if u.get("ram_gb") is None or search else [f"budget.ram_gb={json.dumps(u['ram_gb'])}"]
+        lead, hw_lead = ([], {}) if u.get("alone") or not cumulative else (acc, hw_acc)
+        sets, hw = lead + list(u.get("sets", ())) + ram, {**hw_lead, **u.get("hw", {})}
+        if cumulative and not u.get("alone"):
+            acc, hw_acc = sets, hw
+        steps_of.append((sets, hw))
+    if search:
+        found = []
+        for u, st in zip(ups, steps_of):
+            if st is None:
+                found.append(None)
+                continue
+            lim_u = dataclasses.replace(lim, ram_gb=u["ram_gb"]) if u.get("ram_gb") is not None else lim
+            res = A.search(recipe, concs=concs, lim=lim_u, n=n, seed=seed, steps=steps, hw=st[1], executor=executor,
+                           progress=progress, base_overrides=list(base_overrides) + st[0], **kw)
+            found.append(res["best"])
+    else:
+        # a fixed path: every what-if at every concurrency is one full replay, all of them in one batch
+        cells = [A.cell(recipe, list(base_overrides) + st[0], c, steps, None, trace, st[1])
+                 for st in steps_of if st is not None for c in concs]
+        done = iter(A._run(cells, executor=executor, progress=progress, total=len(cells), workers=workers,
+                           ray=ray))
+        found = [None if st is None else {c: next(done) for c in concs} for st in steps_of]
+    out = []
+    for u, st, best in zip(ups, steps_of, found):
+        if st is None:
             out.append({"name": u["name"], "why": u["why"]})
             continue
-        lim_u = dataclasses.replace(lim, ram_gb=u["ram_gb"]) if u["ram_gb"] is not None else lim
-        res = A.search(recipe, concs=concs, lim=lim_u, n=n, seed=seed, steps=steps, hw=u["hw"], executor=executor,
-                       progress=progress, **kw)
-        gain = {c: res["best"][c]["tok_s"] - base["best"][c]["tok_s"]
-                for c in concs if c in res["best"] and c in base["best"]}
-        out.append({"name": u["name"], "gain": gain, "best": {c: res["best"][c]["tok_s"] for c in res["best"]},
-                    "overrides": {c: res["best"][c]["overrides"] for c in res["best"]}})
+        ok = {c: r for c, r in best.items() if "error" not in r}
+        row = {"name": u["name"], "sets": st[0], "hw": st[1], "best": {c: r["tok_s"] for c, r in ok.items()},
+               "overrides": {c: r["overrides"] for c, r in ok.items()}}
+        if not search:
+            row["rows"] = best              # the replays themselves: a fixed path reads their terms
+        if base is not None:
+            row["gain"] = {c: ok[c]["tok_s"] - base["best"][c]["tok_s"] for c in concs
+                           if c in ok and c in base["best"]}
+        out.append(row)
     return out
 
 
