@@ -19,6 +19,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from moetier.cli import progress  # noqa: E402
+from moetier.cli.common import positive_int  # noqa: E402
+from moetier.cli.outpath import file_arg  # noqa: E402
 from moetier.measure import advise_report as AR  # noqa: E402
 
 RECIPE = "glm53-rtx3090-55g-nvx4"
@@ -60,9 +62,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", default="warmup", choices=["warmup", "oracle"],
                     help="tier seeding: warmup (held-out warm-up tokens) or oracle (the reference's)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
-    ap.add_argument("--plot", metavar="PNG", help="also draw the study: bars per lever and concurrency")
+    ap.add_argument("--plot", metavar="PNG", type=file_arg("--plot"), help="also draw the study: bars per lever and concurrency")
     ap.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    ap.add_argument("--workers", type=int, help="replays at once (default: the CPU count)")
+    ap.add_argument("--workers", type=positive_int, help="replays at once (default: the CPU count)")
     a = ap.parse_args(argv)
     with progress.session(quiet=a.quiet):
         rows = study(a.seed, workers=a.workers)
