@@ -124,6 +124,31 @@ def test_what_mattered_is_the_loss_when_a_knob_is_put_back(advised):
             assert it["lost_tok_s"] == pytest.approx(best["tok_s"] - row["tok_s"])
 
 
+def test_knobs_that_pay_nothing_are_put_back(advised, pool):
+    """A best that also changes knobs with no effect (the predictor and its budget while prefetch is off) is
+    replaced by the same best without them, and only what is left is attributed."""
+    R = spec.resolve(TINY)
+    assert R.policy["prefetch"]["depth"] == 0
+    res = A.search(TINY, concs=(1,), lim=space.limits(R), executor=pool, **SMALL)
+    knobs = res["knobs"]
+    at = {k.name: i for i, k in enumerate(knobs)}
+    real = tuple(res["best"][1]["cand"])
+    padded = list(real)
+    padded[at["prefetch predictor"]], padded[at["prefetch budget"]] = 1, 1
+    assert real[at["prefetch depth"]] == 0 and tuple(padded) != real
+    row = A.run_cell(A.cell(TINY, A.overrides(knobs, padded), 1, res["rungs"][-1][0], None, None, None, padded))
+    res["best"][1] = {**row, "rung": len(res["rungs"]) - 1}
+    mattered = A.attribution(res, executor=pool)
+    idle = {it["knob"] for it in mattered[1] if it["lost_tok_s"] == 0}
+    assert {"prefetch predictor", "prefetch budget"} <= idle
+    final = A.simplify(res, mattered, executor=pool)
+    best = res["best"][1]
+    assert tuple(best["cand"]) == real and best["tok_s"] == row["tok_s"]
+    assert not any("predictor" in o or "budget=" in o for o in best["overrides"])
+    assert {it["knob"] for it in final[1]} == {knobs[i].name for i, j in enumerate(real) if j}
+    assert all(it["lost_tok_s"] > 0 for it in final[1])
+
+
 def test_interval_brackets_the_advice(advised):
     for c, iv in advised["interval"].items():
         assert iv["low"] <= advised["best"][c]["tok_s"] <= iv["high"]

@@ -17,6 +17,10 @@ Contract
   survivors in full. Ties break on the candidate's index, so the result is deterministic for a seed. ``rows`` keeps every row tried (the Pareto view reads them).
 - ``attribution(...)``: for the best candidate per concurrency, the tok/s lost when each changed knob alone is put
   back to the starting value (full replays).
+- ``simplify(res, mattered, ...)``: the advice changes only knobs that pay. Where knobs of a best lose nothing when
+  put back (a predictor while prefetch is off, a policy no pick reaches), the best with all of them put back is
+  replayed in full and replaces it when it is at least as fast; its knobs are attributed again. Returns the
+  attribution of the final bests (``res["best"]`` is updated in place).
 """
 from __future__ import annotations
 
@@ -259,6 +263,35 @@ def attribution(res: dict, *, trace=None, workers=None, ray=None, executor=None,
     for c in out:
         out[c].sort(key=lambda x: -(x["lost_tok_s"] if x["lost_tok_s"] is not None else -1e300))
     return out
+
+
+def simplify(res: dict, mattered: dict, *, trace=None, workers=None, ray=None, executor=None, hw=None,
+             base_overrides=()) -> dict:
+    """Put back every knob that pays nothing (module docstring); returns the final bests' attribution."""
+    knobs, steps, last = res["knobs"], res["rungs"][-1][0], len(res["rungs"]) - 1
+    index = {k.name: i for i, k in enumerate(knobs)}
+    trial = {}
+    for c, items in mattered.items():
+        idle = {index[it["knob"]] for it in items if it["lost_tok_s"] is not None and it["lost_tok_s"] <= 0}
+        if idle:
+            trial[c] = tuple(0 if i in idle else j for i, j in enumerate(res["best"][c]["cand"]))
+    if not trial:
+        return mattered
+    cells = [cell(res["recipe"], list(base_overrides) + overrides(knobs, cand), c, steps, None, trace, hw, cand)
+             for c, cand in trial.items()]
+    changed = {}
+    for c, row in zip(trial, _run(cells, workers=workers, ray=ray, executor=executor)):
+        if "error" not in row and row["tok_s"] >= res["best"][c]["tok_s"]:
+            row["rung"], row["_idx"] = last, res["candidates"]
+            res["candidates"] += 1
+            changed[c] = row
+    if not changed:
+        return mattered
+    res["best"].update(changed)
+    res["rows"] += changed.values()        # the Pareto view's points
+    again = attribution({**res, "best": changed}, trace=trace, workers=workers, ray=ray, executor=executor, hw=hw,
+                        base_overrides=base_overrides)
+    return {**mattered, **again}
 
 
 def pareto(points: list) -> list[bool]:

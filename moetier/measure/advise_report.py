@@ -4,8 +4,8 @@ recipe records, and what to buy next.
 Contract
 --------
 - ``advise(recipe, ...)`` runs moetier.measure.advise.search on one process pool (or Ray) kept for the whole call,
-  then per concurrency replays the best at the interval's slow and fast corners (moetier.core.interval) and puts
-  each changed knob back (advise.attribution). Returns {"search", "best", "start", "interval", "mattered",
+  then per concurrency puts each changed knob back (advise.attribution), drops those that pay nothing
+  (advise.simplify) and replays the best at the interval's slow and fast corners (moetier.core.interval). Returns {"search", "best", "start", "interval", "mattered",
   "seconds", "candidates", "cells"}; ``best[c]`` / ``start[c]`` are full-replay rows.
 - ``record(R0, row, rid, conc, seed)`` is the advised recipe record: the starting record with the winning overrides,
   its own id and status "what-if", a note saying where it came from. The caller writes it (moetier.core.records).
@@ -53,6 +53,7 @@ def advise(recipe: str, *, lim, concs=(1, 2, 4), n: int = 64, seed: int = 0, ste
         res = A.search(recipe, concs=concs, lim=lim, n=n, seed=seed, steps=steps, progress=progress,
                        executor=ex, **kw)
         seconds = time.perf_counter() - t0
+        mattered = A.simplify(res, A.attribution(res, executor=ex, **kw), executor=ex, **kw)
         cells = [A.cell(recipe, res["best"][c]["overrides"], c, steps, None, trace, {"corner": side})
                  for c in res["best"] for side in ("slow", "fast")]
         corners = A._run(cells, executor=ex, workers=workers, ray=ray)
@@ -60,7 +61,6 @@ def advise(recipe: str, *, lim, concs=(1, 2, 4), n: int = 64, seed: int = 0, ste
         for i, c in enumerate(res["best"]):
             t = [r["tok_s"] for r in corners[2 * i:2 * i + 2] if "error" not in r]
             iv[c] = {"low": min(t), "high": max(t)} if len(t) == 2 else None
-        mattered = A.attribution(res, executor=ex, **kw)
         out = {"search": res, "best": res["best"], "start": res["start"], "interval": iv, "mattered": mattered,
                "seconds": seconds, "candidates": res["candidates"], "cells": res["cells"]}
         if upgrades:
