@@ -2,7 +2,7 @@
 
     python benchmarks/bench_advise.py [--recipes ID ...] [--candidates 24] [--steps 150] [--workers 2]
                                       [--rate-recipe tiny-local-cpu] [--out benchmarks/advise.json] [--json]
-    python benchmarks/bench_advise.py --real STORE [--advised ID] [--repeats 5] [--run-steps 100]
+    python benchmarks/bench_advise.py --real STORE [--shipped ID] [--advised ID] [--repeats 5] [--run-steps 100]
     python benchmarks/bench_advise.py --phases RECIPE [--conc 1] [--repeats 5]
 
 Goal 1: on every shipped GLM and Qwen recipe (ids starting glm53- or qwen38fn-, or --recipes) at its own memory
@@ -13,9 +13,10 @@ candidates that got at least one replay, over the search's wall time, pool start
 and on --rate-recipe (a cheap one), with replays per second beside it. Writes the JSON (--out) and prints markdown.
 
 Goal 3 (--real STORE, a packed store of tiny-local-cpu's model: `moetier store pack moetier-tiny-16x64-int8`):
-`moetier run` of the shipped tiny-local-cpu (at C1, C2, C4) and of each concurrency's advice at its own
-concurrency (--advised PREFIX: PREFIX-c1, -c2, -c4 in the user registry, default `tiny-local-cpu-advised`: run
-`moetier advise tiny-local-cpu` first), --repeats interleaved rounds (shipped, advice c1, c2, c4; then the reverse;
+`moetier run` of the shipped tiny-local-cpu (--shipped: another starting recipe, such as this machine's
+`tiny-local-cpu-bench-cal` from `moetier bench` and `moetier calibrate`, whose predicted interval is this machine's;
+at C1, C2, C4) and of each concurrency's advice at its own concurrency (--advised PREFIX: PREFIX-c1, -c2, -c4 in the
+user registry, default `SHIPPED-advised`: run `moetier advise SHIPPED` first), --repeats interleaved rounds (shipped, advice c1, c2, c4; then the reverse;
 ...), each for --run-steps steps, no run record written; per recipe and concurrency the median measured tok/s,
 the min-max, the predicted tok/s and whether the measured median fell inside the predicted interval, and the
 ratio advised / shipped paired by round (runs of one round are neighbours in time). Writes
@@ -197,8 +198,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "advise.json"), help="JSON results file")
     ap.add_argument("--json", action="store_true", help="print the JSON instead of the tables")
     ap.add_argument("--real", metavar="STORE", help="goal 3 only: run tiny-local-cpu and its advice for real")
-    ap.add_argument("--advised", default="tiny-local-cpu-advised",
-                    help="the advice's id prefix: PREFIX-c1, -c2, -c4 (with --real; advise's default)")
+    ap.add_argument("--shipped", default="tiny-local-cpu",
+                    help="the recipe the advice started from (with --real; default tiny-local-cpu, or this machine's "
+                         "tiny-local-cpu-bench-cal, whose interval is this machine's)")
+    ap.add_argument("--advised", help="the advice's id prefix: PREFIX-c1, -c2, -c4 (with --real; default advise's: "
+                                      "SHIPPED-advised)")
     ap.add_argument("--repeats", type=int, default=5, help="interleaved rounds (with --real; default 5)")
     ap.add_argument("--run-steps", type=int, default=100, help="measured steps per run (with --real)")
     ap.add_argument("--phases", metavar="RECIPE", help="where one rung-0 cell's seconds go (module docstring)")
@@ -219,7 +223,7 @@ def main(argv=None) -> int:
             print(f"| {k} | {doc['first'].get(k, 0.0):.3f} | {w[k]:.3f} | {w[k] / w['total']:.0%} |")
         return 0
     if a.real:
-        doc = real(a.real, a.advised, a.repeats, a.run_steps)
+        doc = real(a.real, a.advised or f"{a.shipped}-advised", a.repeats, a.run_steps, a.shipped)
         Path(a.out).with_name("advise-real.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n",
                                                              encoding="utf-8")
         print(f"measured decode tok/s, {a.repeats} interleaved repeats of {a.run_steps} steps, store {a.real}")
