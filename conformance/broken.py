@@ -286,6 +286,8 @@ MUTANTS = (
     Mutant("fence-early", "fence", BrokenFenceEarly, "test_fence_leaves_nothing_pending",
            "returns with transfers pending"),
     Mutant("fence-never", "fence", BrokenFenceNever, "test_fence_leaves_nothing_pending", "never returns"),
+    Mutant("fence-never-in-a-run", "fence", BrokenFenceNever, "test_plan_parity_with_simulator",
+           "a run's closing fence never returns", ("cpu",)),
     Mutant("seq", "handles", BrokenSeq, "test_seq_monotonic", "seq runs backwards"),
     Mutant("slot-reuse", "fill", BrokenSlotReuse, _FILL, "staging slot reused before it was copied out"),
 )

@@ -185,17 +185,18 @@ class BrokenFenceEarly(_Held):
 
 
 class BrokenFenceNever(_Wrap):
-    """BROKEN: fence() never returns (it blocks until close(), so the process that gave up on it can end)."""
+    """BROKEN: fence() never returns, and so neither does close(), which fences first as the contract's close does
+    (both block on an event nothing sets; the process that gave up on them ends without them)."""
 
     def __init__(self, inner):
         super().__init__(inner)
-        self._closed = threading.Event()
+        self._never = threading.Event()
 
     def fence(self):
-        self._closed.wait()
+        self._never.wait()
 
     def close(self):
-        self._closed.set()
+        self.fence()
         self._inner.close()
 
 

@@ -31,7 +31,7 @@ LAYERS, EXPERTS = 2, 8
 NK = LAYERS * EXPERTS            # keys in a kit's store
 RAM_SCRATCH = 16
 VRAM_SCRATCH = 6
-FENCE_DEADLINE_S = 10.0          # a fence over the suite's few small transfers takes milliseconds
+FENCE_DEADLINE_S = 10.0          # a fence (or close) over the suite's few small transfers takes milliseconds
 
 
 def pytest_addoption(parser, pluginmanager):
@@ -124,7 +124,7 @@ class Kit:
         return k                                     # canonical: RAM slot k and VRAM slot k hold key k
 
     def close(self):
-        self.be.close()
+        close_within(self.be)
 
 
 @pytest.fixture(scope="session")
@@ -216,7 +216,7 @@ def runtime_backend(name: str, R, st, conc: int = 2):
         report.STATE["capabilities"] = caps.table(be)
     why = caps.encoding_skip(be, st.layout.encoding)
     if why:
-        be.close()
+        close_within(be)
         pytest.skip(f"{why} (the encoding of the CI recipe {R.id})")
     return be
 
@@ -225,33 +225,66 @@ def xrows(rows: int, seed: int = 0, hidden: int = H) -> np.ndarray:
     return np.random.default_rng([SEED, seed, rows]).standard_normal((rows, hidden)).astype(np.float32)
 
 
-_HUNG: dict = {}                 # id(backend) -> the thread of its fence() that did not return in time
+_HUNG: dict = {}                 # id(backend) -> the thread of its fence() or close() that did not return in time
 
 
-def fence_within(be, deadline_s: float = FENCE_DEADLINE_S):
-    """be.fence(), failing (never skipping) when it has not returned within ``deadline_s``: a fence that never
-    returns would otherwise hang the suite. The call is left behind in a daemon thread; while it is still blocked,
-    every later fence_within on that backend fails at once (hypothesis would otherwise wait out each example)."""
+def refuse_hung(be) -> None:
+    """Fail at once when an earlier bounded call on ``be`` is still blocked (hypothesis would otherwise run, and
+    wait out, each example it tries)."""
     hung = _HUNG.get(id(be))
     if hung is not None and hung.is_alive():
-        pytest.fail(f"an earlier fence() has not returned (it missed its {deadline_s} s deadline)")
+        pytest.fail(f"an earlier {hung.name}() has not returned (it missed its deadline)")
+
+
+def _within(be, verb: str, deadline_s: float) -> None:
+    """be.<verb>() on a daemon thread, failing (never skipping) when it has not returned within ``deadline_s``: a
+    verb that never returns would otherwise hang the suite. The call is left behind; while it is still blocked,
+    every later bounded call on that backend fails at once (``refuse_hung``)."""
+    refuse_hung(be)
     done, raised = threading.Event(), []
 
     def call():
         try:
-            be.fence()
+            getattr(be, verb)()
         except BaseException as e:  # handed back to the test's thread
             raised.append(e)
         finally:
             done.set()
 
-    t = threading.Thread(target=call, name="conformance-fence", daemon=True)
+    t = threading.Thread(target=call, name=verb, daemon=True)
     t.start()
     if not done.wait(deadline_s):
         _HUNG[id(be)] = t
-        pytest.fail(f"fence() did not return within {deadline_s} s")
+        pytest.fail(f"{verb}() did not return within {deadline_s} s")
     if raised:
         raise raised[0]
+
+
+def fence_within(be, deadline_s: float = FENCE_DEADLINE_S):
+    """be.fence() within ``deadline_s`` (``_within``): a fence that never returns fails the check that called it."""
+    _within(be, "fence", deadline_s)
+
+
+def close_within(be, deadline_s: float = FENCE_DEADLINE_S):
+    """be.close() (which fences first) within ``deadline_s``; a backend whose fence or close already missed its
+    deadline is left as it is (that check failed already, and the process ends without it)."""
+    hung = _HUNG.get(id(be))
+    if hung is None or not hung.is_alive():
+        _within(be, "close", deadline_s)
+
+
+class FenceBound:
+    """The backend under test with its fence() held to the suite's deadline (``fence_within``): a runtime run ends
+    with the backend's fence, and one that never returns must fail the check, not hang the suite."""
+
+    def __init__(self, be):
+        self._be, self.capabilities = be, be.capabilities
+
+    def __getattr__(self, name):
+        return getattr(self._be, name)
+
+    def fence(self):
+        fence_within(self._be)
 
 
 def poll_landed(be, hs, check, deadline_s=30.0):

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
 
-from conformance.conftest import runtime_backend
+from conformance.conftest import close_within, fence_within, refuse_hung, runtime_backend
 from moetier.core import ledger as ledger_mod
 from moetier.run import runtime
 from moetier.core import records as spec
@@ -98,7 +98,7 @@ class Chaos:
         return r
 
     def fence(self):
-        self._inner.fence()
+        fence_within(self._inner)          # a run's closing fence that never returns fails the check
 
     def completed_seq(self):
         return self._inner.completed_seq()
@@ -162,7 +162,7 @@ def rt_backend(recipe_env, backend_name):
     _, R, st, _ = recipe_env
     be = runtime_backend(backend_name, R, st, conc=2)
     yield be
-    be.close()
+    close_within(be)
 
 
 def _recipe(rid, R, pressure):
@@ -178,6 +178,7 @@ def _recipe(rid, R, pressure):
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(seed=hst.integers(0, 2**31 - 1), conc=hst.sampled_from([1, 2]), pressure=hst.sampled_from(["recipe", "tight"]))
 def test_residency_rule_under_adversarial_timing(recipe_env, rt_backend, seed, conc, pressure):
+    refuse_hung(rt_backend)
     rid, _, st, tr = recipe_env
     R = _recipe(rid, recipe_env[1], pressure)
     chaos = Chaos(rt_backend, seed)
