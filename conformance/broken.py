@@ -13,8 +13,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from conformance.broken_handles import (BrokenFenceEarly, BrokenFenceNever, BrokenLandedEarly, BrokenLandedNever,
-                                        BrokenOutOfOrder, BrokenPushLandedEarly, BrokenSeq, BrokenSeqStuck, _Wrap)
+from conformance.broken_handles import (BrokenCancelLies, BrokenFenceEarly, BrokenFenceNever, BrokenLandedEarly,
+                                        BrokenLandedNever, BrokenOutOfOrder, BrokenPushLandedEarly, BrokenSeq,
+                                        BrokenSeqStuck, _Wrap)
 from moetier.run.router import StoreRouter, topk_scores
 
 VICTIM = 5            # the key the one-wrong-expert mutant computes from its neighbour's slot
@@ -288,6 +289,8 @@ MUTANTS = (
     Mutant("fence-never", "fence", BrokenFenceNever, "test_fence_leaves_nothing_pending", "never returns"),
     Mutant("fence-never-in-a-run", "fence", BrokenFenceNever, "test_plan_parity_with_simulator",
            "a run's closing fence never returns", ("cpu",)),
+    Mutant("cancel-lies", "cancel", BrokenCancelLies, "test_cancel_withdraws_only_what_never_lands",
+           "True for a read that still lands"),
     Mutant("seq", "handles", BrokenSeq, "test_seq_monotonic", "seq runs backwards"),
     Mutant("slot-reuse", "fill", BrokenSlotReuse, _FILL, "staging slot reused before it was copied out"),
 )

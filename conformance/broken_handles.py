@@ -1,4 +1,4 @@
-"""Deliberately BROKEN backends whose transfer handles lie - landed(), fence(), completed_seq() and seq - and
+"""Deliberately BROKEN backends whose transfer handles lie - landed(), fence(), cancel(), completed_seq() and seq - and
 ``_Wrap``, the base of every mutant; test-only, listed with the others in conformance.broken.MUTANTS."""
 from __future__ import annotations
 
@@ -198,6 +198,13 @@ class BrokenFenceNever(_Wrap):
     def close(self):
         self.fence()
         self._inner.close()
+
+
+class BrokenCancelLies(_Wrap):
+    """BROKEN: cancel() says every read was withdrawn; the read still lands, in a slot the host has reused."""
+
+    def cancel(self, h):
+        return True
 
 
 class BrokenSeq(_Issued):

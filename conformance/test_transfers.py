@@ -1,5 +1,5 @@
 """Transfers: fill/push land exactly the manifest bytes, drain returns what was pushed, landed() is never early,
-fence() leaves nothing pending, seq is monotonic."""
+fence() leaves nothing pending, cancel() withdraws only reads that never land, seq is monotonic."""
 from __future__ import annotations
 
 import time
@@ -10,6 +10,7 @@ import pytest
 from conformance import capabilities as caps
 from conformance.conftest import NK, RAM_SCRATCH, VRAM_SCRATCH, fence_within, first_kit, poll_landed
 from moetier.bytes import store as _store
+from moetier.bytes.transport import TransportError
 
 SEQ_DEADLINE_S = 10.0
 ENC = caps.ENCODINGS + ("exl3",)        # byte moves: every encoding a backend declares, the engines' exl3 too
@@ -162,6 +163,36 @@ def test_fence_leaves_nothing_pending(kits, enc):
     assert be.completed_seq() >= top, f"completed_seq() {be.completed_seq()} < last seq {top} after fence()"
     if hasattr(be, "outstanding"):
         assert be.outstanding == 0, f"outstanding {be.outstanding} after fence()"
+
+
+PREFETCH = 4            # queued prefetch reads the cancel check withdraws (a Reader starts one at a time)
+
+
+def test_cancel_withdraws_only_what_never_lands(kits):
+    """cancel(h) of queued prefetch reads into zeroed slots, newest first: a read it says it withdrew (True) is
+    cancelled - landed() never True, the slot still zeros after fence() - for the host hands that slot to another
+    key at once; one it kept (False) lands its bytes as usual. Skips when it withdrew none (the contract's default
+    cancel returns False)."""
+    kit, slots, keys = _zeroed_scratch(first_kit(kits), 7, 3)
+    be = kit.be
+    hs = [be.fill(k, s, prefetch=True) for k, s in zip(keys[:PREFETCH], slots)]
+    withdrawn = {id(h) for h in reversed(hs) if be.cancel(h)}
+    fence_within(be)
+    for h, k, s in zip(hs, keys, slots):
+        if id(h) in withdrawn:
+            try:
+                landed = be.landed(h)
+            except TransportError:
+                landed = False
+            assert not landed and h.state == "cancelled", \
+                f"cancel() withdrew the read of key {k} -> slot {s}, yet it is {h.state} (landed() {landed})"
+            assert not _ram_bytes(kit, s).any(), f"cancel() withdrew the read of key {k}, yet slot {s} was written"
+        else:
+            assert be.landed(h) and np.array_equal(_ram_bytes(kit, s), kit.rec(k)), \
+                f"the read of key {k} -> slot {s} that cancel() kept did not land its bytes"
+    if not withdrawn:
+        pytest.skip(f"NOT_SUPPORTED: backend {be.capabilities.name}'s cancel() withdrew none of {PREFETCH} queued "
+                    "prefetch reads")
 
 
 @pytest.mark.parametrize("enc", ENC)

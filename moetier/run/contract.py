@@ -34,6 +34,8 @@ Optional (``OPTIONAL``: verb -> what a backend without it does; ``check`` binds 
 
     push / drain                  -> raise BackendUnavailable: no VRAM tier
     cancel(handle)                -> False: nothing is withdrawn (a prefetch read then lands and is used or dropped)
+                                     else True only for a read that never lands (state cancelled, its slot untouched:
+                                     the host reuses the slot at once)
     route(layer, x, rows)         -> raise BackendUnavailable: no router of its own (the runtime then routes by a
                                      trace; ``moetier.run.router.StoreRouter`` routes with the store's router
                                      weights: returns picks [len(x)][topk] and weights [len(x)][topk])
