@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from conformance.broken_handles import (BrokenCancelLies, BrokenFenceEarly, BrokenFenceNever, BrokenLandedEarly,
-                                        BrokenLandedNever, BrokenOutOfOrder, BrokenPushLandedEarly, BrokenSeq,
+from conformance.broken_handles import (BrokenCancelLies, BrokenFailureHidden, BrokenFenceEarly, BrokenFenceNever,
+                                        BrokenLandedEarly, BrokenLandedNever, BrokenOutOfOrder, BrokenPushLandedEarly, BrokenSeq,
                                         BrokenSeqStuck, _Wrap)
 from moetier.run.router import StoreRouter, topk_scores
 
@@ -281,6 +281,8 @@ MUTANTS = (
     Mutant("landed-early", "landed", BrokenLandedEarly, "test_landed_never_before_readable",
            "True before the read starts"),
     Mutant("landed-never", "landed", BrokenLandedNever, "test_fence_leaves_nothing_pending", "never True"),
+    Mutant("failure-hidden", "landed", BrokenFailureHidden, "test_failed_fill_never_lands",
+           "a failed read reported landed"),
     Mutant("out-of-order", "completed_seq", BrokenOutOfOrder, "test_seq_monotonic",
            "highest landed seq, not the watermark"),
     Mutant("seq-stuck", "completed_seq", BrokenSeqStuck, "test_seq_monotonic", "the watermark never moves"),

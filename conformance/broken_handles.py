@@ -1,8 +1,11 @@
-"""Deliberately BROKEN backends whose transfer handles lie - landed(), fence(), cancel(), completed_seq() and seq - and
-``_Wrap``, the base of every mutant; test-only, listed with the others in conformance.broken.MUTANTS."""
+"""Deliberately BROKEN backends whose transfer handles lie - landed() (early, never, over a failure), fence(),
+cancel(), completed_seq() and seq - and ``_Wrap``, the base of every mutant; test-only, listed with the others in
+conformance.broken.MUTANTS."""
 from __future__ import annotations
 
 import threading
+
+from moetier.bytes.transport import TransportError
 
 HOLD = 5              # landed() polls a held transfer answers False before it reports landed
 
@@ -198,6 +201,22 @@ class BrokenFenceNever(_Wrap):
     def close(self):
         self.fence()
         self._inner.close()
+
+
+class BrokenFailureHidden(_Wrap):
+    """BROKEN: a failed transfer (EIO, short read, checksum mismatch) reports landed; wait() returns as if it had."""
+
+    def landed(self, h):
+        try:
+            return self._inner.landed(h)
+        except TransportError:
+            return True
+
+    def wait(self, h):
+        try:
+            return self._inner.wait(h)
+        except TransportError:
+            return h
 
 
 class BrokenCancelLies(_Wrap):

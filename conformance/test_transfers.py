@@ -1,5 +1,6 @@
 """Transfers: fill/push land exactly the manifest bytes, drain returns what was pushed, landed() is never early,
-fence() leaves nothing pending, cancel() withdraws only reads that never land, seq is monotonic."""
+fence() leaves nothing pending, a failed fill never lands, cancel() withdraws only reads that never land, seq is
+monotonic."""
 from __future__ import annotations
 
 import time
@@ -8,9 +9,11 @@ import numpy as np
 import pytest
 
 from conformance import capabilities as caps
-from conformance.conftest import NK, RAM_SCRATCH, VRAM_SCRATCH, fence_within, first_kit, poll_landed
+from conformance.conftest import (NK, RAM_SCRATCH, VRAM_SCRATCH, close_within, fence_within, first_kit,
+                                  poll_landed)
 from moetier.bytes import store as _store
 from moetier.bytes.transport import TransportError
+from moetier.run.contract import BackendUnavailable
 
 SEQ_DEADLINE_S = 10.0
 ENC = caps.ENCODINGS + ("exl3",)        # byte moves: every encoding a backend declares, the engines' exl3 too
@@ -163,6 +166,33 @@ def test_fence_leaves_nothing_pending(kits, enc):
     assert be.completed_seq() >= top, f"completed_seq() {be.completed_seq()} < last seq {top} after fence()"
     if hasattr(be, "outstanding"):
         assert be.outstanding == 0, f"outstanding {be.outstanding} after fence()"
+
+
+FAULTS = {"eio": 1, "short": 6, "flip": 11}     # fault kind -> the key whose read the fault seam damages
+
+
+def test_failed_fill_never_lands(kits, backend_name):
+    """A fill the fault seam damages (moetier.bytes.faults.FaultPlan through the ``faults`` option, every read
+    verified: EIO, a short read, a flipped byte) is a failed transfer: landed() and wait() raise TransportError,
+    never report it landed (the host would compute from bytes that are not the key's). Skips when the backend's
+    factory takes no ``faults`` option."""
+    from moetier.bytes.faults import FaultPlan
+    kit = first_kit(kits)
+    plan = FaultPlan(**{kind: (k,) for kind, k in FAULTS.items()})
+    try:
+        be = caps.open_backend(backend_name, kit.store, ram_slots=len(FAULTS), faults=plan, verify_rate=1.0)
+    except BackendUnavailable as e:
+        pytest.skip(f"NOT_SUPPORTED: {e}")
+    try:
+        hs = {kind: be.fill(k, i) for i, (kind, k) in enumerate(FAULTS.items())}
+        for kind, h in hs.items():
+            with pytest.raises(TransportError):
+                be.wait(h)
+            with pytest.raises(TransportError):
+                landed = be.landed(h)
+                pytest.fail(f"landed() answered {landed} for a fill of key {FAULTS[kind]} that failed ({kind})")
+    finally:
+        close_within(be)
 
 
 PREFETCH = 4            # queued prefetch reads the cancel check withdraws (a Reader starts one at a time)
