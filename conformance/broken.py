@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from conformance.broken_handles import (BrokenCancelLies, BrokenFailureHidden, BrokenFenceEarly, BrokenFenceNever,
-                                        BrokenLandedEarly, BrokenLandedNever, BrokenOutOfOrder, BrokenPushLandedEarly, BrokenSeq,
-                                        BrokenSeqStuck, _Wrap)
+                                        BrokenLandedEarly, BrokenLandedNever, BrokenOutOfOrder, BrokenPushLandedEarly,
+                                        BrokenSeq, BrokenSeqStuck, _Wrap)
 from moetier.run.router import StoreRouter, topk_scores
 
 VICTIM = 5            # the key the one-wrong-expert mutant computes from its neighbour's slot
@@ -65,7 +65,7 @@ class BrokenRouteDroppedPick(_Wrap):
 # -- compute ----------------------------------------------------------------------------------------------------------
 
 class BrokenComputeScale(_Wrap):
-    """BROKEN: every output scaled by 1.001 (inside the old 5e-4 NMSE bound)."""
+    """BROKEN: every output scaled by 1.001 (an NMSE of 1e-6)."""
 
     def compute(self, lane, jobs, x):
         return {k: y * np.float32(1.001) for k, y in self._inner.compute(lane, jobs, x).items()}

@@ -14,7 +14,7 @@ Required (``REQUIRED``; ``check`` refuses a backend without one, naming each mis
     ram_slot_count                -> int, RAM slots in its arena (the runtime's slot allocator hands them out)
     compute(lane, jobs, x)        -> {key: y [len(rows), H] float32}; jobs = [(key, slot, rows)]; lane in
                                      {"cpu", "zerocopy", "gpu"}; pure: same bytes + same rows -> same bits
-    fill(key, slot, prefetch=False) -> Handle: async NVMe record -> RAM slot; prefetch reads yield to demand reads.
+    fill(key, slot, *, prefetch=False) -> Handle: async NVMe record -> RAM slot; prefetch reads yield to demand reads.
                                      moetier.bytes.transport.Reader does it over any pool that follows the slot pool
                                      protocol (moetier.bytes.pool: ``BufferSlotPool`` over the device's host memory)
     landed(handle)                -> bool, non-blocking; True only when the bytes are readable at the destination
@@ -53,8 +53,9 @@ Telemetry (optional; what calibration and `moetier run` read, ``TELEMETRY`` give
                                      [(burst, queue depth, ms)] (moetier.bytes.transport.Reader.read_timing)
 
 Test-only hooks (``TEST_HOOKS``; the conformance suite uses them when offered and says so in its capability table;
-the runtime never calls them): ``ram_view(slot)`` a uint8 view of a RAM slot; ``read_vram(slot)`` a host copy of a
-VRAM slot's bytes; ``exl3_decode(lane, trellis, codebook)``, ``exl3_raw_gemm(lane, xh, trellis, codebook)``,
+the runtime never calls them): ``ram_view(slot)`` a uint8 view of a RAM slot (the minimum bar's fill and
+landed-before-readable checks read through it, so a backend without it cannot pass); ``read_vram(slot)`` a host
+copy of a VRAM slot's bytes; ``exl3_decode(lane, trellis, codebook)``, ``exl3_raw_gemm(lane, xh, trellis, codebook)``,
 ``exl3_int_forward(lane, jobs, x, shift, a_max)`` the EXL3 kernel's parts (conformance/test_exl3.py).
 
 Handles carry a monotonic ``seq`` per backend (moetier.run.events shares that logic between backends), the
