@@ -57,3 +57,22 @@ def test_push_check_reads_the_pushed_bytes_back_on_the_gpu_lane():
     with pytest.raises(AssertionError, match="the gpu lane computes other bits there"):
         _push_check(_FakeVram(lanes=("cpu", "gpu"), lands=False))
     _push_check(_FakeVram(lanes=("cpu", "gpu")))
+
+
+def test_an_interrupted_conformance_run_is_not_a_pass(monkeypatch, capsys):
+    """Ctrl-C or SIGTERM (pytest returns INTERRUPTED) after some checks passed: `moetier conformance` exits 130,
+    never 0 - a CI job killed at its time limit must not look green."""
+    from conformance import report as plugin
+    from moetier.cli import main as cli
+
+    def interrupted(args):          # a test fake of pytest.main: one check passed, then the run was interrupted
+        plugin.STATE.update(backend="cpu", checks={"test_x": {"check": "test_x", "outcome": "pass", "reason": "",
+                                                              "seconds": 0.0}})
+        return pytest.ExitCode.INTERRUPTED
+
+    monkeypatch.setattr(pytest, "main", interrupted)
+    try:
+        assert cli.main(["conformance", "--backend", "cpu", "-k", "x"]) == 130
+    finally:
+        plugin.STATE.clear()
+    assert capsys.readouterr().err.strip() == "moetier: interrupted"

@@ -9,9 +9,10 @@ and exits
      residency rule),
   1  at least one check failed, or the minimum bar is not met (one line on stderr says which part and why; a
      backend that declares no lanes is named as such),
-  2  a user error: an unknown backend name, or NOTHING could run because the backend's runtime or device is
-     missing (the one-line BackendUnavailable reason is printed, e.g. "no CUDA device"); a --report is still
-     written with every check skipped.
+  2  a user error: an unknown backend name, a -k expression pytest cannot parse, or NOTHING could run because the
+     backend's runtime or device is missing (the one-line BackendUnavailable reason is printed, e.g. "no CUDA
+     device"); a --report is still written with every check skipped;
+  130  interrupted (Ctrl-C, SIGTERM) before the run ended, whatever had passed by then.
 
 The summary table (check | pass/fail/skip | reason) is printed at the end. Files only where asked: the JSON report
 and the measured engine record beside it with --report, the markdown page with --md (conformance.publish), the engine
@@ -54,7 +55,9 @@ def pytest_args(backend: str, report: str | None, *, write_engine=None, select=N
     from conformance import capabilities
     pkg = os.path.dirname(os.path.abspath(capabilities.__file__))   # a path, not --pyargs: works from any cwd even
     args = ["-p", "conformance.report", pkg, "--backend", backend,  # under an old editable install
-            "-rs", "-p", "no:cacheprovider", "-o", "addopts=", "-o", "testpaths=", "-q"]
+            "-rs", "-p", "no:cacheprovider", "-o", "addopts=", "-o", "testpaths=", "-q",
+            # this process imported the plugin before pytest could rewrite its asserts (the checks' are rewritten)
+            "-W", "ignore::pytest.PytestAssertRewriteWarning"]
     if report:
         args += ["--report", report]
     if write_engine:
@@ -94,6 +97,10 @@ def cmd_conformance(args) -> int:
     rc = pytest.main(pytest_args(args.backend, report, write_engine=args.write_engine, select=args.select,
                                  exitfirst=args.exitfirst, verbose=args.verbose, force=args.force,
                                  perf=args.perf))
+    if int(rc) == pytest.ExitCode.INTERRUPTED:      # Ctrl-C or SIGTERM: what passed before it shows nothing
+        raise KeyboardInterrupt
+    if int(rc) == pytest.ExitCode.USAGE_ERROR:      # pytest printed its one line (a -k it cannot parse)
+        return 2
     rep = plugin.build_report() if plugin.STATE.get("checks") else None
     if rep is not None and args.md:
         from conformance.publish import markdown
