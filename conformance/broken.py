@@ -290,7 +290,7 @@ MUTANTS = (
            "returns with transfers pending"),
     Mutant("fence-never", "fence", BrokenFenceNever, "test_fence_leaves_nothing_pending", "never returns"),
     Mutant("fence-never-in-a-run", "fence", BrokenFenceNever, "test_plan_parity_with_simulator",
-           "a run's closing fence never returns", ("cpu",)),
+           "a run's closing fence never returns"),
     Mutant("cancel-lies", "cancel", BrokenCancelLies, "test_cancel_withdraws_only_what_never_lands",
            "True for a read that still lands"),
     Mutant("seq", "handles", BrokenSeq, "test_seq_monotonic", "seq runs backwards"),

@@ -1,4 +1,4 @@
-"""Fixtures of the conformance suite: the backend under test on small packed stores (both encodings), and the CI
+"""Fixtures of the conformance suite: the backend under test on small packed stores (int8, int4g32, exl3), and the CI
 recipe's store for the runtime checks.
 
 Slot map of a kit (one backend instance per encoding, shared by the whole session):
@@ -119,9 +119,6 @@ class Kit:
 
     def xrows(self, rows: int, seed: int = 0) -> np.ndarray:
         return xrows(rows, seed, self.hidden)
-
-    def slot_for(self, lane: str, k: int) -> int:
-        return k                                     # canonical: RAM slot k and VRAM slot k hold key k
 
     def close(self):
         close_within(self.be)

@@ -87,7 +87,7 @@ def test_exl3_expert_vs_float64(kits, lane):
     x = kit.xrows(8, seed=5)
     tally = bounds.Tally("exl3")
     for m in ROWS:
-        out = kit.be.compute(lane, [(k, kit.slot_for(lane, k), list(range(m))) for k in range(NK)], x)
+        out = kit.be.compute(lane, [(k, k, list(range(m))) for k in range(NK)], x)
         for k in range(NK):
             y, ref = out[k], kit.ref(k, x)[:m]
             assert y.dtype == np.float32 and y.shape == ref.shape and np.isfinite(y).all(), (k, m)
@@ -147,7 +147,7 @@ def test_exl3_int_layer_bit_identical_whatever_the_lanes(kits):
         for ln in lanes:
             ks = [k for k in keys if assign[k] == ln]
             if ks:
-                out.update(run(ln, [(k, kit.slot_for(ln, k), rows_of[k]) for k in ks], x, INT_SHIFT, INT_AMAX))
+                out.update(run(ln, [(k, k, rows_of[k]) for k in ks], x, INT_SHIFT, INT_AMAX))
         y = np.zeros_like(x)
         for r, ks in enumerate(picks):
             for j, k in enumerate(ks):
