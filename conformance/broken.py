@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from conformance.broken_handles import (BrokenCancelLies, BrokenFailureHidden, BrokenFenceEarly, BrokenFenceNever,
-                                        BrokenLandedEarly, BrokenLandedNever, BrokenOutOfOrder, BrokenPushLandedEarly,
-                                        BrokenSeq, BrokenSeqStuck, _Wrap)
+                                        BrokenLandedEarly, BrokenLandedNever, BrokenOutOfOrder, BrokenPrefetchLandedEarly,
+                                        BrokenPushLandedEarly, BrokenSeq, BrokenSeqStuck, _Wrap)
 from moetier.run.router import StoreRouter, topk_scores
 
 VICTIM = 5            # the key the one-wrong-expert mutant computes from its neighbour's slot
@@ -280,6 +280,8 @@ MUTANTS = (
            "copies the neighbouring VRAM slot", ("sycl",)),
     Mutant("landed-early", "landed", BrokenLandedEarly, "test_landed_never_before_readable",
            "True before the read starts"),
+    Mutant("prefetch-landed-early", "landed", BrokenPrefetchLandedEarly, "test_landed_never_before_readable",
+           "True before a prefetch read starts"),
     Mutant("landed-never", "landed", BrokenLandedNever, "test_fence_leaves_nothing_pending", "never True"),
     Mutant("failure-hidden", "landed", BrokenFailureHidden, "test_failed_fill_never_lands",
            "a failed read reported landed"),

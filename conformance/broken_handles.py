@@ -40,7 +40,8 @@ class _H:
 
 
 class _Deferred(_Wrap):
-    """Transfers of the kinds in ``DEFER`` start only on wait() or fence(); landed() of them is True at once."""
+    """Transfers of the kinds in ``DEFER`` (fill, prefetch: prefetch fills only, push) start only on wait() or
+    fence(); landed() of them is True at once."""
 
     DEFER: tuple = ()
 
@@ -61,7 +62,7 @@ class _Deferred(_Wrap):
             self._deferred.remove(h)
 
     def fill(self, key, slot, *, prefetch=False):
-        if "fill" not in self.DEFER:
+        if "fill" not in self.DEFER and not (prefetch and "prefetch" in self.DEFER):
             return self._inner.fill(key, slot, prefetch=prefetch)
         self._inner.ram_view(slot)[:] = 0
         return self._defer(key, lambda: self._inner.fill(key, slot))
@@ -94,6 +95,12 @@ class BrokenLandedEarly(_Deferred):
 
     def completed_seq(self):
         return self._seq
+
+
+class BrokenPrefetchLandedEarly(BrokenLandedEarly):
+    """BROKEN: as BrokenLandedEarly, for prefetch fills only (demand fills are honest)."""
+
+    DEFER = ("prefetch",)
 
 
 class BrokenPushLandedEarly(_Deferred):
