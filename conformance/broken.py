@@ -5,7 +5,8 @@ Each wraps a working backend and breaks exactly one promise of the contract. ``M
 the verb it breaks, the check that must catch it and the bases it wraps (the cpu backend, and the sycl backend
 where the verb exists there: push and drain exist only on sycl). ``BROKEN`` maps each ``--backend`` name to a
 factory: ``broken-<failure>`` wraps cpu, ``broken-sycl-<failure>`` wraps sycl. ``broken-declares-nothing``
-declares no lanes and no encodings: the minimum bar (conformance.bar), not a check, rejects it.
+declares no lanes and no encodings: the minimum bar (conformance.bar), not a check, rejects it;
+``broken-lacks-compute`` lacks a required verb: the contract's check refuses it and every check fails.
 """
 from __future__ import annotations
 
@@ -233,6 +234,15 @@ class BrokenSlotReuse(_Wrap):
         self._flush()
 
 
+class BrokenLacksCompute(_Wrap):
+    """BROKEN: has no compute() - moetier.run.contract.check refuses it (ContractError): a failure, not a skip."""
+
+    def __getattr__(self, name):
+        if name == "compute":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
 class BrokenDeclaresNothing(_Wrap):
     """BROKEN: declares no lanes and no encodings - every check is NOT_SUPPORTED; the minimum bar rejects it."""
 
@@ -313,3 +323,11 @@ def _factory(cls, base):
 
 BROKEN = {name_of(m, b): _factory(m.cls, b) for m in MUTANTS for b in m.bases}
 BROKEN["broken-declares-nothing"] = _factory(BrokenDeclaresNothing, "cpu")
+
+
+def _lacks_compute(store, **kw):
+    from moetier.run.contract import check
+    return check(_factory(BrokenLacksCompute, "cpu")(store, **kw), "broken-lacks-compute")
+
+
+BROKEN["broken-lacks-compute"] = _lacks_compute

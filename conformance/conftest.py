@@ -19,7 +19,7 @@ import pytest
 
 from conformance import capabilities as caps
 from conformance import report
-from moetier.run.contract import BackendUnavailable
+from moetier.run.contract import BackendUnavailable, ContractError
 
 # the OpenCL CPU runtime of the venv, before dpctl's first device enumeration (same rule as backends.sycl)
 if not os.environ.get("OCL_ICD_FILENAMES") and os.path.exists(sys.prefix + "/lib/libintelocl.so"):
@@ -131,7 +131,8 @@ def backend_name():
 
 @pytest.fixture(scope="session")
 def kits(tmp_path_factory, backend_name):
-    """kits(enc) -> a loaded Kit, or a skip (UNAVAILABLE: the backend's reason / NOT_SUPPORTED: the encoding)."""
+    """kits(enc) -> a loaded Kit, or a skip (UNAVAILABLE: the backend's reason / NOT_SUPPORTED: the encoding), or a
+    failure (a backend that breaks the contract: moetier.run.contract.ContractError)."""
     made: dict = {}
     root = str(tmp_path_factory.mktemp("kits"))
 
@@ -140,6 +141,8 @@ def kits(tmp_path_factory, backend_name):
         if enc not in made:
             try:
                 kit = Kit(backend_name, enc, root)
+            except ContractError as e:    # the backend is there and breaks the contract: every check fails
+                made[enc] = RuntimeError(str(e))
             except BackendUnavailable as e:
                 report.STATE["unavailable"] = str(e)
                 made[enc] = e
@@ -206,6 +209,8 @@ def runtime_backend(name: str, R, st, conc: int = 2):
     headroom = 2 * conc * R.topk + 2 * int(R.policy["prefetch"].get("budget", 8)) + 8
     try:
         be = caps.open_backend(name, st, ram_slots=min(R.keys, R.ram_slots) + headroom, vram_slots=R.vram_slots)
+    except ContractError as e:
+        pytest.fail(str(e))
     except BackendUnavailable as e:
         report.STATE["unavailable"] = str(e)
         pytest.skip(f"UNAVAILABLE: {e}")
