@@ -8,8 +8,8 @@ and exits
      no -x), the backend meets the minimum bar (conformance.bar: one lane's numerics, fill, landed/fence, the
      residency rule),
   1  at least one check failed (a backend moetier.run.contract.check refuses fails every check), or the minimum
-     bar is not met (one line on stderr says which part and why; a
-     backend that declares no lanes is named as such),
+     bar is not met (one line on stderr says which part and why; a backend that declares no lanes is named as
+     such),
   2  a user error: an unknown backend name, a -k expression pytest cannot parse, or NOTHING could run because the
      backend's runtime or device is missing (the one-line BackendUnavailable reason is printed, e.g. "no CUDA
      device"); a --report is still written with every check skipped;
