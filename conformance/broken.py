@@ -15,8 +15,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from conformance.broken_handles import (BrokenCancelLies, BrokenFailureHidden, BrokenFenceEarly, BrokenFenceNever,
-                                        BrokenLandedEarly, BrokenLandedNever, BrokenOutOfOrder, BrokenPrefetchLandedEarly,
-                                        BrokenPushLandedEarly, BrokenSeq, BrokenSeqStuck, _Wrap)
+                                        BrokenLandedEarly, BrokenLandedNever, BrokenOutOfOrder,
+                                        BrokenPrefetchLandedEarly, BrokenPushLandedEarly, BrokenSeq, BrokenSeqStuck,
+                                        BrokenWaitNever, _Wrap)
 from moetier.run.router import StoreRouter, topk_scores
 
 VICTIM = 5            # the key the one-wrong-expert mutant computes from its neighbour's slot
@@ -305,6 +306,9 @@ MUTANTS = (
            "a run's closing fence never returns"),
     Mutant("cancel-lies", "cancel", BrokenCancelLies, "test_cancel_withdraws_only_what_never_lands",
            "True for a read that still lands"),
+    Mutant("wait-never", "wait", BrokenWaitNever, _FILL, "never returns (the kit's loading waits)"),
+    Mutant("wait-never-in-a-run", "wait", BrokenWaitNever, "test_plan_parity_with_simulator",
+           "a run's wait never returns"),
     Mutant("seq", "handles", BrokenSeq, "test_seq_monotonic", "seq runs backwards"),
     Mutant("slot-reuse", "fill", BrokenSlotReuse, _FILL, "staging slot reused before it was copied out"),
 )

@@ -1,4 +1,4 @@
-"""Deliberately BROKEN backends whose transfer handles lie - landed() (early, never, over a failure), fence(),
+"""Deliberately BROKEN backends whose transfer handles lie - landed() (early, never, over a failure), wait(), fence(),
 cancel(), completed_seq() and seq - and ``_Wrap``, the base of every mutant; test-only, listed with the others in
 conformance.broken.MUTANTS."""
 from __future__ import annotations
@@ -208,6 +208,17 @@ class BrokenFenceNever(_Wrap):
     def close(self):
         self.fence()
         self._inner.close()
+
+
+class BrokenWaitNever(_Wrap):
+    """BROKEN: wait() never returns (landed() and fence() still work)."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self._never = threading.Event()
+
+    def wait(self, h):
+        self._never.wait()
 
 
 class BrokenFailureHidden(_Wrap):

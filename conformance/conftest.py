@@ -92,10 +92,10 @@ class Kit:
     def load(self):
         be = self.be
         for h in [be.fill(k, k) for k in range(NK)]:
-            be.wait(h)
+            wait_within(be, h)
         if self.vram >= NK:
             for h in [be.push(k, k, k) for k in range(NK)]:
-                be.wait(h)
+                wait_within(be, h)
 
     def rec(self, k: int) -> np.ndarray:
         """The record bytes of key k as the store holds them (read from the data file)."""
@@ -156,7 +156,7 @@ def kits(tmp_path_factory, backend_name):
                 else:
                     try:
                         kit.load()
-                    except Exception as e:  # a failed load fails every check that needs it, with the reason
+                    except (Exception, pytest.fail.Exception) as e:  # fails every check that needs it, with why
                         made[enc] = RuntimeError(f"loading the canonical keys failed: {type(e).__name__}: {e}")
                     else:
                         made[enc] = kit
@@ -204,7 +204,8 @@ def recipe_env(tmp_path_factory, backend_name):
 
 
 def runtime_backend(name: str, R, st, conc: int = 2):
-    """A fresh backend sized for a runtime run of recipe R (the headroom rule of `moetier run`)."""
+    """A fresh backend sized for a runtime run of recipe R (the headroom rule of `moetier run`), whose wait() has
+    returned once within the suite's deadline."""
     unavailable_skip()
     headroom = 2 * conc * R.topk + 2 * int(R.policy["prefetch"].get("budget", 8)) + 8
     try:
@@ -220,6 +221,9 @@ def runtime_backend(name: str, R, st, conc: int = 2):
     if why:
         close_within(be)
         pytest.skip(f"{why} (the encoding of the CI recipe {R.id})")
+    # a run's waits are the backend's own (a thread per wait, as wait_within, would change their timing): a wait
+    # that never returns fails here, before a run could hang on it
+    wait_within(be, be.fill(0, 0))
     return be
 
 
@@ -238,16 +242,16 @@ def refuse_hung(be) -> None:
         pytest.fail(f"an earlier {hung.name}() has not returned (it missed its deadline)")
 
 
-def _within(be, verb: str, deadline_s: float) -> None:
-    """be.<verb>() on a daemon thread, failing (never skipping) when it has not returned within ``deadline_s``: a
-    verb that never returns would otherwise hang the suite. The call is left behind; while it is still blocked,
-    every later bounded call on that backend fails at once (``refuse_hung``)."""
+def _within(be, verb: str, deadline_s: float, *args):
+    """be.<verb>(*args) on a daemon thread, failing (never skipping) when it has not returned within ``deadline_s``:
+    a verb that never returns would otherwise hang the suite. The call is left behind; while it is still blocked,
+    every later bounded call on that backend fails at once (``refuse_hung``). Returns what the verb returned."""
     refuse_hung(be)
-    done, raised = threading.Event(), []
+    done, raised, got = threading.Event(), [], []
 
     def call():
         try:
-            getattr(be, verb)()
+            got.append(getattr(be, verb)(*args))
         except BaseException as e:  # handed back to the test's thread
             raised.append(e)
         finally:
@@ -260,6 +264,12 @@ def _within(be, verb: str, deadline_s: float) -> None:
         pytest.fail(f"{verb}() did not return within {deadline_s} s")
     if raised:
         raise raised[0]
+    return got[0]
+
+
+def wait_within(be, h, deadline_s: float = FENCE_DEADLINE_S):
+    """be.wait(h) within ``deadline_s`` (``_within``): a wait that never returns fails the check that called it."""
+    return _within(be, "wait", deadline_s, h)
 
 
 def fence_within(be, deadline_s: float = FENCE_DEADLINE_S):
