@@ -113,8 +113,8 @@ def test_drain_returns_pushed_bytes(kits, enc):
 @pytest.mark.parametrize("enc", ENC)
 def test_landed_never_before_readable(kits, enc):
     """The first time landed(h) is True the destination already holds the bytes: fills into zeroed RAM slots, every
-    other one a prefetch read (checked byte for byte) and, with a VRAM tier, pushes over another key's bytes (checked by computing on the
-    gpu lane the moment landed() says so)."""
+    other one a prefetch read (checked byte for byte) and, with a VRAM tier, pushes over another key's bytes
+    (checked by computing on the gpu lane the moment landed() says so)."""
     kit, slots, keys = _zeroed_scratch(kits(enc), 5, 2)
     be = kit.be
     where = {}
