@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from conformance.broken_handles import (BrokenCancelLies, BrokenFailureHidden, BrokenFenceEarly, BrokenFenceNever,
-                                        BrokenLandedEarly, BrokenLandedNever, BrokenOutOfOrder,
+                                        BrokenHandleKey, BrokenLandedEarly, BrokenLandedNever, BrokenOutOfOrder,
                                         BrokenPrefetchLandedEarly, BrokenPushLandedEarly, BrokenSeq, BrokenSeqStuck,
                                         BrokenWaitNever, _Wrap)
 from moetier.run.router import StoreRouter, topk_scores
@@ -310,6 +310,7 @@ MUTANTS = (
     Mutant("wait-never-in-a-run", "wait", BrokenWaitNever, "test_plan_parity_with_simulator",
            "a run's wait never returns"),
     Mutant("seq", "handles", BrokenSeq, "test_seq_monotonic", "seq runs backwards"),
+    Mutant("handle-key", "handles", BrokenHandleKey, "test_seq_monotonic", "a handle carries another key"),
     Mutant("slot-reuse", "fill", BrokenSlotReuse, _FILL, "staging slot reused before it was copied out"),
 )
 

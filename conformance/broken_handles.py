@@ -258,3 +258,12 @@ class BrokenSeq(_Issued):
     def wait(self, h):
         self._inner.wait(h.inner)
         return h
+
+
+class BrokenHandleKey(BrokenSeq):
+    """BROKEN: a handle carries the next key, not the one it was issued for (its seq is right)."""
+
+    def _issued(self, h):
+        w = _H(h.seq, h.key + 1, None)
+        w.inner = h
+        return w

@@ -227,20 +227,23 @@ def test_cancel_withdraws_only_what_never_lands(kits):
 
 @pytest.mark.parametrize("enc", ENC)
 def test_seq_monotonic(kits, enc):
-    """Handles carry strictly increasing seq across kinds in issue order; completed_seq() never goes back and
-    every handle at or below it has landed."""
+    """Handles carry strictly increasing seq across kinds in issue order, and the key each was issued for;
+    completed_seq() never goes back and every handle at or below it has landed."""
     kit = kits(enc)
     be = kit.be
-    hs = []
+    hs, keys = [], []
     for i in range(8):
         hs.append(be.fill((i * 3) % NK, NK + i))
+        keys.append((i * 3) % NK)
         if kit.vram >= NK + VRAM_SCRATCH and i < VRAM_SCRATCH:
             hs.append(be.push(i, i, NK + i))
+            keys.append(i)
     if kit.vram >= NK + VRAM_SCRATCH:
         hs.append(be.drain(0, NK, NK + 9))
+        keys.append(0)
     seqs = [h.seq for h in hs]
     assert all(b > a for a, b in zip(seqs, seqs[1:])), f"seq not strictly increasing in issue order: {seqs}"
-    assert all(hasattr(h, "key") for h in hs)
+    assert [h.key for h in hs] == keys, f"handle keys {[h.key for h in hs]}, issued for {keys}"
     last = -1
     t_end = time.monotonic() + SEQ_DEADLINE_S
     while True:
