@@ -73,6 +73,13 @@ class BrokenComputeScale(_Wrap):
         return {k: y * np.float32(1.001) for k, y in self._inner.compute(lane, jobs, x).items()}
 
 
+class BrokenComputeOneKeyScale(_Wrap):
+    """BROKEN: key VICTIM's output scaled by 1.001 (on exl3, inside the NMSE bound and, over all keys, the scale's)."""
+
+    def compute(self, lane, jobs, x):
+        return {k: y * np.float32(1.001) if k == VICTIM else y for k, y in self._inner.compute(lane, jobs, x).items()}
+
+
 class BrokenComputeWrongExpert(_Wrap):
     """BROKEN: key VICTIM is computed from the bytes of the slot next to its own."""
 
@@ -263,6 +270,7 @@ class Mutant:
     check: str              # the conformance check that must fail on it
     what: str               # what it breaks, in a few words (docs/conformance.md's table)
     bases: tuple = ("cpu", "sycl")
+    enc: str = "int8"       # the encoding of the kit its check is run on (tests/test_conformance_meta.py)
 
 
 _ROUTE, _NUM, _FILL = "test_route_top_k_of_the_store_router", "test_numerics_vs_reference", \
@@ -272,6 +280,8 @@ MUTANTS = (
     Mutant("route-not-renormalised", "route", BrokenRouteNotRenormalised, _ROUTE, "weights not rescaled to sum 1"),
     Mutant("route-dropped-pick", "route", BrokenRouteDroppedPick, _ROUTE, "one row loses a pick"),
     Mutant("compute-scale", "compute", BrokenComputeScale, _NUM, "every output x1.001"),
+    Mutant("compute-one-key-scale", "compute", BrokenComputeOneKeyScale, "test_exl3_expert_vs_float64",
+           "one key's output x1.001 (exl3)", enc="exl3"),
     Mutant("compute-wrong-expert", "compute", BrokenComputeWrongExpert, _NUM, "one key computed from another slot"),
     Mutant("compute-row-off-by-one", "compute", BrokenComputeRowOffByOne, _NUM, "a job's last row read one row on"),
     Mutant("nondeterministic", "compute", BrokenNondeterministic, "test_deterministic_bit_identical",
