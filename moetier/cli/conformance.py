@@ -76,6 +76,30 @@ def pytest_args(backend: str, report: str | None, *, write_engine=None, select=N
     return args
 
 
+def _refused_or_interrupted(pytest, rc) -> bool:
+    """True when pytest refused its arguments (it printed its one line: a -k it cannot parse); KeyboardInterrupt
+    when the run was interrupted (Ctrl-C, SIGTERM), for what passed before that shows nothing."""
+    if int(rc) == pytest.ExitCode.INTERRUPTED:
+        raise KeyboardInterrupt
+    return int(rc) == pytest.ExitCode.USAGE_ERROR
+
+
+def _outputs_writable(args) -> str | None:
+    """Every file the run was asked to write can be written (UserError naming the option, before the suite runs,
+    not after); the --report path, absolute, with a report left there by an earlier run removed."""
+    report = os.path.abspath(args.report) if args.report else None
+    if report:
+        check_out(report, "--report")
+    if args.md:
+        check_out(os.path.abspath(args.md), "--md")
+    if args.write_engine is not None:
+        from moetier.core import records as spec
+        spec.check_writable("engine", args.write_engine, force=args.force, overlay=args.force)
+    if report and os.path.exists(report):
+        os.unlink(report)
+    return report
+
+
 def cmd_conformance(args) -> int:
     from conformance import bar, capabilities
     capabilities.check_name(args.backend)               # UserError -> one line, exit 2
@@ -84,23 +108,12 @@ def cmd_conformance(args) -> int:
     except ImportError:
         raise UserError("conformance: pytest is not installed (pip install 'moetier[test]')") from None
     from conformance import report as plugin
-    report = os.path.abspath(args.report) if args.report else None
-    if report:
-        check_out(report, "--report")                   # before the suite runs, not after
-    if args.md:
-        check_out(os.path.abspath(args.md), "--md")
-    if args.write_engine is not None:
-        from moetier.core import records as spec
-        spec.check_writable("engine", args.write_engine, force=args.force, overlay=args.force)
-    if report and os.path.exists(report):
-        os.unlink(report)
+    report = _outputs_writable(args)
     plugin.STATE.clear()
     rc = pytest.main(pytest_args(args.backend, report, write_engine=args.write_engine, select=args.select,
                                  exitfirst=args.exitfirst, verbose=args.verbose, force=args.force,
                                  perf=args.perf))
-    if int(rc) == pytest.ExitCode.INTERRUPTED:      # Ctrl-C or SIGTERM: what passed before it shows nothing
-        raise KeyboardInterrupt
-    if int(rc) == pytest.ExitCode.USAGE_ERROR:      # pytest printed its one line (a -k it cannot parse)
+    if _refused_or_interrupted(pytest, rc):
         return 2
     rep = plugin.build_report() if plugin.STATE.get("checks") else None
     if rep is not None and args.md:
