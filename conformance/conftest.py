@@ -231,14 +231,20 @@ def xrows(rows: int, seed: int = 0, hidden: int = H) -> np.ndarray:
     return np.random.default_rng([SEED, seed, rows]).standard_normal((rows, hidden)).astype(np.float32)
 
 
-_HUNG: dict = {}                 # id(backend) -> the thread of its fence() or close() that did not return in time
+_HUNG: dict = {}                 # id(backend) -> the thread of a bounded call (_within) that missed its deadline
+
+
+def _hung(be):
+    """The thread of ``be``'s bounded call still blocked past its deadline, or None."""
+    t = _HUNG.get(id(be))
+    return t if t is not None and t.is_alive() else None
 
 
 def refuse_hung(be) -> None:
     """Fail at once when an earlier bounded call on ``be`` is still blocked (hypothesis would otherwise run, and
     wait out, each example it tries)."""
-    hung = _HUNG.get(id(be))
-    if hung is not None and hung.is_alive():
+    hung = _hung(be)
+    if hung is not None:
         pytest.fail(f"an earlier {hung.name}() has not returned (it missed its deadline)")
 
 
@@ -278,10 +284,9 @@ def fence_within(be, deadline_s: float = FENCE_DEADLINE_S):
 
 
 def close_within(be, deadline_s: float = FENCE_DEADLINE_S):
-    """be.close() (which fences first) within ``deadline_s``; a backend whose fence or close already missed its
+    """be.close() (which fences first) within ``deadline_s``; a backend whose bounded call already missed its
     deadline is left as it is (that check failed already, and the process ends without it)."""
-    hung = _HUNG.get(id(be))
-    if hung is None or not hung.is_alive():
+    if _hung(be) is None:
         _within(be, "close", deadline_s)
 
 
