@@ -8,7 +8,7 @@ backend hands out from its arenas: a RAM slot (host memory the cpu and zerocopy 
 (moetier.run.registry), whose target is a factory ``(store, *, ram_slots, vram_slots=0, **options) -> backend``;
 the registry passes an option only when the factory's signature accepts it (``OPTIONS``).
 
-Required (``REQUIRED``; ``check`` refuses a backend without one, naming each missing)
+Required (``REQUIRED``; ``check`` refuses a backend without one, or with a verb that is not callable, naming each)
 
     capabilities                  -> Capabilities: lanes it can run, encodings, VRAM slot count
     ram_slot_count                -> int, RAM slots in its arena (the runtime's slot allocator hands them out)
@@ -77,6 +77,7 @@ from typing import Protocol, runtime_checkable
 LANES = ("cpu", "zerocopy", "gpu")
 REQUIRED = ("capabilities", "ram_slot_count", "compute", "fill", "landed", "wait", "fence", "completed_seq", "close")
 VRAM_REQUIRED = ("push", "drain")
+VALUES = ("capabilities", "ram_slot_count")          # the required members that are values; the rest are verbs
 OPTIONAL = {
     "push": "raises BackendUnavailable (no VRAM tier)",
     "drain": "raises BackendUnavailable (no VRAM tier)",
@@ -175,9 +176,10 @@ class Defaults:
 
 
 def missing(be) -> list:
-    """The required verbs ``be`` lacks (push and drain too when it declares VRAM slots)."""
+    """The required members ``be`` lacks (push and drain too when it declares VRAM slots); a verb that is there but
+    not callable (``compute = None``) counts as lacking."""
     need = REQUIRED + (VRAM_REQUIRED if int(getattr(getattr(be, "capabilities", None), "vram_slots", 0) or 0) else ())
-    return [v for v in need if not hasattr(be, v)]
+    return [v for v in need if not hasattr(be, v) or (v not in VALUES and not callable(getattr(be, v)))]
 
 
 def check(be, name: str = ""):
