@@ -23,7 +23,8 @@ exl3       fp16 (where the engines round)         2^-11       32 u^2        3e-4
   what catches an output scaled by 1.001 on exl3, where 1e-6 of NMSE hides inside fp16's own error.
 
 ``uniform_scale_caught(enc)`` says whether both checks together reject ``ref x 1.001`` (tests/test_conformance_meta
-asserts it for every encoding). ``breaks`` and ``Tally`` are also what the backends' own tests judge by. The measured figures land in the report's ``numerics`` section beside the bounds.
+asserts it for every encoding). ``breaks`` and ``Tally`` are also what the backends' own tests judge by. The
+measured figures land in the report's ``numerics`` section beside the bounds.
 """
 from __future__ import annotations
 

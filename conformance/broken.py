@@ -5,7 +5,8 @@ Each wraps a working backend and breaks exactly one promise of the contract. ``M
 the verb it breaks, the check that must catch it and the bases it wraps (the cpu backend, and the sycl backend
 where the verb exists there: push and drain exist only on sycl). ``BROKEN`` maps each ``--backend`` name to a
 factory: ``broken-<failure>`` wraps cpu, ``broken-sycl-<failure>`` wraps sycl. ``broken-declares-nothing``
-declares no lanes and no encodings: the minimum bar (conformance.bar), not a check, rejects it.
+declares no lanes and no encodings: the minimum bar (conformance.bar), not a check, rejects it;
+``broken-lacks-compute`` lacks a required verb: the contract's check refuses it and every check fails.
 """
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from conformance.broken_handles import (BrokenFenceEarly, BrokenFenceNever, BrokenLandedEarly, BrokenLandedNever,
-                                        BrokenOutOfOrder, BrokenPushLandedEarly, BrokenSeq, BrokenSeqStuck, _Wrap)
+from conformance.broken_handles import (BrokenCancelLies, BrokenFailureHidden, BrokenFenceEarly, BrokenFenceNever,
+                                        BrokenHandleKey, BrokenLandedEarly, BrokenLandedNever, BrokenOutOfOrder,
+                                        BrokenPrefetchLandedEarly, BrokenPushLandedEarly, BrokenSeq, BrokenSeqStuck,
+                                        BrokenWaitNever, _Wrap)
 from moetier.run.router import StoreRouter, topk_scores
 
 VICTIM = 5            # the key the one-wrong-expert mutant computes from its neighbour's slot
@@ -64,10 +67,17 @@ class BrokenRouteDroppedPick(_Wrap):
 # -- compute ----------------------------------------------------------------------------------------------------------
 
 class BrokenComputeScale(_Wrap):
-    """BROKEN: every output scaled by 1.001 (inside the old 5e-4 NMSE bound)."""
+    """BROKEN: every output scaled by 1.001 (an NMSE of 1e-6)."""
 
     def compute(self, lane, jobs, x):
         return {k: y * np.float32(1.001) for k, y in self._inner.compute(lane, jobs, x).items()}
+
+
+class BrokenComputeOneKeyScale(_Wrap):
+    """BROKEN: key VICTIM's output scaled by 1.001 (on exl3, inside the NMSE bound and, over all keys, the scale's)."""
+
+    def compute(self, lane, jobs, x):
+        return {k: y * np.float32(1.001) if k == VICTIM else y for k, y in self._inner.compute(lane, jobs, x).items()}
 
 
 class BrokenComputeWrongExpert(_Wrap):
@@ -232,6 +242,15 @@ class BrokenSlotReuse(_Wrap):
         self._flush()
 
 
+class BrokenLacksCompute(_Wrap):
+    """BROKEN: has no compute() - moetier.run.contract.check refuses it (ContractError): a failure, not a skip."""
+
+    def __getattr__(self, name):
+        if name == "compute":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
 class BrokenDeclaresNothing(_Wrap):
     """BROKEN: declares no lanes and no encodings - every check is NOT_SUPPORTED; the minimum bar rejects it."""
 
@@ -251,6 +270,7 @@ class Mutant:
     check: str              # the conformance check that must fail on it
     what: str               # what it breaks, in a few words (docs/conformance.md's table)
     bases: tuple = ("cpu", "sycl")
+    enc: str = "int8"       # the encoding of the kit its check is run on (tests/test_conformance_meta.py)
 
 
 _ROUTE, _NUM, _FILL = "test_route_top_k_of_the_store_router", "test_numerics_vs_reference", \
@@ -260,6 +280,8 @@ MUTANTS = (
     Mutant("route-not-renormalised", "route", BrokenRouteNotRenormalised, _ROUTE, "weights not rescaled to sum 1"),
     Mutant("route-dropped-pick", "route", BrokenRouteDroppedPick, _ROUTE, "one row loses a pick"),
     Mutant("compute-scale", "compute", BrokenComputeScale, _NUM, "every output x1.001"),
+    Mutant("compute-one-key-scale", "compute", BrokenComputeOneKeyScale, "test_exl3_expert_vs_float64",
+           "one key's output x1.001 (exl3)", enc="exl3"),
     Mutant("compute-wrong-expert", "compute", BrokenComputeWrongExpert, _NUM, "one key computed from another slot"),
     Mutant("compute-row-off-by-one", "compute", BrokenComputeRowOffByOne, _NUM, "a job's last row read one row on"),
     Mutant("nondeterministic", "compute", BrokenNondeterministic, "test_deterministic_bit_identical",
@@ -279,14 +301,26 @@ MUTANTS = (
            "copies the neighbouring VRAM slot", ("sycl",)),
     Mutant("landed-early", "landed", BrokenLandedEarly, "test_landed_never_before_readable",
            "True before the read starts"),
+    Mutant("prefetch-landed-early", "landed", BrokenPrefetchLandedEarly, "test_landed_never_before_readable",
+           "True before a prefetch read starts"),
     Mutant("landed-never", "landed", BrokenLandedNever, "test_fence_leaves_nothing_pending", "never True"),
+    Mutant("failure-hidden", "landed", BrokenFailureHidden, "test_failed_fill_never_lands",
+           "a failed read reported landed"),
     Mutant("out-of-order", "completed_seq", BrokenOutOfOrder, "test_seq_monotonic",
            "highest landed seq, not the watermark"),
     Mutant("seq-stuck", "completed_seq", BrokenSeqStuck, "test_seq_monotonic", "the watermark never moves"),
     Mutant("fence-early", "fence", BrokenFenceEarly, "test_fence_leaves_nothing_pending",
            "returns with transfers pending"),
     Mutant("fence-never", "fence", BrokenFenceNever, "test_fence_leaves_nothing_pending", "never returns"),
+    Mutant("fence-never-in-a-run", "fence", BrokenFenceNever, "test_plan_parity_with_simulator",
+           "a run's closing fence never returns"),
+    Mutant("cancel-lies", "cancel", BrokenCancelLies, "test_cancel_withdraws_only_what_never_lands",
+           "True for a read that still lands"),
+    Mutant("wait-never", "wait", BrokenWaitNever, _FILL, "never returns (the kit's loading waits)"),
+    Mutant("wait-never-in-a-run", "wait", BrokenWaitNever, "test_plan_parity_with_simulator",
+           "a run's wait never returns"),
     Mutant("seq", "handles", BrokenSeq, "test_seq_monotonic", "seq runs backwards"),
+    Mutant("handle-key", "handles", BrokenHandleKey, "test_seq_monotonic", "a handle carries another key"),
     Mutant("slot-reuse", "fill", BrokenSlotReuse, _FILL, "staging slot reused before it was copied out"),
 )
 
@@ -304,3 +338,11 @@ def _factory(cls, base):
 
 BROKEN = {name_of(m, b): _factory(m.cls, b) for m in MUTANTS for b in m.bases}
 BROKEN["broken-declares-nothing"] = _factory(BrokenDeclaresNothing, "cpu")
+
+
+def _lacks_compute(store, **kw):
+    from moetier.run.contract import check
+    return check(_factory(BrokenLacksCompute, "cpu")(store, **kw), "broken-lacks-compute")
+
+
+BROKEN["broken-lacks-compute"] = _lacks_compute

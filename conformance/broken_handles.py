@@ -1,8 +1,11 @@
-"""Deliberately BROKEN backends whose transfer handles lie - landed(), fence(), completed_seq() and seq - and
-``_Wrap``, the base of every mutant; test-only, listed with the others in conformance.broken.MUTANTS."""
+"""Deliberately BROKEN backends whose transfer handles lie - landed() (early, never, over a failure), wait(), fence(),
+cancel(), completed_seq() and seq - and ``_Wrap``, the base of every mutant; test-only, listed with the others in
+conformance.broken.MUTANTS."""
 from __future__ import annotations
 
 import threading
+
+from moetier.bytes.transport import TransportError
 
 HOLD = 5              # landed() polls a held transfer answers False before it reports landed
 
@@ -37,7 +40,8 @@ class _H:
 
 
 class _Deferred(_Wrap):
-    """Transfers of the kinds in ``DEFER`` start only on wait() or fence(); landed() of them is True at once."""
+    """Transfers of the kinds in ``DEFER`` (fill, prefetch: prefetch fills only, push) start only on wait() or
+    fence(); landed() of them is True at once."""
 
     DEFER: tuple = ()
 
@@ -58,7 +62,7 @@ class _Deferred(_Wrap):
             self._deferred.remove(h)
 
     def fill(self, key, slot, *, prefetch=False):
-        if "fill" not in self.DEFER:
+        if "fill" not in self.DEFER and not (prefetch and "prefetch" in self.DEFER):
             return self._inner.fill(key, slot, prefetch=prefetch)
         self._inner.ram_view(slot)[:] = 0
         return self._defer(key, lambda: self._inner.fill(key, slot))
@@ -91,6 +95,12 @@ class BrokenLandedEarly(_Deferred):
 
     def completed_seq(self):
         return self._seq
+
+
+class BrokenPrefetchLandedEarly(BrokenLandedEarly):
+    """BROKEN: as BrokenLandedEarly, for prefetch fills only (demand fills are honest)."""
+
+    DEFER = ("prefetch",)
 
 
 class BrokenPushLandedEarly(_Deferred):
@@ -185,18 +195,53 @@ class BrokenFenceEarly(_Held):
 
 
 class BrokenFenceNever(_Wrap):
-    """BROKEN: fence() never returns (it blocks until close(), so the process that gave up on it can end)."""
+    """BROKEN: fence() never returns, and so neither does close(), which fences first as the contract's close does
+    (both block on an event nothing sets; the process that gave up on them ends without them)."""
 
     def __init__(self, inner):
         super().__init__(inner)
-        self._closed = threading.Event()
+        self._never = threading.Event()
 
     def fence(self):
-        self._closed.wait()
+        self._never.wait()
 
     def close(self):
-        self._closed.set()
+        self.fence()
         self._inner.close()
+
+
+class BrokenWaitNever(_Wrap):
+    """BROKEN: wait() never returns (landed() and fence() still work)."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self._never = threading.Event()
+
+    def wait(self, h):
+        self._never.wait()
+
+
+class BrokenFailureHidden(_Wrap):
+    """BROKEN: a failed transfer (EIO, short read, checksum mismatch) reports landed; wait() returns as if it had."""
+
+    def landed(self, h):
+        try:
+            return self._inner.landed(h)
+        except TransportError:
+            return True
+
+    def wait(self, h):
+        try:
+            return self._inner.wait(h)
+        except TransportError:
+            return h
+
+
+class BrokenCancelLies(_Wrap):
+    """BROKEN: cancel() says every read was withdrawn; the read still lands, in a slot the host has reused."""
+
+    def cancel(self, h):
+        return True
 
 
 class BrokenSeq(_Issued):
@@ -213,3 +258,12 @@ class BrokenSeq(_Issued):
     def wait(self, h):
         self._inner.wait(h.inner)
         return h
+
+
+class BrokenHandleKey(BrokenSeq):
+    """BROKEN: a handle carries the next key, not the one it was issued for (its seq is right)."""
+
+    def _issued(self, h):
+        w = _H(h.seq, h.key + 1, None)
+        w.inner = h
+        return w

@@ -3,13 +3,14 @@
 Contract
 --------
 ``known()`` lists every name ``--backend`` accepts: the registered backends (``moetier.run.registry``: cpu, sycl,
-cuda and any other distribution's ``moetier.backends`` entry point) and the deliberately broken test-only ones (``conformance.broken.BROKEN``, names ``broken-*``).
+cuda and any other distribution's ``moetier.backends`` entry point) and the deliberately broken test-only ones
+(``conformance.broken.BROKEN``, names ``broken-*``).
 ``open_backend(name, store, ram_slots=, vram_slots=)`` constructs one (``BackendUnavailable`` with the backend's own
 one-line reason when its runtime or device is missing). ``table(be)`` is the capability table of a constructed
 backend: what it declares (``capabilities``: lanes, encodings, VRAM slots) plus the optional test hooks it offers
-(``ram_view`` for reading a RAM slot, ``read_vram`` for reading a VRAM slot: moetier.run.contract.TEST_HOOKS). Tests ask
-``lane_skip`` / ``encoding_skip`` / ``vram_skip`` for a reason string and skip with it (NOT_SUPPORTED: ...) - no
-test names a backend.
+(``ram_view`` for reading a RAM slot, ``read_vram`` for reading a VRAM slot: moetier.run.contract.TEST_HOOKS).
+Tests ask ``lane_skip`` / ``encoding_skip`` / ``vram_skip`` for a reason string and skip with it (NOT_SUPPORTED:
+...) - no test names a backend.
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def table(be) -> dict:
         "name": c.name, "device": c.device,
         "lanes": sorted(c.lanes), "encodings": sorted(c.encodings), "vram_slots": int(c.vram_slots),
         "push_drain": int(c.vram_slots) > 0,
-        "ram_readback": callable(getattr(be, "ram_view", None)),
+        "ram_readback": ram_reader(be) is not None,
         "vram_readback": vram_reader(be) is not None,
         "notes": list(c.notes),
     }
@@ -96,8 +97,9 @@ def vram_skip(be, need: int = 1):
 
 
 def ram_reader(be):
-    """slot -> uint8 view of a RAM slot (a test hook: ram_view), or None."""
-    return getattr(be, "ram_view", None)
+    """slot -> uint8 view of a RAM slot (the optional test hook ram_view), or None."""
+    f = getattr(be, "ram_view", None)
+    return f if callable(f) else None
 
 
 def vram_reader(be):

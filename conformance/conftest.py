@@ -1,4 +1,4 @@
-"""Fixtures of the conformance suite: the backend under test on small packed stores (both encodings), and the CI
+"""Fixtures of the conformance suite: the backend under test on small packed stores (int8, int4g32, exl3), and the CI
 recipe's store for the runtime checks.
 
 Slot map of a kit (one backend instance per encoding, shared by the whole session):
@@ -19,7 +19,7 @@ import pytest
 
 from conformance import capabilities as caps
 from conformance import report
-from moetier.run.contract import BackendUnavailable
+from moetier.run.contract import BackendUnavailable, ContractError
 
 # the OpenCL CPU runtime of the venv, before dpctl's first device enumeration (same rule as backends.sycl)
 if not os.environ.get("OCL_ICD_FILENAMES") and os.path.exists(sys.prefix + "/lib/libintelocl.so"):
@@ -31,7 +31,7 @@ LAYERS, EXPERTS = 2, 8
 NK = LAYERS * EXPERTS            # keys in a kit's store
 RAM_SCRATCH = 16
 VRAM_SCRATCH = 6
-FENCE_DEADLINE_S = 10.0          # a fence over the suite's few small transfers takes milliseconds
+FENCE_DEADLINE_S = 10.0          # a fence (or close) over the suite's few small transfers takes milliseconds
 
 
 def pytest_addoption(parser, pluginmanager):
@@ -92,10 +92,10 @@ class Kit:
     def load(self):
         be = self.be
         for h in [be.fill(k, k) for k in range(NK)]:
-            be.wait(h)
+            wait_within(be, h)
         if self.vram >= NK:
             for h in [be.push(k, k, k) for k in range(NK)]:
-                be.wait(h)
+                wait_within(be, h)
 
     def rec(self, k: int) -> np.ndarray:
         """The record bytes of key k as the store holds them (read from the data file)."""
@@ -120,11 +120,8 @@ class Kit:
     def xrows(self, rows: int, seed: int = 0) -> np.ndarray:
         return xrows(rows, seed, self.hidden)
 
-    def slot_for(self, lane: str, k: int) -> int:
-        return k                                     # canonical: RAM slot k and VRAM slot k hold key k
-
     def close(self):
-        self.be.close()
+        close_within(self.be)
 
 
 @pytest.fixture(scope="session")
@@ -134,7 +131,8 @@ def backend_name():
 
 @pytest.fixture(scope="session")
 def kits(tmp_path_factory, backend_name):
-    """kits(enc) -> a loaded Kit, or a skip (UNAVAILABLE: the backend's reason / NOT_SUPPORTED: the encoding)."""
+    """kits(enc) -> a loaded Kit, or a skip (UNAVAILABLE: the backend's reason / NOT_SUPPORTED: the encoding), or a
+    failure (a backend that breaks the contract: moetier.run.contract.ContractError)."""
     made: dict = {}
     root = str(tmp_path_factory.mktemp("kits"))
 
@@ -143,6 +141,8 @@ def kits(tmp_path_factory, backend_name):
         if enc not in made:
             try:
                 kit = Kit(backend_name, enc, root)
+            except ContractError as e:    # the backend is there and breaks the contract: every check fails
+                made[enc] = RuntimeError(str(e))
             except BackendUnavailable as e:
                 report.STATE["unavailable"] = str(e)
                 made[enc] = e
@@ -156,7 +156,7 @@ def kits(tmp_path_factory, backend_name):
                 else:
                     try:
                         kit.load()
-                    except Exception as e:  # a failed load fails every check that needs it, with the reason
+                    except (Exception, pytest.fail.Exception) as e:  # fails every check that needs it, with why
                         made[enc] = RuntimeError(f"loading the canonical keys failed: {type(e).__name__}: {e}")
                     else:
                         made[enc] = kit
@@ -204,11 +204,14 @@ def recipe_env(tmp_path_factory, backend_name):
 
 
 def runtime_backend(name: str, R, st, conc: int = 2):
-    """A fresh backend sized for a runtime run of recipe R (the headroom rule of `moetier run`)."""
+    """A fresh backend sized for a runtime run of recipe R (the headroom rule of `moetier run`), whose wait() has
+    returned once within the suite's deadline."""
     unavailable_skip()
     headroom = 2 * conc * R.topk + 2 * int(R.policy["prefetch"].get("budget", 8)) + 8
     try:
         be = caps.open_backend(name, st, ram_slots=min(R.keys, R.ram_slots) + headroom, vram_slots=R.vram_slots)
+    except ContractError as e:
+        pytest.fail(str(e))
     except BackendUnavailable as e:
         report.STATE["unavailable"] = str(e)
         pytest.skip(f"UNAVAILABLE: {e}")
@@ -216,8 +219,11 @@ def runtime_backend(name: str, R, st, conc: int = 2):
         report.STATE["capabilities"] = caps.table(be)
     why = caps.encoding_skip(be, st.layout.encoding)
     if why:
-        be.close()
+        close_within(be)
         pytest.skip(f"{why} (the encoding of the CI recipe {R.id})")
+    # a run's waits are the backend's own (a thread per wait, as wait_within, would change their timing): a wait
+    # that never returns fails here, before a run could hang on it
+    wait_within(be, be.fill(0, 0))
     return be
 
 
@@ -225,33 +231,77 @@ def xrows(rows: int, seed: int = 0, hidden: int = H) -> np.ndarray:
     return np.random.default_rng([SEED, seed, rows]).standard_normal((rows, hidden)).astype(np.float32)
 
 
-_HUNG: dict = {}                 # id(backend) -> the thread of its fence() that did not return in time
+_HUNG: dict = {}                 # id(backend) -> the thread of a bounded call (_within) that missed its deadline
 
 
-def fence_within(be, deadline_s: float = FENCE_DEADLINE_S):
-    """be.fence(), failing (never skipping) when it has not returned within ``deadline_s``: a fence that never
-    returns would otherwise hang the suite. The call is left behind in a daemon thread; while it is still blocked,
-    every later fence_within on that backend fails at once (hypothesis would otherwise wait out each example)."""
-    hung = _HUNG.get(id(be))
-    if hung is not None and hung.is_alive():
-        pytest.fail(f"an earlier fence() has not returned (it missed its {deadline_s} s deadline)")
-    done, raised = threading.Event(), []
+def _hung(be):
+    """The thread of ``be``'s bounded call still blocked past its deadline, or None."""
+    t = _HUNG.get(id(be))
+    return t if t is not None and t.is_alive() else None
+
+
+def refuse_hung(be) -> None:
+    """Fail at once when an earlier bounded call on ``be`` is still blocked (hypothesis would otherwise run, and
+    wait out, each example it tries)."""
+    hung = _hung(be)
+    if hung is not None:
+        pytest.fail(f"an earlier {hung.name}() has not returned (it missed its deadline)")
+
+
+def _within(be, verb: str, deadline_s: float, *args):
+    """be.<verb>(*args) on a daemon thread, failing (never skipping) when it has not returned within ``deadline_s``:
+    a verb that never returns would otherwise hang the suite. The call is left behind; while it is still blocked,
+    every later bounded call on that backend fails at once (``refuse_hung``). Returns what the verb returned."""
+    refuse_hung(be)
+    done, raised, got = threading.Event(), [], []
 
     def call():
         try:
-            be.fence()
+            got.append(getattr(be, verb)(*args))
         except BaseException as e:  # handed back to the test's thread
             raised.append(e)
         finally:
             done.set()
 
-    t = threading.Thread(target=call, name="conformance-fence", daemon=True)
+    t = threading.Thread(target=call, name=verb, daemon=True)
     t.start()
     if not done.wait(deadline_s):
         _HUNG[id(be)] = t
-        pytest.fail(f"fence() did not return within {deadline_s} s")
+        pytest.fail(f"{verb}() did not return within {deadline_s} s")
     if raised:
         raise raised[0]
+    return got[0]
+
+
+def wait_within(be, h, deadline_s: float = FENCE_DEADLINE_S):
+    """be.wait(h) within ``deadline_s`` (``_within``): a wait that never returns fails the check that called it."""
+    return _within(be, "wait", deadline_s, h)
+
+
+def fence_within(be, deadline_s: float = FENCE_DEADLINE_S):
+    """be.fence() within ``deadline_s`` (``_within``): a fence that never returns fails the check that called it."""
+    _within(be, "fence", deadline_s)
+
+
+def close_within(be, deadline_s: float = FENCE_DEADLINE_S):
+    """be.close() (which fences first) within ``deadline_s``; a backend whose bounded call already missed its
+    deadline is left as it is (that check failed already, and the process ends without it)."""
+    if _hung(be) is None:
+        _within(be, "close", deadline_s)
+
+
+class FenceBound:
+    """The backend under test with its fence() held to the suite's deadline (``fence_within``): a runtime run ends
+    with the backend's fence, and one that never returns must fail the check, not hang the suite."""
+
+    def __init__(self, be):
+        self._be, self.capabilities = be, be.capabilities
+
+    def __getattr__(self, name):
+        return getattr(self._be, name)
+
+    def fence(self):
+        fence_within(self._be)
 
 
 def poll_landed(be, hs, check, deadline_s=30.0):

@@ -35,6 +35,6 @@ def markdown(rep: dict) -> str:
     if num:
         lines += ["", "Numerics against the float64 reference, measured beside the bounds (docs/conformance.md):", "",
                   "| lane-encoding | worst NMSE | bound | best scale - 1 | bound |", "|---|---|---|---|---|"]
-        lines += [f"| {k} | {f['nmse']:.3g} | {f['nmse_bound']:.3g} | {f['scale_minus_1']:+.2g} | {f['scale_bound']:g} |"
-                  for k, f in sorted(num.items())]
+        lines += [f"| {k} | {f['nmse']:.3g} | {f['nmse_bound']:.3g} | {f['scale_minus_1']:+.2g} | "
+                  f"{f['scale_bound']:g} |" for k, f in sorted(num.items())]
     return "\n".join(lines) + "\n"

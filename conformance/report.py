@@ -14,7 +14,7 @@ module is loaded as a plugin up front: ``pytest -p conformance.report --pyargs c
 late registration the environment variables MOETIER_CONFORMANCE_BACKEND / _REPORT / _WRITE_ENGINE stand in.
 
 The report: {"backend", "capabilities" (the table, or null), "unavailable" (the BackendUnavailable reason, or
-null), "counts" {passed, failed, skipped}, "checks" [{"check", "outcome", "reason", "seconds"}], "numerics"
+null), "counts" {pass, fail, skip}, "checks" [{"check", "outcome", "reason", "seconds"}], "numerics"
 {"<lane>-<encoding>": {nmse, nmse_bound, scale_minus_1, scale_bound, outputs}}, "perf" (the perf section's checks,
 not counted), "costs" (measured lane costs and push GB/s), "engine" (the validated engine record), "engine_path"};
 ``build_report()`` gives it in-process after the run (``moetier conformance`` reads it there).
@@ -84,7 +84,8 @@ def pytest_configure(config):
         STATE["hypothesis_home"] = home
     STATE.update(backend=name, report=option(config, "report"),
                  write_engine=option(config, "write_engine"),
-                 replace_engine=bool(config.getoption("replace_engine", False)), unavailable=None, capabilities=None, checks={},
+                 replace_engine=bool(config.getoption("replace_engine", False)), unavailable=None, capabilities=None,
+                 checks={},
                  costs={}, engine=None, engine_path=None, t0=time.time(), perf_on=bool(option(config, "perf")),
                  perf={}, numerics={})
     config.addinivalue_line("markers", "perf: a figure of the perf section (--perf); never a pass or a fail")

@@ -37,7 +37,7 @@ def test_numerics_vs_reference(kits, lane, enc):
     x = kit.xrows(8)
     tally = bounds.Tally(enc)
     for m in ROWS:
-        out = kit.be.compute(lane, [(k, kit.slot_for(lane, k), list(range(m))) for k in range(NK)], x)
+        out = kit.be.compute(lane, [(k, k, list(range(m))) for k in range(NK)], x)
         assert sorted(out) == list(range(NK)), f"compute returned keys {sorted(out)}"
         for k in range(NK):
             y = out[k]
@@ -45,7 +45,7 @@ def test_numerics_vs_reference(kits, lane, enc):
             assert np.isfinite(y).all(), f"key {k} rows {m}: non-finite output"
             tally.add(y, kit.ref(k, x)[:m], f"key {k} rows {m}")
     # ragged: key k reads rows (k % 8) + 1 rows picked out of order
-    jobs = [(k, kit.slot_for(lane, k), [(k + 3 * i) % 8 for i in range(k % 8 + 1)]) for k in range(NK)]
+    jobs = [(k, k, [(k + 3 * i) % 8 for i in range(k % 8 + 1)]) for k in range(NK)]
     out = kit.be.compute(lane, jobs, x)
     for k, _, rows in jobs:
         assert out[k].shape == (len(rows), x.shape[1]), (k, rows, out[k].shape)
@@ -73,7 +73,7 @@ def test_deterministic_bit_identical(kits, lane, enc):
     kit = kits(enc)
     _lane(kit, lane)
     x = kit.xrows(6, seed=1)
-    jobs = [(k, kit.slot_for(lane, k), list(range(k % 6 + 1))) for k in range(NK)]
+    jobs = [(k, k, list(range(k % 6 + 1))) for k in range(NK)]
     a = kit.be.compute(lane, jobs, x)
     for rep in range(2):
         b = kit.be.compute(lane, jobs, x)

@@ -2,7 +2,7 @@
 repeated runtime run gives bit-identical outputs."""
 from __future__ import annotations
 
-from conformance.conftest import runtime_backend
+from conformance.conftest import FenceBound, close_within, runtime_backend
 from moetier.run import runtime
 from moetier.core import sim
 
@@ -19,10 +19,11 @@ def test_plan_parity_with_simulator(recipe_env, backend_name):
     got, want = [], []
     be = runtime_backend(backend_name, R, st, conc=CONC)
     try:
-        r1 = runtime.run(R, st, be, tr, CONC, max_steps=STEPS, plan_hook=lambda s, l, p: got.append((s, l, _lanes(p))))
-        r2 = runtime.run(R, st, be, tr, CONC, max_steps=STEPS)
+        run = FenceBound(be)
+        r1 = runtime.run(R, st, run, tr, CONC, max_steps=STEPS, plan_hook=lambda s, l, p: got.append((s, l, _lanes(p))))
+        r2 = runtime.run(R, st, run, tr, CONC, max_steps=STEPS)
     finally:
-        be.close()
+        close_within(be)
     sim.run(R, tr, CONC, max_steps=STEPS, plan_hook=lambda s, l, p: want.append((s, l, _lanes(p))))
     assert len(got) == len(want), f"runtime planned {len(got)} layers, the simulator {len(want)}"
     for g, w in zip(got, want):

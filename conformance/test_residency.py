@@ -2,8 +2,9 @@
 
 A ``Chaos`` wrapper around the backend under test delays completions at random (landed() answers False for a random
 number of polls) and reorders them (wait(h) may first complete other outstanding handles, and sleeps a little).
-Hypothesis drives runtime runs of the backend's CI recipe (seeds, concurrency, RAM/VRAM pressure) through it, with
-two instruments:
+Hypothesis drives runtime runs of the backend's CI recipe (seeds, concurrency, RAM/VRAM pressure, and prefetch reads
+on or off: the CI recipes issue none, and prefetch reads are the ones the runtime cancels or leaves in flight) through
+it, with two instruments:
 
 * compute(): every (key, slot) a lane reads must hold that key's bytes from a transfer the host saw land (via
   landed() or wait()), and the ledger must count the key resident (gpu lane: VRAM; RAM lanes: resident or staged);
@@ -18,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
 
-from conformance.conftest import runtime_backend
+from conformance.conftest import close_within, fence_within, refuse_hung, runtime_backend
 from moetier.core import ledger as ledger_mod
 from moetier.run import runtime
 from moetier.core import records as spec
@@ -58,8 +59,8 @@ class Chaos:
         self.pending.append(h)
         return h
 
-    def fill(self, key, slot):
-        return self._track("fill", key, self._inner.fill(key, slot), self.ram_owner, slot)
+    def fill(self, key, slot, *, prefetch=False):
+        return self._track("fill", key, self._inner.fill(key, slot, prefetch=prefetch), self.ram_owner, slot)
 
     def push(self, key, src_slot, vram_slot):
         return self._track("push", key, self._inner.push(key, src_slot, vram_slot), self.vram_owner, vram_slot)
@@ -98,7 +99,7 @@ class Chaos:
         return r
 
     def fence(self):
-        self._inner.fence()
+        fence_within(self._inner)          # a run's closing fence that never returns fails the check
 
     def completed_seq(self):
         return self._inner.completed_seq()
@@ -162,11 +163,14 @@ def rt_backend(recipe_env, backend_name):
     _, R, st, _ = recipe_env
     be = runtime_backend(backend_name, R, st, conc=2)
     yield be
-    be.close()
+    close_within(be)
 
 
-def _recipe(rid, R, pressure):
-    sets = []
+PREFETCH = ["policy.prefetch.depth=1", "policy.prefetch.predictor=recall", "policy.prefetch.recall=0.7"]
+
+
+def _recipe(rid, R, pressure, prefetch):
+    sets = list(PREFETCH) if prefetch else []
     if pressure == "tight":
         sets.append(f"budget.ram_gb={float(R.raw['budget']['ram_gb']) * 0.6:.4f}")
         if R.vram_slots:
@@ -176,10 +180,12 @@ def _recipe(rid, R, pressure):
 
 @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(seed=hst.integers(0, 2**31 - 1), conc=hst.sampled_from([1, 2]), pressure=hst.sampled_from(["recipe", "tight"]))
-def test_residency_rule_under_adversarial_timing(recipe_env, rt_backend, seed, conc, pressure):
+@given(seed=hst.integers(0, 2**31 - 1), conc=hst.sampled_from([1, 2]), pressure=hst.sampled_from(["recipe", "tight"]),
+       prefetch=hst.booleans())
+def test_residency_rule_under_adversarial_timing(recipe_env, rt_backend, seed, conc, pressure, prefetch):
+    refuse_hung(rt_backend)
     rid, _, st, tr = recipe_env
-    R = _recipe(rid, recipe_env[1], pressure)
+    R = _recipe(rid, recipe_env[1], pressure, prefetch)
     chaos = Chaos(rt_backend, seed)
     with _Instrumented(chaos):
         res = runtime.run(R, st, chaos, tr, conc, max_steps=STEPS, seed=seed % 7)

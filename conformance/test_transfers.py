@@ -1,5 +1,6 @@
 """Transfers: fill/push land exactly the manifest bytes, drain returns what was pushed, landed() is never early,
-fence() leaves nothing pending, seq is monotonic."""
+fence() leaves nothing pending, a failed fill never lands, cancel() withdraws only reads that never land, seq is
+monotonic."""
 from __future__ import annotations
 
 import time
@@ -8,8 +9,11 @@ import numpy as np
 import pytest
 
 from conformance import capabilities as caps
-from conformance.conftest import NK, RAM_SCRATCH, VRAM_SCRATCH, fence_within, first_kit, poll_landed
+from conformance.conftest import (NK, RAM_SCRATCH, VRAM_SCRATCH, close_within, fence_within, first_kit,
+                                  poll_landed)
 from moetier.bytes import store as _store
+from moetier.bytes.transport import TransportError
+from moetier.run.contract import BackendUnavailable
 
 SEQ_DEADLINE_S = 10.0
 ENC = caps.ENCODINGS + ("exl3",)        # byte moves: every encoding a backend declares, the engines' exl3 too
@@ -60,21 +64,30 @@ def test_fill_lands_manifest_bytes(kits, enc):
 
 @pytest.mark.parametrize("enc", ENC)
 def test_push_lands_manifest_bytes(kits, enc):
-    """RAM -> VRAM pushes land the record bytes (read back through the VRAM hook when offered, else through a
-    drain into a zeroed RAM slot)."""
+    """RAM -> VRAM pushes land the record bytes: read back through the VRAM hook when offered, through a drain into
+    a zeroed RAM slot when RAM can be read back, and on the gpu lane by computing the key's canonical bits from the
+    slot pushed to; a backend that offers none of the three skips, as nothing could be judged."""
     kit = kits(enc)
     _need(caps.vram_skip(kit.be, NK + 1))
     be = kit.be
+    rd, ram, gpu = caps.vram_reader(be), caps.ram_reader(be), caps.lane_skip(be, "gpu") is None
+    if rd is None and ram is None and not gpu:
+        pytest.skip(f"NOT_SUPPORTED: backend {be.capabilities.name} offers no read_vram(slot) or ram_view(slot) "
+                    "test hook and no gpu lane: pushed bytes cannot be read back")
     keys = [2, 5, 11, NK - 1][:VRAM_SCRATCH]
     for i, k in enumerate(keys):
         be.wait(be.push(k, k, NK + i))
-    rd = caps.vram_reader(be)
+    x = kit.xrows(2, seed=8)
     for i, k in enumerate(keys):
         if rd is not None:
             got = np.asarray(rd(NK + i))[:kit.rb]
             assert np.array_equal(got, kit.rec(k)), f"push key {k} -> VRAM slot {NK + i}: bytes differ"
-        if caps.ram_reader(be) is not None:
-            be.ram_view(NK + i)[:] = 0
+        if gpu:
+            want, got = (be.compute("gpu", [(k, s, [0, 1])], x)[k] for s in (k, NK + i))
+            assert got.tobytes() == want.tobytes(), \
+                f"push key {k} -> VRAM slot {NK + i}: the gpu lane computes other bits there than from VRAM slot {k}"
+        if ram is not None:
+            ram(NK + i)[:] = 0
             be.wait(be.drain(k, NK + i, NK + i))
             got = _ram_bytes(kit, NK + i)
             assert _digest_ok(kit, k, got), f"push key {k} -> VRAM slot {NK + i}: drained bytes fail the checksum"
@@ -82,8 +95,8 @@ def test_push_lands_manifest_bytes(kits, enc):
 
 @pytest.mark.parametrize("enc", ENC)
 def test_drain_returns_pushed_bytes(kits, enc):
-    """drain(VRAM slot -> zeroed RAM slot) returns exactly the bytes that were pushed there, and the drained copy
-    computes the same bits as the VRAM copy it came from."""
+    """drain(VRAM slot -> zeroed RAM slot) returns exactly the bytes that were pushed there (that the drained copy
+    computes the VRAM copy's bits is test_tier_invariance_through_vram)."""
     kit = kits(enc)
     _need(caps.vram_skip(kit.be, NK + 1))
     _need_ram_readback(kit)
@@ -99,9 +112,9 @@ def test_drain_returns_pushed_bytes(kits, enc):
 
 @pytest.mark.parametrize("enc", ENC)
 def test_landed_never_before_readable(kits, enc):
-    """The first time landed(h) is True the destination already holds the bytes: fills into zeroed RAM slots
-    (checked byte for byte) and, with a VRAM tier, pushes over another key's bytes (checked by computing on the
-    gpu lane the moment landed() says so)."""
+    """The first time landed(h) is True the destination already holds the bytes: fills into zeroed RAM slots, every
+    other one a prefetch read (checked byte for byte) and, with a VRAM tier, pushes over another key's bytes
+    (checked by computing on the gpu lane the moment landed() says so)."""
     kit, slots, keys = _zeroed_scratch(kits(enc), 5, 2)
     be = kit.be
     where = {}
@@ -112,8 +125,8 @@ def test_landed_never_before_readable(kits, enc):
             f"landed() was True for fill key {k} -> slot {s} before its bytes were readable"
 
     hs = []
-    for k, s in zip(keys, slots):
-        h = be.fill(k, s)
+    for i, (k, s) in enumerate(zip(keys, slots)):
+        h = be.fill(k, s, prefetch=bool(i % 2))
         where[id(h)] = (k, s)
         hs.append(h)
     poll_landed(be, hs, check_fill)
@@ -155,22 +168,82 @@ def test_fence_leaves_nothing_pending(kits, enc):
         assert be.outstanding == 0, f"outstanding {be.outstanding} after fence()"
 
 
+FAULTS = {"eio": 1, "short": 6, "flip": 11}     # fault kind -> the key whose read the fault seam damages
+
+
+def test_failed_fill_never_lands(kits, backend_name):
+    """A fill the fault seam damages (moetier.bytes.faults.FaultPlan through the ``faults`` option, every read
+    verified: EIO, a short read, a flipped byte) is a failed transfer: landed() and wait() raise TransportError,
+    never report it landed (the host would compute from bytes that are not the key's). Skips when the backend's
+    factory takes no ``faults`` option."""
+    from moetier.bytes.faults import FaultPlan
+    kit = first_kit(kits)
+    plan = FaultPlan(**{kind: (k,) for kind, k in FAULTS.items()})
+    try:
+        be = caps.open_backend(backend_name, kit.store, ram_slots=len(FAULTS), faults=plan, verify_rate=1.0)
+    except BackendUnavailable as e:
+        pytest.skip(f"NOT_SUPPORTED: {e}")
+    try:
+        hs = {kind: be.fill(k, i) for i, (kind, k) in enumerate(FAULTS.items())}
+        for kind, h in hs.items():
+            with pytest.raises(TransportError):
+                be.wait(h)
+            with pytest.raises(TransportError):
+                landed = be.landed(h)
+                pytest.fail(f"landed() answered {landed} for a fill of key {FAULTS[kind]} that failed ({kind})")
+    finally:
+        close_within(be)
+
+
+PREFETCH = 4            # queued prefetch reads the cancel check withdraws (a Reader starts one at a time)
+
+
+def test_cancel_withdraws_only_what_never_lands(kits):
+    """cancel(h) of queued prefetch reads into zeroed slots, newest first: a read it says it withdrew (True) is
+    cancelled - landed() never True, the slot still zeros after fence() - for the host hands that slot to another
+    key at once; one it kept (False) lands its bytes as usual. Skips when it withdrew none (the contract's default
+    cancel returns False)."""
+    kit, slots, keys = _zeroed_scratch(first_kit(kits), 7, 3)
+    be = kit.be
+    hs = [be.fill(k, s, prefetch=True) for k, s in zip(keys[:PREFETCH], slots)]
+    withdrawn = {id(h) for h in reversed(hs) if be.cancel(h)}
+    fence_within(be)
+    for h, k, s in zip(hs, keys, slots):
+        if id(h) in withdrawn:
+            try:
+                landed = be.landed(h)
+            except TransportError:
+                landed = False
+            assert not landed and h.state == "cancelled", \
+                f"cancel() withdrew the read of key {k} -> slot {s}, yet it is {h.state} (landed() {landed})"
+            assert not _ram_bytes(kit, s).any(), f"cancel() withdrew the read of key {k}, yet slot {s} was written"
+        else:
+            assert be.landed(h) and np.array_equal(_ram_bytes(kit, s), kit.rec(k)), \
+                f"the read of key {k} -> slot {s} that cancel() kept did not land its bytes"
+    if not withdrawn:
+        pytest.skip(f"NOT_SUPPORTED: backend {be.capabilities.name}'s cancel() withdrew none of {PREFETCH} queued "
+                    "prefetch reads")
+
+
 @pytest.mark.parametrize("enc", ENC)
 def test_seq_monotonic(kits, enc):
-    """Handles carry strictly increasing seq across kinds in issue order; completed_seq() never goes back and
-    every handle at or below it has landed."""
+    """Handles carry strictly increasing seq across kinds in issue order, and the key each was issued for;
+    completed_seq() never goes back and every handle at or below it has landed."""
     kit = kits(enc)
     be = kit.be
-    hs = []
+    hs, keys = [], []
     for i in range(8):
         hs.append(be.fill((i * 3) % NK, NK + i))
+        keys.append((i * 3) % NK)
         if kit.vram >= NK + VRAM_SCRATCH and i < VRAM_SCRATCH:
             hs.append(be.push(i, i, NK + i))
+            keys.append(i)
     if kit.vram >= NK + VRAM_SCRATCH:
         hs.append(be.drain(0, NK, NK + 9))
+        keys.append(0)
     seqs = [h.seq for h in hs]
     assert all(b > a for a, b in zip(seqs, seqs[1:])), f"seq not strictly increasing in issue order: {seqs}"
-    assert all(hasattr(h, "key") for h in hs)
+    assert [h.key for h in hs] == keys, f"handle keys {[h.key for h in hs]}, issued for {keys}"
     last = -1
     t_end = time.monotonic() + SEQ_DEADLINE_S
     while True:

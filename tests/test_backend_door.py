@@ -57,6 +57,10 @@ def test_check_binds_every_optional_default_and_names_missing_required_verbs():
         _Minimal.compute = lambda self, lane, jobs, x: {}
     with pytest.raises(ContractError, match="lacks push, drain"):     # a VRAM tier makes them required
         contract.check(_Minimal(vram_slots=4))
+    uncallable = _Minimal()
+    uncallable.fence = None                                           # there, but not a verb
+    with pytest.raises(ContractError, match=r"lacks fence \(required\)"):
+        contract.check(uncallable, "fake-min")
 
 
 def test_registry_passes_only_the_options_a_factory_takes():

@@ -1,8 +1,8 @@
 """The conformance suite catches breakage: every deliberately broken backend (conformance.broken.MUTANTS, over the
 cpu backend and, where the verb exists, the sycl backend) fails the check it names, the real cpu and sycl backends
 pass with their measured numerics inside the bounds, the bounds reject a uniform x1.001 scale, the perf section
-counts nothing, a backend that declares nothing fails the minimum bar, and the residency instruments flag a runtime
-that lands early.
+counts nothing, a backend that declares nothing fails the minimum bar, one that lacks a required verb fails its checks,
+and the residency instruments flag a runtime that lands early.
 
 The table "broken backend -> check that caught it" is printed by ``pytest tests/test_conformance_meta.py -rP -k
 table`` (and checked against docs/conformance.md)."""
@@ -60,16 +60,19 @@ def _fails(data):
 
 
 def _select(m) -> str:
-    """The mutant's check on the int8 kit only (the suite's other encodings add time, not coverage of the verb)."""
-    return f"{m.check} and not int4g32 and not exl3"
+    """The mutant's check on its kit's encoding only (the suite's other encodings add time, not coverage of the
+    verb): int8, or a check of the exl3 kit's own."""
+    return f"{m.check} and not int4g32 and not exl3" if m.enc == "int8" else m.check
 
 
 @pytest.fixture(scope="module")
-def caught(tmp_path_factory):
-    """{broken backend name: (exit status, failed checks)}: the suite's checks, each mutant's own selection, run
-    PARALLEL at a time; the sycl mutants are left out (and their tests skip or fail) where SYCL cannot run."""
+def caught(request, tmp_path_factory):
+    """{broken backend name: (exit status, failed checks)} of the mutants whose test this session selected (``-k
+    fence_never`` runs those alone): the suite's checks, each mutant's own selection, run PARALLEL at a time; the
+    sycl mutants are left out (and their tests skip) where SYCL cannot run."""
     sycl_why = _sycl_why()
-    cases = [(m, b) for m, b in CASES if b != "sycl" or sycl_why is None]
+    chosen = {it.callspec.id for it in request.session.items if it.originalname == "test_broken_backend_is_caught"}
+    cases = [(m, b) for m, b in CASES if name_of(m, b) in chosen and (b != "sycl" or sycl_why is None)]
 
     def one(case):
         m, b = case
@@ -158,6 +161,15 @@ def test_declares_nothing_fails_the_minimum_bar_in_one_line(tmp_path):
     assert len(err) == 1 and "declares no lanes" in err[0] and "Traceback" not in r.stderr, r.stderr
     data = json.loads(rep.read_text())
     assert data["counts"]["pass"] == 0 and data["counts"]["fail"] == 0
+
+
+def test_a_backend_lacking_a_required_verb_fails_and_is_not_unavailable(tmp_path):
+    """A backend the contract's check refuses (ContractError: no compute) is there and broken: its checks fail with
+    that line (exit 1), where a missing runtime or device skips them all as UNAVAILABLE (exit 2)."""
+    r, data = _run(tmp_path, "broken-lacks-compute", "(fill_lands and int8) or plan_parity")
+    assert r.returncode == 1 and data["unavailable"] is None, (r.returncode, data["unavailable"])
+    assert _fails(data) == ["test_fill_lands_manifest_bytes[int8]", "test_plan_parity_with_simulator"], _fails(data)
+    assert all("lacks compute (required)" in c["reason"] for c in data["checks"]), data["checks"]
 
 
 def test_markdown_report_shows_the_numerics_beside_their_bounds():

@@ -7,11 +7,13 @@ and exits
   0  every check that ran passed (NOT_SUPPORTED checks are skipped with their reason) and, on a full run (no -k,
      no -x), the backend meets the minimum bar (conformance.bar: one lane's numerics, fill, landed/fence, the
      residency rule),
-  1  at least one check failed, or the minimum bar is not met (one line on stderr says which part and why; a
-     backend that declares no lanes is named as such),
-  2  a user error: an unknown backend name, or NOTHING could run because the backend's runtime or device is
-     missing (the one-line BackendUnavailable reason is printed, e.g. "no CUDA device"); a --report is still
-     written with every check skipped.
+  1  at least one check failed (a backend moetier.run.contract.check refuses fails every check), or the minimum
+     bar is not met (one line on stderr says which part and why; a backend that declares no lanes is named as
+     such),
+  2  a user error: an unknown backend name, a -k expression pytest cannot parse, or NOTHING could run because the
+     backend's runtime or device is missing (the one-line BackendUnavailable reason is printed, e.g. "no CUDA
+     device"); a --report is still written with every check skipped;
+  130  interrupted (Ctrl-C, SIGTERM) before the run ended, whatever had passed by then.
 
 The summary table (check | pass/fail/skip | reason) is printed at the end. Files only where asked: the JSON report
 and the measured engine record beside it with --report, the markdown page with --md (conformance.publish), the engine
@@ -54,7 +56,9 @@ def pytest_args(backend: str, report: str | None, *, write_engine=None, select=N
     from conformance import capabilities
     pkg = os.path.dirname(os.path.abspath(capabilities.__file__))   # a path, not --pyargs: works from any cwd even
     args = ["-p", "conformance.report", pkg, "--backend", backend,  # under an old editable install
-            "-rs", "-p", "no:cacheprovider", "-o", "addopts=", "-o", "testpaths=", "-q"]
+            "-rs", "-p", "no:cacheprovider", "-o", "addopts=", "-o", "testpaths=", "-q",
+            # this process imported the plugin before pytest could rewrite its asserts (the checks' are rewritten)
+            "-W", "ignore::pytest.PytestAssertRewriteWarning"]
     if report:
         args += ["--report", report]
     if write_engine:
@@ -72,6 +76,30 @@ def pytest_args(backend: str, report: str | None, *, write_engine=None, select=N
     return args
 
 
+def _refused_or_interrupted(pytest, rc) -> bool:
+    """True when pytest refused its arguments (it printed its one line: a -k it cannot parse); KeyboardInterrupt
+    when the run was interrupted (Ctrl-C, SIGTERM), for what passed before that shows nothing."""
+    if int(rc) == pytest.ExitCode.INTERRUPTED:
+        raise KeyboardInterrupt
+    return int(rc) == pytest.ExitCode.USAGE_ERROR
+
+
+def _outputs_writable(args) -> str | None:
+    """Every file the run was asked to write can be written (UserError naming the option, before the suite runs,
+    not after); the --report path, absolute, with a report left there by an earlier run removed."""
+    report = os.path.abspath(args.report) if args.report else None
+    if report:
+        check_out(report, "--report")
+    if args.md:
+        check_out(os.path.abspath(args.md), "--md")
+    if args.write_engine is not None:
+        from moetier.core import records as spec
+        spec.check_writable("engine", args.write_engine, force=args.force, overlay=args.force)
+    if report and os.path.exists(report):
+        os.unlink(report)
+    return report
+
+
 def cmd_conformance(args) -> int:
     from conformance import bar, capabilities
     capabilities.check_name(args.backend)               # UserError -> one line, exit 2
@@ -80,20 +108,13 @@ def cmd_conformance(args) -> int:
     except ImportError:
         raise UserError("conformance: pytest is not installed (pip install 'moetier[test]')") from None
     from conformance import report as plugin
-    report = os.path.abspath(args.report) if args.report else None
-    if report:
-        check_out(report, "--report")                   # before the suite runs, not after
-    if args.md:
-        check_out(os.path.abspath(args.md), "--md")
-    if args.write_engine is not None:
-        from moetier.core import records as spec
-        spec.check_writable("engine", args.write_engine, force=args.force, overlay=args.force)
-    if report and os.path.exists(report):
-        os.unlink(report)
+    report = _outputs_writable(args)
     plugin.STATE.clear()
     rc = pytest.main(pytest_args(args.backend, report, write_engine=args.write_engine, select=args.select,
                                  exitfirst=args.exitfirst, verbose=args.verbose, force=args.force,
                                  perf=args.perf))
+    if _refused_or_interrupted(pytest, rc):
+        return 2
     rep = plugin.build_report() if plugin.STATE.get("checks") else None
     if rep is not None and args.md:
         from conformance.publish import markdown

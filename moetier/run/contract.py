@@ -8,13 +8,13 @@ backend hands out from its arenas: a RAM slot (host memory the cpu and zerocopy 
 (moetier.run.registry), whose target is a factory ``(store, *, ram_slots, vram_slots=0, **options) -> backend``;
 the registry passes an option only when the factory's signature accepts it (``OPTIONS``).
 
-Required (``REQUIRED``; ``check`` refuses a backend without one, naming each missing)
+Required (``REQUIRED``; ``check`` refuses a backend without one, or with a verb that is not callable, naming each)
 
     capabilities                  -> Capabilities: lanes it can run, encodings, VRAM slot count
     ram_slot_count                -> int, RAM slots in its arena (the runtime's slot allocator hands them out)
     compute(lane, jobs, x)        -> {key: y [len(rows), H] float32}; jobs = [(key, slot, rows)]; lane in
                                      {"cpu", "zerocopy", "gpu"}; pure: same bytes + same rows -> same bits
-    fill(key, slot, prefetch=False) -> Handle: async NVMe record -> RAM slot; prefetch reads yield to demand reads.
+    fill(key, slot, *, prefetch=False) -> Handle: async NVMe record -> RAM slot; prefetch reads yield to demand reads.
                                      moetier.bytes.transport.Reader does it over any pool that follows the slot pool
                                      protocol (moetier.bytes.pool: ``BufferSlotPool`` over the device's host memory)
     landed(handle)                -> bool, non-blocking; True only when the bytes are readable at the destination
@@ -34,6 +34,8 @@ Optional (``OPTIONAL``: verb -> what a backend without it does; ``check`` binds 
 
     push / drain                  -> raise BackendUnavailable: no VRAM tier
     cancel(handle)                -> False: nothing is withdrawn (a prefetch read then lands and is used or dropped)
+                                     else True only for a read that never lands (state cancelled, its slot untouched:
+                                     the host reuses the slot at once)
     route(layer, x, rows)         -> raise BackendUnavailable: no router of its own (the runtime then routes by a
                                      trace; ``moetier.run.router.StoreRouter`` routes with the store's router
                                      weights: returns picks [len(x)][topk] and weights [len(x)][topk])
@@ -51,8 +53,9 @@ Telemetry (optional; what calibration and `moetier run` read, ``TELEMETRY`` give
                                      [(burst, queue depth, ms)] (moetier.bytes.transport.Reader.read_timing)
 
 Test-only hooks (``TEST_HOOKS``; the conformance suite uses them when offered and says so in its capability table;
-the runtime never calls them): ``ram_view(slot)`` a uint8 view of a RAM slot; ``read_vram(slot)`` a host copy of a
-VRAM slot's bytes; ``exl3_decode(lane, trellis, codebook)``, ``exl3_raw_gemm(lane, xh, trellis, codebook)``,
+the runtime never calls them): ``ram_view(slot)`` a uint8 view of a RAM slot (the minimum bar's fill and
+landed-before-readable checks read through it, so a backend without it cannot pass); ``read_vram(slot)`` a host
+copy of a VRAM slot's bytes; ``exl3_decode(lane, trellis, codebook)``, ``exl3_raw_gemm(lane, xh, trellis, codebook)``,
 ``exl3_int_forward(lane, jobs, x, shift, a_max)`` the EXL3 kernel's parts (conformance/test_exl3.py).
 
 Handles carry a monotonic ``seq`` per backend (moetier.run.events shares that logic between backends), the
@@ -74,6 +77,7 @@ from typing import Protocol, runtime_checkable
 LANES = ("cpu", "zerocopy", "gpu")
 REQUIRED = ("capabilities", "ram_slot_count", "compute", "fill", "landed", "wait", "fence", "completed_seq", "close")
 VRAM_REQUIRED = ("push", "drain")
+VALUES = ("capabilities", "ram_slot_count")          # the required members that are values; the rest are verbs
 OPTIONAL = {
     "push": "raises BackendUnavailable (no VRAM tier)",
     "drain": "raises BackendUnavailable (no VRAM tier)",
@@ -172,9 +176,10 @@ class Defaults:
 
 
 def missing(be) -> list:
-    """The required verbs ``be`` lacks (push and drain too when it declares VRAM slots)."""
+    """The required members ``be`` lacks (push and drain too when it declares VRAM slots); a verb that is there but
+    not callable (``compute = None``) counts as lacking."""
     need = REQUIRED + (VRAM_REQUIRED if int(getattr(getattr(be, "capabilities", None), "vram_slots", 0) or 0) else ())
-    return [v for v in need if not hasattr(be, v)]
+    return [v for v in need if not hasattr(be, v) or (v not in VALUES and not callable(getattr(be, v)))]
 
 
 def check(be, name: str = ""):

@@ -26,8 +26,9 @@ saying so.
 fence / completed_seq and the telemetry (stats, begin_measured, read_timing) are the fills' Reader's, handed over
 as ``ReaderFills.__init__(self, reader=)``; the Reader's completions are the handles.
 
-Handles expose ``seq``, ``key``, ``kind``, ``state`` (pending | landed | failed), ``prefetch``, ``t_submit`` and
-``t_landed`` (perf_counter seconds, 0.0 when not timed) - what the runtime reads (moetier.run.contract.Handle).
+Handles expose ``seq``, ``key``, ``kind``, ``state`` (pending | landed | failed | cancelled), ``prefetch``,
+``t_submit`` and ``t_landed`` (perf_counter seconds, 0.0 when not timed) - what the runtime reads
+(moetier.run.contract.Handle).
 """
 from __future__ import annotations
 
