@@ -79,17 +79,7 @@ def upgrade_table(recipe: str, base: dict | None = None, *, concs, steps, upgrad
     examples/levers.py's). ``cumulative``: each what-if on top of the ones before it."""
     ups = A.upgrades(base["R0"]) if upgrades is None else upgrades
     kw = dict(trace=trace, workers=workers, ray=ray)
-    steps_of, acc, hw_acc = [], [], {}
-    for u in ups:
-        if "why" in u:
-            steps_of.append(None)
-            continue
-        ram = [] if u.get("ram_gb") is None or search else [f"budget.ram_gb={json.dumps(u['ram_gb'])}"]
-        lead, hw_lead = ([], {}) if u.get("alone") or not cumulative else (acc, hw_acc)
-        sets, hw = lead + list(u.get("sets", ())) + ram, {**hw_lead, **u.get("hw", {})}
-        if cumulative and not u.get("alone"):
-            acc, hw_acc = sets, hw
-        steps_of.append((sets, hw))
+    steps_of = _path(ups, search, cumulative)
     if search:
         found = []
         for u, st in zip(ups, steps_of):
@@ -107,21 +97,36 @@ def upgrade_table(recipe: str, base: dict | None = None, *, concs, steps, upgrad
         done = iter(A._run(cells, executor=executor, progress=progress, total=len(cells), workers=workers,
                            ray=ray))
         found = [None if st is None else {c: next(done) for c in concs} for st in steps_of]
-    out = []
-    for u, st, best in zip(ups, steps_of, found):
-        if st is None:
-            out.append({"name": u["name"], "why": u["why"]})
+    return [{"name": u["name"], "why": u["why"]} if st is None else _upgrade_row(u, st, best, base, concs, search)
+            for u, st, best in zip(ups, steps_of, found)]
+
+
+def _path(ups: list, search: bool, cumulative: bool) -> list:
+    """Per what-if its (recipe overrides, hardware edits) as replayed, None where it cannot be expressed; stacked on
+    the ones before it where ``cumulative`` (an ``alone`` one is neither stacked nor carried)."""
+    steps_of, acc, hw_acc = [], [], {}
+    for u in ups:
+        if "why" in u:
+            steps_of.append(None)
             continue
-        ok = {c: r for c, r in best.items() if "error" not in r}
-        row = {"name": u["name"], "sets": st[0], "hw": st[1], "best": {c: r["tok_s"] for c, r in ok.items()},
-               "overrides": {c: r["overrides"] for c, r in ok.items()}}
-        if not search:
-            row["rows"] = best              # the replays themselves: a fixed path reads their terms
-        if base is not None:
-            row["gain"] = {c: ok[c]["tok_s"] - base["best"][c]["tok_s"] for c in concs
-                           if c in ok and c in base["best"]}
-        out.append(row)
-    return out
+        ram = [] if u.get("ram_gb") is None or search else [f"budget.ram_gb={json.dumps(u['ram_gb'])}"]
+        lead, hw_lead = ([], {}) if u.get("alone") or not cumulative else (acc, hw_acc)
+        sets, hw = lead + list(u.get("sets", ())) + ram, {**hw_lead, **u.get("hw", {})}
+        if cumulative and not u.get("alone"):
+            acc, hw_acc = sets, hw
+        steps_of.append((sets, hw))
+    return steps_of
+
+
+def _upgrade_row(u: dict, st: tuple, best: dict, base, concs, search: bool) -> dict:
+    ok = {c: r for c, r in best.items() if "error" not in r}
+    row = {"name": u["name"], "sets": st[0], "hw": st[1], "best": {c: r["tok_s"] for c, r in ok.items()},
+           "overrides": {c: r["overrides"] for c, r in ok.items()}}
+    if not search:
+        row["rows"] = best              # the replays themselves: a fixed path reads their terms
+    if base is not None:
+        row["gain"] = {c: ok[c]["tok_s"] - base["best"][c]["tok_s"] for c in concs if c in ok and c in base["best"]}
+    return row
 
 
 def record(R0, row: dict, rid: str, conc: int, seed: int) -> dict:
