@@ -73,7 +73,8 @@ def test_the_transition_carries_a_cross_layer_chain():
     assert [c for c in d["checks"] if not c["ok"]] == []
 
 
-@pytest.mark.parametrize("broken, missed", [("uniform popularity", "entropy_norm"), ("no transition", "predictability")])
+@pytest.mark.parametrize("broken, missed", [("uniform popularity", "entropy_norm"),
+                                            ("no transition", "predictability")])
 def test_a_broken_model_misses_and_the_report_says_so(broken, missed, monkeypatch):
     """The fits above are the model's doing: with the popularity taken uniform (or the transition off) in every
     trace the fit generates, the report misses that statistic's tolerance at some layer and is not ok."""

@@ -16,13 +16,14 @@ the fitted parameters at the source's shape (tokens, layers, top-k, segment boun
   moetier.traces.stats.next_layer_recall); tolerance 0.03.
 
 The fit: the depth law of every (layer, slot) is the source's histogram of LRU stack depths below 3 x top-k (so the
-LRU curve and the top-1 repeat are the source's by construction, to within the rounding of exact counts); then
-per-layer bisection, all layers at once on one generated trace a step: ``zipf_s`` on the layer's entropy (a steeper
-Zipf law, a lower entropy), then ``rounds`` passes of ``affinity`` on the layer's predictability and ``zipf_s``
-again (affinity draws a layer's load toward its parent layer's), each bracket narrower than the last; last, two
-sweeps of both knobs on the even layers with the odd ones held, then on the odd ones: a layer's statistics follow
-its parent layer's picks, so a layer's targets hold still while it is bisected only when its parent is held. Each
-bisection keeps the best value it tried, not its last midpoint. Deterministic for a seed. Pure: no I/O.
+LRU curve and the top-1 repeat are the source's by construction, to within the rounding of exact counts); the
+popularity starts as the source's selection counts and the transition is the source's co-occurrence counts
+(moetier.traces.layergen). Then, all layers on one generated trace a step: ``rounds`` passes of per-layer
+bisection of ``affinity`` on the layer's predictability (0 .. 16, then a bracket an eighth as wide around the best
+value), each step also moving the popularity weights toward the source's counts by half the log-ratio of what they
+gave; last, 8 steps of both (affinity by (target / got) ** 2), keeping the step with the fewest entropy and
+predictability rows outside tolerance (then the smallest excess), which the check replays exactly. Deterministic
+for a seed. Pure: no I/O.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ STATISTICS = tuple(TOLERANCE)
 DEPTH_PER_TOPK = 3          # the LRU curve is fitted and checked from 1 to 3 x top-k slots per layer
 _BISECT_STEPS = 8
 _POLISH_STEPS = 8
+GAIN = 2.0                # a polishing step multiplies affinity by (target / got) ** GAIN
 SUCCESSORS_PER_TOPK = 2   # successors kept per expert of the previous layer: 2 x top-k
 MIN_TOKENS = 64
 
@@ -113,10 +115,10 @@ def _toward(weights: np.ndarray, got: np.ndarray, want: np.ndarray) -> np.ndarra
     return np.round(w * (want.sum(axis=1, keepdims=True) / np.maximum(w.sum(axis=1, keepdims=True), 1e-300)), 3)
 
 
-def _miss(got: np.ndarray, want: np.ndarray, name: str) -> float:
-    """The largest difference as a multiple of the statistic's tolerance."""
-    d = float(np.abs(got - want).max())
-    return d / TOLERANCE[name] if TOLERANCE[name] else d * 1e9
+def _miss(got: np.ndarray, want: np.ndarray, name: str) -> tuple:
+    """(layers outside the statistic's tolerance, their total excess over it, as multiples of it)."""
+    d = np.abs(got - want) / TOLERANCE[name] if TOLERANCE[name] else np.abs(got - want) * 1e9
+    return np.array([float((d > 1).sum()), float(np.maximum(d - 1, 0).sum())])
 
 
 def fit_trace(trace: Trace, experts: int, *, seed: int = 0, rounds: int = 2) -> dict:
@@ -135,8 +137,8 @@ def fit_trace(trace: Trace, experts: int, *, seed: int = 0, rounds: int = 2) -> 
     ids = ids.astype(np.int64)
     src = measure(ids, seg, E)
     succ, cnt = transition(ids, E, SUCCESSORS_PER_TOPK * K)
-    arrays = {"depth_p": _depth_law(src["depth"], D), "affinity": np.zeros(L), "successors": succ,
-              "successor_counts": cnt,
+    law = [[[round(float(x), 6) for x in row] for row in q] for q in _depth_law(src["depth"], D)]   # as in JSON
+    arrays = {"depth_p": np.array(law), "affinity": np.zeros(L), "successors": succ, "successor_counts": cnt,
               "popularity": _counts(ids, E)}
     # per layer, all layers on one generated trace a step: affinity by bisection on the layer's predictability
     # (each pass brackets the last pass's best value more narrowly, and keeps the best value it tried), and the
@@ -163,21 +165,21 @@ def fit_trace(trace: Trace, experts: int, *, seed: int = 0, rounds: int = 2) -> 
         a = best_x
     a = np.round(a, 4)
     # last, both a step at a time (the weights toward the source's counts, each affinity by the ratio of its
-    # target predictability to the one it gave), keeping the step whose worst miss as a multiple of its tolerance
-    # is the smallest: the check below replays that step exactly
-    best, keep = np.inf, (a, weights)
+    # target predictability to the one it gave), keeping the step with the fewest rows outside tolerance, then
+    # the smallest excess: the check below replays that step exactly
+    best, keep = (np.inf,), (a, weights)
     for _ in range(_POLISH_STEPS):
         gen = walk(arrays | {"affinity": a, "popularity": weights}, T, K, seed)
         c = _counts(gen, E)
         miss = _miss(np.array([norm_entropy(x) for x in c]), src["entropy_norm"], "entropy_norm")
         got = _predictability(gen, E) if pred is not None else None
         if got is not None:
-            miss = max(miss, _miss(got, pred, "predictability"))
-        if miss < best:
-            best, keep = miss, (a, weights)
+            miss = miss + _miss(got, pred, "predictability")
+        if tuple(miss) < best:
+            best, keep = tuple(miss), (a, weights)
         weights = _toward(weights, c, counts)
         if got is not None:
-            step = np.where(got < pred, np.maximum(a[1:], 0.25), a[1:]) * (pred / np.maximum(got, 1e-9)) ** 4
+            step = np.where(got < pred, np.maximum(a[1:], 0.25), a[1:]) * (pred / np.maximum(got, 1e-9)) ** GAIN
             a = np.round(np.concatenate([[0.0], np.clip(step, 0.0, AFFINITY_MAX)]), 4)
     arrays["affinity"], arrays["popularity"] = keep
 

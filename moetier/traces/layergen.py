@@ -12,22 +12,24 @@ and a layer-to-layer transition. Each layer keeps its experts in recency order (
 picks of a token are made slot by slot, each moved to the top at once, so the token's earlier picks sit on top.
 
 * ``depth_p[k]``: the probabilities of stack depth 0 .. D-1 and, last, of "deeper" (D = len - 1; D = 3 x top-k
-  from a fit), spent as exact counts (largest remainder) over the trace, so a trace of n tokens holds
-  n x depth_p[k][d] picks of each depth in slot k, rounded. An LRU cache of s <= D slots per layer hits exactly
-  the picks of depth < s, so the per-layer LRU curve from 1 to D slots is the cumulative sum of these
-  probabilities, and the top-1 repeat (slot 0 repeating the previous token's slot 0, which sits at depth
-  topk - 1) is ``depth_p[0][topk - 1]``, both to within 1 / n.
-* ``popularity``: the layer's selection counts (E numbers, any scale). They are an urn of tokens x topk draws: every
-  pick takes one from its expert, and a "deeper" pick is drawn among the experts deeper than D in proportion to what
-  is left of theirs (the layer's popularity when none is left). Re-picks by recency spend an expert's share too, so
-  the fresh draws make up for them and the trace's selection counts end at the layer's popularity (an expert
-  re-picked more often than its share overshoots it; nothing else does). The entropy is the source's, not a knob.
-* ``successors`` / ``successor_counts`` (layers after the first): per expert of the previous layer, the experts
-  that follow it and how often (the source's co-occurrence counts, the largest few per expert). With probability
-  ``affinity`` the pick of slot k is drawn from the successors of the previous layer's slot-k pick, and taken if it
-  is not picked already, the depth it has now still has budget (so the recency law above holds exactly) and its
-  popularity share is not spent (so the counts above hold); otherwise the pick falls back to the depth draw. The
-  transition sets the next-layer predictability; ``affinity`` scales it.
+  from a fit), spent as exact counts (largest remainder) over the trace: a trace of n tokens holds
+  n x depth_p[k][d] picks of depth d in slot k, rounded, whichever experts they land on. An LRU cache of s <= D
+  slots per layer hits exactly the picks of depth < s, so the per-layer LRU curve from 1 to D slots is the
+  cumulative sum of these probabilities, and the top-1 repeat (slot 0 repeating the previous token's slot 0, which
+  sits at depth topk - 1) is ``depth_p[0][topk - 1]``, both to within 1 / n.
+* ``popularity``: the layer's selection weights (E numbers >= 0, any scale), spent as a budget of tokens x topk
+  picks. Each pick is one draw over the depths that have budget left, depth d weighted by its budget times the pace
+  factor (left / due) ** PACE of the expert there (left: what is left of its share; due: its share of the picks
+  still to make); a "deeper" pick is then drawn among the experts below D in proportion to what is left of theirs.
+  An expert behind its share is re-picked sooner, one ahead of it later, so each layer's selection counts end at
+  its popularity while the depth law holds exactly: the entropy is the source's, not a knob.
+* ``successors`` / ``successor_counts`` (layers after the first): per expert a of the previous layer, the experts b
+  picked with it and how often (the source's co-occurrence counts, the 2 x top-k largest), read as P(b | a). The
+  weight of every candidate expert b (at its depth, or below D) is multiplied by its tilt 1 + ``affinity`` x
+  (lift - 1), clipped at 0, with lift = mean over the token's previous-layer picks a of P(b | a), divided by the
+  mean of that over the previous layer's popularity: an expert's tilt is 1 on average, so the transition sets
+  which tokens pick an expert (the next-layer predictability; ``affinity`` 0 .. 16 scales it) and leaves its
+  share to the pace factor.
 
 Each layer's stack starts full (every expert in a popularity-weighted random order), so a depth always exists.
 Segments only bound requests (``Trace.segments``); the stacks run on over them, as the LRU curve that ``trace
@@ -228,12 +230,11 @@ def _walk(stack, pos, remain, urn, pop, aff, succ, succ_p, mean_p, udepth, ufres
     W = succ.shape[2]
     w = np.zeros(D + 1)
     tilt = np.ones(E)
-    zsum = np.zeros((L, E))
     for t in range(T):
         for l in range(L):
-            # the transition's tilt: lift ** affinity, lift = P(b | the previous layer's picks) over its mean
-            # (smoothed), over the running mean of lift ** affinity: each expert's tilt is 1 on average whatever
-            # share of it the successor lists hold, so the tilt moves picks between tokens, not between experts
+            # the transition's tilt: 1 + affinity x (lift - 1), lift = P(b | the previous layer's picks) over its
+            # mean over the previous layer's popularity, so that an expert's tilt is 1 on average (affinity <= 1)
+            # whatever share of it the successor lists hold: the tilt moves picks between tokens, not experts
             if l > 0 and aff[l] > 0:
                 tilt[:] = 0.0
                 for j in range(K):
@@ -241,16 +242,14 @@ def _walk(stack, pos, remain, urn, pop, aff, succ, succ_p, mean_p, udepth, ufres
                     for i in range(W):
                         tilt[succ[l, a, i]] += succ_p[l, a, i] / K
                 for e in range(E):
-                    lift = (tilt[e] + 0.1 * mean_p[l, e]) / (1.1 * mean_p[l, e]) if mean_p[l, e] > 0 else 1.0
-                    x = lift ** aff[l]
-                    zsum[l, e] += x
-                    tilt[e] = x * (t + 2) / (zsum[l, e] + 1.0)
+                    lift = tilt[e] / mean_p[l, e] if mean_p[l, e] > 0 else 1.0
+                    tilt[e] = max(0.0, 1.0 + aff[l] * (lift - 1.0))
             else:
                 tilt[:] = 1.0
             for k in range(K):
                 left = (T - t) * K - k          # picks left to the layer
                 # each depth's weight: its budget left, times the pace factor of the expert there (how far it is
-                # behind its popularity share, squared) and its tilt; the deeper class by its experts together
+                # behind its popularity share, to the power PACE) and its tilt; the deeper class by its experts together
                 deep_urn, deep_w, deep_pop = 0.0, 0.0, 0.0
                 for i in range(D, E):
                     e = stack[l, i]
