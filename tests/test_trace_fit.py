@@ -121,7 +121,7 @@ def test_the_depth_law_gives_the_lru_curve_and_top1_repeat():
             rows.append(tuple(p / p.sum()))
         law.append(tuple(rows))
     succ, cnt = transition(rng.integers(0, E, size=(200, L, K)), E, 2 * K)
-    p = LayerParams.from_arrays({"depth_p": np.asarray(law), "affinity": np.array([0.0, 1.0, 8.0]),
+    p = LayerParams.from_arrays({"depth_p": np.asarray(law), "affinity": np.array([2.0, 1.0, 8.0]),
                                  "popularity": rng.random((L, E)) ** 2, "successors": succ,
                                  "successor_counts": cnt})
     tr = generate_layers(p, experts=E, topk=K, tokens=T, segments=3, seed=4)
@@ -181,7 +181,8 @@ def test_params_refuse_bad_fields_with_one_line():
                       ({**good, "layers": [layer, {**two, "successors": [[1, 3], [0], []]}]},
                        r"layers\[1\].successors: expected expert ids in 0..2"),
                       ({**good, "layers": [layer, {**two, "successor_counts": [[3], [2], []]}]}, "same lengths"),
-                      ({**good, "layers": [two]}, "the first layer has no previous layer")):
+                      ({**good, "layers": [{**layer, "successors": [[1]], "successor_counts": [[1]]}]},
+                       r"layers\[0\].successors and successor_counts must be 3 lists .*; or both empty")):
         with pytest.raises(UserError, match=want) as e:
             LayerParams.from_json(bad)
         assert "\n" not in str(e.value)

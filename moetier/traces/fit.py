@@ -44,6 +44,7 @@ DEPTH_PER_TOPK = 3          # the LRU curve is fitted and checked from 1 to 3 x 
 _BISECT_STEPS = 8
 _POLISH_STEPS = 8
 GAIN = 2.0                # a polishing step multiplies affinity by (target / got) ** GAIN
+ROOT = 4.0                # the first layer's affinity, where it has one: the second layer's over ROOT
 SUCCESSORS_PER_TOPK = 2   # successors kept per expert of the previous layer: 2 x top-k
 MIN_TOKENS = 64
 
@@ -121,6 +122,32 @@ def _miss(got: np.ndarray, want: np.ndarray, name: str) -> tuple:
     return np.array([float((d > 1).sum()), float(np.maximum(d - 1, 0).sum())])
 
 
+def _polish(src: dict, arrays: dict, counts: np.ndarray, T: int, K: int, E: int, seed: int, root: bool):
+    """Steps moving the popularity weights toward the source's counts and each affinity by (target / got) ** GAIN;
+    returns the step with the fewest entropy and predictability rows outside tolerance, then the smallest excess:
+    ``((rows, excess), (affinity, weights))``."""
+    pred = src["predictability"]
+    a, weights = arrays["affinity"], arrays["popularity"]
+    if root:
+        a = np.concatenate([a[1:2] / ROOT, a[1:]])
+    best, keep = (np.inf,), (a, weights)
+    for _ in range(_POLISH_STEPS):
+        gen = walk(arrays | {"affinity": a, "popularity": weights}, T, K, seed)
+        c = _counts(gen, E)
+        miss = _miss(np.array([norm_entropy(x) for x in c]), src["entropy_norm"], "entropy_norm")
+        got = _predictability(gen, E) if pred is not None else None
+        if got is not None:
+            miss = miss + _miss(got, pred, "predictability")
+        if tuple(miss) < best:
+            best, keep = tuple(miss), (a, weights)
+        weights = _toward(weights, c, counts)
+        if got is not None:
+            step = np.clip(np.where(got < pred, np.maximum(a[1:], 0.25), a[1:]) * (pred / np.maximum(got, 1e-9))
+                           ** GAIN, 0.0, AFFINITY_MAX)
+            a = np.round(np.concatenate([step[:1] / ROOT if root else [0.0], step]), 4)
+    return best, keep
+
+
 def fit_trace(trace: Trace, experts: int, *, seed: int = 0, rounds: int = 2) -> dict:
     """Fit LayerParams to ``trace`` and check the fit (module docstring)."""
     t0 = time.time()
@@ -164,23 +191,13 @@ def fit_trace(trace: Trace, experts: int, *, seed: int = 0, rounds: int = 2) -> 
             weights = _toward(weights, _counts(gen, E), counts)
         a = best_x
     a = np.round(a, 4)
-    # last, both a step at a time (the weights toward the source's counts, each affinity by the ratio of its
-    # target predictability to the one it gave), keeping the step with the fewest rows outside tolerance, then
-    # the smallest excess: the check below replays that step exactly
-    best, keep = (np.inf,), (a, weights)
-    for _ in range(_POLISH_STEPS):
-        gen = walk(arrays | {"affinity": a, "popularity": weights}, T, K, seed)
-        c = _counts(gen, E)
-        miss = _miss(np.array([norm_entropy(x) for x in c]), src["entropy_norm"], "entropy_norm")
-        got = _predictability(gen, E) if pred is not None else None
-        if got is not None:
-            miss = miss + _miss(got, pred, "predictability")
-        if tuple(miss) < best:
-            best, keep = tuple(miss), (a, weights)
-        weights = _toward(weights, c, counts)
-        if got is not None:
-            step = np.where(got < pred, np.maximum(a[1:], 0.25), a[1:]) * (pred / np.maximum(got, 1e-9)) ** GAIN
-            a = np.round(np.concatenate([[0.0], np.clip(step, 0.0, AFFINITY_MAX)]), 4)
+    # last, both a step at a time; where a row is still outside tolerance, again with the first layer's coherence
+    # (its affinity the second layer's over ROOT: without it, the second layer's predictability can fall short
+    # whatever its affinity); the check below replays the best step exactly
+    best, keep = _polish(src, arrays | {"affinity": a, "popularity": weights}, counts, T, K, E, seed, root=False)
+    if best[0] and L > 1:
+        best, keep = min((best, keep), _polish(src, arrays | {"affinity": a, "popularity": weights}, counts, T, K, E,
+                                               seed, root=True), key=lambda x: x[0])
     arrays["affinity"], arrays["popularity"] = keep
 
     params = LayerParams.from_json(LayerParams.from_arrays(arrays).to_json())   # the figures are those of the JSON

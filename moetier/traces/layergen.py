@@ -23,13 +23,15 @@ picks of a token are made slot by slot, each moved to the top at once, so the to
   still to make); a "deeper" pick is then drawn among the experts below D in proportion to what is left of theirs.
   An expert behind its share is re-picked sooner, one ahead of it later, so each layer's selection counts end at
   its popularity while the depth law holds exactly: the entropy is the source's, not a knob.
-* ``successors`` / ``successor_counts`` (layers after the first): per expert a of the previous layer, the experts b
-  picked with it and how often (the source's co-occurrence counts, the 2 x top-k largest), read as P(b | a). The
-  weight of every candidate expert b (at its depth, or below D) is multiplied by its tilt 1 + ``affinity`` x
-  (lift - 1), clipped at 0, with lift = mean over the token's previous-layer picks a of P(b | a), divided by the
-  mean of that over the previous layer's popularity: an expert's tilt is 1 on average, so the transition sets
-  which tokens pick an expert (the next-layer predictability; ``affinity`` 0 .. 16 scales it) and leaves its
-  share to the pace factor.
+* ``successors`` / ``successor_counts``: per expert a of the previous layer, the experts b picked with it and how
+  often (the source's co-occurrence counts, the 2 x top-k largest), read as P(b | a). The weight of every
+  candidate expert b (at its depth, or below D) is multiplied by its tilt 1 + ``affinity`` x (lift - 1), clipped
+  at 0, with lift = mean over the token's previous-layer picks a of P(b | a), divided by the mean of that over the
+  previous layer's popularity: an expert's tilt is 1 on average, so the transition sets which tokens pick an expert
+  (the next-layer predictability; ``affinity`` 0 .. 16 scales it) and leaves its share to the pace factor. At the
+  first layer a and b are two picks of the same token and slot k is tilted by the token's earlier slots: that
+  keeps a token's first-layer picks as coherent as the source's, without which the second layer's predictability
+  falls short whatever its affinity (the successors of unrelated picks disagree). Empty lists: no tilt.
 
 Each layer's stack starts full (every expert in a popularity-weighted random order), so a depth always exists.
 Segments only bound requests (``Trace.segments``); the stacks run on over them, as the LRU curve that ``trace
@@ -60,8 +62,8 @@ PACE = 4.0         # the pace factor's power: how hard an expert is held to its 
 class LayerParams:
     depth_p: tuple           # per layer: per slot: D + 1 probabilities
     popularity: tuple        # per layer: E selection counts
-    affinity: tuple          # per layer (the first layer's is unused)
-    successors: tuple        # per layer: per expert of the previous layer: expert ids (the first layer's: empty)
+    affinity: tuple          # per layer
+    successors: tuple        # per layer: per expert of the previous layer (the first layer: of the same): expert ids
     successor_counts: tuple  # the same shape: how often each follows
 
     @property
@@ -83,7 +85,7 @@ class LayerParams:
         W = max([1] + [len(r) for s in self.successors for r in s])
         succ = np.zeros((L, E, W), dtype=np.int64)
         cnt = np.zeros((L, E, W))
-        for l in range(1, L):
+        for l in range(L):
             for a, (s, c) in enumerate(zip(self.successors[l], self.successor_counts[l])):
                 succ[l, a, :len(s)], cnt[l, a, :len(c)] = s, c
         return {"depth_p": np.asarray(self.depth_p, dtype=np.float64), "affinity": np.asarray(self.affinity, float),
@@ -95,7 +97,7 @@ class LayerParams:
         """The inverse of ``arrays`` (successors with count 0 left out)."""
         L = len(a["affinity"])
         succ, cnt = np.asarray(a["successors"]), np.asarray(a["successor_counts"])
-        keep = [[cnt[l, e] > 0 for e in range(cnt.shape[1])] if l else [] for l in range(L)]
+        keep = [[cnt[l, e] > 0 for e in range(cnt.shape[1])] for l in range(L)]
         return cls(depth_p=tuple(tuple(tuple(float(x) for x in row) for row in q) for q in a["depth_p"]),
                    popularity=tuple(tuple(float(x) for x in r) for r in a["popularity"]),
                    affinity=tuple(float(x) for x in a["affinity"]),
@@ -168,15 +170,12 @@ def _check_layer(i: int, p: LayerParams, E: int, topk: int | None) -> None:
     if len(pop) != E or not all(_is_num(x) for x in pop) or not sum(pop) > 0:
         raise UserError(f"{where}.popularity must be {E} numbers >= 0 (one per expert), not all 0")
     s, c = p.successors[i], p.successor_counts[i]
-    if i == 0 and (s or c):
-        raise UserError(f"{where}: the first layer has no previous layer; expected successors and "
-                        f"successor_counts empty")
-    if i and not (len(s) == len(c) == E and all(len(a) == len(b) for a, b in zip(s, c))):
+    if (s or c or i) and not (len(s) == len(c) == E and all(len(a) == len(b) for a, b in zip(s, c))):
         raise UserError(f"{where}.successors and successor_counts must be {E} lists (one per expert of the "
-                        f"previous layer) of the same lengths")
-    if i and not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < E for r in s for x in r):
+                        f"previous layer{'; or both empty' if i == 0 else ''}) of the same lengths")
+    if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < E for r in s for x in r):
         raise UserError(f"{where}.successors: expected expert ids in 0..{E - 1}")
-    if i and not all(_is_num(x) for r in c for x in r):
+    if not all(_is_num(x) for r in c for x in r):
         raise UserError(f"{where}.successor_counts: expected numbers >= 0")
     if not q or (topk is not None and len(q) != topk):
         raise UserError(f"{where}.depth_p has {len(q)} rows; expected one per routing slot "
@@ -202,17 +201,20 @@ def exact_counts(p: np.ndarray, n: int) -> np.ndarray:
 
 
 def transition(ids: np.ndarray, experts: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per layer 1..L-1 and expert a of the previous layer: the ``width`` experts b most often picked at the layer
-    in a token that picked a at the previous one, and those counts (co-occurrence over every pair of the two
-    layers' picks): ``(successors [L, E, width] int64, counts [L, E, width] int64)``, layer 0 all zero."""
+    """Per layer and expert a of the previous layer: the ``width`` experts b most often picked at the layer in a
+    token that picked a at the previous one, and those counts (co-occurrence over every pair of the two layers'
+    picks); at the first layer, a and b are two picks of the same token there: ``(successors [L, E, width] int64,
+    counts [L, E, width] int64)``."""
     ids = np.asarray(ids, dtype=np.int64)
     T, L, K = ids.shape
     E, W = int(experts), min(int(width), int(experts))
     succ = np.zeros((L, E, W), dtype=np.int64)
     cnt = np.zeros((L, E, W), dtype=np.int64)
-    for l in range(1, L):
-        pairs = (ids[:, l - 1, :, None] * E + ids[:, l, None, :]).ravel()
-        C = np.bincount(pairs, minlength=E * E).reshape(E, E)
+    for l in range(L):
+        pairs = ids[:, max(l - 1, 0), :, None] * E + ids[:, l, None, :]
+        if l == 0:
+            pairs = pairs[:, ~np.eye(K, dtype=bool)]
+        C = np.bincount(pairs.ravel(), minlength=E * E).reshape(E, E)
         top = np.argsort(-C, axis=1, kind="stable")[:, :W]
         succ[l], cnt[l] = top, np.take_along_axis(C, top, 1)
     return succ, cnt
@@ -247,6 +249,16 @@ def _walk(stack, pos, remain, urn, pop, aff, succ, succ_p, mean_p, udepth, ufres
             else:
                 tilt[:] = 1.0
             for k in range(K):
+                if l == 0 and aff[0] > 0 and k > 0:
+                    # the first layer's tilt: the same, from the token's earlier picks at that layer
+                    tilt[:] = 0.0
+                    for j in range(k):
+                        a = ids[t, 0, j]
+                        for i in range(W):
+                            tilt[succ[0, a, i]] += succ_p[0, a, i] / k
+                    for e in range(E):
+                        lift = tilt[e] / mean_p[0, e] if mean_p[0, e] > 0 else 1.0
+                        tilt[e] = max(0.0, 1.0 + aff[0] * (lift - 1.0))
                 left = (T - t) * K - k          # picks left to the layer
                 # each depth's weight: its budget left, times the pace factor of the expert there (how far it is
                 # behind its popularity share, to the power PACE) and its tilt; the deeper class by its experts together
@@ -331,8 +343,8 @@ def walk(arrays: dict, tokens: int, topk: int, seed: int) -> np.ndarray:
     succ_p = cnt / np.maximum(cnt.sum(axis=2, keepdims=True), 1e-300)
     succ = np.asarray(arrays["successors"], dtype=np.int64)
     mean_p = np.zeros((L, E))
-    for l in range(1, L):
-        np.add.at(mean_p[l], succ[l].ravel(), (pop[l - 1][:, None] * succ_p[l]).ravel())
+    for l in range(L):
+        np.add.at(mean_p[l], succ[l].ravel(), (pop[max(l - 1, 0)][:, None] * succ_p[l]).ravel())
     udepth, ufresh = rng.random((T, L, K)), rng.random((T, L, K))
     ids = np.zeros((T, L, K), dtype=np.int64)
     _walk(stack, pos, remain, urn, pop, np.asarray(arrays["affinity"], dtype=np.float64),
