@@ -61,7 +61,7 @@ PACE = 4.0         # the pace factor's power: how hard an expert is held to its 
 @dataclass(frozen=True)
 class LayerParams:
     depth_p: tuple           # per layer: per slot: D + 1 probabilities
-    popularity: tuple        # per layer: E selection counts
+    popularity: tuple        # per layer: E selection weights
     affinity: tuple          # per layer
     successors: tuple        # per layer: per expert of the previous layer (the first layer: of the same): expert ids
     successor_counts: tuple  # the same shape: how often each follows
