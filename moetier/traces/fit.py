@@ -16,13 +16,14 @@ the fitted parameters at the source's shape (tokens, layers, top-k, segment boun
   moetier.traces.stats.next_layer_recall); tolerance 0.03.
 
 The fit: the depth law of every (layer, slot) is the source's histogram of LRU stack depths below 3 x top-k (so the
-LRU curve and the top-1 repeat are the source's by construction, to within the rounding of exact counts); then
-per-layer bisection, all layers at once on one generated trace a step: ``zipf_s`` on the layer's entropy (a steeper
-Zipf law, a lower entropy), then ``rounds`` passes of ``affinity`` on the layer's predictability and ``zipf_s``
-again (affinity draws a layer's load toward its parent layer's), each bracket narrower than the last; last, two
-sweeps of both knobs on the even layers with the odd ones held, then on the odd ones: a layer's statistics follow
-its parent layer's picks, so a layer's targets hold still while it is bisected only when its parent is held. Each
-bisection keeps the best value it tried, not its last midpoint. Deterministic for a seed. Pure: no I/O.
+LRU curve and the top-1 repeat are the source's by construction, to within the rounding of exact counts); the
+popularity starts as the source's selection counts and the transition is the source's co-occurrence counts
+(moetier.traces.layergen). Then, all layers on one generated trace a step: ``rounds`` passes of per-layer
+bisection of ``affinity`` on the layer's predictability (0 .. 16, then a bracket an eighth as wide around the best
+value), each step also moving the popularity weights toward the source's counts by half the log-ratio of what they
+gave; last, 8 steps of both (affinity by (target / got) ** 2), keeping the step with the fewest entropy and
+predictability rows outside tolerance (then the smallest excess), which the check replays exactly. Deterministic
+for a seed. Pure: no I/O.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ import numpy as np
 
 from moetier.errors import UserError
 from moetier.traces.format import Trace
-from moetier.traces.layergen import LayerParams, generate_layers
+from moetier.traces.layergen import AFFINITY_MAX, LayerParams, transition, walk
 from moetier.traces.stats import _top1_repeat, drop_masked, next_layer_recall, norm_entropy, stack_depths
 
 __all__ = ["fit_trace", "measure", "check_fit", "TOLERANCE", "format_fit", "STATISTICS"]
@@ -40,7 +41,11 @@ __all__ = ["fit_trace", "measure", "check_fit", "TOLERANCE", "format_fit", "STAT
 TOLERANCE = {"lru_curve": 0.01, "top1_repeat": 0.02, "entropy_norm": 0.01, "predictability": 0.03}
 STATISTICS = tuple(TOLERANCE)
 DEPTH_PER_TOPK = 3          # the LRU curve is fitted and checked from 1 to 3 x top-k slots per layer
-_BISECT_STEPS = 7
+_BISECT_STEPS = 8
+_POLISH_STEPS = 8
+GAIN = 2.0                # a polishing step multiplies affinity by (target / got) ** GAIN
+ROOT = 4.0                # the first layer's affinity, where it has one: the second layer's over ROOT
+SUCCESSORS_PER_TOPK = 2   # successors kept per expert of the previous layer: 2 x top-k
 MIN_TOKENS = 64
 
 
@@ -61,8 +66,13 @@ def measure(ids: np.ndarray, segments: np.ndarray, experts: int, *, predictabili
            "top1_repeat": _top1_repeat(ids, first), "entropy_norm": np.array([norm_entropy(c) for c in counts]),
            "predictability": None}
     if predictability and L > 1:
-        out["predictability"] = np.array([r[K] for r in next_layer_recall(ids, E, ks=[K])["recall"]])
+        out["predictability"] = _predictability(ids, E)
     return out
+
+
+def _predictability(ids: np.ndarray, experts: int) -> np.ndarray:
+    K = ids.shape[2]
+    return np.array([r[K] for r in next_layer_recall(ids, experts, ks=[K])["recall"]])
 
 
 def check_fit(src: dict, fit: dict) -> list[dict]:
@@ -86,37 +96,59 @@ def _row(layer: int, name: str, a: float, b: float) -> dict:
             "diff": round(d, 4), "tolerance": TOLERANCE[name], "ok": d <= TOLERANCE[name]}
 
 
-class _Bisect:
-    """Per-layer bisection of one knob, all layers at once; keeps each layer's best value seen."""
-
-    def __init__(self, lo, hi, increasing: bool, active=None):
-        self.lo, self.hi = np.array(lo, dtype=np.float64), np.array(hi, dtype=np.float64)
-        self.inc = increasing
-        self.active = np.ones(len(self.lo), dtype=bool) if active is None else np.asarray(active, dtype=bool)
-        self.best = np.full(len(self.lo), np.inf)
-        self.best_x = 0.5 * (self.lo + self.hi)
-
-    def mid(self) -> np.ndarray:
-        return 0.5 * (self.lo + self.hi)
-
-    def update(self, x: np.ndarray, got: np.ndarray, target: np.ndarray) -> None:
-        err = np.abs(got - target)
-        better = self.active & (err < self.best)
-        self.best[better], self.best_x[better] = err[better], x[better]
-        up = (got < target) == self.inc                 # the knob must rise
-        self.lo = np.where(self.active & up, x, self.lo)
-        self.hi = np.where(self.active & ~up, x, self.hi)
-
-
-def _depth_law(depth: np.ndarray, D: int) -> tuple:
-    """Per layer, per slot: the share of picks at stack depth 0..D-1 and deeper (the last entry)."""
+def _depth_law(depth: np.ndarray, D: int) -> np.ndarray:
+    """Per layer, per slot: the share of picks at stack depth 0..D-1 and deeper (the last entry) [L, K, D + 1]."""
     T, L, K = depth.shape
-    h = np.stack([[np.bincount(depth[:, l, k], minlength=D + 1)[:D + 1] / T for k in range(K)] for l in range(L)])
-    return tuple(tuple(tuple(float(x) for x in row) for row in q) for q in h)
+    key = (np.arange(L)[None, :, None] * K + np.arange(K)[None, None, :]) * (D + 1) + np.minimum(depth, D)
+    return np.bincount(key.ravel(), minlength=L * K * (D + 1)).reshape(L, K, D + 1) / T
 
 
-def fit_trace(trace: Trace, experts: int, *, seed: int = 0, rounds: int = 2, affinity_width: int | None = None
-              ) -> dict:
+def _counts(ids: np.ndarray, experts: int) -> np.ndarray:
+    """Selection counts [L, E]."""
+    T, L, K = ids.shape
+    return np.bincount((np.arange(L)[None, :, None] * experts + ids).ravel(), minlength=L * experts).reshape(L, -1)
+
+
+def _toward(weights: np.ndarray, got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Popularity weights a step toward selection counts ``want`` from the counts ``got`` they gave (half the
+    log-ratio, so noise in one trace does not swing them), each layer's total kept; 0 stays 0."""
+    w = weights * np.sqrt((want + 1.0) / (got + 1.0))
+    return np.round(w * (want.sum(axis=1, keepdims=True) / np.maximum(w.sum(axis=1, keepdims=True), 1e-300)), 3)
+
+
+def _miss(got: np.ndarray, want: np.ndarray, name: str) -> tuple:
+    """(layers outside the statistic's tolerance, their total excess over it, as multiples of it)."""
+    d = np.abs(got - want) / TOLERANCE[name] if TOLERANCE[name] else np.abs(got - want) * 1e9
+    return np.array([float((d > 1).sum()), float(np.maximum(d - 1, 0).sum())])
+
+
+def _polish(src: dict, arrays: dict, counts: np.ndarray, T: int, K: int, E: int, seed: int, root: bool):
+    """Steps moving the popularity weights toward the source's counts and each affinity by (target / got) ** GAIN;
+    returns the step with the fewest entropy and predictability rows outside tolerance, then the smallest excess:
+    ``((rows, excess), (affinity, weights))``."""
+    pred = src["predictability"]
+    a, weights = arrays["affinity"], arrays["popularity"]
+    if root:
+        a = np.concatenate([a[1:2] / ROOT, a[1:]])
+    best, keep = (np.inf,), (a, weights)
+    for _ in range(_POLISH_STEPS):
+        gen = walk(arrays | {"affinity": a, "popularity": weights}, T, K, seed)
+        c = _counts(gen, E)
+        miss = _miss(np.array([norm_entropy(x) for x in c]), src["entropy_norm"], "entropy_norm")
+        got = _predictability(gen, E) if pred is not None else None
+        if got is not None:
+            miss = miss + _miss(got, pred, "predictability")
+        if tuple(miss) < best:
+            best, keep = tuple(miss), (a, weights)
+        weights = _toward(weights, c, counts)
+        if got is not None:
+            step = np.clip(np.where(got < pred, np.maximum(a[1:], 0.25), a[1:]) * (pred / np.maximum(got, 1e-9))
+                           ** GAIN, 0.0, AFFINITY_MAX)
+            a = np.round(np.concatenate([step[:1] / ROOT if root else [0.0], step]), 4)
+    return best, keep
+
+
+def fit_trace(trace: Trace, experts: int, *, seed: int = 0, rounds: int = 2) -> dict:
     """Fit LayerParams to ``trace`` and check the fit (module docstring)."""
     t0 = time.time()
     ids, seg, _ = drop_masked(trace, "trace fit")
@@ -129,49 +161,48 @@ def fit_trace(trace: Trace, experts: int, *, seed: int = 0, rounds: int = 2, aff
     D = DEPTH_PER_TOPK * K
     if D >= E:
         raise UserError(f"trace fit: {E} experts per layer; the recency model needs more than 3 x top-k ({D})")
+    ids = ids.astype(np.int64)
     src = measure(ids, seg, E)
-    W = int(affinity_width or max(1, K // 2))
-    law = _depth_law(src["depth"], D)
+    succ, cnt = transition(ids, E, SUCCESSORS_PER_TOPK * K)
+    law = [[[round(float(x), 6) for x in row] for row in q] for q in _depth_law(src["depth"], D)]   # as in JSON
+    arrays = {"depth_p": np.array(law), "affinity": np.zeros(L), "successors": succ, "successor_counts": cnt,
+              "popularity": _counts(ids, E)}
+    # per layer, all layers on one generated trace a step: affinity by bisection on the layer's predictability
+    # (each pass brackets the last pass's best value more narrowly, and keeps the best value it tried), and the
+    # popularity weights a step toward the source's selection counts
+    counts = arrays["popularity"].astype(np.float64)
+    pred = src["predictability"]
+    target = np.concatenate([[0.0], pred]) if pred is not None else np.zeros(L)
+    a, weights = np.zeros(L), counts.copy()
+    for r in range(int(rounds)):
+        width = AFFINITY_MAX * 0.5 ** (3 * r)
+        lo, hi = np.maximum(0.0, a - width), np.minimum(AFFINITY_MAX, a + width)
+        best, best_x = np.full(L, np.inf), a.copy()
+        for _ in range(_BISECT_STEPS - 2 * r):
+            x = 0.5 * (lo + hi) if pred is not None else np.zeros(L)
+            x[0] = 0.0
+            gen = walk(arrays | {"affinity": x, "popularity": weights}, T, K, seed)
+            got = np.concatenate([[0.0], _predictability(gen, E)]) if pred is not None else target
+            err = np.abs(got - target)
+            better = err < best
+            best[better], best_x[better] = err[better], x[better]
+            up = got < target
+            lo, hi = np.where(up, x, lo), np.where(up, hi, x)
+            weights = _toward(weights, _counts(gen, E), counts)
+        a = best_x
+    a = np.round(a, 4)
+    # last, both a step at a time; where a row is still outside tolerance, again with the first layer's coherence
+    # (its affinity the second layer's over ROOT: without it, the second layer's predictability can fall short
+    # whatever its affinity); the check below replays the best step exactly
+    best, keep = _polish(src, arrays | {"affinity": a, "popularity": weights}, counts, T, K, E, seed, root=False)
+    if best[0] and L > 1:
+        best, keep = min((best, keep), _polish(src, arrays | {"affinity": a, "popularity": weights}, counts, T, K, E,
+                                               seed, root=True), key=lambda x: x[0])
+    arrays["affinity"], arrays["popularity"] = keep
 
-    def run(s, a, pred: bool) -> dict:
-        p = LayerParams(zipf_s=tuple(s), affinity=tuple(a), depth_p=law, affinity_width=W)
-        tr = generate_layers(p, experts=E, topk=K, tokens=T, segments=seg, seed=seed)
-        return measure(tr.ids, seg, E, predictability=pred)
-
-    def fit_skew(s, a, width, steps, active=None):
-        b = _Bisect(np.maximum(0.0, s - width), s + width, increasing=False, active=active)
-        for _ in range(steps):
-            x = np.where(b.active, b.mid(), s)
-            b.update(x, run(x, a, False)["entropy_norm"], src["entropy_norm"])
-        return np.where(b.active, b.best_x, s)
-
-    def fit_affinity(s, a, width, steps, active=None):
-        b = _Bisect(np.maximum(0.0, a - width), np.minimum(1.0, a + width), increasing=True,
-                    active=(np.arange(L) > 0) & (True if active is None else active))
-        for _ in range(steps):
-            x = np.where(b.active, b.mid(), a)
-            got = np.concatenate([[0.0], run(s, x, True)["predictability"]])
-            b.update(x, got, np.concatenate([[0.0], src["predictability"]]))
-        return np.where(b.active, b.best_x, a)
-
-    # skew first (affinity off), then each round affinity and skew again, each bracket narrower than the last
-    s, a = fit_skew(np.full(L, 3.0), np.zeros(L), 3.0, _BISECT_STEPS + 1), np.zeros(L)
-    for r in range(max(1, int(rounds)) if src["predictability"] is not None else 0):
-        a = fit_affinity(s, a, 0.5 ** r, _BISECT_STEPS - 1 - r)
-        s = fit_skew(s, a, 0.5 ** (r + 1), _BISECT_STEPS - 1 - r)
-    # last, the even layers' skew with the odd ones held, then the odd ones': a layer's entropy follows its parent
-    # layer's picks through affinity, so a layer's target holds still while it is bisected
-    for sweep in range(2) if a.any() else ():
-        for parity in (0, 1):
-            held = np.arange(L) % 2 == parity
-            a = fit_affinity(s, a, 0.25 / 2 ** sweep, _BISECT_STEPS - 2 - sweep, active=held)
-            s = fit_skew(s, a, 0.5, _BISECT_STEPS - 1, active=held)
-
-    params = LayerParams(zipf_s=tuple(round(float(x), 4) for x in s), affinity=tuple(round(float(x), 4) for x in a),
-                         depth_p=law, affinity_width=W)
-    params = LayerParams.from_json(params.to_json())             # the figures below are those of the JSON given out
-    gen = generate_layers(params, experts=E, topk=K, tokens=T, segments=seg, seed=seed)
-    checks = check_fit(src, measure(gen.ids, seg, E))
+    params = LayerParams.from_json(LayerParams.from_arrays(arrays).to_json())   # the figures are those of the JSON
+    gen = walk(params.arrays(), T, K, seed)
+    checks = check_fit(src, measure(gen, seg, E))
     return {"params": params.to_json(), "checks": checks, "ok": all(c["ok"] for c in checks),
             "shape": [int(T), int(L), int(K)], "experts": E, "segments": int(len(seg) - 1), "seed": int(seed),
             "seconds": round(time.time() - t0, 1)}

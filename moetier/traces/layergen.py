@@ -2,34 +2,41 @@
 
 Contract
 --------
-``LayerParams`` (JSON: ``{"model": "recency", "affinity_width": W, "layers": [{"zipf_s", "affinity", "depth_p"},
-...]}``, one entry per MoE layer) and ``generate_layers(params, experts=, topk=, tokens=, segments=, seed=)`` -> a
-``Trace`` whose ids are deterministic for a seed and hold ``topk`` DISTINCT experts per token and layer, slot 0 the
-router's first choice; ``meta["source"] = "moetier.tracegen.recency"``.
+``LayerParams`` (JSON: ``{"model": "recency", "layers": [{"depth_p", "popularity", "affinity", "successors",
+"successor_counts"}, ...]}``, one entry per MoE layer) and ``generate_layers(params, experts=, topk=, tokens=,
+segments=, seed=)`` -> a ``Trace`` whose ids are deterministic for a seed and hold ``topk`` DISTINCT experts per
+token and layer, slot 0 the router's first choice; ``meta["source"] = "moetier.tracegen.recency"``.
 
-The model is the LRU stack model (Mattson et al., 1970) per layer and routing slot: each layer keeps its experts in
-recency order (0 = the most recently picked), and the pick in slot k of a token is drawn by its stack depth:
+The model is the LRU stack model (Mattson et al., 1970) per layer and routing slot, with the layer's own popularity
+and a layer-to-layer transition. Each layer keeps its experts in recency order (0 = the most recently picked); the
+picks of a token are made slot by slot, each moved to the top at once, so the token's earlier picks sit on top.
 
-* ``depth_p[k]``: the probabilities of depth 0 .. D-1 and, last, of "deeper" (D = len - 1; D = 3 x top-k from a fit).
-  A depth d < D picks the expert at that depth of the stack as it stands at slot k (the token's earlier picks on
-  top, so d >= k). An LRU cache of s <= D slots per layer hits exactly the picks of depth < s, so the per-layer LRU
-  curve from 1 to D slots is the cumulative sum of these probabilities, and the top-1 repeat (slot 0 repeating the
-  previous token's slot 0, which sits at depth topk - 1) is ``depth_p[0][topk - 1]``. The depths of each (layer,
-  slot) are drawn as exact counts (largest remainder) in a random order, so a trace of n tokens holds
-  n x depth_p[k][d] of each, rounded, and its curve matches the parameters to within 1 / n.
-* cross-layer affinity: with probability ``affinity`` (layers after the first) the pick is one of the
-  ``affinity_width`` successors of the previous layer's slot-k pick, if the depth the successor has now still has
-  budget (so the recency law above holds exactly) and it is not picked already. Successors are W random
-  near-rank-preserving maps from the previous layer's popularity ranking to this layer's (a rank-r expert leads to
-  experts of rank about r, every expert is a successor W times), so following them keeps the layer's popularity
-  law: affinity moves the next-layer predictability and leaves the entropy to ``zipf_s``.
-* otherwise the depth is drawn from what is left of the budget; a "deeper" pick is a draw from the layer's
-  popularity (a random ranking with Zipf weights rank^-``zipf_s``) among the experts deeper than D.
+* ``depth_p[k]``: the probabilities of stack depth 0 .. D-1 and, last, of "deeper" (D = len - 1; D = 3 x top-k
+  from a fit), spent as exact counts (largest remainder) over the trace: a trace of n tokens holds
+  n x depth_p[k][d] picks of depth d in slot k, rounded, whichever experts they land on. An LRU cache of s <= D
+  slots per layer hits exactly the picks of depth < s, so the per-layer LRU curve from 1 to D slots is the
+  cumulative sum of these probabilities, and the top-1 repeat (slot 0 repeating the previous token's slot 0, which
+  sits at depth topk - 1) is ``depth_p[0][topk - 1]``, both to within 1 / n.
+* ``popularity``: the layer's selection weights (E numbers >= 0, any scale), spent as a budget of tokens x topk
+  picks. Each pick is one draw over the depths that have budget left, depth d weighted by its budget times the pace
+  factor (left / due) ** PACE of the expert there (left: what is left of its share; due: its share of the picks
+  still to make); a "deeper" pick is then drawn among the experts below D in proportion to what is left of theirs.
+  An expert behind its share is re-picked sooner, one ahead of it later, so each layer's selection counts end at
+  its popularity while the depth law holds exactly: the entropy is the source's, not a knob.
+* ``successors`` / ``successor_counts``: per expert a of the previous layer, the experts b picked with it and how
+  often (the source's co-occurrence counts, the 2 x top-k largest), read as P(b | a). The weight of every
+  candidate expert b (at its depth, or below D) is multiplied by its tilt 1 + ``affinity`` x (lift - 1), clipped
+  at 0, with lift = mean over the token's previous-layer picks a of P(b | a), divided by the mean of that over the
+  previous layer's popularity: an expert's tilt is 1 on average, so the transition sets which tokens pick an expert
+  (the next-layer predictability; ``affinity`` 0 .. 16 scales it) and leaves its share to the pace factor. At the
+  first layer a and b are two picks of the same token and slot k is tilted by the token's earlier slots: that
+  keeps a token's first-layer picks as coherent as the source's, without which the second layer's predictability
+  falls short whatever its affinity (the successors of unrelated picks disagree). Empty lists: no tilt.
 
-Each layer's stack starts full (every expert in a popularity-weighted random order), so a depth always exists. The
-(token, layer) dependency (depth needs the layer's earlier tokens, affinity the previous layer of the same token)
-is resolved by sweeping anti-diagonals t + l = const, vectorised over layers. Segments only bound requests
-(``Trace.segments``); the stacks run on over them, as the LRU curve that ``trace stats`` reports does.
+Each layer's stack starts full (every expert in a popularity-weighted random order), so a depth always exists.
+Segments only bound requests (``Trace.segments``); the stacks run on over them, as the LRU curve that ``trace
+stats`` reports does. The walk over (token, layer, slot) is one compiled loop (``@njit(cache=True)``), fed with
+random numbers drawn up front from ``numpy.random.default_rng(seed)``.
 """
 from __future__ import annotations
 
@@ -37,85 +44,144 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from moetier.errors import UserError
 from moetier.traces.format import Trace, ids_dtype
 
-__all__ = ["LayerParams", "generate_layers", "MODEL", "exact_counts"]
+__all__ = ["LayerParams", "generate_layers", "walk", "MODEL", "exact_counts", "transition"]
 
 MODEL = "recency"
-SUCCESSOR_SPREAD = 2.0      # ranks: how far a successor's popularity rank strays from its parent's
+_FIELDS = {"depth_p", "popularity", "affinity", "successors", "successor_counts"}
+_WHERE = "generator params (recency model)"
+AFFINITY_MAX = 16.0
+PACE = 4.0         # the pace factor's power: how hard an expert is held to its popularity share
 
 
 @dataclass(frozen=True)
 class LayerParams:
-    zipf_s: tuple            # per layer
-    affinity: tuple          # per layer (the first layer's is unused)
     depth_p: tuple           # per layer: per slot: D + 1 probabilities
-    affinity_width: int = 4
+    popularity: tuple        # per layer: E selection weights
+    affinity: tuple          # per layer
+    successors: tuple        # per layer: per expert of the previous layer (the first layer: of the same): expert ids
+    successor_counts: tuple  # the same shape: how often each follows
 
     @property
     def layers(self) -> int:
-        return len(self.zipf_s)
+        return len(self.depth_p)
 
     @property
     def depth(self) -> int:
         return len(self.depth_p[0][0]) - 1
 
+    @property
+    def experts(self) -> int:
+        return len(self.popularity[0])
+
+    def arrays(self) -> dict:
+        """The parameters as arrays: ``depth_p`` [L, K, D + 1], ``popularity`` [L, E], ``affinity`` [L],
+        ``successors`` and ``successor_counts`` [L, E, W] (W the longest list; shorter ones padded with count 0)."""
+        L, E = self.layers, self.experts
+        W = max([1] + [len(r) for s in self.successors for r in s])
+        succ = np.zeros((L, E, W), dtype=np.int64)
+        cnt = np.zeros((L, E, W))
+        for l in range(L):
+            for a, (s, c) in enumerate(zip(self.successors[l], self.successor_counts[l])):
+                succ[l, a, :len(s)], cnt[l, a, :len(c)] = s, c
+        return {"depth_p": np.asarray(self.depth_p, dtype=np.float64), "affinity": np.asarray(self.affinity, float),
+                "popularity": np.asarray(self.popularity, dtype=np.float64), "successors": succ,
+                "successor_counts": cnt}
+
+    @classmethod
+    def from_arrays(cls, a: dict) -> "LayerParams":
+        """The inverse of ``arrays`` (successors with count 0 left out)."""
+        L = len(a["affinity"])
+        succ, cnt = np.asarray(a["successors"]), np.asarray(a["successor_counts"])
+        keep = [[cnt[l, e] > 0 for e in range(cnt.shape[1])] for l in range(L)]
+        return cls(depth_p=tuple(tuple(tuple(float(x) for x in row) for row in q) for q in a["depth_p"]),
+                   popularity=tuple(tuple(float(x) for x in r) for r in a["popularity"]),
+                   affinity=tuple(float(x) for x in a["affinity"]),
+                   successors=tuple(tuple(tuple(int(x) for x in succ[l, e][m]) for e, m in enumerate(keep[l]))
+                                    for l in range(L)),
+                   successor_counts=tuple(tuple(tuple(float(x) for x in cnt[l, e][m]) for e, m in enumerate(keep[l]))
+                                          for l in range(L)))
+
     def to_json(self) -> dict:
-        return {"model": MODEL, "affinity_width": int(self.affinity_width), "layers": [
-            {"zipf_s": round(float(s), 4), "affinity": round(float(a), 4),
-             "depth_p": [[round(float(x), 6) for x in row] for row in q]}
-            for s, a, q in zip(self.zipf_s, self.affinity, self.depth_p)]}
+        return {"model": MODEL, "layers": [
+            {"depth_p": [[round(float(x), 6) for x in row] for row in q],
+             "popularity": [_num(x) for x in pop], "affinity": round(float(a), 4),
+             "successors": [[int(x) for x in r] for r in s], "successor_counts": [[_num(x) for x in r] for r in c]}
+            for q, pop, a, s, c in zip(self.depth_p, self.popularity, self.affinity, self.successors,
+                                       self.successor_counts)]}
 
     @classmethod
     def from_json(cls, d: dict) -> "LayerParams":
-        where = "generator params (recency model)"
         if not isinstance(d, dict) or d.get("model") != MODEL:
-            raise UserError(f"{where}: expected a JSON object with \"model\": \"{MODEL}\"")
-        unknown = set(d) - {"model", "affinity_width", "layers"}
+            raise UserError(f"{_WHERE}: expected a JSON object with \"model\": \"{MODEL}\"")
+        unknown = set(d) - {"model", "layers"}
         if unknown:
-            raise UserError(f"{where}: unknown field(s) {sorted(unknown)}; expected model, affinity_width, layers")
+            raise UserError(f"{_WHERE}: unknown field(s) {sorted(unknown)}; expected model, layers")
         rows = d.get("layers")
         if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
-            raise UserError(f"{where}: 'layers' must be a non-empty list of objects (one per MoE layer)")
+            raise UserError(f"{_WHERE}: 'layers' must be a non-empty list of objects (one per MoE layer)")
         for i, r in enumerate(rows):
-            if set(r) != {"zipf_s", "affinity", "depth_p"}:
-                raise UserError(f"{where}: layers[{i}] has fields {sorted(r)}; expected affinity, depth_p, zipf_s")
-        p = cls(zipf_s=tuple(r["zipf_s"] for r in rows), affinity=tuple(r["affinity"] for r in rows),
-                depth_p=tuple(tuple(tuple(x) for x in r["depth_p"]) if isinstance(r["depth_p"], list) else ()
-                              for r in rows),
-                affinity_width=d.get("affinity_width", 4))
+            if set(r) != _FIELDS:
+                raise UserError(f"{_WHERE}: layers[{i}] has fields {sorted(r)}; expected {', '.join(sorted(_FIELDS))}")
+            if not isinstance(r["popularity"], list):
+                raise UserError(f"{_WHERE}: layers[{i}].popularity must be a list of numbers (one per expert)")
+            for f in ("depth_p", "successors", "successor_counts"):
+                if not (isinstance(r[f], list) and all(isinstance(x, list) for x in r[f])):
+                    raise UserError(f"{_WHERE}: layers[{i}].{f} must be a list of lists")
+        p = cls(depth_p=tuple(tuple(tuple(x) for x in r["depth_p"]) for r in rows),
+                popularity=tuple(tuple(r["popularity"]) for r in rows), affinity=tuple(r["affinity"] for r in rows),
+                successors=tuple(tuple(tuple(x) for x in r["successors"]) for r in rows),
+                successor_counts=tuple(tuple(tuple(x) for x in r["successor_counts"]) for r in rows))
         p.check()
         return p
 
     def check(self, experts: int | None = None, topk: int | None = None) -> None:
-        where = "generator params (recency model)"
-        w = self.affinity_width
-        if not (isinstance(w, (int, np.integer)) and w >= 1 and (experts is None or w <= experts)):
-            raise UserError(f"{where}: affinity_width={w!r}, expected an integer in 1..{experts or 'experts'}")
-        for i, (s, a, q) in enumerate(zip(self.zipf_s, self.affinity, self.depth_p)):
-            _check_layer(i, s, a, q, topk)
-        D = len(self.depth_p[0][0]) - 1
+        E = self.experts
+        if experts is not None and E != experts:
+            raise UserError(f"{_WHERE}: popularity over {E} experts; the model has {experts}")
+        for i in range(self.layers):
+            _check_layer(i, self, E, topk)
+        D = self.depth
         if any(len(q[0]) != D + 1 for q in self.depth_p):
-            raise UserError(f"{where}: every layer's depth_p rows must have the same length ({D + 1})")
-        if experts is not None and not (len(self.depth_p[0]) <= D < experts):
-            raise UserError(f"{where}: depth {D} must be at least top-k ({len(self.depth_p[0])}) and below the "
-                            f"expert count {experts}")
+            raise UserError(f"{_WHERE}: every layer's depth_p rows must have the same length ({D + 1})")
+        if not len(self.depth_p[0]) <= D < E:
+            raise UserError(f"{_WHERE}: depth {D} must be at least top-k ({len(self.depth_p[0])}) and below the "
+                            f"expert count {E}")
 
 
-def _check_layer(i: int, s, a, q, topk: int | None) -> None:
-    where = f"generator params (recency model): layers[{i}]"
-    if not (isinstance(s, (int, float)) and math.isfinite(s) and s >= 0):
-        raise UserError(f"{where}.zipf_s={s!r}, expected a finite number >= 0")
-    if not (isinstance(a, (int, float)) and 0 <= a <= 1):
-        raise UserError(f"{where}.affinity={a!r}, expected a number in [0, 1]")
+def _num(x):
+    x = float(x)
+    return int(x) if x.is_integer() else round(x, 6)
+
+
+def _is_num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+
+def _check_layer(i: int, p: LayerParams, E: int, topk: int | None) -> None:
+    where = f"{_WHERE}: layers[{i}]"
+    a, q, pop = p.affinity[i], p.depth_p[i], p.popularity[i]
+    if not (_is_num(a) and a <= AFFINITY_MAX):
+        raise UserError(f"{where}.affinity={a!r}, expected a number in [0, {AFFINITY_MAX:g}]")
+    if len(pop) != E or not all(_is_num(x) for x in pop) or not sum(pop) > 0:
+        raise UserError(f"{where}.popularity must be {E} numbers >= 0 (one per expert), not all 0")
+    s, c = p.successors[i], p.successor_counts[i]
+    if (s or c or i) and not (len(s) == len(c) == E and all(len(a) == len(b) for a, b in zip(s, c))):
+        raise UserError(f"{where}.successors and successor_counts must be {E} lists (one per expert of the "
+                        f"previous layer{'; or both empty' if i == 0 else ''}) of the same lengths")
+    if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < E for r in s for x in r):
+        raise UserError(f"{where}.successors: expected expert ids in 0..{E - 1}")
+    if not all(_is_num(x) for r in c for x in r):
+        raise UserError(f"{where}.successor_counts: expected numbers >= 0")
     if not q or (topk is not None and len(q) != topk):
         raise UserError(f"{where}.depth_p has {len(q)} rows; expected one per routing slot "
                         f"({topk if topk is not None else 'top-k'})")
     for k, row in enumerate(q):
-        if not (len(row) == len(q[0]) and all(isinstance(x, (int, float)) and x >= 0 for x in row)
-                and abs(sum(row) - 1) <= 1e-3):
+        if not (len(row) == len(q[0]) and all(_is_num(x) for x in row) and abs(sum(row) - 1) <= 1e-3):
             raise UserError(f"{where}.depth_p[{k}] must be {len(q[0])} numbers >= 0 summing to 1")
         if k and any(row[:k]):
             raise UserError(f"{where}.depth_p[{k}]: depths below {k} are impossible in slot {k} (the token's {k} "
@@ -134,15 +200,162 @@ def exact_counts(p: np.ndarray, n: int) -> np.ndarray:
     return c + (rank < short[..., None])
 
 
-def _zipf(s: np.ndarray, E: int) -> np.ndarray:
-    w = np.power(np.arange(1, E + 1, dtype=np.float64)[None, :], -np.asarray(s, dtype=np.float64)[:, None])
-    return w / w.sum(axis=1, keepdims=True)
+def transition(ids: np.ndarray, experts: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer and expert a of the previous layer: the ``width`` experts b most often picked at the layer in a
+    token that picked a at the previous one, and those counts (co-occurrence over every pair of the two layers'
+    picks); at the first layer, a and b are two picks of the same token there: ``(successors [L, E, width] int64,
+    counts [L, E, width] int64)``."""
+    ids = np.asarray(ids, dtype=np.int64)
+    T, L, K = ids.shape
+    E, W = int(experts), min(int(width), int(experts))
+    succ = np.zeros((L, E, W), dtype=np.int64)
+    cnt = np.zeros((L, E, W), dtype=np.int64)
+    for l in range(L):
+        pairs = ids[:, max(l - 1, 0), :, None] * E + ids[:, l, None, :]
+        if l == 0:
+            pairs = pairs[:, ~np.eye(K, dtype=bool)]
+        C = np.bincount(pairs.ravel(), minlength=E * E).reshape(E, E)
+        top = np.argsort(-C, axis=1, kind="stable")[:, :W]
+        succ[l], cnt[l] = top, np.take_along_axis(C, top, 1)
+    return succ, cnt
+
+
+@njit(cache=True)
+def _walk(stack, pos, remain, urn, pop, aff, succ, succ_p, mean_p, udepth, ufresh, ids):
+    """The picks of every (token, layer, slot) in order (module docstring); ``stack``/``pos`` (each layer's recency
+    order and every expert's place in it), ``remain`` (depth budgets) and ``urn`` (popularity left) are updated in
+    place; ``ids`` [T, L, K] is filled. ``succ_p`` holds P(b | a) for the successors ``succ``, ``mean_p`` its
+    mean over the previous layer's popularity."""
+    T, L, K = ids.shape
+    E = stack.shape[1]
+    D = remain.shape[2] - 1
+    W = succ.shape[2]
+    w = np.zeros(D + 1)
+    tilt = np.ones(E)
+    for t in range(T):
+        for l in range(L):
+            # the transition's tilt: 1 + affinity x (lift - 1), lift = P(b | the previous layer's picks) over its
+            # mean over the previous layer's popularity, so that an expert's tilt is 1 on average (affinity <= 1)
+            # whatever share of it the successor lists hold: the tilt moves picks between tokens, not experts
+            if l > 0 and aff[l] > 0:
+                tilt[:] = 0.0
+                for j in range(K):
+                    a = ids[t, l - 1, j]
+                    for i in range(W):
+                        tilt[succ[l, a, i]] += succ_p[l, a, i] / K
+                for e in range(E):
+                    lift = tilt[e] / mean_p[l, e] if mean_p[l, e] > 0 else 1.0
+                    tilt[e] = max(0.0, 1.0 + aff[l] * (lift - 1.0))
+            else:
+                tilt[:] = 1.0
+            for k in range(K):
+                if l == 0 and aff[0] > 0 and k > 0:
+                    # the first layer's tilt: the same, from the token's earlier picks at that layer
+                    tilt[:] = 0.0
+                    for j in range(k):
+                        a = ids[t, 0, j]
+                        for i in range(W):
+                            tilt[succ[0, a, i]] += succ_p[0, a, i] / k
+                    for e in range(E):
+                        lift = tilt[e] / mean_p[0, e] if mean_p[0, e] > 0 else 1.0
+                        tilt[e] = max(0.0, 1.0 + aff[0] * (lift - 1.0))
+                left = (T - t) * K - k          # picks left to the layer
+                # each depth's weight: its budget left, times the pace factor of the expert there (how far it is
+                # behind its popularity share, to the power PACE) and its tilt; the deeper class by its experts together
+                deep_urn, deep_w, deep_pop = 0.0, 0.0, 0.0
+                for i in range(D, E):
+                    e = stack[l, i]
+                    u = max(urn[l, e], 0.0)
+                    deep_urn += u
+                    deep_w += u * tilt[e]
+                    deep_pop += pop[l, e]
+                total = 0.0
+                for d in range(k, D + 1):
+                    if d < D:
+                        e = stack[l, d]
+                        r = max(urn[l, e], 0.0) / (pop[l, e] * left) if pop[l, e] > 0 else 0.0
+                        w[d] = remain[l, k, d] * r ** PACE * tilt[e]
+                    elif deep_urn > 0:
+                        r = deep_urn / (deep_pop * left)
+                        w[d] = remain[l, k, d] * r ** PACE * deep_w / deep_urn
+                    else:
+                        w[d] = 0.0
+                    total += w[d]
+                if total <= 0:                  # every expert there past its share: the budget alone
+                    for d in range(k, D + 1):
+                        w[d] = remain[l, k, d]
+                        total += w[d]
+                x = udepth[t, l, k] * total
+                dep, acc = k, w[k]
+                while dep < D and acc <= x:
+                    dep += 1
+                    acc += w[dep]
+                if dep < D:
+                    pick = stack[l, dep]
+                else:
+                    pick = _fresh(stack[l], urn[l], pop[l], tilt, D, ufresh[t, l, k])
+                remain[l, k, dep] -= 1
+                urn[l, pick] -= 1.0
+                ids[t, l, k] = pick
+                p = pos[l, pick]
+                for i in range(p, 0, -1):          # to the top of the stack
+                    stack[l, i] = stack[l, i - 1]
+                    pos[l, stack[l, i]] = i
+                stack[l, 0] = pick
+                pos[l, pick] = 0
+
+
+@njit(cache=True)
+def _fresh(stack, urn, pop, tilt, D, u):
+    """An expert deeper than D in the stack, drawn in proportion to its popularity left times its tilt (to its
+    popularity when none there has any left)."""
+    E = stack.shape[0]
+    total = 0.0
+    for i in range(D, E):
+        total += max(urn[stack[i]], 0.0) * tilt[stack[i]]
+    use_urn = total > 0
+    if not use_urn:
+        for i in range(D, E):
+            total += pop[stack[i]]
+    x = u * total
+    acc = 0.0
+    for i in range(D, E):
+        e = stack[i]
+        acc += max(urn[e], 0.0) * tilt[e] if use_urn else pop[e]
+        if acc > x:
+            return e
+    return stack[E - 1]
+
+
+def walk(arrays: dict, tokens: int, topk: int, seed: int) -> np.ndarray:
+    """ids [tokens, layers, topk] (int64) from the model's arrays (``LayerParams.arrays``), checked already."""
+    T, K = int(tokens), int(topk)
+    rng = np.random.default_rng(seed)
+    pop = np.asarray(arrays["popularity"], dtype=np.float64)
+    pop = pop / pop.sum(axis=1, keepdims=True)
+    L, E = pop.shape
+    urn = pop * (T * K)
+    # the stacks start in a popularity-weighted random order (exponential race), MRU first
+    stack = np.argsort(-(pop + 1e-12) / rng.standard_exponential((L, E)), axis=1).astype(np.int64)
+    pos = np.argsort(stack, axis=1).astype(np.int64)
+    remain = exact_counts(arrays["depth_p"], T)                                       # [L, K, D + 1]
+    cnt = np.asarray(arrays["successor_counts"], dtype=np.float64)
+    succ_p = cnt / np.maximum(cnt.sum(axis=2, keepdims=True), 1e-300)
+    succ = np.asarray(arrays["successors"], dtype=np.int64)
+    mean_p = np.zeros((L, E))
+    for l in range(L):
+        np.add.at(mean_p[l], succ[l].ravel(), (pop[max(l - 1, 0)][:, None] * succ_p[l]).ravel())
+    udepth, ufresh = rng.random((T, L, K)), rng.random((T, L, K))
+    ids = np.zeros((T, L, K), dtype=np.int64)
+    _walk(stack, pos, remain, urn, pop, np.asarray(arrays["affinity"], dtype=np.float64),
+          succ, succ_p, mean_p, udepth, ufresh, ids)
+    return ids
 
 
 def generate_layers(params: LayerParams, *, experts: int, topk: int, tokens: int, segments=1, seed: int = 0,
                     model_id: str | None = None) -> Trace:
     """A trace [tokens, layers, topk] from the per-layer recency model (module docstring)."""
-    from moetier.traces.gen import _check_memory, _segments, diagonals
+    from moetier.traces.gen import _check_memory, _segments
     if isinstance(params, dict):
         params = LayerParams.from_json(params)
     for name, v in (("experts", experts), ("topk", topk), ("tokens", tokens)):
@@ -152,89 +365,8 @@ def generate_layers(params: LayerParams, *, experts: int, topk: int, tokens: int
     params.check(E, K)
     _check_memory(T, L, K)
     seg = _segments(segments, T)
-    D = params.depth
-    rng = np.random.default_rng(seed)
-
-    # popularity: a random ranking per layer with Zipf weights; the stacks start in a popularity-weighted order
-    rank = np.argsort(rng.random((L, E)), axis=1)                                     # rank[l, r] = expert
-    pop = np.empty((L, E))
-    np.put_along_axis(pop, rank, _zipf(np.asarray(params.zipf_s), E), axis=1)
-    start = np.argsort(-pop / rng.standard_exponential((L, E)), axis=1)                # initial stack, MRU first
-    last = np.empty((L, E), dtype=np.int64)
-    np.put_along_axis(last, start, -1 - np.arange(E)[None, :], axis=1)                 # older = smaller
-
-    # depth budgets: exact counts per (layer, slot) over the trace, spent as the picks are made; D = deeper
-    remain = exact_counts(np.asarray(params.depth_p, dtype=np.float64), T)             # [L, K, D + 1]
-
-    W = int(params.affinity_width)
-    aff = np.asarray(params.affinity, dtype=np.float64)
-    # successors: W near-rank-preserving permutations per layer pair (the expert of popularity rank r at layer l
-    # leads to experts of rank about r at layer l+1), so that following them keeps each layer's popularity law:
-    # every expert is a successor W times, the popular ones of popular parents
-    succ = np.zeros((max(1, L - 1), E, W), dtype=np.int64)
-    r_of = np.argsort(rank, axis=1)                                                    # r_of[l, e] = rank of e
-    for l in range(L - 1):
-        for w in range(W):
-            perm = np.argsort(np.arange(E) + SUCCESSOR_SPREAD * rng.standard_normal(E))   # rank -> rank
-            succ[l, :, w] = rank[l + 1, perm[r_of[l]]]
-
-    # fresh draws by inverse CDF over all layers at once: layer l's cumulative popularity shifted by l
-    cdf = (np.cumsum(pop, axis=1) / pop.sum(axis=1, keepdims=True) + np.arange(L)[:, None]).ravel()
-    cdf[np.arange(1, L + 1) * E - 1] = np.arange(1, L + 1)                               # no rounding gap at the end
-    ids = np.zeros((T, L, K), dtype=np.int64)
-    top_n = min(E, D + K)
-    tries = 16
-    for ls, ts in diagonals(T, L):
-        n = len(ls)
-        rows = np.arange(n)
-        lst = last[ls]                                                                  # [n, E], before the token
-        top = np.argpartition(-lst, top_n - 1, axis=1)[:, :top_n] if top_n < E else np.tile(np.arange(E), (n, 1))
-        top = np.take_along_axis(top, np.argsort(-np.take_along_axis(lst, top, 1), axis=1), 1)   # MRU first
-        lst_top = np.take_along_axis(lst, top, 1)
-        taken = np.zeros((n, top_n), dtype=bool)          # entries of ``top`` picked earlier in this token
-        coin = rng.random((n, K))
-        which = rng.integers(0, W, size=(n, K))
-        u = rng.random((n, K))
-        fu = rng.random((n, K, tries)) + ls[:, None, None]
-        out = np.full((n, K), -1, dtype=np.int64)
-        for k in range(K):
-            # the stack at slot k: the token's k picks, then the untaken entries of ``top`` in order (depth k + rank)
-            free_rank = np.where(taken, top_n, np.cumsum(~taken, axis=1) - 1)
-            # depth >= D: below the (D - k)-th untaken entry, and not picked in this token
-            thr = lst_top[rows, np.argmax(free_rank == D - k - 1, axis=1)]
-            budget = remain[ls, k]                                                      # [n, D + 1]
-            # affinity: the successor of the previous layer's slot-k pick, at its depth now, if that depth's budget
-            # is not spent (and it is not picked already)
-            cand = succ[np.maximum(ls - 1, 0), ids[ts, np.maximum(ls - 1, 0), k], which[:, k]]   # layer 0: unused
-            picked = (out == cand[:, None]).any(axis=1)
-            lc = lst[rows, cand]
-            cd = np.where(lc >= thr, k + ((lst_top > lc[:, None]) & ~taken).sum(axis=1), D)
-            use = (ls > 0) & (coin[:, k] < aff[ls]) & ~picked & (budget[rows, cd] > 0)
-            # else a depth drawn from what is left of the budget
-            cum = np.cumsum(budget, axis=1)
-            dep = np.where(use, cd, np.minimum((cum <= (u[:, k] * cum[:, -1])[:, None]).sum(axis=1), D))
-            pick = np.where(use, cand, top[rows, np.argmax(free_rank == (dep - k)[:, None], axis=1)])
-            need = np.flatnonzero(~use & (dep == D))
-            if len(need):
-                # the first of ``tries`` popularity draws that lies deeper than D; the exact masked draw if none does
-                x = np.searchsorted(cdf, fu[need, k], side="right") - ls[need, None] * E     # [m, tries]
-                ok = (lst[need[:, None], x] < thr[need, None]) & ~(x[:, :, None] == out[need, None, :]).any(-1)
-                first = np.argmax(ok, axis=1)
-                got = x[np.arange(len(need)), first]
-                for i in np.flatnonzero(~ok.any(axis=1)):     # (no new random draws: the stream stays aligned)
-                    r = need[i]
-                    w = np.where(lst[r] < thr[r], pop[ls[r]], 0.0)
-                    w[out[r, :k]] = 0.0
-                    c = np.cumsum(w)
-                    got[i] = min(E - 1, int(np.searchsorted(c, (fu[r, k, 0] - ls[r]) * c[-1], side="right")))
-                pick[need] = got
-            out[:, k] = pick
-            remain[ls, k, dep] -= 1
-            taken |= top == pick[:, None]
-        ids[ts, ls] = out
-        last[ls[:, None], out] = (ts * K)[:, None] + np.arange(K)[None, :]
-
-    meta = {"source": "moetier.tracegen.recency", "params": params.to_json(), "seed": int(seed), "layers": L,
+    ids = walk(params.arrays(), T, K, seed)
+    meta = {"source": "moetier.tracegen.recency", "model": MODEL, "seed": int(seed), "layers": L,
             "experts": E, "topk": K}
     if model_id is not None:
         meta["model_id"] = model_id
