@@ -164,12 +164,16 @@ def _is_num(x) -> bool:
 
 def _check_layer(i: int, p: LayerParams, E: int, topk: int | None) -> None:
     where = f"{_WHERE}: layers[{i}]"
-    a, q, pop = p.affinity[i], p.depth_p[i], p.popularity[i]
+    a, pop = p.affinity[i], p.popularity[i]
     if not (_is_num(a) and a <= AFFINITY_MAX):
         raise UserError(f"{where}.affinity={a!r}, expected a number in [0, {AFFINITY_MAX:g}]")
     if len(pop) != E or not all(_is_num(x) for x in pop) or not sum(pop) > 0:
         raise UserError(f"{where}.popularity must be {E} numbers >= 0 (one per expert), not all 0")
-    s, c = p.successors[i], p.successor_counts[i]
+    _check_successors(where, i, p.successors[i], p.successor_counts[i], E)
+    _check_depths(where, p.depth_p[i], topk)
+
+
+def _check_successors(where: str, i: int, s, c, E: int) -> None:
     if (s or c or i) and not (len(s) == len(c) == E and all(len(a) == len(b) for a, b in zip(s, c))):
         raise UserError(f"{where}.successors and successor_counts must be {E} lists (one per expert of the "
                         f"previous layer{'; or both empty' if i == 0 else ''}) of the same lengths")
@@ -177,6 +181,9 @@ def _check_layer(i: int, p: LayerParams, E: int, topk: int | None) -> None:
         raise UserError(f"{where}.successors: expected expert ids in 0..{E - 1}")
     if not all(_is_num(x) for r in c for x in r):
         raise UserError(f"{where}.successor_counts: expected numbers >= 0")
+
+
+def _check_depths(where: str, q, topk: int | None) -> None:
     if not q or (topk is not None and len(q) != topk):
         raise UserError(f"{where}.depth_p has {len(q)} rows; expected one per routing slot "
                         f"({topk if topk is not None else 'top-k'})")
@@ -221,6 +228,50 @@ def transition(ids: np.ndarray, experts: int, width: int) -> tuple[np.ndarray, n
 
 
 @njit(cache=True)
+def _tilt(tilt, prev, n, succ, succ_p, mean_p, aff):
+    """The transition's tilt of every expert from the first ``n`` picks ``prev`` (of the previous layer, or the
+    token's earlier picks at the first layer): 1 + affinity x (lift - 1), lift = P(b | those picks) over its mean
+    ``mean_p`` over the previous layer's popularity, so that an expert's tilt is 1 on average (affinity <= 1)
+    whatever share of it the successor lists hold: the tilt moves picks between tokens, not experts."""
+    tilt[:] = 0.0
+    for j in range(n):
+        a = prev[j]
+        for i in range(succ.shape[1]):
+            tilt[succ[a, i]] += succ_p[a, i] / n
+    for e in range(tilt.shape[0]):
+        lift = tilt[e] / mean_p[e] if mean_p[e] > 0 else 1.0
+        tilt[e] = max(0.0, 1.0 + aff * (lift - 1.0))
+
+
+@njit(cache=True)
+def _depth_weights(w, stack, urn, pop, tilt, remain, k, left):
+    """Each depth's weight into ``w`` (slot ``k``, ``left`` picks left to the layer): its budget left, times the
+    pace factor of the expert there (how far it is behind its popularity share, to the power PACE) and its tilt;
+    the deeper class by its experts together. Returns their sum."""
+    D = remain.shape[0] - 1
+    deep_urn, deep_w, deep_pop = 0.0, 0.0, 0.0
+    for i in range(D, stack.shape[0]):
+        e = stack[i]
+        u = max(urn[e], 0.0)
+        deep_urn += u
+        deep_w += u * tilt[e]
+        deep_pop += pop[e]
+    total = 0.0
+    for d in range(k, D + 1):
+        if d < D:
+            e = stack[d]
+            r = max(urn[e], 0.0) / (pop[e] * left) if pop[e] > 0 else 0.0
+            w[d] = remain[d] * r ** PACE * tilt[e]
+        elif deep_urn > 0:
+            r = deep_urn / (deep_pop * left)
+            w[d] = remain[d] * r ** PACE * deep_w / deep_urn
+        else:
+            w[d] = 0.0
+        total += w[d]
+    return total
+
+
+@njit(cache=True)
 def _walk(stack, pos, remain, urn, pop, aff, succ, succ_p, mean_p, udepth, ufresh, ids):
     """The picks of every (token, layer, slot) in order (module docstring); ``stack``/``pos`` (each layer's recency
     order and every expert's place in it), ``remain`` (depth budgets) and ``urn`` (popularity left) are updated in
@@ -229,58 +280,19 @@ def _walk(stack, pos, remain, urn, pop, aff, succ, succ_p, mean_p, udepth, ufres
     T, L, K = ids.shape
     E = stack.shape[1]
     D = remain.shape[2] - 1
-    W = succ.shape[2]
     w = np.zeros(D + 1)
     tilt = np.ones(E)
     for t in range(T):
         for l in range(L):
-            # the transition's tilt: 1 + affinity x (lift - 1), lift = P(b | the previous layer's picks) over its
-            # mean over the previous layer's popularity, so that an expert's tilt is 1 on average (affinity <= 1)
-            # whatever share of it the successor lists hold: the tilt moves picks between tokens, not experts
             if l > 0 and aff[l] > 0:
-                tilt[:] = 0.0
-                for j in range(K):
-                    a = ids[t, l - 1, j]
-                    for i in range(W):
-                        tilt[succ[l, a, i]] += succ_p[l, a, i] / K
-                for e in range(E):
-                    lift = tilt[e] / mean_p[l, e] if mean_p[l, e] > 0 else 1.0
-                    tilt[e] = max(0.0, 1.0 + aff[l] * (lift - 1.0))
+                _tilt(tilt, ids[t, l - 1], K, succ[l], succ_p[l], mean_p[l], aff[l])
             else:
                 tilt[:] = 1.0
             for k in range(K):
                 if l == 0 and aff[0] > 0 and k > 0:
-                    # the first layer's tilt: the same, from the token's earlier picks at that layer
-                    tilt[:] = 0.0
-                    for j in range(k):
-                        a = ids[t, 0, j]
-                        for i in range(W):
-                            tilt[succ[0, a, i]] += succ_p[0, a, i] / k
-                    for e in range(E):
-                        lift = tilt[e] / mean_p[0, e] if mean_p[0, e] > 0 else 1.0
-                        tilt[e] = max(0.0, 1.0 + aff[0] * (lift - 1.0))
+                    _tilt(tilt, ids[t, 0], k, succ[0], succ_p[0], mean_p[0], aff[0])
                 left = (T - t) * K - k          # picks left to the layer
-                # each depth's weight: its budget left, times the pace factor of the expert there (how far it is
-                # behind its popularity share, to the power PACE) and its tilt; the deeper class by its experts together
-                deep_urn, deep_w, deep_pop = 0.0, 0.0, 0.0
-                for i in range(D, E):
-                    e = stack[l, i]
-                    u = max(urn[l, e], 0.0)
-                    deep_urn += u
-                    deep_w += u * tilt[e]
-                    deep_pop += pop[l, e]
-                total = 0.0
-                for d in range(k, D + 1):
-                    if d < D:
-                        e = stack[l, d]
-                        r = max(urn[l, e], 0.0) / (pop[l, e] * left) if pop[l, e] > 0 else 0.0
-                        w[d] = remain[l, k, d] * r ** PACE * tilt[e]
-                    elif deep_urn > 0:
-                        r = deep_urn / (deep_pop * left)
-                        w[d] = remain[l, k, d] * r ** PACE * deep_w / deep_urn
-                    else:
-                        w[d] = 0.0
-                    total += w[d]
+                total = _depth_weights(w, stack[l], urn[l], pop[l], tilt, remain[l, k], k, left)
                 if total <= 0:                  # every expert there past its share: the budget alone
                     for d in range(k, D + 1):
                         w[d] = remain[l, k, d]
