@@ -93,7 +93,8 @@ class RecordView(np.ndarray):
 
 class XpuBackend(EngineLanes):
     def __init__(self, store, ops, *, ram_slots: int, vram_slots: int, queue_depth: int = 16,
-                 verify_rate: float = 1.0, direct: bool = True, any_store: bool = False, ring_slots: int = RING_SLOTS):
+                 verify_rate: float = 1.0, direct: bool = True, any_store: bool = False, ring_slots: int = RING_SLOTS,
+                 faults=None):
         if store.layout.encoding != EXL3 and not any_store:
             raise BackendUnavailable(f"exl3xpu backend: store {store.path} holds {store.layout.encoding!r} records, "
                                      f"expected {EXL3!r} (moetier store pack --checkpoint)")
@@ -108,7 +109,8 @@ class XpuBackend(EngineLanes):
                                          f"more than the store's {rb} B records hold")
         n = max(1, int(ram_slots))
         self.pool = HostPool(ops.host_alloc(n * (-(-rb // PAGE) * PAGE)), n, rb)
-        self.reader = Reader(store, self.pool, queue_depth=queue_depth, verify_rate=verify_rate, direct=direct)
+        self.reader = Reader(store, self.pool, queue_depth=queue_depth, verify_rate=verify_rate, direct=direct,
+                             faults=faults)
         self._host = self.pool._mm.reshape(self.pool.n, self.pool.slot_bytes)
         self.vram_slots = int(vram_slots)
         device_alloc = surface.device_allocator(ops)

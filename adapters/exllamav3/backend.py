@@ -34,7 +34,7 @@ from moetier.run.contract import BackendUnavailable, Capabilities
 class EngineBackend(EngineLanes):
     def __init__(self, store, *, ram_slots: int, vram_slots: int, device="cpu", queue_depth: int = 16,
                  verify_rate: float = 1.0, direct: bool = True, any_store: bool = False,
-                 lanes=("cpu", "zerocopy", "gpu")):
+                 lanes=("cpu", "zerocopy", "gpu"), faults=None):
         import torch
         if store.layout.encoding != EXL3 and not any_store:
             raise BackendUnavailable(f"exllamav3 backend: store {store.path} holds {store.layout.encoding!r} "
@@ -45,7 +45,8 @@ class EngineBackend(EngineLanes):
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.pool = SlotPool(max(1, int(ram_slots)), self.record_bytes)
-        self.reader = Reader(store, self.pool, queue_depth=queue_depth, verify_rate=verify_rate, direct=direct)
+        self.reader = Reader(store, self.pool, queue_depth=queue_depth, verify_rate=verify_rate, direct=direct,
+                             faults=faults)
         self.vram_slots = int(vram_slots)
         self.arena = torch.zeros((max(1, self.vram_slots), self.record_bytes), dtype=torch.uint8, device=self.device)
         self._host = torch.from_numpy(np.frombuffer(self.pool._mm, np.uint8, self.pool.nbytes, self.pool._off)
