@@ -60,6 +60,19 @@ def test_every_choice_is_accepted_by_the_schema_and_choice_zero_is_the_start():
     assert "exactness" not in {k.name for k in space.knobs(R, space.limits(R))}
 
 
+@pytest.mark.parametrize("rid", ["glm53-rtx3090-55g-nvx4", "tiny-local-cpu"])
+def test_cpu_workers_only_at_counts_the_lane_record_measured(rid):
+    """A worker count the lane record did not measure would spread its per-expert cost over threads that share one
+    memory bandwidth: GLM's cpu lane was measured inline only (no split terms) on 24 cores, so no worker knob;
+    tiny-local-cpu's was measured split at 2 workers, so 1 and 2."""
+    R = spec.resolve(rid)
+    cpu = R.lanes["cpu"]
+    k = next((k for k in space.knobs(R, space.limits(R)) if k.name == "cpu workers"), None)
+    offered = {cpu.workers} | ({int(k.label(i)) for i in range(1, len(k.choices))} if k else set())
+    assert offered <= {1} | ({cpu.workers} if cpu.per_handoff_ms is not None else set())
+    assert (k is None) == (cpu.per_handoff_ms is None and cpu.workers == 1)
+
+
 def test_vram_slots_never_exceed_the_vram_left_by_the_reserve():
     R = spec.resolve("glm53-rtx3090-55g-nvx4")
     lim = space.limits(R, vram_reserve_gb=10.0)

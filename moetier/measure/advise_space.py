@@ -12,7 +12,8 @@ Contract
 - ``knobs(R, limits)`` lists every knob the recipe schema offers for this recipe: VRAM expert slots, RAM budget,
   RAM and VRAM replacement (the names moetier.core.policies.residency registers when this runs, those that need the
   future left out, each kept only if the recipe schema accepts it), RAM partition, VRAM admission, prefetch depth,
-  predictor and budget, exactness and per-tier record encodings (with ``lossy`` only), the cpu lane's workers.
+  predictor and budget, exactness and per-tier record encodings (with ``lossy`` only), the cpu lane's workers (only
+  the counts its record measured: inline, and its own split count where the split terms were measured).
   Values the starting recipe already has are not repeated. Pure but for reading the schema.
 """
 from __future__ import annotations
@@ -205,6 +206,10 @@ def knobs(R, lim: Limits) -> list[Knob]:
     cpu = R.lanes.get("cpu")
     cores = int((R.hardware.get("cpu") or {}).get("cores") or 1)
     if cpu is not None and cores > 1:
-        ws = sorted({1, 2, cores // 2, cores} - {0})
+        # only worker counts the lane record measured: inline (1), and a split call at the lane's own count where
+        # its split terms were measured (per_handoff_ms). Any other count would spread the per-expert cost measured
+        # on its threads over more threads with nothing for the memory bandwidth they share: the simulator would
+        # advise it for a speed-up no record says exists
+        ws = sorted({1} | ({cpu.workers} if cpu.per_handoff_ms is not None else set()))
         out.append(Knob("cpu workers", _choices(R, "lane_overrides.cpu.workers", ws, cpu.workers)))
     return [k for k in out if len(k.choices) > 1]
