@@ -122,6 +122,12 @@ def real(store: str, advised: str, repeats: int, steps: int, shipped_id: str = "
                                    out["shipped"][str(c)]["measured_median"] for c in CONCS}}
 
 
+def _write_json(path: Path, doc: dict) -> None:
+    """The results file whole or not at all (an interrupted run leaves the last one)."""
+    from moetier.atomic import atomic_write
+    atomic_write(path, lambda f, b=(json.dumps(doc, indent=1, sort_keys=True) + "\n").encode(): f.write(b))
+
+
 PHASES = ("recipe resolve", "trace load", "Streams", "seeding", "warm-up replay", "measured steps")
 
 
@@ -224,8 +230,7 @@ def main(argv=None) -> int:
         return 0
     if a.real:
         doc = real(a.real, a.advised or f"{a.shipped}-advised", a.repeats, a.run_steps, a.shipped)
-        Path(a.out).with_name("advise-real.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n",
-                                                             encoding="utf-8")
+        _write_json(Path(a.out).with_name("advise-real.json"), doc)
         print(f"measured decode tok/s, {a.repeats} interleaved repeats of {a.run_steps} steps, store {a.real}")
         print("| conc | recipe | measured median (min-max) | predicted | interval | inside |")
         print("|---|---|---|---|---|---|")
@@ -252,7 +257,7 @@ def main(argv=None) -> int:
     doc = {"recipes": rows, "rate": rates, "candidates": a.candidates, "steps": a.steps, "workers": a.workers,
            "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
            "advised_ge_shipped": all(p["ok"] for r in rows for p in r["conc"].values())}
-    Path(a.out).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    _write_json(Path(a.out), doc)
     if a.json:
         print(json.dumps(doc, indent=1, sort_keys=True))
         return 0
