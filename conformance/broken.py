@@ -201,6 +201,39 @@ class BrokenDrainWrongKey(_Wrap):
         return self._inner.drain(key, vram_slot ^ 1, ram_slot)
 
 
+class _NeverCopied:
+    """The handle of a copy that was never made, reported landed."""
+
+    state, prefetch, t_submit, t_landed = "landed", False, 0.0, 0.0
+
+    def __init__(self, seq, key):
+        self.seq, self.key = seq, int(key)
+
+
+class BrokenDrainRemembered(_Wrap):
+    """BROKEN: drain(key, vram_slot, ram_slot) skips the copy, reporting it landed at once, when it drained that key
+    into that RAM slot before: it remembers its own drains, not what was written into the slot since. It offers no
+    ram_view, so a check cannot clear the slot through the hook before draining into it."""
+
+    ram_view = None
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self._drained: set = set()
+
+    def drain(self, key, vram_slot, ram_slot):
+        if (int(key), int(ram_slot)) in self._drained:
+            return _NeverCopied(self._inner.completed_seq(), key)
+        self._drained.add((int(key), int(ram_slot)))
+        return self._inner.drain(key, vram_slot, ram_slot)
+
+    def landed(self, h):
+        return True if isinstance(h, _NeverCopied) else self._inner.landed(h)
+
+    def wait(self, h):
+        return h if isinstance(h, _NeverCopied) else self._inner.wait(h)
+
+
 class BrokenSlotReuse(_Wrap):
     """BROKEN: every fill reads into one staging slot (the arena's last) and is copied out to its own slot only when
     the queue has drained - the staging slot is reused before the previous read was fenced out of it, so transfers
@@ -299,6 +332,8 @@ MUTANTS = (
            "lands zeros", ("sycl",)),
     Mutant("drain-wrong-key", "drain", BrokenDrainWrongKey, "test_drain_returns_pushed_bytes",
            "copies the neighbouring VRAM slot", ("sycl",)),
+    Mutant("drain-remembered", "drain", BrokenDrainRemembered, "test_tier_invariance_through_vram",
+           "skips a drain it made into that slot before (no ram_view)", ("sycl",)),
     Mutant("landed-early", "landed", BrokenLandedEarly, "test_landed_never_before_readable",
            "True before the read starts"),
     Mutant("prefetch-landed-early", "landed", BrokenPrefetchLandedEarly, "test_landed_never_before_readable",

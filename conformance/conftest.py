@@ -31,6 +31,7 @@ LAYERS, EXPERTS = 2, 8
 NK = LAYERS * EXPERTS            # keys in a kit's store
 RAM_SCRATCH = 16
 VRAM_SCRATCH = 6
+POISON = 0xA5                    # what a RAM slot holds before a copy into it (Kit.poison)
 FENCE_DEADLINE_S = 10.0          # a fence (or close) over the suite's few small transfers takes milliseconds
 
 
@@ -119,6 +120,17 @@ class Kit:
 
     def xrows(self, rows: int, seed: int = 0) -> np.ndarray:
         return xrows(rows, seed, self.hidden)
+
+    def poison(self, slot: int, key: int) -> None:
+        """Make RAM ``slot`` hold bytes other than key ``key``'s before a copy of that key into it: whatever the slot
+        held (the key's bytes from an earlier fill or drain) would let a copy that never happened pass. The POISON
+        byte through the ram_view hook when offered, else another key's record by a fill, the one write into a RAM
+        slot the contract has."""
+        view = caps.ram_reader(self.be)
+        if view is not None:
+            view(slot)[:] = POISON
+        else:
+            wait_within(self.be, self.be.fill((key + 1) % NK, slot))
 
     def close(self):
         close_within(self.be)

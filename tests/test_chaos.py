@@ -20,6 +20,7 @@ from moetier.run import runtime
 from moetier.run.chaos import chaos
 from moetier.traces.format import load_trace
 from tests._watchdog import watchdog
+from tests.stall_fakes import FakeStopsLanding
 
 bounded = watchdog(240)   # every test here waits on faulted reads: a stuck wait fails its test, never hangs the suite
 
@@ -167,3 +168,44 @@ def test_peak_rss_is_the_processs_own_not_its_parents():
                                env={**os.environ, "PYTHONPATH": str(REPO)}).stdout)
     assert 0 < child < 200 * 2**20, child
     del big
+
+
+@pytest.mark.parametrize("after", [0, 1, 146, 147, 400, 700])
+def test_every_wait_is_bounded_when_a_backend_stops_landing(packed, monkeypatch, after):
+    """Whichever wait of a run meets the first transfer that never lands - one of seeding's 146 reads, a layer's
+    first or a later one, the closing fence - the run stops with the stall line within the timeout, never hangs."""
+    import time
+    from moetier.errors import UserError
+    R, st, tr = _recipe(packed)
+    monkeypatch.setattr(FakeStopsLanding, "after", after)
+    monkeypatch.setattr(FakeStopsLanding, "made", [])
+    be = FakeStopsLanding(st, ram_slots=min(R.keys, R.ram_slots) + runtime.headroom_slots(R, 1))
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(UserError) as e:
+            runtime.run(R, st, be, tr, 1, max_steps=40, wait_timeout_s=0.3)
+    finally:
+        be.release()
+    assert "stalled" in str(e.value) or "fence did not return" in str(e.value), str(e.value)
+    assert "\n" not in str(e.value) and time.perf_counter() - t0 < 60
+
+
+@pytest.mark.parametrize("after", [1, 400])
+def test_run_on_a_backend_that_stops_landing_exits_2_with_the_stall_line(capsys, packed, install_distribution,
+                                                                         monkeypatch, after):
+    """`moetier run --stall-timeout` on a backend whose transfers stop landing: exit 2 and the one stall line,
+    the backend's close included in the bound (a close fences, and that fence never returns either)."""
+    install_distribution("fake-stops-landing", {"moetier.backends": {"fake-stops-landing":
+                                                                     "tests.stall_fakes:FakeStopsLanding"}})
+    monkeypatch.setattr(FakeStopsLanding, "after", after)
+    monkeypatch.setattr(FakeStopsLanding, "made", [])
+    made = FakeStopsLanding.made
+    try:
+        rc, _, err = _cli(capsys, "run", RECIPE, "--store", packed, "--steps", "40", "--conc", "1", "--no-record",
+                          "--backend", "fake-stops-landing", "--stall-timeout", "0.3")
+    finally:
+        for be in made:
+            be.release()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and "stalled" in lines[0] and "Traceback" not in err, err
+    assert [be.closing for be in made] == [True] and "fence" in made[0].blocked    # its close did block

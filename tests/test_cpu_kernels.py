@@ -175,3 +175,65 @@ def test_warmup_and_membw():
     K.warmup(E.layout(64, 32, "int8"))
     K.warmup(E.layout(64, 32, "int4g32"))
     assert K.membw_read_gbps(1 << 22, repeats=1) > 0
+
+
+def ties(n_rows: int = 64, H: int = 256) -> np.ndarray:
+    """Token rows where x * (A / max|x|) rounds, in float32, onto a k + 1/2 it does not equal exactly: the one place
+    where floor(x * inv + 0.5) depends on whether the multiply and the add are fused (a fused one sees the exact
+    product and lands one step away)."""
+    A = np.float32(E.act_range(H))
+    rng = np.random.default_rng(11)
+    rows = []
+    while len(rows) < n_rows:
+        x = rng.standard_normal((4096, H)).astype(np.float32)
+        inv = A / np.abs(x).max(axis=1, keepdims=True)
+        p = x * inv
+        exact = x.astype(np.float64) * inv       # a float32 product is exact in float64
+        tie = (p - np.floor(p) == np.float32(0.5)) & (p != exact)
+        rows.extend(x[tie.any(axis=1)][:n_rows - len(rows)])
+    return np.stack(rows)
+
+
+def cache_probe() -> None:
+    """Run in a child process: print (as JSON) hashes of the row quantization and of one expert's output per
+    encoding, and how many kernels this process compiled vs loaded from NUMBA_CACHE_DIR."""
+    import hashlib
+    import json
+    def digest(a):
+        return hashlib.sha256(a.tobytes()).hexdigest()
+    x = ties()
+    q, s = K._int8_prep(x, np.int64(E.act_range(256)))
+    out = {"int16 activations": digest(q), "row scales": digest(s)}
+    for enc in ("int8", "int4g32"):
+        lay = E.layout(256, 128, enc)
+        out[f"{enc} output"] = digest(K.expert_forward(lay, np.frombuffer(E.make_expert(lay, 5, 3), np.uint8), x))
+    fns = (K._quant_row, K._int8_prep, K._int8_forward, K._int4_forward)
+    out["misses"] = sum(sum(f.stats.cache_misses.values()) for f in fns)
+    out["hits"] = sum(sum(f.stats.cache_hits.values()) for f in fns)
+    print(json.dumps(out))
+
+
+def test_fresh_and_cached_kernels_agree_bit_for_bit(tmp_path):
+    """The first process compiles the kernels into an empty NUMBA_CACHE_DIR, the second loads them from it: the
+    row scales, the int16 activations and the expert's output agree bit for bit, ties included. (With fastmath's
+    contraction on the rounding, the fresh code fused x * inv + 0.5 and the cached code did not.)"""
+    import json
+    import subprocess
+    import sys
+    x = ties()
+    A = np.float32(E.act_range(256))
+    p = x * (A / np.abs(x).max(axis=1, keepdims=True))
+    assert (p - np.floor(p) == np.float32(0.5)).sum() >= 64, "the probe rows must hold float32 ties"
+    from tests._terminal import ROOT, env
+    env = dict(env(), NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    runs = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", "from tests.test_cpu_kernels import cache_probe; cache_probe()"],
+                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    fresh, cached = runs
+    assert fresh["misses"] > 0 and fresh["hits"] == 0, f"first process did not compile fresh: {fresh}"
+    assert cached["hits"] > 0 and cached["misses"] == 0, f"second process did not load from the cache: {cached}"
+    for what in ("int16 activations", "row scales", "int8 output", "int4g32 output"):
+        assert fresh[what] == cached[what], f"{what}: fresh compile and cached kernels differ"

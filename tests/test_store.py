@@ -155,3 +155,102 @@ def test_pack_bad_model(tmp_path):
         store.pack({"id": "x", "moe": {"layers": 1, "experts": 1},
                     "store": {"hidden": 64, "ffn": 64, "encoding": "fp9"}}, tmp_path / "s")
     assert os.listdir(tmp_path) == []
+
+
+# -- teardown: a close that fails leaks nothing after it --------------------------------------------------------------
+
+NOT_OPEN = 999_999        # an fd number above any open one: closing it fails for real (EBADF)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def test_close_all_closes_every_handle_then_raises_the_first_error():
+    from moetier.bytes.teardown import close_all
+    called = []
+
+    def fails(name, exc):
+        def close():
+            called.append(name)
+            raise exc
+        return close
+    with pytest.raises(OSError) as e:
+        close_all([fails("a", OSError(errno.EIO, "first")), lambda: called.append("b"),
+                   fails("c", ValueError("second")), lambda: called.append("d")])
+    assert called == ["a", "b", "c", "d"] and "first" in str(e.value)
+    assert any("ValueError: second" in n for n in getattr(e.value, "__notes__", ["ValueError: second"]))
+    close_all([])
+
+
+def test_checkpoint_close_closes_every_file_after_one_that_fails(tmp_path):
+    from moetier.bytes.checkpoint import Exl3Checkpoint
+    paths = [tmp_path / f"shard-{i}.safetensors" for i in range(4)]
+    for p in paths:
+        p.write_bytes(b"x")
+    ck = Exl3Checkpoint.__new__(Exl3Checkpoint)
+    ck._fds = {"bad": NOT_OPEN, **{str(p): os.open(p, os.O_RDONLY) for p in paths}}
+    fds = [fd for fd in ck._fds.values() if fd != NOT_OPEN]
+    with pytest.raises(OSError) as e:
+        ck.close()
+    assert e.value.errno == errno.EBADF
+    assert not any(_is_open(fd) for fd in fds), "a shard's file descriptor leaked past the failed close"
+    assert ck._fds == {}
+    ck.close()                      # a second close closes nothing twice
+
+
+class FailingShutdown:
+    """A FAKE executor (test-only) whose shutdown raises, standing in for a worker pool that fails to stop."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def shutdown(self, wait=True):
+        self.real.shutdown(wait=wait)
+        raise RuntimeError("fake: the fill workers failed to stop")
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def test_reader_close_closes_its_file_after_a_worker_pool_that_fails(packed):
+    from moetier.bytes.transport import Reader, SlotPool
+    out, _ = packed
+    st = store.open_store(out, model=MODEL)
+    with SlotPool(2, st.record_bytes) as pool:
+        rd = Reader(st, pool, queue_depth=2)
+        rd.wait(rd.fill(3, 0))
+        fd = rd._fd
+        rd._pool = FailingShutdown(rd._pool)
+        with pytest.raises(RuntimeError, match="fake: the fill workers"):
+            rd.close()
+        assert not _is_open(fd), "the reader's (O_DIRECT) file descriptor leaked past the failed shutdown"
+        assert rd._pf_pool._shutdown, "the prefetch worker was left running"
+
+
+class FailingLaneClose:
+    """A FAKE lane close (test-only): the lane's workers stop, then close raises."""
+
+    def __init__(self, real_close):
+        self.real_close = real_close
+
+    def __call__(self):
+        self.real_close()
+        raise RuntimeError("fake: the lane failed to close")
+
+
+def test_backend_close_closes_reader_and_pool_after_a_lane_that_fails(packed):
+    from backends.cpu.backend import CpuBackend
+    out, _ = packed
+    be = CpuBackend(store.open_store(out, model=MODEL), ram_slots=2)
+    be.wait(be.fill(1, 0))
+    fd = be.reader._fd
+    be.lane.close = FailingLaneClose(be.lane.close)
+    with pytest.raises(RuntimeError, match="fake: the lane failed"):
+        be.close()
+    assert not _is_open(fd), "the reader's file descriptor leaked past the lane's failed close"
+    assert be.pool._closed, "the RAM slot pool was left open"

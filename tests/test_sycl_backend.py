@@ -278,3 +278,23 @@ def test_serial_engine_plan_parity_and_copy_time(tmp_path):
     o = sim.run(R, tr, 1, max_steps=30, plan_hook=rec(want))
     assert got == want and res["ledger"] == o["ledger"]
     assert o["ms_copy"] > 0 and any(p["zerocopy"] for *_, p, _ in got)
+
+
+def test_close_frees_reader_and_arena_after_a_lane_that_fails(tmp_path):
+    """A close that fails (here the cpu lane's, through a FAKE close that raises after stopping the lane) leaks
+    nothing after it: the reader's file descriptor is closed and the USM arena released; the error is raised."""
+    out = tmp_path / "store"
+    store.pack(_model("int8"), out, seed=SEED)
+    b = SyclBackend(store.open_store(out, model=_model("int8")), ram_slots=2, vram_slots=1)
+    b.wait(b.fill(1, 0))
+    fd, real_close = b.reader._fd, b.lane.close
+
+    def failing_close():
+        real_close()
+        raise RuntimeError("fake: the lane failed to close")
+    b.lane.close = failing_close
+    with pytest.raises(RuntimeError, match="fake: the lane failed"):
+        b.close()
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    assert b.pool._closed and b.pool.u8 is None

@@ -12,6 +12,7 @@ from moetier.bytes.expert import RECORD_KINDS
 from moetier.run.contract import BackendUnavailable, Capabilities, Defaults
 from moetier.run.events import ReaderFills
 from moetier.run.router import StoreRouter
+from moetier.bytes.teardown import close_all
 from moetier.bytes.transport import Reader, SlotPool
 
 try:
@@ -87,6 +88,4 @@ class CpuBackend(ReaderFills, Defaults):
     # transfers: fills and telemetry are the Reader's (ReaderFills); push / drain the contract's defaults (no VRAM)
 
     def close(self) -> None:
-        self.lane.close()
-        self.reader.close()
-        self.pool.close()
+        close_all((self.lane.close, self.reader.close, self.pool.close))   # a failed one leaks none after it

@@ -13,7 +13,9 @@ Strategy (the one llama.cpp uses for q8_0 x q8 activations, widened to int16 act
 
 Determinism: every output element is computed by one thread with a fixed reduction order (parallel loops run
 over (expert, output-row block) work items, never over a reduction), so results are bit-identical across runs
-and independent of the thread count. The record is read in place from the uint8 buffer it lives in.
+and independent of the thread count; the activation rounding is compiled without fastmath, so a process that
+compiles the kernels and one that loads them from numba's cache agree too. The record is read in place from the
+uint8 buffer it lives in.
 
 Shared cores: a numba parallel region waits for its slowest thread, so when another process holds a core a call
 can stall for a scheduler time slice (~16 ms measured). expert_forward(..., parallel=False) runs the same compiled
@@ -32,6 +34,7 @@ from numba import get_num_threads, njit, prange, set_num_threads
 from moetier.bytes.expert import EXL3, ExpertLayout, act_range, exl3_expert, section_offsets
 
 _JIT = dict(fastmath=True, cache=True, nogil=True)
+_JIT_STRICT = dict(_JIT, fastmath=False)    # for roundings whose result must not depend on FMA contraction
 BLOCK = 16  # output rows per parallel work item
 
 
@@ -40,9 +43,14 @@ BLOCK = 16  # output rows per parallel work item
 # Shared pieces
 
 
-@njit(**_JIT)
+@njit(**_JIT_STRICT)
 def _quant_row(src, A, dst):
-    """dst[:] = round(src * A / absmax) as int16; returns the dequant scale absmax / A."""
+    """dst[:] = round(src * A / absmax) as int16; returns the dequant scale absmax / A.
+
+    Strict IEEE on purpose: under fastmath LLVM may fuse src * inv + 0.5 into one FMA or not, and it chose
+    differently for freshly compiled code and the same kernel loaded from numba's cache, so a product that rounds
+    to k + 1/2 in float32 landed one int16 step apart between a first and a second process.
+    """
     amax = np.float32(0.0)
     for i in range(src.shape[0]):
         v = abs(src[i])

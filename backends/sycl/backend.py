@@ -26,6 +26,7 @@ from moetier.run.contract import BackendUnavailable, Capabilities
 from moetier.run.events import SequencedBackend, Sequencer
 from moetier.run.router import StoreRouter
 from moetier.bytes.expert import EXL3, RECORD_KINDS, act_range, section_offsets
+from moetier.bytes.teardown import close_all
 from moetier.bytes.transport import PAGE, Reader, _round_up
 from backends.sycl.device import built, import_dpctl, select_device
 from backends.sycl.memory import UsmSlotPool, UsmSub, odirect_into
@@ -407,10 +408,10 @@ class SyclBackend(SequencedBackend):
             return
         self.fence()
         self._closed = self.events.closed = True
-        if self.lane is not None:
-            self.lane.close()
-        self.reader.close()
+        lane = [self.lane.close] if self.lane is not None else []
+        close_all(lane + [self.reader.close, self._drop_subs, self.pool.close])    # a failed one leaks none after it
+
+    def _drop_subs(self) -> None:
         self._ram_sub = []
         self._dev_sub = []
         self._scratch.clear()
-        self.pool.close()

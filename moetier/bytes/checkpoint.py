@@ -22,10 +22,12 @@ import glob
 import os
 import re
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from moetier import strictjson
+from moetier.bytes.teardown import close_all
 from moetier.errors import UserError
 
 HEADER_MAX = 100 * 1024 * 1024
@@ -121,9 +123,9 @@ class Exl3Checkpoint:
                 raise UserError(f"{ti.path}: tensor {name!r}: read {got} of {nb} bytes (file truncated?)")
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        """Close every shard file read so far; one that fails to close keeps none of the others open."""
+        fds, self._fds = list(self._fds.values()), {}
+        close_all(partial(os.close, fd) for fd in fds)
 
     def __enter__(self):
         return self

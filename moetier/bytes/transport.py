@@ -27,10 +27,12 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as _FutTimeout
+from functools import partial
 
 from moetier.bytes import faults as _faults
 from moetier.bytes.faults import FAULT_KINDS, FaultPlan  # noqa: F401  (re-exported)
 from moetier.bytes.layout import digest as record_digest   # the store format owns its checksum
+from moetier.bytes.teardown import close_all
 from moetier.bytes.pool import (HUGE, PAGE, BufferSlotPool, PoolExhausted, SlotPool,  # noqa: F401  (re-exported)
                                 TransportError, _round_up, smaps_huge_bytes)
 
@@ -248,12 +250,7 @@ class Reader:
         self.fence()
         with self._lock:
             self._closed = True
-        self._pool.shutdown(wait=True)
-        self._pf_pool.shutdown(wait=True)
-        try:
-            os.close(self._fd)
-        except OSError:
-            pass
+        close_all((self._pool.shutdown, self._pf_pool.shutdown, partial(os.close, self._fd)))
 
     def __enter__(self):
         return self

@@ -249,15 +249,13 @@ def cmd_run(args) -> int:
     try:
         for c in args.conc:
             be = runtime.make_backend(args.backend, st, R, c, args.verify_rate, faults=plan)
-            try:
+            with runtime.closing(be, args.stall_timeout):
                 if sampler is not None:
                     sampler.mark(f"decode_C{c}")
                 with progress.task(f"run C{c}") as cb:
                     res = runtime.run(R, st, be, tr, c, max_steps=args.steps, progress=cb,
                                       step_hook=sampler.counters if sampler is not None else None,
                                       retries=args.retries, wait_timeout_s=args.stall_timeout)
-            finally:
-                be.close()
             rows.append(res)
     finally:
         if sampler is not None:

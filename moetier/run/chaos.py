@@ -45,14 +45,13 @@ def _one_run(R, store, trace, *, steps: int, faults, retries: int, stall_timeout
         seen["rt"] = rt
     be = runtime.make_backend(backend, store, R, 1, 1.0, faults=faults)
     stop = None
-    try:
-        runtime.run(R, store, be, trace, 1, max_steps=steps, layer_hook=hook, retries=retries,
-                    wait_timeout_s=stall_timeout_s)
-    except UserError as e:
-        stop = str(e)
-    finally:
+    with runtime.closing(be, stall_timeout_s):
+        try:
+            runtime.run(R, store, be, trace, 1, max_steps=steps, layer_hook=hook, retries=retries,
+                        wait_timeout_s=stall_timeout_s)
+        except UserError as e:
+            stop = str(e)
         stats = dict(getattr(be, "stats", {}) or {})
-        be.close()
     rt = seen.get("rt")
     return out, (rt.stats["read_retries"] if rt is not None else 0), stats, stop
 

@@ -12,14 +12,16 @@ up to ``retries`` times (the result's ``read_retries``); a transfer that still f
 computed. Per step it records the output digest (bit-exactness checks); the result holds per-lane wall time (lane
 busy, NVMe wait, plan, bookkeeping) per token over the measured steps, the counters and the call groups.
 
-``make_backend`` sizes a backend for a recipe (its RAM tier plus ``headroom_slots``); ``rss_bound`` is what such a
-run may hold resident at its peak and ``peak_rss`` what it did. ``Runtime``, ``SlotAllocator`` and ``RETRIES`` are
-re-exported from the modules that hold them.
+``make_backend`` sizes a backend for a recipe (its RAM tier plus ``headroom_slots``); ``closing`` closes it within
+the run's ``wait_timeout_s`` (a close fences, and a backend that stopped landing never finishes one); ``rss_bound``
+is what such a run may hold resident at its peak and ``peak_rss`` what it did. ``Runtime``, ``SlotAllocator`` and
+``RETRIES`` are re-exported from the modules that hold them.
 """
 from __future__ import annotations
 
 import hashlib
 import time
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -28,9 +30,9 @@ from moetier.core.sim import Streams, _segment_plan, rank_keys
 from moetier.errors import UserError
 from moetier.run.layer import Runtime
 from moetier.run.router import TraceRouter
-from moetier.run.waits import RETRIES, SlotAllocator  # noqa: F401  (re-exported)
+from moetier.run.waits import RETRIES, SlotAllocator, within  # noqa: F401  (re-exported)
 
-__all__ = ["RETRIES", "RSS_OVERHEAD_BYTES", "Runtime", "SlotAllocator", "headroom_slots", "make_backend",
+__all__ = ["RETRIES", "RSS_OVERHEAD_BYTES", "Runtime", "SlotAllocator", "closing", "headroom_slots", "make_backend",
            "peak_rss", "rmsnorm", "rss_bound", "run", "token_state"]
 
 EPS = 1e-6
@@ -88,6 +90,23 @@ def make_backend(name: str, st, R, conc: int, verify_rate: float = 1.0, faults=N
                            faults=faults)
     except BackendUnavailable as e:
         raise UserError(str(e)) from None
+
+
+@contextmanager
+def closing(be, wait_timeout_s: float | None = None):
+    """``with closing(be, wait_timeout_s):`` closes the backend on the way out, within ``wait_timeout_s`` when one
+    is set: a close fences first, so a backend whose transfers stopped landing would otherwise hang the process after
+    the run already stopped on them. When the block is already leaving with an error, that error is the one raised
+    (the close's own failure would only hide the reason the run stopped)."""
+    try:
+        yield be
+    except BaseException:
+        try:
+            within(be.close, wait_timeout_s, "backend close", "a transfer the device cannot finish")
+        except Exception:
+            pass
+        raise
+    within(be.close, wait_timeout_s, "backend close", "a transfer the device cannot finish")
 
 
 def run(R, store, backend, trace, conc: int = 1, *, max_steps: int = 0, seed: int = 0, keep_outputs: bool = False,

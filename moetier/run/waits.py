@@ -15,6 +15,7 @@ only after the layer ends (``end_layer``), so nothing the layer may still read i
   aborts its ticket and stops the run with a one-line ``UserError``. Every wait is bounded when ``wait_timeout_s``
   is set: the wait for an unused prefetch read whose slot is needed, and those at the end of a run, too, and the
   backend's closing ``fence`` (``_fence``: a fence that never returns stops the run with one line).
+- ``within(call, timeout_s, what, why)`` bounds a blocking backend verb (fence, close) by a daemon thread.
 - ``_fill_ram`` / ``_fill_now`` / ``_push_now`` / ``_drains`` carry out the ledger's fills, pushes and drains, each
   ``Ledger.land`` only after the backend reported its bytes landed, and free the host slots the landing frees.
 - ``_wait_read`` is ``_wait`` for an NVMe pick, booking the read coverage of a layer's first wait.
@@ -30,6 +31,30 @@ from moetier.run.booking import inner_s
 
 WATCH_POLL_S = 0.0002   # how often a watched wait polls (only with wait_timeout_s)
 RETRIES = 3     # a failed read (EIO, short, checksum mismatch) is read again this many times before the run stops
+
+
+def within(call, timeout_s: float | None, what: str, why: str) -> None:
+    """``call()``, within ``timeout_s`` seconds when one is set. A backend verb that blocks (fence, close) has no
+    non-blocking form in the contract, so it runs on a daemon thread joined with the deadline; one that has not
+    returned by then raises one ``UserError`` line naming ``what`` (the thread is left to the backend). What
+    ``call`` raises is raised here."""
+    if timeout_s is None:
+        call()
+        return
+    raised: list = []
+
+    def run():
+        try:
+            call()
+        except BaseException as e:      # handed to the caller's thread, raised there
+            raised.append(e)
+    t = threading.Thread(target=run, name=f"moetier-{what.split()[-1]}", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise UserError(f"{what} did not return within {timeout_s:g} s ({why}); run stopped")
+    if raised:
+        raise raised[0]
 
 
 class SlotAllocator:
@@ -207,28 +232,9 @@ class Waits:
             time.sleep(WATCH_POLL_S)
 
     def _fence(self) -> None:
-        """The backend's fence, within ``wait_timeout_s`` when one is set. fence() has no non-blocking form in the
-        contract, so it runs on a daemon thread that is joined with the deadline: a fence that never returns (a
-        transfer the device cannot finish) stops the run with one line instead of hanging the process; the thread
-        is left to the backend. What fence raises is raised here."""
-        if self.wait_timeout_s is None:
-            self.be.fence()
-            return
-        raised: list = []
-
-        def fence():
-            try:
-                self.be.fence()
-            except BaseException as e:      # handed to the caller's thread, raised there
-                raised.append(e)
-        t = threading.Thread(target=fence, name="moetier-fence", daemon=True)
-        t.start()
-        t.join(self.wait_timeout_s)
-        if t.is_alive():
-            raise UserError(f"backend fence did not return within {self.wait_timeout_s:g} s (a transfer the device "
-                            f"cannot finish); run stopped")
-        if raised:
-            raise raised[0]
+        """The backend's fence, within ``wait_timeout_s`` when one is set (``within``): a fence that never returns (a
+        transfer the device cannot finish) stops the run with one line instead of hanging the process."""
+        within(self.be.fence, self.wait_timeout_s, "backend fence", "a transfer the device cannot finish")
 
     def _quiet(self, h) -> None:
         """Let an unused read finish (bounded like every wait); its failure does not matter, a stall does."""
