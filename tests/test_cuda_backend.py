@@ -325,3 +325,33 @@ def test_device_checks_refuse_with_one_reason(tiny_store, monkeypatch, major, fr
     st = store.open_store(tiny_store)
     with pytest.raises(BackendUnavailable, match=match):
         get_backend("cuda", st, ram_slots=4, vram_slots=2)
+
+
+class _FakeHandle:
+    """A fake handle (no GPU here): records its close, or fails it."""
+
+    def __init__(self, fail: bool = False):
+        self.fail, self.closed = fail, False
+
+    def close(self):
+        self.closed = True
+        if self.fail:
+            raise RuntimeError("fake: the lane failed to close")
+
+
+def test_close_closes_reader_and_pool_after_a_lane_that_fails():
+    """CudaBackend.close's own teardown on a backend assembled from fake handles (no GPU to open one): a lane whose
+    close fails leaks neither the reader nor the pinned pool, and its error is the one raised."""
+    import threading
+    from types import SimpleNamespace
+    from backends.cuda.backend import CudaBackend
+    be = object.__new__(CudaBackend)
+    lane, reader, pool = _FakeHandle(fail=True), _FakeHandle(), _FakeHandle()
+    be._closed, be.lane, be.reader, be.pool, be._registered, be.cp = False, lane, reader, pool, False, None
+    be._slot_event, be.events = threading.Event(), SimpleNamespace(closed=False)
+    be.fence = lambda: None
+    with pytest.raises(RuntimeError, match="fake: the lane failed"):
+        be.close()
+    assert reader.closed, "the reader was left open after the lane's failed close"
+    assert pool.closed and be.pool is None, "the pinned RAM pool was left open"
+    assert be._closed and be.events.closed

@@ -27,6 +27,7 @@ from moetier.run.contract import BackendUnavailable, Capabilities
 from moetier.run.events import SequencedBackend, Sequencer
 from moetier.run.router import StoreRouter
 from moetier.bytes.expert import EXL3, RECORD_KINDS, act_range, section_offsets
+from moetier.bytes.teardown import close_all
 from moetier.bytes.transport import Reader, SlotPool, TransportError
 
 from backends.cuda import kernels as K
@@ -41,6 +42,10 @@ HOST_REGISTER_PORTABLE = 0x01   # cudaHostRegisterPortable
 HOST_REGISTER_MAPPED = 0x02     # cudaHostRegisterMapped
 INSTALL_HINT = "pip install 'moetier[cuda12]' (or 'moetier[cuda13]' for a CUDA 13 driver)"
 
+
+
+def _none() -> None:
+    """The close of a lane the backend never opened."""
 
 
 def _import_cupy():
@@ -394,9 +399,7 @@ class CudaBackend(SequencedBackend):
             self.fence()
         finally:
             self._closed = True
-            if self.lane is not None:
-                self.lane.close()
-            self.reader.close()
             self._slot_event.clear()
             self.events.closed = True
-            self._teardown()
+            # a failed close leaks none after it: the reader's descriptor, the pinned pool
+            close_all((self.lane.close if self.lane is not None else _none, self.reader.close, self._teardown))
