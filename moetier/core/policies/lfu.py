@@ -3,8 +3,10 @@
 Contract
 --------
 The policy interface of moetier.core.policies.residency (insert / hit / remove / victim, ``in``, ``len``) plus
-``hit_many(keys)``, the hits of one layer call in one compiled call, and ``replace(old, new)``, an eviction's
-remove and insert in one. Order: the resident key with the least
+``hit_many(keys)``, the hits of one layer call in one compiled call, ``replace(old, new)``, an eviction's
+remove and insert in one, and, for a tier whose only pins are ``pins`` (the ledger's case while no key of the tier
+is mid-transfer), ``evict_for(k, pins)`` (victim, remove and insert in one call) and ``put(k, pins, cap)`` (the
+same, or an insert while fewer than ``cap`` keys are resident). Order: the resident key with the least
 (score, tick, key) goes first; a use adds ``2^(tick / halflife)`` to the key's count (``halflife`` 0: 1), the decay
 as a growing weight instead of shrinking every count (same order, O(1)); ``tick`` counts the policy's uses, and
 when the weight passes 1e200 every count is divided by it and ``tick`` restarts at 0. Counts outlive eviction (a
@@ -89,6 +91,36 @@ def _next(fs, iv, st, s0, t0, i0):
     return best
 
 
+@njit(cache=True)
+def _evict_for(fs, iv, st, halflife, pins, base, i):
+    """The resident index with the least (score, tick, index) whose key (base + index) is not in ``pins`` (sorted
+    keys) is replaced by index i; returns it, or -1 (nothing replaced) when every resident key is pinned."""
+    best, bs, bt = -1, 0.0, 0
+    n = pins.size
+    for j in range(st[1]):
+        r = iv[2, j]
+        s, t = fs[1, r], iv[0, r]
+        if best < 0 or s < bs or (s == bs and (t < bt or (t == bt and r < best))):
+            p = np.searchsorted(pins, base + r)   # only a key that would lead is looked up
+            if p < n and pins[p] == base + r:
+                continue
+            best, bs, bt = r, s, t
+    if best >= 0:
+        _replace(fs, iv, st, halflife, best, i)
+    return best
+
+
+@njit(cache=True)
+def _put(fs, iv, st, halflife, pins, base, i, cap):
+    """Index i enters: into a free slot (-1) while fewer than ``cap`` are resident, else in place of the least
+    unpinned resident index (returned), or not at all (-2) when every resident key is pinned."""
+    if st[1] < cap:
+        _touch(fs, iv, st, halflife, i)
+        return -1
+    v = _evict_for(fs, iv, st, halflife, pins, base, i)
+    return v if v >= 0 else -2
+
+
 class LFU:
     """Least frequently used; counts survive eviction (a key's history follows it), ties to the least recent use.
     ``halflife`` > 0 decays counts by uses of the tier (dlfu). ``base``: the lowest key (a per-layer part's first
@@ -140,6 +172,20 @@ class LFU:
         i = self._index(new)
         o = int(old) - self.base
         _replace(self.fs, self.iv, self.st, self.halflife, o if 0 <= o < self.fs.shape[1] else -1, i)
+
+    def evict_for(self, k, pins):
+        """``victim(k, ok)`` for an ``ok`` that refuses exactly the keys in ``pins`` (a sorted int64 array) and, when
+        it names a key, ``replace(it, k)``: one compiled call. Returns the evicted key, or None (nothing changed)."""
+        i = self._index(k)
+        v = _evict_for(self.fs, self.iv, self.st, self.halflife, pins, self.base, i)
+        return None if v < 0 else self.base + v
+
+    def put(self, k, pins, cap=None):
+        """``k`` enters a tier of ``cap`` slots (default: the capacity) whose pins are ``pins``: -1 when it took a
+        free slot, the key it evicted, or ``k`` itself when every resident key is pinned (nothing changed)."""
+        i = self._index(k)
+        v = _put(self.fs, self.iv, self.st, self.halflife, pins, self.base, i, self.capacity if cap is None else cap)
+        return -1 if v == -1 else k if v == -2 else self.base + v
 
     def victim(self, k, ok):
         fs, iv, st, base = self.fs, self.iv, self.st, self.base

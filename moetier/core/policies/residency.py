@@ -171,6 +171,8 @@ class Partitioned(_Queues):
         self.caps = [base + (1 if l < extra else 0) for l in range(layers)]
         self.parts = [make(spec, max(1, c), future, l * experts, experts) for l, c in enumerate(self.caps)]
         self.name = f"{self.parts[0].name}/layer"
+        if not all(hasattr(p, "put") for p in self.parts):
+            self.put = None               # the optional slot only where every part has it (the ledger checks)
 
     def part(self, k):
         return self.parts[k // self.experts]
@@ -205,6 +207,11 @@ class Partitioned(_Queues):
 
     def remove(self, k):
         self.part(k).remove(k)
+
+    def put(self, k, pins):
+        """The incoming key's part's ``put`` on its share of the slots: a victim of its own layer, if any."""
+        l = k // self.experts
+        return self.parts[l].put(k, pins, self.caps[l])
 
     def full(self, k) -> bool:
         """The incoming key's layer has used its share of slots."""
