@@ -52,9 +52,16 @@ def _touch(fs, iv, st, halflife, i):
 
 
 @njit(cache=True)
-def _touch_many(fs, iv, st, halflife, idx):
-    for i in idx:
-        _touch(fs, iv, st, halflife, i)
+def _touch_keys(fs, iv, st, halflife, keys, base, lim):
+    """A use of each of ``keys`` in turn (key = base + index); nothing, and False, when one lies outside
+    [base, base + lim) or the arrays."""
+    hi = base + min(lim, fs.shape[1])
+    for k in keys:
+        if k < base or k >= hi:
+            return False
+    for k in keys:
+        _touch(fs, iv, st, halflife, k - base)
+    return True
 
 
 @njit(cache=True)
@@ -154,13 +161,16 @@ class LFU:
 
     def hit_many(self, keys):
         """``hit`` of each of ``keys`` in turn, in one compiled call."""
-        if keys:
-            idx = np.fromiter(keys, dtype=np.int64, count=len(keys)) - self.base
-            top = idx.max()
-            if top >= self.fs.shape[1] or idx.min() < 0:
-                self._index(keys[int(idx.argmax())])
-                self._index(keys[int(idx.argmin())])
-            _touch_many(self.fs, self.iv, self.st, self.halflife, idx)
+        if keys and not self.hit_within(keys):
+            for k in keys:
+                self._index(k)           # grows the arrays (a key below the first is an error)
+            self.hit_within(keys)
+
+    def hit_within(self, keys, lim: int = 1 << 62) -> bool:
+        """``hit_many`` of keys that all lie within [base, base + lim) and the arrays, in one compiled call; False,
+        and nothing done, otherwise."""
+        return _touch_keys(self.fs, self.iv, self.st, self.halflife,
+                           np.fromiter(keys, dtype=np.int64, count=len(keys)), self.base, lim)
 
     def remove(self, k):
         i = int(k) - self.base

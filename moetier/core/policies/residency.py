@@ -197,10 +197,8 @@ class Partitioned(_Queues):
         one part's)."""
         if not keys:
             return
-        l = keys[0] // self.experts
-        p = self.parts[l]
-        if hasattr(p, "hit_many") and all(k // self.experts == l for k in keys):
-            p.hit_many(keys)
+        p = self.parts[keys[0] // self.experts]
+        if hasattr(p, "hit_within") and p.hit_within(keys, self.experts):   # all within the part's layer
             return
         for k in keys:
             self.part(k).hit(k)
