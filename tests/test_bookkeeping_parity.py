@@ -73,8 +73,8 @@ def test_fast_paths_plan_as_the_plain_forms(monkeypatch, sets):
 
 
 def test_a_push_in_flight_keeps_its_ram_copy_under_the_compiled_eviction():
-    """put / evict_for know only the layer's pins; while a push is in flight its key (PUSHING, its RAM copy still
-    read) may not go, so the ledger takes the plain victim search until the push lands."""
+    """While a push is in flight its key (PUSHING, its RAM copy still read) may not go: the compiled eviction pins it
+    beside the layer's picks until the push lands."""
     led = Ledger(8, 2, 2, ram_policy="dlfu", vram_policy="dlfu", ram_partition="layer", layers=1, experts=8)
     for k in (1, 2):
         led.land(led.begin_fill(k))
@@ -82,8 +82,8 @@ def test_a_push_in_flight_keeps_its_ram_copy_under_the_compiled_eviction():
     for _ in range(3):
         led.ram_hit([2])                  # key 1 is the RAM tier's least used: the one put would evict
     t = led.begin_push(1)
-    assert led.state_of(1) == "pushing" and led._pushing == 1
+    assert led.state_of(1) == "pushing" and led._pushing == {1}
     assert led.fill_landed(3) == (2,)     # the pushing key stays; the other RAM key makes room
     led.land(t)
-    assert led._pushing == 0 and led.state_of(1) == "vram"
+    assert not led._pushing and led.state_of(1) == "vram"
     led.check()

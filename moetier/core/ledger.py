@@ -94,8 +94,8 @@ class Ledger:
         self._lru_fast = (self.exclusive and not self._no_ram_lru and self._rpol is None and not self._lfu_window)
         # the planner's view, one dict read per pick
         self._tier_default = TIER_RAM if self.all_in_ram else TIER_NVME
-        # put / evict_for: one compiled eviction, for while the picks are the only pins (no PUSHING key)
-        self._pushing = 0
+        # put / evict_for: one compiled eviction, pinning the picks and the keys mid-push (their RAM copy is read)
+        self._pushing: set = set()
         self._rfast, self._vfast = bool(getattr(self._rpol, "put", None)), hasattr(self._vpol, "evict_for")
         self._pins = Pins().of
 
@@ -169,7 +169,7 @@ class Ledger:
             return None
         victim = self.clock.place(slot, key)
         state[key] = PUSHING
-        self._pushing += 1
+        self._pushing.add(key)
         if victim >= 0:
             self.counters["vram_evictions"] += 1
             if self.all_in_ram:
@@ -208,7 +208,7 @@ class Ledger:
         find, owner, slot_of, ref = clock.find_victim_slot, clock.owner, clock.slot_of, clock.ref
         all_in_ram, exclusive = self.all_in_ram, self.exclusive
         vpol = self._vpol is not None
-        pins = self._pins(protect) if self._vfast and not self._pushing else None
+        pins = self._pins(protect, self._pushing) if self._vfast else None
         ram_put = self._lru_put if self._lru_fast else self._ram_put
         admitted = 0
         for key in keys:
@@ -252,7 +252,7 @@ class Ledger:
         if ticket.kind == "fill":
             self.state.pop(ticket.key, None)
         elif ticket.kind == "push":
-            self._pushing -= 1
+            self._pushing.discard(ticket.key)
             self.clock.remove(ticket.key)
             self._set_ram_or_absent(ticket.key, ticket.staging)
         else:  # drain failed: the bytes are gone with the VRAM slot
@@ -285,7 +285,7 @@ class Ledger:
                 return ()
             return self._ram_put(key, protect)
         if kind == "push":
-            self._pushing -= 1
+            self._pushing.discard(key)
             self.state[key] = VRAM
             if ticket.staging:
                 return (key,)                # the staging slot is free again
@@ -402,8 +402,8 @@ class Ledger:
             pol.hit(key)
             state[key] = RAM
             return ()
-        if self._rfast and not self._pushing:
-            victim = pol.put(key, self._pins(protect))   # victim, eviction and insert in one compiled call
+        if self._rfast:
+            victim = pol.put(key, self._pins(protect, self._pushing))   # victim, eviction, insert: one compiled call
             if victim == key:
                 return self._refuse(key)
             if victim < 0:

@@ -15,6 +15,8 @@ Contract
 """
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 
 from moetier.core.policies import residency
@@ -125,15 +127,18 @@ class PolicySlots(Clock):
 
 
 class Pins:
-    """``of(protect)``: a layer's picks as a sorted int64 array (the pins of ``evict_for`` / ``put``), built once per
-    layer: the callers pass the same picks object to each call of one commit and never change it in between."""
+    """``of(protect, busy)``: the keys a compiled eviction (``evict_for`` / ``put``) may not take, as a sorted int64
+    array: a layer's picks and the keys mid-transfer (``busy``). Built once per layer while ``busy`` is empty: the
+    callers pass the same picks object to each call of one commit and never change it in between."""
 
     __slots__ = ("src", "arr")
 
     def __init__(self):
         self.src, self.arr = None, None
 
-    def of(self, protect) -> np.ndarray:
+    def of(self, protect, busy=()) -> np.ndarray:
+        if busy:
+            return np.sort(np.fromiter(chain(protect, busy), dtype=np.int64, count=len(protect) + len(busy)))
         if protect is not self.src or len(protect) != len(self.arr):
             self.src = protect
             self.arr = np.sort(np.fromiter(protect, dtype=np.int64, count=len(protect)))
