@@ -9,7 +9,7 @@ Contract
 - ``PolicySlots(n, pol)``: the same slot map ordered by a moetier.core.policies.residency policy.
 - ``make_policy(spec, ...)``: a policy object from its recipe name (or the object itself), per layer when asked;
   errors name the recipe field.
-- ``Pins``: the layer's picks as the sorted array a compiled eviction takes.
+- ``Pins``: the layer's picks as the array a compiled eviction takes.
 - ``replace(pol, old, new)``: ``old`` leaves a policy's tier and ``new`` enters, in one call where the policy can.
 - ``lfu_terms(spec)``: the window and halflife of the built-in window LFU (``lfu[:window[:halflife]]``).
 """
@@ -89,9 +89,9 @@ class PolicySlots(Clock):
         return self.slot_of[v]
 
     def admit(self, key: int, pins) -> tuple[int, int]:
-        """``find_victim_slot`` + ``place`` where the only pins are ``pins`` (a sorted int64 array: no slot holds a
-        key mid-transfer), in one policy call where the policy has ``evict_for``: (slot, evicted key or -1), or
-        (-1, -1) when every slot is pinned."""
+        """``find_victim_slot`` + ``place`` where ``pins`` (an int64 array: the layer's picks and the keys
+        mid-push) are all that keeps a key, in one call of the policy's ``evict_for``: (slot, evicted key or -1),
+        or (-1, -1) when every slot is pinned."""
         slot_of = self.slot_of
         if len(slot_of) < self.n:
             slot = self.owner.index(-1)
@@ -127,7 +127,7 @@ class PolicySlots(Clock):
 
 
 class Pins:
-    """``of(protect, busy)``: the keys a compiled eviction (``evict_for`` / ``put``) may not take, as a sorted int64
+    """``of(protect, busy)``: the keys a compiled eviction (``evict_for`` / ``put``) may not take, as an int64
     array: a layer's picks and the keys mid-transfer (``busy``). Built once per layer while ``busy`` is empty: the
     callers pass the same picks object to each call of one commit and never change it in between."""
 
@@ -138,10 +138,10 @@ class Pins:
 
     def of(self, protect, busy=()) -> np.ndarray:
         if busy:
-            return np.sort(np.fromiter(chain(protect, busy), dtype=np.int64, count=len(protect) + len(busy)))
+            return np.fromiter(chain(protect, busy), dtype=np.int64, count=len(protect) + len(busy))
         if protect is not self.src or len(protect) != len(self.arr):
             self.src = protect
-            self.arr = np.sort(np.fromiter(protect, dtype=np.int64, count=len(protect)))
+            self.arr = np.fromiter(protect, dtype=np.int64, count=len(protect))
         return self.arr
 
 

@@ -100,18 +100,21 @@ def _next(fs, iv, st, s0, t0, i0):
 
 @njit(cache=True)
 def _evict_for(fs, iv, st, halflife, pins, base, i):
-    """The resident index with the least (score, tick, index) whose key (base + index) is not in ``pins`` (sorted
-    keys) is replaced by index i; returns it, or -1 (nothing replaced) when every resident key is pinned."""
+    """The resident index with the least (score, tick, index) whose key (base + index) is not in ``pins`` (an
+    int64 array of keys, a layer's few) is replaced by index i; returns it, or -1 (nothing replaced) when every resident key is
+    pinned."""
     best, bs, bt = -1, 0.0, 0
-    n = pins.size
     for j in range(st[1]):
         r = iv[2, j]
         s, t = fs[1, r], iv[0, r]
         if best < 0 or s < bs or (s == bs and (t < bt or (t == bt and r < best))):
-            p = np.searchsorted(pins, base + r)   # only a key that would lead is looked up
-            if p < n and pins[p] == base + r:
-                continue
-            best, bs, bt = r, s, t
+            pinned = False
+            for p in pins:                      # only a key that would lead is looked up
+                if p == base + r:
+                    pinned = True
+                    break
+            if not pinned:
+                best, bs, bt = r, s, t
     if best >= 0:
         _replace(fs, iv, st, halflife, best, i)
     return best
@@ -184,7 +187,7 @@ class LFU:
         _replace(self.fs, self.iv, self.st, self.halflife, o if 0 <= o < self.fs.shape[1] else -1, i)
 
     def evict_for(self, k, pins):
-        """``victim(k, ok)`` for an ``ok`` that refuses exactly the keys in ``pins`` (a sorted int64 array) and, when
+        """``victim(k, ok)`` for an ``ok`` that refuses exactly the keys in ``pins`` (an int64 array) and, when
         it names a key, ``replace(it, k)``: one compiled call. Returns the evicted key, or None (nothing changed)."""
         i = self._index(k)
         v = _evict_for(self.fs, self.iv, self.st, self.halflife, pins, self.base, i)
