@@ -60,6 +60,7 @@ def test_fast_paths_plan_as_the_plain_forms(monkeypatch, sets):
     def plain_init(self, *a, **k):
         init(self, *a, **k)
         self._lru_fast = False       # every RAM put through _ram_put's plain LRU victim search
+        self._rfast = self._vfast = False   # every policy eviction through victim(k, ok), not put / evict_for
 
     monkeypatch.setattr(Ledger, "__init__", plain_init)
     monkeypatch.setattr(planner, "_by_tier", _plain_by_tier)
@@ -69,3 +70,20 @@ def test_fast_paths_plan_as_the_plain_forms(monkeypatch, sets):
     for a, b in zip(fast, plain):
         assert a == b, f"step {a[0]} layer {a[1]}: the fast path's plan differs from the plain form's"
     assert fast_counts == plain_counts
+
+
+def test_a_push_in_flight_keeps_its_ram_copy_under_the_compiled_eviction():
+    """While a push is in flight its key (PUSHING, its RAM copy still read) may not go: the compiled eviction pins it
+    beside the layer's picks until the push lands."""
+    led = Ledger(8, 2, 2, ram_policy="dlfu", vram_policy="dlfu", ram_partition="layer", layers=1, experts=8)
+    for k in (1, 2):
+        led.land(led.begin_fill(k))
+    led.observe([2, 2], 0)
+    for _ in range(3):
+        led.ram_hit([2])                  # key 1 is the RAM tier's least used: the one put would evict
+    t = led.begin_push(1)
+    assert led.state_of(1) == "pushing" and led._pushing == {1}
+    assert led.fill_landed(3) == (2,)     # the pushing key stays; the other RAM key makes room
+    led.land(t)
+    assert not led._pushing and led.state_of(1) == "vram"
+    led.check()

@@ -12,27 +12,23 @@ Every key (= layer * experts + expert) is in exactly one state:
     VRAM    - resident in a VRAM slot
     DRAINING- evicted from VRAM; its bytes are being copied back to RAM (exclusive tier)
 
-The way into RAM, STAGED or VRAM is ``land(ticket)`` with a ticket that ``begin_fill``, ``begin_push`` or an
-eviction (a drain) handed out and that is still outstanding; the runtime calls ``land`` only after the backend
-reported the bytes readable. This is the host-owned residency rule as an API. Two narrower doors exist: ``adopt``
-(a landed STAGED record joins RAM in place) and, for the simulator only, ``fill_landed`` / ``push_landed``, which do
-begin + land at one modeled instant (its clock already says the bytes arrived) without allocating tickets.
-``begin_push`` reserves the destination VRAM slot at once; the CLOCK victim drains (its own ticket) before the push
-lands.
+The way into RAM, STAGED or VRAM is ``land(ticket)`` with an outstanding ticket of ``begin_fill``, ``begin_push``
+or an eviction (a drain); the runtime lands one only after the backend reported its bytes readable: the host-owned
+residency rule as an API. Narrower doors: ``adopt`` (a landed STAGED record joins RAM in place) and, for the
+simulator only, ``fill_landed`` / ``push_landed`` (begin + land at one modeled instant, no tickets). ``begin_push``
+reserves the VRAM slot at once; the victim drains (its own ticket) before the push lands.
 
 Eviction never picks a protected key (the picks of the layer being planned) nor a key with a transfer in flight.
 If no slot can be freed the admission is refused: the key simply stays where it was (RAM) or lands nowhere (a
 staged NVMe record is dropped after use) - never a silent eviction of a key the current layer computes.
 
-Replacement: VRAM runs CLOCK and RAM an LRU (or the window LFU) on the hot path; ``ram_policy`` /
-``vram_policy`` may instead name a policy of moetier.core.policies.residency (2q, slru, sieve, s3fifo, wtinylfu,
-dlfu, ...) or be such a policy object (the oracle's Belady), and ``ram_partition="layer"`` gives every layer its own
-share of the RAM slots (``layers`` and ``experts`` say how keys map to layers). A policy that refuses the incoming
-key (Belady's bypass, W-TinyLFU's filter) refuses the admission as a pinned tier does.
+Replacement: VRAM runs CLOCK and RAM an LRU (or the window LFU); ``ram_policy`` / ``vram_policy`` may instead name
+a policy of moetier.core.policies.residency (2q, slru, sieve, s3fifo, wtinylfu, dlfu, ...) or be such an object (the
+oracle's Belady); ``ram_partition="layer"`` gives each layer its share of the RAM slots (``layers``, ``experts``
+map keys to layers). A policy refusing the incoming key (Belady's bypass, W-TinyLFU's filter) refuses the admission.
 
-Pure Python, no I/O: this sits on the decode critical path, so lookups are plain dict reads. The states and tickets
-are defined in moetier.core.tickets, the VRAM slot map and the policy objects in moetier.core.tier_order; both are
-importable from here.
+Pure, no I/O: on the decode critical path lookups are plain dict reads. States and tickets: moetier.core.tickets;
+the VRAM slot map and the policy objects: moetier.core.tier_order; both importable from here.
 """
 from __future__ import annotations
 
@@ -41,7 +37,7 @@ from collections import OrderedDict
 from moetier.core.policies import residency
 from moetier.core.tickets import (ABSENT, DRAINING, FILLING, PUSHING, RAM, STAGED, STATE_NAMES, TIER_NVME, TIER_OF,
                                   TIER_RAM, TIER_VRAM, VRAM, ResidencyError, Ticket)
-from moetier.core.tier_order import Clock, PolicySlots, lfu_terms, make_policy, replace
+from moetier.core.tier_order import Clock, Pins, PolicySlots, lfu_terms, make_policy, replace
 
 __all__ = ["ABSENT", "DRAINING", "FILLING", "PUSHING", "RAM", "STAGED", "STATE_NAMES", "TIER_NVME", "TIER_RAM",
            "TIER_VRAM", "VRAM", "Clock", "Ledger", "PolicySlots", "ResidencyError", "Ticket"]
@@ -98,6 +94,10 @@ class Ledger:
         self._lru_fast = (self.exclusive and not self._no_ram_lru and self._rpol is None and not self._lfu_window)
         # the planner's view, one dict read per pick
         self._tier_default = TIER_RAM if self.all_in_ram else TIER_NVME
+        # put / evict_for: one compiled eviction, pinning the picks and the keys mid-push (their RAM copy is read)
+        self._pushing: set = set()
+        self._rfast, self._vfast = bool(getattr(self._rpol, "put", None)), hasattr(self._vpol, "evict_for")
+        self._pins = Pins().of
 
     # ---- queries (hot path) ---------------------------------------------------------------------------------
     def tier_of(self, key: int) -> int:
@@ -169,6 +169,7 @@ class Ledger:
             return None
         victim = self.clock.place(slot, key)
         state[key] = PUSHING
+        self._pushing.add(key)
         if victim >= 0:
             self.counters["vram_evictions"] += 1
             if self.all_in_ram:
@@ -207,16 +208,18 @@ class Ledger:
         find, owner, slot_of, ref = clock.find_victim_slot, clock.owner, clock.slot_of, clock.ref
         all_in_ram, exclusive = self.all_in_ram, self.exclusive
         vpol = self._vpol is not None
+        pins = self._pins(protect, self._pushing) if self._vfast else None
         ram_put = self._lru_put if self._lru_fast else self._ram_put
         admitted = 0
         for key in keys:
-            slot = find(protect, state, key)
+            # with pins: the victim and the placement in one policy call
+            slot, victim = clock.admit(key, pins) if pins is not None else (find(protect, state, key), -1)
             if slot < 0:
                 counters["refused_admissions"] += 1
                 continue
-            if vpol:
+            if pins is None and vpol:
                 victim = clock.place(slot, key)  # a replacement policy orders the slots
-            else:
+            elif pins is None:
                 victim = owner[slot]             # Clock.place, inlined: this runs per admission in the simulator
                 if victim >= 0:
                     del slot_of[victim]
@@ -249,6 +252,7 @@ class Ledger:
         if ticket.kind == "fill":
             self.state.pop(ticket.key, None)
         elif ticket.kind == "push":
+            self._pushing.discard(ticket.key)
             self.clock.remove(ticket.key)
             self._set_ram_or_absent(ticket.key, ticket.staging)
         else:  # drain failed: the bytes are gone with the VRAM slot
@@ -281,6 +285,7 @@ class Ledger:
                 return ()
             return self._ram_put(key, protect)
         if kind == "push":
+            self._pushing.discard(key)
             self.state[key] = VRAM
             if ticket.staging:
                 return (key,)                # the staging slot is free again
@@ -397,24 +402,27 @@ class Ledger:
             pol.hit(key)
             state[key] = RAM
             return ()
-        full = pol.full(key) if isinstance(pol, residency.Partitioned) else len(ram) >= self.ram_slots
-        if full:
-            evictable = (RAM,) if self.exclusive else (RAM, VRAM)
-            victim = pol.victim(key, lambda k: k not in protect and k in ram and state.get(k) in evictable)
-            if victim is None or victim == key:
+        if self._rfast:
+            victim = pol.put(key, self._pins(protect, self._pushing))   # victim, eviction, insert: one compiled call
+            if victim == key:
                 return self._refuse(key)
-            del ram[victim]
-            if state[victim] == RAM:
-                del state[victim]
-            self.counters["ram_evictions"] += 1
+            if victim < 0:
+                ram[key] = None
+                state[key] = RAM
+                return ()
+            return self._ram_swap(key, victim)
+        full = pol.full(key) if isinstance(pol, residency.Partitioned) else len(ram) >= self.ram_slots
+        if not full:
             ram[key] = None
-            replace(pol, victim, key)
+            pol.insert(key)
             state[key] = RAM
-            return (victim,)
-        ram[key] = None
-        pol.insert(key)
-        state[key] = RAM
-        return ()
+            return ()
+        evictable = (RAM,) if self.exclusive else (RAM, VRAM)
+        victim = pol.victim(key, lambda k: k not in protect and k in ram and state.get(k) in evictable)
+        if victim is None or victim == key:
+            return self._refuse(key)
+        replace(pol, victim, key)
+        return self._ram_swap(key, victim)
 
     def _ram_victim(self, protect):
         """Least recently used RAM key that is neither protected nor mid-transfer (PUSHING)."""

@@ -9,10 +9,15 @@ Contract
 - ``PolicySlots(n, pol)``: the same slot map ordered by a moetier.core.policies.residency policy.
 - ``make_policy(spec, ...)``: a policy object from its recipe name (or the object itself), per layer when asked;
   errors name the recipe field.
+- ``Pins``: the layer's picks as the array a compiled eviction takes.
 - ``replace(pol, old, new)``: ``old`` leaves a policy's tier and ``new`` enters, in one call where the policy can.
 - ``lfu_terms(spec)``: the window and halflife of the built-in window LFU (``lfu[:window[:halflife]]``).
 """
 from __future__ import annotations
+
+from itertools import chain
+
+import numpy as np
 
 from moetier.core.policies import residency
 from moetier.core.tickets import VRAM
@@ -83,6 +88,23 @@ class PolicySlots(Clock):
             return -1
         return self.slot_of[v]
 
+    def admit(self, key: int, pins) -> tuple[int, int]:
+        """``find_victim_slot`` + ``place`` where ``pins`` (an int64 array: the layer's picks and the keys
+        mid-push) are all that keeps a key, in one call of the policy's ``evict_for``: (slot, evicted key or -1),
+        or (-1, -1) when every slot is pinned."""
+        slot_of = self.slot_of
+        if len(slot_of) < self.n:
+            slot = self.owner.index(-1)
+            return slot, self.place(slot, key)
+        v = self.pol.evict_for(key, pins)
+        if v is None:
+            return -1, -1
+        slot = slot_of.pop(v)
+        self.owner[slot] = key
+        slot_of[key] = slot
+        self.ref[slot] = 1
+        return slot, v
+
     def place(self, slot: int, key: int) -> int:
         old = super().place(slot, key)
         if old >= 0:
@@ -102,6 +124,25 @@ class PolicySlots(Clock):
             return
         for k in keys:
             self.pol.hit(k)
+
+
+class Pins:
+    """``of(protect, busy)``: the keys a compiled eviction (``evict_for`` / ``put``) may not take, as an int64
+    array: a layer's picks and the keys mid-transfer (``busy``). Built once per layer while ``busy`` is empty: the
+    callers pass the same picks object to each call of one commit and never change it in between."""
+
+    __slots__ = ("src", "arr")
+
+    def __init__(self):
+        self.src, self.arr = None, None
+
+    def of(self, protect, busy=()) -> np.ndarray:
+        if busy:
+            return np.fromiter(chain(protect, busy), dtype=np.int64, count=len(protect) + len(busy))
+        if protect is not self.src or len(protect) != len(self.arr):
+            self.src = protect
+            self.arr = np.fromiter(protect, dtype=np.int64, count=len(protect))
+        return self.arr
 
 
 def replace(pol, old, new) -> None:

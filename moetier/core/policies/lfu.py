@@ -3,8 +3,10 @@
 Contract
 --------
 The policy interface of moetier.core.policies.residency (insert / hit / remove / victim, ``in``, ``len``) plus
-``hit_many(keys)``, the hits of one layer call in one compiled call, and ``replace(old, new)``, an eviction's
-remove and insert in one. Order: the resident key with the least
+``hit_many(keys)``, the hits of one layer call in one compiled call, ``replace(old, new)``, an eviction's
+remove and insert in one, and, for a tier whose only pins are ``pins`` (the ledger's case while no key of the tier
+is mid-transfer), ``evict_for(k, pins)`` (victim, remove and insert in one call) and ``put(k, pins, cap)`` (the
+same, or an insert while fewer than ``cap`` keys are resident). Order: the resident key with the least
 (score, tick, key) goes first; a use adds ``2^(tick / halflife)`` to the key's count (``halflife`` 0: 1), the decay
 as a growing weight instead of shrinking every count (same order, O(1)); ``tick`` counts the policy's uses, and
 when the weight passes 1e200 every count is divided by it and ``tick`` restarts at 0. Counts outlive eviction (a
@@ -50,9 +52,16 @@ def _touch(fs, iv, st, halflife, i):
 
 
 @njit(cache=True)
-def _touch_many(fs, iv, st, halflife, idx):
-    for i in idx:
-        _touch(fs, iv, st, halflife, i)
+def _touch_keys(fs, iv, st, halflife, keys, base, lim):
+    """A use of each of ``keys`` in turn (key = base + index); nothing, and False, when one lies outside
+    [base, base + lim) or the arrays."""
+    hi = base + min(lim, fs.shape[1])
+    for k in keys:
+        if k < base or k >= hi:
+            return False
+    for k in keys:
+        _touch(fs, iv, st, halflife, k - base)
+    return True
 
 
 @njit(cache=True)
@@ -89,6 +98,39 @@ def _next(fs, iv, st, s0, t0, i0):
     return best
 
 
+@njit(cache=True)
+def _evict_for(fs, iv, st, halflife, pins, base, i):
+    """The resident index with the least (score, tick, index) whose key (base + index) is not in ``pins`` (an
+    int64 array of keys, a layer's few) is replaced by index i; returns it, or -1 (nothing replaced) when every resident key is
+    pinned."""
+    best, bs, bt = -1, 0.0, 0
+    for j in range(st[1]):
+        r = iv[2, j]
+        s, t = fs[1, r], iv[0, r]
+        if best < 0 or s < bs or (s == bs and (t < bt or (t == bt and r < best))):
+            pinned = False
+            for p in pins:                      # only a key that would lead is looked up
+                if p == base + r:
+                    pinned = True
+                    break
+            if not pinned:
+                best, bs, bt = r, s, t
+    if best >= 0:
+        _replace(fs, iv, st, halflife, best, i)
+    return best
+
+
+@njit(cache=True)
+def _put(fs, iv, st, halflife, pins, base, i, cap):
+    """Index i enters: into a free slot (-1) while fewer than ``cap`` are resident, else in place of the least
+    unpinned resident index (returned), or not at all (-2) when every resident key is pinned."""
+    if st[1] < cap:
+        _touch(fs, iv, st, halflife, i)
+        return -1
+    v = _evict_for(fs, iv, st, halflife, pins, base, i)
+    return v if v >= 0 else -2
+
+
 class LFU:
     """Least frequently used; counts survive eviction (a key's history follows it), ties to the least recent use.
     ``halflife`` > 0 decays counts by uses of the tier (dlfu). ``base``: the lowest key (a per-layer part's first
@@ -122,13 +164,16 @@ class LFU:
 
     def hit_many(self, keys):
         """``hit`` of each of ``keys`` in turn, in one compiled call."""
-        if keys:
-            idx = np.fromiter(keys, dtype=np.int64, count=len(keys)) - self.base
-            top = idx.max()
-            if top >= self.fs.shape[1] or idx.min() < 0:
-                self._index(keys[int(idx.argmax())])
-                self._index(keys[int(idx.argmin())])
-            _touch_many(self.fs, self.iv, self.st, self.halflife, idx)
+        if keys and not self.hit_within(keys):
+            for k in keys:
+                self._index(k)           # grows the arrays (a key below the first is an error)
+            self.hit_within(keys)
+
+    def hit_within(self, keys, lim: int = 1 << 62) -> bool:
+        """``hit_many`` of keys that all lie within [base, base + lim) and the arrays, in one compiled call; False,
+        and nothing done, otherwise."""
+        return _touch_keys(self.fs, self.iv, self.st, self.halflife,
+                           np.fromiter(keys, dtype=np.int64, count=len(keys)), self.base, lim)
 
     def remove(self, k):
         i = int(k) - self.base
@@ -140,6 +185,20 @@ class LFU:
         i = self._index(new)
         o = int(old) - self.base
         _replace(self.fs, self.iv, self.st, self.halflife, o if 0 <= o < self.fs.shape[1] else -1, i)
+
+    def evict_for(self, k, pins):
+        """``victim(k, ok)`` for an ``ok`` that refuses exactly the keys in ``pins`` (an int64 array) and, when
+        it names a key, ``replace(it, k)``: one compiled call. Returns the evicted key, or None (nothing changed)."""
+        i = self._index(k)
+        v = _evict_for(self.fs, self.iv, self.st, self.halflife, pins, self.base, i)
+        return None if v < 0 else self.base + v
+
+    def put(self, k, pins, cap=None):
+        """``k`` enters a tier of ``cap`` slots (default: the capacity) whose pins are ``pins``: -1 when it took a
+        free slot, the key it evicted, or ``k`` itself when every resident key is pinned (nothing changed)."""
+        i = self._index(k)
+        v = _put(self.fs, self.iv, self.st, self.halflife, pins, self.base, i, self.capacity if cap is None else cap)
+        return -1 if v == -1 else k if v == -2 else self.base + v
 
     def victim(self, k, ok):
         fs, iv, st, base = self.fs, self.iv, self.st, self.base

@@ -171,6 +171,8 @@ class Partitioned(_Queues):
         self.caps = [base + (1 if l < extra else 0) for l in range(layers)]
         self.parts = [make(spec, max(1, c), future, l * experts, experts) for l, c in enumerate(self.caps)]
         self.name = f"{self.parts[0].name}/layer"
+        if not all(hasattr(p, "put") for p in self.parts):
+            self.put = None               # the optional slot only where every part has it (the ledger checks)
 
     def part(self, k):
         return self.parts[k // self.experts]
@@ -195,16 +197,19 @@ class Partitioned(_Queues):
         one part's)."""
         if not keys:
             return
-        l = keys[0] // self.experts
-        p = self.parts[l]
-        if hasattr(p, "hit_many") and all(k // self.experts == l for k in keys):
-            p.hit_many(keys)
+        p = self.parts[keys[0] // self.experts]
+        if hasattr(p, "hit_within") and p.hit_within(keys, self.experts):   # all within the part's layer
             return
         for k in keys:
             self.part(k).hit(k)
 
     def remove(self, k):
         self.part(k).remove(k)
+
+    def put(self, k, pins):
+        """The incoming key's part's ``put`` on its share of the slots: a victim of its own layer, if any."""
+        l = k // self.experts
+        return self.parts[l].put(k, pins, self.caps[l])
 
     def full(self, k) -> bool:
         """The incoming key's layer has used its share of slots."""
