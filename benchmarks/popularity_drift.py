@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     if a.json:
         print(json.dumps(out, indent=1))
         return 0
-    print("| recipe | S | top-S overlap within a request (across; random) | dlfu half-life, tokens | "
+    print("| recipe | S | top-S overlap within a request (across requests; random) | dlfu half-life, tokens | "
           "hits lfu / dlfu | evictions of a core expert lfu / dlfu |")
     print("|---|---|---|---|---|---|")
     for rid, x in out.items():
