@@ -98,10 +98,12 @@ TUNED = Peer("moetier-lru", "moetier's previous default: global LRU RAM tier, CL
 # the shipped default policy: these tier options, the recipe's own prefetch (off on every shipped recipe). Every
 # shipped GLM and Qwen recipe and tiny-ci-cpu set them (tests/test_peers.py); the tiny GPU CI recipes keep the
 # ledger's defaults (an always-admitting VRAM tier, whose pushes and drains their runtime tests exercise), and on
-# them the moetier-default row shows what this policy does there (docs/peers.md)
-DEFAULT_POLICY = {"ram_evict": "dlfu", "ram_partition": "layer", "vram_evict": "dlfu", "vram_admit": "auto"}
-SHIPPED = Peer("moetier-default", "moetier's shipped default policy applied to the recipe: per-layer decayed-LFU "
-               "RAM, decayed-LFU VRAM, VRAM a cache with >= 3 x top-k slots a layer", dict(DEFAULT_POLICY))
+# them the moetier-default row shows what this policy does there (docs/peers.md). RAM keeps plain counts, not
+# decayed ones: within a request a layer's popularity holds still, and a short half-life evicts its hot experts
+# (benchmarks/popularity_drift.py)
+DEFAULT_POLICY = {"ram_evict": "lfu", "ram_partition": "layer", "vram_evict": "dlfu", "vram_admit": "auto"}
+SHIPPED = Peer("moetier-default", "moetier's shipped default policy applied to the recipe: per-layer LFU RAM, "
+               "decayed-LFU VRAM, VRAM a cache with >= 3 x top-k slots a layer", dict(DEFAULT_POLICY))
 PEERS = PEERS + (TUNED, SHIPPED)
 # the tier structures the oracle replays, each under Belady with the future known: the reference's (a global RAM
 # tier, VRAM a cache) and moetier's default's (the recipe's own ram_partition and vram_admit: on the shipped GLM and
