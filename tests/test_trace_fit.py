@@ -277,3 +277,16 @@ def test_the_fit_of_a_shipped_trace_is_within_every_tolerance():
     d = fit_trace(tr, int(tr.meta["experts"]))
     assert d["shape"] == [800, 8, 4] and d["segments"] == 4
     assert [c for c in d["checks"] if not c["ok"]] == []
+
+
+def test_the_fit_table_of_docs_traces_is_the_scripts(capsys):
+    """docs/traces.md's fit table, for the two tiny shipped traces (the others take minutes): the rows that
+    benchmarks/trace_fit_table.py prints, but for the wall time."""
+    from pathlib import Path
+
+    from benchmarks import trace_fit_table
+    names = ["tiny-ci", "tiny-16x64"]
+    assert trace_fit_table.main(names) == 0
+    printed = [r.rsplit("|", 2)[0] for r in capsys.readouterr().out.splitlines()]
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "traces.md").read_text()
+    assert printed == [r.rsplit("|", 2)[0] for r in doc.splitlines() if r.split(" | ")[0][2:] in names]

@@ -257,8 +257,7 @@ def choice_share(ids: np.ndarray, experts: int, depth: int) -> np.ndarray:
     E, D = int(experts), int(depth)
     counts = np.stack([np.bincount(ids[:, l].ravel(), minlength=E) for l in range(L)]).astype(np.float64)
     pop = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
-    found, found2, picked, n = np.zeros((L, K, D + 1)), np.zeros((L, K, D + 1)), np.zeros((L, K, D + 1)), \
-        np.zeros((L, K, D + 1))
+    found, found2, picked, n = np.zeros((4, L, K, D + 1))
     _found_at_depths(ids, pop, D, found, found2, picked, n)
     with np.errstate(divide="ignore", invalid="ignore"):
         m, m2 = found / T, found2 / T
@@ -290,11 +289,17 @@ def _found_at_depths(ids, pop, D, found, found2, picked, n):
                 d = min(pos[e], D)
                 picked[l, k, d] += pop[l, e] if d < D else deep
                 n[l, k, d] += 1.0
-                for i in range(pos[e], 0, -1):
-                    stack[i] = stack[i - 1]
-                    pos[stack[i]] = i
-                stack[0] = e
-                pos[e] = 0
+                _to_top(stack, pos, e)
+
+
+@njit(cache=True)
+def _to_top(stack, pos, e):
+    """Move expert ``e`` to the top of a recency ``stack`` (``pos``: every expert's place in it)."""
+    for i in range(pos[e], 0, -1):
+        stack[i] = stack[i - 1]
+        pos[stack[i]] = i
+    stack[0] = e
+    pos[e] = 0
 
 
 @njit(cache=True)
@@ -388,12 +393,7 @@ def _walk(stack, pos, remain, urn, pop, choice, aff, succ, succ_p, mean_p, udept
                 remain[l, k, dep] -= 1
                 urn[l, pick] -= 1.0
                 ids[t, l, k] = pick
-                p = pos[l, pick]
-                for i in range(p, 0, -1):          # to the top of the stack
-                    stack[l, i] = stack[l, i - 1]
-                    pos[l, stack[l, i]] = i
-                stack[l, 0] = pick
-                pos[l, pick] = 0
+                _to_top(stack[l], pos[l], pick)
 
 
 @njit(cache=True)
