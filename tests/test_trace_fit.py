@@ -7,11 +7,11 @@ import pytest
 
 from moetier.cli.main import main
 from moetier.errors import UserError
-from moetier.traces.fit import TOLERANCE, check_fit, fit_trace, measure
+from moetier.traces.fit import TOLERANCE, _counts, _depth_law, check_fit, fit_trace, measure
 from moetier.traces.format import Trace, save_trace
 from moetier.traces.gen import GenParams, generate
-from moetier.traces.layergen import LayerParams, exact_counts, generate_layers, transition
-from moetier.traces.stats import layer_cache_curves, lru_hits, stack_depths
+from moetier.traces.layergen import LayerParams, choice_share, exact_counts, generate_layers, transition, walk
+from moetier.traces.stats import layer_cache_curves, lru_hits, norm_entropy, stack_depths
 
 GEO = dict(layers=4, experts=32, topk=4, tokens=600, segments=2)
 
@@ -121,7 +121,8 @@ def test_the_depth_law_gives_the_lru_curve_and_top1_repeat():
             rows.append(tuple(p / p.sum()))
         law.append(tuple(rows))
     succ, cnt = transition(rng.integers(0, E, size=(200, L, K)), E, 2 * K)
-    p = LayerParams.from_arrays({"depth_p": np.asarray(law), "affinity": np.array([2.0, 1.0, 8.0]),
+    p = LayerParams.from_arrays({"depth_p": np.asarray(law), "choice": rng.random((L, K, D + 1)),
+                                 "affinity": np.array([2.0, 1.0, 8.0]),
                                  "popularity": rng.random((L, E)) ** 2, "successors": succ,
                                  "successor_counts": cnt})
     tr = generate_layers(p, experts=E, topk=K, tokens=T, segments=3, seed=4)
@@ -135,6 +136,40 @@ def test_the_depth_law_gives_the_lru_curve_and_top1_repeat():
     # the exact-count rounding: n x p summed to n by largest remainder
     c = exact_counts(np.array([[0.5, 0.25, 0.25], [1 / 3, 1 / 3, 1 / 3]]), 10)
     assert c.tolist() == [[5, 3, 2], [4, 3, 3]]
+
+
+@pytest.mark.parametrize("reuse, broken", [(0.0, 0.0), (0.6, 1.0)])
+def test_the_choice_share_holds_the_popularity_and_the_depth_schedule(reuse, broken):
+    """The source's popularity and depth law, walked with the choice share read off the source: the entropy within
+    tolerance and the LRU hit at top-k slots on schedule in every quarter of the trace. With the choice taken 0
+    everywhere (depth alone decides) a Zipf source with no reuse comes out flatter (entropy about 0.027 high) and
+    its shallow depths run out late; with it taken 1 everywhere (popularity decides, repeats too) a source with
+    strong reuse comes out skewed (about 0.02 low) and off schedule by about 0.2."""
+    src = generate(GenParams(zipf_s=1.0, reuse=reuse, affinity=0.3, affinity_width=2), seed=11, layers=2,
+                   experts=128, topk=8, tokens=2400, segments=4)
+    ids = src.ids.astype(np.int64)
+    T, L, K = ids.shape
+    E, D, q = 128, 24, 600
+    m = measure(ids, src.segments, E, predictability=False)
+    share = choice_share(ids, E, D)
+    if reuse:
+        assert (share[:, 0, K - 1] < 0.2).all()               # a repeat takes whoever sits there
+    else:
+        assert np.median(share[:, :, K:]) > 0.9              # every pick a popularity draw
+    succ, cnt = transition(ids, E, 2 * K)
+    arrays = {"depth_p": _depth_law(m["depth"], D), "popularity": _counts(ids, E), "affinity": np.zeros(L),
+              "successors": succ, "successor_counts": cnt}
+
+    def errors(choice):
+        gen = walk(arrays | {"choice": choice}, T, K, 0)
+        entropy = np.array([norm_entropy(c) for c in _counts(gen, E)])
+        lru = [measure(x[i * q:(i + 1) * q], np.array([0, q]), E, predictability=False)["lru"][:, K - 1]
+               for x in (gen, ids) for i in range(4)]
+        return np.abs(entropy - m["entropy_norm"]).max(), np.abs(np.subtract(lru[:4], lru[4:])).max()
+    entropy, schedule = errors(share)
+    assert entropy <= TOLERANCE["entropy_norm"] and schedule <= 0.04, (entropy, schedule)
+    entropy, schedule = errors(np.full_like(share, broken))
+    assert entropy > 1.5 * TOLERANCE["entropy_norm"] and schedule > 0.04, (entropy, schedule)
 
 
 def test_stack_depths_give_lru_hits_at_every_size():
@@ -166,8 +201,8 @@ def test_fit_refuses_a_short_trace_and_ids_out_of_range():
 
 
 def test_params_refuse_bad_fields_with_one_line():
-    layer = {"depth_p": [[0.5, 0.5]], "popularity": [1, 2, 3], "affinity": 0.0, "successors": [],
-             "successor_counts": []}
+    layer = {"depth_p": [[0.5, 0.5]], "choice": [[1, 0.5]], "popularity": [1, 2, 3], "affinity": 0.0,
+             "successors": [], "successor_counts": []}
     good = {"model": "recency", "layers": [layer, {**layer, "affinity": 2.0, "successors": [[1, 2], [0], []],
                                                    "successor_counts": [[3, 1], [2], []]}]}
     LayerParams.from_json(good)
@@ -175,6 +210,8 @@ def test_params_refuse_bad_fields_with_one_line():
     for bad, want in (({**good, "extra": 1}, "unknown field"),
                       ({**good, "layers": [{**layer, "affinity": -1}]}, r"affinity=-1, expected a number in \[0, 16\]"),
                       ({**good, "layers": [{**layer, "depth_p": [[0.5, 0.6]]}]}, "summing to 1"),
+                      ({**good, "layers": [{**layer, "choice": [[1.5, 0]]}]},
+                       r"layers\[0\].choice must be 1 rows of 2 numbers in \[0, 1\]"),
                       ({**good, "layers": [{**layer, "depth_p": [[0.5, 0.5], [0.5, 0.5]]}]},
                        "depths below 1 are impossible"),
                       ({**good, "layers": [layer, {**layer, "popularity": [1, 2]}]}, r"layers\[1\].popularity"),
@@ -240,3 +277,16 @@ def test_the_fit_of_a_shipped_trace_is_within_every_tolerance():
     d = fit_trace(tr, int(tr.meta["experts"]))
     assert d["shape"] == [800, 8, 4] and d["segments"] == 4
     assert [c for c in d["checks"] if not c["ok"]] == []
+
+
+def test_the_fit_table_of_docs_traces_is_the_scripts(capsys):
+    """docs/traces.md's fit table, for the two tiny shipped traces (the others take minutes): the rows that
+    benchmarks/trace_fit_table.py prints, but for the wall time."""
+    from pathlib import Path
+
+    from benchmarks import trace_fit_table
+    names = ["tiny-ci", "tiny-16x64"]
+    assert trace_fit_table.main(names) == 0
+    printed = [r.rsplit("|", 2)[0] for r in capsys.readouterr().out.splitlines()]
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "traces.md").read_text()
+    assert printed == [r.rsplit("|", 2)[0] for r in doc.splitlines() if r.split(" | ")[0][2:] in names]

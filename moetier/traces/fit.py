@@ -16,8 +16,9 @@ the fitted parameters at the source's shape (tokens, layers, top-k, segment boun
   moetier.traces.stats.next_layer_recall); tolerance 0.03.
 
 The fit: the depth law of every (layer, slot) is the source's histogram of LRU stack depths below 3 x top-k (so the
-LRU curve and the top-1 repeat are the source's by construction, to within the rounding of exact counts); the
-popularity starts as the source's selection counts and the transition is the source's co-occurrence counts
+LRU curve and the top-1 repeat are the source's by construction, to within the rounding of exact counts), and so
+is the share of each (slot, depth)'s picks made by choice rather than recency (``choice_share``); the popularity
+starts as the source's selection counts and the transition is the source's co-occurrence counts
 (moetier.traces.layergen). Then, all layers on one generated trace a step: ``rounds`` passes of per-layer
 bisection of ``affinity`` on the layer's predictability (0 .. 16, then a bracket an eighth as wide around the best
 value), each step also moving the popularity weights toward the source's counts by half the log-ratio of what they
@@ -33,7 +34,7 @@ import numpy as np
 
 from moetier.errors import UserError
 from moetier.traces.format import Trace
-from moetier.traces.layergen import AFFINITY_MAX, LayerParams, transition, walk
+from moetier.traces.layergen import AFFINITY_MAX, LayerParams, choice_share, transition, walk
 from moetier.traces.stats import _top1_repeat, drop_masked, next_layer_recall, norm_entropy, stack_depths
 
 __all__ = ["fit_trace", "measure", "check_fit", "TOLERANCE", "format_fit", "STATISTICS"]
@@ -165,8 +166,8 @@ def fit_trace(trace: Trace, experts: int, *, seed: int = 0, rounds: int = 2) -> 
     src = measure(ids, seg, E)
     succ, cnt = transition(ids, E, SUCCESSORS_PER_TOPK * K)
     law = [[[round(float(x), 6) for x in row] for row in q] for q in _depth_law(src["depth"], D)]   # as in JSON
-    arrays = {"depth_p": np.array(law), "affinity": np.zeros(L), "successors": succ, "successor_counts": cnt,
-              "popularity": _counts(ids, E)}
+    arrays = {"depth_p": np.array(law), "choice": np.round(choice_share(ids, E, D), 4), "affinity": np.zeros(L),
+              "successors": succ, "successor_counts": cnt, "popularity": _counts(ids, E)}
     # per layer, all layers on one generated trace a step: affinity by bisection on the layer's predictability
     # (each pass brackets the last pass's best value more narrowly, and keeps the best value it tried), and the
     # popularity weights a step toward the source's selection counts

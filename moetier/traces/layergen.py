@@ -2,10 +2,10 @@
 
 Contract
 --------
-``LayerParams`` (JSON: ``{"model": "recency", "layers": [{"depth_p", "popularity", "affinity", "successors",
-"successor_counts"}, ...]}``, one entry per MoE layer) and ``generate_layers(params, experts=, topk=, tokens=,
-segments=, seed=)`` -> a ``Trace`` whose ids are deterministic for a seed and hold ``topk`` DISTINCT experts per
-token and layer, slot 0 the router's first choice; ``meta["source"] = "moetier.tracegen.recency"``.
+``LayerParams`` (JSON: ``{"model": "recency", "layers": [{"depth_p", "choice", "popularity", "affinity",
+"successors", "successor_counts"}, ...]}``, one entry per MoE layer) and ``generate_layers(params, experts=,
+topk=, tokens=, segments=, seed=)`` -> a ``Trace`` whose ids are deterministic for a seed and hold ``topk`` DISTINCT
+experts per token and layer, slot 0 the router's first choice; ``meta["source"] = "moetier.tracegen.recency"``.
 
 The model is the LRU stack model (Mattson et al., 1970) per layer and routing slot, with the layer's own popularity
 and a layer-to-layer transition. Each layer keeps its experts in recency order (0 = the most recently picked); the
@@ -20,15 +20,26 @@ picks of a token are made slot by slot, each moved to the top at once, so the to
 * ``popularity``: the layer's selection weights (E numbers >= 0, any scale), spent as a budget of tokens x topk
   picks. Each pick is one draw over the depths that have budget left, depth d weighted by its budget times the pace
   factor (left / due) ** PACE of the expert there (left: what is left of its share; due: its share of the picks
-  still to make); a "deeper" pick is then drawn among the experts below D in proportion to what is left of theirs.
-  An expert behind its share is re-picked sooner, one ahead of it later, so each layer's selection counts end at
-  its popularity while the depth law holds exactly: the entropy is the source's, not a knob.
+  still to make) times its choice factor (below); a "deeper" pick is then drawn among the experts below D in
+  proportion to what is left of theirs. An expert behind its share is re-picked sooner, one ahead of it later, so
+  each layer's selection counts end at its popularity while the depth law holds exactly.
+* ``choice[k][d]``: the share of slot k's picks at depth d (D: deeper) that are choices, made by popularity and
+  transition, rather than recency alone (a repeat takes whoever sits there): depth d's weight has the choice
+  factor (1 - c) + c x rel x tilt, rel the popularity of the expert there over the mean popularity found at that
+  (slot, depth) so far in the walk (the deeper class: its experts together). With c = 1 a pick is the independent
+  reference model's, popular experts taken in proportion to their popularity wherever they sit; with c = 0 the
+  depth alone decides. Without it (c = 0 everywhere) a popular expert is held to its share only through the pace
+  factor, which lags: the counts come out flatter than the source's and the shallow depths' budgets are spent
+  early and run out late. ``choice_share`` reads it off a source: at each (slot, depth), the popularity of the
+  picked expert over the mean popularity there is 1 + c x (m2 / m^2 - 1) under the choice factor (m, m2: the first
+  two moments of the popularity found there), solved for c and clipped to [0, 1].
 * ``successors`` / ``successor_counts``: per expert a of the previous layer, the experts b picked with it and how
   often (the source's co-occurrence counts, the 2 x top-k largest), read as P(b | a). The weight of every
   candidate expert b (at its depth, or below D) is multiplied by its tilt 1 + ``affinity`` x (lift - 1), clipped
-  at 0, with lift = mean over the token's previous-layer picks a of P(b | a), divided by the mean of that over the
-  previous layer's popularity: an expert's tilt is 1 on average, so the transition sets which tokens pick an expert
-  (the next-layer predictability; ``affinity`` 0 .. 16 scales it) and leaves its share to the pace factor. At the
+  at 0 (within the choice factor), with lift = mean over the token's previous-layer picks a of P(b | a), divided
+  by the mean of that over the previous layer's popularity: an expert's tilt is 1 on average, so the transition sets
+  which tokens pick an expert (the next-layer predictability; ``affinity`` 0 .. 16 scales it) and leaves its share
+  to the pace factor. At the
   first layer a and b are two picks of the same token and slot k is tilted by the token's earlier slots: that
   keeps a token's first-layer picks as coherent as the source's, without which the second layer's predictability
   falls short whatever its affinity (the successors of unrelated picks disagree). Empty lists: no tilt.
@@ -49,10 +60,10 @@ from numba import njit
 from moetier.errors import UserError
 from moetier.traces.format import Trace, ids_dtype
 
-__all__ = ["LayerParams", "generate_layers", "walk", "MODEL", "exact_counts", "transition"]
+__all__ = ["LayerParams", "generate_layers", "walk", "MODEL", "exact_counts", "transition", "choice_share"]
 
 MODEL = "recency"
-_FIELDS = {"depth_p", "popularity", "affinity", "successors", "successor_counts"}
+_FIELDS = {"depth_p", "choice", "popularity", "affinity", "successors", "successor_counts"}
 _WHERE = "generator params (recency model)"
 AFFINITY_MAX = 16.0
 PACE = 4.0         # the pace factor's power: how hard an expert is held to its popularity share
@@ -61,6 +72,7 @@ PACE = 4.0         # the pace factor's power: how hard an expert is held to its 
 @dataclass(frozen=True)
 class LayerParams:
     depth_p: tuple           # per layer: per slot: D + 1 probabilities
+    choice: tuple            # per layer: per slot: D + 1 shares in [0, 1]
     popularity: tuple        # per layer: E selection weights
     affinity: tuple          # per layer
     successors: tuple        # per layer: per expert of the previous layer (the first layer: of the same): expert ids
@@ -79,7 +91,7 @@ class LayerParams:
         return len(self.popularity[0])
 
     def arrays(self) -> dict:
-        """The parameters as arrays: ``depth_p`` [L, K, D + 1], ``popularity`` [L, E], ``affinity`` [L],
+        """The parameters as arrays: ``depth_p`` and ``choice`` [L, K, D + 1], ``popularity`` [L, E], ``affinity`` [L],
         ``successors`` and ``successor_counts`` [L, E, W] (W the longest list; shorter ones padded with count 0)."""
         L, E = self.layers, self.experts
         W = max([1] + [len(r) for s in self.successors for r in s])
@@ -88,7 +100,8 @@ class LayerParams:
         for l in range(L):
             for a, (s, c) in enumerate(zip(self.successors[l], self.successor_counts[l])):
                 succ[l, a, :len(s)], cnt[l, a, :len(c)] = s, c
-        return {"depth_p": np.asarray(self.depth_p, dtype=np.float64), "affinity": np.asarray(self.affinity, float),
+        return {"depth_p": np.asarray(self.depth_p, dtype=np.float64),
+                "choice": np.asarray(self.choice, dtype=np.float64), "affinity": np.asarray(self.affinity, float),
                 "popularity": np.asarray(self.popularity, dtype=np.float64), "successors": succ,
                 "successor_counts": cnt}
 
@@ -99,6 +112,7 @@ class LayerParams:
         succ, cnt = np.asarray(a["successors"]), np.asarray(a["successor_counts"])
         keep = [[cnt[l, e] > 0 for e in range(cnt.shape[1])] for l in range(L)]
         return cls(depth_p=tuple(tuple(tuple(float(x) for x in row) for row in q) for q in a["depth_p"]),
+                   choice=tuple(tuple(tuple(float(x) for x in row) for row in q) for q in a["choice"]),
                    popularity=tuple(tuple(float(x) for x in r) for r in a["popularity"]),
                    affinity=tuple(float(x) for x in a["affinity"]),
                    successors=tuple(tuple(tuple(int(x) for x in succ[l, e][m]) for e, m in enumerate(keep[l]))
@@ -109,10 +123,11 @@ class LayerParams:
     def to_json(self) -> dict:
         return {"model": MODEL, "layers": [
             {"depth_p": [[round(float(x), 6) for x in row] for row in q],
+             "choice": [[round(float(x), 4) for x in row] for row in ch],
              "popularity": [_num(x) for x in pop], "affinity": round(float(a), 4),
              "successors": [[int(x) for x in r] for r in s], "successor_counts": [[_num(x) for x in r] for r in c]}
-            for q, pop, a, s, c in zip(self.depth_p, self.popularity, self.affinity, self.successors,
-                                       self.successor_counts)]}
+            for q, ch, pop, a, s, c in zip(self.depth_p, self.choice, self.popularity, self.affinity,
+                                           self.successors, self.successor_counts)]}
 
     @classmethod
     def from_json(cls, d: dict) -> "LayerParams":
@@ -129,10 +144,11 @@ class LayerParams:
                 raise UserError(f"{_WHERE}: layers[{i}] has fields {sorted(r)}; expected {', '.join(sorted(_FIELDS))}")
             if not isinstance(r["popularity"], list):
                 raise UserError(f"{_WHERE}: layers[{i}].popularity must be a list of numbers (one per expert)")
-            for f in ("depth_p", "successors", "successor_counts"):
+            for f in ("depth_p", "choice", "successors", "successor_counts"):
                 if not (isinstance(r[f], list) and all(isinstance(x, list) for x in r[f])):
                     raise UserError(f"{_WHERE}: layers[{i}].{f} must be a list of lists")
         p = cls(depth_p=tuple(tuple(tuple(x) for x in r["depth_p"]) for r in rows),
+                choice=tuple(tuple(tuple(x) for x in r["choice"]) for r in rows),
                 popularity=tuple(tuple(r["popularity"]) for r in rows), affinity=tuple(r["affinity"] for r in rows),
                 successors=tuple(tuple(tuple(x) for x in r["successors"]) for r in rows),
                 successor_counts=tuple(tuple(tuple(x) for x in r["successor_counts"]) for r in rows))
@@ -171,6 +187,10 @@ def _check_layer(i: int, p: LayerParams, E: int, topk: int | None) -> None:
         raise UserError(f"{where}.popularity must be {E} numbers >= 0 (one per expert), not all 0")
     _check_successors(where, i, p.successors[i], p.successor_counts[i], E)
     _check_depths(where, p.depth_p[i], topk)
+    q, ch = p.depth_p[i], p.choice[i]
+    if len(ch) != len(q) or not all(len(row) == len(q[0]) and all(_is_num(x) and x <= 1 for x in row) for row in ch):
+        raise UserError(f"{where}.choice must be {len(q)} rows of {len(q[0])} numbers in [0, 1] (one row per "
+                        f"routing slot, as depth_p)")
 
 
 def _check_successors(where: str, i: int, s, c, E: int) -> None:
@@ -227,6 +247,61 @@ def transition(ids: np.ndarray, experts: int, width: int) -> tuple[np.ndarray, n
     return succ, cnt
 
 
+def choice_share(ids: np.ndarray, experts: int, depth: int) -> np.ndarray:
+    """Per layer, slot and depth 0 .. ``depth`` (the last: deeper) of a source: the share of its picks there that
+    are choices rather than recency alone (module docstring: ``choice``), [L, K, depth + 1] in [0, 1]; 0 where the
+    source has no pick or the popularity found there does not vary. The popularity is the layer's selection counts;
+    each layer's stack starts in popularity order."""
+    ids = np.asarray(ids, dtype=np.int64)
+    T, L, K = ids.shape
+    E, D = int(experts), int(depth)
+    counts = np.stack([np.bincount(ids[:, l].ravel(), minlength=E) for l in range(L)]).astype(np.float64)
+    pop = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
+    found, found2, picked, n = np.zeros((4, L, K, D + 1))
+    _found_at_depths(ids, pop, D, found, found2, picked, n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        m, m2 = found / T, found2 / T
+        lift = picked / n / m                           # the picked expert's popularity over the mean found there
+        c = (lift - 1.0) / (m2 / (m * m) - 1.0)
+    ok = (n > 0) & (m > 0) & (m2 > m * m * (1 + 1e-9))
+    return np.where(ok, np.clip(np.nan_to_num(c), 0.0, 1.0), 0.0)
+
+
+@njit(cache=True)
+def _found_at_depths(ids, pop, D, found, found2, picked, n):
+    """Walk each layer's LRU stack over the source: per (layer, slot, depth), the sum of the popularity found there
+    (and of its square) at every pick, and of the picked expert's at the depth picked, and the picks there."""
+    T, L, K = ids.shape
+    E = pop.shape[1]
+    for l in range(L):
+        stack = np.argsort(-pop[l], kind="mergesort")
+        pos = np.argsort(stack)
+        for t in range(T):
+            for k in range(K):
+                deep = 0.0
+                for i in range(D, E):
+                    deep += pop[l, stack[i]]
+                for d in range(k, D + 1):
+                    p = pop[l, stack[d]] if d < D else deep
+                    found[l, k, d] += p
+                    found2[l, k, d] += p * p
+                e = ids[t, l, k]
+                d = min(pos[e], D)
+                picked[l, k, d] += pop[l, e] if d < D else deep
+                n[l, k, d] += 1.0
+                _to_top(stack, pos, e)
+
+
+@njit(cache=True)
+def _to_top(stack, pos, e):
+    """Move expert ``e`` to the top of a recency ``stack`` (``pos``: every expert's place in it)."""
+    for i in range(pos[e], 0, -1):
+        stack[i] = stack[i - 1]
+        pos[stack[i]] = i
+    stack[0] = e
+    pos[e] = 0
+
+
 @njit(cache=True)
 def _tilt(tilt, prev, n, succ, succ_p, mean_p, aff):
     """The transition's tilt of every expert from the first ``n`` picks ``prev`` (of the previous layer, or the
@@ -244,10 +319,12 @@ def _tilt(tilt, prev, n, succ, succ_p, mean_p, aff):
 
 
 @njit(cache=True)
-def _depth_weights(w, stack, urn, pop, tilt, remain, k, left):
+def _depth_weights(w, stack, urn, pop, tilt, remain, choice, found, n, k, left):
     """Each depth's weight into ``w`` (slot ``k``, ``left`` picks left to the layer): its budget left, times the
-    pace factor of the expert there (how far it is behind its popularity share, to the power PACE) and its tilt;
-    the deeper class by its experts together. Returns their sum."""
+    pace factor of the expert there (how far it is behind its popularity share, to the power PACE) and its choice
+    factor (1 - c) + c x rel x tilt (module docstring: ``choice``); the deeper class by its experts together.
+    ``found`` sums the popularity found at each depth over the slot's ``n`` picks so far, this one included.
+    Returns their sum."""
     D = remain.shape[0] - 1
     deep_urn, deep_w, deep_pop = 0.0, 0.0, 0.0
     for i in range(D, stack.shape[0]):
@@ -258,21 +335,26 @@ def _depth_weights(w, stack, urn, pop, tilt, remain, k, left):
         deep_pop += pop[e]
     total = 0.0
     for d in range(k, D + 1):
+        p = pop[stack[d]] if d < D else deep_pop
+        found[d] += p
+        rel = p * n / found[d] if found[d] > 0 else 1.0
         if d < D:
             e = stack[d]
             r = max(urn[e], 0.0) / (pop[e] * left) if pop[e] > 0 else 0.0
-            w[d] = remain[d] * r ** PACE * tilt[e]
+            t = tilt[e]
         elif deep_urn > 0:
             r = deep_urn / (deep_pop * left)
-            w[d] = remain[d] * r ** PACE * deep_w / deep_urn
+            t = deep_w / deep_urn
         else:
             w[d] = 0.0
+            continue
+        w[d] = remain[d] * r ** PACE * (1.0 - choice[d] + choice[d] * rel * t)
         total += w[d]
     return total
 
 
 @njit(cache=True)
-def _walk(stack, pos, remain, urn, pop, aff, succ, succ_p, mean_p, udepth, ufresh, ids):
+def _walk(stack, pos, remain, urn, pop, choice, aff, succ, succ_p, mean_p, udepth, ufresh, ids):
     """The picks of every (token, layer, slot) in order (module docstring); ``stack``/``pos`` (each layer's recency
     order and every expert's place in it), ``remain`` (depth budgets) and ``urn`` (popularity left) are updated in
     place; ``ids`` [T, L, K] is filled. ``succ_p`` holds P(b | a) for the successors ``succ``, ``mean_p`` its
@@ -282,6 +364,7 @@ def _walk(stack, pos, remain, urn, pop, aff, succ, succ_p, mean_p, udepth, ufres
     D = remain.shape[2] - 1
     w = np.zeros(D + 1)
     tilt = np.ones(E)
+    found = np.zeros((L, K, D + 1))
     for t in range(T):
         for l in range(L):
             if l > 0 and aff[l] > 0:
@@ -292,7 +375,8 @@ def _walk(stack, pos, remain, urn, pop, aff, succ, succ_p, mean_p, udepth, ufres
                 if l == 0 and aff[0] > 0 and k > 0:
                     _tilt(tilt, ids[t, 0], k, succ[0], succ_p[0], mean_p[0], aff[0])
                 left = (T - t) * K - k          # picks left to the layer
-                total = _depth_weights(w, stack[l], urn[l], pop[l], tilt, remain[l, k], k, left)
+                total = _depth_weights(w, stack[l], urn[l], pop[l], tilt, remain[l, k], choice[l, k], found[l, k],
+                                       t + 1, k, left)
                 if total <= 0:                  # every expert there past its share: the budget alone
                     for d in range(k, D + 1):
                         w[d] = remain[l, k, d]
@@ -309,12 +393,7 @@ def _walk(stack, pos, remain, urn, pop, aff, succ, succ_p, mean_p, udepth, ufres
                 remain[l, k, dep] -= 1
                 urn[l, pick] -= 1.0
                 ids[t, l, k] = pick
-                p = pos[l, pick]
-                for i in range(p, 0, -1):          # to the top of the stack
-                    stack[l, i] = stack[l, i - 1]
-                    pos[l, stack[l, i]] = i
-                stack[l, 0] = pick
-                pos[l, pick] = 0
+                _to_top(stack[l], pos[l], pick)
 
 
 @njit(cache=True)
@@ -359,7 +438,8 @@ def walk(arrays: dict, tokens: int, topk: int, seed: int) -> np.ndarray:
         np.add.at(mean_p[l], succ[l].ravel(), (pop[max(l - 1, 0)][:, None] * succ_p[l]).ravel())
     udepth, ufresh = rng.random((T, L, K)), rng.random((T, L, K))
     ids = np.zeros((T, L, K), dtype=np.int64)
-    _walk(stack, pos, remain, urn, pop, np.asarray(arrays["affinity"], dtype=np.float64),
+    _walk(stack, pos, remain, urn, pop, np.asarray(arrays["choice"], dtype=np.float64),
+          np.asarray(arrays["affinity"], dtype=np.float64),
           succ, succ_p, mean_p, udepth, ufresh, ids)
     return ids
 
