@@ -14,16 +14,16 @@ from moetier.measure import sweep as S
 TINY = "tiny-ci-cpu"
 STEPS = 20
 PATH = [
-    {"name": "reference: lfu alone", "sets": ['policy.ram_evict="lfu"'], "alone": True},
+    {"name": "reference: lru alone", "sets": ['policy.ram_evict="lru"'], "alone": True},
     {"name": "start", "sets": []},
     {"name": "+ no prefetch", "sets": ["policy.prefetch.depth=0"]},
     {"name": "+ two more drives", "hw": {"nvme_scale": 3.0}},
-    {"name": "+ layer partition", "sets": ['policy.ram_partition="layer"']},
+    {"name": "+ one RAM tier for all layers", "sets": ['policy.ram_partition="global"']},
     {"name": "a second gpu", "why": "not expressible"},
 ]
-STACKED = [(['policy.ram_evict="lfu"'], {}), ([], {}), (["policy.prefetch.depth=0"], {}),
+STACKED = [(['policy.ram_evict="lru"'], {}), ([], {}), (["policy.prefetch.depth=0"], {}),
            (["policy.prefetch.depth=0"], {"nvme_scale": 3.0}),
-           (["policy.prefetch.depth=0", 'policy.ram_partition="layer"'], {"nvme_scale": 3.0})]
+           (["policy.prefetch.depth=0", 'policy.ram_partition="global"'], {"nvme_scale": 3.0})]
 
 
 def replay(sets, hw, conc):
