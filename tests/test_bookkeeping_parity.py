@@ -87,3 +87,38 @@ def test_a_push_in_flight_keeps_its_ram_copy_under_the_compiled_eviction():
     led.land(t)
     assert not led._pushing and led.state_of(1) == "vram"
     led.check()
+
+
+@pytest.mark.parametrize("exclusive", [True, False], ids=["exclusive", "inclusive"])
+def test_ticket_path_evicts_as_the_plain_victim_search(exclusive):
+    """The runtime's door (begin_fill / begin_push / land / abort, pushes left in flight across layers) under the
+    compiled evictions against the same ledger asking victim(k, ok): the same states, slots and counters after
+    every operation of a long random run."""
+    kw = dict(exclusive=exclusive, ram_policy="lfu", vram_policy="dlfu", ram_partition="layer", layers=4, experts=16)
+    fast, plain = Ledger(64, 10, 14, **kw), Ledger(64, 10, 14, **kw)
+    plain._rfast = plain._vfast = False
+    rng = np.random.default_rng(5)
+    tickets = {"fast": [], "plain": []}
+    for op in range(6000):
+        layer = int(rng.integers(4))
+        picks = {int(k): 1 for k in layer * 16 + rng.choice(16, size=int(rng.integers(1, 5)), replace=False)}
+        kind, key = rng.integers(4), int(rng.choice(list(picks)))
+        for name, led in (("fast", fast), ("plain", plain)):
+            s, out = led.state_of(key), tickets[name]
+            if kind == 0 and s == "absent":
+                led.land(led.begin_fill(key), picks)
+            elif kind == 1 and s == "ram":
+                t = led.begin_push(key, picks)
+                if t is not None:
+                    out.append(t)
+            elif kind == 2 and out:                    # the oldest push in flight lands (or fails)
+                t = out.pop(0)
+                led.abort(t) if op % 7 == 0 else led.land(t, picks)
+            for d in led.take_drains():
+                led.land(d, picks)
+            led.ram_hit([k for k in picks if led.state_of(k) == "ram"])
+        assert fast.state == plain.state, f"operation {op}: the states differ"
+        assert fast.clock.slot_of == plain.clock.slot_of and fast.counters == plain.counters, f"operation {op}"
+        assert fast._pushing == plain._pushing
+    assert fast.counters["ram_evictions"] > 300 and fast.counters["vram_evictions"] > 100
+    fast.check()

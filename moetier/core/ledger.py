@@ -163,11 +163,10 @@ class Ledger:
         if self.vram_slots == 0:
             raise ResidencyError(f"begin_push({key}): no VRAM tier")
         state = self.state
-        slot = self.clock.find_victim_slot(protect, state, key)
+        slot, victim = self.clock.take(key, protect, state, self._pins(protect, self._pushing) if self._vfast else None)
         if slot < 0:
             self.counters["refused_admissions"] += 1
             return None
-        victim = self.clock.place(slot, key)
         state[key] = PUSHING
         self._pushing.add(key)
         if victim >= 0:
@@ -212,15 +211,16 @@ class Ledger:
         ram_put = self._lru_put if self._lru_fast else self._ram_put
         admitted = 0
         for key in keys:
-            # with pins: the victim and the placement in one policy call
-            slot, victim = clock.admit(key, pins) if pins is not None else (find(protect, state, key), -1)
+            if vpol:
+                slot, victim = clock.take(key, protect, state, pins)   # a replacement policy orders the slots
+            else:
+                slot = find(protect, state, key)
+                victim = owner[slot] if slot >= 0 else -1
             if slot < 0:
                 counters["refused_admissions"] += 1
                 continue
-            if pins is None and vpol:
-                victim = clock.place(slot, key)  # a replacement policy orders the slots
-            elif pins is None:
-                victim = owner[slot]             # Clock.place, inlined: this runs per admission in the simulator
+            if not vpol:
+                # Clock.place, inlined: this runs per admission in the simulator
                 if victim >= 0:
                     del slot_of[victim]
                 owner[slot] = key

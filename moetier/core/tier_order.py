@@ -54,6 +54,12 @@ class Clock:
             h = h + 1 if h + 1 < n else 0
         return -1
 
+    def take(self, key: int, protect, state, pins=None) -> tuple[int, int]:
+        """A slot for ``key``, placed: (slot, the key it evicted or -1), or (-1, -1) when every slot is pinned.
+        ``pins``: see PolicySlots.take (CLOCK does not use it)."""
+        slot = self.find_victim_slot(protect, state, key)
+        return (slot, self.place(slot, key)) if slot >= 0 else (-1, -1)
+
     def place(self, slot: int, key: int) -> int:
         """Put key in slot (reference bit set); return the previous owner or -1."""
         old = self.owner[slot]
@@ -88,14 +94,12 @@ class PolicySlots(Clock):
             return -1
         return self.slot_of[v]
 
-    def admit(self, key: int, pins) -> tuple[int, int]:
-        """``find_victim_slot`` + ``place`` where ``pins`` (an int64 array: the layer's picks and the keys
-        mid-push) are all that keeps a key, in one call of the policy's ``evict_for``: (slot, evicted key or -1),
-        or (-1, -1) when every slot is pinned."""
+    def take(self, key: int, protect, state, pins=None) -> tuple[int, int]:
+        """Clock.take; ``pins`` (an int64 array: ``protect`` and the keys mid-push, all that keeps a key) where the
+        policy has ``evict_for``: the victim and the placement in one compiled call."""
         slot_of = self.slot_of
-        if len(slot_of) < self.n:
-            slot = self.owner.index(-1)
-            return slot, self.place(slot, key)
+        if pins is None or len(slot_of) < self.n:
+            return super().take(key, protect, state)
         v = self.pol.evict_for(key, pins)
         if v is None:
             return -1, -1

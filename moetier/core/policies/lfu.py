@@ -4,13 +4,14 @@ Contract
 --------
 The policy interface of moetier.core.policies.residency (insert / hit / remove / victim, ``in``, ``len``) plus
 ``hit_many(keys)``, the hits of one layer call in one compiled call, ``replace(old, new)``, an eviction's
-remove and insert in one, and, for a tier whose only pins are ``pins`` (the ledger's case while no key of the tier
-is mid-transfer), ``evict_for(k, pins)`` (victim, remove and insert in one call) and ``put(k, pins, cap)`` (the
-same, or an insert while fewer than ``cap`` keys are resident). Order: the resident key with the least
-(score, tick, key) goes first; a use adds ``2^(tick / halflife)`` to the key's count (``halflife`` 0: 1), the decay
-as a growing weight instead of shrinking every count (same order, O(1)); ``tick`` counts the policy's uses, and
-when the weight passes 1e200 every count is divided by it and ``tick`` restarts at 0. Counts outlive eviction (a
-key's history follows it); a resident key's score is its count at its last use (or at the last renormalisation).
+remove and insert in one, and, for a tier where the keys in ``pins`` are all that may not go (the ledger's: the
+layer's picks and the keys mid-push), ``evict_for(k, pins)`` (victim, remove and insert in one call) and
+``put(k, pins, cap)`` (the same, or an insert while fewer than ``cap`` keys are resident). Order: the resident
+key with the least (score, tick, key) goes first; a use adds ``2^(tick / halflife)`` to the key's count
+(``halflife`` 0: 1), the decay as a growing weight instead of shrinking every count (same order, O(1)); ``tick``
+counts the policy's uses, and when the weight passes 1e200 every count is divided by it and ``tick`` restarts at 0.
+Counts outlive eviction (a key's history follows it); a resident key's score is its count at its last use (or at
+the last renormalisation).
 ``victim(k, ok)`` is never told no: it returns the first key in that order with ``ok(key)``, or None.
 
 Array state (keys are ``base + i``, ``i`` < the arrays' width, which grows on demand):
@@ -101,8 +102,8 @@ def _next(fs, iv, st, s0, t0, i0):
 @njit(cache=True)
 def _evict_for(fs, iv, st, halflife, pins, base, i):
     """The resident index with the least (score, tick, index) whose key (base + index) is not in ``pins`` (an
-    int64 array of keys, a layer's few) is replaced by index i; returns it, or -1 (nothing replaced) when every resident key is
-    pinned."""
+    int64 array of keys, a layer's few) is replaced by index i; returns it, or -1 (nothing replaced) when every
+    resident key is pinned."""
     best, bs, bt = -1, 0.0, 0
     for j in range(st[1]):
         r = iv[2, j]
