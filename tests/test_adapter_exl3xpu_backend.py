@@ -105,3 +105,17 @@ def test_a_key_with_a_write_back_in_flight_is_not_evicted_again(st):
     with pytest.raises(TransportError, match=r"^exl3xpu backend: key 5 already has a write-back in flight \(vr_busy\)"):
         be.drain(5, 0, 4)
     be.close()
+
+
+def test_close_frees_the_pool_after_a_reader_close_that_fails(st):
+    be = backend(st)
+    pool, real = be.pool, be.reader.close
+
+    def reader_close_fails():     # a fake failure after the real close: the descriptor is gone either way
+        real()
+        raise OSError("fake: the reader failed to close")
+    be.reader.close = reader_close_fails
+    with pytest.raises(OSError, match="fake: the reader failed"):
+        be.close()
+    assert pool._closed, "the slot pool was left open after the reader's failed close"
+    assert be.pool is None and be._host is None

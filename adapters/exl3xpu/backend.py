@@ -48,6 +48,7 @@ from adapters.exl3xpu import blob, surface
 from adapters.exl3xpu.ring import Ring
 from moetier.bytes.expert import EXL3
 from moetier.bytes.pool import PAGE, BufferSlotPool
+from moetier.bytes.teardown import close_all
 from moetier.bytes.transport import Reader, TransportError
 from moetier.run.contract import BackendUnavailable, Capabilities
 
@@ -308,11 +309,11 @@ class XpuBackend(EngineLanes):
 
     def close(self) -> None:
         self.fence()
-        self.reader.close()
-        self.pool.close()
-        self._host = self.pool = self.arena = self.ring = self._peek = None    # the allocations are freed
-        if self._owns_ops and hasattr(self.ops, "close"):
-            self.ops.close()
+        ops_close = self.ops.close if self._owns_ops and hasattr(self.ops, "close") else None
+        try:
+            close_all((self.reader.close, self.pool.close, ops_close))    # a failed one leaks none after it
+        finally:
+            self._host = self.pool = self.arena = self.ring = self._peek = None    # the allocations are freed
 
 
 def open_backend(store, *, ram_slots: int, vram_slots: int = 0, **kw) -> XpuBackend:

@@ -27,6 +27,7 @@ import numpy as np
 
 from adapters.engine_lanes import EngineLanes
 from moetier.bytes.expert import EXL3
+from moetier.bytes.teardown import close_all
 from moetier.bytes.transport import Reader, SlotPool
 from moetier.run.contract import BackendUnavailable, Capabilities
 
@@ -123,7 +124,9 @@ class EngineBackend(EngineLanes):
 
     def close(self) -> None:
         self.fence()
-        self.reader.close()
+        close_all((self.reader.close, self._unregister))    # a failed reader close leaves the pool pinned otherwise
+
+    def _unregister(self) -> None:
         if self._registered:
             self.torch.cuda.cudart().cudaHostUnregister(self.pool.base)
             self._registered = False

@@ -44,10 +44,6 @@ INSTALL_HINT = "pip install 'moetier[cuda12]' (or 'moetier[cuda13]' for a CUDA 1
 
 
 
-def _none() -> None:
-    """The close of a lane the backend never opened."""
-
-
 def _import_cupy():
     try:
         import cupy  # noqa: F401
@@ -402,4 +398,4 @@ class CudaBackend(SequencedBackend):
             self._slot_event.clear()
             self.events.closed = True
             # a failed close leaks none after it: the reader's descriptor, the pinned pool
-            close_all((self.lane.close if self.lane is not None else _none, self.reader.close, self._teardown))
+            close_all((self.lane.close if self.lane is not None else None, self.reader.close, self._teardown))

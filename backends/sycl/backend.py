@@ -408,8 +408,8 @@ class SyclBackend(SequencedBackend):
             return
         self.fence()
         self._closed = self.events.closed = True
-        lane = [self.lane.close] if self.lane is not None else []
-        close_all(lane + [self.reader.close, self._drop_subs, self.pool.close])    # a failed one leaks none after it
+        lane = self.lane.close if self.lane is not None else None
+        close_all((lane, self.reader.close, self._drop_subs, self.pool.close))    # a failed one leaks none after it
 
     def _drop_subs(self) -> None:
         self._ram_sub = []
