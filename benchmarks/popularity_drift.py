@@ -87,7 +87,7 @@ def drift(R, tr, specs=("lfu", "dlfu")) -> dict:
     whole = [_top(_counts(x.astype(np.int64), E), s) for x in segs]
     across = [((whole[0] & x).sum(1) / s).mean() for x in whole[1:]]
     out = {"trace": R.trace, "share": s, "random": s / E, "within": float(np.mean(within)),
-           "across": float(np.mean(across)) if across else None, "halflife": 4.0 * s / R.topk}
+           "across": float(np.mean(across)) if across else None, "halflife": make("dlfu", s).halflife / R.topk}
     for p, (h, ev, c) in tally.items():
         out[f"hit_{p}"], out[f"core_{p}"] = h / picks, c / max(ev, 1)
     return out
