@@ -112,8 +112,8 @@ def cmd_advise(args) -> int:
         _emit(_doc(rid, out, ids, written, args))
     else:
         _print(rid, out, args)
-    for w in written:             # the form every command that writes records uses (moetier.measure.write)
-        print(f"wrote {w['kind']} {w['id']}: {w['path']}", file=sys.stderr if args.json else sys.stdout)
+    for w in written:             # the line and stream of run --record, calibrate and bench: stdout keeps the advice
+        print(f"wrote {w['kind']} {w['id']}: {w['path']}", file=sys.stderr)
     if short:
         best = ", ".join(f"C{c} {out['best'][c]['tok_s']:.2f}" for c in short if c in out["best"])
         print(f"advise: target {args.target:g} tok/s not reached at {', '.join(f'C{c}' for c in short)}; best "
