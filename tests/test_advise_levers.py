@@ -106,3 +106,8 @@ def test_searched_upgrades_gain_over_the_advice_each_from_its_own_search():
     assert rows[0]["gain"][1] == again["best"][1]["tok_s"] - base["best"][1]["tok_s"]
     assert rows[0]["sets"] == [] and "rows" not in rows[0]        # the cap is a limit of the search, not a set
     assert rows[1] == {"name": "gpu", "why": "no"}
+
+
+def test_cumulative_what_ifs_are_refused_with_a_search():
+    with pytest.raises(ValueError, match="cumulative what-ifs are a fixed path"):
+        AR.upgrade_table(TINY, concs=(1,), steps=STEPS, upgrades=PATH, search=True, cumulative=True)
