@@ -24,8 +24,9 @@ benchmarks/advise-real.json beside --out.
 
 Where a candidate's seconds go (--phases RECIPE): one rung-0 cell of the search (advise.fidelities' shortest
 replay), timed by phase (recipe resolve, trace load, Streams, seeding, warm-up replay, measured steps) in this
-fresh process, first the cell a new pool worker pays (imports and caches cold) and then warm cells (median of
---repeats, another candidate each time so that nothing is reused but what the worker keeps between cells).
+fresh process: after one tiny-ci-cpu cell has loaded the imports and compiled-code caches a worker pays once
+(``setup_s``), the recipe's first cell (its trace and Streams cold) and then warm cells (median of --repeats,
+another candidate each time so that nothing is reused but what the worker keeps between cells).
 """
 from __future__ import annotations
 
@@ -223,7 +224,7 @@ def main(argv=None) -> int:
         print(f"{a.phases}: one rung-0 cell at C{a.conc} ({doc['warmup_tokens']} warm-up tokens, "
               f"{doc['measured_steps']} measured steps); a new worker's set-up (imports, compiled-code caches, "
               f"one tiny-ci-cpu cell) {doc['setup_s']:.2f} s")
-        print(f"| phase | first cell in a worker (s) | warm cell, median of {doc['warm_cells']} (s) | share |")
+        print(f"| phase | the recipe's first cell (s) | warm cell, median of {doc['warm_cells']} (s) | share |")
         print("|---|---|---|---|")
         for k in (*PHASES, "total"):
             print(f"| {k} | {doc['first'].get(k, 0.0):.3f} | {w[k]:.3f} | {w[k] / w['total']:.0%} |")
