@@ -28,6 +28,7 @@ import numpy as np
 
 from benchmarks.compare_all import _recipe
 from moetier.core.policies.residency import make
+from moetier.traces.stats import selection_counts
 
 RECIPES = ("glm53-rtx5070-20g-nvme1", "glm53-rtx3090-55g-nvx4", "glm53-rtx3090-55g-nvx4-cold2b",
            "qwen38fn-arcb70-16g-nvx4", "qwen38fn-arcb70-32g-nvx4", "tiny-ci-cpu", "tiny-local-cpu")
@@ -39,13 +40,6 @@ def _top(counts: np.ndarray, s: int) -> np.ndarray:
     out = np.zeros(counts.shape, bool)
     np.put_along_axis(out, np.argpartition(-counts, s - 1, axis=1)[:, :s], True, axis=1)
     return out
-
-
-def _counts(ids: np.ndarray, experts: int) -> np.ndarray:
-    c = np.zeros((ids.shape[1], experts))
-    for l in range(ids.shape[1]):
-        c[l] = np.bincount(ids[:, l, :].ravel(), minlength=experts)
-    return c
 
 
 def _replay(seq: np.ndarray, spec: str, s: int, experts: int, warm: int, core: np.ndarray) -> tuple[int, int, int]:
@@ -78,13 +72,14 @@ def drift(R, tr, specs=("lfu", "dlfu")) -> dict:
     for ids in segs:
         w = min(int(R.policy.get("warmup_tokens", 1000)), len(ids) // 2)
         ids = ids[:w + MEASURED].astype(np.int64)
-        within.append(((_top(_counts(ids[:w], E), s) & _top(_counts(ids[w:], E), s)).sum(1) / s).mean())
-        core = _top(_counts(ids, E), s)
+        warm, measured = _top(selection_counts(ids[:w], E), s), _top(selection_counts(ids[w:], E), s)
+        within.append(((warm & measured).sum(1) / s).mean())
+        core = _top(selection_counts(ids, E), s)
         picks += ids[w:].size
         for p in specs:
             for l in range(ids.shape[1]):
                 tally[p] += _replay(ids[:, l, :], p, s, E, w, core[l])
-    whole = [_top(_counts(x.astype(np.int64), E), s) for x in segs]
+    whole = [_top(selection_counts(x.astype(np.int64), E), s) for x in segs]
     across = [((whole[0] & x).sum(1) / s).mean() for x in whole[1:]]
     out = {"trace": R.trace, "share": s, "random": s / E, "within": float(np.mean(within)),
            "across": float(np.mean(across)) if across else None, "halflife": make("dlfu", s).halflife / R.topk}

@@ -7,11 +7,11 @@ import pytest
 
 from moetier.cli.main import main
 from moetier.errors import UserError
-from moetier.traces.fit import TOLERANCE, _counts, _depth_law, check_fit, fit_trace, measure
+from moetier.traces.fit import TOLERANCE, _depth_law, check_fit, fit_trace, measure
 from moetier.traces.format import Trace, save_trace
 from moetier.traces.gen import GenParams, generate
 from moetier.traces.layergen import LayerParams, choice_share, exact_counts, generate_layers, transition, walk
-from moetier.traces.stats import layer_cache_curves, lru_hits, norm_entropy, stack_depths
+from moetier.traces.stats import layer_cache_curves, lru_hits, norm_entropy, selection_counts, stack_depths
 
 GEO = dict(layers=4, experts=32, topk=4, tokens=600, segments=2)
 
@@ -157,12 +157,12 @@ def test_the_choice_share_holds_the_popularity_and_the_depth_schedule(reuse, bro
     else:
         assert np.median(share[:, :, K:]) > 0.9              # every pick a popularity draw
     succ, cnt = transition(ids, E, 2 * K)
-    arrays = {"depth_p": _depth_law(m["depth"], D), "popularity": _counts(ids, E), "affinity": np.zeros(L),
+    arrays = {"depth_p": _depth_law(m["depth"], D), "popularity": selection_counts(ids, E), "affinity": np.zeros(L),
               "successors": succ, "successor_counts": cnt}
 
     def errors(choice):
         gen = walk(arrays | {"choice": choice}, T, K, 0)
-        entropy = np.array([norm_entropy(c) for c in _counts(gen, E)])
+        entropy = np.array([norm_entropy(c) for c in selection_counts(gen, E)])
         lru = [measure(x[i * q:(i + 1) * q], np.array([0, q]), E, predictability=False)["lru"][:, K - 1]
                for x in (gen, ids) for i in range(4)]
         return np.abs(entropy - m["entropy_norm"]).max(), np.abs(np.subtract(lru[:4], lru[4:])).max()

@@ -35,7 +35,8 @@ import numpy as np
 from moetier.errors import UserError
 from moetier.traces.format import Trace
 from moetier.traces.layergen import AFFINITY_MAX, LayerParams, choice_share, transition, walk
-from moetier.traces.stats import _top1_repeat, drop_masked, next_layer_recall, norm_entropy, stack_depths
+from moetier.traces.stats import (_top1_repeat, drop_masked, next_layer_recall, norm_entropy, selection_counts,
+                                  stack_depths)
 
 __all__ = ["fit_trace", "measure", "check_fit", "TOLERANCE", "format_fit", "STATISTICS"]
 
@@ -61,7 +62,7 @@ def measure(ids: np.ndarray, segments: np.ndarray, experts: int, *, predictabili
     depth = stack_depths(ids, D)
     first = np.zeros(T, dtype=bool)
     first[np.asarray(segments, dtype=np.int64)[:-1]] = True
-    counts = np.bincount((np.arange(L)[None, :, None] * E + ids).ravel(), minlength=L * E).reshape(L, E)
+    counts = selection_counts(ids, E)
     out = {"sizes": list(range(1, D + 1)), "depth": depth,
            "lru": np.stack([(depth < s).mean(axis=(0, 2)) for s in range(1, D + 1)], axis=1),
            "top1_repeat": _top1_repeat(ids, first), "entropy_norm": np.array([norm_entropy(c) for c in counts]),
@@ -104,12 +105,6 @@ def _depth_law(depth: np.ndarray, D: int) -> np.ndarray:
     return np.bincount(key.ravel(), minlength=L * K * (D + 1)).reshape(L, K, D + 1) / T
 
 
-def _counts(ids: np.ndarray, experts: int) -> np.ndarray:
-    """Selection counts [L, E]."""
-    T, L, K = ids.shape
-    return np.bincount((np.arange(L)[None, :, None] * experts + ids).ravel(), minlength=L * experts).reshape(L, -1)
-
-
 def _toward(weights: np.ndarray, got: np.ndarray, want: np.ndarray) -> np.ndarray:
     """Popularity weights a step toward selection counts ``want`` from the counts ``got`` they gave (half the
     log-ratio, so noise in one trace does not swing them), each layer's total kept; 0 stays 0."""
@@ -134,7 +129,7 @@ def _polish(src: dict, arrays: dict, counts: np.ndarray, T: int, K: int, E: int,
     best, keep = (np.inf,), (a, weights)
     for _ in range(_POLISH_STEPS):
         gen = walk(arrays | {"affinity": a, "popularity": weights}, T, K, seed)
-        c = _counts(gen, E)
+        c = selection_counts(gen, E)
         miss = _miss(np.array([norm_entropy(x) for x in c]), src["entropy_norm"], "entropy_norm")
         got = _predictability(gen, E) if pred is not None else None
         if got is not None:
@@ -167,7 +162,7 @@ def fit_trace(trace: Trace, experts: int, *, seed: int = 0, rounds: int = 2) -> 
     succ, cnt = transition(ids, E, SUCCESSORS_PER_TOPK * K)
     law = [[[round(float(x), 6) for x in row] for row in q] for q in _depth_law(src["depth"], D)]   # as in JSON
     arrays = {"depth_p": np.array(law), "choice": np.round(choice_share(ids, E, D), 4), "affinity": np.zeros(L),
-              "successors": succ, "successor_counts": cnt, "popularity": _counts(ids, E)}
+              "successors": succ, "successor_counts": cnt, "popularity": selection_counts(ids, E)}
     # per layer, all layers on one generated trace a step: affinity by bisection on the layer's predictability
     # (each pass brackets the last pass's best value more narrowly, and keeps the best value it tried), and the
     # popularity weights a step toward the source's selection counts
@@ -189,7 +184,7 @@ def fit_trace(trace: Trace, experts: int, *, seed: int = 0, rounds: int = 2) -> 
             best[better], best_x[better] = err[better], x[better]
             up = got < target
             lo, hi = np.where(up, x, lo), np.where(up, hi, x)
-            weights = _toward(weights, _counts(gen, E), counts)
+            weights = _toward(weights, selection_counts(gen, E), counts)
         a = best_x
     a = np.round(a, 4)
     # last, both a step at a time; where a row is still outside tolerance, again with the first layer's coherence

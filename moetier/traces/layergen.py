@@ -59,6 +59,7 @@ from numba import njit
 
 from moetier.errors import UserError
 from moetier.traces.format import Trace, ids_dtype
+from moetier.traces.stats import selection_counts
 
 __all__ = ["LayerParams", "generate_layers", "walk", "MODEL", "exact_counts", "transition", "choice_share"]
 
@@ -255,7 +256,7 @@ def choice_share(ids: np.ndarray, experts: int, depth: int) -> np.ndarray:
     ids = np.asarray(ids, dtype=np.int64)
     T, L, K = ids.shape
     E, D = int(experts), int(depth)
-    counts = np.stack([np.bincount(ids[:, l].ravel(), minlength=E) for l in range(L)]).astype(np.float64)
+    counts = selection_counts(ids, E).astype(np.float64)
     pop = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
     found, found2, picked, n = np.zeros((4, L, K, D + 1))
     _found_at_depths(ids, pop, D, found, found2, picked, n)

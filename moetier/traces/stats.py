@@ -54,7 +54,7 @@ import numpy as np
 from moetier.errors import UserError
 from moetier.traces.format import Trace
 
-__all__ = ["stats", "drop_masked", "norm_entropy", "lru_hits", "belady_hits", "default_cache_sizes", "next_use",
+__all__ = ["stats", "drop_masked", "norm_entropy", "selection_counts", "lru_hits", "belady_hits", "default_cache_sizes", "next_use",
            "REUSE_BUCKETS", "FINE_BUCKETS", "layer_cache_curves", "stack_depths", "next_layer_recall",
            "default_layer_sizes"]
 
@@ -142,6 +142,12 @@ def belady_hits(seq, size: int, nxt: np.ndarray | None = None) -> int:
             heap = [(-v, kk2) for kk2, v in cur.items()]
             heapq.heapify(heap)
     return hits
+
+
+def selection_counts(ids: np.ndarray, experts: int) -> np.ndarray:
+    """How often each expert was picked, per layer: [L, experts] (int64) over ids [tokens, layers, top-k]."""
+    L = ids.shape[1]
+    return np.bincount((np.arange(L)[None, :, None] * experts + ids).ravel(), minlength=L * experts).reshape(L, -1)
 
 
 def norm_entropy(c: np.ndarray) -> float:
@@ -313,7 +319,7 @@ def stats(trace: Trace, experts: int, cache_sizes=None, *, cache: bool = True, p
     first = np.zeros(T, dtype=bool)
     first[seg[:-1]] = True
 
-    counts = np.bincount((np.arange(L)[None, :, None] * E + ids).ravel(), minlength=L * E).reshape(L, E)
+    counts = selection_counts(ids, E)
     rd_counts, rd_layer, fine_layer = _reuse_distances(ids, seg_of, E)
     nxt = next_layer_recall(ids, E) if L > 1 else None
     n_sizes = len(cache_sizes) if cache_sizes is not None else len(default_cache_sizes(L, E))
