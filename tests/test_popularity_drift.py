@@ -33,3 +33,16 @@ def test_a_request_with_other_hot_experts_overlaps_less():
     ids[T // 2:] = E - 1 - ids[T // 2:]                      # the second request's popularity reversed
     x = drift(R, Trace(ids=ids, segments=tr.segments))
     assert x["across"] <= 0.25 and x["within"] >= 0.75
+
+
+def test_the_replay_counts_a_hand_worked_sequence_exactly():
+    """Two slots, one pick a token, under plain LFU: t0 0 enters, t1 1 enters, t2 0 hits (count 2), t3 2 evicts 1
+    (count 1 against 2), t4 1 evicts 2 (0 holds count 2, 2 count 1), t5 0 hits. Only tokens past the warm-up
+    count."""
+    from benchmarks.popularity_drift import _replay
+    seq = np.array([[0], [1], [0], [2], [1], [0]])
+    core = np.array([True, False, False])
+    assert _replay(seq, "lfu", 2, 3, 1, core) == (2, 2, 0)        # hits at t2 and t5; evictions 1, then 2
+    core = np.array([False, True, True])
+    assert _replay(seq, "lfu", 2, 3, 1, core) == (2, 2, 2)        # both evictions of a core expert
+    assert _replay(seq, "lfu", 2, 3, 3, core) == (1, 2, 2)        # warm-up 3: only t5's hit counts
