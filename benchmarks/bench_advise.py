@@ -194,6 +194,20 @@ def phases(rid: str, conc: int, repeats: int) -> dict:
             "first": first, "warm_median": med, "warm_cells": len(warm)}
 
 
+def real_rows(doc: dict) -> tuple[list[str], list[str]]:
+    """The --real tables' rows (markdown) from advise-real.json: measured per recipe, and the paired ratios."""
+    measured = []
+    for c in CONCS:
+        for side in ("shipped", "advised"):
+            p = doc["recipes"][side][str(c)]
+            measured.append(f"| C{c} | {p['recipe']} | {p['measured_median']:.2f} ({p['measured_min']:.2f}-"
+                            f"{p['measured_max']:.2f}) | {p['sim_tok_s']:.2f} | {p['sim_interval']['low']:.2f}-"
+                            f"{p['sim_interval']['high']:.2f} | {'yes' if p['inside'] else 'no'} |")
+    paired = [f"| C{c} | {p['median']:.3f} ({min(p['ratios']):.3f}-{max(p['ratios']):.3f}) | "
+              f"{p['advised_faster']} of {len(p['ratios'])} | {p['predicted']:.3f} |" for c, p in doc["paired"].items()]
+    return measured, paired
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipes", nargs="+", help="recipe ids (default: every shipped glm53-* and qwen38fn-*)")
@@ -233,20 +247,14 @@ def main(argv=None) -> int:
         doc = real(a.real, a.advised or f"{a.shipped}-advised", a.repeats, a.run_steps, a.shipped)
         _write_json(Path(a.out).with_name("advise-real.json"), doc)
         print(f"measured decode tok/s, {a.repeats} interleaved repeats of {a.run_steps} steps, store {a.real}")
+        measured, paired = real_rows(doc)
         print("| conc | recipe | measured median (min-max) | predicted | interval | inside |")
         print("|---|---|---|---|---|---|")
-        for c in CONCS:
-            for side in ("shipped", "advised"):
-                p = doc["recipes"][side][str(c)]
-                print(f"| C{c} | {p['recipe']} | {p['measured_median']:.2f} ({p['measured_min']:.2f}-"
-                      f"{p['measured_max']:.2f}) | {p['sim_tok_s']:.2f} | {p['sim_interval']['low']:.2f}-"
-                      f"{p['sim_interval']['high']:.2f} | {'yes' if p['inside'] else 'no'} |")
+        print("\n".join(measured))
         print("\nadvised / shipped, paired by round")
         print("| conc | measured ratio, median (min-max) | rounds the advice was faster | predicted ratio |")
         print("|---|---|---|---|")
-        for c, p in doc["paired"].items():
-            print(f"| C{c} | {p['median']:.3f} ({min(p['ratios']):.3f}-{max(p['ratios']):.3f}) | "
-                  f"{p['advised_faster']} of {len(p['ratios'])} | {p['predicted']:.3f} |")
+        print("\n".join(paired))
         return 0
     recipes = a.recipes or shipped()
     rows = []

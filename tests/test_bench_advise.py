@@ -49,3 +49,16 @@ def test_real_without_the_advice_is_one_line_before_any_run(tiny_ci_store):
     with pytest.raises(SystemExit) as e:
         b.real(tiny_ci_store, "nobody", 1, 6, shipped_id="tiny-ci-cpu")
     assert "nobody-c1" in str(e.value) and "moetier advise tiny-ci-cpu" in str(e.value)
+
+
+def test_the_real_machine_tables_in_the_docs_are_advise_real_json():
+    """docs/advise.md and benchmarks/advise.md quote the --real run: every row is what bench_advise prints from
+    benchmarks/advise-real.json, so a rerun that is not copied into both fails here."""
+    import json
+    root = Path(__file__).resolve().parents[1]
+    measured, paired = b.real_rows(json.loads((root / "benchmarks" / "advise-real.json").read_text()))
+    assert len(measured) == 6 and len(paired) == 3
+    for doc in ("docs/advise.md", "benchmarks/advise.md"):
+        lines = (root / doc).read_text(encoding="utf-8").splitlines()
+        missing = [r for r in measured + paired if r not in lines]
+        assert not missing, f"{doc}: rows not in benchmarks/advise-real.json's run: {missing}"
