@@ -75,8 +75,9 @@ def upgrade_table(recipe: str, base: dict | None = None, *, concs, steps, upgrad
     """One row per what-if (module docstring). ``upgrades``: [{name, sets (recipe overrides), hw
     (advise.upgrade_recipe's edits), ram_gb (a RAM cap, None: unchanged), alone (true: on the recipe alone, not
     carried to the next)}] or {name, why}; default advise.upgrades of ``base``'s start. ``search``: search each
-    what-if again (``lim``, ``n``, ``seed``) or replay the recipe with it as it is (a fixed path, such as
-    examples/levers.py's). ``cumulative``: each what-if on top of the ones before it (a fixed path only: a search
+    what-if again (``lim``, ``n``, ``seed``; its best as found: ``advise.simplify`` runs on the advice alone, and
+    only ever raises a best, so a gain here can read a little low) or replay the recipe with it as it is (a fixed
+    path, such as examples/levers.py's). ``cumulative``: each what-if on top of the ones before it (a fixed path only: a search
     sizes RAM per what-if, so earlier RAM caps would not carry)."""
     if cumulative and search:
         raise ValueError("upgrade_table: cumulative what-ifs are a fixed path; expected search=False with them")
