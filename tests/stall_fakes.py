@@ -21,6 +21,7 @@ class FakeStopsLanding:
         self.gate = threading.Event()
         self.blocked: list = []       # the verbs that blocked
         self.closing = False
+        self.landed_before_compute = None   # how many transfers had landed when the first layer computed
         self.made.append(self)
 
     def __getattr__(self, name):        # telemetry, workers, parallel_min: the real backend's
@@ -34,6 +35,8 @@ class FakeStopsLanding:
         self.gate.wait()
 
     def compute(self, lane, jobs, x):
+        if self.landed_before_compute is None:
+            self.landed_before_compute = len(self.seen)
         return self._inner.compute(lane, jobs, x)
 
     def fill(self, key, slot, *, prefetch=False):

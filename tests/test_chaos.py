@@ -82,7 +82,7 @@ def test_a_fence_that_never_returns_stops_the_run_with_one_line(packed):
 
 
 def test_chaos_at_a_stall_rate_that_stalls_every_seeding_ends_after_max_runs(packed):
-    """At 5% stalls seeding's 146 reads all but always stall, so no run computes a layer output: the loop must
+    """At 5% stalls seeding's reads all but always stall, so no run computes a layer output: the loop must
     end by its run bound (it once spun forever waiting for layer steps that never came)."""
     R, st, tr = _recipe(packed)
     fig = chaos(R, st, tr, layer_steps=200, rate=0.0, stall_rate=0.05, steps_per_run=40, stall_timeout_s=0.1,
@@ -170,14 +170,31 @@ def test_peak_rss_is_the_processs_own_not_its_parents():
     del big
 
 
-@pytest.mark.parametrize("after", [0, 1, 146, 147, 400, 700])
-def test_every_wait_is_bounded_when_a_backend_stops_landing(packed, monkeypatch, after):
-    """Whichever wait of a run meets the first transfer that never lands - one of seeding's 146 reads, a layer's
-    first or a later one, the closing fence - the run stops with the stall line within the timeout, never hangs."""
+@pytest.fixture(scope="module")
+def seeding_reads(packed):
+    """How many transfers land before the first layer computes (seeding's reads), measured on a backend that keeps
+    landing, so the boundary cases below follow the recipe instead of a number written here."""
+    R, st, tr = _recipe(packed)
+    be = FakeStopsLanding(st, ram_slots=min(R.keys, R.ram_slots) + runtime.headroom_slots(R, 1))
+    be.after = 10 ** 9
+    try:
+        runtime.run(R, st, be, tr, 1, max_steps=1, wait_timeout_s=30)
+    finally:
+        be.release()
+    assert be.landed_before_compute and be.landed_before_compute > 1
+    return be.landed_before_compute
+
+
+@pytest.mark.parametrize("after", ["0", "1", "seeding-1", "seeding", "400", "700"])
+def test_every_wait_is_bounded_when_a_backend_stops_landing(packed, monkeypatch, seeding_reads, after):
+    """Whichever wait of a run meets the first transfer that never lands - one of seeding's reads (its first,
+    second or last), a layer's first or a later one, the closing fence - the run stops with the stall line within
+    the timeout, never hangs."""
     import time
     from moetier.errors import UserError
+    n = _landings(after, seeding_reads)
     R, st, tr = _recipe(packed)
-    monkeypatch.setattr(FakeStopsLanding, "after", after)
+    monkeypatch.setattr(FakeStopsLanding, "after", n)
     monkeypatch.setattr(FakeStopsLanding, "made", [])
     be = FakeStopsLanding(st, ram_slots=min(R.keys, R.ram_slots) + runtime.headroom_slots(R, 1))
     t0 = time.perf_counter()
@@ -188,6 +205,15 @@ def test_every_wait_is_bounded_when_a_backend_stops_landing(packed, monkeypatch,
         be.release()
     assert "stalled" in str(e.value) or "fence did not return" in str(e.value), str(e.value)
     assert "\n" not in str(e.value) and time.perf_counter() - t0 < 60
+    if n < seeding_reads:
+        assert be.landed_before_compute is None     # it stopped inside seeding: no layer ever computed
+    elif n == seeding_reads:
+        assert be.landed_before_compute == n        # seeding finished; the first layer's transfers stalled
+
+
+def _landings(name: str, seeding: int) -> int:
+    """A case's landing count: a number, or seeding's count less one."""
+    return {"seeding": seeding, "seeding-1": seeding - 1}.get(name) or int(name)
 
 
 @pytest.mark.parametrize("after", [1, 400])
