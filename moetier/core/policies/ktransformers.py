@@ -23,8 +23,9 @@ small=0.1, ghost=1.0, move=2, freq_cap=3; ``kt-wtinylfu`` window=0.1, protected=
 policies through moetier.core.policies.machine. Pure.
 
 The tier they run in: kt-kernel's TieredWeightProvider (the same file at commit
-cba709123b51915f116c144a68bc5db3b137dcd0; gone from it by 86d18f94, where the policies stay as helpers of the MESH
-runtime and of ``kt-kernel/scripts/compare_residency_policies.py``, which also replays a trace per layer) keeps
+cba709123b51915f116c144a68bc5db3b137dcd0, whose policy classes match 86d18f94's; not in the file at 86d18f94, where
+the policies are helpers of the MESH runtime and of ``kt-kernel/scripts/compare_residency_policies.py``, which
+replays a trace one layer at a time, at 39894eb7e59f179fd093d359940431fd9d3e4ae1) keeps
 ``policy_by_layer``: one policy per layer over that layer's expert ids, each of capacity ``max_tier0_experts`` ids,
 the same in every layer (``compute_max_tier0_experts``: int(budget / (layers x expert bytes))).
 ``record_activations(layer, topk_ids)`` hands the layer's policy the flattened top-k ids minus the layer's GPU

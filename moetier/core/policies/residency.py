@@ -28,8 +28,8 @@ is reclaimed: a policy with a ghost list looks the key up there first (moetier.c
 The shared parts live in moetier.core.policies.base. ``make(spec, capacity, future=None)`` builds one from a spec,
 ``parse(spec)`` checks one without building it; ``partitioned(...)`` splits a tier into per-layer
 parts (each layer ``capacity // layers`` slots, the remainder to the first layers or, ``even``, to none) with a policy
-each. ``replay(pol,
-seq)`` runs a stand-alone cache over an access sequence (hits), the known-answer harness of the tests.
+each. ``replay(pol, seq)`` runs a stand-alone cache over an access sequence (hits), the known-answer harness of the
+tests.
 """
 from __future__ import annotations
 
