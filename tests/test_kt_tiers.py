@@ -8,13 +8,17 @@ policy holds. The policies themselves are tests/policy_references.py's ``RefKT*`
 checks them one cache at a time); this file checks the structure around them: per layer, the same whole share in
 every layer, VRAM experts kept out, a layer's RAM keys exactly its policy's ids (or keys the policy dropped on a hit
 that the tier keeps until it needs the slot, moetier.core.policies.machine)."""
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from moetier.cli.common import find_path
+from moetier.core import records as spec, sim
 from moetier.core.ledger import RAM, VRAM, Ledger
 from moetier.peers import rows as P
+from moetier.traces.format import load_trace
 from tests.policy_references import KTRANSFORMERS
 
 L, E, TOPK = 4, 24, 3
@@ -123,5 +127,46 @@ def test_the_streams_tell_the_structures_apart():
 def test_the_rows_ask_for_kt_kernels_structure():
     for p in P.PEERS:
         if p.name.startswith(("ktransformers-", "textbook-")):
-            assert (p.policy["ram_partition"], p.policy["ram_share"]) == ("layer", "even"), p.name
-            assert "ram_share" not in P.recipe_policy(p, {})          # the row's split, not a recipe field
+            assert (p.policy["ram_partition"], p.policy["ram_share"], p.policy["ram_uses"]) == (
+                "layer", "even", "tokens"), p.name
+            assert not set(P.ROW_TIERS) & set(P.recipe_policy(p, {}))      # the row's options, not recipe fields
+
+
+@pytest.mark.parametrize("name", ["2q", "s3fifo", "wtinylfu"])
+@pytest.mark.parametrize("conc", [1, 4])
+@pytest.mark.parametrize("rid", ["tiny-ci-cpu", "tiny-ci-cuda"])      # no VRAM; a static VRAM (the GPU mask)
+def test_a_simulated_row_holds_what_the_provider_holds_after_every_layer(rid, name, conc):
+    # the whole replay (moetier.peers.token_feed): the row's seed (coldest first, as the ledger seeds it) and then
+    # every layer's token rows, each token's ids in order, go to the reference; after each layer the row's policies
+    # hold what it holds, and the ledger's invariants hold
+    R = spec.resolve(rid, [])
+    trace = load_trace(find_path(R.trace), layers=R.layers, experts=R.experts, topk=R.topk, model_id=R.model_id)
+    peer, Lr, Er = P.by_name(f"ktransformers-{name}"), R.layers, R.experts
+    refs = [KTRANSFORMERS[f"kt-{name}"](R.ram_slots // Lr) for _ in range(Lr)]
+    parted, layers = [], [0]
+
+    def wire(rp, streams, steps):
+        rank = P.wiring(peer, Lr, Er)(rp, streams, steps)
+        led, layer_ = rp.ledger, rp.layer
+
+        def order(ranked):
+            keys = rank(ranked)
+            for k in reversed(keys[R.vram_slots:R.vram_slots + R.ram_slots]):
+                refs[k // Er].get(k % Er)
+            return keys
+
+        def layer(l, picks, t, streams_, rows, lanes=None):
+            for i, tok in rows:
+                for k in streams_.keys[i][tok][l]:
+                    if led.state.get(k) != VRAM:
+                        refs[l].get(k - l * Er)
+            plan = layer_(l, picks, t, streams_, rows, lanes)
+            led.check()
+            layers[0] += 1
+            if {k - l * Er for k in led._rpol.parts[l].resident()} != refs[l].resident():
+                parted.append((layers[0], l))
+            return plan
+        rp.layer = layer
+        return order
+    sim.run(replace(R, policy=P.recipe_policy(peer, R.policy)), trace, conc, max_steps=40, wire=wire)
+    assert layers[0] >= 40 * Lr and not parted, f"{len(parted)} of {layers[0]} layers parted, first {parted[:3]}"

@@ -29,7 +29,7 @@ from dataclasses import replace
 from moetier.core import sim
 from moetier.core.policies.admission import admits
 from moetier.peers.gap import base_name, split, variants
-from moetier.peers.rows import DEFAULT, ORACLE, PEERS, SHIPPED, Peer, recipe_policy, replays, wiring
+from moetier.peers.rows import DEFAULT, ORACLE, PEERS, ROW_TIERS, SHIPPED, Peer, recipe_policy, replays, wiring
 
 __all__ = ["compare", "cell", "run_peer", "replay_key", "ratios"]
 
@@ -79,9 +79,9 @@ def replay_key(R, peer: Peer) -> str:
             and not peer.belady
             and not (pf.get("depth") and pf.get("predictor", "none") != "none") and pol["ram_partition"] == "global"):
         pol.pop("ram_evict", None)
-    return json.dumps([pol, peer.placement, peer.rank, peer.deal, peer.oracle, peer.policy.get("vram_partition")]
-                      + ([True] if peer.belady else []) + ([peer.policy["ram_share"]] if "ram_share" in peer.policy
-                                                           else []), sort_keys=True, default=str)
+    return json.dumps([pol, peer.placement, peer.rank, peer.deal, peer.oracle]
+                      + [peer.policy.get(k) for k in ROW_TIERS] + ([True] if peer.belady else []), sort_keys=True,
+                      default=str)
 
 
 def compare(R, trace, concs=(1, 2, 4), peers=PEERS, oracle: bool = True, max_steps: int = 0,

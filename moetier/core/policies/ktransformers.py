@@ -33,12 +33,12 @@ experts; ``_maybe_promote`` promotes in each layer the ids its own policy holds 
 docstring still says Tier0 promotes the same ids in all layers: so did the EMA hotness tracker shared by every layer
 that came before these policies, e.g. RaQiu/ktransformers at 46c76a3acd48d40211f260e77c000ea56c8571d7; none of the
 named policies ran that way.) The ``ktransformers-*`` rows (moetier.peers.rows) run this as ``ram_partition: layer``
-with ``ram_share: even``, checked against the provider in tests/test_kt_tiers.py. Where they differ, because the
-ledger has one RAM tier and the simulator one use per pick: Tier0 is the whole RAM tier (kt-kernel's other experts
-are mmap pages the OS caches; moetier's are on NVMe); a promotion follows the policy at once (kt-kernel's thread
-every ``promotion_interval_sec``, 5 s); a layer's picks are served once each, RAM hits then reads (kt-kernel records
-every token's ids in token order, so an expert two tokens pick is two accesses); the tier starts from the warm-up
-seed every row shares (kt-kernel's from empty).
+with ``ram_share: even`` and ``ram_uses: tokens`` (every token's ids in token order, moetier.peers.token_feed);
+tests/test_kt_tiers.py checks, after every layer of a simulated run, that their policies hold what the provider's
+would. Where they differ, because the ledger has one RAM tier: Tier0 is the whole RAM tier (kt-kernel's other
+experts are mmap pages the OS caches; moetier's are on NVMe); a promotion follows the policy at the end of the layer
+(kt-kernel's thread every ``promotion_interval_sec``, 5 s); the tier starts from the warm-up seed every row shares
+(kt-kernel's from empty).
 """
 from __future__ import annotations
 
