@@ -7,7 +7,8 @@ top-k ids in order, the layer's GPU experts filtered out; ``_maybe_promote`` pro
 policy holds. The policies themselves are tests/policy_references.py's ``RefKT*`` (tests/test_policy_reference.py
 checks them one cache at a time); this file checks the structure around them: per layer, the same whole share in
 every layer, VRAM experts kept out, a layer's RAM keys exactly its policy's ids (or keys the policy dropped on a hit
-that the tier keeps until it needs the slot, moetier.core.policies.machine)."""
+that the tier keeps until it needs the slot, moetier.core.policies.machine); and, through sim.run, that a row whose
+RAM uses come token by token (moetier.peers.token_feed) holds after every layer what the provider holds."""
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -54,8 +55,8 @@ class ProviderRef:
         return set(self.pol[layer].resident())
 
 
-def _ledger(name: str, ram_slots: int, peer=None):
-    peer = peer or P.by_name(f"ktransformers-{name}")
+def _ledger(name: str, ram_slots: int):
+    peer = P.by_name(f"ktransformers-{name}")
     R = SimpleNamespace(layers=L, experts=E, keys=L * E, vram_slots=sum(map(len, GPU.values())), ram_slots=ram_slots,
                         policy=P.recipe_policy(peer, {}))
     led = P.split_ledger(peer, R)
