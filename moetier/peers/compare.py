@@ -29,7 +29,7 @@ from dataclasses import replace
 from moetier.core import sim
 from moetier.core.policies.admission import admits
 from moetier.peers.gap import base_name, split, variants
-from moetier.peers.rows import DEFAULT, ORACLE, PEERS, SHIPPED, Peer, recipe_policy, replays, wiring
+from moetier.peers.rows import DEFAULT, ORACLE, PEERS, ROW_TIERS, SHIPPED, Peer, recipe_policy, replays, wiring
 
 __all__ = ["compare", "cell", "run_peer", "replay_key", "ratios"]
 
@@ -70,17 +70,18 @@ def replay_key(R, peer: Peer) -> str:
     """What a row's replay depends on beyond the recipe and trace: rows with the same key replay identically. The
     RAM replacement drops out where nothing can enter the RAM tier after seeding: NVMe picks dropped (``exact:
     mask``), a VRAM that never admits (so never drains a victim into RAM) and no prefetch; the tier then holds its
-    seed for the whole run and no replacement decision is ever made (the KTransformers rows on a lossy recipe)."""
+    seed for the whole run and no replacement decision is ever made - where the tier is one (``ram_partition:
+    global``): split per layer, a layer whose share the seed overflows has its policy choose what stays."""
     pol = {"vram_evict": "clock", "vram_admit": True, "ram_partition": "global", "ram_evict": "lru"}
     pol.update(_policy(R, peer))                 # absent: the ledger's default
     pf = pol.get("prefetch") or {}
     if (pol.get("exact") == "mask" and not admits(pol, R.vram_slots, R.layers, R.topk) and not peer.oracle
             and not peer.belady
-            and not (pf.get("depth") and pf.get("predictor", "none") != "none")):
+            and not (pf.get("depth") and pf.get("predictor", "none") != "none") and pol["ram_partition"] == "global"):
         pol.pop("ram_evict", None)
-        pol.pop("ram_partition", None)
-    return json.dumps([pol, peer.placement, peer.rank, peer.deal, peer.oracle, peer.policy.get("vram_partition")]
-                      + ([True] if peer.belady else []), sort_keys=True, default=str)
+    return json.dumps([pol, peer.placement, peer.rank, peer.deal, peer.oracle]
+                      + [peer.policy.get(k) for k in ROW_TIERS] + ([True] if peer.belady else []), sort_keys=True,
+                      default=str)
 
 
 def compare(R, trace, concs=(1, 2, 4), peers=PEERS, oracle: bool = True, max_steps: int = 0,

@@ -6,7 +6,10 @@ A ``Peer`` is what one system decides, expressed in moetier's terms so that the 
 the same recipe (lanes, links, NVMe channel, fixed time) and trace:
 
 * ``policy``: recipe policy overrides (tier replacement ``ram_evict`` / ``vram_evict`` / ``ram_partition``, the
-  prefetch predictor);
+  prefetch predictor) and the row's own tier options, which no recipe sets (``ROW_TIERS``; ``vram_partition:
+  layer``: VRAM slots per layer; ``ram_share: even``: with ``ram_partition: layer`` every layer the same whole share
+  of the RAM slots, the remainder unused; ``ram_uses: tokens``: the RAM policy sees every token's picks of a layer
+  in token order, moetier.peers.token_feed);
 * ``placement``: ``dynamic`` (VRAM admits what the GPU computed from RAM or NVMe, as moetier does) or ``static``
   (VRAM holds the warm-up's placement for the whole run: no admission);
 * ``rank``: the static placement's order: ``frequency`` (hottest keys of the held-out warm-up first, the seed every
@@ -38,10 +41,11 @@ from dataclasses import dataclass, field
 from moetier.core.ledger import ABSENT, PUSHING, RAM, VRAM, Ledger
 from moetier.core.plan import LayerPlan
 from moetier.core.policies.residency import BeladyPolicy, partitioned
+from moetier.peers import token_feed
 
 __all__ = ["Peer", "PEERS", "ORACLE", "ORACLE_STRUCTURES", "DEFAULT", "TUNED", "SHIPPED", "DEFAULT_POLICY",
-           "REFERENCE_POLICY",
-           "reference_overrides", "attach", "rank_keys", "wiring", "by_name", "replays"]
+           "REFERENCE_POLICY", "ROW_TIERS",
+           "reference_overrides", "attach", "split_ledger", "rank_keys", "wiring", "by_name", "replays"]
 
 
 @dataclass(frozen=True)
@@ -60,8 +64,11 @@ class Peer:
 _NO_PF = {"prefetch": {"depth": 0, "recall": 0.0, "predictor": "none", "budget": 8}}
 _TRANSITION = {"prefetch": {"depth": 1, "recall": 0.0, "predictor": "transition", "budget": 8}}
 
-# the KTransformers rows run kt-kernel's own policies (moetier.core.policies.ktransformers); the textbook rows the
-# published ones (moetier.core.policies.twoq, slru, sieve, s3fifo, wtinylfu) in the same structure
+# the KTransformers rows run kt-kernel's own policies (moetier.core.policies.ktransformers) in its tier structure:
+# one policy per layer over that layer's expert ids, every layer the same capacity (max_tier0_experts), fed every
+# token's ids in order (record_activations); the textbook rows the published ones (moetier.core.policies.twoq, slru,
+# sieve, s3fifo, wtinylfu) in the same structure
+_KT_TIERS = dict(_NO_PF, ram_partition="layer", ram_share="even", ram_uses="tokens")
 _SCAN_RESISTANT = ("2q", "slru", "sieve", "s3fifo", "wtinylfu")
 _AUTHORS = {"2q": "Johnson & Shasha", "slru": "Caffeine", "sieve": "Zhang et al.", "s3fifo": "libCacheSim",
             "wtinylfu": "Caffeine"}
@@ -84,10 +91,10 @@ PEERS = (
          dict(_TRANSITION, vram_evict="dlfu", ram_evict="lru"), "dynamic", "frequency", "planner"),
 ) + tuple(
     Peer(f"ktransformers-{p}", f"KTransformers: hot experts in VRAM, CPU computes the rest, kt-kernel's {p} "
-         "RAM tier per layer", dict(_NO_PF, ram_evict=f"kt-{p}", ram_partition="layer"), "static", "frequency", "cpu")
+         "RAM tier per layer", dict(_KT_TIERS, ram_evict=f"kt-{p}"), "static", "frequency", "cpu")
     for p in _SCAN_RESISTANT) + tuple(
     Peer(f"textbook-{p}", f"KTransformers' structure with the textbook {p} ({_AUTHORS[p]}) as its RAM tier per "
-         "layer", dict(_NO_PF, ram_evict=p, ram_partition="layer"), "static", "frequency", "cpu")
+         "layer", dict(_KT_TIERS, ram_evict=p), "static", "frequency", "cpu")
     for p in _SCAN_RESISTANT)
 # moetier's previous default (a global LRU RAM tier, CLOCK VRAM that always admits): the shipped recipes now run
 # DEFAULT_POLICY (docs/peers.md), and this row shows what that change is worth on each recipe
@@ -112,6 +119,7 @@ PEERS = PEERS + (TUNED, SHIPPED)
 # other: a per-layer split or a static VRAM never drains a victim into RAM, and a read ahead hides NVMe latency that
 # no replacement can (HybriMoE's prefetch beat a Belady row without one); so the oracle is the best of them
 _RECIPE = "recipe"                    # a structure field taken from the recipe's policy (recipe_policy)
+ROW_TIERS = ("vram_partition", "ram_share", "ram_uses")     # a row's own tier options (attach), not recipe fields
 
 
 def _oracle(name: str, part: str, admit, depth: int) -> Peer:
@@ -159,7 +167,7 @@ def recipe_policy(peer: Peer, policy: dict) -> dict:
     out = dict(policy)
     out.update(REFERENCE_POLICY)
     out.update({k: (policy.get(k, REFERENCE_POLICY[k]) if v == _RECIPE else v) for k, v in peer.policy.items()
-                if k != "vram_partition"})
+                if k not in ROW_TIERS})
     if peer.placement == "static":
         out["vram_admit"] = False
     return out
@@ -239,7 +247,7 @@ def attach(peer: Peer, rp, streams, steps: int) -> None:
         vpol = (partitioned("belady", R.vram_slots, L, E, fut) if part == "layer" and R.vram_slots
                 else BeladyPolicy(R.vram_slots, fut))
         if R.policy.get("ram_partition", "global") == "layer":
-            rpol = partitioned("belady", R.ram_slots, L, E, fut)
+            rpol = partitioned("belady", R.ram_slots, L, E, fut, even=peer.policy.get("ram_share") == "even")
         else:
             rpol = BeladyPolicy(R.ram_slots, fut)
         clocked = [p for pol in (vpol, rpol) for p in (pol.parts if hasattr(pol, "parts") else (pol,))]
@@ -264,14 +272,29 @@ def attach(peer: Peer, rp, streams, steps: int) -> None:
             return dealer(ledger, picks) if dealer is not None else None     # None: the planner's deal
         rp.deal = used
         return
-    elif part == "layer" and R.vram_slots:
-        old = rp.ledger
-        rp.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, exclusive=old.exclusive, ram_policy=old.ram_policy,
-                           vram_policy=partitioned(peer.policy.get("vram_evict", "lru"), R.vram_slots, R.layers,
-                                                   R.experts),
-                           ram_partition=R.policy.get("ram_partition", "global"), layers=R.layers,
-                           experts=R.experts)
+    elif (part == "layer" and R.vram_slots) or peer.policy.get("ram_share") or peer.policy.get("ram_uses"):
+        rp.ledger = split_ledger(peer, R, rp.ledger.exclusive)
+        if peer.policy.get("ram_uses") == "tokens":
+            token_feed.wire(rp)
     rp.deal = _dealer(peer, rp.ctx, R)
+
+
+def split_ledger(peer: Peer, R, exclusive: bool = True) -> Ledger:
+    """The ledger of recipe ``R`` (its policy as ``recipe_policy`` gives it) with the row's own tier splits:
+    ``vram_partition: layer`` (each layer its share of VRAM, a policy each) and ``ram_share: even`` (each layer
+    ``ram_slots // layers`` RAM slots and the remainder unused: kt-kernel gives every layer the same Tier0 capacity
+    in expert ids, ``int(budget / (layers x expert bytes))``); with ``ram_uses: tokens`` a TokenFedLedger
+    (moetier.peers.token_feed)."""
+    L, E, pol = R.layers, R.experts, R.policy
+    vpol = pol.get("vram_evict")
+    if peer.policy.get("vram_partition") == "layer" and R.vram_slots:
+        vpol = partitioned(peer.policy.get("vram_evict", "lru"), R.vram_slots, L, E)
+    rpol, rpart = pol.get("ram_evict", "lru"), pol.get("ram_partition", "global")
+    if peer.policy.get("ram_share") == "even" and rpart == "layer" and 0 < R.ram_slots < R.keys:
+        rpol = partitioned(rpol, R.ram_slots, L, E, even=True)
+    cls = token_feed.TokenFedLedger if peer.policy.get("ram_uses") == "tokens" else Ledger
+    return cls(R.keys, R.vram_slots, R.ram_slots, exclusive=exclusive, ram_policy=rpol, vram_policy=vpol,
+               ram_partition=rpart, layers=L, experts=E)
 
 
 def wiring(peer: Peer, layers: int, experts: int):

@@ -27,8 +27,9 @@ is reclaimed: a policy with a ghost list looks the key up there first (moetier.c
 
 The shared parts live in moetier.core.policies.base. ``make(spec, capacity, future=None)`` builds one from a spec,
 ``parse(spec)`` checks one without building it; ``partitioned(...)`` splits a tier into per-layer
-parts (each layer ``capacity // layers`` slots, the remainder to the first layers) with a policy each. ``replay(pol,
-seq)`` runs a stand-alone cache over an access sequence (hits), the known-answer harness of the tests.
+parts (each layer ``capacity // layers`` slots, the remainder to the first layers or, ``even``, to none) with a policy
+each. ``replay(pol, seq)`` runs a stand-alone cache over an access sequence (hits), the known-answer harness of the
+tests.
 """
 from __future__ import annotations
 
@@ -162,13 +163,15 @@ def make(spec: str, capacity: int, future: dict | None = None, base: int = 0, wi
 
 class Partitioned(_Queues):
     """One policy per layer: a key of layer l = key // experts competes only with its own layer's keys; each part
-    holds ``capacity // layers`` slots (the first ``capacity % layers`` layers one more)."""
+    holds ``capacity // layers`` slots (the first ``capacity % layers`` layers one more; with ``even`` none: every
+    layer the same share and the remainder unused, as kt-kernel sizes its Tier0 in expert ids per layer)."""
     name = "partitioned"
 
-    def __init__(self, spec: str, capacity: int, layers: int, experts: int, future: dict | None = None):
+    def __init__(self, spec: str, capacity: int, layers: int, experts: int, future: dict | None = None,
+                 even: bool = False):
         base, extra = divmod(capacity, layers)
         self.experts, self.capacity = experts, capacity
-        self.caps = [base + (1 if l < extra else 0) for l in range(layers)]
+        self.caps = [base + (1 if l < extra and not even else 0) for l in range(layers)]
         self.parts = [make(spec, max(1, c), future, l * experts, experts) for l, c in enumerate(self.caps)]
         self.name = f"{self.parts[0].name}/layer"
         if not all(hasattr(p, "put") for p in self.parts):
@@ -226,8 +229,9 @@ class Partitioned(_Queues):
 
 
 
-def partitioned(spec: str, capacity: int, layers: int, experts: int, future: dict | None = None) -> Partitioned:
-    return Partitioned(spec, capacity, layers, experts, future)
+def partitioned(spec: str, capacity: int, layers: int, experts: int, future: dict | None = None,
+                even: bool = False) -> Partitioned:
+    return Partitioned(spec, capacity, layers, experts, future, even)
 
 
 def replay(pol, seq, capacity: int | None = None) -> int:

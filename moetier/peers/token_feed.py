@@ -1,0 +1,81 @@
+"""A RAM tier used the way kt-kernel's tiered weight provider records it: every token's picks, in token order.
+
+Contract
+--------
+The simulator serves a layer's picks once each, the RAM hits first and the NVMe reads after (moetier.core.replay's
+``commit``). kt-kernel's ``TieredWeightProvider.record_activations(layer, topk_ids)`` hands the layer's residency
+policy the flattened top-k ids, token by token, so an expert two tokens pick is two uses, and a read and a hit come in
+the order the tokens named them (moetier.core.policies.ktransformers cites the source). ``TokenFedLedger`` is a
+Ledger whose RAM uses within a layer (``ram_hit``, ``fill_landed``) wait for ``flush(keys)``, which serves them in
+``keys``' order, one use per occurrence: a key read this layer is a hit from its next occurrence on. The flush comes
+after the layer computed, so it pins nothing, and a key one of its uses evicted and a later one names again comes
+back without a read (its bytes were used this layer; kt-kernel promotes and demotes only what its policy holds
+between layers). After every layer the policies then hold what kt-kernel's would (tests/test_kt_tiers.py).
+``wire(rp)`` makes a fresh ``sim.Replay`` (its ledger a TokenFedLedger) defer each layer's uses and flush them, in
+the order of the step's token rows, before the layer ends (``after_layer``). The plan, its lanes and its times are
+the simulator's: only the order and count of the RAM policy's uses change, and nothing reads the tier between the
+layer's commit and its flush. Pure.
+"""
+from __future__ import annotations
+
+from moetier.core.ledger import RAM, Ledger
+
+__all__ = ["TokenFedLedger", "wire"]
+
+
+class TokenFedLedger(Ledger):
+    """A Ledger whose RAM uses wait, between ``defer()`` and ``flush(keys)``, to be served in ``keys``' order."""
+
+    _uses = None                      # (hit keys, read keys) while deferring
+
+    def defer(self) -> None:
+        self._uses = (set(), set())
+
+    def ram_hit(self, keys) -> None:
+        if self._uses is None:
+            return super().ram_hit(keys)
+        self._uses[0].update(keys)
+
+    def fill_landed(self, key: int, protect=()) -> tuple:
+        if self._uses is None:
+            return super().fill_landed(key, protect)
+        self._uses[1].add(key)
+        return ()
+
+    def flush(self, keys) -> None:
+        """Serve the deferred uses, after the layer computed: each occurrence in ``keys`` of a key hit or read this
+        layer, in order (a key the layer computed in VRAM is not the tier's), then any the order left out. Nothing
+        is pinned (the layer is done), and a key that an earlier use this layer evicted comes back without a read:
+        its bytes were used this layer, and kt-kernel's promotions see only the policy's set between layers."""
+        hits, reads = self._uses
+        self._uses = None
+        named = set(keys)
+        used = set(hits)
+        for k in list(keys) + [k for k in (*hits, *reads) if k not in named]:
+            if k in reads:
+                reads.discard(k)
+                used.add(k)
+                super().fill_landed(k)
+            elif k in used:
+                s = self.state.get(k)
+                if s == RAM:
+                    super().ram_hit((k,))
+                elif s is None:
+                    super().fill_landed(k)
+
+
+def wire(rp) -> None:
+    """Make replay ``rp`` (its ledger a TokenFedLedger) serve each layer's RAM uses in its token rows' order."""
+    led, layer_, after_layer = rp.ledger, rp.layer, rp.after_layer
+    order: list = []
+
+    def layer(layer, picks, t, streams, rows, lanes=None):
+        order[:] = [k for i, tok in rows for k in streams.keys[i][tok][layer]]
+        led.defer()
+        return layer_(layer, picks, t, streams, rows, lanes)
+
+    def after(picks):
+        led.flush(order)
+        after_layer(picks)
+
+    rp.layer, rp.after_layer = layer, after
