@@ -443,16 +443,30 @@ def test_burst_table_comes_from_the_engine_and_mixes_between_rows():
     assert burst_table_for_rows(1, [{"id": "a"}]) == {}
 
 
+def serial_nvme(c, picks, arr, g, ahead=0.0):
+    """The kernel's serial NVMe timeline (plan_kernel._serial_nvme) over ``picks`` ({key: rows}, in arrival order,
+    due at ``arr``) after resident lanes that end at ``g`` (gpu) and 0 (cpu), with ``ahead`` ms of admissions;
+    returns its lanes and times by the LayerPlan's names."""
+    import numpy as np
+
+    from moetier.core import plan_kernel as K
+    n = len(picks)
+    idx = np.array([list(picks), list(picks.values()), [0] * n], np.int64)
+    S = np.zeros(K.S_N)
+    L, cnt, R = np.empty((6, n), np.int64), np.zeros(6, np.int64), np.zeros(K.R_N)
+    g, cpu = K._serial_nvme(K.pack(c), idx, np.array([arr[k] for k in picks]), S, np.empty(0, np.int64),
+                            np.arange(n), g, 0.0, False, ahead, 0.0, L, cnt, R)
+    return SimpleNamespace(nvme_cpu=L[K.NVME_CPU, :cnt[K.NVME_CPU]].tolist(),
+                           nvme_gpu=L[K.NVME_GPU, :cnt[K.NVME_GPU]].tolist(), gpu_ms=g, cpu_ms=cpu,
+                           nvme_wait_ms=R[K.R_NVME_WAIT], gpu_wait_ms=R[K.R_GPU_WAIT])
+
+
 def test_serial_engine_waits_for_gpu_reads_after_the_admissions_it_runs_first():
-    from moetier.core.plan import LayerPlan, _serial_nvme
     c = ctx(overlap=False, lanes={"cpu": Lane("cpu", "ram", 0.145, 5.0, 0.0)})   # a slow cpu lane: the pick goes gpu
     push = c.push_ms
 
     def run(ahead):
-        plan = LayerPlan()
-        _serial_nvme(c, plan, {500: 1}, [500], {500: 1.0}, 0.0, 0.2, 0.0, False, True, 0.0,
-                     flat(), ahead)
-        return plan
+        return serial_nvme(c, {500: 1}, {500: 1.0}, 0.2, ahead)
 
     now, later = run(0.0), run(0.5)
     assert now.nvme_gpu == later.nvme_gpu == [500]
@@ -462,15 +476,12 @@ def test_serial_engine_waits_for_gpu_reads_after_the_admissions_it_runs_first():
 
 
 def test_serial_engine_runs_the_cpu_lanes_nvme_picks_before_the_gpu_lanes():
-    from moetier.core.plan import LayerPlan, _serial_nvme
     c = ctx(overlap=False)
-    plan = LayerPlan()
     arr = {500: 1.0, 501: 1.1}
     # pick 500 (first to land) is forced onto the gpu lane by a cpu lane that cannot take it: the runtime still
     # computes 501 on the cpu lane first, then waits for 500's push
     picks = {500: 40, 501: 1}
-    _serial_nvme(c, plan, picks, [500, 501], arr, 0.0, 0.0, 0.0, False, True, 0.0,
-                 flat())
+    plan = serial_nvme(c, picks, arr, 0.0)
     assert plan.nvme_gpu == [500] and plan.nvme_cpu == [501]
     cpu_end = 1.1 + 0.145 + 0.104                                          # 501 waits for its bytes, runs
     assert plan.cpu_ms == pytest.approx(cpu_end)
@@ -480,12 +491,9 @@ def test_serial_engine_runs_the_cpu_lanes_nvme_picks_before_the_gpu_lanes():
 def test_serial_engine_charges_each_gpu_nvme_pick_a_call_of_its_own():
     """The serial runtime computes each NVMe -> VRAM pick in its own lane call (after its push), so the pick pays
     the gpu lane's per-call cost even when the lane already ran this layer."""
-    from moetier.core.plan import LayerPlan, _serial_nvme
     c = ctx(overlap=False, lanes={"cpu": None})                           # the gpu lane is the only one
-    plan = LayerPlan()
     # 0.3 ms of resident gpu work came first: the lane ran this layer, and the NVMe pick still pays per_layer
-    _serial_nvme(c, plan, {500: 1}, [500], {500: 0.0}, 0.0, 0.3, 0.0, False, True, 0.0,
-                 flat())
+    plan = serial_nvme(c, {500: 1}, {500: 0.0}, 0.3)
     assert plan.nvme_gpu == [500]
     assert plan.gpu_ms == pytest.approx(0.3 + c.push_ms + 0.17 + 0.023)
 
