@@ -452,10 +452,9 @@ def serial_nvme(c, picks, arr, g, ahead=0.0):
     from moetier.core import plan_kernel as K
     n = len(picks)
     idx = np.array([list(picks), list(picks.values()), [0] * n], np.int64)
-    S = np.zeros(K.S_N)
     L, cnt, R = np.empty((6, n), np.int64), np.zeros(6, np.int64), np.zeros(K.R_N)
-    g, cpu = K._serial_nvme(K.pack(c), idx, np.array([arr[k] for k in picks]), S, np.empty(0, np.int64),
-                            np.arange(n), g, 0.0, False, ahead, 0.0, L, cnt, R)
+    g, cpu = K._serial_nvme(K.pack(c), idx, np.array([arr[k] for k in picks]), np.zeros(K.S_N),
+                            np.empty(0, np.int64), np.arange(n), g, 0.0, False, ahead, 0.0, L, cnt, R)
     return SimpleNamespace(nvme_cpu=L[K.NVME_CPU, :cnt[K.NVME_CPU]].tolist(),
                            nvme_gpu=L[K.NVME_GPU, :cnt[K.NVME_GPU]].tolist(), gpu_ms=g, cpu_ms=cpu,
                            nvme_wait_ms=R[K.R_NVME_WAIT], gpu_wait_ms=R[K.R_GPU_WAIT])

@@ -68,7 +68,7 @@ class LayerPlan:
 
 _RESIDENT = (RAM, PUSHING, VRAM)
 _NO_DEAL = np.empty(0, np.int64)
-_NO_FLOATS = np.empty(0)
+_NO_CHANNEL = (0.0,) * 6
 
 
 def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChannel | None,
@@ -90,20 +90,19 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
     plan.t0 = t0
     n = len(picks)
     st = list(map(ledger.state.get, picks, repeat(RAM if ledger.all_in_ram else ABSENT, n)))
-    I = np.array((list(picks), list(picks.values()), st), np.int64).reshape(3, n)
     n_nv = n - st.count(RAM) - st.count(PUSHING) - st.count(VRAM)
-    fresh = 0
+    arrivals = ()
     if n_nv and not ctx.mask:
         if ctx.cpu is None and ctx.gpu is None:
             raise ValueError("no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier")
-        fresh = _arrivals(plan, [k for k, s in zip(picks, st) if s not in _RESIDENT], t0, nvme)
-    F = _floats(plan.arrivals, picks, st, llc) if llc is not None or plan.arrivals else _NO_FLOATS
-    S = np.array((t0, idle_wake(idle) if ctx.cpu_wake else 0.0,
-                  *((nvme.wake, nvme.spread, nvme.cv_own, nvme.cv_shared, nvme.lane_sd, nvme.pf_done)
-                    if nvme is not None else (0.0,) * 6),
-                  fresh, ctx.predicting,
-                  ctx.copy_serial and n_nv and ledger.exclusive and ledger.vram_full()), np.float64)
-    O, R = K.plan_kernel(P, I, F, S, _deal(picks, lanes) if lanes is not None else _NO_DEAL)
+        arrivals = _arrivals(plan, [k for k, s in zip(picks, st) if s not in _RESIDENT], t0, nvme)
+    factors = () if llc is None else [llc.factor(k) if s == RAM or s == PUSHING else 1.0 for k, s in zip(picks, st)]
+    ch = (nvme.wake, nvme.spread, nvme.cv_own, nvme.cv_shared, nvme.lane_sd, nvme.pf_done) if nvme is not None else _NO_CHANNEL
+    X = np.array((t0, idle_wake(idle) if ctx.cpu_wake else 0.0, *ch, plan.demand_reads, ctx.predicting,
+                  ctx.copy_serial and n_nv and ledger.exclusive and ledger.vram_full(), bool(arrivals),
+                  llc is not None, *arrivals, *factors), np.float64)
+    O, R = K.plan_kernel(P, np.array([*picks, *picks.values(), *st], np.int64), X,
+                         _deal(picks, lanes) if lanes is not None else _NO_DEAL)
     if ctx.read_cpu and nvme is not None and nvme.pf_done:
         nvme.pf_done = 0              # the kernel charged the prefetch reads' CPU work (_serial_host)
     _unpack(plan, O.tolist(), R.tolist())
@@ -116,9 +115,9 @@ def _check_deal(ctx, lanes) -> None:
         raise ValueError("plan_layer: lanes deal picks to a lane this recipe lacks")
 
 
-def _arrivals(plan, keys, t0, nvme) -> int:
+def _arrivals(plan, keys, t0, nvme) -> list:
     """Each NVMe pick's arrival into ``plan.arrivals``: its prefetch read where the channel has one started, else a
-    demand read issued at t0. Returns how many were read on demand."""
+    demand read issued at t0. Returns them in the order of ``keys``."""
     arr = plan.arrivals
     fresh = []
     for k in keys:
@@ -131,14 +130,7 @@ def _arrivals(plan, keys, t0, nvme) -> int:
         for k, a in zip(fresh, nvme.demand(t0, len(fresh))):
             arr[k] = a
         plan.demand_reads = len(fresh)
-    return len(fresh)
-
-
-def _floats(arr: dict, picks: dict, st: list, llc) -> np.ndarray:
-    """The kernel's ``F``: an NVMe pick's arrival, a RAM pick's host cache factor (1.0 without ``llc``)."""
-    factor = llc.factor if llc is not None else None
-    return np.array([arr.get(k, 0.0) if s not in _RESIDENT else factor(k) if factor is not None and s != VRAM else 1.0
-                     for k, s in zip(picks, st)], np.float64)
+    return [arr[k] for k in keys]
 
 
 def _deal(picks: dict, lanes: LayerPlan) -> np.ndarray:

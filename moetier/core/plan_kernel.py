@@ -2,16 +2,17 @@
 
 Contract
 --------
-``plan_kernel(P, I, F, S, D) -> (O, R)`` deals and times one layer call's picks as moetier.core.plan's docstring
+``plan_kernel(P, I, X, D) -> (O, R)`` deals and times one layer call's picks as moetier.core.plan's docstring
 says; it reads its inputs only and returns fresh arrays. ``pack(ctx)`` is ``P``, a PlanContext's terms (the
-caller keeps it while the context is unchanged). Layout:
+caller keeps it while the context is unchanged). Layout, for n picks:
 
     P  float64  ctx terms at the ``P_*`` indices below (a missing lane: its ``*_ON`` 0, its costs 0)
-    I  int64    (3, n): each pick's key, rows and ledger state (the tier the planner sees: RAM / PUSHING: ram,
-                VRAM: vram, any other: nvme), in the order of ``picks``
-    F  float64  (n,) or (0,): an NVMe pick's arrival (caller's clock), a RAM pick's host cache factor (llc);
-                empty: every factor 1.0 and no arrival
-    S  float64  per-call scalars at the ``S_*`` indices (t0, the cpu worker's wake units, the channel's terms...)
+    I  int64    (3n,): the picks' keys, their rows, their ledger states (the tier the planner sees: RAM /
+                PUSHING: ram, VRAM: vram, any other: nvme), each in the order of ``picks``
+    X  float64  the per-call scalars at the ``S_*`` indices (t0, the cpu worker's wake units, the channel's
+                terms...); then, where S_ARRIVALS is 1, each NVMe pick's arrival (the caller's clock) in the order
+                of ``picks``; then, where S_FACTORS is 1, each pick's host cache factor (llc; read for RAM picks,
+                1.0 without)
     D  int64    (0,): the kernel deals; else a forced deal (plan_layer's ``lanes``): D[i] for pick i has bit 1 if
                 that plan put it on the cpu lane, bit 2 on the nvme_cpu lane; D[n:] its NVMe picks in the order it
                 ran them (pick indices, nvme_cpu's then nvme_gpu's)
@@ -37,7 +38,7 @@ from moetier.core.tickets import PUSHING, RAM, VRAM
  P_HEAD_LAYER, P_HEAD_READ, P_HEAD_PREDICT, P_GPU_READ, P_ZC_READ, P_GPU_BUSY, P_ZC_BUSY, P_TWO, P_N) = range(39)
 # S: per call
 (S_T0, S_WAKE, S_NVME_WAKE, S_SPREAD, S_CV_OWN, S_CV_SHARED, S_LANE_SD, S_PF_DONE, S_FRESH, S_PREDICTING,
- S_VRAM_FULL, S_N) = range(12)
+ S_VRAM_FULL, S_ARRIVALS, S_FACTORS, S_N) = range(14)
 # R: the plan's times
 (R_GPU, R_CPU, R_MS, R_NVME_WAIT, R_GPU_WAIT, R_ISSUE, R_HEAD, R_CPU_COLD, R_WAIT_FROM, R_CRIT_COLD, R_CRIT_EXTRA,
  R_SPLIT_END, R_N) = range(13)
@@ -92,12 +93,10 @@ def _ram_lanes(P, I, F, D, S, ram, n_ram, g, reads, L, cnt, R):
     c, zc_on = 0.0, False
     n_c, work_c, crit = 0, 0.0, 0.0
     shares, share_cold, share_extra = np.zeros(W), np.zeros(W), np.zeros(W, np.int64)
-    f = 1.0
     for j in range(n_ram):
         i = ram[j]
         m = I[1, i]
-        if F.shape[0]:
-            f = F[i]
+        f = F[i]
         w = cpe * f + cpx * (m - 1) if m > 1 else cpe * f
         ge = g if zc_on else g + zpl
         ge = ge + zpe + zpx * (m - 1) if m > 1 else ge + zpe
@@ -351,6 +350,25 @@ def _serial_nvme(P, I, F, S, D, order, g, c, c_on, ahead, head, L, cnt, R):
 
 
 @njit(cache=True)
+def _per_pick(I, X, n):
+    """X's arrivals and host cache factors by pick: an NVMe pick's arrival, a RAM pick's factor (1.0 without)."""
+    F = np.ones(n)
+    at = S_N
+    if X[S_ARRIVALS]:
+        for i in range(n):
+            s = I[2, i]
+            if s != RAM and s != PUSHING and s != VRAM:
+                F[i] = X[at]
+                at += 1
+    if X[S_FACTORS]:
+        for i in range(n):
+            s = I[2, i]
+            if s == RAM or s == PUSHING:
+                F[i] = X[at + i]
+    return F
+
+
+@njit(cache=True)
 def _by_tier(I, n):
     """The picks by the tier the planner sees (ledger TIER_OF): VRAM, RAM and NVMe pick indices, picks order."""
     idx = np.empty((3, n), np.int64)
@@ -374,9 +392,12 @@ def _heaviest_first(I, ram, n_ram):
 
 
 @njit(cache=True)
-def plan_kernel(P, I, F, S, D):
-    """One layer call's plan: see the module docstring for the arrays."""
-    n = I.shape[1]
+def plan_kernel(P, picks, X, D):
+    """One layer call's plan: see the module docstring for the arrays (``picks``: I)."""
+    n = picks.shape[0] // 3
+    I = picks.reshape(3, n)
+    S = X[:S_N]
+    F = _per_pick(I, X, n)
     L = np.empty((6, n), np.int64)
     cnt = np.zeros(6, np.int64)
     R = np.zeros(R_N)
