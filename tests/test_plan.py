@@ -666,3 +666,23 @@ def test_the_predictions_host_time_has_a_part_per_row():
     assert PlanContext.from_recipe(R, rows=4).host_predict == pytest.approx(0.3)
     R.policy = {}
     assert PlanContext.from_recipe(R, rows=4).host_predict == 0.0          # no prediction without prefetch
+
+
+def test_a_term_set_on_the_context_is_planned_with():
+    """plan_layer keeps the context's terms packed for its kernel; a term set afterwards (Replay sets can_admit and,
+    per layer, predicting) is what the next plan uses, never the packed copy."""
+    c = ctx()
+    L = ledger(vram=[1, 2, 3, 4])
+    picks = {1: 1, 500: 1}
+    first = plan_layer(c, L, picks, 0.0, flat())
+    assert first.masked == [] and first.nvme_cpu + first.nvme_gpu == [500]
+    c.mask = True
+    masked = plan_layer(c, L, picks, 0.0, flat())
+    assert masked.masked == [500] and masked.nvme_cpu + masked.nvme_gpu == []
+    c.mask = False
+    c.host_predict = 0.5
+    assert plan_layer(c, L, picks, 0.0, flat()).ms == pytest.approx(first.ms)   # not predicting: not charged
+    c.predicting = True
+    assert plan_layer(c, L, picks, 0.0, flat()).ms == pytest.approx(first.ms + 0.5)
+    c.gpu = (0.17 + 1.0, 0.023, 0.0)
+    assert plan_layer(c, L, {1: 1}, 0.0, flat()).gpu_ms == pytest.approx(1.17 + 0.023)

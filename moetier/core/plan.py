@@ -118,6 +118,11 @@ def _check_deal(ctx, lanes) -> None:
 def _arrivals(plan, keys, t0, nvme) -> list:
     """Each NVMe pick's arrival into ``plan.arrivals``: its prefetch read where the channel has one started, else a
     demand read issued at t0. Returns them in the order of ``keys``."""
+    if not nvme.pf:                    # no prefetch read to claim: every pick is read on demand
+        out = nvme.demand(t0, len(keys))
+        plan.arrivals = dict(zip(keys, out))
+        plan.demand_reads = len(keys)
+        return out
     arr = plan.arrivals
     fresh = []
     for k in keys:
