@@ -686,3 +686,18 @@ def test_a_term_set_on_the_context_is_planned_with():
     assert plan_layer(c, L, picks, 0.0, flat()).ms == pytest.approx(first.ms + 0.5)
     c.gpu = (0.17 + 1.0, 0.023, 0.0)
     assert plan_layer(c, L, {1: 1}, 0.0, flat()).gpu_ms == pytest.approx(1.17 + 0.023)
+
+
+def test_nvme_picks_that_land_together_keep_the_order_of_the_picks():
+    """The NVMe picks go to their lanes in arrival order; a burst's reads land together, and among equal arrivals
+    the picks keep their order in ``picks`` (a stable sort, as Python's sorted)."""
+    ch = measured(latency_by_qd={1: 1.0, 2: 1.0, 3: 1.0}, bursts={3: {1: 2.0, 2: 2.0, 3: 2.0}})
+    ch.prefetch(0.0, [509])                     # in service from 0: lands at 1.0, before the burst
+    p = plan_layer(ctx(), ledger(), {503: 1, 501: 1, 509: 1, 502: 1}, 0.5, ch)
+    assert p.arrivals == {509: 1.0, 503: 2.5, 501: 2.5, 502: 2.5} and p.demand_reads == 3
+    order = [509, 503, 501, 502]
+    lanes = (p.nvme_cpu, p.nvme_gpu)
+    assert sorted(p.nvme_cpu + p.nvme_gpu) == sorted(order)
+    assert max(len([k for k in lane if k != 509]) for lane in lanes) >= 2      # a lane holds tied picks
+    for lane in lanes:
+        assert lane == [k for k in order if k in lane]

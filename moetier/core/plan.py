@@ -23,7 +23,7 @@ outputs into the LayerPlan.
 """
 from __future__ import annotations
 
-from itertools import repeat
+from itertools import compress, repeat
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from moetier.core import plan_kernel as K
 from moetier.core.channel import NvmeChannel
 from moetier.core.lanes import idle_wake
 from moetier.core.terms import PlanContext
-from moetier.core.tickets import ABSENT, PUSHING, RAM, VRAM
+from moetier.core.tickets import ABSENT, PUSHING, RAM, TIER_NVME, TIER_OF
 
 __all__ = ["LayerPlan", "NvmeChannel", "PlanContext", "plan_layer"]
 
@@ -66,7 +66,7 @@ class LayerPlan:
                 "nvme_gpu": self.nvme_gpu, "masked": self.masked}
 
 
-_RESIDENT = (RAM, PUSHING, VRAM)
+_ON_NVME = tuple(t == TIER_NVME for t in TIER_OF)     # by ledger state: the pick must be read first
 _NO_DEAL = np.empty(0, np.int64)
 _NO_CHANNEL = (0.0,) * 6
 
@@ -90,12 +90,13 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
     plan.t0 = t0
     n = len(picks)
     st = list(map(ledger.state.get, picks, repeat(RAM if ledger.all_in_ram else ABSENT, n)))
-    n_nv = n - st.count(RAM) - st.count(PUSHING) - st.count(VRAM)
+    nvme_l = list(compress(picks, map(_ON_NVME.__getitem__, st)))
+    n_nv = len(nvme_l)
     arrivals = ()
     if n_nv and not ctx.mask:
         if ctx.cpu is None and ctx.gpu is None:
             raise ValueError("no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier")
-        arrivals = _arrivals(plan, [k for k, s in zip(picks, st) if s not in _RESIDENT], t0, nvme)
+        arrivals = _arrivals(plan, nvme_l, t0, nvme)
     factors = () if llc is None else [llc.factor(k) if s == RAM or s == PUSHING else 1.0 for k, s in zip(picks, st)]
     ch = (nvme.wake, nvme.spread, nvme.cv_own, nvme.cv_shared, nvme.lane_sd, nvme.pf_done) if nvme is not None else _NO_CHANNEL
     X = np.array((t0, idle_wake(idle) if ctx.cpu_wake else 0.0, *ch, plan.demand_reads, ctx.predicting,
@@ -149,12 +150,13 @@ def _deal(picks: dict, lanes: LayerPlan) -> np.ndarray:
 
 def _unpack(plan: LayerPlan, o: list, r: list) -> None:
     """The kernel's lanes and times onto ``plan``."""
-    at = 6
-    lanes = []
-    for c in o[:6]:
-        lanes.append(o[at:at + c])
-        at += c
-    plan.gpu, plan.zerocopy, plan.cpu, plan.nvme_cpu, plan.nvme_gpu, plan.masked = lanes
+    a = 6 + o[0]
+    b = a + o[1]
+    c = b + o[2]
+    d = c + o[3]
+    e = d + o[4]
+    plan.gpu, plan.zerocopy, plan.cpu, plan.nvme_cpu, plan.nvme_gpu, plan.masked = \
+        o[6:a], o[a:b], o[b:c], o[c:d], o[d:e], o[e:e + o[5]]
     (plan.gpu_ms, plan.cpu_ms, plan.ms, plan.nvme_wait_ms, plan.gpu_wait_ms, plan.issue_ms, plan.head_ms,
      plan.cpu_cold, plan.wait_from, cold, extra, split_end) = r
     if cold == cold:                   # not NaN: a split call
