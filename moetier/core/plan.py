@@ -24,6 +24,7 @@ outputs into the LayerPlan.
 from __future__ import annotations
 
 from itertools import compress, repeat
+from struct import pack
 
 import numpy as np
 
@@ -98,11 +99,13 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
             raise ValueError("no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier")
         arrivals = _arrivals(plan, nvme_l, t0, nvme)
     factors = () if llc is None else [llc.factor(k) if s == RAM or s == PUSHING else 1.0 for k, s in zip(picks, st)]
-    ch = (nvme.wake, nvme.spread, nvme.cv_own, nvme.cv_shared, nvme.lane_sd, nvme.pf_done) if nvme is not None else _NO_CHANNEL
-    X = np.array((t0, idle_wake(idle) if ctx.cpu_wake else 0.0, *ch, plan.demand_reads, ctx.predicting,
-                  ctx.copy_serial and n_nv and ledger.exclusive and ledger.vram_full(), bool(arrivals),
-                  llc is not None, *arrivals, *factors), np.float64)
-    O, R = K.plan_kernel(P, np.array([*picks, *picks.values(), *st], np.int64), X,
+    ch = _NO_CHANNEL if nvme is None else (nvme.wake, nvme.spread, nvme.cv_own, nvme.cv_shared, nvme.lane_sd,
+                                           nvme.pf_done)
+    # packed as raw bytes: struct converts Python numbers faster than numpy does, and the kernel reads them in place
+    X = (t0, idle_wake(idle) if ctx.cpu_wake else 0.0, *ch, plan.demand_reads, ctx.predicting,
+         ctx.copy_serial and n_nv and ledger.exclusive and ledger.vram_full(), bool(arrivals), llc is not None,
+         *arrivals, *factors)
+    O, R = K.plan_kernel(P, pack(f"{3 * n}q", *picks, *picks.values(), *st), pack(f"{len(X)}d", *X),
                          _deal(picks, lanes) if lanes is not None else _NO_DEAL)
     if ctx.read_cpu and nvme is not None and nvme.pf_done:
         nvme.pf_done = 0              # the kernel charged the prefetch reads' CPU work (_serial_host)

@@ -2,14 +2,14 @@
 
 Contract
 --------
-``plan_kernel(P, I, X, D) -> (O, R)`` deals and times one layer call's picks as moetier.core.plan's docstring
-says; it reads its inputs only and returns fresh arrays. ``pack(ctx)`` is ``P``, a PlanContext's terms (the
+``plan_kernel(P, bytes(I), bytes(X), D) -> (O, R)`` deals and times one layer call's picks as moetier.core.plan's
+docstring says; it reads its inputs only and returns fresh arrays. ``pack(ctx)`` is ``P``, a PlanContext's terms (the
 caller keeps it while the context is unchanged). Layout, for n picks:
 
     P  float64  ctx terms at the ``P_*`` indices below (a missing lane: its ``*_ON`` 0, its costs 0)
-    I  int64    (3n,): the picks' keys, their rows, their ledger states (the tier the planner sees: RAM /
+    I  int64    (3n,), as bytes: the picks' keys, their rows, their ledger states (the tier the planner sees: RAM /
                 PUSHING: ram, VRAM: vram, any other: nvme), each in the order of ``picks``
-    X  float64  the per-call scalars at the ``S_*`` indices (t0, the cpu worker's wake units, the channel's
+    X  float64  as bytes: the per-call scalars at the ``S_*`` indices (t0, the cpu worker's wake units, the channel's
                 terms...); then, where S_ARRIVALS is 1, each NVMe pick's arrival (the caller's clock) in the order
                 of ``picks``; then, where S_FACTORS is 1, each pick's host cache factor (llc; read for RAM picks,
                 1.0 without)
@@ -392,10 +392,12 @@ def _heaviest_first(I, ram, n_ram):
 
 
 @njit(cache=True)
-def plan_kernel(P, picks, X, D):
-    """One layer call's plan: see the module docstring for the arrays (``picks``: I)."""
-    n = picks.shape[0] // 3
-    I = picks.reshape(3, n)
+def plan_kernel(P, picks, scalars, D):
+    """One layer call's plan: see the module docstring for the arrays (``picks``: I's bytes, ``scalars``: X's)."""
+    flat = np.frombuffer(picks, np.int64)
+    X = np.frombuffer(scalars, np.float64)
+    n = flat.shape[0] // 3
+    I = flat.reshape(3, n)
     S = X[:S_N]
     F = _per_pick(I, X, n)
     L = np.empty((6, n), np.int64)
