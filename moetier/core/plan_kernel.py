@@ -165,12 +165,16 @@ def _nvme_order(I, F, S, D, nv, n_nv):
     reads come back in issue order, so only promoted prefetches need a sort; a stable one, as Python's sorted)."""
     if D.shape[0]:
         return D[I.shape[1]:]
+    out = nv[:n_nv].copy()
     if n_nv > 1 and S[S_FRESH] < n_nv:
-        arr = np.empty(n_nv)
-        for j in range(n_nv):
-            arr[j] = F[nv[j]]
-        return nv[:n_nv][np.argsort(arr, kind="mergesort")]
-    return nv[:n_nv]
+        for j in range(1, n_nv):          # a stable insertion sort (see _heaviest_first)
+            x = out[j]
+            i = j - 1
+            while i >= 0 and F[out[i]] > F[x]:
+                out[i + 1] = out[i]
+                i -= 1
+            out[i + 1] = x
+    return out
 
 
 @njit(cache=True)
@@ -381,14 +385,18 @@ def _by_tier(I, n):
 
 @njit(cache=True)
 def _heaviest_first(I, ram, n_ram):
-    """The RAM picks heaviest first, ties by key descending (Python's sort of (rows, key) tuples, reversed)."""
-    rk = np.empty(n_ram, np.int64)
-    kmax = 0
-    for j in range(n_ram):
-        kmax = max(kmax, I[0, ram[j]])
-    for j in range(n_ram):
-        rk[j] = -(I[1, ram[j]] * (kmax + 1) + I[0, ram[j]])
-    return ram[:n_ram][np.argsort(rk)]
+    """The RAM picks heaviest first, ties by key descending (Python's sort of (rows, key) tuples, reversed). An
+    insertion sort: a layer has tens of picks, and numpy's sorts would add seconds to the first compile."""
+    out = ram[:n_ram].copy()
+    for j in range(1, n_ram):
+        x = out[j]
+        m, k = I[1, x], I[0, x]
+        i = j - 1
+        while i >= 0 and (I[1, out[i]] < m or I[1, out[i]] == m and I[0, out[i]] < k):
+            out[i + 1] = out[i]
+            i -= 1
+        out[i + 1] = x
+    return out
 
 
 @njit(cache=True)
