@@ -63,6 +63,7 @@ def pack(ctx) -> np.ndarray:
 
 @njit(cache=True)
 def _put(L, cnt, lane, key):
+    """Append ``key`` to row ``lane`` of L, whose lengths are ``cnt``."""
     L[lane, cnt[lane]] = key
     cnt[lane] += 1
 
