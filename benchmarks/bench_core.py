@@ -4,11 +4,12 @@ that run the core: `moetier table` (warm, and first run after install), `moetier
     python benchmarks/bench_core.py [--json] [--rounds 3]
     python benchmarks/bench_core.py --against DIR [--calls N] [--rounds 3]   # paired A/B against another checkout
     python benchmarks/bench_core.py --opcodes                   # bytecodes per layer call, by function
+    python benchmarks/bench_core.py --against DIR --rows 1 --skip sim table table_first compare sweep   # C1 per call
     python benchmarks/bench_core.py --skip compare sweep        # leave out the long measures
 
 Per layer call: plan_layer and the bookkeeping after it (the ledger's commit of the plan and the LFU counts) are
-timed separately on every call at C4 (about 31 picks a layer) on the default recipe under the shipped default
-policy (peers.DEFAULT_POLICY); the figures are min / median / max over the calls.
+timed separately on every call at C4 (about 31 picks a layer; ``--rows``: another rows per call) on the default
+recipe under the shipped default policy (peers.DEFAULT_POLICY); the figures are min / median / max over the calls.
 
 Whole runs, each a fresh process (``--rounds`` of each; min / median / max over them):
 
@@ -69,7 +70,7 @@ def bench_plan(R, tr, rows_per_call=4, calls=20000):
     ledger seeded from the trace's first 1,000 tokens."""
     rp = sim.Replay(R)
     rp.ledger.seed(sim.rank_keys(tr.ids[:1000, :, :R.topk], R.experts))
-    st = sim.Streams(tr, rows_per_call, R.topk, R.experts, offsets=[0, 0, 0, 0])
+    st = sim.Streams(tr, rows_per_call, R.topk, R.experts, offsets=[0] * rows_per_call)
     plan_ns, commit_ns, npicks = [], [], []
     t = 0.0
     step = 0
@@ -122,13 +123,13 @@ def _load_tree(tree: Path):
     return mods[0], mods[1].plan_layer, mods[2]
 
 
-def bench_against(tree: Path, calls: int = 20000) -> dict:
+def bench_against(tree: Path, calls: int = 20000, rows: int = 4) -> dict:
     """Paired, interleaved A/B: this tree (B) and ``tree`` (A) plan and commit the same layer calls."""
     sim_a, plan_a, spec_a = _load_tree(tree)
     R = spec.resolve(RECIPE, DEFAULT)
     tr = load_trace(REPO / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
-    sides = {"A": (*_replay_of(spec_a.resolve(RECIPE, DEFAULT), tr, sim_a), plan_a),
-             "B": (*_replay_of(R, tr, sim), plan_layer)}
+    sides = {"A": (*_replay_of(spec_a.resolve(RECIPE, DEFAULT), tr, sim_a, rows), plan_a),
+             "B": (*_replay_of(R, tr, sim, rows), plan_layer)}
     st = sides["B"][1]
     ns = {k: ([], []) for k in sides}
     clock = dict.fromkeys(sides, 0.0)
@@ -287,6 +288,7 @@ def main(argv=None):
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--against", type=Path, help="another checkout: a paired, interleaved A/B of every measure")
     ap.add_argument("--calls", type=int, default=20000, help="layer calls of the per-call figure (default 20000)")
+    ap.add_argument("--rows", type=int, default=4, help="token rows per layer call of the per-call figure (default 4)")
     ap.add_argument("--rounds", type=int, default=3, help="runs of each whole-run measure per side (default 3)")
     ap.add_argument("--skip", nargs="*", default=[], choices=MEASURES, help="whole-run measures to leave out")
     ap.add_argument("--compare-steps", type=int, default=40, help="moetier compare --steps (default 40; 0: all)")
@@ -302,11 +304,11 @@ def main(argv=None):
         return _print_extra(bench_opcodes(R, tr), a.json)
     measures = [m for m in MEASURES if m not in a.skip]
     if a.against is not None:
-        res = bench_against(a.against, a.calls)
+        res = bench_against(a.against, a.calls, a.rows)
         res["runs"] = bench_runs({"A": a.against, "B": REPO}, measures, a.rounds, a)
         res["targets"] = targets(res["B"], res["runs"], "B")
         return _print_extra(res, a.json)
-    res = {"plan_layer": bench_plan(R, tr, calls=a.calls), "load": os.getloadavg()}
+    res = {"plan_layer": bench_plan(R, tr, a.rows, calls=a.calls), "load": os.getloadavg()}
     res["runs"] = bench_runs({"B": REPO}, measures, a.rounds, a)
     res["targets"] = targets(res["plan_layer"], res["runs"], "B")
     if a.json:

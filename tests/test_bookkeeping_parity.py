@@ -1,18 +1,18 @@
-"""The planner's and the ledger's fast paths deal and evict exactly as their plain forms do.
+"""The ledger's fast paths deal and evict exactly as their plain forms do.
 
-The hot path has inlined forms (the ledger's exclusive-LRU fills and drains, the planner's tier sort); each is
+The hot path has inlined forms (the ledger's exclusive-LRU fills and drains, the compiled evictions); each is
 replayed here against its plain form on a long random trace, layer by layer: the same lanes, times, arrivals and
-ledger counters, so a speed-up that changes a single plan fails.
+ledger counters, so a speed-up that changes a single plan fails. (The planner has one form, its compiled kernel:
+tests/test_core_parity.py holds it to the recorded plans.)
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from moetier.core import plan as planner
 from moetier.core import records as spec
 from moetier.core import sim
-from moetier.core.ledger import ABSENT, PUSHING, RAM, VRAM, Ledger
+from moetier.core.ledger import Ledger
 from moetier.traces.format import Trace
 
 RECIPE = "glm53-rtx3090-55g-nvx4"
@@ -23,21 +23,6 @@ def _random_trace(R, tokens: int, seed: int) -> Trace:
     rng = np.random.default_rng(seed)
     ids = np.argsort(rng.random((tokens, R.layers, R.experts)), axis=2)[:, :, :R.topk].astype(np.int16)
     return Trace(ids=ids, segments=np.array([0, tokens]))
-
-
-def _plain_by_tier(ledger, picks: dict, vram_l: list):
-    """The tier sort as one dict read per pick (the form _by_tier inlines)."""
-    absent = RAM if ledger.all_in_ram else ABSENT
-    ram_l, nvme_l = [], []
-    for k, m in picks.items():
-        s = ledger.state.get(k, absent)
-        if s in (RAM, PUSHING):
-            ram_l.append((m, k))
-        elif s == VRAM:
-            vram_l.append(k)
-        else:
-            nvme_l.append(k)
-    return ram_l, nvme_l
 
 
 def _replay(R, tr, conc: int) -> tuple[list, dict]:
@@ -63,7 +48,6 @@ def test_fast_paths_plan_as_the_plain_forms(monkeypatch, sets):
         self._rfast = self._vfast = False   # every policy eviction through victim(k, ok), not put / evict_for
 
     monkeypatch.setattr(Ledger, "__init__", plain_init)
-    monkeypatch.setattr(planner, "_by_tier", _plain_by_tier)
     plain, plain_counts = _replay(R, tr, 4)
     assert fast_counts["ram_evictions"] > 1000 and fast_counts["vram_evictions"] > 100   # the paths were exercised
     assert len(fast) == len(plain) > 5000

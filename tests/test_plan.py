@@ -443,16 +443,29 @@ def test_burst_table_comes_from_the_engine_and_mixes_between_rows():
     assert burst_table_for_rows(1, [{"id": "a"}]) == {}
 
 
+def serial_nvme(c, picks, arr, g, ahead=0.0):
+    """The kernel's serial NVMe timeline (plan_kernel._serial_nvme) over ``picks`` ({key: rows}, in arrival order,
+    due at ``arr``) after resident lanes that end at ``g`` (gpu) and 0 (cpu), with ``ahead`` ms of admissions;
+    returns its lanes and times by the LayerPlan's names."""
+    import numpy as np
+
+    from moetier.core import plan_kernel as K
+    n = len(picks)
+    idx = np.array([list(picks), list(picks.values()), [0] * n], np.int64)
+    L, cnt, R = np.empty((6, n), np.int64), np.zeros(6, np.int64), np.zeros(K.R_N)
+    g, cpu = K._serial_nvme(K.pack(c), idx, np.array([arr[k] for k in picks]), np.zeros(K.S_N),
+                            np.empty(0, np.int64), np.arange(n), g, 0.0, False, ahead, 0.0, L, cnt, R)
+    return SimpleNamespace(nvme_cpu=L[K.NVME_CPU, :cnt[K.NVME_CPU]].tolist(),
+                           nvme_gpu=L[K.NVME_GPU, :cnt[K.NVME_GPU]].tolist(), gpu_ms=g, cpu_ms=cpu,
+                           nvme_wait_ms=R[K.R_NVME_WAIT], gpu_wait_ms=R[K.R_GPU_WAIT])
+
+
 def test_serial_engine_waits_for_gpu_reads_after_the_admissions_it_runs_first():
-    from moetier.core.plan import LayerPlan, _serial_nvme
     c = ctx(overlap=False, lanes={"cpu": Lane("cpu", "ram", 0.145, 5.0, 0.0)})   # a slow cpu lane: the pick goes gpu
     push = c.push_ms
 
     def run(ahead):
-        plan = LayerPlan()
-        _serial_nvme(c, plan, {500: 1}, [500], {500: 1.0}, 0.0, 0.2, 0.0, False, True, 0.0,
-                     flat(), ahead)
-        return plan
+        return serial_nvme(c, {500: 1}, {500: 1.0}, 0.2, ahead)
 
     now, later = run(0.0), run(0.5)
     assert now.nvme_gpu == later.nvme_gpu == [500]
@@ -462,15 +475,12 @@ def test_serial_engine_waits_for_gpu_reads_after_the_admissions_it_runs_first():
 
 
 def test_serial_engine_runs_the_cpu_lanes_nvme_picks_before_the_gpu_lanes():
-    from moetier.core.plan import LayerPlan, _serial_nvme
     c = ctx(overlap=False)
-    plan = LayerPlan()
     arr = {500: 1.0, 501: 1.1}
     # pick 500 (first to land) is forced onto the gpu lane by a cpu lane that cannot take it: the runtime still
     # computes 501 on the cpu lane first, then waits for 500's push
     picks = {500: 40, 501: 1}
-    _serial_nvme(c, plan, picks, [500, 501], arr, 0.0, 0.0, 0.0, False, True, 0.0,
-                 flat())
+    plan = serial_nvme(c, picks, arr, 0.0)
     assert plan.nvme_gpu == [500] and plan.nvme_cpu == [501]
     cpu_end = 1.1 + 0.145 + 0.104                                          # 501 waits for its bytes, runs
     assert plan.cpu_ms == pytest.approx(cpu_end)
@@ -480,12 +490,9 @@ def test_serial_engine_runs_the_cpu_lanes_nvme_picks_before_the_gpu_lanes():
 def test_serial_engine_charges_each_gpu_nvme_pick_a_call_of_its_own():
     """The serial runtime computes each NVMe -> VRAM pick in its own lane call (after its push), so the pick pays
     the gpu lane's per-call cost even when the lane already ran this layer."""
-    from moetier.core.plan import LayerPlan, _serial_nvme
     c = ctx(overlap=False, lanes={"cpu": None})                           # the gpu lane is the only one
-    plan = LayerPlan()
     # 0.3 ms of resident gpu work came first: the lane ran this layer, and the NVMe pick still pays per_layer
-    _serial_nvme(c, plan, {500: 1}, [500], {500: 0.0}, 0.0, 0.3, 0.0, False, True, 0.0,
-                 flat())
+    plan = serial_nvme(c, {500: 1}, {500: 0.0}, 0.3)
     assert plan.nvme_gpu == [500]
     assert plan.gpu_ms == pytest.approx(0.3 + c.push_ms + 0.17 + 0.023)
 
@@ -659,3 +666,38 @@ def test_the_predictions_host_time_has_a_part_per_row():
     assert PlanContext.from_recipe(R, rows=4).host_predict == pytest.approx(0.3)
     R.policy = {}
     assert PlanContext.from_recipe(R, rows=4).host_predict == 0.0          # no prediction without prefetch
+
+
+def test_a_term_set_on_the_context_is_planned_with():
+    """plan_layer keeps the context's terms packed for its kernel; a term set afterwards (Replay sets can_admit and,
+    per layer, predicting) is what the next plan uses, never the packed copy."""
+    c = ctx()
+    L = ledger(vram=[1, 2, 3, 4])
+    picks = {1: 1, 500: 1}
+    first = plan_layer(c, L, picks, 0.0, flat())
+    assert first.masked == [] and first.nvme_cpu + first.nvme_gpu == [500]
+    c.mask = True
+    masked = plan_layer(c, L, picks, 0.0, flat())
+    assert masked.masked == [500] and masked.nvme_cpu + masked.nvme_gpu == []
+    c.mask = False
+    c.host_predict = 0.5
+    assert plan_layer(c, L, picks, 0.0, flat()).ms == pytest.approx(first.ms)   # not predicting: not charged
+    c.predicting = True
+    assert plan_layer(c, L, picks, 0.0, flat()).ms == pytest.approx(first.ms + 0.5)
+    c.gpu = (0.17 + 1.0, 0.023, 0.0)
+    assert plan_layer(c, L, {1: 1}, 0.0, flat()).gpu_ms == pytest.approx(1.17 + 0.023)
+
+
+def test_nvme_picks_that_land_together_keep_the_order_of_the_picks():
+    """The NVMe picks go to their lanes in arrival order; a burst's reads land together, and among equal arrivals
+    the picks keep their order in ``picks`` (a stable sort, as Python's sorted)."""
+    ch = measured(latency_by_qd={1: 1.0, 2: 1.0, 3: 1.0}, bursts={3: {1: 2.0, 2: 2.0, 3: 2.0}})
+    ch.prefetch(0.0, [509])                     # in service from 0: lands at 1.0, before the burst
+    p = plan_layer(ctx(), ledger(), {503: 1, 501: 1, 509: 1, 502: 1}, 0.5, ch)
+    assert p.arrivals == {509: 1.0, 503: 2.5, 501: 2.5, 502: 2.5} and p.demand_reads == 3
+    order = [509, 503, 501, 502]
+    lanes = (p.nvme_cpu, p.nvme_gpu)
+    assert sorted(p.nvme_cpu + p.nvme_gpu) == sorted(order)
+    assert max(len([k for k in lane if k != 509]) for lane in lanes) >= 2      # a lane holds tied picks
+    for lane in lanes:
+        assert lane == [k for k in order if k in lane]

@@ -36,7 +36,7 @@ class NvmeChannel:
     blocked on it resuming; the planner adds it to a pick whose lane had to wait for the bytes. ``cv_shared`` and
     ``cv_own`` are the measured spread of a read's latency (standard deviation over mean), the part the reads of a
     layer share and the rest: an arrival is a distribution, and the planner charges a lane its *expected* end
-    (moetier.core.arrivals.Finish), not the end for mean arrivals. ``lane_sd`` is the other side of that race: the
+    (moetier.core.arrivals.finish), not the end for mean arrivals. ``lane_sd`` is the other side of that race: the
     spread (ms) of when the host reaches a layer's first wait, one draw per layer, that the reads' spread does not
     explain.
     """

@@ -14,6 +14,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from numba import njit
+
 LANE_COSTS = ("per_layer_ms", "per_expert_ms", "per_extra_token_ms", "per_call_ms")
 LANE_SHAPE = ("workers", "parallel_min")     # integers: how a batch call is executed
 BYTE_TERMS = ("per_expert_ms", "per_extra_token_ms")   # terms that stream an expert's weights: scale with its bytes
@@ -39,12 +41,14 @@ def deal(items, workers: int) -> list:
     return [items[i::w] for i in range(w)]
 
 
+@njit(cache=True)
 def hands_off(n: int, workers: int) -> bool:
     """Whether a split call of ``n`` experts ends with a worker's share (``deal``): a worker takes as many experts
     as the calling thread unless n leaves the caller the only one with an extra (n % workers == 1). Its share starts
     a hand-off later than the caller's (the submit and its wake-up), so such a call pays the lane's
     ``per_handoff_ms``; one whose caller has an expert more ends with the caller's share (so a 7-expert call over
-    two threads runs shorter than an 8-expert one by more than an expert's compute)."""
+    two threads runs shorter than an 8-expert one by more than an expert's compute). Compiled: the planner's kernel
+    calls it, and Lane.cost through the dispatcher."""
     return workers > 1 and n % workers != 1
 
 

@@ -218,6 +218,13 @@ class PlanContext:
     gpu_busy: float = 0.0
     zc_busy: float = 0.0
 
+    def __setattr__(self, name, value):
+        # the planner packs the terms into one array per context (moetier.core.plan_kernel.pack) and keeps it until
+        # a term changes; ``predicting`` (set per layer by Replay.arm) is read per call, not packed
+        object.__setattr__(self, name, value)
+        if name != "predicting":
+            self.__dict__.pop("_packed", None)
+
     @classmethod
     def from_recipe(cls, R, rows: int = 1) -> "PlanContext":
         """``rows``: token rows per step (the prediction's host time has a part per row)."""

@@ -31,13 +31,13 @@ The fits, from the fit arms' runtime counters:
    - latency spread (engine ``nvme_latency_cv_shared_by_rows``, ``nvme_latency_cv_own_by_rows``): sd / mean of
      those reads' latency about the burst means, within each run, winsorized, split into the part a layer's reads
      share (they are late together) and each read's own; the planner charges each lane its expected end
-     (``moetier.core.arrivals.Finish``);
+     (``moetier.core.arrivals.finish``);
    - the host's head start (recipe ``calibration.host.head_per_*_ms``): the host work between a layer's first NVMe
      submit and its first wait, less the lane and copy time in it (``fit_head``); the planner puts it before the
      first wait, in the reads' time, instead of after the lanes;
    - the host's lateness to that wait (engine ``lane_lateness_sd_ms_by_rows``): the measured spread of landing minus
      wait start beyond the simulator's own for the same arm (``fit_lane_lateness``, the only fit that runs the
-     simulator); the planner adds it to the reads' spread in ``_Finish``.
+     simulator); the planner adds it to the reads' spread in ``arrivals.finish_extra``.
 """
 from __future__ import annotations
 

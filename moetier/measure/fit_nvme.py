@@ -21,7 +21,7 @@ def fit_channel(fit_runs: list[dict], idle_latency: dict | None = None) -> dict:
     ``burst_means``), ``nvme_wake_ms_by_rows`` (mean wake-up: landed to the blocked waiter resuming), and the
     latency's spread as sd / mean about those means, split into the part the reads of one burst (a layer's) share and
     each read's own (``nvme_latency_cv_shared_by_rows``, ``nvme_latency_cv_own_by_rows``; ``spread_split``,
-    moetier.core.arrivals.Finish). The reader keeps the demand reads that found a prefetch read in service out of
+    moetier.core.arrivals.finish). The reader keeps the demand reads that found a prefetch read in service out of
     these samples (the model gives them the plain latency: a term for them did not earn its place). Means, not medians:
     the planner adds them into stalls, and the median of a right-skewed latency understates their sum. The spread
     matters as much: a lane expects to wait E[max(0, arrival - free)], far more than the wait for a mean arrival that
