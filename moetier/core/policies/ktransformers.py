@@ -23,23 +23,22 @@ small=0.1, ghost=1.0, move=2, freq_cap=3; ``kt-wtinylfu`` window=0.1, protected=
 policies through moetier.core.policies.machine. Pure.
 
 The tier they run in: kt-kernel's TieredWeightProvider (the same file at commit
-cba709123b51915f116c144a68bc5db3b137dcd0, whose policy classes match those of the commit above; the provider is
-gone from the file there, where the policies serve the MESH runtime and ``kt-kernel/scripts/
-compare_residency_policies.py``, which replays a trace one layer at a time, commit
-39894eb7e59f179fd093d359940431fd9d3e4ae1) keeps
-``policy_by_layer``: one policy per layer over that layer's expert ids, each of capacity ``max_tier0_experts`` ids,
-the same in every layer (``compute_max_tier0_experts``: int(budget / (layers x expert bytes))).
-``record_activations(layer, topk_ids)`` hands the layer's policy the flattened top-k ids minus the layer's GPU
-experts; ``_maybe_promote`` promotes in each layer the ids its own policy holds and demotes the rest. (That function's
-docstring still says Tier0 promotes the same ids in all layers: so did the EMA hotness tracker shared by every layer
-that came before these policies, e.g. RaQiu/ktransformers, commit 46c76a3acd48d40211f260e77c000ea56c8571d7; none
-of the named policies ran that way.) The ``ktransformers-*`` rows (moetier.peers.rows) run this as
-``ram_partition: layer`` with ``ram_share: even`` and ``ram_uses: tokens`` (every token's ids in token order, moetier.peers.token_feed);
-tests/test_kt_tiers.py checks, after every layer of a simulated run, that their policies hold what the provider's
-would. Where they differ, because the ledger has one RAM tier: Tier0 is the whole RAM tier (kt-kernel's other
-experts are mmap pages the OS caches; moetier's are on NVMe); a promotion follows the policy at the end of the layer
-(kt-kernel's thread every ``promotion_interval_sec``, 5 s); the tier starts from the warm-up seed every row shares
-(kt-kernel's from empty).
+cba709123b51915f116c144a68bc5db3b137dcd0, whose policy classes match those of the commit above; the provider is gone
+from the file there, where the policies serve the MESH runtime and
+``kt-kernel/scripts/compare_residency_policies.py``, which replays a trace one layer at a time, commit
+39894eb7e59f179fd093d359940431fd9d3e4ae1) keeps ``policy_by_layer``: one policy per layer over that layer's expert
+ids, each of capacity ``max_tier0_experts`` ids, the same in every layer (``compute_max_tier0_experts``: int(budget /
+(layers x expert bytes))). ``record_activations(layer, topk_ids)`` hands the layer's policy the flattened top-k ids
+minus the layer's GPU experts; ``_maybe_promote`` promotes in each layer the ids its own policy holds and demotes the
+rest. (That function's docstring still says Tier0 promotes the same ids in all layers: so did the EMA hotness tracker
+shared by every layer that came before these policies, e.g. RaQiu/ktransformers, commit
+46c76a3acd48d40211f260e77c000ea56c8571d7; none of the named policies ran that way.) The ``ktransformers-*`` rows
+(moetier.peers.rows) run this as ``ram_partition: layer`` with ``ram_share: even`` and ``ram_uses: tokens`` (every
+token's ids in token order, moetier.peers.token_feed); tests/test_kt_tiers.py checks, after every layer of a simulated
+run, that their policies hold what the provider's would. Where they differ, because the ledger has one RAM tier: Tier0
+is the whole RAM tier (kt-kernel's other experts are mmap pages the OS caches; moetier's are on NVMe); a promotion
+follows the policy at the end of the layer (kt-kernel's thread every ``promotion_interval_sec``, 5 s); the tier starts
+from the warm-up seed every row shares (kt-kernel's from empty).
 """
 from __future__ import annotations
 
