@@ -701,3 +701,35 @@ def test_nvme_picks_that_land_together_keep_the_order_of_the_picks():
     assert max(len([k for k in lane if k != 509]) for lane in lanes) >= 2      # a lane holds tied picks
     for lane in lanes:
         assert lane == [k for k in order if k in lane]
+
+
+def test_the_kernel_writes_the_plan_into_fresh_arrays_of_the_callers_and_returns_none(monkeypatch):
+    # arrays a compiled call returns are boxed by numba's runtime: cache-cold in the runtime's planning (plan.py)
+    import numpy as np
+
+    from moetier.core import plan_kernel as K
+    real, calls = K.plan_kernel, []
+
+    def spy(*a):
+        calls.append((a, real(*a)))
+
+    monkeypatch.setattr(K, "plan_kernel", spy)
+    L = ledger(vram=[1], ram=[10, 11])
+    picks = {1: 1, 10: 2, 11: 1, 500: 1}
+    plans = [plan_layer(ctx(), L, picks, 0.0, NvmeChannel(9_474_048, 24.0)) for _ in range(2)]
+    assert [ret for _, ret in calls] == [None, None]
+    (a1, _), (a2, _) = calls
+    for a, p in ((a1, plans[0]), (a2, plans[1])):
+        O, R = a[4:]
+        assert (O.dtype, O.shape, R.dtype, R.shape) == (np.int64, (6 + len(picks),), np.float64, (K.R_N,))
+        assert O[6:].tolist() == p.gpu + p.zerocopy + p.cpu + p.nvme_cpu + p.nvme_gpu + p.masked
+        assert R[K.R_MS] == p.ms
+    # a buffer per call: nothing shared between plans made on other threads
+    assert not np.shares_memory(a1[4], a2[4]) and not np.shares_memory(a1[5], a2[5])
+    # every element is written: what the arrays held before does not leak into the plan
+    outs = []
+    for junk in (-1, 7):
+        O, R = np.full_like(a1[4], junk), np.full_like(a1[5], junk)
+        real(*a1[:4], O, R)
+        outs.append((O.tolist(), R.tobytes()))
+    assert outs[0] == outs[1]

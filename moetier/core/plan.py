@@ -105,8 +105,11 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
     X = (t0, idle_wake(idle) if ctx.cpu_wake else 0.0, *ch, plan.demand_reads, ctx.predicting,
          ctx.copy_serial and n_nv and ledger.exclusive and ledger.vram_full(), bool(arrivals), llc is not None,
          *arrivals, *factors)
-    O, R = K.plan_kernel(P, pack(f"{3 * n}q", *picks, *picks.values(), *st), pack(f"{len(X)}d", *X),
-                         _deal(picks, lanes) if lanes is not None else _NO_DEAL)
+    # the kernel writes into arrays made here: arrays it returned would be boxed by numba's runtime, whose code the
+    # runtime's expert compute has evicted from the caches by the time it plans (several us a layer call there)
+    O, R = np.empty(n + 6, np.int64), np.empty(K.R_N)
+    K.plan_kernel(P, pack(f"{3 * n}q", *picks, *picks.values(), *st), pack(f"{len(X)}d", *X),
+                  _deal(picks, lanes) if lanes is not None else _NO_DEAL, O, R)
     if ctx.read_cpu and nvme is not None and nvme.pf_done:
         nvme.pf_done = 0              # the kernel charged the prefetch reads' CPU work (_serial_host)
     _unpack(plan, O.tolist(), R.tolist())

@@ -2,9 +2,10 @@
 
 Contract
 --------
-``plan_kernel(P, bytes(I), bytes(X), D) -> (O, R)`` deals and times one layer call's picks as moetier.core.plan's
-docstring says; it reads its inputs only and returns fresh arrays. ``pack(ctx)`` is ``P``, a PlanContext's terms (the
-caller keeps it while the context is unchanged). Layout, for n picks:
+``plan_kernel(P, bytes(I), bytes(X), D, O, R)`` deals and times one layer call's picks as moetier.core.plan's
+docstring says; it reads P, I, X, D only and writes the plan into the caller's O and R (every element; it returns
+nothing). ``pack(ctx)`` is ``P``, a PlanContext's terms (the caller keeps it while the context is unchanged).
+Layout, for n picks:
 
     P  float64  ctx terms at the ``P_*`` indices below (a missing lane: its ``*_ON`` 0, its costs 0)
     I  int64    (3n,), as bytes: the picks' keys, their rows, their ledger states (the tier the planner sees: RAM /
@@ -16,8 +17,8 @@ caller keeps it while the context is unchanged). Layout, for n picks:
     D  int64    (0,): the kernel deals; else a forced deal (plan_layer's ``lanes``): D[i] for pick i has bit 1 if
                 that plan put it on the cpu lane, bit 2 on the nvme_cpu lane; D[n:] its NVMe picks in the order it
                 ran them (pick indices, nvme_cpu's then nvme_gpu's)
-    O  int64    6 lane counts (gpu, zerocopy, cpu, nvme_cpu, nvme_gpu, masked), then each lane's keys in order
-    R  float64  the plan's times at the ``R_*`` indices (cpu_crit / split_end: NaN where the plan has None)
+    O  int64    (6 + n,), out: 6 lane counts (gpu, zerocopy, cpu, nvme_cpu, nvme_gpu, masked), then each lane's keys in order
+    R  float64  (R_N,), out: the plan's times at the ``R_*`` indices (cpu_crit / split_end: NaN where the plan has None)
 
 Floats are computed in the order and association of the interpreted planner they replace (no fastmath: no fused
 multiply-add), so plans are bit-identical to it; a squared term goes through libm's pow (moetier.core.arrivals).
@@ -401,8 +402,9 @@ def _heaviest_first(I, ram, n_ram):
 
 
 @njit(cache=True)
-def plan_kernel(P, picks, scalars, D):
-    """One layer call's plan: see the module docstring for the arrays (``picks``: I's bytes, ``scalars``: X's)."""
+def plan_kernel(P, picks, scalars, D, O, R):
+    """One layer call's plan into O and R: see the module docstring for the arrays (``picks``: I's bytes,
+    ``scalars``: X's)."""
     flat = np.frombuffer(picks, np.int64)
     X = np.frombuffer(scalars, np.float64)
     n = flat.shape[0] // 3
@@ -411,7 +413,7 @@ def plan_kernel(P, picks, scalars, D):
     F = _per_pick(I, X, n)
     L = np.empty((6, n), np.int64)
     cnt = np.zeros(6, np.int64)
-    R = np.zeros(R_N)
+    R[:] = 0.0
     R[R_CRIT_COLD] = R[R_CRIT_EXTRA] = R[R_SPLIT_END] = np.nan
     idx, k = _by_tier(I, n)
     n_vram, n_ram, n_nv = k[0], k[1], k[2]
@@ -445,13 +447,11 @@ def plan_kernel(P, picks, scalars, D):
         R[R_MS] = g + c + serial         # the serial timeline waited past the head already (_serial_nvme)
     if n_nv and not mask:
         R[R_MS] += P[P_HOST_READ] * n_nv + P[P_HOST_NVME_LAYER]
-    O = np.empty(6 + n, np.int64)
     O[:6] = cnt
     at = 6
     for lane in range(6):
         O[at:at + cnt[lane]] = L[lane, :cnt[lane]]
         at += cnt[lane]
-    return O, R
 
 
 @njit(cache=True)
