@@ -133,7 +133,7 @@ def _arrivals(plan, keys, t0, nvme) -> list:
     arr = plan.arrivals
     fresh = []
     for k in keys:
-        a = nvme.claim(k, t0) if nvme.pf else None
+        a = nvme.claim(k, t0)
         if a is None:
             fresh.append(k)
         else:

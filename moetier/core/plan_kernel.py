@@ -213,7 +213,7 @@ def _overlap_nvme(P, I, F, S, D, order, g, g_on, c, c_on, head, L, cnt, R):
         if P[P_CPU_ON]:
             # the call is made once the bytes are there: its set-up follows the wait, it does not hide under it
             cs = c
-            cw = (P[P_CPU_CALL] if c_on or P[P_PMIN] > 1 else P[P_CPU_L]) + P[P_CPU_E] + P[P_CPU_X] * (m - 1)
+            cw = _cpu_call(P, c_on, m)
             ce = cs + cw if cs >= a else a + cpu_resume + cw
         else:
             ce = INF
