@@ -28,6 +28,7 @@ import numpy as np
 
 from benchmarks.compare_all import _recipe
 from moetier.core.policies.residency import make
+from moetier.errors import UserError
 from moetier.traces.stats import selection_counts
 
 RECIPES = ("glm53-rtx5070-20g-nvme1", "glm53-rtx3090-55g-nvx4", "glm53-rtx3090-55g-nvx4-cold2b",
@@ -93,7 +94,12 @@ def main(argv=None) -> int:
     ap.add_argument("--recipes", default=",".join(RECIPES))
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    out = {rid: drift(*_recipe(rid)) for rid in a.recipes.split(",")}
+    try:
+        recipes = {rid: _recipe(rid) for rid in a.recipes.split(",")}    # every id checked before a minute of work
+    except UserError as e:
+        print(f"popularity_drift: --recipes: {e}", file=sys.stderr)
+        return 2
+    out = {rid: drift(*r) for rid, r in recipes.items()}
     if a.json:
         print(json.dumps(out, indent=1))
         return 0

@@ -46,3 +46,12 @@ def test_the_replay_counts_a_hand_worked_sequence_exactly():
     core = np.array([False, True, True])
     assert _replay(seq, "lfu", 2, 3, 1, core) == (2, 2, 2)        # both evictions of a core expert
     assert _replay(seq, "lfu", 2, 3, 3, core) == (1, 2, 2)        # warm-up 3: only t5's hit counts
+
+
+def test_an_unknown_recipe_is_one_line_and_exit_2_before_any_work(capsys):
+    """A bad id anywhere in --recipes is refused before the first recipe's replay (minutes on the real traces)."""
+    from benchmarks import popularity_drift
+    rc = popularity_drift.main(["--recipes", "tiny-ci-cpu,no-such-recipe"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and "--recipes" in err and "no-such-recipe" in err and "Traceback" not in err
