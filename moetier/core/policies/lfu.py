@@ -20,14 +20,18 @@ Array state (keys are ``base + i``, ``i`` < the arrays' width, which grows on de
     fs[1, i]  its resident score (float64)        iv[1, i]  its place in the resident list, -1 if not resident
     st[0]     the policy's tick                   iv[2, :n] the resident list (indices), n = st[1]
 
-The kernels are ``@njit(cache=True)``: a second process loads them from the cache instead of compiling.
+The kernels are ``@njit(cache=True)``: a second process loads them from the cache instead of compiling; the
+ledger's compiled commit (moetier.core.commit_kernel) calls the same ones. ``stack(parts)`` lays several LFUs'
+arrays out as one array each, indexed by part first, the parts' own arrays rebound as views into them (what a
+compiled caller indexes by part, a per-layer split's layer); a part must not grow past its width afterwards (its
+arrays would leave the stack), which a part sized for its keys (a layer's experts, or every key) never does.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
-__all__ = ["LFU"]
+__all__ = ["LFU", "stack"]
 
 _RENORM = 1e200
 
@@ -218,3 +222,12 @@ class LFU:
 
     def __len__(self):
         return int(self.st[1])
+
+
+def stack(parts) -> tuple:
+    """(fs, iv, st) of ``parts`` (LFUs of one width) stacked by part, each part's own arrays now views into them
+    (module docstring)."""
+    fs, iv, st = np.stack([p.fs for p in parts]), np.stack([p.iv for p in parts]), np.stack([p.st for p in parts])
+    for j, p in enumerate(parts):
+        p.fs, p.iv, p.st = fs[j], iv[j], st[j]
+    return fs, iv, st
