@@ -108,18 +108,22 @@ def _evict_for(fs, iv, st, halflife, pins, base, i):
     """The resident index with the least (score, tick, index) whose key (base + index) is not in ``pins`` (an
     int64 array of keys, a layer's few) is replaced by index i; returns it, or -1 (nothing replaced) when every
     resident key is pinned."""
+    # a pinned resident's place is flipped negative for the scan (one read per resident, not a search of pins)
+    w = fs.shape[1]
+    for p in pins:
+        r = p - base
+        if 0 <= r < w and iv[1, r] >= 0:
+            iv[1, r] = -2 - iv[1, r]
     best, bs, bt = -1, 0.0, 0
     for j in range(st[1]):
         r = iv[2, j]
         s, t = fs[1, r], iv[0, r]
-        if best < 0 or s < bs or (s == bs and (t < bt or (t == bt and r < best))):
-            pinned = False
-            for p in pins:                      # only a key that would lead is looked up
-                if p == base + r:
-                    pinned = True
-                    break
-            if not pinned:
-                best, bs, bt = r, s, t
+        if (best < 0 or s < bs or (s == bs and (t < bt or (t == bt and r < best)))) and iv[1, r] >= 0:
+            best, bs, bt = r, s, t
+    for p in pins:
+        r = p - base
+        if 0 <= r < w and iv[1, r] < -1:
+            iv[1, r] = -2 - iv[1, r]
     if best >= 0:
         _replace(fs, iv, st, halflife, best, i)
     return best
