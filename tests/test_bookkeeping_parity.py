@@ -103,6 +103,7 @@ def test_ticket_path_evicts_as_the_plain_victim_search(exclusive):
     every operation of a long random run."""
     kw = dict(exclusive=exclusive, ram_policy="lfu", vram_policy="dlfu", ram_partition="layer", layers=4, experts=16)
     fast, plain = Ledger(64, 10, 14, **kw), Ledger(64, 10, 14, **kw)
+    plain.commits = False                 # the ledger's Python forms, not the compiled commit's doors
     plain._rfast = plain._vfast = False
     rng = np.random.default_rng(5)
     tickets = {"fast": [], "plain": []}

@@ -20,9 +20,10 @@ Which ledgers it covers (``C``, built by the ledger): VRAM CLOCK or an LFU / dec
 (moetier.core.policies.lfu: ``vfs, viv, vst`` its arrays stacked as one part); RAM the built-in LRU (exclusive or
 inclusive) or LFU / decayed LFU, global or split per layer (``rfs, riv, rst`` the parts' arrays stacked, ``caps``
 each part's slots, a part ``C[C_RW]`` keys wide); no RAM bookkeeping (all in RAM, or no RAM slots). The LFU work is
-moetier.core.policies.lfu's kernels, called here, not a copy of them. ``bind(ledger)`` is the arguments past
-``O`` for a ledger (its own buffers, the policies' arrays stacked by part), or None where the kernel does not cover
-it; the ledger keeps them (the buffers never move).
+moetier.core.policies.lfu's kernels, called here, not a copy of them. The ticket path's RAM puts and uses go
+through the same code (``ram_put`` / ``ram_uses``, and ``lru_*`` for the built-in LRU). ``bind(ledger)`` is the
+arguments (the ledger's own buffers, the policies' arrays stacked by part), or None where the kernel does not cover
+the ledger; the ledger keeps them (the buffers never move).
 """
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ from moetier.core.policies.lfu import _evict_for, _put, _remove, _touch
 from moetier.core.tickets import ABSENT, RAM, VRAM
 from moetier.core.tier_state import M_BAD, M_HAND, M_RAM_EV, M_RAM_N, M_REFUSED, M_VRAM_EV, M_VRAM_N
 
-__all__ = ["commit", "bind", "C_KEYS", "C_VN", "C_RSLOTS", "C_EXCL", "C_ALLRAM", "C_NORAM", "C_VLFU", "C_RLFU", "C_RW",
-           "C_N"]
+__all__ = ["commit", "ram_uses", "lru_uses", "ram_put", "lru_put", "bind", "C_KEYS", "C_VN", "C_RSLOTS", "C_EXCL",
+           "C_ALLRAM", "C_NORAM", "C_VLFU", "C_RLFU", "C_RW", "C_N"]
 
 # C: the ledger's configuration
 C_KEYS, C_VN, C_RSLOTS, C_EXCL, C_ALLRAM, C_NORAM, C_VLFU, C_RLFU, C_RW, C_N = range(10)
@@ -45,8 +46,10 @@ _STEPS = ("vram_hit", "ram_hit", "fill_landed", "pushes_landed", "_ram_put")
 
 
 def bind(led, base):
-    """``commit``'s arguments past ``O`` and before ``can_admit`` for ledger ``led`` (of class ``base``, or a subclass),
-    or None where it does not cover the ledger (the module docstring says which it covers)."""
+    """For ledger ``led`` (of class ``base``, or a subclass): (``commit``'s arguments past ``O`` and before
+    ``can_admit``, the RAM put door and its arguments past ``pins``, the RAM uses door and its arguments past
+    ``keys``: ``lru_put`` / ``lru_uses`` under the built-in LRU, else ``ram_put`` / ``ram_uses``), or None where the
+    kernel does not cover the ledger (the module docstring says which it covers)."""
     if any(getattr(type(led), m) is not getattr(base, m) for m in _STEPS):
         return None
     if led._vpol is not None and not isinstance(led._vpol, lfu.LFU):
@@ -64,8 +67,13 @@ def bind(led, base):
         rparts is not None, width)
     vs = lfu.stack(vparts) if vparts else _NO_LFU
     rs = lfu.stack(rparts) if rparts else _NO_LFU
-    return (C, *led._ts.views(), np.zeros(led.keys, np.uint8), *vs, *rs, np.array(caps, np.int64),
-            vparts[0].halflife if vparts else 0.0, rparts[0].halflife if rparts else 0.0)
+    st, inram, link, owner, ref, slot, meta = led._ts.views()
+    pin, caps = np.zeros(led.keys, np.uint8), np.array(caps, np.int64)
+    vhl, rhl = vparts[0].halflife if vparts else 0.0, rparts[0].halflife if rparts else 0.0
+    args = (C, st, inram, link, owner, ref, slot, meta, pin, *vs, *rs, caps, vhl, rhl)
+    if rparts is None:
+        return args, lru_put, (C, st, inram, link, meta, pin), lru_uses, (inram, link, meta)
+    return args, ram_put, (C, st, inram, link, meta, pin, *rs, caps, rhl), ram_uses, (C, inram, link, meta, *rs, rhl)
 
 
 def _ram_parts(led) -> tuple:
@@ -114,55 +122,130 @@ def _ram_unlink(link, inram, meta, h, k):
 @njit(cache=True)
 def _ram_put(k, C, st, inram, link, meta, pin, picks, rfs, riv, rst, caps, rhl):
     """``k`` enters the RAM tier (Ledger._ram_put): a use where it is there, else a free slot, else in place of
-    the tier's victim, else refused (the record is not kept, counted)."""
+    the tier's victim, else refused (the record is not kept, counted). Returns the victim, -1 where no RAM slot
+    came free, -2 where ``k`` was refused."""
     if C[C_NORAM]:
         st[k] = ABSENT
-        return
+        return -1
+    if not C[C_RLFU]:
+        return _lru_put(k, C, st, inram, link, meta, pin)
+    w = C[C_RW]
+    l = k // w
+    i = k - l * w
+    if inram[k]:
+        _touch(rfs[l], riv[l], rst[l], rhl, i)
+        st[k] = RAM
+        return -1
+    v = _put(rfs[l], riv[l], rst[l], rhl, picks, l * w, i, caps[l])
+    if v == -1:
+        _ram_add(link, inram, meta, C[C_KEYS], k)
+        st[k] = RAM
+        return -1
+    return _swap_in(k, l * w + v if v >= 0 else -1, st, inram, link, meta, C[C_KEYS])
+
+
+@njit(cache=True)
+def _lru_put(k, C, st, inram, link, meta, pin):
+    """_ram_put under the built-in LRU."""
     h = C[C_KEYS]
-    victim = -1
-    if C[C_RLFU]:
-        w = C[C_RW]
-        l = k // w
-        i = k - l * w
-        if inram[k]:
-            _touch(rfs[l], riv[l], rst[l], rhl, i)
-            st[k] = RAM
-            return
-        v = _put(rfs[l], riv[l], rst[l], rhl, picks, l * w, i, caps[l])
-        if v == -1:
-            _ram_add(link, inram, meta, h, k)
-            st[k] = RAM
-            return
-        if v >= 0:
-            victim = l * w + v
-    else:
-        if inram[k]:
-            _ram_unlink(link, inram, meta, h, k)
-            _ram_add(link, inram, meta, h, k)
-            st[k] = RAM
-            return
-        if meta[M_RAM_N] < C[C_RSLOTS]:
-            _ram_add(link, inram, meta, h, k)
-            st[k] = RAM
-            return
-        # the least recently used key neither picked nor mid-transfer; inclusive: a VRAM key's RAM copy may go
-        x = link[2 * h + 1]
-        while x != h:
-            s = st[x]
-            if not pin[x] and (s == RAM or (s == VRAM and not C[C_EXCL])):
-                victim = x
-                break
-            x = link[h + 1 + x]
+    if inram[k]:
+        _ram_unlink(link, inram, meta, h, k)
+        _ram_add(link, inram, meta, h, k)
+        st[k] = RAM
+        return -1
+    if meta[M_RAM_N] < C[C_RSLOTS]:
+        _ram_add(link, inram, meta, h, k)
+        st[k] = RAM
+        return -1
+    # the least recently used key neither picked nor mid-transfer; inclusive: a VRAM key's RAM copy may go
+    x = link[2 * h + 1]
+    while x != h:
+        s = st[x]
+        if not pin[x] and (s == RAM or (s == VRAM and not C[C_EXCL])):
+            break
+        x = link[h + 1 + x]
+    return _swap_in(k, x if x != h else -1, st, inram, link, meta, h)
+
+
+@njit(cache=True)
+def _swap_in(k, victim, st, inram, link, meta, h):
+    """``victim`` leaves the RAM tier and ``k`` enters it, or, with no victim (-1), ``k`` is refused."""
     if victim < 0:                       # every slot pinned, or the policy keeps the key out
         meta[M_REFUSED] += 1
         st[k] = ABSENT
-        return
+        return -2
     _ram_unlink(link, inram, meta, h, victim)
     if st[victim] == RAM:
         st[victim] = ABSENT
     meta[M_RAM_EV] += 1
     _ram_add(link, inram, meta, h, k)
     st[k] = RAM
+    return victim
+
+
+@njit(cache=True)
+def _ram_uses(keys, a, b, C, inram, link, meta, rfs, riv, rst, rhl):
+    """The RAM keys among keys[a:b] computed in place, in turn: to the most recent end (LRU), or a use (LFU)."""
+    if C[C_NORAM]:
+        return
+    if not C[C_RLFU]:
+        _lru_uses(keys, a, b, inram, link, meta)
+        return
+    w = C[C_RW]
+    for j in range(a, b):
+        k = keys[j]
+        if inram[k]:
+            l = k // w
+            _touch(rfs[l], riv[l], rst[l], rhl, k - l * w)
+
+
+@njit(cache=True)
+def _lru_uses(keys, a, b, inram, link, meta):
+    h = len(inram)
+    for j in range(a, b):
+        k = keys[j]
+        if inram[k]:
+            _ram_unlink(link, inram, meta, h, k)
+            _ram_add(link, inram, meta, h, k)
+
+
+# the ticket path's doors (Ledger.ram_hit, Ledger._ram_put where the kernel covers the ledger): one call each, its
+# arguments ``bind``'s; the built-in LRU's take fewer (a call's cost grows with its array arguments)
+@njit(cache=True)
+def ram_uses(keys, C, inram, link, meta, rfs, riv, rst, rhl):
+    """``Ledger.ram_hit`` of ``keys`` (an int64 array)."""
+    _ram_uses(keys, 0, len(keys), C, inram, link, meta, rfs, riv, rst, rhl)
+
+
+@njit(cache=True)
+def lru_uses(keys, inram, link, meta):
+    """``ram_uses`` under the built-in LRU."""
+    _lru_uses(keys, 0, len(keys), inram, link, meta)
+
+
+@njit(cache=True)
+def ram_put(k, pins, C, st, inram, link, meta, pin, rfs, riv, rst, caps, rhl):
+    """``Ledger._ram_put`` of key ``k``, the keys in ``pins`` kept; ``_ram_put``'s return value."""
+    for p in pins:
+        pin[p] = 1
+    out = _ram_put(k, C, st, inram, link, meta, pin, pins, rfs, riv, rst, caps, rhl)
+    for p in pins:
+        pin[p] = 0
+    return out
+
+
+@njit(cache=True)
+def lru_put(k, pins, C, st, inram, link, meta, pin):
+    """``ram_put`` under the built-in LRU (or no RAM bookkeeping)."""
+    if C[C_NORAM]:
+        st[k] = ABSENT
+        return -1
+    for p in pins:
+        pin[p] = 1
+    out = _lru_put(k, C, st, inram, link, meta, pin)
+    for p in pins:
+        pin[p] = 0
+    return out
 
 
 @njit(cache=True)
@@ -242,7 +325,6 @@ def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, pi
 @njit(cache=True)
 def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, vfs, viv, vst, rfs, riv, rst, caps, vhl, rhl,
            can_admit):
-    h = C[C_KEYS]
     e_gpu = 6 + O[0]
     e_zc = e_gpu + O[1]
     e_cpu = e_zc + O[2]
@@ -259,18 +341,7 @@ def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, vfs, viv, vst, rf
     else:
         for j in range(6, e_gpu):
             ref[slot[O[j]]] = 1
-    if not C[C_NORAM]:
-        for j in range(e_zc, e_cpu):
-            k = O[j]
-            if not inram[k]:
-                continue
-            if C[C_RLFU]:
-                w = C[C_RW]
-                l = k // w
-                _touch(rfs[l], riv[l], rst[l], rhl, k - l * w)
-            else:
-                _ram_unlink(link, inram, meta, h, k)
-                _ram_add(link, inram, meta, h, k)
+    _ram_uses(O, e_zc, e_cpu, C, inram, link, meta, rfs, riv, rst, rhl)
     # 2. fills
     for j in range(e_cpu, e_ncpu):
         k = O[j]

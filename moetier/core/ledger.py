@@ -27,18 +27,17 @@ a policy of moetier.core.policies.residency (2q, slru, sieve, s3fifo, wtinylfu, 
 oracle's Belady); ``ram_partition="layer"`` gives each layer its share of the RAM slots (``layers``, ``experts``
 map keys to layers). A policy refusing the incoming key (Belady's bypass, W-TinyLFU's filter) refuses the admission.
 
-State: flat arrays (moetier.core.tier_state), read from Python as ``state`` (key -> state, absent keys left out),
-``ram`` (the RAM tier's keys, oldest first) and ``clock.slot_of``: the dicts of before. ``commit(O, can_admit)``,
-the simulator's commit of a layer's plan, is one compiled call over them (moetier.core.commit_kernel, which says
-what it covers) where ``commits``. Python for now: the ticket path (begin_* / land / abort / adopt, driven by the
-runtime per real transfer), and where the kernel does not cover the ledger (the window LFU 'lfu:W:H', the policies
-run through moetier.core.policies.machine, LRU / FIFO parts per layer, Belady, moetier.peers.token_feed's uses):
-there ``fill_landed`` / ``pushes_landed`` commit.
-
-Pure, no I/O. States and tickets: moetier.core.tickets; the VRAM slot map and the policy objects:
-moetier.core.tier_order; both importable from here.
+State: flat arrays (moetier.core.tier_state), read as ``state``, ``ram`` and ``clock.slot_of`` (the dicts of before).
+Where ``commits`` (moetier.core.commit_kernel says what it covers) the simulator's commit of a layer's plan is one
+compiled call, ``commit(O, can_admit)``, and the ticket path's RAM puts and uses one each. Python: the rest of the
+ticket path (begin_* / land / abort / adopt, per real transfer) and the ledgers the kernel does not cover (window
+LFU 'lfu:W:H', the policies run through moetier.core.policies.machine, LRU / FIFO parts per layer, Belady,
+moetier.peers.token_feed's uses), whose simulator commit is ``fill_landed`` / ``pushes_landed``. Pure, no I/O.
+States and tickets: moetier.core.tickets; the VRAM slot map, the policy objects: moetier.core.tier_order.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from moetier.core import commit_kernel as CK
 from moetier.core.policies import residency
@@ -100,13 +99,12 @@ class Ledger:
             self._lfu_window, self._lfu_halflife = lfu_terms(self.ram_policy)
         self._freq: dict[int, float] = {}
         self._freq_t: dict[int, int] = {}
-        # the planner's view, one read per pick
         self._tier_default = TIER_RAM if self.all_in_ram else TIER_NVME
         # put / evict_for: one compiled eviction, pinning the picks and the keys mid-push (their RAM copy is read)
         self._pushing: set = set()
         self._rfast, self._vfast = bool(getattr(self._rpol, "put", None)), hasattr(self._vpol, "evict_for")
         self._pins = Pins().of
-        self._kernel_args = CK.bind(self, Ledger)
+        self._kernel_args, self._put_door, self._puts, self._use_door, self._uses = CK.bind(self, Ledger) or (None,) * 5
         self.commits = self._kernel_args is not None
 
     # ---- queries (hot path) ---------------------------------------------------------------------------------
@@ -214,11 +212,9 @@ class Ledger:
         return self._ticket(key, "push", s == STAGED, slot, victim)
 
     # ---- modeled executors ---------------------------------------------------------------------------------------
-    # The simulator's clock says a transfer's bytes have landed by the time it commits the plan, so issue and landing
-    # coincide. These do exactly begin_* + land (+ the drain landing) without allocating tickets; the runtime, whose
-    # landings are real events, always goes through tickets. tests/test_runtime.py checks both paths plan the same.
-    # Where ``commits``, the simulator's commit is the compiled ``commit`` instead (tests/test_bookkeeping_parity.py
-    # holds the two to the same plans).
+    # In the simulator a transfer's bytes have landed by the time it commits the plan: begin_* + land (+ the drain
+    # landing) without tickets, or, where ``commits``, the compiled ``commit`` (tests/test_bookkeeping_parity.py
+    # holds the two to the same plans); the runtime's landings are real events, always through tickets.
     def fill_landed(self, key: int, protect=()) -> tuple:
         if self.codes[key] != ABSENT or self.all_in_ram:
             raise ResidencyError(f"fill_landed({key}): key is {self.state_of(key)}, expected absent")
@@ -274,12 +270,7 @@ class Ledger:
             self.codes[ticket.key] = ABSENT
 
     def _set_ram_or_absent(self, key: int, staged: bool) -> None:
-        if staged:
-            self.codes[key] = STAGED
-        elif self.all_in_ram:
-            self.codes[key] = ABSENT
-        else:
-            self.codes[key] = RAM
+        self.codes[key] = STAGED if staged else ABSENT if self.all_in_ram else RAM
 
     def land(self, ticket: Ticket, protect=()) -> tuple:
         """Bytes of ``ticket`` have landed: make the key resident. Returns the keys whose host slot (RAM or
@@ -328,6 +319,9 @@ class Ledger:
         """RAM keys computed in place: their recency (or the RAM policy's use count)."""
         if self._no_ram_lru:
             return
+        if self.commits:                  # one compiled call (moetier.core.commit_kernel)
+            self._use_door(np.fromiter(keys, np.int64, len(keys)), *self._uses)
+            return
         ram = self.ram
         if self._rpol is not None:
             many = getattr(self._rpol, "hit_many", None)
@@ -364,6 +358,9 @@ class Ledger:
         if self._no_ram_lru:
             st[key] = ABSENT
             return ()
+        if self.commits:                  # one compiled call (moetier.core.commit_kernel)
+            v = self._put_door(key, self._pins(protect, self._pushing), *self._puts)
+            return () if v == -1 else (key,) if v == -2 else (v,)
         if self._rpol is not None:
             return self._ram_put_policy(key, protect)
         if key in ram:
