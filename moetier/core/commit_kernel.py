@@ -40,7 +40,7 @@ __all__ = ["commit", "ram_uses", "lru_uses", "ram_put", "lru_put", "bind", "C_KE
 
 # C: the ledger's configuration
 C_KEYS, C_VN, C_RSLOTS, C_EXCL, C_ALLRAM, C_NORAM, C_VLFU, C_RLFU, C_RW, C_N = range(10)
-_NO_LFU = (np.zeros((1, 2, 1)), np.full((1, 3, 1), -1, np.int64), np.zeros((1, 2), np.int64))
+_NO_LFU = (np.zeros((1, 3, 1)), np.full((1, 4, 1), -1, np.int64), np.zeros((1, 2), np.int64))
 # the ledger's steps the kernel does; a subclass that overrides one (moetier.peers.token_feed) keeps its own
 _STEPS = ("vram_hit", "ram_hit", "fill_landed", "pushes_landed", "_ram_put")
 
@@ -317,7 +317,7 @@ def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, pi
             if C[C_RLFU]:
                 w = C[C_RW]
                 l = key // w
-                _remove(riv[l], rst[l], key - l * w)
+                _remove(rfs[l], riv[l], rst[l], key - l * w)
         admitted += 1
     return admitted
 
