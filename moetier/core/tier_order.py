@@ -89,15 +89,17 @@ class PolicySlots(Clock):
     """VRAM slots ordered by a replacement policy (moetier.core.policies.residency) instead of CLOCK: the same
     slot map; ``hit`` tells the policy a VRAM key was computed (CLOCK's reference bit)."""
 
-    __slots__ = ("pol",)
+    __slots__ = ("pol", "_free")
 
     def __init__(self, ts: TierState, pol):
         super().__init__(ts)
         self.pol = pol
+        self._free = 0                    # no free slot lies below it: seeding fills thousands, each a search
 
     def find_victim_slot(self, protect, state, key=None) -> int:
         if len(self.slot_of) < self.n:
-            return self.owner.index(-1)
+            self._free = self.owner.index(-1, self._free)      # the lowest free slot
+            return self._free
         v = self.pol.victim(key, lambda k: k not in protect and state[k] == VRAM)
         if v is None or v == key:
             return -1
@@ -127,6 +129,7 @@ class PolicySlots(Clock):
         return old
 
     def remove(self, key: int) -> None:
+        self._free = min(self._free, self.slot_of[key])
         super().remove(key)
         self.pol.remove(key)
 
