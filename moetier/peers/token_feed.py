@@ -18,7 +18,11 @@ layer's commit and its flush. Pure.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from moetier.core.ledger import RAM, Ledger
+from moetier.core.policies.machine import Machine
+from moetier.core.policies.residency import Partitioned
 
 __all__ = ["TokenFedLedger", "wire"]
 
@@ -50,8 +54,11 @@ class TokenFedLedger(Ledger):
         hits, reads = self._uses
         self._uses = None
         named = set(keys)
+        seq = list(keys) + [k for k in (*hits, *reads) if k not in named]
+        if seq and self._feed(seq, hits, reads):
+            return
         used = set(hits)
-        for k in list(keys) + [k for k in (*hits, *reads) if k not in named]:
+        for k in seq:
             if k in reads:
                 reads.discard(k)
                 used.add(k)
@@ -62,6 +69,35 @@ class TokenFedLedger(Ledger):
                     super().ram_hit((k,))
                 elif s is None:
                     super().fill_landed(k)
+
+    def _feed(self, seq, hits, reads) -> bool:
+        """``flush`` in one compiled call (moetier.core.policies.machine's ``feed``) where one layer's part of a
+        per-layer split of machines orders the RAM tier; False, and nothing done, elsewhere."""
+        pol = self._rpol
+        if not isinstance(pol, Partitioned) or self.all_in_ram or self._no_ram_lru:
+            return False
+        E = pol.experts
+        l = seq[0] // E
+        part = pol.parts[l]
+        if not isinstance(part, Machine) or min(seq) < l * E or max(seq) >= (l + 1) * E:
+            return False
+        get, arr = self.state.get, np.array
+        log, n, err = part.feed(pol.caps[l], arr(seq, dtype=np.int64),
+                                np.fromiter((get(k, -1) for k in seq), dtype=np.int64, count=len(seq)),
+                                arr(list(hits), dtype=np.int64), arr(list(reads), dtype=np.int64),
+                                arr([k for k in self._pushing if k // E == l], dtype=np.int64), RAM)
+        ram, state = self.ram, self.state
+        for ev, k, v in log[:, :n].T.tolist():
+            if ev == 0:
+                ram[k] = None
+                state[k] = RAM
+            elif ev == 1:
+                self._refuse(k)
+            else:
+                self._ram_swap(k, v)
+        if err >= 0:
+            super().fill_landed(seq[err])          # raises: the ledger holds the key
+        return True
 
 
 def wire(rp) -> None:
