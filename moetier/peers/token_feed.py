@@ -81,13 +81,12 @@ class TokenFedLedger(Ledger):
         part = pol.parts[l]
         if not isinstance(part, Machine) or min(seq) < l * E or max(seq) >= (l + 1) * E:
             return False
-        get, arr = self.state.get, np.array
-        log, n, err = part.feed(pol.caps[l], arr(seq, dtype=np.int64),
-                                np.fromiter((get(k, -1) for k in seq), dtype=np.int64, count=len(seq)),
-                                arr(list(hits), dtype=np.int64), arr(list(reads), dtype=np.int64),
-                                arr([k for k in self._pushing if k // E == l], dtype=np.int64), RAM)
+        get, i64 = self.state.get, np.int64
+        log, err = part.feed(pol.caps[l], np.array(seq, dtype=i64), np.array([get(k, -1) for k in seq], dtype=i64),
+                             np.fromiter(hits, i64, len(hits)), np.fromiter(reads, i64, len(reads)),
+                             np.array([k for k in self._pushing if k // E == l], dtype=i64), RAM)
         ram, state = self.ram, self.state
-        for ev, k, v in log[:, :n].T.tolist():
+        for ev, k, v in log:
             if ev == 0:
                 ram[k] = None
                 state[k] = RAM

@@ -211,8 +211,13 @@ def _fill(kind, iv, st, aux, base, cap, k, log, n):
 def _feed(kind, iv, st, aux, base, cap, seq, states, hits, reads, blocked, ram, log):
     """token_feed's flush in one call: each of ``seq`` in turn is filled when read this layer (first occurrence) or
     used this layer and absent, or hit when in RAM (``states``: each one's ledger state, -1 absent; ``ram``: the
-    state RAM). Logs (0, k): k took a free slot; (1, k): k refused; (2, k, v): k replaced v. Returns (the log's
-    length, -1), or (its length, t) when ``seq[t]`` was read but the ledger holds it."""
+    state RAM; ``hits`` and ``reads`` lie within ``seq``). Logs (0, k): k took a free slot; (1, k): k refused; (2, k,
+    v): k replaced v. Returns (the log's length, -1), or (its length, t) when ``seq[t]`` was read but the ledger
+    holds it; (-1, -1), nothing done, when a key of ``seq`` or ``blocked`` lies outside the arrays."""
+    for a in (seq, blocked):
+        for k in a:
+            if k < base or k >= base + iv.shape[1]:
+                return -1, -1
     for t in range(len(seq)):
         s = states[t]
         iv[W, seq[t] - base] = _CRAM if s == ram else 0 if s < 0 else _COTHER
@@ -237,7 +242,7 @@ def _feed(kind, iv, st, aux, base, cap, seq, states, hits, reads, blocked, ram, 
                 _access(kind, iv, st, aux, base, k)
             elif not w & _COTHER:
                 n = _fill(kind, iv, st, aux, base, cap, k, log, n)
-    for a in (seq, hits, reads, blocked):
+    for a in (seq, blocked):
         for k in a:
             iv[W, k - base] = 0
     return n, err
@@ -297,12 +302,13 @@ class Machine:
         return None
 
     def feed(self, cap: int, seq, states, hits, reads, blocked, ram: int):
-        """``_feed`` over this machine (int64 arrays of keys; ``states`` one per ``seq``): (log, its length, the
-        position in ``seq`` of a read the ledger already holds, or -1)."""
+        """``_feed`` over this machine (int64 arrays of keys; ``states`` one per ``seq``, ``hits`` and ``reads``
+        within ``seq``): (the log as (event, k, v) rows, the position in ``seq`` of a read the ledger already holds,
+        or -1)."""
         m = self.m
-        lo = min(seq.min(), hits.min(initial=seq[0]), reads.min(initial=seq[0]), blocked.min(initial=seq[0]))
-        hi = max(seq.max(), hits.max(initial=seq[0]), reads.max(initial=seq[0]), blocked.max(initial=seq[0]))
-        m.fit(int(lo), int(hi))
         log = np.empty((3, len(seq)), dtype=np.int64)
         n, err = _feed(self.kind, m.iv, m.st, m.aux, m.base, cap, seq, states, hits, reads, blocked, ram, log)
-        return log, n, err
+        if n < 0:                        # the arrays grow to the layer's keys once
+            m.fit(int(min(seq.min(), blocked.min(initial=seq[0]))), int(max(seq.max(), blocked.max(initial=seq[0]))))
+            n, err = _feed(self.kind, m.iv, m.st, m.aux, m.base, cap, seq, states, hits, reads, blocked, ram, log)
+        return log[:, :n].T.tolist() if n else (), err
