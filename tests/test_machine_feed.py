@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from moetier.core.ledger import RAM, ResidencyError
+from moetier.core.policies.sieve import HAND, Sieve
 from moetier.peers import rows as P
 from moetier.peers.token_feed import TokenFedLedger
 
 L, E, TOPK = 3, 20, 3
-MACHINES = ("2q", "slru", "s3fifo", "wtinylfu", "kt-2q", "kt-slru", "kt-sieve", "kt-s3fifo", "kt-wtinylfu")
+MACHINES = ("2q", "slru", "sieve", "s3fifo", "wtinylfu", "kt-2q", "kt-slru", "kt-sieve", "kt-s3fifo", "kt-wtinylfu")
 
 
 class FakePerUseLedger(TokenFedLedger):
@@ -40,6 +41,14 @@ def _pair(name: str, ram_slots: int):
 
 def _machine_state(led) -> list:
     return [(p.m.iv[:8].tolist(), p.m.st.tolist(), p.m.aux.tolist()) for p in led._rpol.parts]
+
+
+def _first(part) -> list:
+    """The key the part would name first (a Machine's first orphan or key in order; SIEVE's hand or oldest key)."""
+    if isinstance(part, Sieve):
+        h = int(part.st[HAND])
+        return [h] if h >= 0 else part.queue(0)[:1]
+    return part._keys(True)[:1]
 
 
 def _layer(led, layer, ids, order, push=None):
@@ -69,7 +78,7 @@ def test_the_compiled_flush_serves_a_layer_as_the_per_use_path(name):
             ids = [layer * E + int(e) for e in rng.zipf(1.3, TOPK) % E]
             order = [layer * E + int(e) for e in rng.zipf(1.3, 2 * TOPK) % E] + ids
             # every third layer the key the machine would name first is mid-push while the layer's uses are served
-            first = slow._rpol.parts[layer]._keys(True)[:1] if step % 3 == 1 else []
+            first = _first(slow._rpol.parts[layer]) if step % 3 == 1 else []
             push = first[0] if first else None
             blocked += push is not None
             for led in (fast, slow):

@@ -21,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from moetier.core.ledger import RAM, Ledger
-from moetier.core.policies.machine import Machine
+from moetier.core.policies.machine import Machine, feed
+from moetier.core.policies.sieve import Sieve
 from moetier.core.policies.residency import Partitioned
 
 __all__ = ["TokenFedLedger", "wire"]
@@ -79,12 +80,12 @@ class TokenFedLedger(Ledger):
         E = pol.experts
         l = seq[0] // E
         part = pol.parts[l]
-        if not isinstance(part, Machine) or min(seq) < l * E or max(seq) >= (l + 1) * E:
+        if not isinstance(part, (Machine, Sieve)) or min(seq) < l * E or max(seq) >= (l + 1) * E:
             return False
         get, i64 = self.state.get, np.int64
-        log, err = part.feed(pol.caps[l], np.array(seq, dtype=i64), np.array([get(k, -1) for k in seq], dtype=i64),
-                             np.fromiter(hits, i64, len(hits)), np.fromiter(reads, i64, len(reads)),
-                             np.array([k for k in self._pushing if k // E == l], dtype=i64), RAM)
+        log, err = feed(part, pol.caps[l], np.array(seq, dtype=i64), np.array([get(k, -1) for k in seq], dtype=i64),
+                        np.fromiter(hits, i64, len(hits)), np.fromiter(reads, i64, len(reads)),
+                        np.array([k for k in self._pushing if k // E == l], dtype=i64), RAM)
         ram, state = self.ram, self.state
         for ev, k, v in log:
             if ev == 0:

@@ -28,16 +28,18 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from moetier.core.policies import ktransformers as kt, s3fifo, slru, twoq, wtinylfu
-from moetier.core.policies.queues import N, OQ, ORPH, PEND, Q, RESIDENT, W, drop, resident, unlink
+from moetier.core.policies import ktransformers as kt, s3fifo, sieve, slru, twoq, wtinylfu
+from moetier.core.policies.queues import BLOCKED, F, N, OQ, ORPH, PEND, Q, RESIDENT, W, drop, resident, unlink
 
-__all__ = ["Machine", "KINDS"]
+__all__ = ["Machine", "KINDS", "feed"]
 
+# sieve (moetier.core.policies.sieve) runs the tier protocol itself, not through Machine; it is a kind here so that
+# feed serves it too
 KINDS = {"2q": 0, "slru": 1, "s3fifo": 2, "wtinylfu": 3, "kt-2q": 4, "kt-slru": 5, "kt-sieve": 6, "kt-s3fifo": 7,
-         "kt-wtinylfu": 8}
-_KT_SIEVE = KINDS["kt-sieve"]
-# _feed's per-key scratch bits (iv[W]): read this layer, used this layer, mid-push, held in RAM, held otherwise
-_READ, _USED, _BLOCKED, _CRAM, _COTHER = 1, 2, 4, 8, 16
+         "kt-wtinylfu": 8, "sieve": 9}
+_KT_SIEVE, _SIEVE = KINDS["kt-sieve"], KINDS["sieve"]
+# _feed's per-key scratch bits (iv[W]): read this layer, used this layer, held in RAM, held otherwise (and BLOCKED)
+_READ, _USED, _CRAM, _COTHER = 1, 2, 8, 16
 
 
 @njit(cache=True)
@@ -99,6 +101,9 @@ def _size(st):
 
 @njit(cache=True)
 def _access(kind, iv, st, aux, base, k):
+    if kind == _SIEVE:
+        iv[F, k - base] = 1
+        return
     unlink(iv, st, base, OQ, k)
     _machine_access(kind, iv, st, aux, base, k)
     if not resident(iv, base, k):              # the machine did not keep k (a cache of no slots for it)
@@ -107,6 +112,9 @@ def _access(kind, iv, st, aux, base, k):
 
 @njit(cache=True)
 def _insert(kind, iv, st, aux, base, k):
+    if kind == _SIEVE:
+        sieve.insert(iv, st, base, k)
+        return
     if st[PEND] == k:
         st[PEND] = -1
         return
@@ -115,6 +123,9 @@ def _insert(kind, iv, st, aux, base, k):
 
 @njit(cache=True)
 def _remove(kind, iv, st, base, k):
+    if kind == _SIEVE:
+        sieve.remove(iv, st, base, k)
+        return
     if iv[OQ, k - base] == ORPH:
         unlink(iv, st, base, OQ, k)
         return
@@ -167,18 +178,22 @@ def _order(kind, iv, st, base, out, orphans):
 @njit(cache=True)
 def _victim_unpinned(kind, iv, st, aux, base, k):
     """``victim(k, ok)`` where ``ok`` refuses the keys marked mid-push (``iv[W]``); -1 for None."""
+    if kind == _SIEVE:
+        code, v, _ = sieve.walk(iv, st, base, st[sieve.HAND] if st[sieve.HAND] >= 0 else st[3 * sieve.SQ], 0, -1,
+                                False)
+        return v if code == 0 else -1
     if _begin(kind, iv, st, aux, base, k):
         return k
     o = st[3 * ORPH]
     while o >= 0:
-        if o != k and not iv[W, o - base] & _BLOCKED:
+        if o != k and not iv[W, o - base] & BLOCKED:
             return o
         o = iv[OQ + 2, o - base]
     for q in _queues(kind, st):
         if q >= 0:
             o = st[3 * q]
             while o >= 0:
-                if o != k and not iv[W, o - base] & _BLOCKED:
+                if o != k and not iv[W, o - base] & BLOCKED:
                     return o
                 o = iv[N, o - base]
     _end(kind, iv, st, base, k)
@@ -226,7 +241,7 @@ def _feed(kind, iv, st, aux, base, cap, seq, states, hits, reads, blocked, ram, 
     for k in reads:
         iv[W, k - base] |= _READ
     for k in blocked:
-        iv[W, k - base] |= _BLOCKED
+        iv[W, k - base] |= BLOCKED
     n, err = 0, -1
     for t in range(len(seq)):
         k = seq[t]
@@ -301,14 +316,16 @@ class Machine:
         _end(self.kind, m.iv, m.st, m.base, kk)
         return None
 
-    def feed(self, cap: int, seq, states, hits, reads, blocked, ram: int):
-        """``_feed`` over this machine (int64 arrays of keys; ``states`` one per ``seq``, ``hits`` and ``reads``
-        within ``seq``): (the log as (event, k, v) rows, the position in ``seq`` of a read the ledger already holds,
-        or -1)."""
-        m = self.m
-        log = np.empty((3, len(seq)), dtype=np.int64)
-        n, err = _feed(self.kind, m.iv, m.st, m.aux, m.base, cap, seq, states, hits, reads, blocked, ram, log)
-        if n < 0:                        # the arrays grow to the layer's keys once
-            m.fit(int(min(seq.min(), blocked.min(initial=seq[0]))), int(max(seq.max(), blocked.max(initial=seq[0]))))
-            n, err = _feed(self.kind, m.iv, m.st, m.aux, m.base, cap, seq, states, hits, reads, blocked, ram, log)
-        return log[:, :n].T.tolist() if n else (), err
+
+def feed(pol, cap: int, seq, states, hits, reads, blocked, ram: int):
+    """``_feed`` over ``pol`` (a Machine, or a Sieve; int64 arrays of keys, ``states`` one per ``seq``, ``hits`` and
+    ``reads`` within ``seq``): (the log as (event, k, v) rows, the position in ``seq`` of a read the ledger already
+    holds, or -1)."""
+    m = pol.m
+    kind = KINDS[m.KIND]
+    log = np.empty((3, len(seq)), dtype=np.int64)
+    n, err = _feed(kind, m.iv, m.st, m.aux, m.base, cap, seq, states, hits, reads, blocked, ram, log)
+    if n < 0:                            # the arrays grow to the layer's keys once
+        m.fit(int(min(seq.min(), blocked.min(initial=seq[0]))), int(max(seq.max(), blocked.max(initial=seq[0]))))
+        n, err = _feed(kind, m.iv, m.st, m.aux, m.base, cap, seq, states, hits, reads, blocked, ram, log)
+    return log[:, :n].T.tolist() if n else (), err

@@ -27,12 +27,13 @@ import numpy as np
 from numba import njit
 
 __all__ = ["State", "push", "pop", "unlink", "to_end", "length", "resident", "drop",
-           "Q", "P", "N", "F", "D", "OQ", "W", "ROWS", "GHOST", "ORPH", "RESIDENT", "PEND", "CAP", "S0"]
+           "Q", "P", "N", "F", "D", "OQ", "W", "ROWS", "GHOST", "ORPH", "RESIDENT", "PEND", "CAP", "S0", "BLOCKED"]
 
 Q, P, N, F, D, OQ, OP, ON, W = range(9)
 ROWS = 9
 _FILL = (-1, -1, -1, 0, 0, -1, -1, -1, 0)      # each row's value for a key never seen
 RESIDENT, GHOST, ORPH = 4, 4, 7
+BLOCKED = 4                                     # iv[W]: the key is mid-push, no victim (a batched call's pins)
 PEND, CAP, S0 = 24, 25, 26
 _SLOTS = 40
 
