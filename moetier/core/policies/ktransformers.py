@@ -70,16 +70,12 @@ class KT2Q(State):
     KIND = "kt-2q"
     PARAMS = {"a1": (0.25, ratio, "a share of the tier, 0 < a1 < 1")}
     QUEUES = {"a1": A1, "am": AM}
+    ORDER = (A1, AM)
 
     def __init__(self, capacity: int, a1: float = 0.25):
         super().__init__(capacity)
         a1cap = _split(capacity, a1)
         self.st[A1CAP], self.st[AMCAP] = a1cap, capacity - a1cap if capacity > 1 else 0
-
-
-@njit(cache=True)
-def queues_2q(st):
-    return A1, AM, -1
 
 
 @njit(cache=True)
@@ -110,15 +106,11 @@ class KTSLRU(State):
     KIND = "kt-slru"
     PARAMS = {"protected": (0.8, ratio, "a share of the tier, 0 < protected < 1")}
     QUEUES = {"prob": PROB, "prot": PROT}
+    ORDER = (PROB, PROT)
 
     def __init__(self, capacity: int, protected: float = 0.8):
         super().__init__(capacity)
         self.st[PCAP] = 0 if capacity <= 1 else _split(capacity, protected)
-
-
-@njit(cache=True)
-def queues_slru(st):
-    return PROB, PROT, -1
 
 
 @njit(cache=True)
@@ -149,15 +141,11 @@ class KTSieve(State):
     KIND = "kt-sieve"
     PARAMS: dict = {}
     QUEUES = {"queue": SQ}
+    ORDER = (SQ,)
 
     def __init__(self, capacity: int):
         super().__init__(capacity)
         self.st[HAND] = -1
-
-
-@njit(cache=True)
-def queues_sieve(st):
-    return SQ, -1, -1
 
 
 @njit(cache=True)
@@ -212,6 +200,7 @@ class KTS3FIFO(State):
               "move": (2, count, "a whole number of uses, at least 1"),
               "freq_cap": (3, count, "a whole number, at least 1")}
     QUEUES = {"s": S, "m": M, "g": GHOST}
+    ORDER = (S, M)
 
     def __init__(self, capacity: int, small: float = 0.1, ghost: float = 1.0, move: float = 2,
                  freq_cap: float = 3):
@@ -219,11 +208,6 @@ class KTS3FIFO(State):
         scap = _split(capacity, small)
         self.st[SCAP:FCAP + 1] = (scap, capacity - scap if capacity > 1 else 0, max(1, int(max(capacity, 1) * ghost)),
                                   int(move), int(freq_cap))
-
-
-@njit(cache=True)
-def queues_s3fifo(st):
-    return S, M, -1
 
 
 @njit(cache=True)
@@ -303,7 +287,7 @@ class KTWTinyLFU(State):
     PARAMS = {"window": (0.1, ratio, "a share of the tier, 0 < window < 1"),
               "protected": (0.8, ratio, "a share of main, 0 < protected < 1"),
               "decay": (1000, count, "a whole number of requests, at least 1")}
-    QUEUES = wtinylfu.WTinyLFU.QUEUES
+    QUEUES, ORDER = wtinylfu.WTinyLFU.QUEUES, wtinylfu.WTinyLFU.ORDER
 
     def __init__(self, capacity: int, window: float = 0.1, protected: float = 0.8, decay: float = 1000):
         super().__init__(capacity)

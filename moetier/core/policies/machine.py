@@ -7,7 +7,7 @@ A machine (moetier.core.policies.twoq, slru, s3fifo, wtinylfu, ktransformers) is
 (moetier.core.policies.queues.State) and a compiled ``access(k)`` (a hit or a miss, in the reference's order: the
 ghost looked up, then space reclaimed, then ``k`` placed) that hands the keys it drops to the tier; ``discard(k)``
 (``k`` left the tier by other means: no ghost) takes ``k`` out of its resident queues, and its resident keys in
-order (first to go first) are its ``queues`` walked oldest first.
+order (first to go first) are its queues (``ORDER``) walked oldest first.
 
 ``Machine(machine, name)`` runs it under the tier's protocol. The tier tells the policy the incoming key before it asks
 for room: ``victim(k, ok)`` runs ``access(k)`` at once, so the ghost is consulted before anything is reclaimed
@@ -29,7 +29,8 @@ import numpy as np
 from numba import njit
 
 from moetier.core.policies import ktransformers as kt, s3fifo, sieve, slru, twoq, wtinylfu
-from moetier.core.policies.queues import BLOCKED, F, N, OQ, ORPH, PEND, Q, RESIDENT, W, drop, resident, unlink
+from moetier.core.policies.queues import (BLOCKED, F, N, OQ, ORDER, ORPH, PEND, Q, RESIDENT, W, drop, resident,
+                                          unlink)
 
 __all__ = ["Machine", "KINDS", "feed"]
 
@@ -66,21 +67,10 @@ def _machine_access(kind, iv, st, aux, base, k):
 
 @njit(cache=True)
 def _queues(kind, st):
+    """The resident queues in eviction order: the machine's ``ORDER``, or 2Q's, which depends on A1in's size."""
     if kind == 0:
         return twoq.queues(st)
-    if kind == 1:
-        return slru.queues(st)
-    if kind == 2:
-        return s3fifo.queues(st)
-    if kind == 3 or kind == 8:
-        return wtinylfu.queues(st)
-    if kind == 4:
-        return kt.queues_2q(st)
-    if kind == 5:
-        return kt.queues_slru(st)
-    if kind == 6:
-        return kt.queues_sieve(st)
-    return kt.queues_s3fifo(st)
+    return st[ORDER], st[ORDER + 1], st[ORDER + 2]
 
 
 @njit(cache=True)

@@ -11,14 +11,16 @@ table: W-TinyLFU's sketch). Columns hold keys, not column numbers, so the arrays
     iv[P, j]   the key before it (older), -1 first   iv[OP, j]  the same, in the orphans' queue
     iv[N, j]   the key after it (newer), -1 last     iv[ON, j]
     iv[F, j]   a per-key count or bit (S3-FIFO's, kt-kernel's W-TinyLFU's exact count, SIEVE's visited bit)
-    iv[D, j]   the sketch's doorkeeper bit           iv[W, j]   scratch of one batched call, 0 between calls
+    iv[D, j]   the sketch's doorkeeper bit           iv[W, j]   scratch of one batched call (``BLOCKED``: mid-push),
+                                                            0 between calls
     st[3q], st[3q + 1], st[3q + 2]   queue q's oldest key, newest key (-1 when empty) and length, q < 8
 
 Queues 0 to 3 hold resident keys (``RESIDENT`` of them), queue ``GHOST`` a ghost list of keys evicted (in the
 same links: a key is in one of them at most), and queue ``ORPH`` (its own links, ``OQ``..``ON``: an evicted key may
 be an orphan and a ghost at once) the keys a machine dropped while the tier still holds them. ``st[PEND]`` is the
-key ``victim`` already accessed (-1: none), ``st[CAP]`` the capacity, ``st[S0:]`` each machine's own parameters and
-counters (its module names them). ``push`` / ``pop`` / ``unlink`` / ``to_end`` are OrderedDict's ``d[k] = None``
+key ``victim`` already accessed (-1: none), ``st[CAP]`` the capacity, ``st[S0:ORDER]`` each machine's own parameters
+and counters (its module names them), ``st[ORDER:]`` its resident queues in eviction order (the class's ``ORDER``,
+-1 where it has fewer). ``push`` / ``pop`` / ``unlink`` / ``to_end`` are OrderedDict's ``d[k] = None``
 (k not in it), ``popitem(last=False)``, ``pop(k)`` and ``move_to_end(k)``. Pure.
 """
 from __future__ import annotations
@@ -26,15 +28,15 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["State", "push", "pop", "unlink", "to_end", "length", "resident", "drop",
-           "Q", "P", "N", "F", "D", "OQ", "W", "ROWS", "GHOST", "ORPH", "RESIDENT", "PEND", "CAP", "S0", "BLOCKED"]
+__all__ = ["State", "push", "pop", "unlink", "to_end", "length", "resident", "drop", "Q", "P", "N", "F", "D", "OQ",
+           "W", "ROWS", "GHOST", "ORPH", "RESIDENT", "PEND", "CAP", "S0", "ORDER", "BLOCKED"]
 
 Q, P, N, F, D, OQ, OP, ON, W = range(9)
 ROWS = 9
 _FILL = (-1, -1, -1, 0, 0, -1, -1, -1, 0)      # each row's value for a key never seen
 RESIDENT, GHOST, ORPH = 4, 4, 7
 BLOCKED = 4                                     # iv[W]: the key is mid-push, no victim (a batched call's pins)
-PEND, CAP, S0 = 24, 25, 26
+PEND, CAP, S0, ORDER = 24, 25, 26, 37
 _SLOTS = 40
 
 
@@ -118,6 +120,7 @@ class State:
         self.st = np.full(_SLOTS, -1, dtype=np.int64)
         self.st[2:3 * ORPH + 3:3] = 0
         self.st[CAP] = capacity
+        self.st[ORDER:ORDER + len(self.ORDER)] = self.ORDER
         self.aux = np.zeros((1, 1), dtype=np.int64) if aux is None else aux
 
     def fit(self, lo: int, hi: int) -> None:
@@ -157,9 +160,10 @@ class State:
 
     def __getattr__(self, name):
         """A queue by the name its module gives it (``QUEUES``), as a list of keys, oldest first."""
-        q = type(self).QUEUES.get(name) if name != "QUEUES" else None
+        q = type(self).QUEUES.get(name)
         if q is None:
             raise AttributeError(name)
         return self.queue(q)
 
     QUEUES: dict = {}
+    ORDER: tuple = ()

@@ -23,7 +23,7 @@ from numba import njit
 from moetier.core.policies.queues import CAP, F, GHOST, Q, S0, State, drop, length, pop, push, unlink
 from moetier.core.policies.spec import count, ratio, share
 
-__all__ = ["S3FIFO", "PARAMS", "access", "queues"]
+__all__ = ["S3FIFO", "PARAMS", "access"]
 
 PARAMS = {"small": (0.1, ratio, "a share of the tier, 0 < small < 1"),
           "ghost": (0.9, share, "a share of the tier, 0 to 4"),
@@ -35,16 +35,12 @@ SCAP, MCAP, GCAP, MOVE, EVICTED = range(S0, S0 + 5)
 class S3FIFO(State):
     KIND = "s3fifo"
     QUEUES = {"s": S, "m": M, "g": GHOST}
+    ORDER = (S, M)
 
     def __init__(self, capacity: int, small: float = 0.1, ghost: float = 0.9, move: float = 2):
         super().__init__(capacity)
         scap = max(1, int(capacity * small))
         self.st[SCAP:EVICTED + 1] = (scap, capacity - scap, int(capacity * ghost), int(move), 0)
-
-
-@njit(cache=True)
-def queues(st):
-    return S, M, -1
 
 
 @njit(cache=True)

@@ -40,7 +40,9 @@ class Sieve(State):
         insert(self.iv, self.st, self.base, k)
 
     def hit(self, k):
-        self.iv[F, k - self.base] = 1
+        j = k - self.base
+        if 0 <= j < self.iv.shape[1]:
+            self.iv[F, j] = 1
 
     def remove(self, k):
         if 0 <= k - self.base < self.iv.shape[1]:

@@ -18,7 +18,7 @@ from numba import njit
 from moetier.core.policies.queues import CAP, Q, S0, State, drop, length, pop, push, to_end, unlink
 from moetier.core.policies.spec import ratio
 
-__all__ = ["SLRU", "PARAMS", "access", "queues"]
+__all__ = ["SLRU", "PARAMS", "access"]
 
 PARAMS = {"protected": (0.8, ratio, "a share of the tier, 0 < protected < 1")}
 PROB, PROT = 0, 1
@@ -28,15 +28,11 @@ PCAP = S0
 class SLRU(State):
     KIND = "slru"
     QUEUES = {"prob": PROB, "prot": PROT}
+    ORDER = (PROB, PROT)
 
     def __init__(self, capacity: int, protected: float = 0.8):
         super().__init__(capacity)
         self.st[PCAP] = int(capacity * protected)
-
-
-@njit(cache=True)
-def queues(st):
-    return PROB, PROT, -1
 
 
 @njit(cache=True)

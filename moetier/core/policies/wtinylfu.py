@@ -25,19 +25,20 @@ from moetier.core.policies import sketch
 from moetier.core.policies.queues import CAP, D, Q, S0, State, drop, length, pop, push, to_end, unlink
 from moetier.core.policies.spec import count, flag, ratio
 
-__all__ = ["WTinyLFU", "PARAMS", "access", "queues", "hit_or_enter", "evict"]
+__all__ = ["WTinyLFU", "PARAMS", "access", "hit_or_enter", "evict"]
 
 PARAMS = {"window": (0.01, ratio, "a share of the tier, 0 < window < 1"),
           "protected": (0.8, ratio, "a share of main, 0 < protected < 1"),
           "sample": (10, count, "a whole multiple of the capacity, at least 1"),
           "doorkeeper": (0, flag, "0 or 1")}
-PROB, WIN, PROT = 0, 1, 2                  # queues(): probation first, as Caffeine evicts
+PROB, WIN, PROT = 0, 1, 2
 WCAP, PCAP, SK = S0, S0 + 1, S0 + 2
 
 
 class WTinyLFU(State):
     KIND = "wtinylfu"
     QUEUES = {"prob": PROB, "win": WIN, "prot": PROT}
+    ORDER = (PROB, WIN, PROT)                # probation first, as Caffeine evicts
 
     def __init__(self, capacity: int, window: float = 0.01, protected: float = 0.8, sample: float = 10,
                  doorkeeper: float = 0):
@@ -46,11 +47,6 @@ class WTinyLFU(State):
         wcap = capacity - int((1.0 - window) * capacity)
         self.st[WCAP], self.st[PCAP] = wcap, int(protected * (capacity - wcap))
         self.st[SK:SK + 4] = sc
-
-
-@njit(cache=True)
-def queues(st):
-    return PROB, WIN, PROT
 
 
 @njit(cache=True)
