@@ -10,7 +10,9 @@ Ledger whose RAM uses within a layer (``ram_hit``, ``fill_landed``) wait for ``f
 ``keys``' order, one use per occurrence: a key read this layer is a hit from its next occurrence on. The flush comes
 after the layer computed, so it pins nothing, and a key one of its uses evicted and a later one names again comes
 back without a read (its bytes were used this layer; kt-kernel promotes and demotes only what its policy holds
-between layers). After every layer the policies then hold what kt-kernel's would (tests/test_kt_tiers.py).
+between layers). After every layer the policies then hold what kt-kernel's would (tests/test_kt_tiers.py). Where a
+per-layer split of the published policies orders the tier, a layer's flush is one compiled call
+(moetier.core.policies.machine's ``feed``) whose log of fills, refusals and evictions the ledger's dicts then take.
 ``wire(rp)`` makes a fresh ``sim.Replay`` (its ledger a TokenFedLedger) defer each layer's uses and flush them, in
 the order of the step's token rows, before the layer ends (``after_layer``). The plan, its lanes and its times are
 the simulator's: only the order and count of the RAM policy's uses change, and nothing reads the tier between the
@@ -22,8 +24,8 @@ import numpy as np
 
 from moetier.core.ledger import RAM, Ledger
 from moetier.core.policies.machine import Machine, feed
-from moetier.core.policies.sieve import Sieve
 from moetier.core.policies.residency import Partitioned
+from moetier.core.policies.sieve import Sieve
 
 __all__ = ["TokenFedLedger", "wire"]
 
