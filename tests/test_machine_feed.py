@@ -99,3 +99,41 @@ def test_a_read_of_a_key_the_ledger_holds_raises_as_the_per_use_path_does():
         led._uses[1].add(1)                          # a read of a key already in RAM
         with pytest.raises(ResidencyError, match=r"fill_landed\(1\)"):
             led.flush([1])
+
+
+@pytest.mark.parametrize("name", [n for n in MACHINES if n != "sieve"])
+def test_put_with_pins_is_victim_remove_insert(name):
+    """A machine's ``put(k, pins, cap)`` (one compiled call, the ledger's fast path) against the protocol's steps:
+    ``victim(k, ok)`` with ``ok`` refusing the pins, then ``remove`` and ``insert``."""
+    from moetier.core.policies import residency
+    rng = np.random.default_rng(3)
+    for cap in (1, 3, 8):
+        fast, slow = residency.make(name, cap), residency.make(name, cap)
+        pinned = 0
+        for _ in range(400):
+            k = int(rng.zipf(1.2) % 40)
+            if k in slow:
+                fast.hit(k)
+                slow.hit(k)
+                continue
+            held = sorted(slow._keys(True))
+            pins = [x for x in held if rng.random() < 0.4]
+            pinned += bool(pins)
+            got = fast.put(k, np.array(pins, dtype=np.int64))
+            if len(slow) < cap:
+                slow.insert(k)
+                want = -1
+            else:
+                v = slow.victim(k, lambda x: x not in pins)
+                want = k if v is None or v == k else v
+                if want != k:
+                    slow.remove(v)
+                    slow.insert(k)
+            assert got == want, (name, cap, k)
+            assert _machine_state_of(fast) == _machine_state_of(slow), (name, cap, k)
+        assert pinned > 50
+
+
+def _machine_state_of(pol) -> tuple:
+    m = pol.m
+    return m.base, m.iv[:8].tolist(), m.st.tolist(), m.aux.tolist()

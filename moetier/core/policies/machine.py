@@ -16,7 +16,8 @@ it (a reference that evicts on a hit, KTransformers' 2Q; or a dropped key that w
 its slot and is the first ``victim`` names once it may go; a hit on it is a miss to the machine. ``victim`` returns
 ``k`` when the machine keeps ``k`` out (an admission filter), and, when every dropped key is pinned, the first
 key of the order that may go. Without pins the machine's keys are, after every request, exactly the reference's.
-``feed(...)`` serves a layer's RAM uses (moetier.peers.token_feed) in one compiled call: each a ledger's hit or
+``put(k, pins, cap)`` is the ledger's one-call eviction (as moetier.core.policies.lfu has it); ``feed(...)`` serves
+a layer's RAM uses (moetier.peers.token_feed) in one compiled call: each a ledger's hit or
 fill landing on a per-layer part of ``cap`` slots, nothing pinned but the keys mid-push. Pure.
 
 Every per-request step (``_access``, ``_insert``, ``_remove``, the victim's ``_begin`` / ``_end``, ``_feed``) is
@@ -191,24 +192,51 @@ def _victim_unpinned(kind, iv, st, aux, base, k):
 
 
 @njit(cache=True)
-def _fill(kind, iv, st, aux, base, cap, k, log, n):
-    """A fill of k lands in a part of ``cap`` slots (the ledger's _ram_put_policy); logs it, returns the log's
-    length."""
+def _place(kind, iv, st, aux, base, k, cap):
+    """k enters a tier of ``cap`` slots (the ledger's _ram_put_policy, the keys marked BLOCKED pinned): -1 when it
+    took a free slot, the key it replaced, or k when the machine kept it out or every key is pinned (the tier
+    unchanged)."""
     if _size(st) < cap:
         _insert(kind, iv, st, aux, base, k)
-        log[0, n], log[1, n] = 0, k
-        iv[W, k - base] |= _CRAM
-        return n + 1
+        return -1
     v = _victim_unpinned(kind, iv, st, aux, base, k)
     if v < 0 or v == k:
-        log[0, n], log[1, n] = 1, k
-        iv[W, k - base] &= ~(_CRAM | _COTHER)
-        return n + 1
+        return k
     _remove(kind, iv, st, base, v)
     _insert(kind, iv, st, aux, base, k)
-    log[0, n], log[1, n], log[2, n] = 2, k, v
-    iv[W, v - base] &= ~_CRAM
-    iv[W, k - base] |= _CRAM
+    return v
+
+
+@njit(cache=True)
+def _put(kind, iv, st, aux, base, pins, k, cap):
+    """``_place`` with the keys in ``pins`` (an int64 array) pinned."""
+    hi = base + iv.shape[1]
+    for p in pins:
+        if base <= p < hi:
+            iv[W, p - base] |= BLOCKED
+    v = _place(kind, iv, st, aux, base, k, cap)
+    for p in pins:
+        if base <= p < hi:
+            iv[W, p - base] &= ~BLOCKED
+    return v
+
+
+@njit(cache=True)
+def _fill(kind, iv, st, aux, base, cap, k, log, n):
+    """``_place`` of k, logged (0, k): a free slot; (1, k): refused; (2, k, v): v replaced. Returns the log's
+    length."""
+    v = _place(kind, iv, st, aux, base, k, cap)
+    log[1, n] = k
+    if v == -1:
+        log[0, n] = 0
+        iv[W, k - base] |= _CRAM
+    elif v == k:
+        log[0, n] = 1
+        iv[W, k - base] &= ~(_CRAM | _COTHER)
+    else:
+        log[0, n], log[2, n] = 2, v
+        iv[W, v - base] &= ~_CRAM
+        iv[W, k - base] |= _CRAM
     return n + 1
 
 
@@ -293,6 +321,14 @@ class Machine:
         m = self.m
         if 0 <= k - m.base < m.iv.shape[1]:
             _remove(self.kind, m.iv, m.st, m.base, k)
+
+    def put(self, k, pins, cap=None):
+        """``k`` enters a tier of ``cap`` slots (default: the capacity) whose pins are ``pins`` (an int64 array), in
+        one compiled call: -1 when it took a free slot, the key it evicted, or ``k`` itself when the machine kept it
+        out or every resident key is pinned (nothing changed)."""
+        m = self.m
+        m.fit(k, k)
+        return int(_put(self.kind, m.iv, m.st, m.aux, m.base, pins, k, self.capacity if cap is None else cap))
 
     def victim(self, k, ok):
         m, kk = self.m, -1 if k is None else k
