@@ -1,9 +1,10 @@
-"""The ledger's fast paths deal and evict exactly as their plain forms do.
+"""The ledger's compiled commit and its fast paths deal and evict exactly as their plain forms do.
 
-The hot path has inlined forms (the ledger's exclusive-LRU fills and drains, the compiled evictions); each is
-replayed here against its plain form on a long random trace, layer by layer: the same lanes, times, arrivals and
-ledger counters, so a speed-up that changes a single plan fails. (The planner has one form, its compiled kernel:
-tests/test_core_parity.py holds it to the recorded plans.)
+The simulator's commit of a layer's plan is one compiled call over the ledger's arrays (moetier.core.commit_kernel)
+where it covers the ledger; each tier order it covers is replayed here against the ledger's Python methods with the
+plain victim search (victim(k, ok), not the compiled put / evict_for) on a long random trace, layer by layer: the
+same lanes, times, arrivals, tier contents and ledger counters, so a change that alters a single plan fails. (The
+planner has one form, its compiled kernel: tests/test_core_parity.py holds it to the recorded plans.)
 """
 from __future__ import annotations
 
@@ -16,6 +17,16 @@ from moetier.core.ledger import Ledger
 from moetier.traces.format import Trace
 
 RECIPE = "glm53-rtx3090-55g-nvx4"
+# the tier orders the compiled commit covers, as recipe overrides (the recipe's own: per-layer LFU RAM, dLFU VRAM)
+ORDERS = {
+    "default": (),
+    "lru-clock": ("policy.ram_evict=lru", "policy.ram_partition=global", "policy.vram_evict=clock",
+                  "policy.vram_admit=true"),
+    "inclusive-lru": ("policy.ram=inclusive", "policy.ram_evict=lru", "policy.ram_partition=global",
+                      "policy.vram_evict=clock", "policy.vram_admit=true"),
+    "inclusive-dlfu": ("policy.ram=inclusive", "policy.vram_admit=true"),
+    "global-dlfu": ("policy.ram_evict=dlfu", "policy.ram_partition=global", "policy.vram_admit=true"),
+}
 
 
 def _random_trace(R, tokens: int, seed: int) -> Trace:
@@ -27,33 +38,45 @@ def _random_trace(R, tokens: int, seed: int) -> Trace:
 
 def _replay(R, tr, conc: int) -> tuple[list, dict]:
     plans = []
+    led = {}
 
     def hook(step, layer, p):
         plans.append((step, layer, tuple(map(tuple, p.lanes().values())), p.ms, p.gpu_ms, p.cpu_ms, p.nvme_wait_ms,
                       tuple(sorted(p.arrivals.items()))))
-    out = sim.run(R, tr, conc, plan_hook=hook)
-    return plans, out["ledger"]
+
+    def wire(rp, streams, n):
+        led["L"] = rp.ledger
+    out = sim.run(R, tr, conc, plan_hook=hook, wire=wire)
+    L = led["L"]
+    tiers = (bytes(L.codes), list(L.ram), list(L.clock.owner))
+    return plans, out["ledger"], tiers
 
 
+@pytest.mark.parametrize("order", sorted(ORDERS))
 @pytest.mark.parametrize("sets", [(), ("policy.prefetch.depth=0",)], ids=["prefetch", "no-prefetch"])
-def test_fast_paths_plan_as_the_plain_forms(monkeypatch, sets):
-    R = spec.resolve(RECIPE, list(sets) + ["policy.warmup_tokens=50"])
-    tr = _random_trace(R, 170, seed=3)
-    fast, fast_counts = _replay(R, tr, 4)
+def test_compiled_commit_plans_as_the_plain_forms(monkeypatch, sets, order):
+    R = spec.resolve(RECIPE, list(sets) + list(ORDERS[order]) + ["policy.warmup_tokens=50"])
+    tr = _random_trace(R, 120, seed=3)
+    calls = []
+    commit = Ledger.commit
+    monkeypatch.setattr(Ledger, "commit", lambda self, *a: calls.append(1) or commit(self, *a))
+    fast, fast_counts, fast_tiers = _replay(R, tr, 4)
+    assert len(calls) > len(fast) // 2       # the compiled commit ran (a prefetch landing takes the Python path)
     init = Ledger.__init__
 
     def plain_init(self, *a, **k):
         init(self, *a, **k)
-        self._lru_fast = False       # every RAM put through _ram_put's plain LRU victim search
-        self._rfast = self._vfast = False   # every policy eviction through victim(k, ok), not put / evict_for
+        self.commits = False                  # every step through the ledger's Python methods
+        self._rfast = self._vfast = False     # every policy eviction through victim(k, ok), not put / evict_for
 
     monkeypatch.setattr(Ledger, "__init__", plain_init)
-    plain, plain_counts = _replay(R, tr, 4)
-    assert fast_counts["ram_evictions"] > 1000 and fast_counts["vram_evictions"] > 100   # the paths were exercised
-    assert len(fast) == len(plain) > 5000
+    plain, plain_counts, plain_tiers = _replay(R, tr, 4)
+    assert fast_counts["ram_evictions"] > 300 and fast_counts["vram_evictions"] > 30   # the paths were exercised
+    assert len(fast) == len(plain) > 3000
     for a, b in zip(fast, plain):
-        assert a == b, f"step {a[0]} layer {a[1]}: the fast path's plan differs from the plain form's"
+        assert a == b, f"step {a[0]} layer {a[1]}: the compiled commit's plan differs from the plain form's"
     assert fast_counts == plain_counts
+    assert fast_tiers == plain_tiers
 
 
 def test_a_push_in_flight_keeps_its_ram_copy_under_the_compiled_eviction():
@@ -80,6 +103,7 @@ def test_ticket_path_evicts_as_the_plain_victim_search(exclusive):
     every operation of a long random run."""
     kw = dict(exclusive=exclusive, ram_policy="lfu", vram_policy="dlfu", ram_partition="layer", layers=4, experts=16)
     fast, plain = Ledger(64, 10, 14, **kw), Ledger(64, 10, 14, **kw)
+    plain.commits = False                 # the ledger's Python forms, not the compiled commit's doors
     plain._rfast = plain._vfast = False
     rng = np.random.default_rng(5)
     tickets = {"fast": [], "plain": []}

@@ -15,7 +15,7 @@ Every key (= layer * experts + expert) is in exactly one state:
 The way into RAM, STAGED or VRAM is ``land(ticket)`` with an outstanding ticket of ``begin_fill``, ``begin_push``
 or an eviction (a drain); the runtime lands one only after the backend reported its bytes readable: the host-owned
 residency rule as an API. Narrower doors: ``adopt`` (a landed STAGED record joins RAM in place) and, for the
-simulator only, ``fill_landed`` / ``push_landed`` (begin + land at one modeled instant, no tickets). ``begin_push``
+simulator only, ``fill_landed`` / ``pushes_landed`` (begin + land at one modeled instant, no tickets). ``begin_push``
 reserves the VRAM slot at once; the victim drains (its own ticket) before the push lands.
 
 Eviction never picks a protected key (the picks of the layer being planned) nor a key with a transfer in flight.
@@ -27,20 +27,28 @@ a policy of moetier.core.policies.residency (2q, slru, sieve, s3fifo, wtinylfu, 
 oracle's Belady); ``ram_partition="layer"`` gives each layer its share of the RAM slots (``layers``, ``experts``
 map keys to layers). A policy refusing the incoming key (Belady's bypass, W-TinyLFU's filter) refuses the admission.
 
-Pure, no I/O: on the decode critical path lookups are plain dict reads. States and tickets: moetier.core.tickets;
-the VRAM slot map and the policy objects: moetier.core.tier_order; both importable from here.
+State: flat arrays (moetier.core.tier_state), read as ``state``, ``ram`` and ``clock.slot_of`` (the dicts of before).
+Where ``commits`` (moetier.core.commit_kernel says what it covers) the simulator's commit of a layer's plan is one
+compiled call, ``commit(O, can_admit)``, and the ticket path's RAM puts and uses one each. Python: the rest of the
+ticket path (begin_* / land / abort / adopt, per real transfer) and the ledgers the kernel does not cover (window
+LFU 'lfu:W:H', the policies run through moetier.core.policies.machine, LRU / FIFO parts per layer, Belady,
+moetier.peers.token_feed's uses), whose simulator commit is ``fill_landed`` / ``pushes_landed``. Pure, no I/O.
+States and tickets: moetier.core.tickets; the VRAM slot map, the policy objects: moetier.core.tier_order.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+import numpy as np
 
+from moetier.core import commit_kernel as CK
 from moetier.core.policies import residency
 from moetier.core.tickets import (ABSENT, DRAINING, FILLING, PUSHING, RAM, STAGED, STATE_NAMES, TIER_NVME, TIER_OF,
                                   TIER_RAM, TIER_VRAM, VRAM, ResidencyError, Ticket)
 from moetier.core.tier_order import Clock, Pins, PolicySlots, lfu_terms, make_policy, replace
+from moetier.core.tier_state import COUNTERS, M_BAD, RamTier, States, TierState
 
 __all__ = ["ABSENT", "DRAINING", "FILLING", "PUSHING", "RAM", "STAGED", "STATE_NAMES", "TIER_NVME", "TIER_RAM",
            "TIER_VRAM", "VRAM", "Clock", "Ledger", "PolicySlots", "ResidencyError", "Ticket"]
+
 
 class Ledger:
     """Residency of every key across VRAM / RAM / NVMe.
@@ -57,59 +65,69 @@ class Ledger:
         self.ram_slots = max(0, int(ram_slots))
         self.exclusive = exclusive
         self.all_in_ram = self.ram_slots >= keys
-        self._no_ram_lru = self.all_in_ram or self.ram_slots == 0   # nothing to track in the RAM LRU
+        self._no_ram_lru = self.all_in_ram or self.ram_slots == 0   # nothing to track in the RAM tier
+        self._ts = ts = TierState(keys, self.vram_slots)
+        self.codes = ts.st                                  # key -> state code (a bytearray), read and written in place
+        self.state = States(ts.st)                          # the same, as a dict (ABSENT keys not in it)
+        self.ram = RamTier(ts)                              # oldest first
         self._vpol = None
         if vram_policy is not None and vram_policy != "clock" and self.vram_slots:
-            self._vpol = make_policy(vram_policy, self.vram_slots, layers, experts, "global", "vram_evict")
-            self.clock = PolicySlots(self.vram_slots, self._vpol)
+            self._vpol = make_policy(vram_policy, self.vram_slots, layers, experts, "global", "vram_evict", keys)
+            self.clock = PolicySlots(ts, self._vpol)
         else:
-            self.clock = Clock(self.vram_slots)
-        self.ram: OrderedDict[int, None] = OrderedDict()   # oldest first
-        self.state: dict[int, int] = {}                    # key -> state (ABSENT keys are not stored)
+            self.clock = Clock(ts)
         self._pending: dict[int, Ticket] = {}
         self._seq = 0
         self.drains: list[Ticket] = []                      # evictions awaiting their drain landing
         self.step = 0
-        self.counters = {"vram_evictions": 0, "ram_evictions": 0, "refused_admissions": 0, "lfu_evictions": 0}
+        self._counters = {"vram_evictions": 0, "ram_evictions": 0, "refused_admissions": 0, "lfu_evictions": 0}
         self._lfu_window, self._lfu_halflife = 0, 0.0
         if ram_partition not in ("global", "layer"):
             raise ValueError(f"policy.ram_partition: expected 'global' or 'layer', got {ram_partition!r}")
         # not ``ram_policy or "lru"``: a policy object with no keys yet is falsy (it has a length)
         self.ram_policy = "lru" if ram_policy is None or ram_policy == "" else ram_policy
         # a policy object (the per-layer split, or a policy other than the built-in LRU / window LFU) orders the RAM
-        # tier; the built-in ones keep their inlined paths
+        # tier; the built-in ones order it by the tier's own list
         self._rpol = None
         builtin = isinstance(self.ram_policy, str) and (self.ram_policy == "lru" or self.ram_policy.startswith("lfu"))
         if (not builtin or ram_partition == "layer") and not self._no_ram_lru:
             spec = self.ram_policy
             if isinstance(spec, str) and spec.startswith("lfu:"):
                 raise ValueError("policy.ram_evict: the window LFU ('lfu:...') is global only; use 'dlfu' per layer")
-            self._rpol = make_policy(spec, self.ram_slots, layers, experts, ram_partition, "ram_evict")
+            self._rpol = make_policy(spec, self.ram_slots, layers, experts, ram_partition, "ram_evict", keys)
         elif builtin and self.ram_policy != "lru":
             self._lfu_window, self._lfu_halflife = lfu_terms(self.ram_policy)
         self._freq: dict[int, float] = {}
         self._freq_t: dict[int, int] = {}
-        # the built-in exclusive LRU over a RAM tier that tracks keys: the simulator's hottest path, inlined where
-        # it pays (_lru_put); every other RAM order goes through _ram_put
-        self._lru_fast = (self.exclusive and not self._no_ram_lru and self._rpol is None and not self._lfu_window)
-        # the planner's view, one dict read per pick
         self._tier_default = TIER_RAM if self.all_in_ram else TIER_NVME
         # put / evict_for: one compiled eviction, pinning the picks and the keys mid-push (their RAM copy is read)
         self._pushing: set = set()
         self._rfast, self._vfast = bool(getattr(self._rpol, "put", None)), hasattr(self._vpol, "evict_for")
         self._pins = Pins().of
+        self._kernel_args, self._put_door, self._puts, self._use_door, self._uses = CK.bind(self, Ledger) or (None,) * 5
+        self.commits = self._kernel_args is not None
 
     # ---- queries (hot path) ---------------------------------------------------------------------------------
     def tier_of(self, key: int) -> int:
-        s = self.state.get(key)
-        return self._tier_default if s is None else TIER_OF[s]
+        s = self.codes[key]
+        return self._tier_default if s == ABSENT else TIER_OF[s]
 
     def state_of(self, key: int) -> str:
-        return STATE_NAMES[self.state.get(key, ABSENT)]
+        return STATE_NAMES[self.codes[key]]
 
     def resident(self, key: int) -> bool:
-        s = self.state.get(key)
-        return s in (RAM, PUSHING, VRAM) or (s is None and self.all_in_ram)
+        s = self.codes[key]
+        return s in (RAM, PUSHING, VRAM) or (s == ABSENT and self.all_in_ram)
+
+    @property
+    def counters(self) -> dict:
+        """vram_evictions, ram_evictions, refused_admissions, lfu_evictions; the compiled commit's counts folded in."""
+        c, meta = self._counters, self._ts.meta
+        for m, name in COUNTERS:
+            if meta[m]:
+                c[name] += meta[m]
+                meta[m] = 0
+        return c
 
     # ---- recency / frequency ------------------------------------------------------------------------------
     def vram_full(self) -> bool:
@@ -134,6 +152,17 @@ class Ledger:
             v *= 0.5 ** ((self.step - self._freq_t[k]) / self._lfu_halflife)
         return v
 
+    # ---- the compiled commit ----------------------------------------------------------------------------------
+    def commit(self, O: np.ndarray, can_admit: bool) -> int:
+        """The simulator's commit of a plan whose lanes are ``O`` (moetier.core.plan_kernel's output) in one compiled
+        call, where ``commits`` (moetier.core.commit_kernel); returns how many zerocopy picks were admitted."""
+        out = CK.commit(O, *self._kernel_args, can_admit)
+        if out < 0:
+            k = self._ts.meta[M_BAD]
+            raise ResidencyError(f"fill_landed({k}): key is {self.state_of(k)}, expected absent" if out == -1
+                                 else f"push_landed({k}): no VRAM tier")
+        return out
+
     # ---- transfers ------------------------------------------------------------------------------------------
     def _ticket(self, key: int, kind: str, staging: bool = False, slot: int = -1, victim: int = -1) -> Ticket:
         self._seq += 1
@@ -143,10 +172,10 @@ class Ledger:
 
     def begin_fill(self, key: int, *, staging: bool = False) -> Ticket:
         """NVMe -> RAM slot (or -> staging slot when the record is headed for VRAM)."""
-        s = self.state.get(key, ABSENT)
+        s = self.codes[key]
         if s != ABSENT or self.all_in_ram:
             raise ResidencyError(f"begin_fill({key}): key is {STATE_NAMES[s]}, expected absent")
-        self.state[key] = FILLING
+        self.codes[key] = FILLING
         return self._ticket(key, "fill", staging)
 
     def begin_push(self, key: int, protect=()):
@@ -157,88 +186,70 @@ class Ledger:
         to RAM before the push overwrites the slot - the executor orders drain before push); inclusive with a RAM
         copy -> RAM; otherwise -> NVMe only. ``ticket.slot`` / ``ticket.victim`` tell the executor.
         """
-        s = self.state.get(key, RAM if self.all_in_ram else ABSENT)
+        st = self.codes
+        s = st[key] or (RAM if self.all_in_ram else ABSENT)
         if s not in (RAM, STAGED):
             raise ResidencyError(f"begin_push({key}): key is {STATE_NAMES[s]}, expected ram or staged")
         if self.vram_slots == 0:
             raise ResidencyError(f"begin_push({key}): no VRAM tier")
-        state = self.state
-        slot, victim = self.clock.take(key, protect, state, self._pins(protect, self._pushing) if self._vfast else None)
+        slot, victim = self.clock.take(key, protect, st, self._pins(protect, self._pushing) if self._vfast else None)
         if slot < 0:
-            self.counters["refused_admissions"] += 1
+            self._counters["refused_admissions"] += 1
             return None
-        state[key] = PUSHING
+        st[key] = PUSHING
         self._pushing.add(key)
         if victim >= 0:
-            self.counters["vram_evictions"] += 1
+            self._counters["vram_evictions"] += 1
             if self.all_in_ram:
-                state.pop(victim, None)
+                st[victim] = ABSENT
             elif victim in self.ram:           # inclusive copy still in RAM
-                state[victim] = RAM
+                st[victim] = RAM
             elif self.exclusive:
-                state[victim] = DRAINING
+                st[victim] = DRAINING
                 self.drains.append(self._ticket(victim, "drain", slot=slot))
             else:
-                state.pop(victim, None)
+                st[victim] = ABSENT
         return self._ticket(key, "push", s == STAGED, slot, victim)
 
     # ---- modeled executors ---------------------------------------------------------------------------------------
-    # The simulator's clock says a transfer's bytes have landed by the time it commits the plan, so issue and landing
-    # coincide. These do exactly begin_* + land (+ the drain landing) without allocating tickets; the runtime, whose
-    # landings are real events, always goes through tickets. tests/test_runtime.py checks both paths plan the same.
+    # In the simulator a transfer's bytes have landed by the time it commits the plan: begin_* + land (+ the drain
+    # landing) without tickets, or, where ``commits``, the compiled ``commit`` (tests/test_bookkeeping_parity.py
+    # holds the two to the same plans); the runtime's landings are real events, always through tickets.
     def fill_landed(self, key: int, protect=()) -> tuple:
-        if key in self.state or self.all_in_ram:
+        if self.codes[key] != ABSENT or self.all_in_ram:
             raise ResidencyError(f"fill_landed({key}): key is {self.state_of(key)}, expected absent")
         return self._ram_put(key, protect)
 
-    def push_landed(self, key: int, protect=(), staged: bool = False) -> bool:
-        """RAM (or staged) -> VRAM including the victim's drain; False if admission was refused."""
-        return self.pushes_landed((key,), protect, staged) == 1
-
     def pushes_landed(self, keys, protect=(), staged: bool = False) -> int:
-        """``push_landed`` of each of ``keys`` in turn (a lane's admissions in one call: the simulator's commit);
-        returns how many were admitted."""
+        """RAM (or staged) -> VRAM of each of ``keys`` in turn, each victim's drain included (a lane's admissions in
+        one call); returns how many were admitted (the rest refused)."""
         clock = self.clock
         if not clock.n:
             if keys:
                 raise ResidencyError(f"push_landed({keys[0]}): no VRAM tier")
             return 0
-        state, ram, counters = self.state, self.ram, self.counters
-        find, owner, slot_of, ref = clock.find_victim_slot, clock.owner, clock.slot_of, clock.ref
+        st, ram, counters = self.codes, self.ram, self._counters
         all_in_ram, exclusive = self.all_in_ram, self.exclusive
-        vpol = self._vpol is not None
         pins = self._pins(protect, self._pushing) if self._vfast else None
-        ram_put = self._lru_put if self._lru_fast else self._ram_put
         admitted = 0
         for key in keys:
-            if vpol:
-                slot, victim = clock.take(key, protect, state, pins)   # a replacement policy orders the slots
-            else:
-                slot = find(protect, state, key)
-                victim = owner[slot] if slot >= 0 else -1
+            slot, victim = clock.take(key, protect, st, pins)
             if slot < 0:
                 counters["refused_admissions"] += 1
                 continue
-            if not vpol:
-                # Clock.place, inlined: this runs per admission in the simulator
-                if victim >= 0:
-                    del slot_of[victim]
-                owner[slot] = key
-                slot_of[key] = slot
-                ref[slot] = 1
             if victim >= 0:
                 # the victim drains into RAM while the pushed key's RAM copy is still held (the ticket path's order)
                 counters["vram_evictions"] += 1
                 if all_in_ram:
-                    state.pop(victim, None)
+                    st[victim] = ABSENT
                 elif victim in ram:
-                    state[victim] = RAM
+                    st[victim] = RAM
                 elif exclusive:
-                    del state[victim]
-                    ram_put(victim, protect)
+                    st[victim] = ABSENT
+                    self._ram_put(victim, protect)
                 else:
-                    del state[victim]
-            state[key] = VRAM
+                    st[victim] = ABSENT
+            st[key] = VRAM
             if not staged and exclusive and key in ram:
                 self._ram_del(key)
             admitted += 1
@@ -250,21 +261,16 @@ class Ledger:
             raise ResidencyError(f"abort: {ticket!r} is not outstanding")
         del self._pending[ticket.seq]
         if ticket.kind == "fill":
-            self.state.pop(ticket.key, None)
+            self.codes[ticket.key] = ABSENT
         elif ticket.kind == "push":
             self._pushing.discard(ticket.key)
             self.clock.remove(ticket.key)
             self._set_ram_or_absent(ticket.key, ticket.staging)
         else:  # drain failed: the bytes are gone with the VRAM slot
-            self.state.pop(ticket.key, None)
+            self.codes[ticket.key] = ABSENT
 
     def _set_ram_or_absent(self, key: int, staged: bool) -> None:
-        if staged:
-            self.state[key] = STAGED
-        elif self.all_in_ram:
-            self.state.pop(key, None)
-        else:
-            self.state[key] = RAM
+        self.codes[key] = STAGED if staged else ABSENT if self.all_in_ram else RAM
 
     def land(self, ticket: Ticket, protect=()) -> tuple:
         """Bytes of ``ticket`` have landed: make the key resident. Returns the keys whose host slot (RAM or
@@ -281,12 +287,12 @@ class Ledger:
         key, kind = ticket.key, ticket.kind
         if kind == "fill":
             if ticket.staging:
-                self.state[key] = STAGED
+                self.codes[key] = STAGED
                 return ()
             return self._ram_put(key, protect)
         if kind == "push":
             self._pushing.discard(key)
-            self.state[key] = VRAM
+            self.codes[key] = VRAM
             if ticket.staging:
                 return (key,)                # the staging slot is free again
             if self.exclusive and key in self.ram:
@@ -298,20 +304,23 @@ class Ledger:
 
     def adopt(self, key: int, protect=()) -> tuple:
         """A staged record (its bytes landed) joins the RAM tier in place; returns keys evicted to NVMe."""
-        if self.state.get(key) != STAGED:
+        if self.codes[key] != STAGED:
             raise ResidencyError(f"adopt({key}): key is {self.state_of(key)}, expected staged")
-        del self.state[key]
+        self.codes[key] = ABSENT
         return self._ram_put(key, protect)
 
     def drop_staged(self, key: int) -> None:
         """A staged record was used once (or wasted) and its staging slot is reused."""
-        if self.state.get(key) == STAGED:
-            del self.state[key]
+        if self.codes[key] == STAGED:
+            self.codes[key] = ABSENT
 
     # ---- tier mechanics -------------------------------------------------------------------------------------
     def ram_hit(self, keys) -> None:
         """RAM keys computed in place: their recency (or the RAM policy's use count)."""
         if self._no_ram_lru:
+            return
+        if self.commits:                  # one compiled call (moetier.core.commit_kernel)
+            self._use_door(np.fromiter(keys, np.int64, len(keys)), *self._uses)
             return
         ram = self.ram
         if self._rpol is not None:
@@ -334,91 +343,79 @@ class Ledger:
         if self._vpol is not None:
             clock.hit(keys)
             return
-        ref, slot_of = clock.ref, clock.slot_of
+        ref, slot = clock.ref, self._ts.slot
         for k in keys:
-            ref[slot_of[k]] = 1
+            ref[slot[k]] = 1
 
     def _ram_del(self, key: int) -> None:
-        del self.ram[key]
+        self.ram.remove(key)
         if self._rpol is not None:
             self._rpol.remove(key)
 
     def _ram_put(self, key: int, protect=()):
-        """Put key at the most-recent end of the RAM LRU; returns the keys whose RAM slot is free (a tuple)."""
-        ram, state = self.ram, self.state
+        """Put key at the most-recent end of the RAM tier; returns the keys whose RAM slot is free (a tuple)."""
+        ram, st = self.ram, self.codes
         if self._no_ram_lru:
-            state.pop(key, None)
+            st[key] = ABSENT
             return ()
+        if self.commits:                  # one compiled call (moetier.core.commit_kernel)
+            v = self._put_door(key, self._pins(protect, self._pushing), *self._puts)
+            return () if v == -1 else (key,) if v == -2 else (v,)
         if self._rpol is not None:
             return self._ram_put_policy(key, protect)
         if key in ram:
             ram.move_to_end(key)
-            state[key] = RAM
+            st[key] = RAM
             return ()
-        if self._lru_fast:
-            return self._lru_put(key, protect)
         if len(ram) >= self.ram_slots:
             victim = self._ram_victim(protect)   # None: everything pinned, the record is not kept
             return self._refuse(key) if victim is None else self._ram_swap(key, victim)
-        ram[key] = None                  # a new key enters at the most-recent end
-        state[key] = RAM
+        ram.add(key)                     # a new key enters at the most-recent end
+        st[key] = RAM
         return ()
 
     def _ram_swap(self, key: int, victim: int) -> tuple:
         """``victim`` leaves the RAM tier (an inclusive copy's key stays in VRAM) and ``key`` enters at its most-recent
         end; returns (victim,), the key whose RAM slot is free."""
-        ram, state = self.ram, self.state
-        del ram[victim]
-        if state[victim] == RAM:
-            del state[victim]
-        self.counters["ram_evictions"] += 1
-        ram[key] = None
-        state[key] = RAM
+        ram, st = self.ram, self.codes
+        ram.remove(victim)
+        if st[victim] == RAM:
+            st[victim] = ABSENT
+        self._counters["ram_evictions"] += 1
+        ram.add(key)
+        st[key] = RAM
         return (victim,)
 
     def _refuse(self, key: int) -> tuple:
         """A RAM admission refused (every slot pinned, or the policy keeps the key out): the record is not kept."""
-        self.counters["refused_admissions"] += 1
-        self.state.pop(key, None)
+        self._counters["refused_admissions"] += 1
+        self.codes[key] = ABSENT
         return (key,)
-
-    def _lru_put(self, key: int, protect) -> tuple:
-        """_ram_put of a key the RAM tier does not hold, under the built-in exclusive LRU (``_lru_fast``): the
-        oldest RAM key neither protected nor mid-transfer makes room. Returns what _ram_put returns."""
-        ram, state = self.ram, self.state
-        if len(ram) >= self.ram_slots:
-            for k in ram:
-                if k not in protect and state[k] == RAM:
-                    return self._ram_swap(key, k)
-            return self._refuse(key)     # everything pinned: the record is not kept
-        ram[key] = None                  # a new key enters at the most-recent end
-        state[key] = RAM
-        return ()
 
     def _ram_put_policy(self, key: int, protect):
         """_ram_put with a policy object ordering the tier (and, per layer, sizing it)."""
-        ram, state, pol = self.ram, self.state, self._rpol
+        ram, st, pol = self.ram, self.codes, self._rpol
         if key in ram:
             pol.hit(key)
-            state[key] = RAM
+            st[key] = RAM
             return ()
         if self._rfast:
             victim = pol.put(key, self._pins(protect, self._pushing))   # victim, eviction, insert: one compiled call
             if victim == key:
                 return self._refuse(key)
             if victim < 0:
-                ram[key] = None
-                state[key] = RAM
+                ram.add(key)
+                st[key] = RAM
                 return ()
             return self._ram_swap(key, victim)
         full = pol.full(key) if isinstance(pol, residency.Partitioned) else len(ram) >= self.ram_slots
         if not full:
-            ram[key] = None
+            ram.add(key)
             pol.insert(key)
-            state[key] = RAM
+            st[key] = RAM
             return ()
         evictable = (RAM,) if self.exclusive else (RAM, VRAM)
-        victim = pol.victim(key, lambda k: k not in protect and k in ram and state.get(k) in evictable)
+        victim = pol.victim(key, lambda k: k not in protect and k in ram and st[k] in evictable)
         if victim is None or victim == key:
             return self._refuse(key)
         replace(pol, victim, key)
@@ -426,16 +423,16 @@ class Ledger:
 
     def _ram_victim(self, protect):
         """Least recently used RAM key that is neither protected nor mid-transfer (PUSHING)."""
-        state = self.state
+        st = self.codes
         evictable = (RAM,) if self.exclusive else (RAM, VRAM)   # inclusive: a VRAM key's RAM copy may go
         if not self._lfu_window:
             for k in self.ram:
-                if k not in protect and state[k] in evictable:
+                if k not in protect and st[k] in evictable:
                     return k
             return None
         best, best_f, seen = None, 0.0, 0
         for k in self.ram:
-            if k in protect or state[k] not in evictable:
+            if k in protect or st[k] not in evictable:
                 continue
             fk = self._decayed(k)
             if best is None or fk < best_f:
@@ -443,8 +440,8 @@ class Ledger:
             seen += 1
             if seen >= self._lfu_window:
                 break
-        if best is not None and best != next(iter(self.ram)):
-            self.counters["lfu_evictions"] += 1
+        if best is not None and best != self.ram.first():
+            self._counters["lfu_evictions"] += 1
         return best
 
     def take_drains(self) -> list[Ticket]:
@@ -472,8 +469,8 @@ class Ledger:
             return
         ram_keys = ranked[v:v + self.ram_slots] if self.exclusive else ranked[:self.ram_slots]
         for k in reversed(ram_keys):        # coldest first, so the hottest sits at the most-recent end
-            if self.state.get(k) == VRAM:
-                self.ram[k] = None          # inclusive copy
+            if self.codes[k] == VRAM:
+                self.ram.add(k)             # inclusive copy
                 if self._rpol is not None:
                     self._rpol.insert(k)
                 continue
@@ -488,6 +485,7 @@ class Ledger:
             assert self.state.get(k) in (VRAM, PUSHING), (k, self.state.get(k))
         if not self.all_in_ram:
             assert len(self.ram) <= self.ram_slots
+        assert len(self.ram) == sum(1 for _ in self.ram)
         for k in self.ram:
             st = self.state.get(k)
             if self.exclusive:

@@ -23,7 +23,7 @@ outputs into the LayerPlan.
 """
 from __future__ import annotations
 
-from itertools import compress, repeat
+from itertools import compress
 from struct import pack
 
 import numpy as np
@@ -32,7 +32,7 @@ from moetier.core import plan_kernel as K
 from moetier.core.channel import NvmeChannel
 from moetier.core.lanes import idle_wake
 from moetier.core.terms import PlanContext
-from moetier.core.tickets import ABSENT, PUSHING, RAM, TIER_NVME, TIER_OF
+from moetier.core.tickets import PUSHING, RAM, TIER_NVME, TIER_OF
 
 __all__ = ["LayerPlan", "NvmeChannel", "PlanContext", "plan_layer"]
 
@@ -42,7 +42,7 @@ class LayerPlan:
 
     __slots__ = ("gpu", "zerocopy", "cpu", "nvme_cpu", "nvme_gpu", "masked", "arrivals", "demand_reads", "gpu_ms",
                  "cpu_ms", "nvme_wait_ms", "gpu_wait_ms", "ms", "cpu_cold", "issue_ms",
-                 "head_ms", "cpu_crit", "wait_from", "split_end", "t0")
+                 "head_ms", "cpu_crit", "wait_from", "split_end", "t0", "packed")
 
     def __init__(self):
         self.gpu, self.zerocopy, self.cpu, self.nvme_cpu, self.nvme_gpu, self.masked = [], [], [], [], [], []
@@ -61,6 +61,9 @@ class LayerPlan:
         # head_ms: the host work past issue_ms and before the first wait for an NVMe pick (PlanContext.head_layer)
         self.head_ms = 0.0
         self.t0 = 0.0              # the clock the layer was planned at: arrivals and split_end are on it
+        # the planner kernel's lanes as it wrote them (moetier.core.plan_kernel's O), what the ledger's compiled
+        # commit reads; None on a plan the kernel did not make
+        self.packed = None
 
     def lanes(self) -> dict:
         return {"gpu": self.gpu, "zerocopy": self.zerocopy, "cpu": self.cpu, "nvme_cpu": self.nvme_cpu,
@@ -90,7 +93,9 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
     plan = LayerPlan()
     plan.t0 = t0
     n = len(picks)
-    st = list(map(ledger.state.get, picks, repeat(RAM if ledger.all_in_ram else ABSENT, n)))
+    st = list(map(ledger.codes.__getitem__, picks))
+    if ledger.all_in_ram:              # an absent key is in RAM, without bookkeeping
+        st = [s or RAM for s in st]
     nvme_l = list(compress(picks, map(_ON_NVME.__getitem__, st)))
     n_nv = len(nvme_l)
     arrivals = ()
@@ -113,6 +118,7 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
     if ctx.read_cpu and nvme is not None and nvme.pf_done:
         nvme.pf_done = 0              # the kernel charged the prefetch reads' CPU work (_serial_host)
     _unpack(plan, O.tolist(), R.tolist())
+    plan.packed = O
     return plan
 
 

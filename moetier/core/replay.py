@@ -154,17 +154,21 @@ class Replay:
         """Recency of the picks computed in place, and what streamed through the host cache: the cpu lane's RAM
         picks, then the layer's NVMe reads (landed and checksummed in host memory), in the order they ran (shared by
         the simulator's and the runtime's commit); when the layer's split call ended (``idle``)."""
+        self._touch_host(plan)
+        L = self.ledger
+        if plan.gpu:
+            L.vram_hit(plan.gpu)
+        if plan.cpu and not L.all_in_ram:
+            L.ram_hit(plan.cpu)
+
+    def _touch_host(self, plan: LayerPlan) -> None:
+        """``touch``'s host cache and split-call part: what the ledger's compiled commit leaves to Python."""
         if plan.split_end is not None:
             self.split_end = plan.split_end
         if self.llc is not None:
             self.llc.touch(plan.cpu)
             if plan.nvme_cpu or plan.nvme_gpu:
                 self.llc.touch(plan.nvme_cpu + plan.nvme_gpu)
-        L = self.ledger
-        if plan.gpu:
-            L.vram_hit(plan.gpu)
-        if plan.cpu and not L.all_in_ram:
-            L.ram_hit(plan.cpu)
 
     def learn(self, ids: np.ndarray) -> None:
         """Let the predictor learn from tokens held out from the run (``warmup_ids``) before the first step."""
@@ -236,7 +240,14 @@ class Replay:
             L.observe(picks, L.step)
 
     def commit(self, plan: LayerPlan, picks: dict) -> None:
+        """Carry out the plan's intents: the uses (``touch``), the fills, the admissions. One compiled call over the
+        ledger's arrays where it covers the ledger (``Ledger.commits``) and no prefetch read is outstanding (its
+        landing is a ticket's); else the same steps through the ledger's Python methods."""
         L = self.ledger
+        if L.commits and plan.packed is not None and not self.pf_tickets:
+            self._touch_host(plan)
+            self.admissions += L.commit(plan.packed, self.ctx.can_admit)
+            return
         self.touch(plan)
         pft = self.pf_tickets
         if plan.nvme_cpu:

@@ -3,10 +3,12 @@ names for either tier.
 
 Contract
 --------
-- ``Clock(n)``: CLOCK (second chance) over ``n`` VRAM slots; ``owner[slot]`` is the key in a slot (-1: free),
-  ``slot_of[key]`` its slot, ``ref`` the reference bits. ``find_victim_slot(protect, state, key)`` returns a slot to
-  reuse, never one holding a protected key or a key whose state is not plain VRAM, or -1 when every slot is pinned.
-- ``PolicySlots(n, pol)``: the same slot map ordered by a moetier.core.policies.residency policy.
+- ``Clock(ts)``: CLOCK (second chance) over the VRAM slots of a moetier.core.tier_state.TierState; ``owner[slot]``
+  is the key in a slot (-1: free), ``slot_of[key]`` its slot, ``ref`` the reference bits, ``hand`` CLOCK's hand. ``find_victim_slot(protect, state, key)`` returns a slot to
+  reuse, never one holding a protected key or a key whose state (``state``: the state codes by key) is not plain
+  VRAM, or -1 when every slot is pinned. The compiled commit (moetier.core.commit_kernel) runs the same search on
+  the same buffers; this is the ticket path's.
+- ``PolicySlots(ts, pol)``: the same slot map ordered by a moetier.core.policies.residency policy.
 - ``make_policy(spec, ...)``: a policy object from its recipe name (or the object itself), per layer when asked;
   errors name the recipe field.
 - ``Pins``: the layer's picks as the array a compiled eviction takes.
@@ -21,19 +23,26 @@ import numpy as np
 
 from moetier.core.policies import residency
 from moetier.core.tickets import VRAM
+from moetier.core.tier_state import M_HAND, SlotMap, TierState
 
 
 class Clock:
     """CLOCK (second chance) over a fixed number of VRAM slots."""
 
-    __slots__ = ("n", "owner", "ref", "slot_of", "hand")
+    __slots__ = ("n", "owner", "ref", "slot_of", "_meta")
 
-    def __init__(self, n: int):
-        self.n = n
-        self.owner = [-1] * n
-        self.ref = bytearray(n)
-        self.slot_of: dict[int, int] = {}
-        self.hand = 0
+    def __init__(self, ts: TierState):
+        self.n = len(ts.owner)
+        self.owner, self.ref, self._meta = ts.owner, ts.ref, ts.meta
+        self.slot_of = SlotMap(ts)
+
+    @property
+    def hand(self) -> int:
+        return self._meta[M_HAND]
+
+    @hand.setter
+    def hand(self, h: int) -> None:
+        self._meta[M_HAND] = h
 
     def find_victim_slot(self, protect, state, key=None) -> int:
         """Slot to reuse, or -1 if every slot is pinned: a protected key (this layer's picks) or a key whose state
@@ -82,14 +91,14 @@ class PolicySlots(Clock):
 
     __slots__ = ("pol",)
 
-    def __init__(self, n: int, pol):
-        super().__init__(n)
+    def __init__(self, ts: TierState, pol):
+        super().__init__(ts)
         self.pol = pol
 
     def find_victim_slot(self, protect, state, key=None) -> int:
         if len(self.slot_of) < self.n:
             return self.owner.index(-1)
-        v = self.pol.victim(key, lambda k: k not in protect and state.get(k) == VRAM)
+        v = self.pol.victim(key, lambda k: k not in protect and state[k] == VRAM)
         if v is None or v == key:
             return -1
         return self.slot_of[v]
@@ -160,9 +169,9 @@ def replace(pol, old, new) -> None:
         rep(old, new)
 
 
-def make_policy(spec, slots: int, layers, experts, partition: str, field: str):
+def make_policy(spec, slots: int, layers, experts, partition: str, field: str, width: int = 64):
     """A residency policy object from a name (or the object itself), split per layer when asked; ``field``: the
-    recipe field that named it (errors name it)."""
+    recipe field that named it (errors name it); ``width``: the keys a global array-state policy sizes for."""
     if not isinstance(spec, str):
         return spec
     try:
@@ -170,7 +179,7 @@ def make_policy(spec, slots: int, layers, experts, partition: str, field: str):
             if not layers or not experts:
                 raise ValueError("a per-layer split needs layers and experts")
             return residency.partitioned(spec, slots, layers, experts)
-        return residency.make(spec, slots)
+        return residency.make(spec, slots, width=width)
     except ValueError as e:
         raise ValueError(f"policy.{field}: {e}") from None
 

@@ -12,7 +12,7 @@ after the layer computed, so it pins nothing, and a key one of its uses evicted 
 back without a read (its bytes were used this layer; kt-kernel promotes and demotes only what its policy holds
 between layers). After every layer the policies then hold what kt-kernel's would (tests/test_kt_tiers.py). Where a
 per-layer split of the published policies orders the tier, a layer's flush is one compiled call
-(moetier.core.policies.machine's ``feed``) whose log of fills, refusals and evictions the ledger's dicts then take.
+(moetier.core.policies.machine's ``feed``) whose log of fills, refusals and evictions the ledger's tier then takes.
 ``wire(rp)`` makes a fresh ``sim.Replay`` (its ledger a TokenFedLedger) defer each layer's uses and flush them, in
 the order of the step's token rows, before the layer ends (``after_layer``). The plan, its lanes and its times are
 the simulator's: only the order and count of the RAM policy's uses change, and nothing reads the tier between the
@@ -88,11 +88,11 @@ class TokenFedLedger(Ledger):
         log, err = feed(part, pol.caps[l], np.array(seq, dtype=i64), np.array([get(k, -1) for k in seq], dtype=i64),
                         np.fromiter(hits, i64, len(hits)), np.fromiter(reads, i64, len(reads)),
                         np.array([k for k in self._pushing if k // E == l], dtype=i64), RAM)
-        ram, state = self.ram, self.state
+        ram, codes = self.ram, self.codes
         for ev, k, v in log:
             if ev == 0:
-                ram[k] = None
-                state[k] = RAM
+                ram.add(k)
+                codes[k] = RAM
             elif ev == 1:
                 self._refuse(k)
             else:

@@ -19,15 +19,22 @@ Array state (keys are ``base + i``, ``i`` < the arrays' width, which grows on de
     fs[0, i]  count of key i (float64)            iv[0, i]  tick of key i's last use (int64)
     fs[1, i]  its resident score (float64)        iv[1, i]  its place in the resident list, -1 if not resident
     st[0]     the policy's tick                   iv[2, :n] the resident list (indices), n = st[1]
+    fs[2, :n] the residents' scores, by place     iv[3, :n] their ticks, by place
 
-The kernels are ``@njit(cache=True)``: a second process loads them from the cache instead of compiling.
+The by-place copies let an eviction read the residents in order, not gather them across the key arrays.
+
+The kernels are ``@njit(cache=True)``: a second process loads them from the cache instead of compiling; the
+ledger's compiled commit (moetier.core.commit_kernel) calls the same ones. ``stack(parts)`` lays several LFUs'
+arrays out as one array each, indexed by part first, the parts' own arrays rebound as views into them (what a
+compiled caller indexes by part, a per-layer split's layer); a part must not grow past its width afterwards (its
+arrays would leave the stack), which a part sized for its keys (a layer's experts, or every key) never does.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
-__all__ = ["LFU"]
+__all__ = ["LFU", "stack"]
 
 _RENORM = 1e200
 
@@ -43,6 +50,7 @@ def _touch(fs, iv, st, halflife, i):
         for j in range(st[1]):
             r = iv[2, j]
             fs[1, r] = fs[0, r]
+            fs[2, j] = fs[0, r]
     fs[1, i] = fs[0, i]
     iv[0, i] = st[0]
     st[0] += 1
@@ -50,6 +58,9 @@ def _touch(fs, iv, st, halflife, i):
         iv[1, i] = st[1]
         iv[2, st[1]] = i
         st[1] += 1
+    p = iv[1, i]
+    fs[2, p] = fs[1, i]
+    iv[3, p] = iv[0, i]
 
 
 @njit(cache=True)
@@ -66,13 +77,16 @@ def _touch_keys(fs, iv, st, halflife, keys, base, lim):
 
 
 @njit(cache=True)
-def _remove(iv, st, i):
+def _remove(fs, iv, st, i):
     p = iv[1, i]
     if p < 0:
         return
-    last = iv[2, st[1] - 1]
+    n = st[1] - 1
+    last = iv[2, n]
     iv[2, p] = last
     iv[1, last] = p
+    fs[2, p] = fs[2, n]
+    iv[3, p] = iv[3, n]
     iv[1, i] = -1
     st[1] -= 1
 
@@ -81,7 +95,7 @@ def _remove(iv, st, i):
 def _replace(fs, iv, st, halflife, old, i):
     """Key index ``old`` leaves, ``i`` enters (or is used again): one call for an eviction's two steps."""
     if old >= 0:
-        _remove(iv, st, old)
+        _remove(fs, iv, st, old)
     _touch(fs, iv, st, halflife, i)
 
 
@@ -104,18 +118,23 @@ def _evict_for(fs, iv, st, halflife, pins, base, i):
     """The resident index with the least (score, tick, index) whose key (base + index) is not in ``pins`` (an
     int64 array of keys, a layer's few) is replaced by index i; returns it, or -1 (nothing replaced) when every
     resident key is pinned."""
+    # a pinned resident's place is flipped negative for the scan (one read per resident, not a search of pins)
+    w = fs.shape[1]
+    for p in pins:
+        r = p - base
+        if 0 <= r < w and iv[1, r] >= 0:
+            iv[1, r] = -2 - iv[1, r]
     best, bs, bt = -1, 0.0, 0
     for j in range(st[1]):
-        r = iv[2, j]
-        s, t = fs[1, r], iv[0, r]
-        if best < 0 or s < bs or (s == bs and (t < bt or (t == bt and r < best))):
-            pinned = False
-            for p in pins:                      # only a key that would lead is looked up
-                if p == base + r:
-                    pinned = True
-                    break
-            if not pinned:
+        s, t = fs[2, j], iv[3, j]
+        if best < 0 or s < bs or (s == bs and (t < bt or (t == bt and iv[2, j] < best))):
+            r = iv[2, j]
+            if iv[1, r] >= 0:
                 best, bs, bt = r, s, t
+    for p in pins:
+        r = p - base
+        if 0 <= r < w and iv[1, r] < -1:
+            iv[1, r] = -2 - iv[1, r]
     if best >= 0:
         _replace(fs, iv, st, halflife, best, i)
     return best
@@ -141,8 +160,8 @@ class LFU:
         self.capacity, self.halflife = capacity, float(halflife)
         self.name = "dlfu" if self.halflife > 0 else "lfu"
         self.base = base
-        self.fs = np.zeros((2, max(1, width)))
-        self.iv = np.full((3, max(1, width)), -1, dtype=np.int64)
+        self.fs = np.zeros((3, max(1, width)))
+        self.iv = np.full((4, max(1, width)), -1, dtype=np.int64)
         self.st = np.zeros(2, dtype=np.int64)
 
     def _index(self, k) -> int:
@@ -151,7 +170,7 @@ class LFU:
             raise ValueError(f"{self.name}: key {k} is below this policy's first key {self.base}")
         if i >= self.fs.shape[1]:
             n = max(2 * self.fs.shape[1], i + 1)
-            fs, iv = np.zeros((2, n)), np.full((3, n), -1, dtype=np.int64)
+            fs, iv = np.zeros((3, n)), np.full((4, n), -1, dtype=np.int64)
             fs[:, :self.fs.shape[1]] = self.fs
             iv[:, :self.iv.shape[1]] = self.iv
             self.fs, self.iv = fs, iv
@@ -179,7 +198,7 @@ class LFU:
     def remove(self, k):
         i = int(k) - self.base
         if 0 <= i < self.fs.shape[1]:
-            _remove(self.iv, self.st, i)
+            _remove(self.fs, self.iv, self.st, i)
 
     def replace(self, old, new):
         """``remove(old)`` then ``insert(new)``, in one compiled call."""
@@ -218,3 +237,12 @@ class LFU:
 
     def __len__(self):
         return int(self.st[1])
+
+
+def stack(parts) -> tuple:
+    """(fs, iv, st) of ``parts`` (LFUs of one width) stacked by part, each part's own arrays now views into them
+    (module docstring)."""
+    fs, iv, st = np.stack([p.fs for p in parts]), np.stack([p.iv for p in parts]), np.stack([p.st for p in parts])
+    for j, p in enumerate(parts):
+        p.fs, p.iv, p.st = fs[j], iv[j], st[j]
+    return fs, iv, st

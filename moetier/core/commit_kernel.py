@@ -1,0 +1,367 @@
+"""The simulator's commit of one layer's plan: one compiled call over the ledger's arrays (moetier.core.tier_state).
+
+Contract
+--------
+``commit(O, C, st, inram, link, owner, ref, slot, meta, pin, vfs, viv, vst, rfs, riv, rst, caps, vhl, rhl,
+can_admit)`` carries out, on the ledger's own buffers, what moetier.core.replay.Replay's commit does through the
+ledger for a plan whose lanes are ``O`` (moetier.core.plan_kernel's output: 6 lane counts, then the lanes' keys):
+
+    1. the VRAM picks' use (CLOCK's reference bit, or a use of the VRAM LFU), then the cpu lane's RAM picks' use
+       (LRU: to the most recent end; LFU: a use of the key's part);
+    2. each nvme_cpu pick lands in RAM (``Ledger.fill_landed``);
+    3. where ``can_admit``: the zerocopy picks are pushed to VRAM, then the nvme_gpu picks from staging
+       (``Ledger.pushes_landed``), each victim draining into RAM in an exclusive tier.
+
+Returns how many zerocopy picks were admitted, or -1 (a fill of a key not absent) / -2 (a push with no VRAM tier),
+the key in ``meta[M_BAD]``: a broken residency rule, which the ledger raises.
+The picks (every key in O's lanes) are pinned: nothing evicts them.
+
+Which ledgers it covers (``C``, built by the ledger): VRAM CLOCK or an LFU / decayed LFU over every key
+(moetier.core.policies.lfu: ``vfs, viv, vst`` its arrays stacked as one part); RAM the built-in LRU (exclusive or
+inclusive) or LFU / decayed LFU, global or split per layer (``rfs, riv, rst`` the parts' arrays stacked, ``caps``
+each part's slots, a part ``C[C_RW]`` keys wide); no RAM bookkeeping (all in RAM, or no RAM slots). The LFU work is
+moetier.core.policies.lfu's kernels, called here, not a copy of them. The ticket path's RAM puts and uses go
+through the same code (``ram_put`` / ``ram_uses``, and ``lru_*`` for the built-in LRU). ``bind(ledger)`` is the
+arguments (the ledger's own buffers, the policies' arrays stacked by part), or None where the kernel does not cover
+the ledger; the ledger keeps them (the buffers never move).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from moetier.core.policies import lfu, residency
+from moetier.core.policies.lfu import _evict_for, _put, _remove, _touch
+from moetier.core.tickets import ABSENT, RAM, VRAM
+from moetier.core.tier_state import M_BAD, M_HAND, M_RAM_EV, M_RAM_N, M_REFUSED, M_VRAM_EV, M_VRAM_N
+
+__all__ = ["commit", "ram_uses", "lru_uses", "ram_put", "lru_put", "bind", "C_KEYS", "C_VN", "C_RSLOTS", "C_EXCL",
+           "C_ALLRAM", "C_NORAM", "C_VLFU", "C_RLFU", "C_RW", "C_N"]
+
+# C: the ledger's configuration
+C_KEYS, C_VN, C_RSLOTS, C_EXCL, C_ALLRAM, C_NORAM, C_VLFU, C_RLFU, C_RW, C_N = range(10)
+_NO_LFU = (np.zeros((1, 3, 1)), np.full((1, 4, 1), -1, np.int64), np.zeros((1, 2), np.int64))
+# the ledger's steps the kernel does; a subclass that overrides one (moetier.peers.token_feed) keeps its own
+_STEPS = ("vram_hit", "ram_hit", "fill_landed", "pushes_landed", "_ram_put")
+
+
+def bind(led, base):
+    """For ledger ``led`` (of class ``base``, or a subclass): (``commit``'s arguments past ``O`` and before
+    ``can_admit``, the RAM put door and its arguments past ``pins``, the RAM uses door and its arguments past
+    ``keys``: ``lru_put`` / ``lru_uses`` under the built-in LRU, else ``ram_put`` / ``ram_uses``), or None where the
+    kernel does not cover the ledger (the module docstring says which it covers)."""
+    if any(getattr(type(led), m) is not getattr(base, m) for m in _STEPS):
+        return None
+    if led._vpol is not None and not isinstance(led._vpol, lfu.LFU):
+        return None
+    vparts = [led._vpol] if led._vpol is not None else None
+    rparts, caps, width = _ram_parts(led)
+    if rparts == ():
+        return None
+    for parts, w in ((vparts, led.keys), (rparts, width)):
+        if parts and not _stackable(parts, w):
+            return None
+    C = np.zeros(C_N, np.int64)
+    C[[C_KEYS, C_VN, C_RSLOTS, C_EXCL, C_ALLRAM, C_NORAM, C_VLFU, C_RLFU, C_RW]] = (
+        led.keys, led.vram_slots, led.ram_slots, led.exclusive, led.all_in_ram, led._no_ram_lru, vparts is not None,
+        rparts is not None, width)
+    vs = lfu.stack(vparts) if vparts else _NO_LFU
+    rs = lfu.stack(rparts) if rparts else _NO_LFU
+    st, inram, link, owner, ref, slot, meta = led._ts.views()
+    pin, caps = np.zeros(led.keys, np.uint8), np.array(caps, np.int64)
+    vhl, rhl = vparts[0].halflife if vparts else 0.0, rparts[0].halflife if rparts else 0.0
+    args = (C, st, inram, link, owner, ref, slot, meta, pin, *vs, *rs, caps, vhl, rhl)
+    if rparts is None:
+        return args, lru_put, (C, st, inram, link, meta, pin), lru_uses, (inram, link, meta)
+    return args, ram_put, (C, st, inram, link, meta, pin, *rs, caps, rhl), ram_uses, (C, inram, link, meta, *rs, rhl)
+
+
+def _ram_parts(led) -> tuple:
+    """(the RAM tier's LFU parts or None for the built-in LRU, each part's slots, a part's width in keys); parts ()
+    where the kernel does not cover the RAM order."""
+    r = led._rpol
+    if r is None:
+        return ((), [0], 1) if led._lfu_window and not led._no_ram_lru else (None, [0], 1)   # the window LFU
+    if isinstance(r, lfu.LFU):
+        return [r], [r.capacity], led.keys
+    if isinstance(r, residency.Partitioned) and all(isinstance(p, lfu.LFU) for p in r.parts):
+        return r.parts, r.caps, r.experts
+    return (), [0], 1
+
+
+def _stackable(parts, w: int) -> bool:
+    """The parts share a half-life, part j's keys start at j x w, and each is (now) sized w keys wide."""
+    if len({p.halflife for p in parts}) != 1 or any(p.base != j * w for j, p in enumerate(parts)):
+        return False
+    for p in parts:
+        if p.fs.shape[1] < w:
+            p._index(p.base + w - 1)          # sized for its keys, it never grows (and so never leaves the stack)
+    return all(p.fs.shape[1] == w for p in parts)
+
+
+@njit(cache=True)
+def _ram_add(link, inram, meta, h, k):
+    last = link[h]
+    link[k] = last
+    link[h + 1 + k] = h
+    link[h + 1 + last] = k
+    link[h] = k
+    inram[k] = 1
+    meta[M_RAM_N] += 1
+
+
+@njit(cache=True)
+def _ram_unlink(link, inram, meta, h, k):
+    p, n = link[k], link[h + 1 + k]
+    link[h + 1 + p] = n
+    link[n] = p
+    inram[k] = 0
+    meta[M_RAM_N] -= 1
+
+
+@njit(cache=True)
+def _ram_put(k, C, st, inram, link, meta, pin, picks, rfs, riv, rst, caps, rhl):
+    """``k`` enters the RAM tier (Ledger._ram_put): a use where it is there, else a free slot, else in place of
+    the tier's victim, else refused (the record is not kept, counted). Returns the victim, -1 where no RAM slot
+    came free, -2 where ``k`` was refused."""
+    if C[C_NORAM]:
+        st[k] = ABSENT
+        return -1
+    if not C[C_RLFU]:
+        return _lru_put(k, C, st, inram, link, meta, pin)
+    w = C[C_RW]
+    l = k // w
+    i = k - l * w
+    if inram[k]:
+        _touch(rfs[l], riv[l], rst[l], rhl, i)
+        st[k] = RAM
+        return -1
+    v = _put(rfs[l], riv[l], rst[l], rhl, picks, l * w, i, caps[l])
+    if v == -1:
+        _ram_add(link, inram, meta, C[C_KEYS], k)
+        st[k] = RAM
+        return -1
+    return _swap_in(k, l * w + v if v >= 0 else -1, st, inram, link, meta, C[C_KEYS])
+
+
+@njit(cache=True)
+def _lru_put(k, C, st, inram, link, meta, pin):
+    """_ram_put under the built-in LRU."""
+    h = C[C_KEYS]
+    if inram[k]:
+        _ram_unlink(link, inram, meta, h, k)
+        _ram_add(link, inram, meta, h, k)
+        st[k] = RAM
+        return -1
+    if meta[M_RAM_N] < C[C_RSLOTS]:
+        _ram_add(link, inram, meta, h, k)
+        st[k] = RAM
+        return -1
+    # the least recently used key neither picked nor mid-transfer; inclusive: a VRAM key's RAM copy may go
+    x = link[2 * h + 1]
+    while x != h:
+        s = st[x]
+        if not pin[x] and (s == RAM or (s == VRAM and not C[C_EXCL])):
+            break
+        x = link[h + 1 + x]
+    return _swap_in(k, x if x != h else -1, st, inram, link, meta, h)
+
+
+@njit(cache=True)
+def _swap_in(k, victim, st, inram, link, meta, h):
+    """``victim`` leaves the RAM tier and ``k`` enters it, or, with no victim (-1), ``k`` is refused."""
+    if victim < 0:                       # every slot pinned, or the policy keeps the key out
+        meta[M_REFUSED] += 1
+        st[k] = ABSENT
+        return -2
+    _ram_unlink(link, inram, meta, h, victim)
+    if st[victim] == RAM:
+        st[victim] = ABSENT
+    meta[M_RAM_EV] += 1
+    _ram_add(link, inram, meta, h, k)
+    st[k] = RAM
+    return victim
+
+
+@njit(cache=True)
+def _ram_uses(keys, a, b, C, inram, link, meta, rfs, riv, rst, rhl):
+    """The RAM keys among keys[a:b] computed in place, in turn: to the most recent end (LRU), or a use (LFU)."""
+    if C[C_NORAM]:
+        return
+    if not C[C_RLFU]:
+        _lru_uses(keys, a, b, inram, link, meta)
+        return
+    w = C[C_RW]
+    for j in range(a, b):
+        k = keys[j]
+        if inram[k]:
+            l = k // w
+            _touch(rfs[l], riv[l], rst[l], rhl, k - l * w)
+
+
+@njit(cache=True)
+def _lru_uses(keys, a, b, inram, link, meta):
+    h = len(inram)
+    for j in range(a, b):
+        k = keys[j]
+        if inram[k]:
+            _ram_unlink(link, inram, meta, h, k)
+            _ram_add(link, inram, meta, h, k)
+
+
+# the ticket path's doors (Ledger.ram_hit, Ledger._ram_put where the kernel covers the ledger): one call each, its
+# arguments ``bind``'s; the built-in LRU's take fewer (a call's cost grows with its array arguments)
+@njit(cache=True)
+def ram_uses(keys, C, inram, link, meta, rfs, riv, rst, rhl):
+    """``Ledger.ram_hit`` of ``keys`` (an int64 array)."""
+    _ram_uses(keys, 0, len(keys), C, inram, link, meta, rfs, riv, rst, rhl)
+
+
+@njit(cache=True)
+def lru_uses(keys, inram, link, meta):
+    """``ram_uses`` under the built-in LRU."""
+    _lru_uses(keys, 0, len(keys), inram, link, meta)
+
+
+@njit(cache=True)
+def ram_put(k, pins, C, st, inram, link, meta, pin, rfs, riv, rst, caps, rhl):
+    """``Ledger._ram_put`` of key ``k``, the keys in ``pins`` kept; ``_ram_put``'s return value."""
+    for p in pins:
+        pin[p] = 1
+    out = _ram_put(k, C, st, inram, link, meta, pin, pins, rfs, riv, rst, caps, rhl)
+    for p in pins:
+        pin[p] = 0
+    return out
+
+
+@njit(cache=True)
+def lru_put(k, pins, C, st, inram, link, meta, pin):
+    """``ram_put`` under the built-in LRU (or no RAM bookkeeping)."""
+    if C[C_NORAM]:
+        st[k] = ABSENT
+        return -1
+    for p in pins:
+        pin[p] = 1
+    out = _lru_put(k, C, st, inram, link, meta, pin)
+    for p in pins:
+        pin[p] = 0
+    return out
+
+
+@njit(cache=True)
+def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, picks, vfs, viv, vst, rfs, riv, rst,
+            caps, vhl, rhl):
+    """Ledger.pushes_landed of the keys O[a:b]; returns how many were admitted."""
+    n = C[C_VN]
+    h = C[C_KEYS]
+    admitted = 0
+    for j in range(a, b):
+        key = O[j]
+        victim = -1
+        if C[C_VLFU]:
+            if meta[M_VRAM_N] < n:
+                s = 0
+                while owner[s] >= 0:
+                    s += 1
+                _touch(vfs[0], viv[0], vst[0], vhl, key)
+            else:
+                victim = _evict_for(vfs[0], viv[0], vst[0], vhl, picks, 0, key)
+                if victim < 0:
+                    meta[M_REFUSED] += 1
+                    continue
+                s = slot[victim]
+        else:
+            # CLOCK: a free slot, or the first unpinned plain-VRAM key whose reference bit is clear (clearing it
+            # on the way); two sweeps and none: every slot is pinned
+            s = -1
+            x = meta[M_HAND]
+            for _ in range(2 * n + 1):
+                o = owner[x]
+                if o < 0:
+                    s = x
+                    break
+                if not pin[o] and st[o] == VRAM:
+                    if ref[x]:
+                        ref[x] = 0
+                    else:
+                        s = x
+                        break
+                x = x + 1 if x + 1 < n else 0
+            if s < 0:
+                meta[M_REFUSED] += 1
+                continue
+            meta[M_HAND] = s + 1 if s + 1 < n else 0
+            victim = owner[s]
+        if victim >= 0:
+            slot[victim] = -1
+        else:
+            meta[M_VRAM_N] += 1
+        owner[s] = key
+        slot[key] = s
+        ref[s] = 1
+        if victim >= 0:
+            # the victim drains into RAM while the pushed key's RAM copy is still held (the ticket path's order)
+            meta[M_VRAM_EV] += 1
+            if C[C_ALLRAM]:
+                st[victim] = ABSENT
+            elif inram[victim]:
+                st[victim] = RAM
+            elif C[C_EXCL]:
+                st[victim] = ABSENT
+                _ram_put(victim, C, st, inram, link, meta, pin, picks, rfs, riv, rst, caps, rhl)
+            else:
+                st[victim] = ABSENT
+        st[key] = VRAM
+        if not staged and C[C_EXCL] and inram[key]:
+            _ram_unlink(link, inram, meta, h, key)
+            if C[C_RLFU]:
+                w = C[C_RW]
+                l = key // w
+                _remove(rfs[l], riv[l], rst[l], key - l * w)
+        admitted += 1
+    return admitted
+
+
+@njit(cache=True)
+def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, vfs, viv, vst, rfs, riv, rst, caps, vhl, rhl,
+           can_admit):
+    e_gpu = 6 + O[0]
+    e_zc = e_gpu + O[1]
+    e_cpu = e_zc + O[2]
+    e_ncpu = e_cpu + O[3]
+    e_ngpu = e_ncpu + O[4]
+    picks = O[6:e_ngpu + O[5]]
+    for k in picks:
+        pin[k] = 1
+    out = 0
+    # 1. uses: VRAM picks, then the cpu lane's RAM picks
+    if C[C_VLFU]:
+        for j in range(6, e_gpu):
+            _touch(vfs[0], viv[0], vst[0], vhl, O[j])
+    else:
+        for j in range(6, e_gpu):
+            ref[slot[O[j]]] = 1
+    _ram_uses(O, e_zc, e_cpu, C, inram, link, meta, rfs, riv, rst, rhl)
+    # 2. fills
+    for j in range(e_cpu, e_ncpu):
+        k = O[j]
+        if st[k] != ABSENT or C[C_ALLRAM]:
+            meta[M_BAD] = k
+            out = -1
+            break
+        _ram_put(k, C, st, inram, link, meta, pin, picks, rfs, riv, rst, caps, rhl)
+    # 3. pushes
+    if out == 0 and can_admit:
+        if C[C_VN] == 0 and (O[1] or O[4]):
+            meta[M_BAD] = O[e_gpu] if O[1] else O[e_ncpu]
+            out = -2
+        else:
+            if O[1]:
+                out = _pushes(O, e_gpu, e_zc, False, C, st, inram, link, owner, ref, slot, meta, pin, picks, vfs, viv,
+                              vst, rfs, riv, rst, caps, vhl, rhl)
+            if O[4]:
+                _pushes(O, e_ncpu, e_ngpu, True, C, st, inram, link, owner, ref, slot, meta, pin, picks, vfs, viv,
+                        vst, rfs, riv, rst, caps, vhl, rhl)
+    for k in picks:
+        pin[k] = 0
+    return out

@@ -1,0 +1,126 @@
+"""The ledger's compiled commit (moetier.core.commit_kernel) against the ledger's Python methods, on small tiers.
+
+Random layers of picks on tiers a few slots wide, so every path runs: VRAM refusals (more picks than slots, all
+pinned), RAM refusals, drains of VRAM victims into RAM, inclusive copies, no RAM bookkeeping (all in RAM, no RAM
+slots). After every layer the two ledgers hold the same states, RAM order, VRAM slots and counters, and admitted
+as many picks.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from moetier.core.ledger import Ledger, ResidencyError
+from moetier.core.tickets import RAM, VRAM
+
+LAYERS, EXPERTS = 4, 16
+KEYS = LAYERS * EXPERTS
+# (vram slots, ram slots, ledger options)
+CASES = {
+    "clock-lru": (3, 10, dict()),
+    "clock-lru-inclusive": (3, 10, dict(exclusive=False)),
+    "dlfu-lfu-layer": (3, 10, dict(ram_policy="lfu", vram_policy="dlfu", ram_partition="layer")),
+    "dlfu-dlfu-layer-inclusive": (4, 12, dict(exclusive=False, ram_policy="dlfu:3", vram_policy="dlfu:5",
+                                               ram_partition="layer")),
+    "lfu-lfu-global": (3, 9, dict(ram_policy="dlfu:7", vram_policy="lfu")),
+    "dlfu-two-slots": (2, 10, dict(ram_policy="lfu", vram_policy="dlfu", ram_partition="layer")),
+    "clock-lfu-layer-uneven": (2, 7, dict(ram_policy="lfu", ram_partition="layer")),
+    "no-ram-slots": (3, 0, dict(vram_policy="dlfu")),
+    "all-in-ram": (3, KEYS, dict()),
+    "no-vram": (0, 10, dict(ram_policy="lfu", ram_partition="layer")),
+}
+
+
+def _ledgers(case):
+    v, r, kw = CASES[case]
+    kw = dict(kw, layers=LAYERS, experts=EXPERTS)
+    fast, plain = Ledger(KEYS, v, r, **kw), Ledger(KEYS, v, r, **kw)
+    plain.commits = False
+    plain._rfast = plain._vfast = False      # the plain victim search, not the compiled put / evict_for
+    assert fast.commits
+    return fast, plain
+
+
+def _deal(led, picks, rng, can_push):
+    """Lanes by each pick's state, as a planner could deal them: VRAM -> gpu, RAM -> cpu or zerocopy, else an
+    NVMe lane."""
+    gpu, zc, cpu, ncpu, ngpu = [], [], [], [], []
+    for k in picks:
+        s = led.codes[k] or (RAM if led.all_in_ram else 0)
+        if s == VRAM:
+            gpu.append(k)
+        elif s == RAM:
+            (zc if can_push and rng.random() < 0.4 else cpu).append(k)
+        else:
+            (ngpu if can_push and rng.random() < 0.5 else ncpu).append(k)
+    return gpu, zc, cpu, ncpu, ngpu
+
+
+def _python_commit(led, lanes, picks, can_admit):
+    """Replay.commit's steps through the ledger's Python methods."""
+    gpu, zc, cpu, ncpu, ngpu = lanes
+    if gpu:
+        led.vram_hit(gpu)
+    if cpu and not led.all_in_ram:
+        led.ram_hit(cpu)
+    for k in ncpu:
+        led.fill_landed(k, picks)
+    n = led.pushes_landed(zc, picks) if zc and can_admit else 0
+    if ngpu and can_admit:
+        led.pushes_landed(ngpu, picks, staged=True)
+    return n
+
+
+def _packed(lanes):
+    return np.array([len(x) for x in lanes] + [0] + [k for x in lanes for k in x], np.int64)
+
+
+def _tiers(led):
+    return bytes(led.codes), list(led.ram), list(led.clock.owner), bytes(led.clock.ref), dict(led.counters)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_compiled_commit_matches_the_python_methods(case):
+    fast, plain = _ledgers(case)
+    rng = np.random.default_rng(11)
+    seed = rng.permutation(KEYS)[:KEYS // 2]
+    fast.seed(seed)
+    plain.seed(seed)
+    can_push = fast.vram_slots > 0
+    admitted = 0
+    for step in range(600):
+        layer = step % LAYERS
+        fast.step = plain.step = step // LAYERS
+        n = int(rng.integers(1, 9))
+        picks = {int(k): 1 for k in layer * EXPERTS + rng.choice(EXPERTS, size=n, replace=False)}
+        lanes = _deal(fast, picks, rng, can_push)
+        a = fast.commit(_packed(lanes), True)
+        b = _python_commit(plain, lanes, picks, True)
+        assert a == b, f"step {step}: admitted {a} compiled, {b} in Python"
+        assert _tiers(fast) == _tiers(plain), f"step {step}: the tiers differ"
+        admitted += a
+    if case != "dlfu-dlfu-layer-inclusive":
+        fast.check()          # (an inclusive per-layer split can hold more RAM keys than slots, in both forms)
+    if can_push:
+        assert fast.counters["vram_evictions"] > 20
+        assert admitted > 20 or not fast.ram_slots          # zerocopy picks are RAM picks
+    if case in ("clock-lru", "dlfu-lfu-layer", "lfu-lfu-global"):
+        assert fast.counters["refused_admissions"] > 0 and fast.counters["ram_evictions"] > 50   # refusals ran
+
+
+def test_a_fill_of_a_resident_key_is_refused_as_in_python():
+    fast, plain = _ledgers("clock-lru")
+    for led in (fast, plain):
+        led.seed([5])
+    with pytest.raises(ResidencyError, match=r"fill_landed\(5\)"):
+        fast.commit(_packed(([], [], [], [5], [])), True)
+    with pytest.raises(ResidencyError, match=r"fill_landed\(5\)"):
+        _python_commit(plain, ([], [], [], [5], []), {5: 1}, True)
+
+
+def test_a_ledger_the_kernel_does_not_cover_says_so():
+    assert not Ledger(KEYS, 3, 10, ram_policy="2q").commits
+    assert not Ledger(KEYS, 3, 10, ram_policy="lfu:8").commits              # the window LFU
+    assert not Ledger(KEYS, 3, 10, ram_policy="lru", ram_partition="layer", layers=LAYERS,
+                      experts=EXPERTS).commits
+    assert not Ledger(KEYS, 3, 10, vram_policy="sieve").commits
