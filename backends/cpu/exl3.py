@@ -35,7 +35,7 @@ import math
 from contextlib import contextmanager
 
 import numpy as np
-from numba import get_num_threads, njit, set_num_threads
+from numba import get_num_threads, set_num_threads
 
 from backends.cpu.exl3_band import LANES, NB  # noqa: F401  (the band geometry, re-exported)
 from backends.cpu.exl3_band import (KIND_AFFINE, KIND_INT, KIND_LUT, KIND_MUL1, _SUM_AFFINE, _SUM_INT, _band_width,
@@ -43,11 +43,12 @@ from backends.cpu.exl3_band import (KIND_AFFINE, KIND_INT, KIND_LUT, KIND_MUL1, 
 from backends.cpu.exl3_ops import JIT as _JIT
 from backends.cpu.exl3_ops import had_rows_, round16_
 from moetier.bytes import exl3 as X
+from moetier.core.jit import kernel
 
 MODES = ("exact", "affine")
 
 
-@njit(**_JIT)
+@kernel(**_JIT)
 def _int_gate_(g, u, shift, a_max):
     """g = clamp((min(max(g, 0), 2**31-1) * clamp(u, +-(2**31-1))) >> shift, +-a_max) in place (exl3-int)."""
     lim = np.int64(X.INT_CLAMP)
@@ -62,7 +63,7 @@ def _int_gate_(g, u, shift, a_max):
 # Linear and expert
 
 
-@njit(**_JIT)
+@kernel(**_JIT)
 def _input_transform(x, suh, fp16, xh):
     """xh = had(x * suh) (rounded to fp16 when fp16)."""
     for r in range(x.shape[0]):
@@ -73,7 +74,7 @@ def _input_transform(x, suh, fp16, xh):
         round16_(xh)
 
 
-@njit(**_JIT)
+@kernel(**_JIT)
 def _output_transform(y, svh, fp16):
     """y = had(y) * c * svh in place, with the engine's fp16 roundings before and after."""
     if fp16:
@@ -86,7 +87,7 @@ def _output_transform(y, svh, fp16):
         round16_(y)
 
 
-@njit(**_JIT)
+@kernel(**_JIT)
 def _swiglu_(g, u, limit, fp16):
     """g = min(silu(g), limit) * clamp(u, -limit, limit) in place (limit <= 0: no clamp), fp32."""
     for r in range(g.shape[0]):
@@ -102,7 +103,7 @@ def _swiglu_(g, u, limit, fp16):
         round16_(g)
 
 
-@njit(**_JIT)
+@kernel(**_JIT)
 def _linear_nb(x, suh, svh, words, lut, um, ush, kind, W, fp16, y):
     """y = had(had(x * suh) @ W_inner) * svh with the engine's fp16 roundings: one call for the transforms and the
     GEMM (each kernel call from Python costs microseconds, which a small expert notices)."""

@@ -27,11 +27,12 @@ decode through software prefetches spread over the step (see _gemm), so a step s
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from backends.cpu.exl3_ops import JIT as _JIT
 from backends.cpu.exl3_ops import fp16_round, prefetch, shl32, transpose8
 from moetier.bytes import exl3 as X
+from moetier.core.jit import kernel
 
 NB = 64                     # most tiles per output band (1024 columns)
 LANES = 16                  # tiles per vector step: one 512-bit vector of float32 (two 256-bit ones)
@@ -45,7 +46,7 @@ _K_CONST = np.float32(1024.0 * X.MUL1_K_INV + X.MUL1_K_BIAS)   # exact in float3
 
 
 
-@njit(fastmath=True, **_JIT)
+@kernel(fastmath=True, **_JIT)
 def _gather_tiles(wf, nw, t0, nb, lane0, W, ubuf):
     """ubuf[2w W + lane0 + jj] = word w of tile jj of a band's tile row (wf: the trellis as flat uint32 words, 8K =
     nw per tile; t0: the row's first band word; W: the band's lane count): the even rows of _odd_windows' table.
@@ -67,7 +68,7 @@ def _gather_tiles(wf, nw, t0, nb, lane0, W, ubuf):
             ubuf[e + jj] = wf[t0 + jj * nw + w]
 
 
-@njit(fastmath=True, **_JIT)
+@kernel(fastmath=True, **_JIT)
 def _odd_windows(ubuf, nw, W):
     """ubuf[m W + L] becomes the 32-bit window of lane L's tile ring that starts at its 16-bit unit m: the ring is
     the tile's uint32 words MSB-first, so the window at unit 2w is word w itself (_gather_tiles put it there) and the
@@ -84,14 +85,14 @@ def _odd_windows(ubuf, nw, W):
             ubuf[o + jj] = np.uint32(ubuf[e + jj] << np.uint32(16)) | np.uint32(ubuf[e1 + jj] >> np.uint32(16))
 
 
-@njit(inline="always", **_JIT)
+@kernel(inline="always", **_JIT)
 def _state(ubuf, o, sh):
     """The 16-bit window starting sh bits into the 32-bit window ubuf[o]: its top half << sh (exl3_dq.cuh's funnel
     shift), in 32-bit ops so LLVM keeps 16 lanes per vector."""
     return np.uint32(shl32(ubuf[o], sh) >> np.uint32(16))
 
 
-@njit(inline="always", **_JIT)
+@kernel(inline="always", **_JIT)
 def _byte_sum(st):
     """Sum of the four bytes of st * 0x83DCD12D mod 2**32, in 32-bit ops."""
     p = np.uint32(st * np.uint32(X.MUL1_MULT))
@@ -100,7 +101,7 @@ def _byte_sum(st):
     return np.uint32(np.uint32(q & np.uint32(0xFFFF)) + np.uint32(q >> np.uint32(16)))
 
 
-@njit(inline="always", **_JIT)
+@kernel(inline="always", **_JIT)
 def _mul1(ubuf, o, sh):
     """The mul1 weight of the state at (o, sh), without a table: fp16(k_inv (1024 + s) + k_bias). The float32 affine
     value is exact (a multiple of 2**-18 below 4), so one rounding to fp16 (fp16_round: F16C's conversion pair) is the
@@ -110,7 +111,7 @@ def _mul1(ubuf, o, sh):
     return fp16_round(np.float32(np.int32(_byte_sum(_state(ubuf, o, sh)))) * _K_INV + _K_CONST)
 
 
-@njit(fastmath=True, **_JIT)
+@kernel(fastmath=True, **_JIT)
 def _decode_pos(ubuf, o, sh, W, kind, lut, wp):
     """wp[:W] = the weights at one tile position of the band's W tiles (o: the position's window row times W, sh: its
     shift): the table value (KIND_LUT), the mul1 weight (KIND_MUL1), the mul1 byte sum (KIND_AFFINE) or the exl3-int
@@ -137,7 +138,7 @@ def _decode_pos(ubuf, o, sh, W, kind, lut, wp):
                 wp[jj] = fp16_round(np.float32(np.int32(_byte_sum(_state(ubuf, o + jj, sh)))) * scale + offset)
 
 
-@njit(**_JIT)
+@kernel(**_JIT)
 def _next_lines(nt, nw, j0, nb, i1, R, kt, pf):
     """pf[:n] = word offsets that touch every cache line of the band's words in tile rows i1..i1+R-1 (none past
     kt): one per 16 words (a 64-byte line) and each row's last word, whatever the words' alignment; returns n."""
@@ -154,7 +155,7 @@ def _next_lines(nt, nw, j0, nb, i1, R, kt, pf):
     return n
 
 
-@njit(inline="always", **_JIT)
+@kernel(inline="always", **_JIT)
 def _prefetch_part(wf, pf, n, part, parts):
     """Prefetch part `part` of `parts` equal parts of the lines pf[:n]. The next step's lines are prefetched a part
     at a time while this step computes, not in one burst before it: a burst of software prefetches that miss the
@@ -166,7 +167,7 @@ def _prefetch_part(wf, pf, n, part, parts):
         prefetch(wf, np.uint64(pf[q]))
 
 
-@njit(inline="always", fastmath=True, **_JIT)
+@kernel(inline="always", fastmath=True, **_JIT)
 def _fused_rows(ubuf, W, um, ush, xh, r0, xl, t0, acc, kind, ntok, lane_x, wf, pf, npf):
     """_fused_fma's loops for a band of W lanes and tokens t0..t0+ntok-1; kind, ntok and lane_x are constants where
     this is inlined, so the branches fold and the token loop unrolls, leaving the lane loop innermost (vectorised).
@@ -195,7 +196,7 @@ def _fused_rows(ubuf, W, um, ush, xh, r0, xl, t0, acc, kind, ntok, lane_x, wf, p
                         acc[t, a0 + jj] += w * xh[t, row]
 
 
-@njit(inline="always", fastmath=True, **_JIT)
+@kernel(inline="always", fastmath=True, **_JIT)
 def _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, kind, ntok, wf, pf, npf):
     """_fused_rows for one kind and token count: per-lane inputs for a step of R > 1 tile rows, else one input per
     row, with W a constant for a full band (LLVM unrolls its lane loop into NB / LANES vectors)."""
@@ -207,7 +208,7 @@ def _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, kind, ntok, wf, pf, np
         _fused_rows(ubuf, W, um, ush, xh, r0, xl, t0, acc, kind, ntok, False, wf, pf, npf)
 
 
-@njit(inline="always", fastmath=True, **_JIT)
+@kernel(inline="always", fastmath=True, **_JIT)
 def _fused_tokens(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, kind, ntok, wf, pf, npf):
     """_fused_kind with the token count (1, 2 or 4) a constant in each branch."""
     if ntok == 4:
@@ -218,7 +219,7 @@ def _fused_tokens(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, kind, ntok, wf, pf, 
         _fused_kind(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, kind, 1, wf, pf, npf)
 
 
-@njit(fastmath=True, **_JIT)
+@kernel(fastmath=True, **_JIT)
 def _fused_fma(ubuf, W, um, ush, xh, r0, xl, R, t0, ntok, kind, acc, wf, pf, npf):
     """Tokens t0..t0+ntok-1 (ntok 1, 2 or 4; KIND_MUL1 or KIND_AFFINE), one step of R tile rows from input row r0:
     acc[t, c W + L] += the weight of lane L at tile position (r, c) times its input, for all 256 positions, decoding
@@ -231,7 +232,7 @@ def _fused_fma(ubuf, W, um, ush, xh, r0, xl, R, t0, ntok, kind, acc, wf, pf, npf
         _fused_tokens(ubuf, W, um, ush, xh, r0, xl, R, t0, acc, KIND_AFFINE, ntok, wf, pf, npf)
 
 
-@njit(fastmath=True, **_JIT)
+@kernel(fastmath=True, **_JIT)
 def _fma_tokens(wp, W, xl, xr, a0, acc):
     """acc[tok, a0 + L] += wp[L] xl[tok, xr + L] for every token, L < W (all unsigned)."""
     for tok in range(xl.shape[0]):
@@ -250,7 +251,7 @@ def _band_width(nt: int, threads: int) -> int:
     return min(NB, -(-per // LANES) * LANES)
 
 
-@njit(**_JIT)
+@kernel(**_JIT)
 def _step_rows(nb, kt):
     """Tile rows decoded per step for a band of nb tiles: the fewest (1, 2 or 4, dividing kt) whose lanes, rows
     times tiles, fill whole LANES-wide vectors (a 40-tile band takes 2 rows: 80 lanes, no idle lane)."""
@@ -260,7 +261,7 @@ def _step_rows(nb, kt):
     return 1
 
 
-@njit(**_JIT)
+@kernel(**_JIT)
 def _lane_inputs(xh, i, R, nb, W, xl):
     """xl[t, r W + h nb + jj] = xh[t, 16 (i + h) + r]: each lane's input at each of the 16 rows of a step."""
     for t in range(xh.shape[0]):
@@ -271,7 +272,7 @@ def _lane_inputs(xh, i, R, nb, W, xl):
                     xl[t, r * W + h * nb + jj] = v
 
 
-@njit(parallel=True, fastmath=True, **_JIT)
+@kernel(parallel=True, fastmath=True, **_JIT)
 def _gemm(words, xh, lut, um, ush, kind, W, out):
     """out[T, n] = xh[T, k] @ W_inner, W_inner decoded on the fly from the trellis [kt, nt, 8K] (uint32 view), in
     bands of up to W tiles. Accumulates in out's dtype: float32, or int64 for KIND_INT (each integer product is exact
@@ -341,7 +342,7 @@ def _gemm(words, xh, lut, um, ush, kind, W, out):
                     out[tok, 16 * (j0 + jj) + c] = v
 
 
-@njit(parallel=True, **_JIT)
+@kernel(parallel=True, **_JIT)
 def _decode_inner(words, kind, lut, um, ush, out):
     """W_inner [k, n] float32 through the same band decode as _gemm (for bit-exact checks)."""
     kt, nt, nw = words.shape

@@ -21,10 +21,12 @@ import platform
 import numpy as np
 from llvmlite import binding as _llvm
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.extending import intrinsic
 
-JIT = dict(cache=True, nogil=True)
+from moetier.core.jit import kernel
+
+JIT = dict(nogil=True)                  # compiled into moetier.core.jit's cache
 
 
 def _hw_fp16() -> bool:
@@ -138,7 +140,7 @@ def _fptrunc_half(typingctx, v):
     return sig, codegen
 
 
-@njit(inline="always", **JIT)
+@kernel(inline="always", **JIT)
 def fp16_round(v):
     """v (float32) rounded to the nearest fp16 value, ties to even: exact for every input with HW_FP16, for inputs
     that need no subnormal or overflow handling otherwise (see the module docstring)."""
@@ -149,7 +151,7 @@ def fp16_round(v):
                                & np.uint32(0xFFFFE000)))
 
 
-@njit(**JIT)
+@kernel(**JIT)
 def round16_(a):
     """Round a float32 array in place to the nearest fp16 value (ties to even; overflow to inf), like numpy's
     float32 -> float16 -> float32. With HW_FP16 the conversion pair of fp16_round (one vector pass; NaNs kept as
@@ -187,7 +189,7 @@ def round16_(a):
                 flat[i] = -f if sign else f
 
 
-@njit(**JIT)
+@kernel(**JIT)
 def had_rows_(a, scale):
     """In place: each 128-wide block of each row of a [T, n] -> butterfly, times scale."""
     T, n = a.shape

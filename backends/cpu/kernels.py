@@ -29,11 +29,12 @@ import math
 import time
 
 import numpy as np
-from numba import get_num_threads, njit, prange, set_num_threads
+from numba import get_num_threads, prange, set_num_threads
 
 from moetier.bytes.expert import EXL3, ExpertLayout, act_range, exl3_expert, section_offsets
+from moetier.core.jit import kernel
 
-_JIT = dict(fastmath=True, cache=True, nogil=True)
+_JIT = dict(fastmath=True, nogil=True)     # compiled into moetier.core.jit's cache
 _JIT_STRICT = dict(_JIT, fastmath=False)    # for roundings whose result must not depend on FMA contraction
 BLOCK = 16  # output rows per parallel work item
 
@@ -43,7 +44,7 @@ BLOCK = 16  # output rows per parallel work item
 # Shared pieces
 
 
-@njit(**_JIT_STRICT)
+@kernel(**_JIT_STRICT)
 def _quant_row(src, A, dst):
     """dst[:] = round(src * A / absmax) as int16; returns the dequant scale absmax / A.
 
@@ -66,7 +67,7 @@ def _quant_row(src, A, dst):
     return amax / np.float32(A)
 
 
-@njit(**_JIT)
+@kernel(**_JIT)
 def _silu_mul(g, u):
     return g / (np.float32(1.0) + math.exp(-g)) * u
 
@@ -75,7 +76,7 @@ def _silu_mul(g, u):
 # int8 kernels
 
 
-@njit(**_JIT)
+@kernel(**_JIT)
 def _dot_i8(w, x):
     """Exact int32 dot of int8 weights with int16 activations.
 
@@ -89,7 +90,7 @@ def _dot_i8(w, x):
     return s
 
 
-@njit(**_JIT)
+@kernel(**_JIT)
 def _int8_prep(x, A):
     q = np.empty(x.shape, np.int16)
     s = np.empty(x.shape[0], np.float32)
@@ -98,7 +99,7 @@ def _int8_prep(x, A):
     return q, s
 
 
-@njit(**_JIT)
+@kernel(**_JIT)
 def _int8_gate_up_item(slab, recs, offs, H, F, xq, sx, rp, h, it):
     """Work item it = (expert e, block of BLOCK ffn rows): h[rows of e, block] = silu(gate) * up."""
     nb = (F + BLOCK - 1) // BLOCK
@@ -119,7 +120,7 @@ def _int8_gate_up_item(slab, recs, offs, H, F, xq, sx, rp, h, it):
             h[r, f] = _silu_mul(g, u)
 
 
-@njit(**_JIT)
+@kernel(**_JIT)
 def _int8_down_item(slab, recs, offs, H, F, hq, sh, rp, out, it):
     """Work item it = (expert e, block of BLOCK hidden rows): out[rows of e, block] = down @ h."""
     nb = (H + BLOCK - 1) // BLOCK
@@ -135,7 +136,7 @@ def _int8_down_item(slab, recs, offs, H, F, hq, sh, rp, out, it):
             out[r, o] = np.float32(_dot_i8(dw, hq[r])) * (ds[o] * sh[r])
 
 
-@njit(parallel=True, **_JIT)
+@kernel(parallel=True, **_JIT)
 def _int8_forward(slab, recs, offs, H, F, x, rp, out, Ax, Ah):
     """recs[e]: byte offset of expert e's record in slab; rows rp[e]:rp[e+1] of x/out belong to expert e."""
     n = recs.shape[0]
@@ -152,7 +153,7 @@ def _int8_forward(slab, recs, offs, H, F, x, rp, out, Ax, Ah):
 # int4g32 kernels
 
 
-@njit(**_JIT)
+@kernel(**_JIT)
 def _split_even_odd(q, xe, xo, gsum):
     """xe/xo: even/odd columns of q (so each 16-byte group lines up with 16 lanes); gsum[g] = 8 * sum of group g."""
     G = q.shape[0] // 32
@@ -167,7 +168,7 @@ def _split_even_odd(q, xe, xo, gsum):
         gsum[g] = 8 * s
 
 
-@njit(**_JIT)
+@kernel(**_JIT)
 def _dot_int4g32(wq, ws, xe, xo, gsum):
     """sum_g ws[g] * sum_{c in g} (nibble(c) - 8) * x[c].
 
@@ -185,7 +186,7 @@ def _dot_int4g32(wq, ws, xe, xo, gsum):
     return acc
 
 
-@njit(**_JIT)
+@kernel(**_JIT)
 def _int4_prep(x, A):
     """Per row: int16 quantization split into even/odd columns, group offsets, and the row scale."""
     nrow, n = x.shape
@@ -200,7 +201,7 @@ def _int4_prep(x, A):
     return xe, xo, xg, sx
 
 
-@njit(**_JIT)
+@kernel(**_JIT)
 def _int4_gate_up_item(slab, recs, offs, H, F, xe, xo, xg, sx, rp, h, it):
     nb = (F + BLOCK - 1) // BLOCK
     e = it // nb
@@ -219,7 +220,7 @@ def _int4_gate_up_item(slab, recs, offs, H, F, xe, xo, xg, sx, rp, h, it):
             h[r, f] = _silu_mul(g, u)
 
 
-@njit(**_JIT)
+@kernel(**_JIT)
 def _int4_down_item(slab, recs, offs, H, F, he, ho, hg, sh, rp, out, it):
     nb = (H + BLOCK - 1) // BLOCK
     e = it // nb
@@ -234,7 +235,7 @@ def _int4_down_item(slab, recs, offs, H, F, he, ho, hg, sh, rp, out, it):
             out[r, o] = _dot_int4g32(dq[o], ds[o], he[r], ho[r], hg[r]) * sh[r]
 
 
-@njit(parallel=True, **_JIT)
+@kernel(parallel=True, **_JIT)
 def _int4_forward(slab, recs, offs, H, F, x, rp, out, Ax, Ah):
     n = recs.shape[0]
     xe, xo, xg, sx = _int4_prep(x, Ax)
@@ -423,7 +424,7 @@ def warmup(lay: ExpertLayout) -> None:
 # Memory bandwidth (the denominator of the kernel efficiency figures)
 
 
-@njit(parallel=True, **_JIT)
+@kernel(parallel=True, **_JIT)
 def _psum(a, nchunks):
     n = a.shape[0]
     step = (n + nchunks - 1) // nchunks

@@ -6,7 +6,7 @@ Contract
 independent normals (Clark, 1961); a *finish* (``finish(free, own, two)``, then ``finish_add`` / ``finish_shift``
 / ``finish_extra``) folds the NVMe picks of one lane (or of the serial timeline) into the expected end of that
 lane given the reads' measured spread. Pure arithmetic: no records, no state beyond a finish's array. Compiled
-(``@njit(cache=True)``): the planner's kernel (moetier.core.plan_kernel) calls them inside its one call, Python
+(``moetier.core.jit.kernel``): the planner's kernel (moetier.core.plan_kernel) calls them inside its one call, Python
 callers through the dispatcher.
 
 A finish is a float64 array of 7: free, due, lat, m, v, own (see ``finish``) and the exponent 2.0 that squares
@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from moetier.core.jit import kernel
 
 INF = float("inf")
 SQRT2 = math.sqrt(2.0)
@@ -26,7 +26,7 @@ INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 FREE, DUE, LAT, M, V, OWN, TWO = range(7)
 
 
-@njit(cache=True)
+@kernel
 def late(mu: float, sd: float) -> float:
     """E[max(0, mu + e)] for e ~ Normal(0, sd): how long a lane free at 0 expects to wait for bytes due at mu whose
     arrival spreads by sd. sd 0: the deterministic max(0, mu)."""
@@ -36,7 +36,7 @@ def late(mu: float, sd: float) -> float:
     return mu * 0.5 * (1.0 + math.erf(z / SQRT2)) + sd * INV_SQRT_2PI * math.exp(-0.5 * z * z)
 
 
-@njit(cache=True)
+@kernel
 def max_normal(m1: float, v1: float, m2: float, v2: float) -> tuple[float, float]:
     """Mean and variance of max(X, Y) for independent normals X ~ (m1, v1), Y ~ (m2, v2) (Clark, 1961)."""
     s2 = v1 + v2
@@ -52,7 +52,7 @@ def max_normal(m1: float, v1: float, m2: float, v2: float) -> tuple[float, float
     return m, (v if v > 0.0 else 0.0)
 
 
-@njit(cache=True)
+@kernel
 def finish(free: float, own: float, two: float):
     """The end of a lane (or of the serial timeline) free at ``free`` that computes NVMe picks in arrival order,
     with the reads' arrival spread; ``own``: each read's own lateness as a fraction of its latency; ``two``: 2.0.
@@ -70,7 +70,7 @@ def finish(free: float, own: float, two: float):
     return f
 
 
-@njit(cache=True)
+@kernel
 def finish_add(f, busy: float, ready: float, a: float) -> None:
     """A pick that keeps the lane ``busy`` ms more when its bytes are there; ``ready`` is when the lane could end it
     if it waited for them (arrival + wake-up + its work); ``a`` is its read's latency."""
@@ -85,7 +85,7 @@ def finish_add(f, busy: float, ready: float, a: float) -> None:
     f[M], f[V] = max_normal(f[M] + busy, f[V], ready, xv)
 
 
-@njit(cache=True)
+@kernel
 def finish_shift(f, busy: float) -> None:
     """Time the timeline spends on something else (the serial engine's admissions) before the next pick."""
     f[FREE] += busy
@@ -94,7 +94,7 @@ def finish_shift(f, busy: float) -> None:
         f[M] += busy
 
 
-@njit(cache=True)
+@kernel
 def finish_extra(f, shared: float, lane_sd: float) -> float:
     """``shared``: the layer's shared lateness as a fraction of the critical read's latency; ``lane_sd``: the lane's
     own lateness (ms), which races the reads the same way."""

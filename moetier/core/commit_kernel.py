@@ -28,7 +28,7 @@ the ledger; the ledger keeps them (the buffers never move).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from moetier.core.jit import kernel
 
 from moetier.core.policies import lfu, residency
 from moetier.core.policies.lfu import _evict_for, _put, _remove, _touch
@@ -99,7 +99,7 @@ def _stackable(parts, w: int) -> bool:
     return all(p.fs.shape[1] == w for p in parts)
 
 
-@njit(cache=True)
+@kernel
 def _ram_add(link, inram, meta, h, k):
     last = link[h]
     link[k] = last
@@ -110,7 +110,7 @@ def _ram_add(link, inram, meta, h, k):
     meta[M_RAM_N] += 1
 
 
-@njit(cache=True)
+@kernel
 def _ram_unlink(link, inram, meta, h, k):
     p, n = link[k], link[h + 1 + k]
     link[h + 1 + p] = n
@@ -119,7 +119,7 @@ def _ram_unlink(link, inram, meta, h, k):
     meta[M_RAM_N] -= 1
 
 
-@njit(cache=True)
+@kernel
 def _ram_put(k, C, st, inram, link, meta, pin, picks, rfs, riv, rst, caps, rhl):
     """``k`` enters the RAM tier (Ledger._ram_put): a use where it is there, else a free slot, else in place of
     the tier's victim, else refused (the record is not kept, counted). Returns the victim, -1 where no RAM slot
@@ -144,7 +144,7 @@ def _ram_put(k, C, st, inram, link, meta, pin, picks, rfs, riv, rst, caps, rhl):
     return _swap_in(k, l * w + v if v >= 0 else -1, st, inram, link, meta, C[C_KEYS])
 
 
-@njit(cache=True)
+@kernel
 def _lru_put(k, C, st, inram, link, meta, pin):
     """_ram_put under the built-in LRU."""
     h = C[C_KEYS]
@@ -167,7 +167,7 @@ def _lru_put(k, C, st, inram, link, meta, pin):
     return _swap_in(k, x if x != h else -1, st, inram, link, meta, h)
 
 
-@njit(cache=True)
+@kernel
 def _swap_in(k, victim, st, inram, link, meta, h):
     """``victim`` leaves the RAM tier and ``k`` enters it, or, with no victim (-1), ``k`` is refused."""
     if victim < 0:                       # every slot pinned, or the policy keeps the key out
@@ -183,7 +183,7 @@ def _swap_in(k, victim, st, inram, link, meta, h):
     return victim
 
 
-@njit(cache=True)
+@kernel
 def _ram_uses(keys, a, b, C, inram, link, meta, rfs, riv, rst, rhl):
     """The RAM keys among keys[a:b] computed in place, in turn: to the most recent end (LRU), or a use (LFU)."""
     if C[C_NORAM]:
@@ -199,7 +199,7 @@ def _ram_uses(keys, a, b, C, inram, link, meta, rfs, riv, rst, rhl):
             _touch(rfs[l], riv[l], rst[l], rhl, k - l * w)
 
 
-@njit(cache=True)
+@kernel
 def _lru_uses(keys, a, b, inram, link, meta):
     h = len(inram)
     for j in range(a, b):
@@ -211,19 +211,19 @@ def _lru_uses(keys, a, b, inram, link, meta):
 
 # the ticket path's doors (Ledger.ram_hit, Ledger._ram_put where the kernel covers the ledger): one call each, its
 # arguments ``bind``'s; the built-in LRU's take fewer (a call's cost grows with its array arguments)
-@njit(cache=True)
+@kernel
 def ram_uses(keys, C, inram, link, meta, rfs, riv, rst, rhl):
     """``Ledger.ram_hit`` of ``keys`` (an int64 array)."""
     _ram_uses(keys, 0, len(keys), C, inram, link, meta, rfs, riv, rst, rhl)
 
 
-@njit(cache=True)
+@kernel
 def lru_uses(keys, inram, link, meta):
     """``ram_uses`` under the built-in LRU."""
     _lru_uses(keys, 0, len(keys), inram, link, meta)
 
 
-@njit(cache=True)
+@kernel
 def ram_put(k, pins, C, st, inram, link, meta, pin, rfs, riv, rst, caps, rhl):
     """``Ledger._ram_put`` of key ``k``, the keys in ``pins`` kept; ``_ram_put``'s return value."""
     for p in pins:
@@ -234,7 +234,7 @@ def ram_put(k, pins, C, st, inram, link, meta, pin, rfs, riv, rst, caps, rhl):
     return out
 
 
-@njit(cache=True)
+@kernel
 def lru_put(k, pins, C, st, inram, link, meta, pin):
     """``ram_put`` under the built-in LRU (or no RAM bookkeeping)."""
     if C[C_NORAM]:
@@ -248,7 +248,7 @@ def lru_put(k, pins, C, st, inram, link, meta, pin):
     return out
 
 
-@njit(cache=True)
+@kernel
 def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, picks, vfs, viv, vst, rfs, riv, rst,
             caps, vhl, rhl):
     """Ledger.pushes_landed of the keys O[a:b]; returns how many were admitted."""
@@ -322,7 +322,7 @@ def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, pi
     return admitted
 
 
-@njit(cache=True)
+@kernel
 def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, vfs, viv, vst, rfs, riv, rst, caps, vhl, rhl,
            can_admit):
     e_gpu = 6 + O[0]

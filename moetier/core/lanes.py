@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from numba import njit
+from moetier.core.jit import kernel
 
 LANE_COSTS = ("per_layer_ms", "per_expert_ms", "per_extra_token_ms", "per_call_ms")
 LANE_SHAPE = ("workers", "parallel_min")     # integers: how a batch call is executed
@@ -41,7 +41,7 @@ def deal(items, workers: int) -> list:
     return [items[i::w] for i in range(w)]
 
 
-@njit(cache=True)
+@kernel
 def hands_off(n: int, workers: int) -> bool:
     """Whether a split call of ``n`` experts ends with a worker's share (``deal``): a worker takes as many experts
     as the calling thread unless n leaves the caller the only one with an extra (n % workers == 1). Its share starts

@@ -26,7 +26,7 @@ multiply-add), so plans are bit-identical to it; a squared term goes through lib
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from moetier.core.jit import kernel
 
 from moetier.core.arrivals import INF, finish, finish_add, finish_extra, finish_shift
 from moetier.core.lanes import hands_off
@@ -62,14 +62,14 @@ def pack(ctx) -> np.ndarray:
     return p
 
 
-@njit(cache=True)
+@kernel
 def _put(L, cnt, lane, key):
     """Append ``key`` to row ``lane`` of L, whose lengths are ``cnt``."""
     L[lane, cnt[lane]] = key
     cnt[lane] += 1
 
 
-@njit(cache=True)
+@kernel
 def _gpu_ms(P, I, vram, n_vram, reads):
     """The gpu lane's call over the VRAM picks, with ``reads`` NVMe reads of the layer in flight meanwhile (each
     costs it gpu_read, and any at all gpu_busy once)."""
@@ -81,7 +81,7 @@ def _gpu_ms(P, I, vram, n_vram, reads):
     return g
 
 
-@njit(cache=True)
+@kernel
 def _ram_lanes(P, I, F, D, S, ram, n_ram, g, reads, L, cnt, R):
     """Deal the RAM picks (``ram``: heaviest first) to the cpu or zerocopy lane, each where the layer ends sooner on
     the context's costs - or, with a forced deal, as dealt, only timed. A split call (W > 1 threads, >= parallel_min
@@ -128,7 +128,7 @@ def _ram_lanes(P, I, F, D, S, ram, n_ram, g, reads, L, cnt, R):
     return g, c
 
 
-@njit(cache=True)
+@kernel
 def _ram_costs(P, S, reads):
     """The RAM lanes' (per_layer, per_expert, per_extra_token), cpu then zerocopy (a missing lane never wins): the
     cpu lane's with its worker's wake-up, the zerocopy lane's with the layer's reads in flight."""
@@ -146,7 +146,7 @@ def _ram_costs(P, S, reads):
     return cpl, cpe, cpx, zpl, zpe, zpx
 
 
-@njit(cache=True)
+@kernel
 def _crit(shares, share_cold, share_extra, crit, split, R):
     """R's cpu_cold (the batch's cold-expert equivalents) and, for a split call, cpu_crit: the (cold, extra rows)
     of its first longest share."""
@@ -161,7 +161,7 @@ def _crit(shares, share_cold, share_extra, crit, split, R):
         R[R_CRIT_COLD], R[R_CRIT_EXTRA] = share_cold[t], share_extra[t]
 
 
-@njit(cache=True)
+@kernel
 def _nvme_order(I, F, S, D, nv, n_nv):
     """The NVMe picks (pick indices) in the order their lanes take them: a forced deal's; else arrival order (demand
     reads come back in issue order, so only promoted prefetches need a sort; a stable one, as Python's sorted)."""
@@ -179,7 +179,7 @@ def _nvme_order(I, F, S, D, nv, n_nv):
     return out
 
 
-@njit(cache=True)
+@kernel
 def _gpu_end(P, g, g_on, a, m, wake, push):
     """An NVMe pick of m rows whose bytes are due at a, on the gpu lane busy until g: (when the lane could start it,
     when its bytes are in VRAM, its work, its end). The push follows the read, after the wake-up if the lane had
@@ -190,7 +190,7 @@ def _gpu_end(P, g, g_on, a, m, wake, push):
     return gs, ap, gw, (gs if gs > ap else ap) + gw
 
 
-@njit(cache=True)
+@kernel
 def _overlap_nvme(P, I, F, S, D, order, g, g_on, c, c_on, head, L, cnt, R):
     """NVMe picks when lanes overlap: each, in arrival order, to the lane that ends it sooner (or as dealt); the cpu
     lane is the host's, so its NVMe picks start past the head. With a spread, each lane's end is a finish
@@ -248,19 +248,19 @@ def _overlap_nvme(P, I, F, S, D, order, g, g_on, c, c_on, head, L, cnt, R):
     return g, c - head
 
 
-@njit(cache=True)
+@kernel
 def _cpu_call(P, on, m):
     """An inline cpu-lane call over one pick of m rows (the lane's per_layer if it is the lane's first)."""
     return (P[P_CPU_CALL] if on or P[P_PMIN] > 1 else P[P_CPU_L]) + P[P_CPU_E] + P[P_CPU_X] * (m - 1)
 
 
-@njit(cache=True)
+@kernel
 def _gpu_call(P, m):
     """The push, then the kernel: a gpu-lane call of its own (the serial runtime's), per_layer each."""
     return P[P_PUSH] + P[P_GPU_L] + P[P_GPU_E] + P[P_GPU_X] * (m - 1)
 
 
-@njit(cache=True)
+@kernel
 def _serial_deal(P, I, S, order, due, g, c, c_on, head, pos, npos):
     """Deal the NVMe picks of a serial timeline, in arrival order, each to the lane that ends it sooner on the
     lane choice's own timeline: their positions in ``order`` onto pos[0] (cpu) and pos[1] (gpu)."""
@@ -282,7 +282,7 @@ def _serial_deal(P, I, S, order, due, g, c, c_on, head, pos, npos):
             _put(pos, npos, 1, j)
 
 
-@njit(cache=True)
+@kernel
 def _serial_nvme(P, I, F, S, D, order, g, c, c_on, ahead, head, L, cnt, R):
     """NVMe picks when lanes do not overlap (policy.overlap false): one timeline after the resident lanes (c + g).
 
@@ -355,7 +355,7 @@ def _serial_nvme(P, I, F, S, D, order, g, c, c_on, ahead, head, L, cnt, R):
     return g, c
 
 
-@njit(cache=True)
+@kernel
 def _per_pick(I, X, n):
     """X's arrivals and host cache factors by pick: an NVMe pick's arrival, a RAM pick's factor (1.0 without)."""
     F = np.ones(n)
@@ -374,7 +374,7 @@ def _per_pick(I, X, n):
     return F
 
 
-@njit(cache=True)
+@kernel
 def _by_tier(I, n):
     """The picks by the tier the planner sees (ledger TIER_OF): VRAM, RAM and NVMe pick indices, picks order."""
     idx = np.empty((3, n), np.int64)
@@ -385,7 +385,7 @@ def _by_tier(I, n):
     return idx, k
 
 
-@njit(cache=True)
+@kernel
 def _heaviest_first(I, ram, n_ram):
     """The RAM picks heaviest first, ties by key descending (Python's sort of (rows, key) tuples, reversed). An
     insertion sort: a layer has tens of picks, and numpy's sorts would add seconds to the first compile."""
@@ -401,7 +401,7 @@ def _heaviest_first(I, ram, n_ram):
     return out
 
 
-@njit(cache=True)
+@kernel
 def plan_kernel(P, picks, scalars, D, O, R):
     """One layer call's plan into O and R: see the module docstring for the arrays (``picks``: I's bytes,
     ``scalars``: X's)."""
@@ -454,7 +454,7 @@ def plan_kernel(P, picks, scalars, D, O, R):
         at += cnt[lane]
 
 
-@njit(cache=True)
+@kernel
 def _nvme_lanes(P, I, F, S, D, nv, n_nv, g, g_on, c, c_on, n_zc, L, cnt, R):
     """Deal and time the NVMe picks (not masked) after the resident lanes; returns the lanes' (g, c)."""
     if c_on and P[P_READ_CPU]:
@@ -472,7 +472,7 @@ def _nvme_lanes(P, I, F, S, D, nv, n_nv, g, g_on, c, c_on, n_zc, L, cnt, R):
     return _overlap_nvme(P, I, F, S, D, order, g, g_on, c, c_on, head, L, cnt, R)
 
 
-@njit(cache=True)
+@kernel
 def _serial_host(P, S, n_computed, n_zc, c, c_on):
     """The layer's serial host time outside the lanes, and the cpu lane's end with the CPU work of the prefetch
     reads that ran since the last layer where the cpu lane computes (else that work is serial): (c, serial)."""

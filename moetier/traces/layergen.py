@@ -46,7 +46,7 @@ picks of a token are made slot by slot, each moved to the top at once, so the to
 
 Each layer's stack starts full (every expert in a popularity-weighted random order), so a depth always exists.
 Segments only bound requests (``Trace.segments``); the stacks run on over them, as the LRU curve that ``trace
-stats`` reports does. The walk over (token, layer, slot) is one compiled loop (``@njit(cache=True)``), fed with
+stats`` reports does. The walk over (token, layer, slot) is one compiled loop (moetier.core.jit), fed with
 random numbers drawn up front from ``numpy.random.default_rng(seed)``.
 """
 from __future__ import annotations
@@ -55,7 +55,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
+from moetier.core.jit import kernel
 
 from moetier.errors import UserError
 from moetier.traces.format import Trace, ids_dtype
@@ -268,7 +268,7 @@ def choice_share(ids: np.ndarray, experts: int, depth: int) -> np.ndarray:
     return np.where(ok, np.clip(np.nan_to_num(c), 0.0, 1.0), 0.0)
 
 
-@njit(cache=True)
+@kernel
 def _found_at_depths(ids, pop, D, found, found2, picked, n):
     """Walk each layer's LRU stack over the source: per (layer, slot, depth), the sum of the popularity found there
     (and of its square) at every pick, and of the picked expert's at the depth picked, and the picks there."""
@@ -293,7 +293,7 @@ def _found_at_depths(ids, pop, D, found, found2, picked, n):
                 _to_top(stack, pos, e)
 
 
-@njit(cache=True)
+@kernel
 def _to_top(stack, pos, e):
     """Move expert ``e`` to the top of a recency ``stack`` (``pos``: every expert's place in it)."""
     for i in range(pos[e], 0, -1):
@@ -303,7 +303,7 @@ def _to_top(stack, pos, e):
     pos[e] = 0
 
 
-@njit(cache=True)
+@kernel
 def _tilt(tilt, prev, n, succ, succ_p, mean_p, aff):
     """The transition's tilt of every expert from the first ``n`` picks ``prev`` (of the previous layer, or the
     token's earlier picks at the first layer): 1 + affinity x (lift - 1), lift = P(b | those picks) over its mean
@@ -319,7 +319,7 @@ def _tilt(tilt, prev, n, succ, succ_p, mean_p, aff):
         tilt[e] = max(0.0, 1.0 + aff * (lift - 1.0))
 
 
-@njit(cache=True)
+@kernel
 def _depth_weights(w, stack, urn, pop, tilt, remain, choice, found, n, k, left):
     """Each depth's weight into ``w`` (slot ``k``, ``left`` picks left to the layer): its budget left, times the
     pace factor of the expert there (how far it is behind its popularity share, to the power PACE) and its choice
@@ -354,7 +354,7 @@ def _depth_weights(w, stack, urn, pop, tilt, remain, choice, found, n, k, left):
     return total
 
 
-@njit(cache=True)
+@kernel
 def _walk(stack, pos, remain, urn, pop, choice, aff, succ, succ_p, mean_p, udepth, ufresh, ids):
     """The picks of every (token, layer, slot) in order (module docstring); ``stack``/``pos`` (each layer's recency
     order and every expert's place in it), ``remain`` (depth budgets) and ``urn`` (popularity left) are updated in
@@ -397,7 +397,7 @@ def _walk(stack, pos, remain, urn, pop, choice, aff, succ, succ_p, mean_p, udept
                 _to_top(stack[l], pos[l], pick)
 
 
-@njit(cache=True)
+@kernel
 def _fresh(stack, urn, pop, tilt, D, u):
     """An expert deeper than D in the stack, drawn in proportion to its popularity left times its tilt (to its
     popularity when none there has any left)."""

@@ -43,11 +43,11 @@ from the warm-up seed every row shares (kt-kernel's from empty).
 Array state (moetier.core.policies.queues): each machine's queues by the names below (A1 ``A1``, Am ``AM``; ``PROB``,
 ``PROT``; the SIEVE queue ``SQ``, oldest first, its hand ``st[HAND]`` a key or -1, the visited bits ``iv[F]``; S3-FIFO's
 ``S``, ``M``, the ghost queue, counts ``iv[F]``; W-TinyLFU's queues as moetier.core.policies.wtinylfu has them, the
-exact counts ``iv[F]``); the sizes in ``st[S0:]``. Each ``access_*`` is compiled (``@njit(cache=True)``).
+exact counts ``iv[F]``); the sizes in ``st[S0:]``. Each ``access_*`` is a kernel (moetier.core.jit: Numba, cached).
 """
 from __future__ import annotations
 
-from numba import njit
+from moetier.core.jit import kernel
 
 from moetier.core.policies import wtinylfu
 from moetier.core.policies.queues import (CAP, F, GHOST, N, P, Q, S0, State, drop, length, pop, push, to_end,
@@ -78,7 +78,7 @@ class KT2Q(State):
         self.st[A1CAP], self.st[AMCAP] = a1cap, capacity - a1cap if capacity > 1 else 0
 
 
-@njit(cache=True)
+@kernel
 def access_2q(iv, st, base, k):
     q = iv[Q, k - base]
     if q == AM:
@@ -113,7 +113,7 @@ class KTSLRU(State):
         self.st[PCAP] = 0 if capacity <= 1 else _split(capacity, protected)
 
 
-@njit(cache=True)
+@kernel
 def access_slru(iv, st, base, k):
     q = iv[Q, k - base]
     if q == PROT:
@@ -148,7 +148,7 @@ class KTSieve(State):
         self.st[HAND] = -1
 
 
-@njit(cache=True)
+@kernel
 def _unhand(iv, st, base, k):
     """k leaves the queue; a hand on it moves where kt-kernel's index would then point."""
     if st[HAND] == k:
@@ -157,13 +157,13 @@ def _unhand(iv, st, base, k):
     unlink(iv, st, base, Q, k)
 
 
-@njit(cache=True)
+@kernel
 def discard_sieve(iv, st, base, k):
     if iv[Q, k - base] == SQ:
         _unhand(iv, st, base, k)
 
 
-@njit(cache=True)
+@kernel
 def access_sieve(iv, st, base, k):
     j = k - base
     if iv[Q, j] == SQ:
@@ -210,14 +210,14 @@ class KTS3FIFO(State):
                                   int(move), int(freq_cap))
 
 
-@njit(cache=True)
+@kernel
 def _to_main(iv, st, base, k, f):
     if st[MCAP] > 0:
         push(iv, st, base, Q, M, k)
         iv[F, k - base] = min(st[FCAP], max(0, f))
 
 
-@njit(cache=True)
+@kernel
 def _evict_main(iv, st, base):
     while length(st, M):
         x = pop(iv, st, base, M)
@@ -232,7 +232,7 @@ def _evict_main(iv, st, base):
     return False
 
 
-@njit(cache=True)
+@kernel
 def _evict_small(iv, st, base):
     """S's oldest key to M (kt-kernel then trims again: the caller's loop goes on) or out, into the ghost queue."""
     if not length(st, S):
@@ -250,7 +250,7 @@ def _evict_small(iv, st, base):
     return True
 
 
-@njit(cache=True)
+@kernel
 def access_s3fifo(iv, st, base, k):
     j = k - base
     q = iv[Q, j]
@@ -298,7 +298,7 @@ class KTWTinyLFU(State):
         st[DECAY], st[TOTAL] = int(decay), 0
 
 
-@njit(cache=True)
+@kernel
 def access_wtinylfu(iv, st, base, k):
     st[TOTAL] += 1
     iv[F, k - base] += 1

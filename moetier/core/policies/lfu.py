@@ -23,7 +23,7 @@ Array state (keys are ``base + i``, ``i`` < the arrays' width, which grows on de
 
 The by-place copies let an eviction read the residents in order, not gather them across the key arrays.
 
-The kernels are ``@njit(cache=True)``: a second process loads them from the cache instead of compiling; the
+The kernels are compiled once into a cache (moetier.core.jit): a second process loads them instead; the
 ledger's compiled commit (moetier.core.commit_kernel) calls the same ones. ``stack(parts)`` lays several LFUs'
 arrays out as one array each, indexed by part first, the parts' own arrays rebound as views into them (what a
 compiled caller indexes by part, a per-layer split's layer); a part must not grow past its width afterwards (its
@@ -32,14 +32,14 @@ arrays would leave the stack), which a part sized for its keys (a layer's expert
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from moetier.core.jit import kernel
 
 __all__ = ["LFU", "stack"]
 
 _RENORM = 1e200
 
 
-@njit(cache=True)
+@kernel
 def _touch(fs, iv, st, halflife, i):
     """One use of key index i: its count, its score and tick, resident from now on."""
     w = 2.0 ** (st[0] / halflife) if halflife > 0 else 1.0
@@ -63,7 +63,7 @@ def _touch(fs, iv, st, halflife, i):
     iv[3, p] = iv[0, i]
 
 
-@njit(cache=True)
+@kernel
 def _touch_keys(fs, iv, st, halflife, keys, base, lim):
     """A use of each of ``keys`` in turn (key = base + index); nothing, and False, when one lies outside
     [base, base + lim) or the arrays."""
@@ -76,7 +76,7 @@ def _touch_keys(fs, iv, st, halflife, keys, base, lim):
     return True
 
 
-@njit(cache=True)
+@kernel
 def _remove(fs, iv, st, i):
     p = iv[1, i]
     if p < 0:
@@ -91,7 +91,7 @@ def _remove(fs, iv, st, i):
     st[1] -= 1
 
 
-@njit(cache=True)
+@kernel
 def _replace(fs, iv, st, halflife, old, i):
     """Key index ``old`` leaves, ``i`` enters (or is used again): one call for an eviction's two steps."""
     if old >= 0:
@@ -99,7 +99,7 @@ def _replace(fs, iv, st, halflife, old, i):
     _touch(fs, iv, st, halflife, i)
 
 
-@njit(cache=True)
+@kernel
 def _next(fs, iv, st, s0, t0, i0):
     """The resident index with the least (score, tick, index) above (s0, t0, i0); -1 when none."""
     best, bs, bt = -1, 0.0, 0
@@ -113,7 +113,7 @@ def _next(fs, iv, st, s0, t0, i0):
     return best
 
 
-@njit(cache=True)
+@kernel
 def _evict_for(fs, iv, st, halflife, pins, base, i):
     """The resident index with the least (score, tick, index) whose key (base + index) is not in ``pins`` (an
     int64 array of keys, a layer's few) is replaced by index i; returns it, or -1 (nothing replaced) when every
@@ -140,7 +140,7 @@ def _evict_for(fs, iv, st, halflife, pins, base, i):
     return best
 
 
-@njit(cache=True)
+@kernel
 def _put(fs, iv, st, halflife, pins, base, i, cap):
     """Index i enters: into a free slot (-1) while fewer than ``cap`` are resident, else in place of the least
     unpinned resident index (returned), or not at all (-2) when every resident key is pinned."""

@@ -20,14 +20,15 @@ key of the order that may go. Without pins the machine's keys are, after every r
 a layer's RAM uses (moetier.peers.token_feed) in one compiled call: each a ledger's hit or
 fill landing on a per-layer part of ``cap`` slots, nothing pinned but the keys mid-push. Pure.
 
-Every per-request step (``_access``, ``_insert``, ``_remove``, the victim's ``_begin`` / ``_end``, ``_feed``) is
-``@njit(cache=True)`` over the state's arrays, dispatching on the machine's kind; ``victim`` with a Python ``ok``
-walks the compiled order in Python.
+Every per-request step (``_access``, ``_insert``, ``_remove``, the victim's ``_begin`` / ``_end``, ``_put``,
+``_feed``) is a kernel (moetier.core.jit: Numba, cached) over the state's arrays, dispatching on the machine's kind;
+``victim`` with a Python ``ok`` walks the compiled order in Python.
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from moetier.core.jit import kernel
 
 from moetier.core.policies import ktransformers as kt, s3fifo, sieve, slru, twoq, wtinylfu
 from moetier.core.policies.queues import (BLOCKED, F, N, OQ, ORDER, ORPH, PEND, Q, RESIDENT, W, drop, resident,
@@ -44,7 +45,7 @@ _KT_SIEVE, _SIEVE = KINDS["kt-sieve"], KINDS["sieve"]
 _READ, _USED, _CRAM, _COTHER = 1, 2, 8, 16
 
 
-@njit(cache=True)
+@kernel
 def _machine_access(kind, iv, st, aux, base, k):
     if kind == 0:
         twoq.access(iv, st, base, k)
@@ -66,7 +67,7 @@ def _machine_access(kind, iv, st, aux, base, k):
         kt.access_wtinylfu(iv, st, base, k)
 
 
-@njit(cache=True)
+@kernel
 def _queues(kind, st):
     """The resident queues in eviction order: the machine's ``ORDER``, or 2Q's, which depends on A1in's size."""
     if kind == 0:
@@ -74,7 +75,7 @@ def _queues(kind, st):
     return st[ORDER], st[ORDER + 1], st[ORDER + 2]
 
 
-@njit(cache=True)
+@kernel
 def _discard(kind, iv, st, base, k):
     if kind == _KT_SIEVE:
         kt.discard_sieve(iv, st, base, k)
@@ -82,7 +83,7 @@ def _discard(kind, iv, st, base, k):
         unlink(iv, st, base, Q, k)
 
 
-@njit(cache=True)
+@kernel
 def _size(st):
     n = st[3 * ORPH + 2]
     for q in range(RESIDENT):
@@ -90,7 +91,7 @@ def _size(st):
     return n
 
 
-@njit(cache=True)
+@kernel
 def _access(kind, iv, st, aux, base, k):
     if kind == _SIEVE:
         iv[F, k - base] = 1
@@ -101,7 +102,7 @@ def _access(kind, iv, st, aux, base, k):
         drop(iv, st, base, k)
 
 
-@njit(cache=True)
+@kernel
 def _insert(kind, iv, st, aux, base, k):
     if kind == _SIEVE:
         sieve.insert(iv, st, base, k)
@@ -112,7 +113,7 @@ def _insert(kind, iv, st, aux, base, k):
     _access(kind, iv, st, aux, base, k)
 
 
-@njit(cache=True)
+@kernel
 def _remove(kind, iv, st, base, k):
     if kind == _SIEVE:
         sieve.remove(iv, st, base, k)
@@ -125,7 +126,7 @@ def _remove(kind, iv, st, base, k):
         st[PEND] = -1
 
 
-@njit(cache=True)
+@kernel
 def _begin(kind, iv, st, aux, base, k):
     """The victim's first step: the incoming key's request, once; True when the machine kept it out."""
     if k >= 0 and st[PEND] != k and not resident(iv, base, k):
@@ -138,7 +139,7 @@ def _begin(kind, iv, st, aux, base, k):
     return False
 
 
-@njit(cache=True)
+@kernel
 def _end(kind, iv, st, base, k):
     """The victim's last step when nothing may go: the tier refuses k."""
     if st[PEND] == k and k >= 0:
@@ -146,7 +147,7 @@ def _end(kind, iv, st, base, k):
         st[PEND] = -1
 
 
-@njit(cache=True)
+@kernel
 def _order(kind, iv, st, base, out, orphans):
     """The orphans (when asked), then the machine's keys in order, into ``out``; returns how many."""
     n = 0
@@ -166,7 +167,7 @@ def _order(kind, iv, st, base, out, orphans):
     return n
 
 
-@njit(cache=True)
+@kernel
 def _victim_unpinned(kind, iv, st, aux, base, k):
     """``victim(k, ok)`` where ``ok`` refuses the keys marked mid-push (``iv[W]``); -1 for None."""
     if kind == _SIEVE:
@@ -191,7 +192,7 @@ def _victim_unpinned(kind, iv, st, aux, base, k):
     return -1
 
 
-@njit(cache=True)
+@kernel
 def _place(kind, iv, st, aux, base, k, cap):
     """k enters a tier of ``cap`` slots (the ledger's _ram_put_policy, the keys marked BLOCKED pinned): -1 when it
     took a free slot, the key it replaced, or k when the machine kept it out or every key is pinned (the tier
@@ -207,7 +208,7 @@ def _place(kind, iv, st, aux, base, k, cap):
     return v
 
 
-@njit(cache=True)
+@kernel
 def _put(kind, iv, st, aux, base, pins, k, cap):
     """``_place`` with the keys in ``pins`` (an int64 array) pinned."""
     hi = base + iv.shape[1]
@@ -221,7 +222,7 @@ def _put(kind, iv, st, aux, base, pins, k, cap):
     return v
 
 
-@njit(cache=True)
+@kernel
 def _fill(kind, iv, st, aux, base, cap, k, log, n):
     """``_place`` of k, logged (0, k): a free slot; (1, k): refused; (2, k, v): v replaced. Returns the log's
     length."""
@@ -240,7 +241,7 @@ def _fill(kind, iv, st, aux, base, cap, k, log, n):
     return n + 1
 
 
-@njit(cache=True)
+@kernel
 def _feed(kind, iv, st, aux, base, cap, seq, states, hits, reads, blocked, ram, log):
     """token_feed's flush in one call: each of ``seq`` in turn is filled when read this layer (first occurrence) or
     used this layer and absent, or hit when in RAM (``states``: each one's ledger state, -1 absent; ``ram``: the

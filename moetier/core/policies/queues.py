@@ -26,7 +26,8 @@ and counters (its module names them), ``st[ORDER:]`` its resident queues in evic
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from moetier.core.jit import kernel
 
 __all__ = ["State", "push", "pop", "unlink", "to_end", "length", "resident", "drop", "Q", "P", "N", "F", "D", "OQ",
            "W", "ROWS", "GHOST", "ORPH", "RESIDENT", "PEND", "CAP", "S0", "ORDER", "BLOCKED"]
@@ -40,7 +41,7 @@ PEND, CAP, S0, ORDER = 24, 25, 26, 37
 _SLOTS = 40
 
 
-@njit(cache=True)
+@kernel
 def push(iv, st, base, g, q, k):
     """k joins queue q (links ``g``: Q or OQ) at its newest end."""
     j = k - base
@@ -54,7 +55,7 @@ def push(iv, st, base, g, q, k):
     st[3 * q + 2] += 1
 
 
-@njit(cache=True)
+@kernel
 def unlink(iv, st, base, g, k):
     """k leaves its queue (links ``g``); nothing when it is in none."""
     j = k - base
@@ -74,7 +75,7 @@ def unlink(iv, st, base, g, k):
     iv[g, j] = -1
 
 
-@njit(cache=True)
+@kernel
 def pop(iv, st, base, q):
     """Queue q's oldest key, removed; -1 when q is empty."""
     k = st[3 * q]
@@ -83,7 +84,7 @@ def pop(iv, st, base, q):
     return k
 
 
-@njit(cache=True)
+@kernel
 def to_end(iv, st, base, k):
     """k moves to its queue's newest end."""
     q = iv[Q, k - base]
@@ -91,19 +92,19 @@ def to_end(iv, st, base, k):
     push(iv, st, base, Q, q, k)
 
 
-@njit(cache=True)
+@kernel
 def length(st, q):
     return st[3 * q + 2]
 
 
-@njit(cache=True)
+@kernel
 def resident(iv, base, k):
     """k is in one of the machine's resident queues."""
     q = iv[Q, k - base]
     return 0 <= q < RESIDENT
 
 
-@njit(cache=True)
+@kernel
 def drop(iv, st, base, k):
     """The machine dropped k: the tier keeps it as an orphan until it needs the slot (once: a key already an orphan
     keeps its place, as an OrderedDict's assignment does)."""

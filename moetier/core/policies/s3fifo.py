@@ -14,11 +14,11 @@ through moetier.core.policies.machine. Pure.
 
 Array state (moetier.core.policies.queues): S and M are queues ``S`` and ``M``, G the ghost queue, a key's count
 ``iv[F]``; ``st[SCAP]``, ``st[MCAP]``, ``st[GCAP]``, ``st[MOVE]`` the parameters, ``st[EVICTED]`` 1 after the first
-eviction. ``access`` is compiled (``@njit(cache=True)``).
+eviction. ``access`` is a kernel (moetier.core.jit).
 """
 from __future__ import annotations
 
-from numba import njit
+from moetier.core.jit import kernel
 
 from moetier.core.policies.queues import CAP, F, GHOST, Q, S0, State, drop, length, pop, push, unlink
 from moetier.core.policies.spec import count, ratio, share
@@ -43,7 +43,7 @@ class S3FIFO(State):
         self.st[SCAP:EVICTED + 1] = (scap, capacity - scap, int(capacity * ghost), int(move), 0)
 
 
-@njit(cache=True)
+@kernel
 def _evict_small(iv, st, base):
     while length(st, S):
         x = pop(iv, st, base, S)
@@ -59,7 +59,7 @@ def _evict_small(iv, st, base):
     return -1
 
 
-@njit(cache=True)
+@kernel
 def _evict_main(iv, st, base):
     while length(st, M):
         x = pop(iv, st, base, M)
@@ -72,7 +72,7 @@ def _evict_main(iv, st, base):
     return -1
 
 
-@njit(cache=True)
+@kernel
 def access(iv, st, base, k):
     j = k - base
     q = iv[Q, j]

@@ -7,12 +7,12 @@ It runs the tier protocol directly (insert, hit, remove, victim): a pinned key i
 Pure.
 
 Array state (moetier.core.policies.queues): the queue ``SQ`` (oldest first), the visited bits ``iv[F]``, the hand
-``st[HAND]`` (a key, -1: none). ``insert``, ``remove`` and the hand's ``walk`` are compiled (``@njit(cache=True)``);
+``st[HAND]`` (a key, -1: none). ``insert``, ``remove`` and the hand's ``walk`` are kernels (moetier.core.jit);
 ``victim(k, ok)`` resumes the walk after each key whose ``ok`` it has to ask.
 """
 from __future__ import annotations
 
-from numba import njit
+from moetier.core.jit import kernel
 
 from moetier.core.policies.queues import BLOCKED, F, N, Q, S0, W, State, length, push, unlink
 
@@ -58,13 +58,13 @@ class Sieve(State):
             decided = int(bool(ok(x)))
 
 
-@njit(cache=True)
+@kernel
 def insert(iv, st, base, k):
     push(iv, st, base, Q, SQ, k)
     iv[F, k - base] = 0
 
 
-@njit(cache=True)
+@kernel
 def remove(iv, st, base, k):
     j = k - base
     if iv[Q, j] != SQ:
@@ -74,7 +74,7 @@ def remove(iv, st, base, k):
     unlink(iv, st, base, Q, k)
 
 
-@njit(cache=True)
+@kernel
 def walk(iv, st, base, x, i, decided, ask):
     """The hand's walk from key x at step i (of at most 2 x resident + 1): ``decided`` is x's ``ok`` when known (1
     or 0, -1: not yet). Returns (0, the victim, i) with the hand past it, (1, -1, i) when there is none, or, with

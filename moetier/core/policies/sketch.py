@@ -13,12 +13,13 @@ it. Pure.
 
 Array state: ``rows`` int64 (4, width), the counters; ``sc`` int64 (4,): the shift, the additions' limit, the
 additions and the doorkeeper's switch; ``door``: a 0/1 per key ``base + j`` (the machine's ``iv[D]``). ``add`` and
-``estimate`` are compiled (``@njit(cache=True)``), called from the machine's compiled ``access``.
+``estimate`` are kernels (moetier.core.jit), called from the machine's compiled ``access``.
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from moetier.core.jit import kernel
 
 __all__ = ["new", "add", "estimate", "HASH_A", "HASH_B"]
 
@@ -39,13 +40,13 @@ def new(capacity: int, sample: float = 10, doorkeeper: bool = False):
     return np.zeros((4, width), dtype=np.int64), sc
 
 
-@njit(cache=True)
+@kernel
 def _cell(sc, k, i):
     # the width is at least 4, so the shift is at most 62
     return np.int64((np.uint64(k) * _A[i] + _B[i]) >> np.uint64(sc[SHIFT]))
 
 
-@njit(cache=True)
+@kernel
 def estimate(rows, sc, door, base, k):
     e = rows[0, _cell(sc, k, 0)]
     for i in range(1, 4):
@@ -53,7 +54,7 @@ def estimate(rows, sc, door, base, k):
     return e + (1 if sc[DOOR] and door[k - base] else 0)
 
 
-@njit(cache=True)
+@kernel
 def add(rows, sc, door, base, k):
     added = False
     if sc[DOOR] and not door[k - base]:
@@ -71,7 +72,7 @@ def add(rows, sc, door, base, k):
             _reset(rows, sc, door)
 
 
-@njit(cache=True)
+@kernel
 def _reset(rows, sc, door):
     odd = 0
     for i in range(4):

@@ -9,11 +9,11 @@ probation hit moves the key to probation's most recent end), where Caffeine's st
 probation hit. Run as a tier policy through moetier.core.policies.machine. Pure.
 
 Array state (moetier.core.policies.queues): queues ``PROB`` and ``PROT``, ``st[PCAP]`` protected's size. ``access``
-is compiled (``@njit(cache=True)``).
+is a kernel (moetier.core.jit).
 """
 from __future__ import annotations
 
-from numba import njit
+from moetier.core.jit import kernel
 
 from moetier.core.policies.queues import CAP, Q, S0, State, drop, length, pop, push, to_end, unlink
 from moetier.core.policies.spec import ratio
@@ -35,7 +35,7 @@ class SLRU(State):
         self.st[PCAP] = int(capacity * protected)
 
 
-@njit(cache=True)
+@kernel
 def access(iv, st, base, k):
     q = iv[Q, k - base]
     if q == PROT:

@@ -9,11 +9,11 @@ Aout-size-ratio): ``a1`` (default 0.25, 0 < a1 < 1) and ``ghost`` (default 0.5, 
 moetier.core.policies.machine. Pure.
 
 Array state (moetier.core.policies.queues): A1in is queue ``A1IN``, Am ``AM``, A1out the ghost queue; ``st[KIN]``
-and ``st[KOUT]`` the two sizes. ``access`` is compiled (``@njit(cache=True)``).
+and ``st[KOUT]`` the two sizes. ``access`` is a kernel (moetier.core.jit).
 """
 from __future__ import annotations
 
-from numba import njit
+from moetier.core.jit import kernel
 
 from moetier.core.policies.queues import CAP, GHOST, Q, S0, State, drop, length, pop, push, to_end, unlink
 from moetier.core.policies.spec import ratio, share
@@ -35,7 +35,7 @@ class TwoQ(State):
         self.st[KIN], self.st[KOUT] = int(capacity * a1), int(capacity * ghost)
 
 
-@njit(cache=True)
+@kernel
 def queues(st):
     """The resident queues in eviction order: A1in first while it is over its share."""
     if length(st, A1IN) > st[KIN]:
@@ -43,7 +43,7 @@ def queues(st):
     return AM, A1IN, -1
 
 
-@njit(cache=True)
+@kernel
 def access(iv, st, base, k):
     q = iv[Q, k - base]
     if q == AM:

@@ -14,12 +14,12 @@ Run as a tier policy through moetier.core.policies.machine. Pure.
 
 Array state (moetier.core.policies.queues): queues ``PROB``, ``WIN``, ``PROT``; ``st[WCAP]``, ``st[PCAP]`` the
 window's and protected's sizes; the sketch's counters in ``aux`` and its scalars in ``st[SK:SK + 4]``, its
-doorkeeper in ``iv[D]``. ``access`` is compiled (``@njit(cache=True)``); ``hit_or_enter`` is the queues' part,
+doorkeeper in ``iv[D]``. ``access`` is a kernel (moetier.core.jit); ``hit_or_enter`` is the queues' part,
 which kt-kernel's variant (moetier.core.policies.ktransformers) shares.
 """
 from __future__ import annotations
 
-from numba import njit
+from moetier.core.jit import kernel
 
 from moetier.core.policies import sketch
 from moetier.core.policies.queues import CAP, D, Q, S0, State, drop, length, pop, push, to_end, unlink
@@ -49,7 +49,7 @@ class WTinyLFU(State):
         self.st[SK:SK + 4] = sc
 
 
-@njit(cache=True)
+@kernel
 def hit_or_enter(iv, st, base, k):
     """The queues' part of a request: a hit moves k, a miss enters the window; returns the candidate that the
     window's overflow moved to probation when the tier is then over its capacity (the caller admits it or not),
@@ -74,14 +74,14 @@ def hit_or_enter(iv, st, base, k):
     return cand
 
 
-@njit(cache=True)
+@kernel
 def evict(iv, st, base, out):
     """``out`` (the candidate or probation's oldest key, the victim) leaves the tier."""
     unlink(iv, st, base, Q, out)
     drop(iv, st, base, out)
 
 
-@njit(cache=True)
+@kernel
 def access(iv, st, aux, base, k):
     sc = st[SK:SK + 4]
     sketch.add(aux, sc, iv[D], base, k)
