@@ -3,9 +3,8 @@ a lazily invalidated heap, the first key a tier may evict. Pure."""
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
 
-__all__ = ["_Queues", "_Segments", "_Heaped", "_first"]
+__all__ = ["_Queues", "_Heaped", "_first"]
 
 
 class _Queues:
@@ -17,19 +16,6 @@ class _Queues:
 
     def __len__(self):
         return sum(len(getattr(self, q)) for q in self._queues)
-
-
-class _Segments(_Queues):
-    """A cache of ordered segments (``_queues``, each a dict in eviction order): what moetier.core.policies.machine
-    needs beside ``access``. ``order()``: resident keys, the segments' order; ``discard(k)``: k leaves, no ghost."""
-
-    def order(self):
-        for q in self._queues:
-            yield from getattr(self, q)
-
-    def discard(self, k):
-        for q in self._queues:
-            getattr(self, q).pop(k, None)
 
 
 class _Heaped(_Queues):

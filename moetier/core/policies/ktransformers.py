@@ -39,14 +39,20 @@ run, that their policies hold what the provider's would. Where they differ, beca
 is the whole RAM tier (kt-kernel's other experts are mmap pages the OS caches; moetier's are on NVMe); a promotion
 follows the policy at the end of the layer (kt-kernel's thread every ``promotion_interval_sec``, 5 s); the tier starts
 from the warm-up seed every row shares (kt-kernel's from empty).
+
+Array state (moetier.core.policies.queues): each machine's queues by the names below (A1 ``A1``, Am ``AM``; ``PROB``,
+``PROT``; the SIEVE queue ``SQ``, oldest first, its hand ``st[HAND]`` a key or -1, the visited bits ``iv[F]``; S3-FIFO's
+``S``, ``M``, the ghost queue, counts ``iv[F]``; W-TinyLFU's queues as moetier.core.policies.wtinylfu has them, the
+exact counts ``iv[F]``); the sizes in ``st[S0:]``. Each ``access_*`` is a kernel (moetier.core.jit: Numba, cached).
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from moetier.core.jit import kernel
 
-from moetier.core.policies.base import _Segments
+from moetier.core.policies import wtinylfu
+from moetier.core.policies.queues import (CAP, F, GHOST, N, P, Q, S0, State, drop, length, pop, push, to_end,
+                                          unlink)
 from moetier.core.policies.spec import count, ratio, share
-from moetier.core.policies.wtinylfu import WTinyLFU
 
 __all__ = ["KT2Q", "KTSLRU", "KTSieve", "KTS3FIFO", "KTWTinyLFU", "MACHINES"]
 
@@ -55,236 +61,255 @@ def _split(capacity: int, r: float) -> int:
     return capacity if capacity <= 1 else max(1, min(capacity - 1, int(round(capacity * r))))
 
 
-class KT2Q(_Segments):
+# ---- kt-2q ---------------------------------------------------------------------------------------------------------
+A1, AM = 0, 1
+A1CAP, AMCAP = S0, S0 + 1
+
+
+class KT2Q(State):
+    KIND = "kt-2q"
     PARAMS = {"a1": (0.25, ratio, "a share of the tier, 0 < a1 < 1")}
-    _queues = ("a1", "am")
+    QUEUES = {"a1": A1, "am": AM}
+    ORDER = (A1, AM)
 
     def __init__(self, capacity: int, a1: float = 0.25):
-        self.capacity = capacity
-        self.a1cap = _split(capacity, a1)
-        self.amcap = capacity - self.a1cap if capacity > 1 else 0
-        self.a1: OrderedDict = OrderedDict()
-        self.am: OrderedDict = OrderedDict()
-
-    def access(self, k):
-        if k in self.am:
-            self.am.move_to_end(k)
-            return ()
-        if k in self.a1:
-            del self.a1[k]
-            (self.am if self.amcap > 0 else self.a1)[k] = None
-        else:
-            self.a1[k] = None
-        out = []
-        while len(self.a1) > self.a1cap:
-            out.append(self.a1.popitem(last=False)[0])
-        while len(self.am) > self.amcap:
-            out.append(self.am.popitem(last=False)[0])
-        while len(self) > self.capacity:
-            out.append((self.a1 if self.a1 else self.am).popitem(last=False)[0])
-        return out
+        super().__init__(capacity)
+        a1cap = _split(capacity, a1)
+        self.st[A1CAP], self.st[AMCAP] = a1cap, capacity - a1cap if capacity > 1 else 0
 
 
-class KTSLRU(_Segments):
+@kernel
+def access_2q(iv, st, base, k):
+    q = iv[Q, k - base]
+    if q == AM:
+        to_end(iv, st, base, k)
+        return
+    if q == A1:
+        unlink(iv, st, base, Q, k)
+        push(iv, st, base, Q, AM if st[AMCAP] > 0 else A1, k)
+    else:
+        push(iv, st, base, Q, A1, k)
+    while length(st, A1) > st[A1CAP]:
+        drop(iv, st, base, pop(iv, st, base, A1))
+    while length(st, AM) > st[AMCAP]:
+        drop(iv, st, base, pop(iv, st, base, AM))
+    while length(st, A1) + length(st, AM) > st[CAP]:
+        drop(iv, st, base, pop(iv, st, base, A1 if length(st, A1) else AM))
+
+
+# ---- kt-slru -------------------------------------------------------------------------------------------------------
+PROB, PROT = 0, 1
+PCAP = S0
+
+
+class KTSLRU(State):
+    KIND = "kt-slru"
     PARAMS = {"protected": (0.8, ratio, "a share of the tier, 0 < protected < 1")}
-    _queues = ("prob", "prot")
+    QUEUES = {"prob": PROB, "prot": PROT}
+    ORDER = (PROB, PROT)
 
     def __init__(self, capacity: int, protected: float = 0.8):
-        self.capacity = capacity
-        self.pcap = 0 if capacity <= 1 else _split(capacity, protected)
-        self.prob: OrderedDict = OrderedDict()
-        self.prot: OrderedDict = OrderedDict()
-
-    def access(self, k):
-        if k in self.prot:
-            self.prot.move_to_end(k)
-            return ()
-        if k in self.prob:
-            del self.prob[k]
-            (self.prot if self.pcap > 0 else self.prob)[k] = None
-        else:
-            self.prob[k] = None
-        while len(self.prot) > self.pcap:
-            self.prob[self.prot.popitem(last=False)[0]] = None
-        out = []
-        while len(self) > self.capacity:
-            out.append(self.prob.popitem(last=False)[0])
-        return out
+        super().__init__(capacity)
+        self.st[PCAP] = 0 if capacity <= 1 else _split(capacity, protected)
 
 
-class KTSieve:
+@kernel
+def access_slru(iv, st, base, k):
+    q = iv[Q, k - base]
+    if q == PROT:
+        to_end(iv, st, base, k)
+        return
+    if q == PROB:
+        unlink(iv, st, base, Q, k)
+        push(iv, st, base, Q, PROT if st[PCAP] > 0 else PROB, k)
+    else:
+        push(iv, st, base, Q, PROB, k)
+    while length(st, PROT) > st[PCAP]:
+        push(iv, st, base, Q, PROB, pop(iv, st, base, PROT))
+    while length(st, PROB) + length(st, PROT) > st[CAP]:
+        drop(iv, st, base, pop(iv, st, base, PROB))
+
+
+# ---- kt-sieve: kt-kernel keeps a list, newest at index 0, and a hand index; here the queue (oldest first) and the
+# hand's key, which stays on the same key when the list shifts and, where kt-kernel's index stays put after a
+# removal, moves to the next older key (or, when the removed key was the oldest, the next newer one)
+SQ = 0
+HAND = S0
+
+
+class KTSieve(State):
+    KIND = "kt-sieve"
     PARAMS: dict = {}
+    QUEUES = {"queue": SQ}
+    ORDER = (SQ,)
 
     def __init__(self, capacity: int):
-        self.capacity = capacity
-        self.queue: list = []                 # index 0: the newest key
-        self.visited: dict = {}
-        self.hand = None
+        super().__init__(capacity)
+        self.st[HAND] = -1
 
-    def __contains__(self, k):
-        return k in self.visited
 
-    def __len__(self):
-        return len(self.queue)
+@kernel
+def _unhand(iv, st, base, k):
+    """k leaves the queue; a hand on it moves where kt-kernel's index would then point."""
+    if st[HAND] == k:
+        p, n = iv[P, k - base], iv[N, k - base]
+        st[HAND] = p if p >= 0 else n
+    unlink(iv, st, base, Q, k)
 
-    def order(self):
-        return reversed(list(self.queue))
 
-    def discard(self, k):
-        if k not in self.visited:
-            return
-        i = self.queue.index(k)
-        self.queue.pop(i)
-        del self.visited[k]
-        if self.hand is not None:
-            if i < self.hand:
-                self.hand -= 1
-            self.hand = min(self.hand, len(self.queue) - 1) if self.queue else None
+@kernel
+def discard_sieve(iv, st, base, k):
+    if iv[Q, k - base] == SQ:
+        _unhand(iv, st, base, k)
 
-    def _evict(self):
-        q, vis = self.queue, self.visited
-        if self.hand is None or self.hand >= len(q):
-            self.hand = len(q) - 1
+
+@kernel
+def access_sieve(iv, st, base, k):
+    j = k - base
+    if iv[Q, j] == SQ:
+        iv[F, j] = 1
+        return
+    if length(st, SQ) >= st[CAP]:
+        if st[HAND] < 0:
+            st[HAND] = st[3 * SQ]
         while True:
-            x = q[self.hand]
-            if vis[x]:
-                vis[x] = False
-                self.hand = self.hand - 1 if self.hand > 0 else len(q) - 1
+            x = st[HAND]
+            if iv[F, x - base]:
+                iv[F, x - base] = 0
+                n = iv[N, x - base]            # toward the newest, wrapping to the oldest
+                st[HAND] = n if n >= 0 else st[3 * SQ]
                 continue
-            q.pop(self.hand)
-            del vis[x]
-            if q:
-                self.hand = min(self.hand, len(q) - 1)
-            else:
-                self.hand = None
-            return x
-
-    def access(self, k):
-        if k in self.visited:
-            self.visited[k] = True
-            return ()
-        out = [self._evict()] if len(self.queue) >= self.capacity else []
-        self.queue.insert(0, k)
-        self.visited[k] = False
-        if self.hand is None:
-            self.hand = len(self.queue) - 1
-        else:
-            self.hand += 1
-        return out
+            _unhand(iv, st, base, x)
+            drop(iv, st, base, x)
+            break
+    push(iv, st, base, Q, SQ, k)
+    iv[F, j] = 0
+    if st[HAND] < 0:
+        st[HAND] = st[3 * SQ]
 
 
-class KTS3FIFO(_Segments):
+# ---- kt-s3fifo -----------------------------------------------------------------------------------------------------
+S, M = 0, 1
+SCAP, MCAP, GCAP, MOVE, FCAP = range(S0, S0 + 5)
+
+
+class KTS3FIFO(State):
+    KIND = "kt-s3fifo"
     PARAMS = {"small": (0.1, ratio, "a share of the tier, 0 < small < 1"),
               "ghost": (1.0, share, "a share of the tier, 0 to 4"),
               "move": (2, count, "a whole number of uses, at least 1"),
               "freq_cap": (3, count, "a whole number, at least 1")}
-    _queues = ("s", "m")
+    QUEUES = {"s": S, "m": M, "g": GHOST}
+    ORDER = (S, M)
 
     def __init__(self, capacity: int, small: float = 0.1, ghost: float = 1.0, move: float = 2,
                  freq_cap: float = 3):
-        self.capacity = capacity
-        self.scap = _split(capacity, small)
-        self.mcap = capacity - self.scap if capacity > 1 else 0
-        self.gcap = max(1, int(max(capacity, 1) * ghost))
-        self.move, self.fcap = int(move), int(freq_cap)
-        self.s: OrderedDict = OrderedDict()
-        self.m: OrderedDict = OrderedDict()
-        self.g: OrderedDict = OrderedDict()
-        self.freq: dict = {}
+        super().__init__(capacity)
+        scap = _split(capacity, small)
+        self.st[SCAP:FCAP + 1] = (scap, capacity - scap if capacity > 1 else 0, max(1, int(max(capacity, 1) * ghost)),
+                                  int(move), int(freq_cap))
 
-    def discard(self, k):
-        super().discard(k)
-        self.freq.pop(k, None)
 
-    def _to_main(self, k, f):
-        if self.mcap > 0:
-            self.m[k] = None
-            self.freq[k] = min(self.fcap, max(0, int(f)))
+@kernel
+def _to_main(iv, st, base, k, f):
+    if st[MCAP] > 0:
+        push(iv, st, base, Q, M, k)
+        iv[F, k - base] = min(st[FCAP], max(0, f))
 
-    def _evict_main(self, out):
-        while self.m:
-            x = self.m.popitem(last=False)[0]
-            f = self.freq.get(x, 0)
-            if f >= 1:
-                self.freq[x] = f - 1
-                self.m[x] = None
-                continue
-            self.freq.pop(x, None)
-            out.append(x)
-            return True
-        return False
 
-    def _evict_small(self, out):
-        if not self.s:
-            return False
-        x = self.s.popitem(last=False)[0]
-        f = self.freq.pop(x, 0)
-        if f >= self.move and self.mcap > 0:
-            self._to_main(x, f)
-            return self._trim(out)
-        self.g.pop(x, None)
-        self.g[x] = None
-        while len(self.g) > self.gcap:
-            self.g.popitem(last=False)
-        out.append(x)
+@kernel
+def _evict_main(iv, st, base):
+    while length(st, M):
+        x = pop(iv, st, base, M)
+        f = iv[F, x - base]
+        if f >= 1:
+            iv[F, x - base] = f - 1
+            push(iv, st, base, Q, M, x)
+            continue
+        iv[F, x - base] = 0
+        drop(iv, st, base, x)
         return True
-
-    def _trim(self, out):
-        progress = True
-        while progress:
-            progress = False
-            if len(self.s) > self.scap:
-                progress = self._evict_small(out)
-            elif len(self.m) > self.mcap:
-                progress = self._evict_main(out)
-            elif len(self) > self.capacity:
-                progress = self._evict_small(out) if self.s else self._evict_main(out)
-        return len(self.s) <= self.scap and len(self.m) <= self.mcap and len(self) <= self.capacity
-
-    def access(self, k):
-        if k in self.s or k in self.m:
-            self.freq[k] = min(self.fcap, self.freq.get(k, 0) + 1)
-            return ()
-        if k in self.g:
-            del self.g[k]
-            self._to_main(k, self.move)
-        elif self.scap <= 0:
-            self._to_main(k, 0)
-        else:
-            self.s[k] = None
-            self.freq[k] = 0
-        out: list = []
-        self._trim(out)
-        return out
+    return False
 
 
-class KTWTinyLFU(WTinyLFU):
+@kernel
+def _evict_small(iv, st, base):
+    """S's oldest key to M (kt-kernel then trims again: the caller's loop goes on) or out, into the ghost queue."""
+    if not length(st, S):
+        return False
+    x = pop(iv, st, base, S)
+    f = iv[F, x - base]
+    iv[F, x - base] = 0
+    if f >= st[MOVE] and st[MCAP] > 0:
+        _to_main(iv, st, base, x, f)
+        return True
+    push(iv, st, base, Q, GHOST, x)
+    while length(st, GHOST) > st[GCAP]:
+        pop(iv, st, base, GHOST)
+    drop(iv, st, base, x)
+    return True
+
+
+@kernel
+def access_s3fifo(iv, st, base, k):
+    j = k - base
+    q = iv[Q, j]
+    if q == S or q == M:
+        iv[F, j] = min(st[FCAP], iv[F, j] + 1)
+        return
+    if q == GHOST:
+        unlink(iv, st, base, Q, k)
+        _to_main(iv, st, base, k, st[MOVE])
+    elif st[SCAP] <= 0:
+        _to_main(iv, st, base, k, 0)
+    else:
+        push(iv, st, base, Q, S, k)
+        iv[F, j] = 0
+    progress = True
+    while progress:
+        progress = False
+        if length(st, S) > st[SCAP]:
+            progress = _evict_small(iv, st, base)
+        elif length(st, M) > st[MCAP]:
+            progress = _evict_main(iv, st, base)
+        elif length(st, S) + length(st, M) > st[CAP]:
+            progress = _evict_small(iv, st, base) if length(st, S) else _evict_main(iv, st, base)
+
+
+# ---- kt-wtinylfu ---------------------------------------------------------------------------------------------------
+DECAY, TOTAL = wtinylfu.SK, wtinylfu.SK + 1
+
+
+class KTWTinyLFU(State):
     """Caffeine's queues with kt-kernel's sizes, exact counts halved every ``decay`` requests and admission on equal
     counts (a window of one key in a tier of one leaves no main: the candidate is dropped, as kt-kernel does)."""
+    KIND = "kt-wtinylfu"
     PARAMS = {"window": (0.1, ratio, "a share of the tier, 0 < window < 1"),
               "protected": (0.8, ratio, "a share of main, 0 < protected < 1"),
               "decay": (1000, count, "a whole number of requests, at least 1")}
+    QUEUES, ORDER = wtinylfu.WTinyLFU.QUEUES, wtinylfu.WTinyLFU.ORDER
 
     def __init__(self, capacity: int, window: float = 0.1, protected: float = 0.8, decay: float = 1000):
-        self.capacity = capacity
-        self.wcap = _split(capacity, window)
-        main = capacity - self.wcap if capacity > 1 else 0
-        self.pcap = max(0, min(main, int(main * protected)))
-        self.decay = int(decay)
-        self.win: OrderedDict = OrderedDict()
-        self.prob: OrderedDict = OrderedDict()
-        self.prot: OrderedDict = OrderedDict()
-        self.freq: dict = {}
-        self.total = 0
+        super().__init__(capacity)
+        wcap = _split(capacity, window)
+        main = capacity - wcap if capacity > 1 else 0
+        st = self.st
+        st[wtinylfu.WCAP], st[wtinylfu.PCAP] = wcap, max(0, min(main, int(main * protected)))
+        st[DECAY], st[TOTAL] = int(decay), 0
 
-    def _record(self, k):
-        self.total += 1
-        self.freq[k] = self.freq.get(k, 0) + 1
-        if self.total % self.decay == 0:
-            self.freq = {x: c // 2 for x, c in self.freq.items() if c // 2 > 0}
 
-    def _admit(self, cand, vict) -> bool:
-        return self.freq.get(cand, 0) >= self.freq.get(vict, 0)
+@kernel
+def access_wtinylfu(iv, st, base, k):
+    st[TOTAL] += 1
+    iv[F, k - base] += 1
+    if st[TOTAL] % st[DECAY] == 0:
+        for j in range(iv.shape[1]):
+            iv[F, j] //= 2
+    cand = wtinylfu.hit_or_enter(iv, st, base, k)
+    if cand < 0:
+        return
+    vict = st[3 * wtinylfu.PROB]
+    wtinylfu.evict(iv, st, base, vict if iv[F, cand - base] >= iv[F, vict - base] else cand)
 
 
 MACHINES = {"kt-2q": KT2Q, "kt-slru": KTSLRU, "kt-sieve": KTSieve, "kt-s3fifo": KTS3FIFO,

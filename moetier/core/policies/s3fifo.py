@@ -11,83 +11,87 @@ a full S enters M. Parameters (libCacheSim's small-size-ratio, ghost-size-ratio,
 refuses an object as large as S (with unit-sized slots and S of one slot, or below ten slots where S rounds to
 none, it would admit nothing but ghost hits); here S holds at least one key and takes it. Run as a tier policy
 through moetier.core.policies.machine. Pure.
+
+Array state (moetier.core.policies.queues): S and M are queues ``S`` and ``M``, G the ghost queue, a key's count
+``iv[F]``; ``st[SCAP]``, ``st[MCAP]``, ``st[GCAP]``, ``st[MOVE]`` the parameters, ``st[EVICTED]`` 1 after the first
+eviction. ``access`` is a kernel (moetier.core.jit).
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from moetier.core.jit import kernel
 
-from moetier.core.policies.base import _Segments
+from moetier.core.policies.queues import CAP, F, GHOST, Q, S0, State, drop, length, pop, push, unlink
 from moetier.core.policies.spec import count, ratio, share
 
-__all__ = ["S3FIFO", "PARAMS"]
+__all__ = ["S3FIFO", "PARAMS", "access"]
 
 PARAMS = {"small": (0.1, ratio, "a share of the tier, 0 < small < 1"),
           "ghost": (0.9, share, "a share of the tier, 0 to 4"),
           "move": (2, count, "a whole number of uses, at least 1")}
+S, M = 0, 1
+SCAP, MCAP, GCAP, MOVE, EVICTED = range(S0, S0 + 5)
 
 
-class S3FIFO(_Segments):
-    _queues = ("s", "m")
+class S3FIFO(State):
+    KIND = "s3fifo"
+    QUEUES = {"s": S, "m": M, "g": GHOST}
+    ORDER = (S, M)
 
     def __init__(self, capacity: int, small: float = 0.1, ghost: float = 0.9, move: float = 2):
-        self.capacity = capacity
-        self.scap = max(1, int(capacity * small))
-        self.mcap = capacity - self.scap
-        self.gcap = int(capacity * ghost)
-        self.move = int(move)
-        self.s: OrderedDict = OrderedDict()      # oldest first
-        self.m: OrderedDict = OrderedDict()
-        self.g: OrderedDict = OrderedDict()
-        self.freq: dict = {}
-        self.evicted = False
+        super().__init__(capacity)
+        scap = max(1, int(capacity * small))
+        self.st[SCAP:EVICTED + 1] = (scap, capacity - scap, int(capacity * ghost), int(move), 0)
 
-    def discard(self, k):
-        super().discard(k)
-        self.freq.pop(k, None)
 
-    def _evict_small(self):
-        s, freq = self.s, self.freq
-        while s:
-            x = s.popitem(last=False)[0]
-            if freq[x] >= self.move:
-                self.m[x] = None
-                freq[x] = 0
-                continue
-            del freq[x]
-            if self.gcap:
-                self.g[x] = None
-                if len(self.g) > self.gcap:
-                    self.g.popitem(last=False)
-            return x
-        return None
+@kernel
+def _evict_small(iv, st, base):
+    while length(st, S):
+        x = pop(iv, st, base, S)
+        if iv[F, x - base] >= st[MOVE]:
+            push(iv, st, base, Q, M, x)
+            iv[F, x - base] = 0
+            continue
+        if st[GCAP]:
+            push(iv, st, base, Q, GHOST, x)
+            if length(st, GHOST) > st[GCAP]:
+                pop(iv, st, base, GHOST)
+        return x
+    return -1
 
-    def _evict_main(self):
-        m, freq = self.m, self.freq
-        while m:
-            x = m.popitem(last=False)[0]
-            f = freq[x]
-            if f >= 1:
-                m[x] = None
-                freq[x] = min(f, 3) - 1
-                continue
-            del freq[x]
-            return x
-        return None
 
-    def access(self, k):
-        if k in self.s or k in self.m:
-            self.freq[k] += 1
-            return ()
-        ghost_hit = self.g.pop(k, 0) is None
-        out = []
-        while len(self.s) + len(self.m) >= self.capacity:
-            self.evicted = True
-            x = self._evict_main() if len(self.m) > self.mcap or not self.s else self._evict_small()
-            if x is not None:
-                out.append(x)
-        if ghost_hit or (not self.evicted and len(self.s) >= self.scap):
-            self.m[k] = None
+@kernel
+def _evict_main(iv, st, base):
+    while length(st, M):
+        x = pop(iv, st, base, M)
+        f = iv[F, x - base]
+        if f >= 1:
+            push(iv, st, base, Q, M, x)
+            iv[F, x - base] = min(f, 3) - 1
+            continue
+        return x
+    return -1
+
+
+@kernel
+def access(iv, st, base, k):
+    j = k - base
+    q = iv[Q, j]
+    if q == S or q == M:
+        iv[F, j] += 1
+        return
+    ghost_hit = q == GHOST
+    if ghost_hit:
+        unlink(iv, st, base, Q, k)
+    while length(st, S) + length(st, M) >= st[CAP]:
+        st[EVICTED] = 1
+        if length(st, M) > st[MCAP] or not length(st, S):
+            x = _evict_main(iv, st, base)
         else:
-            self.s[k] = None
-        self.freq[k] = 0
-        return out
+            x = _evict_small(iv, st, base)
+        if x >= 0:
+            drop(iv, st, base, x)
+    if ghost_hit or (not st[EVICTED] and length(st, S) >= st[SCAP]):
+        push(iv, st, base, Q, M, k)
+    else:
+        push(iv, st, base, Q, S, k)
+    iv[F, j] = 0

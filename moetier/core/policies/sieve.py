@@ -5,67 +5,97 @@ where it stopped (from the tail, the oldest key, when it has no place) toward th
 from the head to the tail, and evicts the first unvisited key; it then stops at the next newer key. No parameters.
 It runs the tier protocol directly (insert, hit, remove, victim): a pinned key is passed over as it is, bit kept.
 Pure.
+
+Array state (moetier.core.policies.queues): the queue ``SQ`` (oldest first), the visited bits ``iv[F]``, the hand
+``st[HAND]`` (a key, -1: none). ``insert``, ``remove`` and the hand's ``walk`` are kernels (moetier.core.jit);
+``victim(k, ok)`` resumes the walk after each key whose ``ok`` it has to ask.
 """
 from __future__ import annotations
 
-from moetier.core.policies.base import _Queues
+from moetier.core.jit import kernel
 
-__all__ = ["Sieve", "PARAMS"]
+from moetier.core.policies.queues import BLOCKED, F, N, Q, S0, W, State, length, push, unlink
+
+__all__ = ["Sieve", "PARAMS", "insert", "remove", "walk"]
 
 PARAMS: dict = {}
+SQ = 0
+HAND = S0
 
 
-class Sieve(_Queues):
+class Sieve(State):
     """FIFO order with a visited bit; the hand walks from the oldest key toward the newest (wrapping), clearing
     bits, evicts the first unvisited key and stays at the next newer one. Pinned keys are passed over as they are."""
     name = "sieve"
-    _queues = ("visited",)
+    KIND = "sieve"
+    QUEUES = {"queue": SQ}
 
     def __init__(self, capacity: int):
-        self.capacity = capacity
-        self.visited: dict = {}
-        self.older: dict = {}
-        self.newer: dict = {}
-        self.head = self.tail = self.hand = None     # head: newest, tail: oldest
+        super().__init__(capacity)
+        self.st[HAND] = -1
+        self.m = self                        # the state moetier.core.policies.machine's feed runs on
 
     def insert(self, k):
-        self.visited[k] = 0
-        self.older[k], self.newer[k] = self.head, None
-        if self.head is not None:
-            self.newer[self.head] = k
-        self.head = k
-        if self.tail is None:
-            self.tail = k
+        self.fit(k, k)
+        insert(self.iv, self.st, self.base, k)
 
     def hit(self, k):
-        self.visited[k] = 1
+        j = k - self.base
+        if 0 <= j < self.iv.shape[1]:
+            self.iv[F, j] = 1
 
     def remove(self, k):
-        if k not in self.visited:
-            return
-        o, n = self.older.pop(k), self.newer.pop(k)
-        del self.visited[k]
-        if self.hand == k:
-            self.hand = n
-        if o is not None:
-            self.newer[o] = n
-        else:
-            self.tail = n
-        if n is not None:
-            self.older[n] = o
-        else:
-            self.head = o
+        if 0 <= k - self.base < self.iv.shape[1]:
+            remove(self.iv, self.st, self.base, k)
 
     def victim(self, k, ok):
-        vis, newer = self.visited, self.newer
-        x = self.hand if self.hand is not None else self.tail
-        for _ in range(2 * len(vis) + 1):
-            if x is None:
-                return None
-            if ok(x):
-                if not vis[x]:
-                    self.hand = newer[x]
-                    return x
-                vis[x] = 0
-            x = newer[x] if newer[x] is not None else self.tail
-        return None
+        st = self.st
+        x, i, decided = int(st[HAND] if st[HAND] >= 0 else st[SQ]), 0, -1
+        while True:
+            code, x, i = walk(self.iv, st, self.base, x, i, decided, True)
+            if code != 2:
+                return x if code == 0 else None
+            decided = int(bool(ok(x)))
+
+
+@kernel
+def insert(iv, st, base, k):
+    push(iv, st, base, Q, SQ, k)
+    iv[F, k - base] = 0
+
+
+@kernel
+def remove(iv, st, base, k):
+    j = k - base
+    if iv[Q, j] != SQ:
+        return
+    if st[HAND] == k:
+        st[HAND] = iv[N, j]
+    unlink(iv, st, base, Q, k)
+
+
+@kernel
+def walk(iv, st, base, x, i, decided, ask):
+    """The hand's walk from key x at step i (of at most 2 x resident + 1): ``decided`` is x's ``ok`` when known (1
+    or 0, -1: not yet). Returns (0, the victim, i) with the hand past it, (1, -1, i) when there is none, or, with
+    ``ask``, (2, x, i) when it needs x's ``ok`` (call again with it); without ``ask`` a key may go unless it is
+    marked mid-push (moetier.core.policies.machine's feed)."""
+    steps = 2 * length(st, SQ) + 1
+    while i < steps:
+        if x < 0:
+            return 1, -1, i
+        j = x - base
+        if decided < 0:
+            if ask:
+                return 2, x, i
+            decided = 0 if iv[W, j] & BLOCKED else 1
+        if decided:
+            if not iv[F, j]:
+                st[HAND] = iv[N, j]
+                return 0, x, i
+            iv[F, j] = 0
+        n = iv[N, j]
+        x = n if n >= 0 else st[3 * SQ]
+        i += 1
+        decided = -1
+    return 1, -1, i

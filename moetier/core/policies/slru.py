@@ -7,44 +7,49 @@ protected is full); a hit in protected moves it to the most recent end. Paramete
 protected < 1). Where it differs: with no protected slots (int(protected x capacity) = 0) this is an LRU (a
 probation hit moves the key to probation's most recent end), where Caffeine's state check fails on the first
 probation hit. Run as a tier policy through moetier.core.policies.machine. Pure.
+
+Array state (moetier.core.policies.queues): queues ``PROB`` and ``PROT``, ``st[PCAP]`` protected's size. ``access``
+is a kernel (moetier.core.jit).
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from moetier.core.jit import kernel
 
-from moetier.core.policies.base import _Segments
+from moetier.core.policies.queues import CAP, Q, S0, State, drop, length, pop, push, to_end, unlink
 from moetier.core.policies.spec import ratio
 
-__all__ = ["SLRU", "PARAMS"]
+__all__ = ["SLRU", "PARAMS", "access"]
 
 PARAMS = {"protected": (0.8, ratio, "a share of the tier, 0 < protected < 1")}
+PROB, PROT = 0, 1
+PCAP = S0
 
 
-class SLRU(_Segments):
-    _queues = ("prob", "prot")
+class SLRU(State):
+    KIND = "slru"
+    QUEUES = {"prob": PROB, "prot": PROT}
+    ORDER = (PROB, PROT)
 
     def __init__(self, capacity: int, protected: float = 0.8):
-        self.capacity = capacity
-        self.pcap = int(capacity * protected)
-        self.prob: OrderedDict = OrderedDict()
-        self.prot: OrderedDict = OrderedDict()
+        super().__init__(capacity)
+        self.st[PCAP] = int(capacity * protected)
 
-    def access(self, k):
-        if k in self.prot:
-            self.prot.move_to_end(k)
-            return ()
-        if k in self.prob:
-            if not self.pcap:
-                self.prob.move_to_end(k)
-                return ()
-            if len(self.prot) >= self.pcap:
-                self.prob[self.prot.popitem(last=False)[0]] = None
-            del self.prob[k]
-            self.prot[k] = None
-            return ()
-        out = []
-        if len(self) >= self.capacity:
-            src = self.prob if self.prob else self.prot
-            out.append(src.popitem(last=False)[0])
-        self.prob[k] = None
-        return out
+
+@kernel
+def access(iv, st, base, k):
+    q = iv[Q, k - base]
+    if q == PROT:
+        to_end(iv, st, base, k)
+        return
+    if q == PROB:
+        if not st[PCAP]:
+            to_end(iv, st, base, k)
+            return
+        if length(st, PROT) >= st[PCAP]:
+            push(iv, st, base, Q, PROB, pop(iv, st, base, PROT))
+        unlink(iv, st, base, Q, k)
+        push(iv, st, base, Q, PROT, k)
+        return
+    if length(st, PROB) + length(st, PROT) >= st[CAP]:
+        drop(iv, st, base, pop(iv, st, base, PROB if length(st, PROB) else PROT))
+    push(iv, st, base, Q, PROB, k)

@@ -7,53 +7,61 @@ when the tier is full, A1in's oldest key is evicted into A1out if A1in holds mor
 recent; the key then enters Am if it was in A1out, else A1in. Parameters (libCacheSim's Ain-size-ratio and
 Aout-size-ratio): ``a1`` (default 0.25, 0 < a1 < 1) and ``ghost`` (default 0.5, 0..4). Run as a tier policy through
 moetier.core.policies.machine. Pure.
+
+Array state (moetier.core.policies.queues): A1in is queue ``A1IN``, Am ``AM``, A1out the ghost queue; ``st[KIN]``
+and ``st[KOUT]`` the two sizes. ``access`` is a kernel (moetier.core.jit).
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from moetier.core.jit import kernel
 
-from moetier.core.policies.base import _Segments
+from moetier.core.policies.queues import CAP, GHOST, Q, S0, State, drop, length, pop, push, to_end, unlink
 from moetier.core.policies.spec import ratio, share
 
-__all__ = ["TwoQ", "PARAMS"]
+__all__ = ["TwoQ", "PARAMS", "access", "queues"]
 
 PARAMS = {"a1": (0.25, ratio, "a share of the tier, 0 < a1 < 1"),
           "ghost": (0.5, share, "a share of the tier, 0 to 4")}
+A1IN, AM = 0, 1
+KIN, KOUT = S0, S0 + 1
 
 
-class TwoQ(_Segments):
-    _queues = ("a1in", "am")
+class TwoQ(State):
+    KIND = "2q"
+    QUEUES = {"a1in": A1IN, "am": AM, "a1out": GHOST}
 
     def __init__(self, capacity: int, a1: float = 0.25, ghost: float = 0.5):
-        self.capacity = capacity
-        self.kin = int(capacity * a1)
-        self.kout = int(capacity * ghost)
-        self.a1in: OrderedDict = OrderedDict()
-        self.a1out: OrderedDict = OrderedDict()
-        self.am: OrderedDict = OrderedDict()
+        super().__init__(capacity)
+        self.st[KIN], self.st[KOUT] = int(capacity * a1), int(capacity * ghost)
 
-    def order(self):
-        yield from self.a1in if len(self.a1in) > self.kin else ()
-        yield from self.am
-        yield from self.a1in if len(self.a1in) <= self.kin else ()
 
-    def access(self, k):
-        if k in self.am:
-            self.am.move_to_end(k)
-            return ()
-        if k in self.a1in:
-            return ()
-        ghost_hit = self.a1out.pop(k, 0) is None
-        out = []
-        if len(self.a1in) + len(self.am) >= self.capacity:
-            if len(self.a1in) > self.kin:
-                y = self.a1in.popitem(last=False)[0]
-                if self.kout:
-                    self.a1out[y] = None
-                    if len(self.a1out) > self.kout:
-                        self.a1out.popitem(last=False)
-                out.append(y)
-            elif self.am:
-                out.append(self.am.popitem(last=False)[0])
-        (self.am if ghost_hit else self.a1in)[k] = None
-        return out
+@kernel
+def queues(st):
+    """The resident queues in eviction order: A1in first while it is over its share."""
+    if length(st, A1IN) > st[KIN]:
+        return A1IN, AM, -1
+    return AM, A1IN, -1
+
+
+@kernel
+def access(iv, st, base, k):
+    q = iv[Q, k - base]
+    if q == AM:
+        to_end(iv, st, base, k)
+        return
+    if q == A1IN:
+        return
+    ghost_hit = q == GHOST
+    if ghost_hit:
+        unlink(iv, st, base, Q, k)
+    if length(st, A1IN) + length(st, AM) >= st[CAP]:
+        if length(st, A1IN) > st[KIN]:
+            y = pop(iv, st, base, A1IN)
+            if st[KOUT]:
+                push(iv, st, base, Q, GHOST, y)
+                if length(st, GHOST) > st[KOUT]:
+                    pop(iv, st, base, GHOST)
+            drop(iv, st, base, y)
+        elif length(st, AM):
+            drop(iv, st, base, pop(iv, st, base, AM))
+    push(iv, st, base, Q, AM if ghost_hit else A1IN, k)
