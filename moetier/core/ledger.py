@@ -468,6 +468,9 @@ class Ledger:
         if self.all_in_ram or self.ram_slots == 0:
             return
         ram_keys = ranked[v:v + self.ram_slots] if self.exclusive else ranked[:self.ram_slots]
+        if not self.exclusive and isinstance(self._rpol, residency.Partitioned):
+            # an inclusive copy joins RAM without a put: each layer keeps its hottest keys, up to its share
+            ram_keys = self._rpol.within_shares(ram_keys)
         for k in reversed(ram_keys):        # coldest first, so the hottest sits at the most-recent end
             if self.codes[k] == VRAM:
                 self.ram.add(k)             # inclusive copy

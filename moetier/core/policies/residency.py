@@ -214,6 +214,16 @@ class Partitioned(_Queues):
         l = k // self.experts
         return self.parts[l].put(k, pins, self.caps[l])
 
+    def within_shares(self, keys) -> list:
+        """``keys`` in order, leaving out each key whose layer has had its share of slots among those before it."""
+        left, out = list(self.caps), []
+        for k in keys:
+            l = k // self.experts
+            if left[l] > 0:
+                left[l] -= 1
+                out.append(k)
+        return out
+
     def full(self, k) -> bool:
         """The incoming key's layer has used its share of slots."""
         return len(self.part(k)) >= self.caps[k // self.experts]
