@@ -2,6 +2,7 @@
 not), and a process with nothing changed loads it from the cache."""
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -66,7 +67,7 @@ def test_each_state_of_the_sources_has_its_own_folder(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(jit, "_DIRS", {})
-    import pkgx  # noqa: F401
+    importlib.import_module("pkgx")
     a = jit.cache_dir("pkgx.caller")
     assert a.parent == tmp_path / "cache" and a.is_dir()
     _edit_callee(tmp_path)
@@ -74,3 +75,21 @@ def test_each_state_of_the_sources_has_its_own_folder(tmp_path, monkeypatch):
     b = jit.cache_dir("pkgx.callee")
     assert b != a and b.parent == a.parent
     sys.modules.pop("pkgx", None)
+
+
+def test_only_its_own_old_folders_are_removed(tmp_path, monkeypatch):
+    """NUMBA_CACHE_DIR may hold other programs' caches: a folder goes only when it is old and marked as made here."""
+    from moetier.core import jit
+    base = tmp_path / "cache"
+    ours, theirs, recent = base / "0123456789abcdef", base / "fedcba9876543210", base / "aaaaaaaaaaaaaaaa"
+    for d in (ours, theirs, recent):
+        d.mkdir(parents=True)
+    (ours / jit.MARK).touch()
+    (recent / jit.MARK).touch()
+    old = 1_000_000_000
+    for d in (ours, theirs):
+        os.utime(d, (old, old))
+    keep = base / "1111111111111111"
+    keep.mkdir()
+    jit._prune(base, keep)
+    assert not ours.exists() and theirs.exists() and recent.exists() and keep.exists()

@@ -29,6 +29,7 @@ from numba import njit
 __all__ = ["kernel", "cache_dir"]
 
 KEEP_DAYS = 30
+MARK = "moetier-kernels"                 # the file that marks a folder as made here
 _DIRS: dict = {}
 
 
@@ -48,10 +49,11 @@ def _digest(root: Path) -> str:
 
 
 def _prune(base: Path, keep: Path) -> None:
-    """Folders of ``base`` unused for KEEP_DAYS: another version's or an edited tree's kernels."""
+    """Folders of ``base`` unused for KEEP_DAYS: another version's or an edited tree's kernels. Only folders this
+    module made (its MARK inside) go: ``NUMBA_CACHE_DIR`` may be shared with other programs' caches."""
     old = time.time() - KEEP_DAYS * 86400
     for d in base.iterdir():
-        if d != keep and d.is_dir() and len(d.name) == 16 and d.stat().st_mtime < old:
+        if d != keep and (d / MARK).is_file() and d.stat().st_mtime < old:
             shutil.rmtree(d, ignore_errors=True)
 
 
@@ -66,6 +68,7 @@ def cache_dir(module: str) -> Path:
         try:
             fresh = not out.exists()
             out.mkdir(parents=True, exist_ok=True)
+            (out / MARK).touch()
             os.utime(out)
             if fresh:
                 _prune(base, out)
