@@ -195,7 +195,11 @@ def rss_probe(work: str) -> None:
     from adapters.exllamav3.attach import moetier_load
     from moetier.bytes import store
     import moetier.run.runtime  # noqa: F401
+    from moetier.core.replay import Replay
     from tests.exllamav3_fakes import FakeEngine
+    # the ledger's compiled code loaded before measuring too: a fixed cost of the process, not of the model's size
+    warm = Replay(_big_recipe()).ledger
+    warm.seed(range(warm.keys))
     spec = dataclasses.replace(checkpoint.TINY, **BIG, seed=1)
     st = store.open_store(f"{work}/store")
     out = {}
