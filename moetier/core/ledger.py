@@ -104,7 +104,9 @@ class Ledger:
         self._pushing: set = set()
         self._rfast, self._vfast = bool(getattr(self._rpol, "put", None)), hasattr(self._vpol, "evict_for")
         self._pins = Pins().of
-        self._kernel_args, self._put_door, self._puts, self._use_door, self._uses = CK.bind(self, Ledger) or (None,) * 5
+        # not ``_uses``: moetier.peers.token_feed's subclass keeps its deferred uses under that name
+        bound = CK.bind(self, Ledger) or (None,) * 5
+        self._kernel_args, self._put_door, self._put_args, self._use_door, self._use_args = bound
         self.commits = self._kernel_args is not None
 
     # ---- queries (hot path) ---------------------------------------------------------------------------------
@@ -320,7 +322,7 @@ class Ledger:
         if self._no_ram_lru:
             return
         if self.commits:                  # one compiled call (moetier.core.commit_kernel)
-            self._use_door(np.fromiter(keys, np.int64, len(keys)), *self._uses)
+            self._use_door(np.fromiter(keys, np.int64, len(keys)), *self._use_args)
             return
         ram = self.ram
         if self._rpol is not None:
@@ -359,7 +361,7 @@ class Ledger:
             st[key] = ABSENT
             return ()
         if self.commits:                  # one compiled call (moetier.core.commit_kernel)
-            v = self._put_door(key, self._pins(protect, self._pushing), *self._puts)
+            v = self._put_door(key, self._pins(protect, self._pushing), *self._put_args)
             return () if v == -1 else (key,) if v == -2 else (v,)
         if self._rpol is not None:
             return self._ram_put_policy(key, protect)
