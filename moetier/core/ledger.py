@@ -104,8 +104,7 @@ class Ledger:
         self._pushing: set = set()
         self._rfast, self._vfast = bool(getattr(self._rpol, "put", None)), hasattr(self._vpol, "evict_for")
         self._pins = Pins().of
-        # not ``_uses``: moetier.peers.token_feed's subclass keeps its deferred uses under that name
-        bound = CK.bind(self, Ledger) or (None,) * 5
+        bound = CK.bind(self, Ledger) or (None,) * 5        # (not ``_uses``: token_feed's deferred uses)
         self._kernel_args, self._put_door, self._put_args, self._use_door, self._use_args = bound
         self.commits = self._kernel_args is not None
 
