@@ -104,9 +104,8 @@ class Ledger:
         self._pushing: set = set()
         self._rfast, self._vfast = bool(getattr(self._rpol, "put", None)), hasattr(self._vpol, "evict_for")
         self._pins = Pins().of
-        bound = CK.bind(self, Ledger) or (None,) * 5        # (not ``_uses``: token_feed's deferred uses)
-        self._kernel_args, self._put_door, self._put_args, self._use_door, self._use_args = bound
-        self.commits = self._kernel_args is not None
+        self._kargs, self._put_door, self._pargs, self._use_door, self._uargs = CK.bind(self, Ledger) or (None,) * 5
+        self.commits = self._kargs is not None
 
     # ---- queries (hot path) ---------------------------------------------------------------------------------
     def tier_of(self, key: int) -> int:
@@ -157,7 +156,7 @@ class Ledger:
     def commit(self, O: np.ndarray, can_admit: bool) -> int:
         """The simulator's commit of a plan whose lanes are ``O`` (moetier.core.plan_kernel's output) in one compiled
         call, where ``commits`` (moetier.core.commit_kernel); returns how many zerocopy picks were admitted."""
-        out = CK.commit(O, *self._kernel_args, can_admit)
+        out = CK.commit(O, *self._kargs, can_admit)
         if out < 0:
             k = self._ts.meta[M_BAD]
             raise ResidencyError(f"fill_landed({k}): key is {self.state_of(k)}, expected absent" if out == -1
@@ -321,7 +320,7 @@ class Ledger:
         if self._no_ram_lru:
             return
         if self.commits:                  # one compiled call (moetier.core.commit_kernel)
-            self._use_door(np.fromiter(keys, np.int64, len(keys)), *self._use_args)
+            self._use_door(np.fromiter(keys, np.int64, len(keys)), *self._uargs)
             return
         ram = self.ram
         if self._rpol is not None:
@@ -360,7 +359,7 @@ class Ledger:
             st[key] = ABSENT
             return ()
         if self.commits:                  # one compiled call (moetier.core.commit_kernel)
-            v = self._put_door(key, self._pins(protect, self._pushing), *self._put_args)
+            v = self._put_door(key, self._pins(protect, self._pushing), *self._pargs)
             return () if v == -1 else (key,) if v == -2 else (v,)
         if self._rpol is not None:
             return self._ram_put_policy(key, protect)
