@@ -10,6 +10,9 @@ channel. Pure: no records, no clock of its own.
 """
 from __future__ import annotations
 
+import numpy as np
+
+from moetier.core.jit import kernel
 from moetier.core.terms import ChannelTerms
 
 
@@ -140,20 +143,14 @@ class NvmeChannel:
             if self.pf:
                 self._repack(t)
             return out
-        start = self._fifo_start(t)
-        svc = self.deep if n > 1 else self.one
-        out = [start + svc * (i + 1) for i in range(n)]
+        out = np.empty(n)
+        fifo_reads(max(self.dfree, self._running_end(t)), t, self.lat, self.deep, self.one, out)
+        out = out.tolist()
         self.dfree = out[-1]
         self.reads += n
         if self.pf:
             self._repack(t)
         return out
-
-    def _fifo_start(self, t: float) -> float:
-        """When a demand read issued at t starts in the FIFO model (no latency table): behind the demand reads and
-        the prefetch read in service, or at t plus the access latency on an idle channel."""
-        busy_until = max(self.dfree, self._running_end(t))
-        return busy_until if busy_until > t else t + self.lat
 
     def _burst(self, q0: int, n: int) -> list[float]:
         """The latencies of n demand reads issued together, joining q0 reads in flight (table model). Measured
@@ -227,6 +224,19 @@ class NvmeChannel:
         if cancelled:
             self._repack(t)
         return cancelled, wasted
+
+
+@kernel
+def fifo_reads(busy_until, t, lat, deep, one, out):
+    """The arrivals of len(out) demand reads issued at t in the FIFO model (no latency table), into ``out``: they
+    start behind the channel's work (``busy_until``: the demand reads and the prefetch read in service), or at t
+    plus the access latency on an idle channel, and each takes ``deep`` (several reads) or ``one`` (a lone read).
+    The simulator's compiled step loop (moetier.core.step_kernel) issues its reads through it too."""
+    start = busy_until if busy_until > t else t + lat
+    n = out.shape[0]
+    svc = deep if n > 1 else one
+    for i in range(n):
+        out[i] = start + svc * (i + 1)
 
 
 def _burst_rows(bursts: dict | None) -> dict:

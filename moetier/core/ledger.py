@@ -143,8 +143,7 @@ class Ledger:
             v = f.get(k, 0.0)
             if v and hl > 0:
                 v *= 0.5 ** ((now - ft[k]) / hl)
-            f[k] = v + 1.0
-            ft[k] = now
+            f[k], ft[k] = v + 1.0, now
 
     def _decayed(self, k: int) -> float:
         v = self._freq.get(k, 0.0)
@@ -156,12 +155,13 @@ class Ledger:
     def commit(self, O: np.ndarray, can_admit: bool) -> int:
         """The simulator's commit of a plan whose lanes are ``O`` (moetier.core.plan_kernel's output) in one compiled
         call, where ``commits`` (moetier.core.commit_kernel); returns how many zerocopy picks were admitted."""
-        out = CK.commit(O, *self._kargs, can_admit)
-        if out < 0:
-            k = self._ts.meta[M_BAD]
-            raise ResidencyError(f"fill_landed({k}): key is {self.state_of(k)}, expected absent" if out == -1
-                                 else f"push_landed({k}): no VRAM tier")
-        return out
+        return out if (out := CK.commit(O, *self._kargs, can_admit)) >= 0 else self.commit_failed(out)
+
+    def commit_failed(self, out: int):
+        """Raise the rule a compiled commit broke (its code ``out``, -1 or -2; the key in the meta array)."""
+        k = self._ts.meta[M_BAD]
+        raise ResidencyError(f"push_landed({k}): no VRAM tier" if out == -2 else
+                             f"fill_landed({k}): key is {self.state_of(k)}, expected absent")
 
     # ---- transfers ------------------------------------------------------------------------------------------
     def _ticket(self, key: int, kind: str, staging: bool = False, slot: int = -1, victim: int = -1) -> Ticket:

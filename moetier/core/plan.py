@@ -70,6 +70,7 @@ class LayerPlan:
                 "nvme_gpu": self.nvme_gpu, "masked": self.masked}
 
 
+NO_NVME_LANE = "no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier"
 _ON_NVME = tuple(t == TIER_NVME for t in TIER_OF)     # by ledger state: the pick must be read first
 _NO_DEAL = np.empty(0, np.int64)
 _NO_CHANNEL = (0.0,) * 6
@@ -101,7 +102,7 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
     arrivals = ()
     if n_nv and not ctx.mask:
         if ctx.cpu is None and ctx.gpu is None:
-            raise ValueError("no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier")
+            raise ValueError(NO_NVME_LANE)
         arrivals = _arrivals(plan, nvme_l, t0, nvme)
     factors = () if llc is None else [llc.factor(k) if s == RAM or s == PUSHING else 1.0 for k, s in zip(picks, st)]
     ch = _NO_CHANNEL if nvme is None else (nvme.wake, nvme.spread, nvme.cv_own, nvme.cv_shared, nvme.lane_sd,

@@ -406,9 +406,15 @@ def plan_kernel(P, picks, scalars, D, O, R):
     """One layer call's plan into O and R: see the module docstring for the arrays (``picks``: I's bytes,
     ``scalars``: X's)."""
     flat = np.frombuffer(picks, np.int64)
-    X = np.frombuffer(scalars, np.float64)
     n = flat.shape[0] // 3
-    I = flat.reshape(3, n)
+    plan_arrays(P, flat.reshape(3, n), np.frombuffer(scalars, np.float64), D, O, R)
+
+
+@kernel
+def plan_arrays(P, I, X, D, O, R):
+    """``plan_kernel`` over I as a (3, n) array and X as an array (the compiled step loop's call,
+    moetier.core.step_kernel)."""
+    n = I.shape[1]
     S = X[:S_N]
     F = _per_pick(I, X, n)
     L = np.empty((6, n), np.int64)

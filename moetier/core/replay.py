@@ -45,12 +45,13 @@ class Streams:
     def __init__(self, trace, conc: int, topk: int, experts: int, *, offsets: list[int], window: int = 1,
                  span: int | None = None):
         """``span``: the tokens per stream the caller will step through (steps x window); when it is shorter than
-        a segment only those tokens are turned into lists (a short replay's set-up cost was the whole segment's)."""
+        a segment only those tokens are taken (a short replay's set-up cost was the whole segment's)."""
         self.conc, self.window = conc, window
         nseg = trace.nseg
         L = trace.ids.shape[1]
-        base = (np.arange(L, dtype=np.int64) * experts)[None, :, None]
-        self.local, self.keys, self.offsets = [], [], []
+        self._base = (np.arange(L, dtype=np.int64) * experts)[None, :, None]
+        self.offsets = []
+        self._ids, self._entry = [], []      # per distinct token range its ids [tokens, layers, topk]; per stream it
         cache = {}
         for i in range(conc):
             si = i % nseg
@@ -61,22 +62,48 @@ class Streams:
             ck = (si, off) if part else si
             if ck not in cache:
                 sel = seg[(off + np.arange(span)) % n] if part else seg
-                sel = np.ascontiguousarray(sel[:, :, :topk])
-                if (sel < 0).any():          # masked picks (a missing router record) are not computed
-                    loc = [[[e for e in row if e >= 0] for row in tok] for tok in sel.tolist()]
-                    cache[ck] = (loc, [[[e + l * experts for e in row] for l, row in enumerate(tok)] for tok in loc])
-                else:
-                    cache[ck] = (sel.tolist(), (sel.astype(np.int64) + base).tolist())
-            loc, ks = cache[ck]
-            self.local.append(loc)
-            self.keys.append(ks)
+                cache[ck] = len(self._ids)
+                self._ids.append(np.ascontiguousarray(sel[:, :, :topk]))
+            self._entry.append(cache[ck])
             self.offsets.append(0 if part else off)
         self.layers = L
+        self._lists = None
+
+    def _as_lists(self) -> tuple:
+        """(local ids, keys) per stream as nested lists [token][layer] -> picks, masked picks left out: what the
+        per-layer path reads; made on first use (the compiled step loop reads ``flat`` instead)."""
+        if self._lists is None:
+            made = []
+            for sel in self._ids:
+                if (sel < 0).any():          # masked picks (a missing router record) are not computed
+                    loc = [[[e for e in row if e >= 0] for row in tok] for tok in sel.tolist()]
+                    made.append((loc, [[[e + int(b) for e in row] for row, b in zip(tok, self._base.ravel())]
+                                       for tok in loc]))
+                else:
+                    made.append((sel.tolist(), (sel.astype(np.int64) + self._base).tolist()))
+            self._lists = ([made[e][0] for e in self._entry], [made[e][1] for e in self._entry])
+        return self._lists
+
+    @property
+    def local(self) -> list:
+        return self._as_lists()[0]
+
+    @property
+    def keys(self) -> list:
+        return self._as_lists()[1]
 
     def rows(self, step: int):
         """Token indices (stream, token) of this step's rows."""
-        w = self.window
-        return [(i, (self.offsets[i] + step * w + j) % len(self.keys[i])) for i in range(self.conc) for j in range(w)]
+        w, ids, entry = self.window, self._ids, self._entry
+        return [(i, (self.offsets[i] + step * w + j) % len(ids[entry[i]])) for i in range(self.conc) for j in range(w)]
+
+    def flat(self) -> tuple:
+        """(every stream's keys as one int64 array [tokens, layers, topk], -1 where a pick is masked; per stream the
+        index of its first token there): what the compiled step loop reads a row's picks from (``rows`` maps to it
+        by ``start[i] + t``)."""
+        starts = np.cumsum([0] + [len(a) for a in self._ids])
+        ks = np.concatenate([np.where(a >= 0, a.astype(np.int64) + self._base, -1) for a in self._ids])
+        return ks, np.array([starts[e] for e in self._entry], np.int64)
 
     def picks(self, rows, layer: int) -> dict:
         keys = self.keys

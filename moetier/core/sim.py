@@ -32,6 +32,7 @@ import time
 from moetier.core.plan import LayerPlan
 from moetier.core.predict import make_predictor
 from moetier.core.replay import Replay, Streams, rank_keys, warmup_ids
+from moetier.core.step_kernel import Steps
 from moetier.errors import UserError
 
 __all__ = ["ORACLE_WARM_STEPS", "Replay", "Streams", "prefill", "rank_keys", "run"]
@@ -152,7 +153,6 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
 
     fixed_step = R.fixed(nrows)
     f_layer = fixed_step / L
-    copy_serial = rp.ctx.copy_serial
     acc = dict(ms=0.0, fixed=0.0, gpu=0.0, cpu=0.0, wait=0.0, gwait=0.0, copy=0.0, picks=0, vram_picks=0,
                gpu_exp=0, cpu_exp=0, zc=0, ncpu=0, ngpu=0, masked=0, demand=0, layers=0, rl=0, span=0.0, arr=0.0,
                gap_sq=0.0, gap_var=0.0, predict=0)
@@ -162,6 +162,8 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
     tl = _Timeline(rp.ledger) if timeline else None
     chan = rp.chan
     cv2, lane_var = chan.cv_own ** 2 + chan.cv_shared ** 2, chan.lane_sd ** 2
+    # every layer of a step in one compiled call where it covers the replay (moetier.core.step_kernel)
+    steps = Steps.of(rp, streams) if dealer is None and plan_hook is None else None
     for step in range(total):
         meas = step >= warm_steps
         if meas and step == warm_steps:
@@ -172,26 +174,12 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
         rows = streams.rows(step)
         t0_step = t
         t += draft_ms
-        for layer in range(L):
-            t += f_layer
-            picks = streams.picks(rows, layer)
-            t0_layer = t
-            dealt = dealer.deal(layer, picks, streams, rows) if dealer is not None else None
-            plan = rp.layer(layer, picks, t, streams, rows, dealt)
-            if dealt is not None and not _same_tiers(plan, dealt):
-                raise RuntimeError(f"sim.run: the dealing replay's tiers parted from the timing replay's at step "
-                                   f"{step}, layer {layer}")
-            if plan_hook is not None:
-                plan_hook(step, layer, plan)
-            t += plan.ms
-            if copy_serial:
-                link, host = rp.settle()
-                t += link + host
-                if meas:
-                    acc["copy"] += link
+        if steps is not None:
+            t = steps.step(rows, t, meas)
             if meas:
-                _book(acc, plan, picks, t0_layer, cv2, lane_var)
-                acc["predict"] += rp.ctx.predicting
+                steps.books(acc)
+        else:
+            t = _layers(rp, dealer, streams, rows, step, t, meas, acc, plan_hook, (f_layer, cv2, lane_var))
         if meas:
             acc["ms"] += t - t0_step
             acc["fixed"] += fixed_step
@@ -208,6 +196,36 @@ def run(R, trace, conc: int = 1, *, window: int = 1, accept: float = 1.0, draft_
     if tl is not None:
         out["timeline"] = tl.series
     return out
+
+
+def _layers(rp: Replay, dealer, streams, rows, step: int, t: float, meas: bool, acc: dict, plan_hook,
+            terms: tuple) -> float:
+    """run's per-layer path over one step's layers from clock ``t``: each layer planned and committed through the
+    replay (and the dealer's deal), timed and booked; returns the clock after the last layer. ``terms``: (f_layer,
+    cv2, lane_var)."""
+    f_layer, cv2, lane_var = terms
+    copy_serial = rp.ctx.copy_serial
+    for layer in range(rp.R.layers):
+        t += f_layer
+        picks = streams.picks(rows, layer)
+        t0_layer = t
+        dealt = dealer.deal(layer, picks, streams, rows) if dealer is not None else None
+        plan = rp.layer(layer, picks, t, streams, rows, dealt)
+        if dealt is not None and not _same_tiers(plan, dealt):
+            raise RuntimeError(f"sim.run: the dealing replay's tiers parted from the timing replay's at step "
+                               f"{step}, layer {layer}")
+        if plan_hook is not None:
+            plan_hook(step, layer, plan)
+        t += plan.ms
+        if copy_serial:
+            link, host = rp.settle()
+            t += link + host
+            if meas:
+                acc["copy"] += link
+        if meas:
+            _book(acc, plan, picks, t0_layer, cv2, lane_var)
+            acc["predict"] += rp.ctx.predicting
+    return t
 
 
 def _pf_counters(rp: Replay) -> dict:
