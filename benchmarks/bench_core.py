@@ -11,6 +11,10 @@ Per layer call: plan_layer and the bookkeeping after it (the ledger's commit of 
 timed separately on every call at C4 (about 31 picks a layer; ``--rows``: another rows per call) on the default
 recipe under the shipped default policy (peers.DEFAULT_POLICY); the figures are min / median / max over the calls.
 
+With ``--against``, the simulator's own path is timed beside them: the compiled step loop (moetier.core.step_kernel)
+plans and commits every layer of a step in one call, so its figure per layer call is a step's wall over its layers
+(min / median / max over the steps), on a replay of its own fed the same rows.
+
 Whole runs, each a fresh process (``--rounds`` of each; min / median / max over them):
 
 * ``sim``: the simulator's layer-plans/s on the shipped GLM trace at C1 (the replay alone, timed inside the process);
@@ -55,6 +59,7 @@ sys.path.insert(0, str(REPO))
 from moetier.core import sim  # noqa: E402
 from moetier.core import records as spec  # noqa: E402
 from moetier.core.plan import plan_layer  # noqa: E402
+from moetier.core.step_kernel import Steps  # noqa: E402
 from moetier.peers.rows import DEFAULT_POLICY  # noqa: E402
 from moetier.traces.format import load_trace  # noqa: E402
 
@@ -131,12 +136,19 @@ def bench_against(tree: Path, calls: int = 20000, rows: int = 4) -> dict:
     sides = {"A": (*_replay_of(spec_a.resolve(RECIPE, DEFAULT), tr, sim_a, rows), plan_a),
              "B": (*_replay_of(R, tr, sim, rows), plan_layer)}
     st = sides["B"][1]
+    # this tree's simulator path: the compiled step loop on a replay of its own, one call per step
+    loop = Steps.of(*_replay_of(R, tr, sim, rows))
+    loop_ns, loop_t = [], 0.0
     ns = {k: ([], []) for k in sides}
     clock = dict.fromkeys(sides, 0.0)
     perf = time.perf_counter_ns
     differ = n = step = 0
     while n < calls:
         rows = st.rows(step)
+        if step % 2:                  # the loop's step before or after the per-call sides' layers, alternately
+            t0 = perf()
+            loop_t = loop.step(rows, loop_t, False)
+            loop_ns.append((perf() - t0) / R.layers)
         for layer in range(R.layers):
             picks = st.picks(rows, layer)
             plans = {}
@@ -152,6 +164,10 @@ def bench_against(tree: Path, calls: int = 20000, rows: int = 4) -> dict:
                 clock[k] += p.ms + 1.0
             differ += plans["A"].lanes() != plans["B"].lanes() or plans["A"].ms != plans["B"].ms
             n += 1
+        if step % 2 == 0:
+            t0 = perf()
+            loop_t = loop.step(rows, loop_t, False)
+            loop_ns.append((perf() - t0) / R.layers)
         step += 1
     us = lambda xs: {"min": min(xs) / 1e3, "median": statistics.median(xs) / 1e3,  # noqa: E731
                      "max": max(xs) / 1e3}
@@ -159,6 +175,8 @@ def bench_against(tree: Path, calls: int = 20000, rows: int = 4) -> dict:
     for k in sides:
         tog = [a + b for a, b in zip(*ns[k])]
         out[k] = {"plan_us": us(ns[k][0]), "bookkeeping_us": us(ns[k][1]), "together_us": us(tog)}
+    # per layer call of the loop: a step's wall time over its layers (one call plans and commits them all)
+    out["B_loop"] = {"together_us": us(loop_ns), "steps": len(loop_ns)}
     tog = {k: [a + b for a, b in zip(*ns[k])] for k in sides}
     out["paired_median_b_minus_a_us"] = statistics.median(b - a for a, b in zip(tog["A"], tog["B"])) / 1e3
     return out
@@ -267,9 +285,11 @@ def bench_runs(trees: dict, measures, rounds: int, a) -> dict:
     return out
 
 
-def targets(per_call: dict, runs: dict, side: str) -> dict:
-    """Each goal met or not, from ``side``'s figures (medians)."""
+def targets(per_call: dict, runs: dict, side: str, loop: dict | None = None) -> dict:
+    """Each goal met or not, from ``side``'s figures (medians); ``loop``: the compiled step loop's per layer call."""
     out = {"plan_and_bookkeeping_median_us<=10": per_call["together_us"]["median"] <= TARGETS["together_us"]}
+    if loop is not None:
+        out["step_loop_per_layer_call_median_us<=10"] = loop["together_us"]["median"] <= TARGETS["together_us"]
     if "sim" in runs:
         out["sim_layer_plans_per_s>=300000"] = runs["sim"][side]["median"] >= TARGETS["layer_plans_per_s"]
     if "table" in runs:
@@ -306,7 +326,7 @@ def main(argv=None):
     if a.against is not None:
         res = bench_against(a.against, a.calls, a.rows)
         res["runs"] = bench_runs({"A": a.against, "B": REPO}, measures, a.rounds, a)
-        res["targets"] = targets(res["B"], res["runs"], "B")
+        res["targets"] = targets(res["B"], res["runs"], "B", res["B_loop"])
         return _print_extra(res, a.json)
     res = {"plan_layer": bench_plan(R, tr, a.rows, calls=a.calls), "load": os.getloadavg()}
     res["runs"] = bench_runs({"B": REPO}, measures, a.rounds, a)
@@ -357,6 +377,9 @@ def _print_extra(res: dict, as_json: bool) -> None:
         for k in ("A", "B"):
             print(f"| {k} | " + " | ".join(f"{res[k][m]['min']:.1f} / {res[k][m]['median']:.1f} / {res[k][m]['max']:.0f}"
                                         for m in ("plan_us", "bookkeeping_us", "together_us")) + " |")
+        v = res["B_loop"]["together_us"]
+        print(f"| B, compiled step loop (sim.run's path; a step's time / layers, {res['B_loop']['steps']:,} steps) "
+              f"| | | {v['min']:.1f} / {v['median']:.1f} / {v['max']:.0f} |")
         print(f"paired median of B - A (together): {res['paired_median_b_minus_a_us']:+.2f} us")
         if res.get("runs"):
             print("| whole run | A: min / median / max | B: min / median / max | B / A: median / min | target |\n"
