@@ -11,9 +11,9 @@ Per layer call: plan_layer and the bookkeeping after it (the ledger's commit of 
 timed separately on every call at C4 (about 31 picks a layer; ``--rows``: another rows per call) on the default
 recipe under the shipped default policy (peers.DEFAULT_POLICY); the figures are min / median / max over the calls.
 
-With ``--against``, the simulator's own path is timed beside them: the compiled step loop (moetier.core.step_kernel)
-plans and commits every layer of a step in one call, so its figure per layer call is a step's wall over its layers
-(min / median / max over the steps), on a replay of its own fed the same rows.
+With ``--against``, this tree's simulator path is timed after them, in a process of its own: the compiled step loop
+(moetier.core.step_kernel) plans and commits every layer of a step in one call, so its figure per layer call is a
+step's wall over its layers (min / median / max over 400 steps), on a replay seeded and fed as the per-call sides.
 
 Whole runs, each a fresh process (``--rounds`` of each; min / median / max over them):
 
@@ -136,19 +136,12 @@ def bench_against(tree: Path, calls: int = 20000, rows: int = 4) -> dict:
     sides = {"A": (*_replay_of(spec_a.resolve(RECIPE, DEFAULT), tr, sim_a, rows), plan_a),
              "B": (*_replay_of(R, tr, sim, rows), plan_layer)}
     st = sides["B"][1]
-    # this tree's simulator path: the compiled step loop on a replay of its own, one call per step
-    loop = Steps.of(*_replay_of(R, tr, sim, rows))
-    loop_ns, loop_t = [], 0.0
     ns = {k: ([], []) for k in sides}
     clock = dict.fromkeys(sides, 0.0)
     perf = time.perf_counter_ns
     differ = n = step = 0
     while n < calls:
         rows = st.rows(step)
-        if step % 2:                  # the loop's step before or after the per-call sides' layers, alternately
-            t0 = perf()
-            loop_t = loop.step(rows, loop_t, False)
-            loop_ns.append((perf() - t0) / R.layers)
         for layer in range(R.layers):
             picks = st.picks(rows, layer)
             plans = {}
@@ -164,10 +157,6 @@ def bench_against(tree: Path, calls: int = 20000, rows: int = 4) -> dict:
                 clock[k] += p.ms + 1.0
             differ += plans["A"].lanes() != plans["B"].lanes() or plans["A"].ms != plans["B"].ms
             n += 1
-        if step % 2 == 0:
-            t0 = perf()
-            loop_t = loop.step(rows, loop_t, False)
-            loop_ns.append((perf() - t0) / R.layers)
         step += 1
     us = lambda xs: {"min": min(xs) / 1e3, "median": statistics.median(xs) / 1e3,  # noqa: E731
                      "max": max(xs) / 1e3}
@@ -175,11 +164,39 @@ def bench_against(tree: Path, calls: int = 20000, rows: int = 4) -> dict:
     for k in sides:
         tog = [a + b for a, b in zip(*ns[k])]
         out[k] = {"plan_us": us(ns[k][0]), "bookkeeping_us": us(ns[k][1]), "together_us": us(tog)}
-    # per layer call of the loop: a step's wall time over its layers (one call plans and commits them all)
-    out["B_loop"] = {"together_us": us(loop_ns), "steps": len(loop_ns)}
     tog = {k: [a + b for a, b in zip(*ns[k])] for k in sides}
     out["paired_median_b_minus_a_us"] = statistics.median(b - a for a, b in zip(tog["A"], tog["B"])) / 1e3
     return out
+
+
+def bench_loop(R, tr, rows_per_call=4, steps=400) -> dict:
+    """The simulator's own path per layer call: the compiled step loop (moetier.core.step_kernel) plans and commits
+    every layer of a step in one call, on a replay seeded as bench_plan's; a step's wall over its layers, min /
+    median / max over the steps (the first, which loads the kernels, left out)."""
+    rp, st = _replay_of(R, tr, sim, rows_per_call)
+    loop = Steps.of(rp, st)
+    perf, t, ns = time.perf_counter_ns, 0.0, []
+    for step in range(steps + 1):
+        t0 = perf()
+        t = loop.step(st.rows(step), t, False)
+        ns.append((perf() - t0) / R.layers / 1e3)
+    ns = ns[1:]
+    return {"together_us": {"min": min(ns), "median": statistics.median(ns), "max": max(ns)}, "steps": steps}
+
+
+# bench_loop in a fresh process of this tree: an old tree's kernels loaded beside it (--against) must not share its heap
+_LOOP = ("import json, sys; sys.path.insert(0, 'benchmarks'); import bench_core as b; "
+         "from moetier.core import records as spec; from moetier.traces.format import load_trace; "
+         "R = spec.resolve(b.RECIPE, b.DEFAULT); "
+         "tr = load_trace(b.REPO / R.trace, layers=R.layers, experts=R.experts, topk=R.topk); "
+         "print(json.dumps(b.bench_loop(R, tr, int(sys.argv[1]))))")
+
+
+def loop_run(rows: int) -> dict:
+    r = subprocess.run([sys.executable, "-c", _LOOP, str(rows)], cwd=REPO, capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"bench_core: the step loop's run exited {r.returncode}: {r.stderr.strip()[-400:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def bench_opcodes(R, tr, calls: int = 1000) -> dict:
@@ -325,6 +342,7 @@ def main(argv=None):
     measures = [m for m in MEASURES if m not in a.skip]
     if a.against is not None:
         res = bench_against(a.against, a.calls, a.rows)
+        res["B_loop"] = loop_run(a.rows)
         res["runs"] = bench_runs({"A": a.against, "B": REPO}, measures, a.rounds, a)
         res["targets"] = targets(res["B"], res["runs"], "B", res["B_loop"])
         return _print_extra(res, a.json)

@@ -1,7 +1,8 @@
 """The array-state (decayed) LFU (moetier.core.policies.lfu) against the dict-and-heap LFU it replaced
 (tests/policy_references.RefHeapLFU), operation by operation: the same victims under pins, the same resident sets,
 through renormalisations (a half-life of a few uses passes 1e200 within a few thousand uses), batched hits as
-single hits and ``replace`` as remove + insert."""
+single hits, ``replace`` as remove + insert and ``evict_for`` (the heap's walk past pinned keys) as the victim
+among the keys not pinned, then remove + insert."""
 import numpy as np
 import pytest
 
@@ -14,12 +15,21 @@ def _drive(pol, ref, rng, n, keys, base=0, batch=False):
     for step in range(n):
         op = rng.integers(0, 10)
         if op < 2 and len(ref):                      # a victim under pins, then its eviction
-            pinned = set((base + rng.integers(0, keys, 3)).tolist())
+            pinned = set((base + rng.integers(0, keys, rng.integers(0, 9))).tolist())
             ok = lambda x: x not in pinned  # noqa: E731
-            v, rv = pol.victim(None, ok), ref.victim(None, ok)
+            rv = ref.victim(None, ok)
+            k = int(base + rng.integers(0, keys))
+            if op == 1 and k not in pinned and k not in ref.res:
+                # the tier's eviction for an incoming key: the compiled walk down the heap, past the pins
+                v = pol.evict_for(k, np.array(sorted(pinned), np.int64))
+                assert v == rv, (step, v, rv)
+                if v is not None:
+                    ref.remove(v)
+                    ref.insert(k)
+                continue
+            v = pol.victim(None, ok)
             assert v == rv, (step, v, rv)
             if v is not None and op == 1:            # an eviction for an incoming key: one call
-                k = int(base + rng.integers(0, keys))
                 pol.replace(v, k)
                 ref.remove(v)
                 ref.insert(k)

@@ -19,9 +19,14 @@ Array state (keys are ``base + i``, ``i`` < the arrays' width, which grows on de
     fs[0, i]  count of key i (float64)            iv[0, i]  tick of key i's last use (int64)
     fs[1, i]  its resident score (float64)        iv[1, i]  its place in the resident list, -1 if not resident
     st[0]     the policy's tick                   iv[2, :n] the resident list (indices), n = st[1]
-    fs[2, :n] the residents' scores, by place     iv[3, :n] their ticks, by place
+    fs[2, :n] the heap's scores, by place         iv[3, :n] the heap's ticks, by place (each no greater
+                                                   than its resident's own: see below)
 
-The by-place copies let an eviction read the residents in order, not gather them across the key arrays.
+The resident list is a binary min-heap on the by-place (score, tick, index), a place's children at 2p + 1 and
+2p + 2. A use changes only its key's own entries: its place keeps the key it had, a lower bound, since a use only
+raises a key. An eviction walks down from the root best first, and a place it finds stale takes its resident's key
+and sinks; it stops at the first fresh place whose resident is not pinned: the least key, as a scan of every
+resident would find, having read a few places (a VRAM tier holds thousands).
 
 The kernels are compiled once into a cache (moetier.core.jit): a second process loads them instead; the
 ledger's compiled commit (moetier.core.commit_kernel) calls the same ones. ``stack(parts)`` lays several LFUs'
@@ -51,16 +56,65 @@ def _touch(fs, iv, st, halflife, i):
             r = iv[2, j]
             fs[1, r] = fs[0, r]
             fs[2, j] = fs[0, r]
+            iv[3, j] = iv[0, r]
+        for j in range(st[1] // 2 - 1, -1, -1):   # every place's key is its resident's again: the heap anew
+            _down(fs, iv, st[1], j)
     fs[1, i] = fs[0, i]
     iv[0, i] = st[0]
     st[0] += 1
-    if iv[1, i] < 0:
-        iv[1, i] = st[1]
-        iv[2, st[1]] = i
+    if iv[1, i] < 0:                 # a new resident enters the heap at its key; a resident's place keeps its old
+        p = st[1]                    # key, a lower bound, until an eviction reads it (_evict_for)
+        iv[1, i] = p
+        iv[2, p] = i
         st[1] += 1
-    p = iv[1, i]
-    fs[2, p] = fs[1, i]
-    iv[3, p] = iv[0, i]
+        fs[2, p] = fs[1, i]
+        iv[3, p] = iv[0, i]
+        _up(fs, iv, p)
+
+
+@kernel
+def _less(fs, iv, a, b):
+    """Whether the resident at place a goes before the one at place b: the lesser (score, tick, index)."""
+    sa, sb = fs[2, a], fs[2, b]
+    if sa != sb:
+        return sa < sb
+    ta, tb = iv[3, a], iv[3, b]
+    return ta < tb if ta != tb else iv[2, a] < iv[2, b]
+
+
+@kernel
+def _swap(fs, iv, a, b):
+    ia, ib = iv[2, a], iv[2, b]
+    iv[2, a], iv[2, b] = ib, ia
+    # a resident pinned for an eviction (its place flipped negative, _evict_for) stays flagged where it moves
+    iv[1, ib] = a if iv[1, ib] >= 0 else -2 - a
+    iv[1, ia] = b if iv[1, ia] >= 0 else -2 - b
+    fs[2, a], fs[2, b] = fs[2, b], fs[2, a]
+    iv[3, a], iv[3, b] = iv[3, b], iv[3, a]
+
+
+@kernel
+def _up(fs, iv, p):
+    while p > 0:
+        q = (p - 1) // 2
+        if not _less(fs, iv, p, q):
+            return
+        _swap(fs, iv, p, q)
+        p = q
+
+
+@kernel
+def _down(fs, iv, n, p):
+    while True:
+        c = 2 * p + 1
+        if c >= n:
+            return
+        if c + 1 < n and _less(fs, iv, c + 1, c):
+            c += 1
+        if not _less(fs, iv, c, p):
+            return
+        _swap(fs, iv, p, c)
+        p = c
 
 
 @kernel
@@ -89,6 +143,9 @@ def _remove(fs, iv, st, i):
     iv[3, p] = iv[3, n]
     iv[1, i] = -1
     st[1] -= 1
+    if p < n:                        # the last resident took the place: restore the order there
+        _down(fs, iv, n, p)
+        _up(fs, iv, p)
 
 
 @kernel
@@ -124,13 +181,36 @@ def _evict_for(fs, iv, st, halflife, pins, base, i):
         r = p - base
         if 0 <= r < w and iv[1, r] >= 0:
             iv[1, r] = -2 - iv[1, r]
-    best, bs, bt = -1, 0.0, 0
-    for j in range(st[1]):
-        s, t = fs[2, j], iv[3, j]
-        if best < 0 or s < bs or (s == bs and (t < bt or (t == bt and iv[2, j] < best))):
-            r = iv[2, j]
-            if iv[1, r] >= 0:
-                best, bs, bt = r, s, t
+    # best first down the heap from its root. A place whose key is stale (its resident was used since) takes its
+    # resident's key and sinks within its own subtree, and stays a candidate; a pinned resident's children become
+    # candidates in its place (each adds at most one, so they number at most the pins + 1)
+    best, n = -1, st[1]
+    cand = np.empty(pins.shape[0] + 2, np.int64)
+    m = 0
+    if n:
+        cand[0] = 0
+        m = 1
+    while m:
+        c = 0
+        for j in range(1, m):
+            if _less(fs, iv, cand[j], cand[c]):
+                c = j
+        q = cand[c]
+        r = iv[2, q]
+        if iv[3, q] != iv[0, r] or fs[2, q] != fs[1, r]:
+            fs[2, q] = fs[1, r]
+            iv[3, q] = iv[0, r]
+            _down(fs, iv, n, q)
+            continue
+        if iv[1, r] >= 0:
+            best = r
+            break
+        m -= 1
+        cand[c] = cand[m]
+        for ch in (2 * q + 1, 2 * q + 2):
+            if ch < n:
+                cand[m] = ch
+                m += 1
     for p in pins:
         r = p - base
         if 0 <= r < w and iv[1, r] < -1:
