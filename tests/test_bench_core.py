@@ -40,3 +40,15 @@ def test_sweep_grid_has_the_cells_asked_for():
     args = bench_core._sweep_grid(200)
     ram = next(x for x in args if x.startswith("budget.ram_gb="))
     assert len(ram.split("=")[1].split(",")) * 5 * 2 * 4 == 200
+
+
+def test_core_md_quotes_the_recorded_run(capsys):
+    """benchmarks/core.md's tables are what bench_core.py prints from benchmarks/core.json (the run it records), so a
+    rerun that is not copied into both fails here."""
+    import json
+    bench = Path(bench_core.__file__).parent
+    bench_core._print_extra(json.loads((bench / "core.json").read_text()), False)
+    printed = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(("|", "A = ", "paired"))]
+    md = (bench / "core.md").read_text().splitlines()
+    assert len(printed) > 10
+    assert [ln for ln in printed if ln not in md] == []
