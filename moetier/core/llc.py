@@ -4,7 +4,9 @@ Contract -------- ``ReuseModel(curve, record_bytes)``: ``curve`` is the hardware
 factor}, the measured cost of one expert on the cpu lane against the bytes the host streamed since that expert was
 last computed, relative to a cold expert (1.0). ``factor(key)`` is that cost factor for ``key`` now (linear between
 the measured points, the end values beyond them; 1.0 for a key never seen); ``touch(keys)`` records that keys streamed
-through the host, in order, one record each. The planner charges a RAM pick ``per_expert_ms * factor`` on the cpu
+through the host, in order, one record each; ``distance(key)`` is the records streamed since its last use (-1 never),
+``curve`` the points as the planner kernel reads them and ``reuse_factor(d, ds, fs)`` the compiled interpolation
+both use. The planner charges a RAM pick ``per_expert_ms * factor`` on the cpu
 lane; the simulator and the runtime touch the same keys in the same order (``moetier.core.sim.Replay.touch``: the cpu
 lane's RAM picks, then the layer's NVMe reads, which land and are checksummed in host memory), so they plan the same
 lanes.
@@ -17,34 +19,31 @@ O(1) per touch on the planner's path, and the two agree for the reuse that matte
 """
 from __future__ import annotations
 
-from bisect import bisect_right
+import numpy as np
+
+from moetier.core.jit import kernel
 
 
 class ReuseModel:
-    __slots__ = ("_d", "_f", "_last", "_clock")
+    __slots__ = ("_d", "_f", "_last", "_clock", "curve")
 
     def __init__(self, curve: dict, record_bytes: int):
         pts = sorted((float(b) / max(1, int(record_bytes)), float(f)) for b, f in curve.items())
         if not pts:
             raise ValueError("ReuseModel: empty reuse curve")
-        self._d = [d for d, _ in pts]          # distances in records
-        self._f = [f for _, f in pts]
+        self._d = np.array([d for d, _ in pts])          # distances in records
+        self._f = np.array([f for _, f in pts])
+        # what plan_layer hands its kernel after the picks' distances: the points' count, distances, factors
+        self.curve = (len(pts), *self._d.tolist(), *self._f.tolist())
         self._last: dict[int, int] = {}
         self._clock = 0
 
+    def distance(self, key) -> int:
+        """Records streamed since ``key``'s last use; -1 for a key never seen."""
+        return self._clock - self._last.get(key, self._clock + 1)
+
     def factor(self, key) -> float:
-        t = self._last.get(key)
-        if t is None:
-            return 1.0
-        d = self._clock - t
-        ds, fs = self._d, self._f
-        i = bisect_right(ds, d)
-        if i == 0:
-            return fs[0]
-        if i == len(ds):
-            return fs[-1]
-        d0, d1 = ds[i - 1], ds[i]
-        return fs[i - 1] + (fs[i] - fs[i - 1]) * (d - d0) / (d1 - d0)
+        return reuse_factor(float(self.distance(key)), self._d, self._f)
 
     def touch(self, keys) -> None:
         last = self._last
@@ -53,6 +52,25 @@ class ReuseModel:
             c += 1
             last[k] = c
         self._clock = c
+
+
+@kernel
+def reuse_factor(d, ds, fs):
+    """The cost factor at ``d`` records streamed (-1: never seen, 1.0): linear between the curve's points ``ds`` /
+    ``fs``, its end values beyond them. The planner kernel computes each RAM pick's factor with it
+    (moetier.core.plan_kernel)."""
+    if d < 0:
+        return 1.0
+    n = ds.shape[0]
+    i = 0
+    while i < n and ds[i] <= d:        # bisect_right
+        i += 1
+    if i == 0:
+        return fs[0]
+    if i == n:
+        return fs[n - 1]
+    d0, d1 = ds[i - 1], ds[i]
+    return fs[i - 1] + (fs[i] - fs[i - 1]) * (d - d0) / (d1 - d0)
 
 
 def reuse_model(R):

@@ -12,8 +12,9 @@ Layout, for n picks:
                 PUSHING: ram, VRAM: vram, any other: nvme), each in the order of ``picks``
     X  float64  as bytes: the per-call scalars at the ``S_*`` indices (t0, the cpu worker's wake units, the channel's
                 terms...); then, where S_ARRIVALS is 1, each NVMe pick's arrival (the caller's clock) in the order
-                of ``picks``; then, where S_FACTORS is 1, each pick's host cache factor (llc; read for RAM picks,
-                1.0 without)
+                of ``picks``; then, where S_FACTORS is 1, each pick's host cache distance (llc.ReuseModel.distance;
+                read for RAM picks, whose factor is llc.reuse_factor of it; 1.0 without) and the cache's curve
+                (``ReuseModel.curve``: m, m distances, m factors)
     D  int64    (0,): the kernel deals; else a forced deal (plan_layer's ``lanes``): D[i] for pick i has bit 1 if
                 that plan put it on the cpu lane, bit 2 on the nvme_cpu lane; D[n:] its NVMe picks in the order it
                 ran them (pick indices, nvme_cpu's then nvme_gpu's)
@@ -30,6 +31,7 @@ from moetier.core.jit import kernel
 
 from moetier.core.arrivals import INF, finish, finish_add, finish_extra, finish_shift
 from moetier.core.lanes import hands_off
+from moetier.core.llc import reuse_factor
 from moetier.core.tickets import PUSHING, RAM, VRAM
 
 # P: the context's terms
@@ -367,10 +369,12 @@ def _per_pick(I, X, n):
                 F[i] = X[at]
                 at += 1
     if X[S_FACTORS]:
+        m = int(X[at + n])
+        ds, fs = X[at + n + 1:at + n + 1 + m], X[at + n + 1 + m:at + n + 1 + 2 * m]
         for i in range(n):
             s = I[2, i]
             if s == RAM or s == PUSHING:
-                F[i] = X[at + i]
+                F[i] = reuse_factor(X[at + i], ds, fs)
     return F
 
 
