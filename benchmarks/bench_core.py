@@ -33,6 +33,9 @@ Whole runs, each a fresh process (``--rounds`` of each; min / median / max over 
 Targets (issue: the core at machine speed): plan_layer + bookkeeping median <= 10 us per layer call at about 31
 picks; simulator >= 300,000 layer-plans/s on the GLM trace at C1; `moetier table` <= 2 s warm.
 
+``--runs-only`` (with ``--against``) leaves the per-call A/B out and times the whole runs alone: an older tree whose
+kernels read past their arrays (caught under NUMBA_BOUNDSCHECK=1) must not share a process with this one.
+
 ``--against DIR`` loads DIR's moetier (e.g. a `git worktree` of main) beside this one and plans and commits every
 layer call with both, in alternating order, on the same picks: the same statistic for both, taken in one run, so a
 loaded host slows both alike; it prints each side's min / median / max, the median of the paired differences, and
@@ -334,12 +337,23 @@ def main(argv=None):
     ap.add_argument("--compare-gap", action="store_true", help="moetier compare with its gap split (3x the replays)")
     ap.add_argument("--sweep-cells", type=int, default=200, help="cells of the sweep (default 200)")
     ap.add_argument("--opcodes", action="store_true", help="bytecodes per layer call, by function")
+    ap.add_argument("--runs-only", action="store_true",
+                    help="with --against: the whole runs alone, no per-call A/B in this process (for a tree whose "
+                         "kernels must not share it)")
     a = ap.parse_args(argv)
     R = spec.resolve(RECIPE, DEFAULT)
     tr = load_trace(REPO / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
     if a.opcodes:
         return _print_extra(bench_opcodes(R, tr), a.json)
     measures = [m for m in MEASURES if m not in a.skip]
+    if a.against is not None and a.runs_only:
+        runs = bench_runs({"A": a.against, "B": REPO}, measures, a.rounds, a)
+        print(f"A = {a.against}, B = this tree; whole runs only; load average {os.getloadavg()[0]:.1f}\n"
+              "| whole run | A: min / median / max | B: min / median / max | B / A: median / min | target |\n"
+              "|---|---|---|---|---|")
+        _print_runs(runs, ("A", "B"))
+        print(json.dumps({"against": str(a.against), "runs": runs}, sort_keys=True))
+        return
     if a.against is not None:
         res = bench_against(a.against, a.calls, a.rows)
         res["B_loop"] = loop_run(a.rows)
