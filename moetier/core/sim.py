@@ -22,7 +22,9 @@ entries around it, or extrapolated from the last two; the report says which (``f
 ``prefill(R, prompt)`` is the closed-form prefill bound (compute vs PCIe vs NVMe per layer and chunk).
 
 The executor the replay drives (``Replay``) and the lockstep picks (``Streams``, ``rank_keys``) live in
-moetier.core.replay, shared with the runtime; they are importable from here too.
+moetier.core.replay, shared with the runtime; they are importable from here too. Where moetier.core.step_kernel
+covers the replay (and no ``plan_hook`` or ``choose`` asks for each layer's plan), each step's layers run in one
+compiled call instead of layer by layer; the report is the same.
 """
 from __future__ import annotations
 
