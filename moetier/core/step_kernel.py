@@ -170,6 +170,7 @@ def run_step(KS, toks, P, G, Z, A, B, meas, pos, Ib, arr, X, O, R, D, ka):
 
 @kernel
 def _reset(pos, I):
+    """The layer's picks out of ``pos`` (-1: not a pick), for the next layer's gathering."""
     for i in range(I.shape[1]):
         pos[I[0, i]] = -1
 
@@ -211,6 +212,8 @@ class Steps:
         self.O, self.R, self.D = np.empty(6 + cap, np.int64), np.empty(K.R_N), np.empty(0, np.int64)
 
     def step(self, rows, t: float, meas: bool) -> float:
+        """One step's layers from clock ``t`` over ``rows`` (Streams.rows), booked where ``meas``; the clock after
+        them. Raises what the per-layer path raises where a layer's plan or commit breaks a rule."""
         rp, G, Z = self.rp, self.G, self.Z
         ch = rp.chan
         G[G_T], G[G_DFREE] = t, ch.dfree
@@ -229,6 +232,7 @@ class Steps:
         return float(G[G_T])
 
     def books(self, acc: dict) -> None:
+        """The measured layers' sums so far into sim.run's accumulators (they start at zero, as these do)."""
         acc.update(zip(BOOK_F, self.A.tolist()))
         acc.update(zip(BOOK_I, self.B.tolist()))
 
