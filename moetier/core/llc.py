@@ -1,12 +1,14 @@
 """The host's last-level cache: what an expert costs the cpu lane depends on how much streamed since its last use.
 
-Contract -------- ``ReuseModel(curve, record_bytes)``: ``curve`` is the hardware record's ``cpu.reuse_curve`` {bytes:
-factor}, the measured cost of one expert on the cpu lane against the bytes the host streamed since that expert was
-last computed, relative to a cold expert (1.0). ``factor(key)`` is that cost factor for ``key`` now (linear between
-the measured points, the end values beyond them; 1.0 for a key never seen); ``touch(keys)`` records that keys streamed
-through the host, in order, one record each; ``distance(key)`` is the records streamed since its last use (-1 never),
-``curve`` the points as the planner kernel reads them and ``reuse_factor(d, ds, fs)`` the compiled interpolation
-both use. The planner charges a RAM pick ``per_expert_ms * factor`` on the cpu
+Contract
+--------
+``ReuseModel(curve, record_bytes)``: ``curve`` is the hardware record's ``cpu.reuse_curve`` {bytes: factor}, the
+measured cost of one expert on the cpu lane against the bytes the host streamed since that expert was last computed,
+relative to a cold expert (1.0). ``factor(key)`` is that cost factor for ``key`` now (linear between the measured
+points, the end values beyond them; 1.0 for a key never seen); ``touch(keys)`` records that keys streamed through the
+host, in order, one record each. ``distances(keys)`` are the records streamed since each key's last use (-1: never),
+``curve`` the points as the planner kernel reads them after those, and ``reuse_factor(d, ds, fs)`` the compiled
+interpolation both ``factor`` and the kernel use. The planner charges a RAM pick ``per_expert_ms * factor`` on the cpu
 lane; the simulator and the runtime touch the same keys in the same order (``moetier.core.sim.Replay.touch``: the cpu
 lane's RAM picks, then the layer's NVMe reads, which land and are checksummed in host memory), so they plan the same
 lanes.
@@ -38,12 +40,13 @@ class ReuseModel:
         self._last: dict[int, int] = {}
         self._clock = 0
 
-    def distance(self, key) -> int:
-        """Records streamed since ``key``'s last use; -1 for a key never seen."""
-        return self._clock - self._last.get(key, self._clock + 1)
+    def distances(self, keys) -> list:
+        """Per key, the records streamed since its last use; -1 for a key never seen."""
+        c, get = self._clock, self._last.get
+        return [c - get(k, c + 1) for k in keys]
 
     def factor(self, key) -> float:
-        return reuse_factor(float(self.distance(key)), self._d, self._f)
+        return reuse_factor(float(self.distances((key,))[0]), self._d, self._f)
 
     def touch(self, keys) -> None:
         last = self._last

@@ -73,7 +73,6 @@ class LayerPlan:
 NO_NVME_LANE = "no lane can compute an NVMe pick: the recipe needs a cpu lane or a VRAM tier"
 _ON_NVME = tuple(t == TIER_NVME for t in TIER_OF)     # by ledger state: the pick must be read first
 _NO_DEAL = np.empty(0, np.int64)
-_blank = object.__new__
 _NO_CHANNEL = (0.0,) * 6
 
 
@@ -92,10 +91,8 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
     if P is None:
         P = K.pack(ctx)
         ctx.__dict__["_packed"] = P        # dropped when a term changes (PlanContext.__setattr__)
-    # the kernel's output sets the lanes and the times (_unpack): only the rest is set here, not LayerPlan()'s
-    # defaults first
-    plan = _blank(LayerPlan)
-    plan.arrivals, plan.demand_reads, plan.cpu_crit, plan.split_end, plan.t0 = {}, 0, None, None, t0
+    plan = LayerPlan()
+    plan.t0 = t0
     n = len(picks)
     st = list(map(ledger.codes.__getitem__, picks))
     if ledger.all_in_ram:              # an absent key is in RAM, without bookkeeping
@@ -108,7 +105,7 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
             raise ValueError(NO_NVME_LANE)
         arrivals = _arrivals(plan, nvme_l, t0, nvme)
     # the kernel turns each RAM pick's distance into its factor (llc.reuse_factor), the curve after them
-    factors = () if llc is None else (*map(llc.distance, picks), *llc.curve)
+    factors = () if llc is None else (*llc.distances(picks), *llc.curve)
     ch = _NO_CHANNEL if nvme is None else (nvme.wake, nvme.spread, nvme.cv_own, nvme.cv_shared, nvme.lane_sd,
                                            nvme.pf_done)
     # packed as raw bytes: struct converts Python numbers faster than numpy does, and the kernel reads them in place

@@ -13,7 +13,7 @@ Layout, for n picks:
     X  float64  as bytes: the per-call scalars at the ``S_*`` indices (t0, the cpu worker's wake units, the channel's
                 terms...); then, where S_ARRIVALS is 1, each NVMe pick's arrival (the caller's clock) in the order
                 of ``picks``; then, where S_FACTORS is 1, each pick's host cache distance and the cache's curve
-                (llc.ReuseModel's ``distance`` and ``curve``; a RAM pick's factor is llc.reuse_factor, else 1.0)
+                (llc.ReuseModel's ``distances`` and ``curve``; a RAM pick's factor is llc.reuse_factor, else 1.0)
     D  int64    (0,): the kernel deals; else a forced deal (plan_layer's ``lanes``): D[i] for pick i has bit 1 if
                 that plan put it on the cpu lane, bit 2 on the nvme_cpu lane; D[n:] its NVMe picks in the order it
                 ran them (pick indices, nvme_cpu's then nvme_gpu's)
