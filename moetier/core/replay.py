@@ -51,7 +51,8 @@ class Streams:
         L = trace.ids.shape[1]
         self._base = (np.arange(L, dtype=np.int64) * experts)[None, :, None]
         self.offsets = []
-        self._ids, self._entry = [], []      # per distinct token range its ids [tokens, layers, topk]; per stream it
+        # per distinct token range its ids [tokens, layers, topk]; per stream the index of its range there
+        self._ids, self._entry = [], []
         cache = {}
         for i in range(conc):
             si = i % nseg
@@ -73,12 +74,11 @@ class Streams:
         """(local ids, keys) per stream as nested lists [token][layer] -> picks, masked picks left out: what the
         per-layer path reads; made on first use (the compiled step loop reads ``flat`` instead)."""
         if self._lists is None:
-            made = []
+            made, bases = [], self._base.ravel().tolist()
             for sel in self._ids:
                 if (sel < 0).any():          # masked picks (a missing router record) are not computed
                     loc = [[[e for e in row if e >= 0] for row in tok] for tok in sel.tolist()]
-                    made.append((loc, [[[e + int(b) for e in row] for row, b in zip(tok, self._base.ravel())]
-                                       for tok in loc]))
+                    made.append((loc, [[[e + b for e in row] for row, b in zip(tok, bases)] for tok in loc]))
                 else:
                     made.append((sel.tolist(), (sel.astype(np.int64) + self._base).tolist()))
             self._lists = ([made[e][0] for e in self._entry], [made[e][1] for e in self._entry])
@@ -106,7 +106,7 @@ class Streams:
         return ks, np.array([starts[e] for e in self._entry], np.int64)
 
     def picks(self, rows, layer: int) -> dict:
-        keys = self.keys
+        keys = (self._lists or self._as_lists())[1]      # per layer call: not through the property
         if len(rows) == 1:
             i, t = rows[0]
             return dict.fromkeys(keys[i][t][layer], 1)
@@ -118,7 +118,8 @@ class Streams:
         return out
 
     def local_rows(self, rows, layer: int) -> list:
-        return [self.local[i][t][layer] for i, t in rows]
+        local = (self._lists or self._as_lists())[0]
+        return [local[i][t][layer] for i, t in rows]
 
 
 class Replay:

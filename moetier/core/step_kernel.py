@@ -14,8 +14,8 @@ latency-by-depth table), no host cache model (llc), no cpu-lane wake term, no pe
 commit covers (``Ledger.commits``) without the window LFU. Everything else takes the per-layer path. Both paths run
 the same kernels: ``plan_kernel.plan_arrays`` plans, ``commit_kernel.commit`` carries out the intents and
 ``channel.fifo_reads`` times the reads, so plans, ledger and books are identical (tests/test_step_kernel.py); this
-module adds only the gathering and the booking around them. Why: a layer call through Python costs several us of
-packing and unpacking, three times the compiled work itself.
+module adds only the gathering and the booking around them. Why: through Python, a layer call's packing, unpacking
+and crossings cost more than the compiled work itself (benchmarks/core.md: the per-call rows against the loop's).
 """
 from __future__ import annotations
 
@@ -33,8 +33,7 @@ from moetier.core.tickets import RAM, TIER_NVME, TIER_OF
 from moetier.core.tier_state import M_VRAM_EV, M_VRAM_N
 
 # G: the loop's clock and terms (float64)
-(G_T, G_SPLIT, G_FLAYER, G_PUSH, G_HCOPY, G_CV2, G_LANE_VAR, G_TWO, G_NVME_WAKE, G_SPREAD, G_CV_OWN, G_CV_SHARED,
- G_LANE_SD, G_DFREE, G_LAT, G_DEEP, G_ONE, G_N) = range(18)
+(G_T, G_SPLIT, G_FLAYER, G_PUSH, G_HCOPY, G_CV2, G_LANE_VAR, G_TWO, G_DFREE, G_LAT, G_DEEP, G_ONE, G_N) = range(13)
 # Z: flags and counters (int64)
 Z_MASK, Z_NO_LANE, Z_SERIAL, Z_EXCL, Z_ALL_RAM, Z_ADMIT_ON, Z_VSLOTS, Z_READS, Z_ADMITS, Z_COPIES, Z_N = range(11)
 # the books: sim.run's accumulators, floats then integers
@@ -106,11 +105,8 @@ def run_step(KS, toks, P, G, Z, A, B, meas, pos, Ib, arr, X, O, R, D, ka):
     t = G[G_T]
     for layer in range(KS.shape[1]):
         t += G[G_FLAYER]
-        cap = Ib.shape[0] // 3
-        n = _gather(KS, toks, layer, pos, Ib[:cap], Ib[cap:2 * cap])
-        I = np.empty((3, n), np.int64)
-        I[0] = Ib[:n]
-        I[1] = Ib[cap:cap + n]
+        n = _gather(KS, toks, layer, pos, Ib[0], Ib[1])
+        I = Ib[:, :n]
         n_nv = 0
         for i in range(n):
             s = st[I[0, i]]
@@ -119,10 +115,6 @@ def run_step(KS, toks, P, G, Z, A, B, meas, pos, Ib, arr, X, O, R, D, ka):
             I[2, i] = s
             n_nv += _ON_NVME[s]
         fresh = 0
-        X[:S_N] = 0.0
-        X[S_T0] = t
-        X[S_NVME_WAKE], X[S_SPREAD], X[S_CV_OWN], X[S_CV_SHARED], X[S_LANE_SD] = (
-            G[G_NVME_WAKE], G[G_SPREAD], G[G_CV_OWN], G[G_CV_SHARED], G[G_LANE_SD])
         if n_nv and not Z[Z_MASK]:
             if Z[Z_NO_LANE]:
                 _reset(pos, I)
@@ -138,10 +130,9 @@ def run_step(KS, toks, P, G, Z, A, B, meas, pos, Ib, arr, X, O, R, D, ka):
                 if _ON_NVME[I[2, i]]:
                     arr[i] = reads[j]
                     j += 1
-            X[S_FRESH] = n_nv
-            X[S_ARRIVALS] = 1.0
-        if n_nv and Z[Z_SERIAL] and Z[Z_EXCL] and meta[M_VRAM_N] >= Z[Z_VSLOTS]:
-            X[S_VRAM_FULL] = 1.0
+        # the rest of X's head is the channel's terms, set once (Steps), and zeros
+        X[S_T0], X[S_FRESH], X[S_ARRIVALS] = t, fresh, 1.0 if fresh else 0.0
+        X[S_VRAM_FULL] = 1.0 if n_nv and Z[Z_SERIAL] and Z[Z_EXCL] and meta[M_VRAM_N] >= Z[Z_VSLOTS] else 0.0
         K.plan_arrays(P, I, X[:S_N + fresh], D, O, R)
         if R[R_SPLIT_END] == R[R_SPLIT_END]:
             G[G_SPLIT] = R[R_SPLIT_END]
@@ -197,18 +188,20 @@ class Steps:
         self.KS, self.start = streams.flat()
         self.P = K.pack(ctx)
         self.G, self.Z = np.zeros(G_N), np.zeros(Z_N, np.int64)
-        self.G[[G_FLAYER, G_PUSH, G_HCOPY, G_CV2, G_LANE_VAR, G_TWO, G_NVME_WAKE, G_SPREAD, G_CV_OWN, G_CV_SHARED,
-                G_LANE_SD, G_LAT, G_DEEP, G_ONE]] = (
+        self.G[[G_FLAYER, G_PUSH, G_HCOPY, G_CV2, G_LANE_VAR, G_TWO, G_LAT, G_DEEP, G_ONE]] = (
             rp.R.fixed(streams.conc * streams.window) / rp.R.layers, ctx.push_ms, ctx.host_copy,
-            ch.cv_own ** 2 + ch.cv_shared ** 2, ch.lane_sd ** 2, 2.0, ch.wake, ch.spread, ch.cv_own, ch.cv_shared,
-            ch.lane_sd, ch.lat, ch.deep, ch.one)
+            ch.cv_own ** 2 + ch.cv_shared ** 2, ch.lane_sd ** 2, 2.0, ch.lat, ch.deep, ch.one)
         self.Z[[Z_MASK, Z_NO_LANE, Z_SERIAL, Z_EXCL, Z_ALL_RAM, Z_ADMIT_ON, Z_VSLOTS]] = (
             ctx.mask, ctx.cpu is None and ctx.gpu is None, ctx.copy_serial, L.exclusive, L.all_in_ram, ctx.can_admit,
             L.vram_slots)
         self.A, self.B = np.zeros(len(BOOK_F)), np.zeros(len(BOOK_I), np.int64)
         cap = streams.conc * streams.window * self.KS.shape[2]
         self.pos = np.full(L.keys, -1, np.int64)
-        self.Ib, self.arr, self.X = np.empty(3 * cap, np.int64), np.empty(cap), np.empty(S_N + cap)
+        self.Ib, self.arr, self.X = np.empty((3, cap), np.int64), np.empty(cap), np.zeros(S_N + cap)
+        # the planner's per-call scalars that do not change in this loop: the channel's terms (the rest stay 0: no
+        # wake term, no prefetch reads done, no prediction, no host cache factors)
+        self.X[[S_NVME_WAKE, S_SPREAD, S_CV_OWN, S_CV_SHARED, S_LANE_SD]] = (ch.wake, ch.spread, ch.cv_own,
+                                                                            ch.cv_shared, ch.lane_sd)
         self.O, self.R, self.D = np.empty(6 + cap, np.int64), np.empty(K.R_N), np.empty(0, np.int64)
 
     def step(self, rows, t: float, meas: bool) -> float:
