@@ -52,6 +52,8 @@ def rounds(trees: dict, a, run=one_run) -> dict:
     got = {k: [] for k in trees}
     for i in range(a.rounds):
         for k in (list(trees) if i % 2 == 0 else list(trees)[::-1]):
+            # progress on stderr: stdout holds only the table, for a pipe
+            print(f"bench_host: round {i + 1}/{a.rounds}, side {k}", file=sys.stderr, flush=True)
             got[k].append(run(trees[k], a))
     res = {"rounds": a.rounds, "steps": a.steps, "recipe": a.recipe, "load": os.getloadavg(), "sides": {}}
     for k, runs in got.items():
@@ -88,9 +90,10 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--out", help="write benchmarks/NAME.json and NAME.md")
     a = ap.parse_args(argv)
-    for flag, p in (("--store", a.store), ("--against", a.against / "moetier")):
-        if not p.is_dir():
-            print(f"bench_host: {flag} {p}: expected a directory", file=sys.stderr)
+    for flag, p, what in (("--store", a.store, a.store), ("--against", a.against, a.against / "moetier")):
+        if not what.is_dir():
+            print(f"bench_host: {flag} {p}: expected a directory{'' if p == what else ' holding moetier/'}",
+                  file=sys.stderr)
             return 2
     if a.rounds < 1 or a.steps < 1:
         print("bench_host: --rounds and --steps: expected at least 1", file=sys.stderr)

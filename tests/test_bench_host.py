@@ -37,3 +37,9 @@ def test_a_missing_store_is_one_line_and_exit_2(tmp_path, capsys):
     assert bench_host.main(["--store", str(tmp_path / "none"), "--against", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--store" in err[0] and "expected a directory" in err[0]
+
+
+def test_an_against_without_moetier_is_one_line_and_exit_2(tmp_path, capsys):
+    assert bench_host.main(["--store", str(tmp_path), "--against", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"bench_host: --against {tmp_path}: expected a directory holding moetier/"]
