@@ -2,10 +2,12 @@
 of `moetier run` does between its lanes (the figures the probe reports as plan and bookkeeping).
 
     python benchmarks/bench_host.py --store DIR --against DIR [--recipe tiny-local-cpu] [--rounds 4] [--steps 100]
+                                    [--set PATH=VALUE ...]
 
 Each round runs `moetier run RECIPE --store STORE --conc 1 4 --steps N --json --no-write` once in each tree (its own
 cwd and PYTHONPATH, the same interpreter), the order flipping every round so that drift in the host's load lands on
-both; both run the shipped default policy (moetier.peers.rows.DEFAULT_POLICY, passed as --set). Per side and
+both; both run the shipped default policy (moetier.peers.rows.DEFAULT_POLICY, passed as --set), then ``--set``'s
+overrides (a prefetch predictor, say: its host time is in the plan figure). Per side and
 concurrency: plan and bookkeeping ms per token (the run's ``lanes_ms_per_token``) and tok/s, min / median / max over
 the rounds, and the ratio B / A of the medians (below 1: B's host does less). ``--out NAME`` writes NAME.json (every
 run) and NAME.md (the table) beside this script. A difference inside the rounds' spread is within noise.
@@ -31,7 +33,7 @@ FIGURES = (("plan", "plan ms/token"), ("bookkeeping", "bookkeeping ms/token"), (
 
 def one_run(tree: Path, a) -> dict:
     """{conc: {plan, bookkeeping, tok_s}} of one `moetier run` in ``tree``."""
-    sets = [f"policy.{k}={json.dumps(v)}" for k, v in DEFAULT_POLICY.items()]
+    sets = [f"policy.{k}={json.dumps(v)}" for k, v in DEFAULT_POLICY.items()] + list(a.set or ())
     cmd = [sys.executable, "-m", "moetier", "run", a.recipe, "--store", str(a.store), "--conc", "1", "4", "--steps",
            str(a.steps), "--json", "--no-write", "--quiet", "--set", *sets]
     with tempfile.TemporaryDirectory(prefix="bench-host-") as tmp:
@@ -55,7 +57,8 @@ def rounds(trees: dict, a, run=one_run) -> dict:
             # progress on stderr: stdout holds only the table, for a pipe
             print(f"bench_host: round {i + 1}/{a.rounds}, side {k}", file=sys.stderr, flush=True)
             got[k].append(run(trees[k], a))
-    res = {"rounds": a.rounds, "steps": a.steps, "recipe": a.recipe, "load": os.getloadavg(), "sides": {}}
+    res = {"rounds": a.rounds, "steps": a.steps, "recipe": a.recipe, "set": list(getattr(a, "set", None) or ()),
+           "load": os.getloadavg(), "sides": {}}
     for k, runs in got.items():
         res["sides"][k] = {c: {f: _stats([r[c][f] for r in runs]) for f, _ in FIGURES} for c in runs[0]}
     res["ratio_b_over_a"] = {c: {f: res["sides"]["B"][c][f]["median"] / res["sides"]["A"][c][f]["median"]
@@ -68,8 +71,9 @@ def _stats(v: list) -> dict:
 
 
 def table(res: dict) -> str:
-    lines = [f"A = {res['against']}, B = this tree; {res['recipe']}, {res['steps']} steps, {res['rounds']} rounds "
-             f"each, alternated; load average {res['load'][0]:.1f}",
+    sets = f" --set {' '.join(res['set'])}" if res.get("set") else ""
+    lines = [f"A = {res['against']}, B = this tree; {res['recipe']}{sets}, {res['steps']} steps, {res['rounds']} "
+             f"rounds each, alternated; load average {res['load'][0]:.1f}",
              "| C | figure | A: min / median / max | B: min / median / max | B / A (medians) |", "|---|---|---|---|---|"]
     for c, by in res["sides"]["B"].items():
         for f, name in FIGURES:
@@ -88,6 +92,7 @@ def main(argv=None) -> int:
     ap.add_argument("--recipe", default="tiny-local-cpu")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--set", nargs="+", metavar="PATH=VALUE", help="more recipe overrides, for both sides")
     ap.add_argument("--out", help="write benchmarks/NAME.json and NAME.md")
     a = ap.parse_args(argv)
     for flag, p, what in (("--store", a.store, a.store), ("--against", a.against, a.against / "moetier")):

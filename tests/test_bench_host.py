@@ -1,5 +1,6 @@
 """benchmarks/bench_host.py: paired rounds alternate the sides and give B / A ratios of the medians (the runs are
-faked here: each is a minute of `moetier run`); benchmarks/host.md is the table of host.json; bad paths exit 2."""
+faked here: each is a minute of `moetier run`); host.md and host-prefetch.md are the tables of their JSON; bad
+paths exit 2."""
 import argparse
 import json
 import sys
@@ -29,8 +30,9 @@ def test_rounds_alternate_and_ratio_the_medians():
 
 def test_host_md_is_the_recorded_run():
     bench = Path(bench_host.__file__).parent
-    res = json.loads((bench / "host.json").read_text())
-    assert (bench / "host.md").read_text() == bench_host.table(res) + "\n"
+    for name in ("host", "host-prefetch"):
+        res = json.loads((bench / f"{name}.json").read_text())
+        assert (bench / f"{name}.md").read_text() == bench_host.table(res) + "\n"
 
 
 def test_a_missing_store_is_one_line_and_exit_2(tmp_path, capsys):

@@ -4,7 +4,7 @@ Contract
 --------
 A predictor ranks candidate experts of layer ``layer + depth`` from what is known when layer ``layer`` runs:
 
-    predict(layer, rows, future) -> ranked list of LOCAL expert ids of the target layer
+    predict(layer, rows, future) -> ranked LOCAL expert ids of the target layer (a list or an int64 array)
     observe(layer, rows, target_rows)  - called once the target layer's true picks are known (learning)
 
 ``rows`` = this step's per-row local expert ids at ``layer`` (a list of lists). ``future`` holds the target layer's
@@ -26,10 +26,115 @@ local ids of the target layer the executor read for it, after its filter and cap
 runs on that layer this step; without it, every layer), ``price(save_ms=, waste_ms=, run_ms=)`` (what a used read
 saves, a wasted one costs and a run costs, from the recipe) and ``learn_from(ids)`` (tokens held out from the run,
 before the first step). The executor (moetier.core.replay.Replay) calls them, in the simulator and the runtime alike.
+
+The counting predictors' per-call work (a ranking from a layer's rows, the counts a layer's rows add) is compiled
+(moetier.core.jit) over their count arrays; a call packs its rows into one int64 array (``_pack``). Their
+adaptation (the gated predictor's threshold, budget and dormancy) is a few scalars per call and stays Python.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from moetier.core.jit import kernel
+
+
+def _pack(*groups) -> np.ndarray:
+    """Row groups (each a list of rows of local ids) as one int64 array: per group its row count, then each row's
+    length, then the ids in order (the kernels' ``R``)."""
+    out = []
+    for rows in groups:
+        out.append(len(rows))
+        out.extend(map(len, rows))
+    for rows in groups:
+        for r in rows:
+            out += r
+    return np.fromiter(out, np.int64, len(out))
+
+
+@kernel
+def _once(ids, a, b, j) -> bool:
+    """Whether ids[j] is the first of its value in ids[a:b] (numpy's fancy-index += adds a repeated index once)."""
+    for i in range(a, j):
+        if ids[i] == ids[j]:
+            return False
+    return True
+
+
+@kernel
+def _count(c, n, R, min_seen):
+    """Add rows -> target rows (R: _pack(rows, target_rows)) to transition counts ``c`` and source counts ``n``
+    (None: not kept), a pair of rows at a time as ``c[np.ix_(a, b)] += 1``, ``n[a] += 1``. Returns the picks of the
+    rows and those seen ``min_seen`` times before their row counted them."""
+    na, nb = R[0], R[R[0] + 1]
+    la, lb = 1, R[0] + 2                       # each group's first length
+    ia = lb + nb                               # the first id of the rows, then the target rows'
+    ib = ia
+    for r in range(na):
+        ib += R[la + r]
+    known = picked = 0
+    for r in range(min(na, nb)):
+        ea, eb = ia + R[la + r], ib + R[lb + r]
+        for j in range(ia, ea):
+            a = R[j]
+            picked += 1
+            if n is not None and n[a] >= min_seen:
+                known += 1
+            if _once(R, ia, ea, j):
+                for q in range(ib, eb):
+                    if _once(R, ib, eb, q):
+                        c[a, R[q]] += np.float32(1.0)
+        if n is not None:
+            for j in range(ia, ea):
+                if _once(R, ia, ea, j):
+                    n[R[j]] += np.float32(1.0)
+        ia, ib = ea, eb
+    return known, picked
+
+
+@kernel
+def _transition_rank(c, pop, R):
+    """Every expert of the target layer, most likely first: popularity x 1e-3 plus, per row, the sum of its picks'
+    transition counts (float32, in numpy's order: a row's sum first, then onto the score); ties by id."""
+    score = pop * np.float32(1e-3)
+    E, n = len(pop), R[0]
+    s = np.empty(E, np.float32)
+    at = n + 1
+    for r in range(n):
+        s[:] = 0.0
+        for j in range(at, at + R[1 + r]):
+            s += c[R[j]]
+        score += s
+        at += R[1 + r]
+    return np.argsort(-score, kind="mergesort")
+
+
+@kernel
+def _gated_rank(c, n, R, min_seen, threshold, left):
+    """The target layer's experts whose chance of a pick (1 - prod over rows and their seen picks of 1 - count /
+    seen) is at least ``threshold``, most likely first (ties by id), at most ``left`` of them."""
+    E, rows = c.shape[1], R[0]
+    miss = np.ones(E)
+    q = np.empty(E, np.float32)
+    at = rows + 1
+    for r in range(rows):
+        first = True
+        for j in range(at, at + R[1 + r]):
+            a = R[j]
+            if n[a] < min_seen:
+                continue
+            p = np.float32(1.0) - c[a] / n[a]
+            if first:
+                q[:] = p
+                first = False
+            else:
+                q *= p
+        if not first:
+            miss *= q
+        at += R[1 + r]
+    prob = 1.0 - miss
+    cand = np.flatnonzero(prob >= threshold)
+    order = np.argsort(-prob[cand], kind="mergesort")
+    return cand[order[:max(left, 0)]]
 
 
 class RecallOracle:
@@ -63,18 +168,12 @@ class TransitionPredictor:
         self.pop = np.zeros((layers, experts), dtype=np.float32)
 
     def predict(self, layer, rows, future=None):
-        c = self.counts[layer]
-        score = self.pop[layer + self.depth] * 1e-3
-        for r in rows:
-            score = score + c[r].sum(axis=0)
-        return np.argsort(-score, kind="stable").tolist()
+        return _transition_rank(self.counts[layer], self.pop[layer + self.depth], _pack(rows))
 
     def observe(self, layer, rows, target_rows):
-        c = self.counts[layer]
-        for a, b in zip(rows, target_rows):
-            c[np.ix_(a, b)] += 1.0
-        for b in target_rows:
-            self.pop[layer + self.depth][b] += 1.0
+        _count(self.counts[layer], None, _pack(rows, target_rows), 0)
+        # the target layer's popularity: every target row's picks, as counts from one source expert (row 0)
+        _count(self.pop[layer + self.depth][None], None, _pack([[0]] * len(target_rows), target_rows), 0)
 
 
 class GatedPredictor:
@@ -166,19 +265,7 @@ class GatedPredictor:
         left = int(self.budget) - self.step_reads
         if left <= 0 or layer >= len(self.counts) or not self.on[layer]:
             return []
-        c, n = self.counts[layer], self.seen[layer]
-        miss = np.ones(self.experts, dtype=np.float64)
-        for r in rows:
-            ok = [a for a in r if n[a] >= self.min_seen]
-            if ok:
-                p = c[ok] / n[ok][:, None]
-                miss *= np.prod(1.0 - p, axis=0)
-        prob = 1.0 - miss
-        cand = np.flatnonzero(prob >= self.threshold)
-        if not len(cand):
-            return []
-        cand = cand[np.argsort(-prob[cand], kind="stable")][:left]
-        return cand.tolist()
+        return _gated_rank(self.counts[layer], self.seen[layer], _pack(rows), self.min_seen, self.threshold, left)
 
     def issued(self, layer, ids) -> None:
         self.step_reads += len(ids)
@@ -187,13 +274,7 @@ class GatedPredictor:
     def observe(self, layer, rows, target_rows):
         if layer >= len(self.on) or not self.on[layer]:
             return
-        c, n = self.counts[layer], self.seen[layer]
-        known = picked = 0
-        for a, b in zip(rows, target_rows):
-            known += int((n[a] >= self.min_seen).sum())
-            picked += len(a)
-            c[np.ix_(a, b)] += 1.0
-            n[a] += 1.0
+        known, picked = _count(self.counts[layer], self.seen[layer], _pack(rows, target_rows), self.min_seen)
         ids = self.pending.pop(layer + self.depth, None) or ()
         truth = set()
         for b in target_rows:

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from moetier.core.jit import kernel
 from moetier.core.ledger import Ledger
 from moetier.core.llc import reuse_model
 from moetier.core.channel import NvmeChannel
 from moetier.core.plan import LayerPlan, plan_layer
 from moetier.core.policies.admission import admits
 from moetier.core.terms import ChannelTerms, PlanContext
+from moetier.core.tickets import ABSENT
 
 
 def rank_keys(ids: np.ndarray, experts: int) -> np.ndarray:
@@ -120,6 +122,21 @@ class Streams:
     def local_rows(self, rows, layer: int) -> list:
         local = (self._lists or self._as_lists())[0]
         return [local[i][t][layer] for i, t in rows]
+
+
+@kernel
+def _on_nvme(ranked, codes, base, cap):
+    """The keys ``base + e`` of the ranked local ids ``e`` whose state code is ABSENT (on NVMe only, no read of
+    theirs under way), in rank order, at most ``cap`` of them."""
+    out = np.empty(min(cap, len(ranked)), np.int64)
+    n = 0
+    for e in ranked:
+        if n == len(out):
+            break
+        if codes[base + e] == ABSENT:
+            out[n] = base + e
+            n += 1
+    return out[:n]
 
 
 class Replay:
@@ -312,14 +329,7 @@ class Replay:
         tgt = layer + self.pf_depth
         ranked = self.predictor.predict(layer, rows_local, future)
         base = tgt * self.R.experts
-        state = L.state
-        want = []
-        for e in ranked or ():
-            k = base + e
-            if k not in state:
-                want.append(k)
-                if len(want) >= self.pf_budget:
-                    break
+        want = _on_nvme(np.asarray(ranked, np.int64), np.frombuffer(L.codes, np.uint8), base, self.pf_budget).tolist()
         if hasattr(self.predictor, "issued"):
             self.predictor.issued(layer, [k - base for k in want])
         if not want:

@@ -31,7 +31,7 @@ from moetier.core.policies.admission import admits
 from moetier.peers.gap import base_name, split, variants
 from moetier.peers.rows import DEFAULT, ORACLE, PEERS, ROW_TIERS, SHIPPED, Peer, recipe_policy, replays, wiring
 
-__all__ = ["compare", "cell", "run_peer", "replay_key", "ratios"]
+__all__ = ["compare", "cell", "run_peer", "replay_key", "distinct_replays", "ratios"]
 
 
 def cell(o: dict, R) -> dict:
@@ -64,6 +64,21 @@ def run_peer(R, trace, peer: Peer, conc: int, max_steps: int = 0) -> dict:
         return sim.run(R, trace, conc, max_steps=max_steps)
     return sim.run(replace(R, policy=_policy(R, peer)), trace, conc, max_steps=max_steps,
                    wire=wiring(peer, R.layers, R.experts))
+
+
+def distinct_replays(R) -> list:
+    """(name, peer) of every distinct replay ``compare`` runs on ``R``: its rows and the oracle's structures, a row
+    whose replay another one already runs (``replay_key``) left out."""
+    out, seen = [], set()
+    for p in list(PEERS) + [ORACLE]:
+        if p is SHIPPED and replay_key(R, SHIPPED) == replay_key(R, DEFAULT):
+            continue
+        for q in replays(p):
+            key = replay_key(R, q)
+            if key not in seen:
+                seen.add(key)
+                out.append((q.name, q))
+    return out
 
 
 def replay_key(R, peer: Peer) -> str:

@@ -35,8 +35,8 @@ import xxhash
 from moetier.core import records as spec
 from moetier.core import sim
 from moetier.core.step_kernel import Steps
-from moetier.peers.compare import replay_key
-from moetier.peers.rows import DEFAULT, ORACLE, PEERS, SHIPPED, replays, wiring
+from moetier.peers.compare import distinct_replays
+from moetier.peers.rows import DEFAULT, wiring
 from moetier.traces.format import load_trace
 
 REFERENCE = Path(__file__).with_name("reference.json")
@@ -58,16 +58,7 @@ def capped(R):
 
 def rows(R) -> list:
     """(name, peer) of every distinct replay `moetier compare` runs on ``R`` (its rows, the oracle's structures)."""
-    out, seen = [], set()
-    for p in list(PEERS) + [ORACLE]:
-        if p is SHIPPED and replay_key(R, SHIPPED) == replay_key(R, DEFAULT):
-            continue
-        for q in replays(p):
-            key = replay_key(R, q)
-            if key not in seen:
-                seen.add(key)
-                out.append((q.name, q))
-    return out
+    return distinct_replays(R)
 
 
 def tier_contents(ledger) -> bytes:
