@@ -6,12 +6,15 @@ executor's glue).
     python benchmarks/python_share.py [--recipe glm53-rtx3090-55g-nvx4] [--conc 4] [--steps 100] [--warmup 100]
                                       [--rows NAME,...] [--out NAME]
 
-Each replay runs, after a one-step run that loads its kernels, once timed (its wall) and once under cProfile, whose per-function own time
-(tottime) is booked to the piece the function's file belongs to (``PIECES``: the channel's queue, the predictor's
-Python side, residency.py's LRU, FIFO, Belady and per-layer partitions, the other policies' Python, the ledger's Python methods
-(the ticket path, commits the compiled one does not cover), plan_layer's and the executor's glue, the peers' hooks);
-a Numba kernel is recognised by its dispatcher and booked to ``kernels`` (its call, its crossing and its work). cProfile adds a cost per Python call, so
-the shares overstate Python against the kernels: they say where the Python is, the timed wall what it costs.
+The recipe's own row runs twice: as compare runs it (through the simulator's compiled step loop where that covers
+it) and layer by layer (``moetier-per-layer``: plan_layer and Replay.commit per layer call, the runtime host
+thread's path). Each replay runs, after a one-step run that loads its kernels, once timed (its wall) and once
+under cProfile, whose per-function own time (tottime) is booked to the piece the function's file belongs to
+(``PIECES``: the channel's queue, the predictor's Python side, residency.py's LRU, FIFO, Belady and per-layer
+partitions, the other policies' Python, the ledger's Python methods (the ticket path, commits the compiled one does
+not cover), plan_layer's and the executor's glue, the peers' hooks); a Numba kernel is recognised by its dispatcher
+and booked to ``kernels`` (its call, its crossing and its work). cProfile adds a cost per Python call, so the shares
+overstate Python against the kernels: they say where the Python is, the timed wall what it costs.
 ``--out NAME`` writes NAME.json and NAME.md beside this script.
 """
 from __future__ import annotations
@@ -30,7 +33,9 @@ sys.path.insert(0, str(REPO))
 
 from moetier.core import records as spec  # noqa: E402
 from moetier.errors import UserError  # noqa: E402
+from moetier.core import sim  # noqa: E402
 from moetier.peers.compare import distinct_replays, run_peer  # noqa: E402
+from moetier.peers.rows import DEFAULT  # noqa: E402
 from moetier.traces.format import load_trace  # noqa: E402
 
 # file (under moetier/) -> piece; the first prefix that matches
@@ -90,13 +95,23 @@ def shares(prof: cProfile.Profile) -> dict:
     return {p: t / total for p, t in sorted(by.items(), key=lambda kv: -kv[1])}
 
 
-def measure(R, trace, peer, conc: int, steps: int) -> dict:
-    run_peer(R, trace, peer, conc, max_steps=1)     # loads its kernels from the cache: not the replay's time
+def _layer_by_layer(R, trace, peer, conc: int, max_steps: int) -> dict:
+    """The recipe's own row through the per-layer path (a plan hook turns the compiled step loop off): plan_layer and
+    Replay.commit per layer call, what the runtime's host thread runs."""
+    return sim.run(R, trace, conc, max_steps=max_steps, plan_hook=lambda step, layer, plan: None)
+
+
+LAYER_BY_LAYER = "moetier-per-layer"
+
+
+def measure(R, trace, name: str, peer, conc: int, steps: int) -> dict:
+    run = _layer_by_layer if name == LAYER_BY_LAYER else run_peer
+    run(R, trace, peer, conc, max_steps=1)          # loads its kernels from the cache: not the replay's time
     t0 = time.perf_counter()
-    run_peer(R, trace, peer, conc, max_steps=steps)
+    run(R, trace, peer, conc, max_steps=steps)
     wall = time.perf_counter() - t0
     prof = cProfile.Profile()
-    prof.runcall(run_peer, R, trace, peer, conc, max_steps=steps)
+    prof.runcall(run, R, trace, peer, conc, max_steps=steps)
     return {"wall_s": wall, "shares": shares(prof)}
 
 
@@ -128,16 +143,18 @@ def main(argv=None) -> int:
         return 2
     R = replace(R, policy=dict(R.policy, warmup_tokens=a.warmup))
     names = None if a.rows is None else set(a.rows.split(","))
-    todo = [(n, p) for n, p in distinct_replays(R) if names is None or n in names]
+    every = distinct_replays(R)
+    every.insert(1, (LAYER_BY_LAYER, DEFAULT))
+    todo = [(n, p) for n, p in every if names is None or n in names]
     if names is not None and len(todo) != len(names):
-        known = ", ".join(n for n, _ in distinct_replays(R))
+        known = ", ".join(n for n, _ in every)
         print(f"python_share: --rows {a.rows}: expected rows of {a.recipe}'s compare ({known})", file=sys.stderr)
         return 2
     trace = load_trace(spec.REGISTRY.parent / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
     res = {"recipe": a.recipe, "conc": a.conc, "steps": a.steps, "warmup": a.warmup, "rows": []}
     for name, peer in todo:
         print(f"python_share: {name}", file=sys.stderr, flush=True)
-        res["rows"].append(dict(measure(R, trace, peer, a.conc, a.steps), row=name))
+        res["rows"].append(dict(measure(R, trace, name, peer, a.conc, a.steps), row=name))
     print(table(res))
     if a.out:
         base = Path(__file__).resolve().parent / a.out
