@@ -32,8 +32,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from moetier.core import records as spec  # noqa: E402
-from moetier.errors import UserError  # noqa: E402
 from moetier.core import sim  # noqa: E402
+from moetier.errors import UserError  # noqa: E402
 from moetier.peers.compare import distinct_replays, run_peer  # noqa: E402
 from moetier.peers.rows import DEFAULT  # noqa: E402
 from moetier.traces.format import load_trace  # noqa: E402
@@ -136,6 +136,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", help="comma-separated rows (default: every distinct replay of moetier compare)")
     ap.add_argument("--out", help="write benchmarks/NAME.json and NAME.md")
     a = ap.parse_args(argv)
+    if a.conc < 1 or a.steps < 1 or a.warmup < 0:
+        print("python_share: --conc and --steps: expected at least 1, --warmup at least 0", file=sys.stderr)
+        return 2
     try:
         R = spec.resolve(a.recipe)
     except (OSError, ValueError, UserError) as e:

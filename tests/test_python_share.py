@@ -40,3 +40,9 @@ def test_an_unknown_recipe_is_one_line_and_exit_2(capsys):
     assert python_share.main(["--recipe", "no-such-recipe"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("python_share: --recipe no-such-recipe:")
+
+
+def test_a_zero_concurrency_is_one_line_and_exit_2(capsys):
+    assert python_share.main(["--conc", "0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "python_share: --conc and --steps: expected at least 1, --warmup at least 0"]
