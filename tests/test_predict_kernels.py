@@ -90,4 +90,4 @@ def test_gated_predictor_ranks_and_counts_as_numpy(seed):
 
 def _count_of(pred, layer, rows, nxt):
     from moetier.core.predict import _count, _pack
-    return _count(pred.counts[layer], pred.seen[layer], _pack(rows, nxt), pred.min_seen)
+    return _count(pred.counts[layer], pred.seen[layer], None, _pack(rows, nxt), pred.min_seen)

@@ -61,10 +61,11 @@ def _once(ids, a, b, j) -> bool:
 
 
 @kernel
-def _count(c, n, R, min_seen):
-    """Add rows -> target rows (R: _pack(rows, target_rows)) to transition counts ``c`` and source counts ``n``
-    (None: not kept), a pair of rows at a time as ``c[np.ix_(a, b)] += 1``, ``n[a] += 1``. Returns the picks of the
-    rows and those seen ``min_seen`` times before their row counted them."""
+def _count(c, n, pop, R, min_seen):
+    """Add rows -> target rows (R: _pack(rows, target_rows)) to transition counts ``c``, source counts ``n`` and the
+    target layer's popularity ``pop`` (None: not kept), as numpy's ``c[np.ix_(a, b)] += 1`` and ``n[a] += 1`` a pair
+    of rows at a time and ``pop[b] += 1`` for every target row. Returns the picks of the rows and those seen
+    ``min_seen`` times before their row counted them."""
     na, nb = R[0], R[R[0] + 1]
     la, lb = 1, R[0] + 2                       # each group's first length
     ia = lb + nb                               # the first id of the rows, then the target rows'
@@ -72,22 +73,29 @@ def _count(c, n, R, min_seen):
     for r in range(na):
         ib += R[la + r]
     known = picked = 0
-    for r in range(min(na, nb)):
-        ea, eb = ia + R[la + r], ib + R[lb + r]
-        for j in range(ia, ea):
-            a = R[j]
-            picked += 1
-            if n is not None and n[a] >= min_seen:
-                known += 1
-            if _once(R, ia, ea, j):
-                for q in range(ib, eb):
-                    if _once(R, ib, eb, q):
-                        c[a, R[q]] += np.float32(1.0)
-        if n is not None:
+    for r in range(nb):
+        eb = ib + R[lb + r]
+        if pop is not None:
+            for q in range(ib, eb):
+                if _once(R, ib, eb, q):
+                    pop[R[q]] += np.float32(1.0)
+        if r < na:
+            ea = ia + R[la + r]
             for j in range(ia, ea):
+                a = R[j]
+                picked += 1
+                if n is not None and n[a] >= min_seen:
+                    known += 1
                 if _once(R, ia, ea, j):
-                    n[R[j]] += np.float32(1.0)
-        ia, ib = ea, eb
+                    for q in range(ib, eb):
+                        if _once(R, ib, eb, q):
+                            c[a, R[q]] += np.float32(1.0)
+            if n is not None:
+                for j in range(ia, ea):
+                    if _once(R, ia, ea, j):
+                        n[R[j]] += np.float32(1.0)
+            ia = ea
+        ib = eb
     return known, picked
 
 
@@ -171,9 +179,7 @@ class TransitionPredictor:
         return _transition_rank(self.counts[layer], self.pop[layer + self.depth], _pack(rows))
 
     def observe(self, layer, rows, target_rows):
-        _count(self.counts[layer], None, _pack(rows, target_rows), 0)
-        # the target layer's popularity: every target row's picks, as counts from one source expert (row 0)
-        _count(self.pop[layer + self.depth][None], None, _pack([[0]] * len(target_rows), target_rows), 0)
+        _count(self.counts[layer], None, self.pop[layer + self.depth], _pack(rows, target_rows), 0)
 
 
 class GatedPredictor:
@@ -274,7 +280,7 @@ class GatedPredictor:
     def observe(self, layer, rows, target_rows):
         if layer >= len(self.on) or not self.on[layer]:
             return
-        known, picked = _count(self.counts[layer], self.seen[layer], _pack(rows, target_rows), self.min_seen)
+        known, picked = _count(self.counts[layer], self.seen[layer], None, _pack(rows, target_rows), self.min_seen)
         ids = self.pending.pop(layer + self.depth, None) or ()
         truth = set()
         for b in target_rows:
