@@ -64,13 +64,19 @@ from moetier.core import records as spec  # noqa: E402
 from moetier.core.plan import plan_layer  # noqa: E402
 from moetier.core.step_kernel import Steps  # noqa: E402
 from moetier.peers.rows import DEFAULT_POLICY  # noqa: E402
-from moetier.traces.format import load_trace  # noqa: E402
+from _recipe import recipe_trace  # noqa: E402
 
 RECIPE = "glm53-rtx3090-55g-nvx4"
 # the shipped default policy, stated rather than inherited from the recipe: the per-call figure is the goal's
 DEFAULT = [f"policy.{k}={json.dumps(v)}" for k, v in DEFAULT_POLICY.items()]
 TARGETS = {"together_us": 10.0, "layer_plans_per_s": 300_000.0, "table_s": 2.0}
 MEASURES = ("sim", "table", "table_first", "compare", "sweep")
+
+
+def default_recipe() -> tuple:
+    """The benchmarked recipe under the shipped default policy, and its trace."""
+    R = spec.resolve(RECIPE, DEFAULT)
+    return R, recipe_trace(R)
 
 
 def bench_plan(R, tr, rows_per_call=4, calls=20000):
@@ -134,8 +140,7 @@ def _load_tree(tree: Path):
 def bench_against(tree: Path, calls: int = 20000, rows: int = 4) -> dict:
     """Paired, interleaved A/B: this tree (B) and ``tree`` (A) plan and commit the same layer calls."""
     sim_a, plan_a, spec_a = _load_tree(tree)
-    R = spec.resolve(RECIPE, DEFAULT)
-    tr = load_trace(REPO / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
+    R, tr = default_recipe()
     sides = {"A": (*_replay_of(spec_a.resolve(RECIPE, DEFAULT), tr, sim_a, rows), plan_a),
              "B": (*_replay_of(R, tr, sim, rows), plan_layer)}
     st = sides["B"][1]
@@ -189,10 +194,7 @@ def bench_loop(R, tr, rows_per_call=4, steps=400) -> dict:
 
 # bench_loop in a fresh process of this tree: an old tree's kernels loaded beside it (--against) must not share its heap
 _LOOP = ("import json, sys; sys.path.insert(0, 'benchmarks'); import bench_core as b; "
-         "from moetier.core import records as spec; from moetier.traces.format import load_trace; "
-         "R = spec.resolve(b.RECIPE, b.DEFAULT); "
-         "tr = load_trace(b.REPO / R.trace, layers=R.layers, experts=R.experts, topk=R.topk); "
-         "print(json.dumps(b.bench_loop(R, tr, int(sys.argv[1]))))")
+         "print(json.dumps(b.bench_loop(*b.default_recipe(), int(sys.argv[1]))))")
 
 
 def loop_run(rows: int) -> dict:
@@ -341,8 +343,7 @@ def main(argv=None):
                     help="with --against: the whole runs alone, no per-call A/B in this process (for a tree whose "
                          "kernels must not share it)")
     a = ap.parse_args(argv)
-    R = spec.resolve(RECIPE, DEFAULT)
-    tr = load_trace(REPO / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
+    R, tr = default_recipe()
     if a.opcodes:
         return _print_extra(bench_opcodes(R, tr), a.json)
     measures = [m for m in MEASURES if m not in a.skip]

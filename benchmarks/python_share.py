@@ -36,7 +36,7 @@ from moetier.core import sim  # noqa: E402
 from moetier.errors import UserError  # noqa: E402
 from moetier.peers.compare import distinct_replays, run_peer  # noqa: E402
 from moetier.peers.rows import DEFAULT  # noqa: E402
-from moetier.traces.format import load_trace  # noqa: E402
+from _recipe import recipe_trace  # noqa: E402
 
 # file (under moetier/) -> piece; the first prefix that matches
 PIECES = (
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
         known = ", ".join(n for n, _ in every)
         print(f"python_share: --rows {a.rows}: expected rows of {a.recipe}'s compare ({known})", file=sys.stderr)
         return 2
-    trace = load_trace(spec.REGISTRY.parent / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
+    trace = recipe_trace(R)
     res = {"recipe": a.recipe, "conc": a.conc, "steps": a.steps, "warmup": a.warmup, "rows": []}
     for name, peer in todo:
         print(f"python_share: {name}", file=sys.stderr, flush=True)
