@@ -1,6 +1,6 @@
 """Where a replay's time goes: per replay of `moetier compare`, the share of its time in the compiled kernels and in
 each piece of the core that stays Python (the NVMe channel's prefetch queue, the ledger's ticket path, the Python
-residency policies: LRU / FIFO parts, Belady's future index; the predictor's adaptation, the planner's and the
+residency policies: Belady's future index, per-layer parts; the predictor's adaptation, the planner's and the
 executor's glue).
 
     python benchmarks/python_share.py [--recipe glm53-rtx3090-55g-nvx4] [--conc 4] [--steps 100] [--warmup 100]
@@ -10,8 +10,8 @@ The recipe's own row runs twice: as compare runs it (through the simulator's com
 it) and layer by layer (``moetier-per-layer``: plan_layer and Replay.commit per layer call, the runtime host
 thread's path). Each replay runs, after a one-step run that loads its kernels, once timed (its wall) and once
 under cProfile, whose per-function own time (tottime) is booked to the piece the function's file belongs to
-(``PIECES``: the channel's queue, the predictor's Python side, residency.py's LRU, FIFO, Belady and per-layer
-partitions, the other policies' Python, the ledger's Python methods (the ticket path, commits the compiled one does
+(``PIECES``: the channel's queue, the predictor's Python side, residency.py's Belady and per-layer partitions, the
+other policies' Python, the ledger's Python methods (the ticket path, commits the compiled one does
 not cover), plan_layer's and the executor's glue, the peers' hooks); a Numba kernel is recognised by its dispatcher
 and booked to ``kernels`` (its call, its crossing and its work). cProfile adds a cost per Python call, so the shares
 overstate Python against the kernels: they say where the Python is, the timed wall what it costs.
@@ -42,7 +42,7 @@ from _recipe import recipe_trace  # noqa: E402
 PIECES = (
     ("core/channel.py", "channel queue"),
     ("core/predict.py", "predictor"),
-    ("core/policies/residency.py", "LRU, FIFO, Belady, partitions"),
+    ("core/policies/residency.py", "Belady, partitions"),
     ("core/policies/", "other policies"),
     ("core/ledger.py", "ledger"),
     ("core/tier_", "ledger"),

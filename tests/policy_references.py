@@ -19,6 +19,8 @@ slow and obvious on purpose. The sources:
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 MASK = (1 << 64) - 1
 A = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93)
 B = (0x632BE59BD9B4E019, 0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5, 0x94D049BB133111EB)
@@ -515,6 +517,36 @@ class RefHeapLFU:
             if self.res.get(x) == (s, t) and ok(x):
                 return x
         return None
+
+    def __contains__(self, k):
+        return k in self.res
+
+    def __len__(self):
+        return len(self.res)
+
+
+class RefQueue:
+    """LRU or FIFO as moetier wrote them over an ordered dict before their array state
+    (moetier.core.policies.recency): the oldest key first; a use moves a key to the new end under LRU only. As in
+    the array policies, insert and hit are both a use, and a use of a key not resident inserts it."""
+
+    def __init__(self, lru: bool):
+        self.lru = lru
+        self.res: OrderedDict = OrderedDict()
+
+    def insert(self, k):
+        if k not in self.res:
+            self.res[k] = None
+        elif self.lru:
+            self.res.move_to_end(k)
+
+    hit = insert
+
+    def remove(self, k):
+        self.res.pop(k, None)
+
+    def victim(self, k, ok):
+        return next((x for x in self.res if ok(x)), None)
 
     def __contains__(self, k):
         return k in self.res

@@ -26,6 +26,10 @@ ORDERS = {
                       "policy.vram_evict=clock", "policy.vram_admit=true"),
     "inclusive-dlfu": ("policy.ram=inclusive", "policy.vram_admit=true"),
     "global-dlfu": ("policy.ram_evict=dlfu", "policy.ram_partition=global", "policy.vram_admit=true"),
+    "lru-layer-lru": ("policy.ram_evict=lru", "policy.ram_partition=layer", "policy.vram_evict=lru",
+                      "policy.vram_admit=true"),
+    "fifo-fifo": ("policy.ram_evict=fifo", "policy.ram_partition=global", "policy.vram_evict=fifo",
+                  "policy.vram_admit=true"),
 }
 
 

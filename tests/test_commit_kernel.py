@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from moetier.core.ledger import Ledger, ResidencyError
+from moetier.core.policies.residency import partitioned
 from moetier.core.tickets import RAM, VRAM
 
 LAYERS, EXPERTS = 4, 16
@@ -28,13 +29,20 @@ CASES = {
     "no-ram-slots": (3, 0, dict(vram_policy="dlfu")),
     "all-in-ram": (3, KEYS, dict()),
     "no-vram": (0, 10, dict(ram_policy="lfu", ram_partition="layer")),
+    "lru-lru-layer": (3, 10, dict(ram_policy="lru", vram_policy="lru", ram_partition="layer")),
+    "fifo-fifo-global": (3, 9, dict(ram_policy="fifo", vram_policy="fifo")),
+    # VRAM split per layer (the mixtral-offloading row's): a victim of the incoming key's layer
+    "lru-layer-vram": (6, 10, dict(ram_policy="fifo", ram_partition="layer",
+                                   vram_policy=lambda: partitioned("lru", 6, LAYERS, EXPERTS))),
 }
 
 
 def _ledgers(case):
     v, r, kw = CASES[case]
-    kw = dict(kw, layers=LAYERS, experts=EXPERTS)
-    fast, plain = Ledger(KEYS, v, r, **kw), Ledger(KEYS, v, r, **kw)
+
+    def made():                                  # a policy object each: the two ledgers share no state
+        return {k: x() if callable(x) else x for k, x in dict(kw, layers=LAYERS, experts=EXPERTS).items()}
+    fast, plain = Ledger(KEYS, v, r, **made()), Ledger(KEYS, v, r, **made())
     plain.commits = False
     plain._rfast = plain._vfast = False      # the plain victim search, not the compiled put / evict_for
     assert fast.commits
@@ -120,6 +128,7 @@ def test_a_fill_of_a_resident_key_is_refused_as_in_python():
 def test_a_ledger_the_kernel_does_not_cover_says_so():
     assert not Ledger(KEYS, 3, 10, ram_policy="2q").commits
     assert not Ledger(KEYS, 3, 10, ram_policy="lfu:8").commits              # the window LFU
-    assert not Ledger(KEYS, 3, 10, ram_policy="lru", ram_partition="layer", layers=LAYERS,
+    assert not Ledger(KEYS, 3, 10, ram_policy="slru", ram_partition="layer", layers=LAYERS,
                       experts=EXPERTS).commits
+    assert not Ledger(KEYS, 3, 10, vram_policy=partitioned("sieve", 3, LAYERS, EXPERTS)).commits
     assert not Ledger(KEYS, 3, 10, vram_policy="sieve").commits

@@ -16,11 +16,12 @@ Returns how many zerocopy picks were admitted, or -1 (a fill of a key not absent
 the key in ``meta[M_BAD]``: a broken residency rule, which the ledger raises.
 The picks (every key in O's lanes) are pinned: nothing evicts them.
 
-Which ledgers it covers (``C``, built by the ledger): VRAM CLOCK or an LFU / decayed LFU over every key
-(moetier.core.policies.lfu: ``vfs, viv, vst`` its arrays stacked as one part); RAM the built-in LRU (exclusive or
-inclusive) or LFU / decayed LFU, global or split per layer (``rfs, riv, rst`` the parts' arrays stacked, ``caps``
-each part's slots, a part ``C[C_RW]`` keys wide); no RAM bookkeeping (all in RAM, or no RAM slots). The LFU work is
-moetier.core.policies.lfu's kernels, called here, not a copy of them. The ticket path's RAM puts and uses go
+Which ledgers it covers (``C``, built by the ledger): VRAM CLOCK or an array-state policy (LFU / decayed LFU,
+moetier.core.policies.lfu; LRU / FIFO, moetier.core.policies.recency) over every key or split per layer (``vfs, viv,
+vst`` the parts' arrays stacked, a part ``C[C_VW]`` keys wide); RAM the built-in LRU (exclusive or inclusive) or an
+array-state policy, global or split per layer (``rfs, riv, rst``, ``caps`` each part's slots, a part ``C[C_RW]``
+keys wide); no RAM bookkeeping (all in RAM, or no RAM slots). The policy work is moetier.core.policies.lfu's
+kernels, called here, not a copy of them. The ticket path's RAM puts and uses go
 through the same code (``ram_put`` / ``ram_uses``, and ``lru_*`` for the built-in LRU). ``bind(ledger)`` is the
 arguments (the ledger's own buffers, the policies' arrays stacked by part), or None where the kernel does not cover
 the ledger; the ledger keeps them (the buffers never move).
@@ -36,11 +37,11 @@ from moetier.core.tickets import ABSENT, RAM, VRAM
 from moetier.core.tier_state import M_BAD, M_HAND, M_RAM_EV, M_RAM_N, M_REFUSED, M_VRAM_EV, M_VRAM_N
 
 __all__ = ["commit", "ram_uses", "lru_uses", "ram_put", "lru_put", "bind", "C_KEYS", "C_VN", "C_RSLOTS", "C_EXCL",
-           "C_ALLRAM", "C_NORAM", "C_VLFU", "C_RLFU", "C_RW", "C_N"]
+           "C_ALLRAM", "C_NORAM", "C_VLFU", "C_RLFU", "C_RW", "C_VW", "C_N"]
 
 # C: the ledger's configuration
-C_KEYS, C_VN, C_RSLOTS, C_EXCL, C_ALLRAM, C_NORAM, C_VLFU, C_RLFU, C_RW, C_N = range(10)
-_NO_LFU = (np.zeros((1, 3, 1)), np.full((1, 4, 1), -1, np.int64), np.zeros((1, 2), np.int64))
+C_KEYS, C_VN, C_RSLOTS, C_EXCL, C_ALLRAM, C_NORAM, C_VLFU, C_RLFU, C_RW, C_VW, C_N = range(11)
+_NO_LFU = (np.zeros((1, 3, 1)), np.full((1, 4, 1), -1, np.int64), np.zeros((1, 3), np.int64))
 # the ledger's steps the kernel does; a subclass that overrides one (moetier.peers.token_feed) keeps its own
 _STEPS = ("vram_hit", "ram_hit", "fill_landed", "pushes_landed", "_ram_put")
 
@@ -52,19 +53,19 @@ def bind(led, base):
     kernel does not cover the ledger (the module docstring says which it covers)."""
     if any(getattr(type(led), m) is not getattr(base, m) for m in _STEPS):
         return None
-    if led._vpol is not None and not isinstance(led._vpol, lfu.LFU):
+    vparts, vwidth = _parts(led._vpol, led.keys)
+    if vparts == ():
         return None
-    vparts = [led._vpol] if led._vpol is not None else None
     rparts, caps, width = _ram_parts(led)
     if rparts == ():
         return None
-    for parts, w in ((vparts, led.keys), (rparts, width)):
+    for parts, w in ((vparts, vwidth), (rparts, width)):
         if parts and not _stackable(parts, w):
             return None
     C = np.zeros(C_N, np.int64)
-    C[[C_KEYS, C_VN, C_RSLOTS, C_EXCL, C_ALLRAM, C_NORAM, C_VLFU, C_RLFU, C_RW]] = (
+    C[[C_KEYS, C_VN, C_RSLOTS, C_EXCL, C_ALLRAM, C_NORAM, C_VLFU, C_RLFU, C_RW, C_VW]] = (
         led.keys, led.vram_slots, led.ram_slots, led.exclusive, led.all_in_ram, led._no_ram_lru, vparts is not None,
-        rparts is not None, width)
+        rparts is not None, width, vwidth)
     vs = lfu.stack(vparts) if vparts else _NO_LFU
     rs = lfu.stack(rparts) if rparts else _NO_LFU
     st, inram, link, owner, ref, slot, meta = led._ts.views()
@@ -74,6 +75,19 @@ def bind(led, base):
     if rparts is None:
         return args, lru_put, (C, st, inram, link, meta, pin), lru_uses, (inram, link, meta)
     return args, ram_put, (C, st, inram, link, meta, pin, *rs, caps, rhl), ram_uses, (C, inram, link, meta, *rs, rhl)
+
+
+def _parts(pol, keys: int) -> tuple:
+    """(the VRAM policy's array-state parts or None for CLOCK, a part's width in keys); parts () where the kernel
+    does not cover it. The VRAM tier is full or not as a whole; a policy split per layer names a victim of the
+    incoming key's layer."""
+    if pol is None:
+        return None, 1
+    if isinstance(pol, lfu.LFU):
+        return [pol], keys
+    if isinstance(pol, residency.Partitioned) and all(isinstance(p, lfu.LFU) for p in pol.parts):
+        return pol.parts, pol.experts
+    return (), 1
 
 
 def _ram_parts(led) -> tuple:
@@ -249,6 +263,13 @@ def lru_put(k, pins, C, st, inram, link, meta, pin):
 
 
 @kernel
+def _vram_use(C, vfs, viv, vst, vhl, key):
+    """A use of VRAM key ``key`` by its part's policy."""
+    l = key // C[C_VW]
+    _touch(vfs[l], viv[l], vst[l], vhl, key - l * C[C_VW])
+
+
+@kernel
 def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, picks, vfs, viv, vst, rfs, riv, rst,
             caps, vhl, rhl):
     """Ledger.pushes_landed of the keys O[a:b]; returns how many were admitted."""
@@ -263,12 +284,15 @@ def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, pi
                 s = 0
                 while owner[s] >= 0:
                     s += 1
-                _touch(vfs[0], viv[0], vst[0], vhl, key)
+                _vram_use(C, vfs, viv, vst, vhl, key)
             else:
-                victim = _evict_for(vfs[0], viv[0], vst[0], vhl, picks, 0, key)
+                l = key // C[C_VW]
+                b = l * C[C_VW]
+                victim = _evict_for(vfs[l], viv[l], vst[l], vhl, picks, b, key - b)
                 if victim < 0:
                     meta[M_REFUSED] += 1
                     continue
+                victim += b
                 s = slot[victim]
         else:
             # CLOCK: a free slot, or the first unpinned plain-VRAM key whose reference bit is clear (clearing it
@@ -337,7 +361,7 @@ def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, vfs, viv, vst, rf
     # 1. uses: VRAM picks, then the cpu lane's RAM picks
     if C[C_VLFU]:
         for j in range(6, e_gpu):
-            _touch(vfs[0], viv[0], vst[0], vhl, O[j])
+            _vram_use(C, vfs, viv, vst, vhl, O[j])
     else:
         for j in range(6, e_gpu):
             ref[slot[O[j]]] = 1

@@ -31,7 +31,7 @@ State: flat arrays (moetier.core.tier_state), read as ``state``, ``ram`` and ``c
 Where ``commits`` (moetier.core.commit_kernel says what it covers) the simulator's commit of a layer's plan is one
 compiled call, ``commit(O, can_admit)``, and the ticket path's RAM puts and uses one each. Python: the rest of the
 ticket path (begin_* / land / abort / adopt, per real transfer) and the ledgers the kernel does not cover (window
-LFU 'lfu:W:H', the policies run through moetier.core.policies.machine, LRU / FIFO parts per layer, Belady,
+LFU 'lfu:W:H', the policies run through moetier.core.policies.machine, Belady,
 moetier.peers.token_feed's uses), whose simulator commit is ``fill_landed`` / ``pushes_landed``. Pure, no I/O.
 States and tickets: moetier.core.tickets; the VRAM slot map, the policy objects: moetier.core.tier_order.
 """
@@ -102,7 +102,7 @@ class Ledger:
         self._tier_default = TIER_RAM if self.all_in_ram else TIER_NVME
         # put / evict_for: one compiled eviction, pinning the picks and the keys mid-push (their RAM copy is read)
         self._pushing: set = set()
-        self._rfast, self._vfast = bool(getattr(self._rpol, "put", None)), hasattr(self._vpol, "evict_for")
+        self._rfast, self._vfast = bool(getattr(self._rpol, "put", 0)), bool(getattr(self._vpol, "evict_for", 0))
         self._pins = Pins().of
         self._kargs, self._put_door, self._pargs, self._use_door, self._uargs = CK.bind(self, Ledger) or (None,) * 5
         self.commits = self._kargs is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 
-__all__ = ["_Queues", "_Heaped", "_first"]
+__all__ = ["_Queues", "_Heaped"]
 
 
 class _Queues:
@@ -42,10 +42,3 @@ class _Heaped(_Queues):
             self.heap = [self._entry(x) for x in self.res]
             heapq.heapify(self.heap)
         return out
-
-
-def _first(order, ok):
-    for k in order:
-        if ok(k):
-            return k
-    return None

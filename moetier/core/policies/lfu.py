@@ -19,6 +19,7 @@ Array state (keys are ``base + i``, ``i`` < the arrays' width, which grows on de
     fs[0, i]  count of key i (float64)            iv[0, i]  tick of key i's last use (int64)
     fs[1, i]  its resident score (float64)        iv[1, i]  its place in the resident list, -1 if not resident
     st[0]     the policy's tick                   iv[2, :n] the resident list (indices), n = st[1]
+    st[2]     the order: COUNT, or by the ticks alone, LRU (a use is a tick) or FIFO (an entry is)
     fs[2, :n] the heap's scores, by place         iv[3, :n] the heap's ticks, by place (each no greater
                                                    than its resident's own: see below)
 
@@ -39,15 +40,21 @@ from __future__ import annotations
 import numpy as np
 from moetier.core.jit import kernel
 
-__all__ = ["LFU", "stack"]
+__all__ = ["LFU", "stack", "COUNT", "LRU", "FIFO"]
 
 _RENORM = 1e200
+COUNT, LRU, FIFO = range(3)            # st[2], the order: by count, by last use, by entry
 
 
 @kernel
 def _touch(fs, iv, st, halflife, i):
     """One use of key index i: its count, its score and tick, resident from now on."""
-    w = 2.0 ** (st[0] / halflife) if halflife > 0 else 1.0
+    if st[2]:                        # ordered by the ticks alone (moetier.core.policies.recency): no count
+        if st[2] == FIFO and iv[1, i] >= 0:
+            return                   # a resident's use leaves its place in the entry order
+        w = 0.0
+    else:
+        w = 2.0 ** (st[0] / halflife) if halflife > 0 else 1.0
     fs[0, i] += w
     if halflife > 0 and w > _RENORM:          # renormalise before the weights overflow
         fs[0, :] /= w
@@ -242,7 +249,7 @@ class LFU:
         self.base = base
         self.fs = np.zeros((3, max(1, width)))
         self.iv = np.full((4, max(1, width)), -1, dtype=np.int64)
-        self.st = np.zeros(2, dtype=np.int64)
+        self.st = np.zeros(3, dtype=np.int64)
 
     def _index(self, k) -> int:
         i = int(k) - self.base

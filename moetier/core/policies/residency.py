@@ -15,7 +15,7 @@ The tier (moetier.core.ledger.Ledger, or ``replay`` below) owns residency; the p
                          queues (S3-FIFO, 2Q, W-TinyLFU) and remembers evicted keys in its ghost lists; the caller
                          then calls ``remove`` on the key it returned (unless it returned ``k``).
 
-Policies: ``lru``, ``fifo``, ``lfu`` (pick counts that outlive eviction, ties to the least recent), ``dlfu`` (counts
+Policies: ``lru``, ``fifo`` (moetier.core.policies.recency), ``lfu`` (pick counts that outlive eviction, ties to the least recent), ``dlfu`` (counts
 decayed by a half-life in uses of the tier: activation-aware, MoE-Infinity / HybriMoE style; ``dlfu:halflife=H`` or
 ``dlfu:H``), ``belady`` (the future known: evict the key used farthest ahead, bypass the incoming key when it is that
 key; ``BeladyPolicy.now`` is set by the caller), and each published policy as its authors wrote it, one module each:
@@ -35,10 +35,10 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right
-from collections import OrderedDict
 
-from moetier.core.policies.base import _first, _Heaped, _Queues
+from moetier.core.policies.base import _Heaped, _Queues
 from moetier.core.policies.lfu import LFU
+from moetier.core.policies.recency import FIFO, LRU
 from moetier.core.policies import s3fifo, slru, twoq, wtinylfu
 from moetier.core.policies.ktransformers import MACHINES as KT_MACHINES
 from moetier.core.policies.machine import Machine
@@ -46,35 +46,6 @@ from moetier.core.policies.sieve import Sieve
 from moetier.core.policies.spec import parse as parse_spec
 
 __all__ = ["make", "parse", "partitioned", "replay", "POLICIES", "BeladyPolicy", "Partitioned"]
-
-
-class LRU(_Queues):
-    name = "lru"
-    _queues = ("q",)
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self.q: OrderedDict = OrderedDict()
-
-    def insert(self, k):
-        self.q[k] = None
-
-    def hit(self, k):
-        self.q.move_to_end(k)
-
-    def remove(self, k):
-        self.q.pop(k, None)
-
-    def victim(self, k, ok):
-        return _first(self.q, ok)
-
-
-
-class FIFO(LRU):
-    name = "fifo"
-
-    def hit(self, k):
-        pass
 
 
 class BeladyPolicy(_Heaped):
@@ -157,6 +128,8 @@ def make(spec: str, capacity: int, future: dict | None = None, base: int = 0, wi
         return LFU(capacity, params["halflife"] or 4.0 * max(1, capacity), base, width)
     if name == "lfu":
         return LFU(capacity, 0.0, base, width)
+    if name in ("lru", "fifo"):
+        return cls(capacity, base, width)
     return Machine(cls(capacity, **params), name) if machine else cls(capacity)
 
 
@@ -174,8 +147,9 @@ class Partitioned(_Queues):
         self.caps = [base + (1 if l < extra and not even else 0) for l in range(layers)]
         self.parts = [make(spec, max(1, c), future, l * experts, experts) for l, c in enumerate(self.caps)]
         self.name = f"{self.parts[0].name}/layer"
-        if not all(hasattr(p, "put") for p in self.parts):
-            self.put = None               # the optional slot only where every part has it (the ledger checks)
+        for slot in ("put", "evict_for"):     # the optional slots only where every part has them (the ledger checks)
+            if not all(hasattr(p, slot) for p in self.parts):
+                setattr(self, slot, None)
 
     def part(self, k):
         return self.parts[k // self.experts]
@@ -213,6 +187,10 @@ class Partitioned(_Queues):
         """The incoming key's part's ``put`` on its share of the slots: a victim of its own layer, if any."""
         l = k // self.experts
         return self.parts[l].put(k, pins, self.caps[l])
+
+    def evict_for(self, k, pins):
+        """The incoming key's part's ``evict_for``: a victim of its own layer, or None."""
+        return self.part(k).evict_for(k, pins)
 
     def within_shares(self, keys) -> list:
         """``keys`` in order, leaving out each key whose layer has had its share of slots among those before it."""
