@@ -9,6 +9,7 @@ from moetier.cli.main import find_path, main
 from moetier.core import records as spec, sim
 from moetier.peers import rows as P
 from moetier.core.policies.admission import admits
+from moetier.core.plan import plan_layer
 from moetier.peers.compare import compare, replay_key, run_peer
 from moetier.core.predict import GatedPredictor, make_predictor
 from moetier.traces.format import Trace, load_trace
@@ -48,7 +49,7 @@ def test_freetoken_fetches_its_q_share_heaviest_first(tiny):
     rp = sim.Replay(replace(R, policy=P.recipe_policy(P.by_name("freetoken"), R.policy)))
     P.attach(P.by_name("freetoken"), rp, None, 0)
     picks = {k: m for k, m in zip(range(100, 110), (1, 3, 1, 2, 1, 1, 1, 1, 1, 1))}
-    plan = rp.deal(rp.ledger, picks)          # all ten on NVMe
+    plan = plan_layer(rp.ctx, rp.ledger, picks, 0.0, rp.chan)     # all ten on NVMe: the rule deals them
     ctx = rp.ctx
     q = ctx.cpu[1] / (ctx.cpu[1] + ctx.push_ms + ctx.gpu[1])
     assert len(plan.nvme_gpu) == round(q * 10)

@@ -7,7 +7,8 @@ docstring says; it reads P, I, X, D only and writes the plan into the caller's O
 nothing). ``pack(ctx)`` is ``P``, a PlanContext's terms (the caller keeps it while the context is unchanged).
 Layout, for n picks:
 
-    P  float64  ctx terms at the ``P_*`` indices below (a missing lane: its ``*_ON`` 0, its costs 0)
+    P  float64  ctx terms at the ``P_*`` indices below (a missing lane: its ``*_ON`` 0, its costs 0), then from P_N
+                its lane deal's rule (moetier.core.deal_rules.terms: 0, the kernel deals; else rule_deal forces one)
     I  int64    (3n,), as bytes: the picks' keys, their rows, their ledger states (the tier the planner sees: RAM /
                 PUSHING: ram, VRAM: vram, any other: nvme), each in the order of ``picks``
     X  float64  as bytes: the per-call scalars at the ``S_*`` indices (t0, the cpu worker's wake units, the channel's
@@ -29,6 +30,7 @@ import numpy as np
 from moetier.core.jit import kernel
 
 from moetier.core.arrivals import INF, finish, finish_add, finish_extra, finish_shift
+from moetier.core.deal_rules import DEAL_N, rule_deal, terms as deal_terms
 from moetier.core.lanes import hands_off
 from moetier.core.llc import reuse_factor
 from moetier.core.tickets import PUSHING, RAM, VRAM
@@ -50,11 +52,11 @@ GPU, ZC, CPU, NVME_CPU, NVME_GPU, MASKED = range(6)
 
 def pack(ctx) -> np.ndarray:
     """``P`` for a PlanContext (its per-layer ``predicting`` travels in ``S``)."""
-    p = np.zeros(P_N)
+    p = np.zeros(P_N + DEAL_N)
+    p[P_N:] = deal_terms(ctx)
     for on, at, lane in ((P_GPU_ON, P_GPU_L, ctx.gpu), (P_CPU_ON, P_CPU_L, ctx.cpu), (P_ZC_ON, P_ZC_L, ctx.zerocopy)):
         if lane:
-            p[on] = 1.0
-            p[at:at + 3] = lane
+            p[on], p[at:at + 3] = 1.0, lane
     p[P_PUSH:P_TWO + 1] = (ctx.push_ms, ctx.mask, ctx.overlap, ctx.cpu_call, ctx.cpu_workers, ctx.cpu_pmin,
                            ctx.cpu_wake, ctx.cpu_after_wait, ctx.cpu_handoff, ctx.host_layer, ctx.host_pick,
                            ctx.host_read, ctx.host_nvme_layer, ctx.read_cpu, ctx.host_predict, ctx.copy_serial,
@@ -117,8 +119,7 @@ def _ram_lanes(P, I, F, D, S, ram, n_ram, g, reads, L, cnt, R):
             c = ce
             n_c, work_c = n1, work1
             shares[t] = s_i
-            if s_i > crit:
-                crit = s_i
+            crit = max(crit, s_i)
             share_cold[t] += f
             share_extra[t] += m - 1
             _put(L, cnt, CPU, I[0, i])
@@ -133,15 +134,9 @@ def _ram_lanes(P, I, F, D, S, ram, n_ram, g, reads, L, cnt, R):
 def _ram_costs(P, S, reads):
     """The RAM lanes' (per_layer, per_expert, per_extra_token), cpu then zerocopy (a missing lane never wins): the
     cpu lane's with its worker's wake-up, the zerocopy lane's with the layer's reads in flight."""
-    if P[P_CPU_ON]:
-        cpl, cpe, cpx = P[P_CPU_L], P[P_CPU_E], P[P_CPU_X]
-    else:
-        cpl, cpe, cpx = INF, INF, 0.0
+    cpl, cpe, cpx = (P[P_CPU_L], P[P_CPU_E], P[P_CPU_X]) if P[P_CPU_ON] else (INF, INF, 0.0)
     cpl += P[P_CPU_WAKE] * S[S_WAKE]
-    if P[P_ZC_ON]:
-        zpl, zpe, zpx = P[P_ZC_L], P[P_ZC_E], P[P_ZC_X]
-    else:
-        zpl, zpe, zpx = INF, INF, 0.0
+    zpl, zpe, zpx = (P[P_ZC_L], P[P_ZC_E], P[P_ZC_X]) if P[P_ZC_ON] else (INF, INF, 0.0)
     if reads:
         zpl += P[P_ZC_READ] * reads + P[P_ZC_BUSY]
     return cpl, cpe, cpx, zpl, zpe, zpx
@@ -419,6 +414,7 @@ def plan_arrays(P, I, X, D, O, R):
     moetier.core.step_kernel)."""
     n = I.shape[1]
     S = X[:S_N]
+    D = rule_deal(P[P_N:], I) if not D.shape[0] and P[P_N] else D      # a peer row's rule deals (deal_rules)
     F = _per_pick(I, X, n)
     L = np.empty((6, n), np.int64)
     cnt = np.zeros(6, np.int64)

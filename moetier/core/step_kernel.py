@@ -10,12 +10,13 @@ measured books into sim.run's accumulators. The replay's channel, split-call clo
 before and written back after each step, so the Python objects stay the state of record between steps.
 
 It covers a replay with no prefetch (the NVMe channel serves demand reads only), the FIFO channel model (no
-latency-by-depth table), no host cache model (llc), no cpu-lane wake term, no peer hooks, and a ledger the compiled
-commit covers (``Ledger.commits``) without the window LFU. Everything else takes the per-layer path. Both paths run
-the same kernels: ``plan_kernel.plan_arrays`` plans, ``commit_kernel.commit`` carries out the intents and
-``channel.fifo_reads`` times the reads, so plans, ledger and books are identical (tests/test_step_kernel.py); this
-module adds only the gathering and the booking around them. Why: through Python, a layer call's packing, unpacking
-and crossings cost more than the compiled work itself (benchmarks/core.md: the per-call rows against the loop's).
+latency-by-depth table), no host cache model (llc), no cpu-lane wake term, no peer hooks (a peer row's lane deal is a
+rule the planner kernel applies, moetier.core.deal_rules, not a hook), and a ledger the compiled commit covers
+(``Ledger.commits``) without the window LFU. Everything else takes the per-layer path. Both paths run the same kernels:
+``plan_kernel.plan_arrays`` plans, ``commit_kernel.commit`` carries out the intents and ``channel.fifo_reads`` times the
+reads, so plans, ledger and books are identical (tests/test_step_kernel.py); this module adds only the gathering and the
+booking around them. Why: through Python, a layer call's packing, unpacking and crossings cost more than the compiled
+work itself (benchmarks/core.md: the per-call rows against the loop's).
 """
 from __future__ import annotations
 

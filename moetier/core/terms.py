@@ -217,6 +217,8 @@ class PlanContext:
     # ... and once per call while any read is in flight (the lane's per_read_busy_ms)
     gpu_busy: float = 0.0
     zc_busy: float = 0.0
+    # the lane deal: "planner" (on the costs), or a peer row's rule (moetier.core.deal_rules)
+    deal: str = "planner"
 
     def __setattr__(self, name, value):
         # the planner packs the terms into one array per context (moetier.core.plan_kernel.pack) and keeps it until

@@ -28,18 +28,18 @@ RAM tier and a VRAM cache; moetier's default's, the recipe's own RAM split, each
 and VRAM admission; each with no prefetch or a perfect one, every NVMe pick read 1 or 2 layers ahead), with the
 run's future known and the planner's split per layer; each structure is a replay of its own and the
 oracle row of ``moetier compare`` is, per concurrency, the fastest of them (``structures`` names them).
-``attach(peer, replay, streams, steps)`` wires a peer into a ``sim.Replay`` (its ledger, admission and deal hooks);
-``rank_keys(peer, ranked, layers, experts)`` reorders the warm-up seed; ``wiring(peer, layers, experts)`` is both as
-the ``wire`` argument of ``sim.run``. ``PEERS`` lists the rows of ``moetier compare``; docs/peers.md says what each
-row models and what it leaves out. ``DEFAULT_POLICY`` is the shipped
-default policy (tier options; the recipe keeps its prefetch), ``SHIPPED`` the row that applies it to any recipe.
+``attach(peer, replay, streams, steps)`` wires a peer into a ``sim.Replay`` (its ledger and admission; its lane deal
+is a rule of the plan context, moetier.core.deal_rules); ``rank_keys(peer, ranked, layers, experts)`` reorders the
+warm-up seed; ``wiring(peer, layers, experts)`` is both as the ``wire`` argument of ``sim.run``. ``PEERS`` lists
+the rows of ``moetier compare``; docs/peers.md says what each row models and what it leaves out. ``DEFAULT_POLICY``
+is the shipped default policy (tier options; the recipe keeps its prefetch), ``SHIPPED`` the row that applies it to
+any recipe.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from moetier.core.ledger import ABSENT, PUSHING, RAM, VRAM, Ledger
-from moetier.core.plan import LayerPlan
+from moetier.core.ledger import Ledger
 from moetier.core.policies.residency import BeladyPolicy, partitioned
 from moetier.peers import token_feed
 
@@ -196,46 +196,6 @@ def _future(streams, steps: int) -> dict:
     return fut
 
 
-def _dealer(peer: Peer, ctx, R):
-    """A function (ledger, picks) -> LayerPlan with the peer's lane deal, or None for the planner's."""
-    has_cpu, has_gpu = ctx.cpu is not None, ctx.zerocopy is not None or ctx.gpu is not None
-    kind = peer.deal
-    if kind == "planner" or not (has_cpu and has_gpu):
-        return None
-    cpe, cpx = ctx.cpu[1], ctx.cpu[2]
-    zc = ctx.zerocopy or ctx.gpu
-    fetch = ctx.push_ms + ctx.gpu[1] if ctx.gpu is not None else zc[1]
-    q = cpe / (cpe + fetch) if cpe + fetch > 0 else 0.5
-
-    def deal(ledger, picks):
-        sget = ledger.state.get
-        absent = RAM if ledger.all_in_ram else ABSENT
-        ram, nvme = [], []
-        for k, m in picks.items():
-            s = sget(k, absent)
-            if s == RAM or s == PUSHING:
-                ram.append((m, k))
-            elif s != VRAM:
-                nvme.append((m, k))
-        plan = LayerPlan()
-        if kind == "cpu":
-            plan.cpu = [k for _, k in ram]
-            plan.nvme_cpu = [k for _, k in nvme]
-        elif kind == "gpu":
-            plan.nvme_gpu = [k for _, k in nvme]
-        elif kind == "latency":
-            plan.cpu = [k for m, k in ram if cpe + cpx * (m - 1) <= zc[1] + zc[2] * (m - 1)]
-            plan.nvme_cpu = [k for _, k in nvme]
-        else:                                    # fraction: the heaviest share q of the misses is fetched
-            miss = sorted(ram + nvme, reverse=True)
-            fetched = {k for _, k in miss[:int(round(q * len(miss)))]}
-            plan.cpu = [k for _, k in ram if k not in fetched]
-            plan.nvme_cpu = [k for _, k in nvme if k not in fetched]
-            plan.nvme_gpu = [k for _, k in nvme if k in fetched]
-        return plan
-    return deal
-
-
 def attach(peer: Peer, rp, streams, steps: int) -> None:
     """Wire ``peer`` into replay ``rp`` (a fresh sim.Replay, before seeding): the oracle's ledger with the future,
     the static placement (no admission), the lane deal."""
@@ -259,7 +219,7 @@ def attach(peer: Peer, rp, streams, steps: int) -> None:
             for pol in clocked:
                 pol.now = now
         rp.before = before
-        dealer = None if peer.oracle else _dealer(peer, rp.ctx, R)
+        rp.ctx.deal = peer.deal
 
         def used(ledger, picks, hit=rpol.hit):
             # every RAM pick is used now, whichever lane computes it: one computed through the GPU (zerocopy) gets
@@ -269,14 +229,14 @@ def attach(peer: Peer, rp, streams, steps: int) -> None:
             for k in picks:
                 if k in ram:
                     hit(k)
-            return dealer(ledger, picks) if dealer is not None else None     # None: the planner's deal
+            return None                          # the context's deal rule deals
         rp.deal = used
         return
     elif (part == "layer" and R.vram_slots) or peer.policy.get("ram_share") or peer.policy.get("ram_uses"):
         rp.ledger = split_ledger(peer, R, rp.ledger.exclusive)
         if peer.policy.get("ram_uses") == "tokens":
             token_feed.wire(rp)
-    rp.deal = _dealer(peer, rp.ctx, R)
+    rp.ctx.deal = peer.deal              # a rule the planner kernel applies (moetier.core.deal_rules)
 
 
 def split_ledger(peer: Peer, R, exclusive: bool = True) -> Ledger:
