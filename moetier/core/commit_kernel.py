@@ -287,12 +287,12 @@ def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, pi
                 _vram_use(C, vfs, viv, vst, vhl, key)
             else:
                 l = key // C[C_VW]
-                b = l * C[C_VW]
-                victim = _evict_for(vfs[l], viv[l], vst[l], vhl, picks, b, key - b)
+                base = l * C[C_VW]
+                victim = _evict_for(vfs[l], viv[l], vst[l], vhl, picks, base, key - base)
                 if victim < 0:
                     meta[M_REFUSED] += 1
                     continue
-                victim += b
+                victim += base
                 s = slot[victim]
         else:
             # CLOCK: a free slot, or the first unpinned plain-VRAM key whose reference bit is clear (clearing it
