@@ -1,6 +1,6 @@
 """Where a replay's time goes: per replay of `moetier compare`, the share of its time in the compiled kernels and in
 each piece of the core that stays Python (the NVMe channel's prefetch queue, the ledger's ticket path, the Python
-residency policies: Belady's future index, per-layer parts; the predictor's adaptation, the planner's and the
+residency policies: Belady's and the per-layer parts' Python side; the predictor's adaptation, the planner's and the
 executor's glue).
 
     python benchmarks/python_share.py [--recipe glm53-rtx3090-55g-nvx4] [--conc 4] [--steps 100] [--warmup 100]
@@ -10,7 +10,7 @@ The recipe's own row runs twice: as compare runs it (through the simulator's com
 it) and layer by layer (``moetier-per-layer``: plan_layer and Replay.commit per layer call, the runtime host
 thread's path). Each replay runs, after a one-step run that loads its kernels, once timed (its wall) and once
 under cProfile, whose per-function own time (tottime) is booked to the piece the function's file belongs to
-(``PIECES``: the channel's queue, the predictor's Python side, residency.py's Belady and per-layer partitions, the
+(``PIECES``: the channel's queue, the predictor's Python side, Belady's and the per-layer partitions' Python, the
 other policies' Python, the ledger's Python methods (the ticket path, commits the compiled one does
 not cover), plan_layer's and the executor's glue, the peers' hooks); a Numba kernel is recognised by its dispatcher
 and booked to ``kernels`` (its call, its crossing and its work). cProfile adds a cost per Python call, so the shares
@@ -43,6 +43,7 @@ PIECES = (
     ("core/channel.py", "channel queue"),
     ("core/predict.py", "predictor"),
     ("core/policies/residency.py", "Belady, partitions"),
+    ("core/policies/belady.py", "Belady, partitions"),
     ("core/policies/", "other policies"),
     ("core/ledger.py", "ledger"),
     ("core/tier_", "ledger"),

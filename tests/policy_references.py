@@ -19,6 +19,8 @@ slow and obvious on purpose. The sources:
 """
 from __future__ import annotations
 
+import heapq
+from bisect import bisect_right
 from collections import OrderedDict
 
 MASK = (1 << 64) - 1
@@ -547,6 +549,68 @@ class RefQueue:
 
     def victim(self, k, ok):
         return next((x for x in self.res if ok(x)), None)
+
+    def __contains__(self, k):
+        return k in self.res
+
+    def __len__(self):
+        return len(self.res)
+
+
+class RefBelady:
+    """Belady's MIN as moetier wrote it over a dict and a lazily invalidated heapq before its array state
+    (moetier.core.policies.belady): ``future`` key -> sorted use positions, ``now`` set by the caller; a key never
+    used again goes first, the incoming key is bypassed when no resident is needed later than it."""
+
+    def __init__(self, capacity, future):
+        self.capacity, self.future = capacity, future
+        self.now = -1
+        self.res, self.heap = {}, []
+
+    def next_use(self, k):
+        u = self.future.get(k)
+        if not u:
+            return float("inf")
+        i = bisect_right(u, self.now)
+        return u[i] if i < len(u) else float("inf")
+
+    def _touch(self, k):
+        n = self.next_use(k)
+        self.res[k] = n
+        heapq.heappush(self.heap, (-n, k))
+
+    insert = hit = _touch
+
+    def remove(self, k):
+        self.res.pop(k, None)
+
+    def _stale(self, e):
+        x, res = e[1], self.res
+        if x not in res or res[x] != -e[0]:
+            return True
+        if res[x] <= self.now:
+            self._touch(x)
+            return True
+        return False
+
+    def victim(self, k, ok):
+        heap, skipped, out = self.heap, [], None
+        while heap:
+            e = heapq.heappop(heap)
+            if self._stale(e):
+                continue
+            skipped.append(e)
+            if ok(e[-1]):
+                out = e[-1]
+                break
+        for e in skipped:
+            heapq.heappush(self.heap, e)
+        if len(self.heap) > 4 * len(self.res) + 64:
+            self.heap = [(-self.res[x], x) for x in self.res]
+            heapq.heapify(self.heap)
+        if out is not None and k is not None and self.next_use(k) >= self.res[out]:
+            return k
+        return out
 
     def __contains__(self, k):
         return k in self.res

@@ -39,8 +39,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from moetier.core.ledger import Ledger
-from moetier.core.policies.residency import BeladyPolicy, partitioned
+from moetier.core.policies.belady import BeladyPolicy, Future
+from moetier.core.policies.residency import partitioned
 from moetier.peers import token_feed
 
 __all__ = ["Peer", "PEERS", "ORACLE", "ORACLE_STRUCTURES", "DEFAULT", "TUNED", "SHIPPED", "DEFAULT_POLICY",
@@ -183,17 +186,17 @@ def rank_keys(peer: Peer, ranked, layers: int, experts: int) -> list:
     return sorted(ranked + rest, key=lambda k: -(k // experts))      # stable: hottest first within a layer
 
 
-def _future(streams, steps: int) -> dict:
-    """Every key's use positions (step * layers + layer) over the run: the oracle's future."""
-    fut: dict = {}
+def _future(streams, steps: int, keys: int) -> Future:
+    """Every key's use positions (step * layers + layer: one per layer call it is picked in) over the run: the
+    oracle's future."""
+    ks, start = streams.flat()
     L = streams.layers
-    for step in range(steps):
-        rows = streams.rows(step)
-        for layer in range(L):
-            pos = step * L + layer
-            for k in streams.picks(rows, layer):
-                fut.setdefault(k, []).append(pos)
-    return fut
+    toks = np.array([[start[i] + t for i, t in streams.rows(s)] for s in range(steps)], np.int64).reshape(steps, -1)
+    picked = ks[toks]                                                     # [step, row, layer, slot]
+    pos = np.broadcast_to(np.arange(steps)[:, None, None, None] * L + np.arange(L)[:, None], picked.shape)
+    n = max(1, steps * L)
+    code = np.unique((picked * n + pos)[picked >= 0])          # by key, then position; once per layer call
+    return Future.of_uses(code // n, code % n, keys)
 
 
 def attach(peer: Peer, rp, streams, steps: int) -> None:
@@ -202,33 +205,30 @@ def attach(peer: Peer, rp, streams, steps: int) -> None:
     R = rp.R
     part = peer.policy.get("vram_partition")
     if peer.oracle or peer.belady:
-        fut = _future(streams, steps)
+        fut = _future(streams, steps, R.keys)       # one future, one ``now``, for every part of both tiers
         L, E = R.layers, R.experts
         vpol = (partitioned("belady", R.vram_slots, L, E, fut) if part == "layer" and R.vram_slots
-                else BeladyPolicy(R.vram_slots, fut))
+                else BeladyPolicy(R.vram_slots, fut, width=R.keys))
         if R.policy.get("ram_partition", "global") == "layer":
             rpol = partitioned("belady", R.ram_slots, L, E, fut, even=peer.policy.get("ram_share") == "even")
         else:
-            rpol = BeladyPolicy(R.ram_slots, fut)
-        clocked = [p for pol in (vpol, rpol) for p in (pol.parts if hasattr(pol, "parts") else (pol,))]
+            rpol = BeladyPolicy(R.ram_slots, fut, width=R.keys)
         rp.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, exclusive=rp.ledger.exclusive, ram_policy=rpol,
                            vram_policy=vpol, layers=L, experts=E)
 
-        def before(layer, ledger=rp.ledger):
-            now = ledger.step * L + layer
-            for pol in clocked:
-                pol.now = now
+        def before(layer, ledger=rp.ledger, now=fut.now):
+            now[0] = ledger.step * L + layer
         rp.before = before
         rp.ctx.deal = peer.deal
 
-        def used(ledger, picks, hit=rpol.hit):
+        def used(ledger, picks, hit=rpol.hit_many):
             # every RAM pick is used now, whichever lane computes it: one computed through the GPU (zerocopy) gets
             # no ram_hit, and a Belady order left at its old next use would keep it as needed soon (VRAM picks are
             # all computed on the GPU: vram_hit)
             ram = ledger.ram
-            for k in picks:
-                if k in ram:
-                    hit(k)
+            keys = [k for k in picks if k in ram]
+            if keys:
+                hit(keys)
             return None                          # the context's deal rule deals
         rp.deal = used
         return

@@ -1,10 +1,8 @@
-"""The shared parts of the tier replacement policies (moetier.core.policies.residency): queue membership,
-a lazily invalidated heap, the first key a tier may evict. Pure."""
+"""The shared parts of the tier replacement policies (moetier.core.policies.residency): membership and size over a
+policy's queues; a layer's hits as one batch for the array-state policies. Pure."""
 from __future__ import annotations
 
-import heapq
-
-__all__ = ["_Queues", "_Heaped"]
+__all__ = ["_Queues", "_Batched"]
 
 
 class _Queues:
@@ -18,27 +16,12 @@ class _Queues:
         return sum(len(getattr(self, q)) for q in self._queues)
 
 
-class _Heaped(_Queues):
-    """Resident keys (``res``: key -> its order) popped from a lazily invalidated heap of (order..., key)."""
-    _queues = ("res",)
+class _Batched:
+    """``hit_many`` over a policy's ``hit_within`` (one compiled call) and ``_index`` (which grows its arrays)."""
 
-    def remove(self, k):
-        self.res.pop(k, None)
-
-    def _top(self, ok):
-        """The first resident key in heap order with ok(key), left in the heap; stale entries are dropped."""
-        heap, skipped, out = self.heap, [], None
-        while heap:
-            e = heapq.heappop(heap)
-            if self._stale(e):            # (Belady's refresh pushes the key's new entry)
-                continue
-            skipped.append(e)
-            if ok(e[-1]):
-                out = e[-1]
-                break
-        for e in skipped:
-            heapq.heappush(self.heap, e)
-        if len(self.heap) > 4 * len(self.res) + 64:
-            self.heap = [self._entry(x) for x in self.res]
-            heapq.heapify(self.heap)
-        return out
+    def hit_many(self, keys):
+        """``hit`` of each of ``keys`` in turn, in one compiled call."""
+        if keys and not self.hit_within(keys):
+            for k in keys:
+                self._index(k)           # grows the arrays (a key below the first is an error)
+            self.hit_within(keys)

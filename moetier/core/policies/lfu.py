@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 from moetier.core.jit import kernel
+from moetier.core.policies.base import _Batched
 
 __all__ = ["LFU", "stack", "COUNT", "LRU", "FIFO"]
 
@@ -238,7 +239,7 @@ def _put(fs, iv, st, halflife, pins, base, i, cap):
     return v if v >= 0 else -2
 
 
-class LFU:
+class LFU(_Batched):
     """Least frequently used; counts survive eviction (a key's history follows it), ties to the least recent use.
     ``halflife`` > 0 decays counts by uses of the tier (dlfu). ``base``: the lowest key (a per-layer part's first
     key), ``width``: how many keys from it to size the arrays for (they grow past it on demand)."""
@@ -268,13 +269,6 @@ class LFU:
         _touch(self.fs, self.iv, self.st, self.halflife, i)
 
     hit = insert
-
-    def hit_many(self, keys):
-        """``hit`` of each of ``keys`` in turn, in one compiled call."""
-        if keys and not self.hit_within(keys):
-            for k in keys:
-                self._index(k)           # grows the arrays (a key below the first is an error)
-            self.hit_within(keys)
 
     def hit_within(self, keys, lim: int = 1 << 62) -> bool:
         """``hit_many`` of keys that all lie within [base, base + lim) and the arrays, in one compiled call; False,

@@ -15,10 +15,11 @@ The tier (moetier.core.ledger.Ledger, or ``replay`` below) owns residency; the p
                          queues (S3-FIFO, 2Q, W-TinyLFU) and remembers evicted keys in its ghost lists; the caller
                          then calls ``remove`` on the key it returned (unless it returned ``k``).
 
-Policies: ``lru``, ``fifo`` (moetier.core.policies.recency), ``lfu`` (pick counts that outlive eviction, ties to the least recent), ``dlfu`` (counts
-decayed by a half-life in uses of the tier: activation-aware, MoE-Infinity / HybriMoE style; ``dlfu:halflife=H`` or
-``dlfu:H``), ``belady`` (the future known: evict the key used farthest ahead, bypass the incoming key when it is that
-key; ``BeladyPolicy.now`` is set by the caller), and each published policy as its authors wrote it, one module each:
+Policies: ``lru``, ``fifo`` (moetier.core.policies.recency), ``lfu`` (pick counts that outlive eviction, ties to
+the least recent), ``dlfu`` (counts decayed by a half-life in uses of the tier: activation-aware, MoE-Infinity /
+HybriMoE style; ``dlfu:halflife=H`` or ``dlfu:H``), ``belady`` (the future known: evict the key used farthest ahead,
+bypass the incoming key when it is that key; ``BeladyPolicy.now`` is set by the caller; moetier.core.policies.belady),
+and each published policy as its authors wrote it, one module each:
 ``2q`` (moetier.core.policies.twoq), ``slru`` (slru), ``sieve`` (sieve), ``s3fifo`` (s3fifo), ``wtinylfu``
 (wtinylfu), and KTransformers' own ``kt-2q``, ``kt-slru``, ``kt-sieve``, ``kt-s3fifo``, ``kt-wtinylfu``
 (ktransformers). A spec sets any parameter its module lists: ``2q:a1=0.25,ghost=0.5`` (moetier.core.policies.spec;
@@ -33,10 +34,9 @@ tests.
 """
 from __future__ import annotations
 
-import heapq
-from bisect import bisect_right
 
-from moetier.core.policies.base import _Heaped, _Queues
+from moetier.core.policies.base import _Queues
+from moetier.core.policies.belady import BeladyPolicy
 from moetier.core.policies.lfu import LFU
 from moetier.core.policies.recency import FIFO, LRU
 from moetier.core.policies import s3fifo, slru, twoq, wtinylfu
@@ -46,52 +46,6 @@ from moetier.core.policies.sieve import Sieve
 from moetier.core.policies.spec import parse as parse_spec
 
 __all__ = ["make", "parse", "partitioned", "replay", "POLICIES", "BeladyPolicy", "Partitioned"]
-
-
-class BeladyPolicy(_Heaped):
-    """Belady's MIN with the future known. ``future``: key -> sorted positions of its uses; ``now``: the position
-    being served (the caller advances it). A key never used again is evicted first; the incoming key is bypassed
-    when no resident key is needed later than it."""
-    name = "belady"
-
-    def __init__(self, capacity: int, future: dict):
-        self.capacity, self.future = capacity, future
-        self.now = -1
-        self.res: dict = {}
-        self.heap: list = []
-
-    def next_use(self, k) -> float:
-        u = self.future.get(k)
-        if not u:
-            return float("inf")
-        i = bisect_right(u, self.now)
-        return u[i] if i < len(u) else float("inf")
-
-    def _touch(self, k):
-        n = self.next_use(k)
-        self.res[k] = n
-        heapq.heappush(self.heap, (-n, k))
-
-    insert = hit = _touch
-
-    def _entry(self, x):
-        return (-self.res[x], x)
-
-    def _stale(self, e):
-        x, res = e[1], self.res
-        if x not in res or res[x] != -e[0]:
-            return True
-        if res[x] <= self.now:            # used since its entry without a hit (another tier computed it): refresh
-            self._touch(x)
-            return True
-        return False
-
-    def victim(self, k, ok):
-        out = self._top(ok)
-        if out is not None and k is not None and self.next_use(k) >= self.res[out]:
-            return k
-        return out
-
 
 
 def _halflife(v) -> bool:
@@ -123,7 +77,7 @@ def make(spec: str, capacity: int, future: dict | None = None, base: int = 0, wi
     if name == "belady":
         if future is None:
             raise ValueError("residency policy 'belady' needs the future (an oracle bound only)")
-        return BeladyPolicy(capacity, future)
+        return BeladyPolicy(capacity, future, base, width)
     if name == "dlfu":
         return LFU(capacity, params["halflife"] or 4.0 * max(1, capacity), base, width)
     if name == "lfu":
