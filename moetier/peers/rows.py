@@ -191,7 +191,8 @@ def _future(streams, steps: int, keys: int) -> Future:
     oracle's future."""
     ks, start = streams.flat()
     L = streams.layers
-    toks = np.array([[start[i] + t for i, t in streams.rows(s)] for s in range(steps)], np.int64).reshape(steps, -1)
+    toks = np.array([[start[i] + t for i, t in streams.rows(s)] for s in range(steps)], np.int64)
+    toks = toks.reshape(steps, streams.conc * streams.window)
     picked = ks[toks]                                                     # [step, row, layer, slot]
     pos = np.broadcast_to(np.arange(steps)[:, None, None, None] * L + np.arange(L)[:, None], picked.shape)
     n = max(1, steps * L)
