@@ -21,10 +21,10 @@ moetier.core.policies.lfu; LRU / FIFO, moetier.core.policies.recency) over every
 vst`` the parts' arrays stacked, a part ``C[C_VW]`` keys wide); RAM the built-in LRU (exclusive or inclusive) or an
 array-state policy, global or split per layer (``rfs, riv, rst``, ``caps`` each part's slots, a part ``C[C_RW]``
 keys wide); no RAM bookkeeping (all in RAM, or no RAM slots). The policy work is moetier.core.policies.lfu's
-kernels, called here, not a copy of them. The ticket path's RAM puts and uses go
-through the same code (``ram_put`` / ``ram_uses``, and ``lru_*`` for the built-in LRU). ``bind(ledger)`` is the
-arguments (the ledger's own buffers, the policies' arrays stacked by part), or None where the kernel does not cover
-the ledger; the ledger keeps them (the buffers never move).
+kernels, called here, not a copy of them. The ticket path's RAM puts and uses go through the same code (``ram_put``
+/ ``ram_uses``, and ``lru_*`` for the built-in LRU). ``bind(ledger)`` is the arguments (the ledger's own buffers,
+the policies' arrays stacked by part), or None where the kernel does not cover the ledger; the ledger keeps them
+(the buffers never move).
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def bind(led, base):
     kernel does not cover the ledger (the module docstring says which it covers)."""
     if any(getattr(type(led), m) is not getattr(base, m) for m in _STEPS):
         return None
-    vparts, vwidth = _parts(led._vpol, led.keys)
+    vparts, _, vwidth = _parts(led._vpol, led.keys)
     if vparts == ():
         return None
     rparts, caps, width = _ram_parts(led)
@@ -78,29 +78,23 @@ def bind(led, base):
 
 
 def _parts(pol, keys: int) -> tuple:
-    """(the VRAM policy's array-state parts or None for CLOCK, a part's width in keys); parts () where the kernel
-    does not cover it. The VRAM tier is full or not as a whole; a policy split per layer names a victim of the
-    incoming key's layer."""
+    """(a tier's array-state policy parts, or None where it has no policy object (CLOCK, the built-in LRU), each
+    part's slots, a part's width in keys); parts () where the kernel does not cover the policy. A VRAM tier is full
+    or not as a whole; a policy split per layer names a victim of the incoming key's layer."""
     if pol is None:
-        return None, 1
+        return None, [0], 1
     if isinstance(pol, lfu.LFU):
-        return [pol], keys
+        return [pol], [pol.capacity], keys
     if isinstance(pol, residency.Partitioned) and all(isinstance(p, lfu.LFU) for p in pol.parts):
-        return pol.parts, pol.experts
-    return (), 1
+        return pol.parts, pol.caps, pol.experts
+    return (), [0], 1
 
 
 def _ram_parts(led) -> tuple:
-    """(the RAM tier's LFU parts or None for the built-in LRU, each part's slots, a part's width in keys); parts ()
-    where the kernel does not cover the RAM order."""
-    r = led._rpol
-    if r is None:
-        return ((), [0], 1) if led._lfu_window and not led._no_ram_lru else (None, [0], 1)   # the window LFU
-    if isinstance(r, lfu.LFU):
-        return [r], [r.capacity], led.keys
-    if isinstance(r, residency.Partitioned) and all(isinstance(p, lfu.LFU) for p in r.parts):
-        return r.parts, r.caps, r.experts
-    return (), [0], 1
+    """``_parts`` of the RAM tier; parts () under the window LFU, which the kernel does not cover."""
+    if led._rpol is None and led._lfu_window and not led._no_ram_lru:
+        return (), [0], 1
+    return _parts(led._rpol, led.keys)
 
 
 def _stackable(parts, w: int) -> bool:

@@ -167,11 +167,18 @@ def _victim(F, res, inres, pin, hk, hx, st, base, pins, k):
         if not pin[x - base]:
             out = x
             break
-    for j in range(m):
-        _push(hk, hx, st, -res[skipped[j] - base], skipped[j])
     for p in pins:
         if 0 <= p - base < pin.shape[0]:
             pin[p - base] = 0
+    return _settle(F, res, inres, hk, hx, st, base, skipped[:m], out, k)
+
+
+@kernel
+def _settle(F, res, inres, hk, hx, st, base, walked, out, k):
+    """The end of a victim walk: the walked keys' entries back, the heap rebuilt once it holds more than 4 x the
+    residents + 64 entries; ``k`` (a bypass, where k >= 0 is needed no sooner than ``out``), else ``out``."""
+    for x in walked:
+        _push(hk, hx, st, -res[x - base], x)
     if st[0] > 4 * st[1] + 64:
         _rebuild(res, inres, hk, hx, st, base)
     if out >= 0 and k >= 0 and _next_use(F[0], F[1], F[2], F[3], k) >= res[out - base]:
@@ -272,35 +279,20 @@ class BeladyPolicy(_Batched):
     def victim(self, k, ok):
         """The first resident key in order with ``ok(key)`` (every key it walks put back), or ``k`` (a bypass), or
         None."""
-        a = self._a
-        walked, out = [], None
-        while True:
-            x = _pop_valid(*a)
-            if x < 0:
-                break
+        walked, out = [], -1
+        while (x := _pop_valid(*self._a)) >= 0:
             walked.append(x)
             if ok(x):
                 out = x
                 break
-        for x in walked:
-            _push(self.hk, self.hx, self.st, -self.res[x - self.base], x)
-        if self.st[0] > 4 * self.st[1] + 64:
-            _rebuild(self.res, self.inres, self.hk, self.hx, self.st, self.base)
-        if out is not None and k is not None and self.next_use(k) >= self.res[out - self.base]:
-            return k
-        return out
+        v = _settle(*self._a, np.array(walked, np.int64), out, -1 if k is None else int(k))
+        return None if v < 0 else v
 
     def evict_for(self, k, pins):
-        """``victim(k, ok)`` for an ``ok`` refusing exactly ``pins``, and ``replace(it, k)`` where it names a key;
-        the evicted key, or None (nothing changed)."""
-        k = self._index(k)
-        f, res, inres, hk, hx, st, base = self._a
-        v = _victim(f, res, inres, self.pin, hk, hx, st, base, pins, k)
-        if v < 0 or v == k:
-            return None
-        self.remove(v)
-        self.insert(k)
-        return v
+        """``victim(k, ok)`` for an ``ok`` refusing exactly ``pins``, and ``replace(it, k)`` where it names a key, in
+        one compiled call (``put`` into a tier of no free slot); the evicted key, or None (nothing changed)."""
+        v = self.put(k, pins, 0)
+        return None if v == k else v
 
     def put(self, k, pins, cap=None):
         """``k`` enters a tier of ``cap`` slots (default: the capacity): -1 for a free slot, the evicted key, or ``k``
