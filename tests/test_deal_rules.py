@@ -57,18 +57,26 @@ def ctx():
 @pytest.mark.parametrize("lanes", ["zerocopy", "gpu-only"])
 def test_rule_deals_as_the_python_dealer(ctx, kind, lanes):
     c = replace(ctx, deal=kind, zerocopy=None) if lanes == "gpu-only" else replace(ctx, deal=kind)
-    if kind == "latency":                        # a pick's rows decide its lane: costs on both sides of the line
-        c = replace(c, cpu=(c.cpu[0], (c.zerocopy or c.gpu)[1] * 0.9, (c.zerocopy or c.gpu)[2] * 1.5))
+    if kind == "latency":
+        # a pick's rows decide its lane: one row is cheaper on the cpu lane, two or more on the GPU's
+        ze, zx = (c.zerocopy or c.gpu)[1:]
+        c = replace(c, cpu=(c.cpu[0], ze * 0.9, zx + ze * 0.2))
     T = np.array(terms(c))
     rng = np.random.default_rng(RULES.index(kind))
+    lanes_seen = set()
     for _ in range(400):
         n = int(rng.integers(0, 24))
         keys = rng.choice(500, size=n, replace=False).tolist()
         picks = {k: int(rng.integers(1, 6)) for k in keys}
         states = {k: STATES[int(rng.integers(len(STATES)))] for k in keys}
         I = np.array([keys, list(picks.values()), [states[k] for k in keys]], np.int64).reshape(3, n)
-        want = _deal(picks, ref_deal(kind, c, states, picks))
+        ref = ref_deal(kind, c, states, picks)
+        want = _deal(picks, ref)
         assert rule_deal(T, I).tolist() == want.tolist(), (kind, picks, states)
+        ram = [k for k in keys if states[k] in (RAM, PUSHING)]
+        lanes_seen.update("cpu" if k in ref.cpu else "gpu" for k in ram)
+    # the lanes the RAM picks went to: "latency" and "fraction" split them, so both sides of each rule ran
+    assert lanes_seen == {"cpu": {"cpu"}, "gpu": {"gpu"}, "latency": {"cpu", "gpu"}, "fraction": {"cpu", "gpu"}}[kind]
 
 
 def test_fraction_rounds_its_share_half_to_even(ctx):
