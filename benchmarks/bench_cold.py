@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from _rounds import alternate
+
 HERE = Path(__file__).resolve()
 REPO = HERE.parent.parent
 # the shipped default policy (moetier.peers.rows.DEFAULT_POLICY), spelled out: an older tree may lack the constant
@@ -115,11 +117,7 @@ def _side(tree: Path, a) -> dict:
 
 def rounds(trees: dict, a, run=_side) -> dict:
     """Alternating rounds per side; per figure and kind the medians' min / median / max and B / A."""
-    got = {k: [] for k in trees}
-    for i in range(a.rounds):
-        for k in (list(trees) if i % 2 == 0 else list(trees)[::-1]):
-            print(f"bench_cold: round {i + 1}/{a.rounds}, side {k}", file=sys.stderr, flush=True)
-            got[k].append(run(trees[k], a))
+    got = alternate("bench_cold", trees, a, run)
     named = {k: "this tree" if str(v) == str(REPO) else str(v) for k, v in trees.items()}
     res = {"mb": a.mb, "calls": a.calls, "rounds": a.rounds, "trees": named,
            "runs": got, "sides": {}}

@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from moetier.peers.rows import DEFAULT_POLICY  # noqa: E402
+from _rounds import alternate  # noqa: E402
 
 FIGURES = (("plan", "plan ms/token"), ("bookkeeping", "bookkeeping ms/token"), ("tok_s", "tok/s"))
 
@@ -51,12 +52,7 @@ def one_run(tree: Path, a) -> dict:
 def rounds(trees: dict, a, run=one_run) -> dict:
     """``a.rounds`` runs per side, the order flipping each round; per side, concurrency and figure the runs and
     min / median / max, and the B / A ratio of the medians."""
-    got = {k: [] for k in trees}
-    for i in range(a.rounds):
-        for k in (list(trees) if i % 2 == 0 else list(trees)[::-1]):
-            # progress on stderr: stdout holds only the table, for a pipe
-            print(f"bench_host: round {i + 1}/{a.rounds}, side {k}", file=sys.stderr, flush=True)
-            got[k].append(run(trees[k], a))
+    got = alternate("bench_host", trees, a, run)
     res = {"rounds": a.rounds, "steps": a.steps, "recipe": a.recipe, "set": list(getattr(a, "set", None) or ()),
            "load": os.getloadavg(), "sides": {}}
     for k, runs in got.items():

@@ -6,15 +6,15 @@ executor's glue).
     python benchmarks/python_share.py [--recipe glm53-rtx3090-55g-nvx4] [--conc 4] [--steps 100] [--warmup 100]
                                       [--rows NAME,...] [--out NAME]
 
-The recipe's own row runs twice: as compare runs it (through the simulator's compiled step loop where that covers
-it) and layer by layer (``moetier-per-layer``: plan_layer and Replay.commit per layer call, the runtime host
-thread's path). Each replay runs, after a one-step run that loads its kernels, once timed (its wall) and once
-under cProfile, whose per-function own time (tottime) is booked to the piece the function's file belongs to
-(``PIECES``: the channel's queue, the predictor's Python side, Belady's and the per-layer partitions' Python, the
-other policies' Python, the ledger's Python methods (the ticket path, commits the compiled one does
-not cover), plan_layer's and the executor's glue, the peers' hooks); a Numba kernel is recognised by its dispatcher
-and booked to ``kernels`` (its call, its crossing and its work). cProfile adds a cost per Python call, so the shares
-overstate Python against the kernels: they say where the Python is, the timed wall what it costs.
+The recipe's own row runs twice: as compare runs it (through the simulator's compiled step loop where that covers it)
+and layer by layer (``moetier-per-layer``: plan_layer and Replay.commit per layer call, the runtime host thread's path).
+Each replay runs, after a one-step run that loads its kernels, once timed (its wall) and once under cProfile, whose
+per-function own time (tottime) is booked to the piece the function's file belongs to (``PIECES``: the channel's queue,
+the predictor's Python side, Belady's and the per-layer partitions' Python, the other policies' Python, the ledger's
+Python methods (the ticket path, commits the compiled one does not cover), plan_layer's and the executor's glue, the
+peers' hooks); a Numba kernel is recognised by its dispatcher and booked to ``kernels`` (its call, its crossing and its
+work). cProfile adds a cost per Python call, so the shares overstate Python against the kernels: they say where the
+Python is, the timed wall what it costs.
 ``--out NAME`` writes NAME.json and NAME.md beside this script.
 """
 from __future__ import annotations
