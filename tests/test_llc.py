@@ -9,7 +9,7 @@ from moetier.core.terms import PlanContext
 
 
 def test_factor_interpolates_over_records_streamed_since_last_use():
-    m = ReuseModel({"400": 0.5, "1200": 1.0}, record_bytes=100)    # 4 records -> 0.5, 12 records -> 1.0
+    m = ReuseModel({"400": 0.5, "1200": 1.0}, record_bytes=100, keys=256)    # 4 records -> 0.5, 12 records -> 1.0
     assert m.factor(7) == 1.0                                      # never seen: cold
     m.touch([7])
     assert m.factor(7) == 0.5                                      # nothing streamed since: the nearest point
@@ -20,7 +20,7 @@ def test_factor_interpolates_over_records_streamed_since_last_use():
     m.touch([7])
     assert m.factor(7) == 0.5                                      # a touch resets the distance
     with pytest.raises(ValueError):
-        ReuseModel({}, 100)
+        ReuseModel({}, 100, 64)
 
 
 def test_planner_charges_a_recently_used_ram_pick_per_expert_times_its_factor():
@@ -30,7 +30,7 @@ def test_planner_charges_a_recently_used_ram_pick_per_expert_times_its_factor():
     L.seed([])
     picks = {0: 1}
     cold = plan_layer(ctx, L, picks, 0.0, None)
-    m = ReuseModel({str(R.ram_expert_bytes): 0.5}, R.ram_expert_bytes)
+    m = ReuseModel({str(R.ram_expert_bytes): 0.5}, R.ram_expert_bytes, R.keys)
     m.touch([0])
     warm = plan_layer(ctx, L, picks, 0.0, None, m)
     pe = ctx.cpu[1]

@@ -46,7 +46,7 @@ class NvmeChannel:
 
     __slots__ = ("deep", "one", "lat", "dfree", "pf", "reads", "pf_reads", "pf_cancelled", "pf_wasted", "qd_table",
                  "outstanding", "pf_svc", "pf_lat", "pf_done", "wake", "cv_shared", "cv_own", "spread", "bursts",
-                 "lane_sd", "pf_gone", "reads_beside_pf")
+                 "lane_sd", "pf_gone", "reads_beside_pf", "kt")
 
     def __init__(self, record_bytes: int, bw_gbps: float, *, bw_qd1_gbps: float | None = None,
                  latency_ms: float = 0.1, terms: ChannelTerms | None = None):
@@ -109,6 +109,7 @@ class NvmeChannel:
         """Switch the queueing model's latency-vs-queue-depth table (e.g. the one measured at this many rows)."""
         # queueing model (measured): completion time of a read that joins q outstanding reads
         self.qd_table = sorted((int(q), float(v)) for q, v in (table or {}).items())
+        self.kt = _terms(self)
         if self.qd_table:
             self.pf_svc, self.pf_lat = self.latency_at(1) + self.wake, 0.0
         else:
@@ -116,51 +117,42 @@ class NvmeChannel:
 
     def latency_at(self, q: int) -> float:
         """Measured completion time at queue depth q: piecewise linear; beyond the table, linear in q (bandwidth)."""
-        tab = self.qd_table
-        if q <= tab[0][0]:
-            return tab[0][1]
-        for (q0, v0), (q1, v1) in zip(tab, tab[1:]):
-            if q <= q1:
-                return v0 + (v1 - v0) * (q - q0) / (q1 - q0)
-        return tab[-1][1] * q / tab[-1][0]
+        return latency_at(self.kt, q)
+
+    @property
+    def demand_only(self) -> bool:
+        """No prefetch read is queued or still running: a demand read's arrival depends on the demand reads alone
+        (what the planner's kernel computes itself, moetier.core.plan_gather)."""
+        return not self.pf and not self.pf_gone
 
     def demand(self, t: float, n: int) -> list[float]:
         """Issue n demand reads at t; returns their arrival times (ms)."""
         if n <= 0:
             return []
+        out = np.empty(n)
         if self.qd_table:
-            # reads run concurrently; the i-th read of this batch joins a queue of depth (reads still in flight + i)
-            # and completes after the measured latency at that depth - the table is keyed the same way (the depth a
-            # read joined when it was submitted)
-            busy = [a for a in self.outstanding if a > t]
             if self._in_service(t) is not None:
                 self.reads_beside_pf += n
-            out = [t + x for x in self._burst(len(busy), n)]
+            demand_arrivals(self.kt, t, 0.0, sum(a > t for a in self.outstanding), out)
+        else:
+            demand_arrivals(self.kt, t, max(self.dfree, self._running_end(t)), 0, out)
+        out = out.tolist()
+        self.issued(t, out)
+        return out
+
+    def issued(self, t: float, out: list) -> None:
+        """Book demand reads issued at t that arrive at ``out`` (``demand_arrivals``'s): the reads in flight, when
+        the demand work ends, the prefetch queue behind it."""
+        if self.qd_table:
+            busy = [a for a in self.outstanding if a > t]
             busy.extend(out)
             self.outstanding = busy
             self.dfree = max(self.dfree, out[-1])
-            self.reads += n
-            if self.pf:
-                self._repack(t)
-            return out
-        out = np.empty(n)
-        fifo_reads(max(self.dfree, self._running_end(t)), t, self.lat, self.deep, self.one, out)
-        out = out.tolist()
-        self.dfree = out[-1]
-        self.reads += n
+        else:
+            self.dfree = out[-1]
+        self.reads += len(out)
         if self.pf:
             self._repack(t)
-        return out
-
-    def _burst(self, q0: int, n: int) -> list[float]:
-        """The latencies of n demand reads issued together, joining q0 reads in flight (table model). Measured
-        bursts: concurrent reads share the device and land together (a burst of 3 at 3.7 ms each, not 2.4 / 3.1 /
-        3.8); a size not measured (or joining reads in flight) lands at the depth table's latency for its last
-        read."""
-        if not self.bursts:
-            return [self.latency_at(q0 + i + 1) for i in range(n)]
-        row = self.bursts.get(n) if q0 == 0 else None
-        return list(row) if row is not None else [self.latency_at(q0 + n)] * n
 
     def claim(self, key: int, t: float) -> float | None:
         """The arrival of a prefetched key needed at t, or None: it has no prefetch read, or its read had not started
@@ -224,6 +216,62 @@ class NvmeChannel:
         if cancelled:
             self._repack(t)
         return cancelled, wasted
+
+
+# kt: the channel's terms as its kernels read them: the model, then the depth table's points, then the measured
+# bursts (each row: its size, then its latency by position; none: each read takes the table's latency at its depth)
+T_TABLE, T_LAT, T_DEEP, T_ONE, T_NQ, T_N = range(6)
+
+
+def _terms(ch) -> np.ndarray:
+    tab, rows = ch.qd_table, ch.bursts
+    return np.array([bool(tab), ch.lat, ch.deep, ch.one, len(tab), *(q for q, _ in tab), *(v for _, v in tab),
+                     len(rows), *(x for n, row in rows.items() for x in (n, *row))], np.float64)
+
+
+@kernel
+def latency_at(kt, q):
+    """The depth table's completion time at queue depth q: piecewise linear; beyond the table, linear in q (the
+    device's bandwidth)."""
+    m = int(kt[T_NQ])
+    qs, vs = kt[T_N:T_N + m], kt[T_N + m:T_N + 2 * m]
+    if q <= qs[0]:
+        return vs[0]
+    for i in range(1, m):
+        if q <= qs[i]:
+            q0, q1 = int(qs[i - 1]), int(qs[i])
+            return vs[i - 1] + (vs[i] - vs[i - 1]) * (q - q0) / (q1 - q0)
+    return vs[m - 1] * q / int(qs[m - 1])
+
+
+@kernel
+def demand_arrivals(kt, t, busy_until, q0, out):
+    """The arrivals of len(out) demand reads issued at t, into ``out``. FIFO model: ``fifo_reads`` behind
+    ``busy_until``. Depth table: reads run concurrently, the i-th of the batch joining ``q0`` reads in flight plus
+    the i before it (the table is keyed by the depth a read joined at). Measured bursts: the reads of a burst with
+    none in flight share the device and land together (a burst of 3 at 3.7 ms each, not 2.4 / 3.1 / 3.8); a size
+    not measured, or one joining reads in flight, lands at the table's latency for its last read."""
+    n = out.shape[0]
+    if not kt[T_TABLE]:
+        fifo_reads(busy_until, t, kt[T_LAT], kt[T_DEEP], kt[T_ONE], out)
+        return
+    at = T_N + 2 * int(kt[T_NQ])
+    rows = int(kt[at])
+    if rows == 0:
+        for i in range(n):
+            out[i] = t + latency_at(kt, q0 + i + 1)
+        return
+    at += 1
+    for _ in range(rows):
+        size = int(kt[at])
+        if size == n and q0 == 0:
+            for i in range(n):
+                out[i] = t + kt[at + 1 + i]
+            return
+        at += 1 + size
+    x = latency_at(kt, q0 + n)
+    for i in range(n):
+        out[i] = t + x
 
 
 @kernel

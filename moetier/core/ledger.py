@@ -67,7 +67,7 @@ class Ledger:
         self.all_in_ram = self.ram_slots >= keys
         self._no_ram_lru = self.all_in_ram or self.ram_slots == 0   # nothing to track in the RAM tier
         self._ts = ts = TierState(keys, self.vram_slots)
-        self.codes = ts.st                                  # key -> state code (a bytearray), read and written in place
+        self.codes, self.view = ts.st, ts.views()[0]        # key -> state code: a bytearray, in place; as numpy
         self.state = States(ts.st)                          # the same, as a dict (ABSENT keys not in it)
         self.ram = RamTier(ts)                              # oldest first
         self._vpol = None

@@ -28,8 +28,9 @@ from struct import pack
 
 import numpy as np
 
+from moetier.core import plan_gather as G
 from moetier.core import plan_kernel as K
-from moetier.core.channel import NvmeChannel
+from moetier.core.channel import T_N, NvmeChannel
 from moetier.core.lanes import idle_wake
 from moetier.core.terms import PlanContext
 from moetier.core.tickets import RAM, TIER_NVME, TIER_OF
@@ -74,6 +75,8 @@ NO_NVME_LANE = "no lane can compute an NVMe pick: the recipe needs a cpu lane or
 _ON_NVME = tuple(t == TIER_NVME for t in TIER_OF)     # by ledger state: the pick must be read first
 _NO_DEAL = np.empty(0, np.int64)
 _NO_CHANNEL = (0.0,) * 6
+_NO_TERMS = np.zeros(T_N)             # no channel: no reads (a recipe without an NVMe tier has no NVMe picks)
+_NO_LAST = G.NO_LAST
 
 
 def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChannel | None,
@@ -94,34 +97,55 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
     plan = LayerPlan()
     plan.t0 = t0
     n = len(picks)
+    arrivals = ()
+    if nvme is None:
+        ch, busy, out, kt = _NO_CHANNEL, 0.0, (), _NO_TERMS
+    else:
+        if nvme.demand_only:           # the kernel issues the demand reads (plan_gather)
+            busy, out = nvme.dfree, nvme.outstanding
+        else:                          # claiming a prefetch read counts it in pf_done
+            busy, out = 0.0, ()
+            arrivals = _claimed(plan, ctx, ledger, picks, t0, nvme)
+        ch, kt = (nvme.wake, nvme.spread, nvme.cv_own, nvme.cv_shared, nvme.lane_sd, nvme.pf_done), nvme.kt
+    # the serial copies double where the VRAM tier is full (the kernel adds: and the layer reads from NVMe)
+    full = ctx.copy_serial and ledger.exclusive and ledger.vram_full()
+    # packed as raw bytes: struct converts Python numbers faster than numpy does, and the kernel reads them in place
+    X = (t0, idle_wake(idle) if ctx.cpu_wake else 0.0, *ch, plan.demand_reads, ctx.predicting, full, bool(arrivals),
+         llc is not None, ledger.all_in_ram, busy, 0 if llc is None else llc.clock, len(out), *out, *arrivals,
+         *(() if llc is None else llc.curve))
+    # the kernel writes into arrays made here: arrays it returned would be boxed by numba's runtime, whose code the
+    # runtime's expert compute has evicted from the caches by the time it plans (several us a layer call there)
+    O, R = np.empty(6 + 2 * n, np.int64), np.empty(K.R_N + 1 + n)
+    G.plan_call(P, pack(f"{2 * n}q", *picks, *picks.values()), ledger.view, pack(f"{len(X)}d", *X),
+                _deal(picks, lanes) if lanes is not None else _NO_DEAL, O, R, kt,
+                _NO_LAST if llc is None else llc.last)
+    if ctx.read_cpu and nvme is not None and nvme.pf_done:
+        nvme.pf_done = 0              # the kernel charged the prefetch reads' CPU work (_serial_host)
+    o, r = O.tolist(), R.tolist()
+    reads = int(r[K.R_N])
+    if reads:
+        if reads < 0:
+            raise ValueError(NO_NVME_LANE)
+        arr = r[K.R_N + 1:K.R_N + 1 + reads]
+        nvme.issued(t0, arr)
+        plan.arrivals = dict(zip(o[6 + n:6 + n + reads], arr))
+        plan.demand_reads = reads
+    _unpack(plan, o, r)
+    plan.packed = O
+    return plan
+
+
+def _claimed(plan, ctx, ledger, picks, t0, nvme) -> list:
+    """The NVMe picks' arrivals off a channel with prefetch reads (``_arrivals``), in the order of ``picks``."""
     st = list(map(ledger.codes.__getitem__, picks))
     if ledger.all_in_ram:              # an absent key is in RAM, without bookkeeping
         st = [s or RAM for s in st]
-    nvme_l = list(compress(picks, map(_ON_NVME.__getitem__, st)))
-    n_nv = len(nvme_l)
-    arrivals = ()
-    if n_nv and not ctx.mask:
-        if ctx.cpu is None and ctx.gpu is None:
-            raise ValueError(NO_NVME_LANE)
-        arrivals = _arrivals(plan, nvme_l, t0, nvme)
-    # the kernel turns each RAM pick's distance into its factor (llc.reuse_factor), the curve after them
-    factors = () if llc is None else (*llc.distances(picks), *llc.curve)
-    ch = _NO_CHANNEL if nvme is None else (nvme.wake, nvme.spread, nvme.cv_own, nvme.cv_shared, nvme.lane_sd,
-                                           nvme.pf_done)
-    # packed as raw bytes: struct converts Python numbers faster than numpy does, and the kernel reads them in place
-    X = (t0, idle_wake(idle) if ctx.cpu_wake else 0.0, *ch, plan.demand_reads, ctx.predicting,
-         ctx.copy_serial and n_nv and ledger.exclusive and ledger.vram_full(), bool(arrivals), llc is not None,
-         *arrivals, *factors)
-    # the kernel writes into arrays made here: arrays it returned would be boxed by numba's runtime, whose code the
-    # runtime's expert compute has evicted from the caches by the time it plans (several us a layer call there)
-    O, R = np.empty(n + 6, np.int64), np.empty(K.R_N)
-    K.plan_kernel(P, pack(f"{3 * n}q", *picks, *picks.values(), *st), pack(f"{len(X)}d", *X),
-                  _deal(picks, lanes) if lanes is not None else _NO_DEAL, O, R)
-    if ctx.read_cpu and nvme is not None and nvme.pf_done:
-        nvme.pf_done = 0              # the kernel charged the prefetch reads' CPU work (_serial_host)
-    _unpack(plan, O.tolist(), R.tolist())
-    plan.packed = O
-    return plan
+    keys = list(compress(picks, map(_ON_NVME.__getitem__, st)))
+    if not keys or ctx.mask:
+        return ()
+    if ctx.cpu is None and ctx.gpu is None:
+        raise ValueError(NO_NVME_LANE)
+    return _arrivals(plan, keys, t0, nvme)
 
 
 def _check_deal(ctx, lanes) -> None:
@@ -172,7 +196,7 @@ def _unpack(plan: LayerPlan, o: list, r: list) -> None:
     plan.gpu, plan.zerocopy, plan.cpu, plan.nvme_cpu, plan.nvme_gpu, plan.masked = \
         o[6:a], o[a:b], o[b:c], o[c:d], o[d:e], o[e:e + o[5]]
     (plan.gpu_ms, plan.cpu_ms, plan.ms, plan.nvme_wait_ms, plan.gpu_wait_ms, plan.issue_ms, plan.head_ms,
-     plan.cpu_cold, plan.wait_from, cold, extra, split_end) = r
+     plan.cpu_cold, plan.wait_from, cold, extra, split_end) = r[:K.R_N]
     if cold == cold:                   # not NaN: a split call
         plan.cpu_crit = (cold, int(extra))
     if split_end == split_end:

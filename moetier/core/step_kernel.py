@@ -27,10 +27,10 @@ from moetier.core import plan_kernel as K
 from moetier.core.channel import fifo_reads
 from moetier.core.jit import kernel
 from moetier.core.plan import NO_NVME_LANE
+from moetier.core.plan_gather import ON_NVME, tier_states
 from moetier.core.plan_kernel import (R_CPU, R_GPU, R_GPU_WAIT, R_MS, R_NVME_WAIT, R_SPLIT_END, R_WAIT_FROM,
                                       S_ARRIVALS, S_CV_OWN, S_CV_SHARED, S_FRESH, S_LANE_SD, S_N, S_NVME_WAKE,
                                       S_SPREAD, S_T0, S_VRAM_FULL)
-from moetier.core.tickets import RAM, TIER_NVME, TIER_OF
 from moetier.core.tier_state import M_VRAM_EV, M_VRAM_N
 
 # G: the loop's clock and terms (float64)
@@ -44,8 +44,6 @@ BOOK_I = ("picks", "vram_picks", "gpu_exp", "cpu_exp", "zc", "ncpu", "ngpu", "ma
 (B_PICKS, B_VRAM_PICKS, B_GPU_EXP, B_CPU_EXP, B_ZC, B_NCPU, B_NGPU, B_MASKED, B_DEMAND, B_RL) = range(len(BOOK_I))
 # what a step returns besides 0: the layer's commit failed (commit_kernel's -1 / -2), or no lane computes NVMe picks
 NO_LANE = -3
-
-_ON_NVME = np.array([t == TIER_NVME for t in TIER_OF], np.uint8)
 
 
 @kernel
@@ -108,13 +106,7 @@ def run_step(KS, toks, P, G, Z, A, B, meas, pos, Ib, arr, X, O, R, D, ka):
         t += G[G_FLAYER]
         n = _gather(KS, toks, layer, pos, Ib[0], Ib[1])
         I = Ib[:, :n]
-        n_nv = 0
-        for i in range(n):
-            s = st[I[0, i]]
-            if s == 0 and Z[Z_ALL_RAM]:      # an absent key is in RAM, without bookkeeping
-                s = RAM
-            I[2, i] = s
-            n_nv += _ON_NVME[s]
+        n_nv = tier_states(st, I, Z[Z_ALL_RAM] != 0)
         fresh = 0
         if n_nv and not Z[Z_MASK]:
             if Z[Z_NO_LANE]:
@@ -128,7 +120,7 @@ def run_step(KS, toks, P, G, Z, A, B, meas, pos, Ib, arr, X, O, R, D, ka):
             fresh = n_nv
             j = 0
             for i in range(n):
-                if _ON_NVME[I[2, i]]:
+                if ON_NVME[I[2, i]]:
                     arr[i] = reads[j]
                     j += 1
         # the rest of X's head is the channel's terms, set once (Steps), and zeros

@@ -1,0 +1,108 @@
+"""plan_layer's compiled entry: the planner kernel's inputs gathered off the state of record, in the same call.
+
+Contract
+--------
+``plan_call(P, picks, codes, X, D, O, R, kt, last)`` plans one layer call as moetier.core.plan_kernel.plan_arrays
+does, reading what plan_layer would otherwise gather in Python:
+
+    picks  bytes   (2n int64): the picks' keys, then their rows, in the order of ``picks``
+    codes  uint8   the ledger's state codes (Ledger.codes): each pick's tier (an absent key is in RAM where
+                   X[E_ALL_RAM]; the ledger's ``all_in_ram``)
+    X      bytes   float64: the S_* scalars of plan_kernel (S_FRESH, S_ARRIVALS, S_VRAM_FULL as below), then the E_*
+                   scalars, then the channel's reads in flight (E_NOUT of them), then, where S_ARRIVALS, each NVMe
+                   pick's arrival in the order of ``picks``, then, where S_FACTORS, the host cache's curve
+                   (llc.ReuseModel.curve)
+    kt     float64 the channel's terms (NvmeChannel.kt); ``last``: the host cache's last uses (ReuseModel.last, its
+                   clock at X[E_CLOCK]), empty without one
+
+S_ARRIVALS 0: the kernel issues the layer's NVMe picks as demand reads (channel.demand_arrivals: behind
+X[E_BUSY] in the FIFO model, joining the X[E_NOUT] reads in flight after t0 under a depth table); the caller books
+them (NvmeChannel.issued). 1: the caller's arrivals (a channel with prefetch reads, which the kernel does not model),
+S_FRESH of them demand reads. S_VRAM_FULL: whether a serial copy doubles, the layer's NVMe picks aside (the kernel
+adds that there are some). Out: O (6 + 2n) as plan_kernel's, then from O[6 + n] the NVMe picks' keys in the order
+of ``picks``; R (R_N + 1 + n) as plan_kernel's, then R[R_N] the demand reads the kernel issued (-1: NVMe picks and
+no lane computes them, nothing planned), then their arrivals in that order.
+
+Why: the gathering in Python (a lookup per pick, the arrivals, the cache distances) cost more than the planning on
+the runtime's path, where the expert compute leaves the host's caches cold (benchmarks/cold.md).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from moetier.core.channel import demand_arrivals
+from moetier.core.jit import kernel
+from moetier.core.plan_kernel import (P_CPU_ON, P_GPU_ON, P_MASK, R_N, S_ARRIVALS, S_FACTORS, S_FRESH, S_N, S_T0,
+                                      S_VRAM_FULL, plan_arrays)
+from moetier.core.tickets import RAM, TIER_NVME, TIER_OF
+
+# E: the gathering's scalars, after plan_kernel's S
+E_ALL_RAM, E_BUSY, E_CLOCK, E_NOUT, E_N = range(5)
+NO_LAST = np.zeros(0, np.int64)
+ON_NVME = np.array([t == TIER_NVME for t in TIER_OF], np.uint8)
+
+
+@kernel
+def tier_states(codes, I, all_ram):
+    """I[2] := the state code of each pick I[0] (an absent key is in RAM where ``all_ram``, without bookkeeping);
+    returns how many picks are on NVMe. The compiled step loop (moetier.core.step_kernel) calls it too."""
+    n_nv = 0
+    for i in range(I.shape[1]):
+        s = codes[I[0, i]]
+        if s == 0 and all_ram:
+            s = RAM
+        I[2, i] = s
+        n_nv += ON_NVME[s]
+    return n_nv
+
+
+@kernel
+def plan_call(P, picks, codes, X, D, O, R, kt, last):
+    flat = np.frombuffer(picks, np.int64)
+    Xin = np.frombuffer(X, np.float64)
+    n = flat.shape[0] // 2
+    I = np.empty((3, n), np.int64)
+    I[0] = flat[:n]
+    I[1] = flat[n:]
+    n_nv = tier_states(codes, I, Xin[S_N + E_ALL_RAM] != 0.0)
+    j = 6 + n
+    for i in range(n):
+        if ON_NVME[I[2, i]]:
+            O[j] = I[0, i]
+            j += 1
+    reads = 0
+    live = n_nv and not P[P_MASK]
+    if live and not P[P_CPU_ON] and not P[P_GPU_ON]:
+        R[R_N] = -1.0
+        return
+    at = S_N + E_N + int(Xin[S_N + E_NOUT])
+    given = Xin[S_ARRIVALS] != 0.0
+    n_arr = n_nv if live else 0
+    factors = Xin[S_FACTORS] != 0.0
+    m = int(Xin[at + (n_arr if given else 0)]) if factors else 0
+    X2 = np.empty(S_N + n_arr + (n + 1 + 2 * m if factors else 0))
+    X2[:S_N] = Xin[:S_N]
+    X2[S_VRAM_FULL] = 1.0 if n_nv and Xin[S_VRAM_FULL] else 0.0
+    if given:
+        X2[S_N:S_N + n_arr] = Xin[at:at + n_arr]
+        at += n_arr
+    elif live:
+        t0 = Xin[S_T0]
+        q0 = 0
+        for j in range(S_N + E_N, S_N + E_N + int(Xin[S_N + E_NOUT])):
+            if Xin[j] > t0:
+                q0 += 1
+        demand_arrivals(kt, t0, Xin[S_N + E_BUSY], q0, X2[S_N:S_N + n_arr])
+        reads = n_arr
+        X2[S_FRESH] = reads
+        X2[S_ARRIVALS] = 1.0
+        R[R_N + 1:R_N + 1 + reads] = X2[S_N:S_N + reads]
+    if factors:                   # the picks' distances (-1: never used), then the curve
+        c = Xin[S_N + E_CLOCK]
+        b = S_N + n_arr
+        for i in range(n):
+            u = last[I[0, i]]
+            X2[b + i] = c - u if u else -1.0
+        X2[b + n:] = Xin[at:at + 1 + 2 * m]
+    plan_arrays(P, I, X2, D, O, R[:R_N])
+    R[R_N] = reads
