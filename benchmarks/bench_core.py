@@ -11,7 +11,7 @@ Per layer call: plan_layer and the bookkeeping after it (the ledger's commit of 
 timed separately on every call at C4 (about 31 picks a layer; ``--rows``: another rows per call) on the default
 recipe under the shipped default policy (peers.DEFAULT_POLICY); the figures are min / median / max over the calls.
 
-With ``--against``, this tree's simulator path is timed after them, in a process of its own: the compiled step loop
+With ``--against``, this tree's simulator path is timed after them: the compiled step loop
 (moetier.core.step_kernel) plans and commits every layer of a step in one call, so its figure per layer call is a
 step's wall over its layers (min / median / max over 400 steps), on a replay seeded and fed as the per-call sides.
 
@@ -33,16 +33,18 @@ Whole runs, each a fresh process (``--rounds`` of each; min / median / max over 
 Targets (issue: the core at machine speed): plan_layer + bookkeeping median <= 10 us per layer call at about 31
 picks; simulator >= 300,000 layer-plans/s on the GLM trace at C1; `moetier table` <= 2 s warm.
 
-``--runs-only`` (with ``--against``) leaves the per-call A/B out and times the whole runs alone: an older tree whose
-kernels read past their arrays (caught under NUMBA_BOUNDSCHECK=1) must not share a process with this one.
+``--runs-only`` (with ``--against``) leaves the per-call A/B out and times the whole runs alone.
 
-``--against DIR`` loads DIR's moetier (e.g. a `git worktree` of main) beside this one and plans and commits every
-layer call with both, in alternating order, on the same picks: the same statistic for both, taken in one run, so a
-loaded host slows both alike; it prints each side's min / median / max, the median of the paired differences, and
-how many plans differ (0: the change keeps every plan). The whole runs alternate too (round i runs A then B, round
-i + 1 B then A, each measure in turn), each side in its own tree (cwd and PYTHONPATH), and each measure gets the
-ratio B / A of the medians and of the mins. ``--opcodes`` counts the bytecodes each function executes per layer call
-(sys.settrace opcode events): a figure that does not move with the host's load, and says where the time goes.
+``--against DIR`` (e.g. a `git worktree` of main) runs the per-call figure in ``--rounds`` rounds, each running it
+once in a process of each tree (DIR's moetier, then this one's, the order flipping every round): the same
+statistic on the same picks, so drift in the host's load lands on both. It prints per side the min / median / max
+of the rounds' medians, B / A of the medians, and whether every run planned alike (a digest of each plan's lanes
+and time: the change keeps every plan). Each side has a process of its own because Numba links two trees' kernels
+of the same name to one machine code, so a process holding both would run one side's kernels on the other's
+arrays. The whole runs alternate too (round i runs A then B, round i + 1 B then A, each measure in turn), each side
+in its own tree (cwd and PYTHONPATH), and each measure gets the ratio B / A of the medians and of the mins.
+``--opcodes`` counts the bytecodes each function executes per layer call (sys.settrace opcode events): a figure that
+does not move with the host's load, and says where the time goes.
 """
 from __future__ import annotations
 
@@ -56,15 +58,20 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+HERE = Path(__file__).resolve()
+REPO = HERE.parent.parent
+# the per-call A/B runs this script in a process per side, each importing its own tree's moetier
+TREE = "MOETIER_BENCH_TREE"
+sys.path.insert(0, os.environ.get(TREE) or str(REPO))
+
+import xxhash  # noqa: E402
 
 from moetier.core import sim  # noqa: E402
 from moetier.core import records as spec  # noqa: E402
 from moetier.core.plan import plan_layer  # noqa: E402
-from moetier.core.step_kernel import Steps  # noqa: E402
 from moetier.peers.rows import DEFAULT_POLICY  # noqa: E402
 from _recipe import recipe_trace  # noqa: E402
+from _rounds import alternate  # noqa: E402
 
 RECIPE = "glm53-rtx3090-55g-nvx4"
 # the shipped default policy, stated rather than inherited from the recipe: the per-call figure is the goal's
@@ -81,10 +88,10 @@ def default_recipe() -> tuple:
 
 def bench_plan(R, tr, rows_per_call=4, calls=20000):
     """Wall time of plan_layer and of the commit (the bookkeeping) per layer call at C4 (~31 picks per layer), on a
-    ledger seeded from the trace's first 1,000 tokens."""
-    rp = sim.Replay(R)
-    rp.ledger.seed(sim.rank_keys(tr.ids[:1000, :, :R.topk], R.experts))
-    st = sim.Streams(tr, rows_per_call, R.topk, R.experts, offsets=[0] * rows_per_call)
+    ledger seeded from the trace's first 1,000 tokens; ``plans``: a digest of every plan's lanes and time (two trees
+    that plan alike give the same)."""
+    rp, st = _replay_of(R, tr, rows_per_call)
+    digest = xxhash.xxh64()
     plan_ns, commit_ns, npicks = [], [], []
     t = 0.0
     step = 0
@@ -102,78 +109,45 @@ def bench_plan(R, tr, rows_per_call=4, calls=20000):
             plan_ns.append(t1 - t0)
             commit_ns.append(t2 - t1)
             npicks.append(len(picks))
+            digest.update(repr((plan.lanes(), plan.ms)).encode())
             t += plan.ms + 1.0
         step += 1
     us = lambda xs: {"min": min(xs) / 1e3, "median": statistics.median(xs) / 1e3,  # noqa: E731
                      "max": max(xs) / 1e3}
     return {"plan_us": us(plan_ns), "bookkeeping_us": us(commit_ns),
             "together_us": us([a + b for a, b in zip(plan_ns, commit_ns)]),
-            "mean_picks": statistics.mean(npicks), "calls": len(plan_ns)}
+            "mean_picks": statistics.mean(npicks), "calls": len(plan_ns), "plans": digest.hexdigest()}
 
 
-def _replay_of(R, tr, sim_mod, rows_per_call=4):
-    """A replay seeded as bench_plan's, and its picks, from the given copy of moetier.core.sim."""
-    rp = sim_mod.Replay(R)
-    rp.ledger.seed(sim_mod.rank_keys(tr.ids[:1000, :, :R.topk], R.experts))
-    return rp, sim_mod.Streams(tr, rows_per_call, R.topk, R.experts, offsets=[0] * rows_per_call)
+def _replay_of(R, tr, rows_per_call=4):
+    """A replay seeded as bench_plan's, and its picks."""
+    rp = sim.Replay(R)
+    rp.ledger.seed(sim.rank_keys(tr.ids[:1000, :, :R.topk], R.experts))
+    return rp, sim.Streams(tr, rows_per_call, R.topk, R.experts, offsets=[0] * rows_per_call)
 
 
-def _load_tree(tree: Path):
-    """(sim, plan_layer, records) of the moetier under ``tree``, imported beside the one already loaded."""
-    import importlib
-    mine = {m: mod for m, mod in sys.modules.items() if m == "moetier" or m.startswith("moetier.")}
-    for m in mine:
-        del sys.modules[m]
-    sys.path.insert(0, str(tree))
-    try:
-        mods = [importlib.import_module(f"moetier.core.{m}") for m in ("sim", "plan", "records")]
-    finally:
-        sys.path.remove(str(tree))
-        for m in [m for m in sys.modules if m == "moetier" or m.startswith("moetier.")]:
-            del sys.modules[m]
-        sys.modules.update(mine)
-    if not str(Path(mods[0].__file__).resolve()).startswith(str(tree.resolve())):
-        raise SystemExit(f"--against {tree}: imported {mods[0].__file__}, not that tree's moetier")
-    return mods[0], mods[1].plan_layer, mods[2]
+def _plan_side(tree: Path, a) -> dict:
+    """bench_plan in a fresh process of ``tree`` (its moetier, and this script)."""
+    env = dict(os.environ, PYTHONPATH=str(tree), **{TREE: str(tree)})
+    r = subprocess.run([sys.executable, str(HERE), "--child-plan", "--calls", str(a.calls), "--rows", str(a.rows)],
+                       cwd=tree, env=env, capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"bench_core: the per-call run in {tree} exited {r.returncode}: {r.stderr.strip()[-400:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def bench_against(tree: Path, calls: int = 20000, rows: int = 4) -> dict:
-    """Paired, interleaved A/B: this tree (B) and ``tree`` (A) plan and commit the same layer calls."""
-    sim_a, plan_a, spec_a = _load_tree(tree)
-    R, tr = default_recipe()
-    sides = {"A": (*_replay_of(spec_a.resolve(RECIPE, DEFAULT), tr, sim_a, rows), plan_a),
-             "B": (*_replay_of(R, tr, sim, rows), plan_layer)}
-    st = sides["B"][1]
-    ns = {k: ([], []) for k in sides}
-    clock = dict.fromkeys(sides, 0.0)
-    perf = time.perf_counter_ns
-    differ = n = step = 0
-    while n < calls:
-        rows = st.rows(step)
-        for layer in range(R.layers):
-            picks = st.picks(rows, layer)
-            plans = {}
-            for k in (("A", "B") if n % 2 == 0 else ("B", "A")):
-                rp, _, plan_fn = sides[k]
-                t0 = perf()
-                plans[k] = p = plan_fn(rp.ctx, rp.ledger, picks, clock[k], rp.chan)
-                t1 = perf()
-                rp.commit(p, picks)
-                rp.after_layer(picks)
-                ns[k][0].append(t1 - t0)
-                ns[k][1].append(perf() - t1)
-                clock[k] += p.ms + 1.0
-            differ += plans["A"].lanes() != plans["B"].lanes() or plans["A"].ms != plans["B"].ms
-            n += 1
-        step += 1
-    us = lambda xs: {"min": min(xs) / 1e3, "median": statistics.median(xs) / 1e3,  # noqa: E731
-                     "max": max(xs) / 1e3}
-    out = {"against": str(tree), "calls": n, "plans_differing": differ, "load": os.getloadavg()}
-    for k in sides:
-        tog = [a + b for a, b in zip(*ns[k])]
-        out[k] = {"plan_us": us(ns[k][0]), "bookkeeping_us": us(ns[k][1]), "together_us": us(tog)}
-    tog = {k: [a + b for a, b in zip(*ns[k])] for k in sides}
-    out["paired_median_b_minus_a_us"] = statistics.median(b - a for a, b in zip(tog["A"], tog["B"])) / 1e3
+def bench_against(tree: Path, a, run=_plan_side) -> dict:
+    """The per-call A/B: ``a.rounds`` rounds, each running bench_plan once in a process of each tree (A: ``tree``,
+    B: this one), the order flipping every round. Per side and figure the min / median / max of the rounds'
+    medians; ``same_plans``: every run's plans digest alike."""
+    got = alternate("bench_core", {"A": tree, "B": REPO}, a, run)
+    out = {"against": str(tree), "calls": got["B"][0]["calls"], "rounds": a.rounds, "load": os.getloadavg(),
+           "same_plans": len({r["plans"] for runs in got.values() for r in runs}) == 1}
+    for k, runs in got.items():
+        out[k] = {f: {s: fn([r[f]["median"] for r in runs]) for s, fn in
+                      (("min", min), ("median", statistics.median), ("max", max))}
+                  for f in ("plan_us", "bookkeeping_us", "together_us")}
+    out["ratio_b_over_a"] = out["B"]["together_us"]["median"] / out["A"]["together_us"]["median"]
     return out
 
 
@@ -181,7 +155,8 @@ def bench_loop(R, tr, rows_per_call=4, steps=400) -> dict:
     """The simulator's own path per layer call: the compiled step loop (moetier.core.step_kernel) plans and commits
     every layer of a step in one call, on a replay seeded as bench_plan's; a step's wall over its layers, min /
     median / max over the steps (the first, which loads the kernels, left out)."""
-    rp, st = _replay_of(R, tr, sim, rows_per_call)
+    from moetier.core.step_kernel import Steps
+    rp, st = _replay_of(R, tr, rows_per_call)
     loop = Steps.of(rp, st)
     perf, t, ns = time.perf_counter_ns, 0.0, []
     for step in range(steps + 1):
@@ -192,22 +167,10 @@ def bench_loop(R, tr, rows_per_call=4, steps=400) -> dict:
     return {"together_us": {"min": min(ns), "median": statistics.median(ns), "max": max(ns)}, "steps": steps}
 
 
-# bench_loop in a fresh process of this tree: an old tree's kernels loaded beside it (--against) must not share its heap
-_LOOP = ("import json, sys; sys.path.insert(0, 'benchmarks'); import bench_core as b; "
-         "print(json.dumps(b.bench_loop(*b.default_recipe(), int(sys.argv[1]))))")
-
-
-def loop_run(rows: int) -> dict:
-    r = subprocess.run([sys.executable, "-c", _LOOP, str(rows)], cwd=REPO, capture_output=True, text=True)
-    if r.returncode:
-        raise SystemExit(f"bench_core: the step loop's run exited {r.returncode}: {r.stderr.strip()[-400:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
 def bench_opcodes(R, tr, calls: int = 1000) -> dict:
     """Bytecodes executed per layer call (plan_layer + commit), in total and by function, over ``calls`` calls."""
     import collections
-    rp, st = _replay_of(R, tr, sim)
+    rp, st = _replay_of(R, tr)
     picks_list, step = [], 0
     while len(picks_list) < calls:
         rows = st.rows(step)
@@ -342,8 +305,12 @@ def main(argv=None):
     ap.add_argument("--runs-only", action="store_true",
                     help="with --against: the whole runs alone, no per-call A/B in this process (for a tree whose "
                          "kernels must not share it)")
+    ap.add_argument("--child-plan", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     R, tr = default_recipe()
+    if a.child_plan:             # one side of the per-call A/B (bench_against): its figures as one JSON line
+        print(json.dumps(bench_plan(R, tr, a.rows, calls=a.calls)))
+        return
     if a.opcodes:
         return _print_extra(bench_opcodes(R, tr), a.json)
     measures = [m for m in MEASURES if m not in a.skip]
@@ -356,8 +323,8 @@ def main(argv=None):
         print(json.dumps({"against": str(a.against), "runs": runs}, sort_keys=True))
         return
     if a.against is not None:
-        res = bench_against(a.against, a.calls, a.rows)
-        res["B_loop"] = loop_run(a.rows)
+        res = bench_against(a.against, a)
+        res["B_loop"] = bench_loop(R, tr, a.rows)
         res["runs"] = bench_runs({"A": a.against, "B": REPO}, measures, a.rounds, a)
         res["targets"] = targets(res["B"], res["runs"], "B", res["B_loop"])
         return _print_extra(res, a.json)
@@ -404,16 +371,18 @@ def _print_extra(res: dict, as_json: bool) -> None:
         print(json.dumps(res, indent=1, sort_keys=True))
         return
     if "against" in res:
-        print(f"A = {res['against']}, B = this tree; {res['calls']:,} layer calls, interleaved; plans differing: "
-              f"{res['plans_differing']}; load average {res['load'][0]:.1f}")
-        print("| side | plan_layer | bookkeeping | together |  (us, min / median / max)\n|---|---|---|---|")
+        print(f"A = {res['against']}, B = this tree; {res['calls']:,} layer calls a run, {res['rounds']} rounds, "
+              f"alternated, each run a process of its own; the same plans: {'yes' if res['same_plans'] else 'NO'}; "
+              f"load average {res['load'][0]:.1f}")
+        print("| side | plan_layer | bookkeeping | together |  (us, min / median / max of the rounds' medians)\n"
+              "|---|---|---|---|")
         for k in ("A", "B"):
-            print(f"| {k} | " + " | ".join(f"{res[k][m]['min']:.1f} / {res[k][m]['median']:.1f} / {res[k][m]['max']:.0f}"
+            print(f"| {k} | " + " | ".join(f"{res[k][m]['min']:.1f} / {res[k][m]['median']:.1f} / {res[k][m]['max']:.1f}"
                                         for m in ("plan_us", "bookkeeping_us", "together_us")) + " |")
         v = res["B_loop"]["together_us"]
-        print(f"| B, compiled step loop (sim.run's path; a step's time / layers, {res['B_loop']['steps']:,} steps) "
-              f"| | | {v['min']:.1f} / {v['median']:.1f} / {v['max']:.0f} |")
-        print(f"paired median of B - A (together): {res['paired_median_b_minus_a_us']:+.2f} us")
+        print(f"| B, compiled step loop (sim.run's path; a step's time / layers, {res['B_loop']['steps']:,} steps; "
+              f"min / median / max over them) | | | {v['min']:.1f} / {v['median']:.1f} / {v['max']:.0f} |")
+        print(f"B / A of the medians (together): {res['ratio_b_over_a']:.2f}")
         if res.get("runs"):
             print("| whole run | A: min / median / max | B: min / median / max | B / A: median / min | target |\n"
                   "|---|---|---|---|---|")

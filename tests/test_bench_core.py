@@ -52,3 +52,27 @@ def test_core_md_quotes_the_recorded_run(capsys):
     md = (bench / "core.md").read_text().splitlines()
     assert len(printed) > 10
     assert [ln for ln in printed if ln not in md] == []
+
+
+def test_the_per_call_ab_runs_each_side_in_its_own_process_alternating(monkeypatch):
+    """bench_against: rounds flip the sides' order, each figure is the min / median / max of the rounds' medians,
+    and the plans' digests must agree across every run (the runs are faked: each is seconds of real planning)."""
+    calls = []
+    medians = {"A": [30.0, 10.0, 20.0], "B": [5.0, 6.0, 4.0]}
+
+    def fake_side(tree, a):
+        side = "A" if tree == "A" else "B"
+        calls.append(side)
+        m = medians[side].pop(0)
+        fig = {"min": 1.0, "median": m, "max": 99.0}
+        return {"plan_us": fig, "bookkeeping_us": fig, "together_us": fig, "calls": 8,
+                "plans": "x" if side == "B" or len(calls) < 5 else "y"}
+
+    monkeypatch.setattr(bench_core, "REPO", "B")
+    a = argparse.Namespace(rounds=3)
+    out = bench_core.bench_against("A", a, run=fake_side)
+    assert calls == ["A", "B", "B", "A", "A", "B"]
+    assert out["A"]["together_us"] == {"min": 10.0, "median": 20.0, "max": 30.0}
+    assert out["B"]["together_us"] == {"min": 4.0, "median": 5.0, "max": 6.0}
+    assert out["ratio_b_over_a"] == 5.0 / 20.0
+    assert out["same_plans"] is False                 # the fifth run (A, round 3) planned otherwise
