@@ -3,7 +3,8 @@
 Each case runs one recipe variant both ways (the loop forced off through ``Steps.of``) and compares the whole report,
 the per-step timeline and the tier contents the run ends with, exactly. The variants reach every branch of the loop:
 overlapped and serial copies, exclusive and inclusive RAM, CLOCK and decayed-LFU VRAM, LRU and LFU RAM, the lossy
-mask, all experts in RAM, several rows a step. The shipped recipes' cells are in tests/test_core_parity.py.
+mask, all experts in RAM, several rows a step, and a recipe calibrated on a host (its host cache model, latency table
+and bursts, and the cpu lane's wake term). The shipped recipes' cells are in tests/test_core_parity.py.
 """
 import json
 from dataclasses import replace
@@ -21,6 +22,8 @@ from tests.parity.record import tier_contents
 
 RID = "glm53-rtx3090-55g-nvx4"
 ZC = "glm53-rtx5070-20g-nvme1"          # a zerocopy lane beside the cpu lane
+# calibrated on a host: a host cache model, a latency-by-depth table with measured bursts, the cpu lane's wake term
+HOST = "tiny-local-cpu"
 VARIANTS = {
     "default": {},
     "serial copies": {"policy.overlap": False},
@@ -32,6 +35,8 @@ VARIANTS = {
     "mask": {"policy.exact": "mask"},
     "static vram": {"policy.vram_admit": False},
     "all in ram": {"budget.ram_gb": 10000, "policy.ram_evict": "lru", "policy.ram_partition": "global"},
+    "calibrated host": {"recipe": HOST},
+    "calibrated host, serial copies": {"recipe": HOST, "policy.overlap": False},
 }
 
 
@@ -59,7 +64,8 @@ def _run(R, tr, conc, compiled: bool, monkeypatch):
     o.pop("sim_seconds")
     rp = held["rp"]
     # what the loop writes back into the replay after each step
-    state = (rp.split_end, rp.admissions, rp._copies, rp.chan.dfree, rp.chan.reads)
+    llc = rp.llc and (rp.llc.clock, rp.llc.last.tolist())
+    state = (rp.split_end, rp.admissions, rp._copies, rp.chan.dfree, rp.chan.reads, rp.chan.outstanding, llc)
     return json.dumps(o, sort_keys=True), tier_contents(rp.ledger), state, held["covered"]
 
 
@@ -67,7 +73,7 @@ def _run(R, tr, conc, compiled: bool, monkeypatch):
 def trace():
     """The shipped traces by their recipe's ``trace`` path."""
     out = {}
-    for rid in (RID, ZC):
+    for rid in (RID, ZC, HOST):
         R = spec.resolve(rid)
         out[R.trace] = load_trace(spec.REGISTRY.parent / R.trace, layers=R.layers, experts=R.experts, topk=R.topk)
     return out
@@ -83,6 +89,9 @@ def test_compiled_loop_gives_the_per_layer_report(name, conc, trace, monkeypatch
     assert fast[0] == slow[0]          # the report and its timeline
     assert fast[1] == slow[1]          # the tiers the run ends with
     assert fast[2] == slow[2]
+    if "calibrated" in name:                     # the calibrated terms were in play
+        split_end, *_, outstanding, llc = fast[2]
+        assert split_end is not None and outstanding and llc[0] > 0
 
 
 def test_what_the_loop_covers():
@@ -118,3 +127,23 @@ def test_a_broken_residency_rule_raises_as_the_ledger_does(trace):
     rp.ledger.codes[k] = FILLING             # the planner reads it off NVMe; its fill finds it not absent
     with pytest.raises(ResidencyError, match=rf"fill_landed\({k}\): key is filling, expected absent"):
         Steps(rp, streams).step(streams.rows(0), 0.0, True)
+
+
+@pytest.mark.parametrize("bursts", [None, {"2": {"1": 1.8, "2": 2.0}}])
+def test_the_loops_reads_join_those_in_flight_as_the_channels_do(bursts):
+    # the loop keeps the table model's reads in flight in an array; a read landing at t exactly has landed
+    import numpy as np
+
+    from moetier.core import step_kernel as SK
+    from moetier.core.channel import NvmeChannel
+    from moetier.core.terms import ChannelTerms
+    terms = ChannelTerms(latency_by_qd={"1": 1.0, "2": 1.5, "4": 2.2}, bursts=bursts)
+    ch = NvmeChannel(1_000_000, 1.0, terms=terms)
+    G, Z, OUT = np.zeros(SK.G_N), np.zeros(SK.Z_N, np.int64), np.empty(16)
+    for t, n in ((0.0, 2), (0.5, 1), (1.5, 2), (3.5, 2), (3.7, 3), (20.0, 2)):
+        want = ch.demand(t, n)
+        reads = np.empty(n)
+        SK._issue(ch.kt, G, Z, OUT, t, reads)
+        assert reads.tolist() == want
+        assert OUT[:Z[SK.Z_NOUT]].tolist() == ch.outstanding and G[SK.G_DFREE] == ch.dfree
+    assert Z[SK.Z_READS] == ch.reads == 12

@@ -278,8 +278,7 @@ def demand_arrivals(kt, t, busy_until, q0, out):
 def fifo_reads(busy_until, t, lat, deep, one, out):
     """The arrivals of len(out) demand reads issued at t in the FIFO model (no latency table), into ``out``: they
     start behind the channel's work (``busy_until``: the demand reads and the prefetch read in service), or at t
-    plus the access latency on an idle channel, and each takes ``deep`` (several reads) or ``one`` (a lone read).
-    The simulator's compiled step loop (moetier.core.step_kernel) issues its reads through it too."""
+    plus the access latency on an idle channel, and each takes ``deep`` (several reads) or ``one`` (a lone read)."""
     start = busy_until if busy_until > t else t + lat
     n = out.shape[0]
     svc = deep if n > 1 else one

@@ -25,7 +25,8 @@ LANE_ZERO_IF_ABSENT = ("per_read_busy_ms", "per_wake_ms", "per_after_wait_ms", "
 WAKE_SCALE_MS = 0.1       # idle_wake: the idle that counts as one unit (below it a worker is still warm)
 
 
-def idle_wake(idle_ms: float) -> float:
+@kernel
+def idle_wake(idle_ms):
     """How cold a split call's worker has gone, in the units the cpu lane's ``per_wake_ms`` is paid in: log2(1 +
     idle / 0.1 ms), idle = the time since the lane's last split call ended. A worker thread that idled longer wakes
     slower and colder (on a VM its vCPU halts after its poll window; its core's caches go to others), and a split

@@ -9,13 +9,14 @@ copies' time and, where ``meas``, the books) and returns the clock after the las
 measured books into sim.run's accumulators. The replay's channel, split-call clock and admission counters are read
 before and written back after each step, so the Python objects stay the state of record between steps.
 
-It covers a replay with no prefetch (the NVMe channel serves demand reads only), the FIFO channel model (no
-latency-by-depth table), no host cache model (llc), no cpu-lane wake term, no peer hooks (a peer row's lane deal is a
-rule the planner kernel applies, moetier.core.deal_rules, not a hook), and a ledger the compiled commit covers
-(``Ledger.commits``) without the window LFU. Everything else takes the per-layer path. Both paths run the same kernels:
-``plan_kernel.plan_arrays`` plans, ``commit_kernel.commit`` carries out the intents and ``channel.fifo_reads`` times the
-reads, so plans, ledger and books are identical (tests/test_step_kernel.py); this module adds only the gathering and the
-booking around them. Why: through Python, a layer call's packing, unpacking and crossings cost more than the compiled
+It covers a replay with no prefetch (the NVMe channel serves demand reads only: the FIFO model, or a calibrated
+depth table and bursts), with or without a host cache model (llc) and the cpu lane's wake term, no peer hooks (a peer
+row's lane deal is a rule the planner kernel applies, moetier.core.deal_rules, not a hook), and a ledger the compiled
+commit covers (``Ledger.commits``) without the window LFU. Everything else takes the per-layer path. Both paths run
+the same kernels: ``plan_kernel.plan_arrays`` plans, ``commit_kernel.commit`` carries out the intents,
+``channel.demand_arrivals`` times the reads and ``lanes.idle_wake`` the worker's wake, so plans, ledger and books are
+identical (tests/test_step_kernel.py); this module adds only the gathering and the booking around them (the channel's
+reads in flight, the host cache's clock). Why: through Python, a layer call's packing, unpacking and crossings cost more than the compiled
 work itself (benchmarks/core.md: the per-call rows against the loop's).
 """
 from __future__ import annotations
@@ -24,19 +25,22 @@ import numpy as np
 
 from moetier.core import commit_kernel as CK
 from moetier.core import plan_kernel as K
-from moetier.core.channel import fifo_reads
+from moetier.core.channel import T_TABLE, demand_arrivals
 from moetier.core.jit import kernel
+from moetier.core.lanes import idle_wake
 from moetier.core.plan import NO_NVME_LANE
 from moetier.core.plan_gather import ON_NVME, tier_states
 from moetier.core.plan_kernel import (R_CPU, R_GPU, R_GPU_WAIT, R_MS, R_NVME_WAIT, R_SPLIT_END, R_WAIT_FROM,
-                                      S_ARRIVALS, S_CV_OWN, S_CV_SHARED, S_FRESH, S_LANE_SD, S_N, S_NVME_WAKE,
-                                      S_SPREAD, S_T0, S_VRAM_FULL)
+                                      S_ARRIVALS, S_CV_OWN, S_CV_SHARED, S_FACTORS, S_FRESH, S_LANE_SD, S_N,
+                                      S_NVME_WAKE, S_SPREAD, S_T0, S_VRAM_FULL, S_WAKE)
 from moetier.core.tier_state import M_VRAM_EV, M_VRAM_N
 
 # G: the loop's clock and terms (float64)
-(G_T, G_SPLIT, G_FLAYER, G_PUSH, G_HCOPY, G_CV2, G_LANE_VAR, G_TWO, G_DFREE, G_LAT, G_DEEP, G_ONE, G_N) = range(13)
-# Z: flags and counters (int64)
-Z_MASK, Z_NO_LANE, Z_SERIAL, Z_EXCL, Z_ALL_RAM, Z_ADMIT_ON, Z_VSLOTS, Z_READS, Z_ADMITS, Z_COPIES, Z_N = range(11)
+(G_T, G_SPLIT, G_FLAYER, G_PUSH, G_HCOPY, G_CV2, G_LANE_VAR, G_TWO, G_DFREE, G_N) = range(10)
+# Z: flags and counters (int64); Z_NOUT: the channel's reads in flight (table model) held in OUT, Z_CLOCK: the host
+# cache's clock
+(Z_MASK, Z_NO_LANE, Z_SERIAL, Z_EXCL, Z_ALL_RAM, Z_ADMIT_ON, Z_VSLOTS, Z_READS, Z_ADMITS, Z_COPIES, Z_WAKE, Z_LLC,
+ Z_CLOCK, Z_NOUT, Z_N) = range(15)
 # the books: sim.run's accumulators, floats then integers
 BOOK_F = ("gpu", "cpu", "wait", "gwait", "copy", "span", "arr", "gap_sq", "gap_var")
 BOOK_I = ("picks", "vram_picks", "gpu_exp", "cpu_exp", "zc", "ncpu", "ngpu", "masked", "demand", "rl")
@@ -98,7 +102,51 @@ def _book(A, B, G, Z, O, R, I, pos, arr, fresh, t0):
 
 
 @kernel
-def run_step(KS, toks, P, G, Z, A, B, meas, pos, Ib, arr, X, O, R, D, ka):
+def _issue(kt, G, Z, OUT, t, reads):
+    """The layer's demand reads issued at t into ``reads`` and booked as NvmeChannel.issued books them: the FIFO
+    model behind the demand work; a depth table joining the reads still in flight (OUT), which they join."""
+    n = reads.shape[0]
+    if not kt[T_TABLE]:
+        demand_arrivals(kt, t, G[G_DFREE], 0, reads)
+        G[G_DFREE] = reads[n - 1]
+    else:
+        q = 0
+        for j in range(Z[Z_NOUT]):
+            if OUT[j] > t:
+                OUT[q] = OUT[j]
+                q += 1
+        demand_arrivals(kt, t, 0.0, q, reads)
+        if q + n > OUT.shape[0]:
+            raise ValueError("step loop: more reads in flight than its buffer holds")
+        OUT[q:q + n] = reads
+        Z[Z_NOUT] = q + n
+        G[G_DFREE] = max(G[G_DFREE], reads[n - 1])
+    Z[Z_READS] += n
+
+
+@kernel
+def _host_cache(X, at, I, last, clock, CV):
+    """The host cache's factors into X from ``at`` (plan_kernel's layout): each pick's distance (-1: never used),
+    then the curve; returns where they end."""
+    n = I.shape[1]
+    for i in range(n):
+        u = last[I[0, i]]
+        X[at + i] = clock - u if u else -1.0
+    X[at + n:at + n + CV.shape[0]] = CV
+    return at + n + CV.shape[0]
+
+
+@kernel
+def _touch(O, last, Z):
+    """What streamed through the host (Replay.touch): the cpu lane's RAM picks, then the NVMe reads, in order."""
+    a = 6 + O[0] + O[1]
+    for j in range(a, a + O[2] + O[3] + O[4]):
+        Z[Z_CLOCK] += 1
+        last[O[j]] = Z[Z_CLOCK]
+
+
+@kernel
+def run_step(KS, toks, P, G, Z, A, B, meas, pos, Ib, arr, X, O, R, D, ka, kt, OUT, last, CV):
     """Every layer of one step (module docstring); 0, or the failing layer's code (commit's -1 / -2, NO_LANE)."""
     st, meta = ka[1], ka[7]
     t = G[G_T]
@@ -114,9 +162,7 @@ def run_step(KS, toks, P, G, Z, A, B, meas, pos, Ib, arr, X, O, R, D, ka):
                 G[G_T] = t
                 return NO_LANE
             reads = X[S_N:S_N + n_nv]
-            fifo_reads(G[G_DFREE], t, G[G_LAT], G[G_DEEP], G[G_ONE], reads)
-            G[G_DFREE] = reads[n_nv - 1]
-            Z[Z_READS] += n_nv
+            _issue(kt, G, Z, OUT, t, reads)
             fresh = n_nv
             j = 0
             for i in range(n):
@@ -126,9 +172,13 @@ def run_step(KS, toks, P, G, Z, A, B, meas, pos, Ib, arr, X, O, R, D, ka):
         # the rest of X's head is the channel's terms, set once (Steps), and zeros
         X[S_T0], X[S_FRESH], X[S_ARRIVALS] = t, fresh, 1.0 if fresh else 0.0
         X[S_VRAM_FULL] = 1.0 if n_nv and Z[Z_SERIAL] and Z[Z_EXCL] and meta[M_VRAM_N] >= Z[Z_VSLOTS] else 0.0
-        K.plan_arrays(P, I, X[:S_N + fresh], D, O, R)
+        X[S_WAKE] = idle_wake(t - G[G_SPLIT]) if Z[Z_WAKE] and G[G_SPLIT] == G[G_SPLIT] else 0.0
+        end = _host_cache(X, S_N + fresh, I, last, Z[Z_CLOCK], CV) if Z[Z_LLC] else S_N + fresh
+        K.plan_arrays(P, I, X[:end], D, O, R)
         if R[R_SPLIT_END] == R[R_SPLIT_END]:
             G[G_SPLIT] = R[R_SPLIT_END]
+        if Z[Z_LLC]:
+            _touch(O, last, Z)
         out = CK.commit(O, *ka, Z[Z_ADMIT_ON] != 0)
         if out < 0:
             _reset(pos, I)
@@ -166,9 +216,8 @@ class Steps:
     def covers(rp) -> bool:
         """Whether the loop covers replay ``rp`` (module docstring)."""
         L, ch = rp.ledger, rp.chan
-        return not (rp.prefetching or rp.pf_tickets or rp.llc is not None or rp.deal is not None
-                    or rp.before is not None or not L.commits or L._lfu_window or ch.qd_table or ch.pf or ch.pf_gone
-                    or rp.ctx.cpu_wake)
+        return not (rp.prefetching or rp.pf_tickets or rp.deal is not None or rp.before is not None
+                    or not L.commits or L._lfu_window or ch.pf or ch.pf_gone)
 
     @classmethod
     def of(cls, rp, streams):
@@ -181,21 +230,27 @@ class Steps:
         self.KS, self.start = streams.flat()
         self.P = K.pack(ctx)
         self.G, self.Z = np.zeros(G_N), np.zeros(Z_N, np.int64)
-        self.G[[G_FLAYER, G_PUSH, G_HCOPY, G_CV2, G_LANE_VAR, G_TWO, G_LAT, G_DEEP, G_ONE]] = (
+        self.G[[G_FLAYER, G_PUSH, G_HCOPY, G_CV2, G_LANE_VAR, G_TWO]] = (
             rp.R.fixed(streams.conc * streams.window) / rp.R.layers, ctx.push_ms, ctx.host_copy,
-            ch.cv_own ** 2 + ch.cv_shared ** 2, ch.lane_sd ** 2, 2.0, ch.lat, ch.deep, ch.one)
-        self.Z[[Z_MASK, Z_NO_LANE, Z_SERIAL, Z_EXCL, Z_ALL_RAM, Z_ADMIT_ON, Z_VSLOTS]] = (
+            ch.cv_own ** 2 + ch.cv_shared ** 2, ch.lane_sd ** 2, 2.0)
+        self.Z[[Z_MASK, Z_NO_LANE, Z_SERIAL, Z_EXCL, Z_ALL_RAM, Z_ADMIT_ON, Z_VSLOTS, Z_WAKE, Z_LLC]] = (
             ctx.mask, ctx.cpu is None and ctx.gpu is None, ctx.copy_serial, L.exclusive, L.all_in_ram, ctx.can_admit,
-            L.vram_slots)
+            L.vram_slots, bool(ctx.cpu_wake), rp.llc is not None)
         self.A, self.B = np.zeros(len(BOOK_F)), np.zeros(len(BOOK_I), np.int64)
         cap = streams.conc * streams.window * self.KS.shape[2]
         self.pos = np.full(L.keys, -1, np.int64)
-        self.Ib, self.arr, self.X = np.empty((3, cap), np.int64), np.empty(cap), np.zeros(S_N + cap)
-        # the planner's per-call scalars that do not change in this loop: the channel's terms (the rest stay 0: no
-        # wake term, no prefetch reads done, no prediction, no host cache factors)
-        self.X[[S_NVME_WAKE, S_SPREAD, S_CV_OWN, S_CV_SHARED, S_LANE_SD]] = (ch.wake, ch.spread, ch.cv_own,
-                                                                            ch.cv_shared, ch.lane_sd)
+        llc = rp.llc
+        self.CV = np.array(llc.curve if llc is not None else (), np.float64)
+        self.last = llc.last if llc is not None else np.zeros(0, np.int64)
+        self.Ib, self.arr = np.empty((3, cap), np.int64), np.empty(cap)
+        self.X = np.zeros(S_N + 2 * cap + self.CV.shape[0])
+        # the planner's per-call scalars that do not change in this loop: the channel's terms, whether the host
+        # cache's factors follow (the rest stay 0: no prefetch reads done, no prediction)
+        self.X[[S_NVME_WAKE, S_SPREAD, S_CV_OWN, S_CV_SHARED, S_LANE_SD, S_FACTORS]] = (
+            ch.wake, ch.spread, ch.cv_own, ch.cv_shared, ch.lane_sd, llc is not None)
         self.O, self.R, self.D = np.empty(6 + cap, np.int64), np.empty(K.R_N), np.empty(0, np.int64)
+        # the table model's reads in flight: a layer's reads land before the next layer's, so a few layers' worth
+        self.OUT = np.empty(L.keys + cap)
 
     def step(self, rows, t: float, meas: bool) -> float:
         """One step's layers from clock ``t`` over ``rows`` (Streams.rows), booked where ``meas``; the clock after
@@ -205,10 +260,20 @@ class Steps:
         G[G_T], G[G_DFREE] = t, ch.dfree
         G[G_SPLIT] = np.nan if rp.split_end is None else rp.split_end
         Z[Z_READS], Z[Z_ADMITS], Z[Z_COPIES] = ch.reads, rp.admissions, rp._copies
+        table = bool(ch.qd_table)
+        if table:
+            Z[Z_NOUT] = len(ch.outstanding)
+            self.OUT[:Z[Z_NOUT]] = ch.outstanding
+        if rp.llc is not None:
+            Z[Z_CLOCK] = rp.llc.clock
         toks = np.array([self.start[i] + j for i, j in rows], np.int64)
         rc = run_step(self.KS, toks, self.P, G, Z, self.A, self.B, meas, self.pos, self.Ib, self.arr, self.X,
-                      self.O, self.R, self.D, rp.ledger._kargs)
+                      self.O, self.R, self.D, rp.ledger._kargs, ch.kt, self.OUT, self.last, self.CV)
         ch.dfree, ch.reads = float(G[G_DFREE]), int(Z[Z_READS])
+        if table:
+            ch.outstanding = self.OUT[:Z[Z_NOUT]].tolist()
+        if rp.llc is not None:
+            rp.llc.clock = int(Z[Z_CLOCK])
         rp.split_end = None if G[G_SPLIT] != G[G_SPLIT] else float(G[G_SPLIT])
         rp.admissions, rp._copies = int(Z[Z_ADMITS]), int(Z[Z_COPIES])
         if rc == NO_LANE:
