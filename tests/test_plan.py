@@ -722,18 +722,18 @@ def test_the_kernel_writes_the_plan_into_fresh_arrays_of_the_callers_and_returns
     assert [ret for _, ret in calls] == [None, None]
     (a1, _), (a2, _) = calls
     for a, p in ((a1, plans[0]), (a2, plans[1])):
-        O, R = a[5:7]
+        O, R = a[4:6]
         assert (O.dtype, O.shape, R.dtype, R.shape) == (np.int64, (6 + 2 * n,), np.float64, (K.R_N + 1 + n,))
         assert O[6:6 + n].tolist() == p.gpu + p.zerocopy + p.cpu + p.nvme_cpu + p.nvme_gpu + p.masked
         assert R[K.R_MS] == p.ms
         # the kernel issued the NVMe pick's read: its key and arrival follow the plan
         assert R[K.R_N] == 1 and O[6 + n] == 500 and p.arrivals == {500: R[K.R_N + 1]} and p.demand_reads == 1
     # a buffer per call: nothing shared between plans made on other threads
-    assert not np.shares_memory(a1[5], a2[5]) and not np.shares_memory(a1[6], a2[6])
+    assert not np.shares_memory(a1[4], a2[4]) and not np.shares_memory(a1[5], a2[5])
     # every element the plan reads is written: what the arrays held before does not leak into the plan
     outs = []
     for junk in (-1, 7):
-        O, R = np.full_like(a1[5], junk), np.full_like(a1[6], junk)
-        real(*a1[:5], O, R, *a1[7:])
+        O, R = np.full_like(a1[4], junk), np.full_like(a1[5], junk)
+        real(*a1[:4], O, R, *a1[6:])
         outs.append((O[:6 + n + 1].tolist(), R[:K.R_N + 2].tobytes()))
     assert outs[0] == outs[1]

@@ -46,7 +46,7 @@ class NvmeChannel:
 
     __slots__ = ("deep", "one", "lat", "dfree", "pf", "reads", "pf_reads", "pf_cancelled", "pf_wasted", "qd_table",
                  "outstanding", "pf_svc", "pf_lat", "pf_done", "wake", "cv_shared", "cv_own", "spread", "bursts",
-                 "lane_sd", "pf_gone", "reads_beside_pf", "kt")
+                 "lane_sd", "pf_gone", "reads_beside_pf", "kt", "terms")
 
     def __init__(self, record_bytes: int, bw_gbps: float, *, bw_qd1_gbps: float | None = None,
                  latency_ms: float = 0.1, terms: ChannelTerms | None = None):
@@ -57,6 +57,8 @@ class NvmeChannel:
         self.wake = t.wake_ms
         self.cv_shared, self.cv_own, self.lane_sd = t.cv_shared, t.cv_own, t.lane_sd
         self.spread = self.cv_shared > 0.0 or self.cv_own > 0.0 or self.lane_sd > 0.0
+        # the planner's per-call scalars off the channel, fixed at construction (moetier.core.plan_kernel's S)
+        self.terms = (self.wake, self.spread, self.cv_own, self.cv_shared, self.lane_sd)
         self.bursts = _burst_rows(t.bursts)
         self.deep = record_bytes / (bw_gbps * 1e6)
         self.one = record_bytes / ((bw_qd1_gbps or bw_gbps) * 1e6)

@@ -36,7 +36,7 @@ from moetier.core.policies.lfu import _evict_for, _put, _remove, _touch
 from moetier.core.tickets import ABSENT, RAM, VRAM
 from moetier.core.tier_state import M_BAD, M_HAND, M_RAM_EV, M_RAM_N, M_REFUSED, M_VRAM_EV, M_VRAM_N
 
-__all__ = ["commit", "ram_uses", "lru_uses", "ram_put", "lru_put", "bind", "C_KEYS", "C_VN", "C_RSLOTS", "C_EXCL",
+__all__ = ["commit", "uses", "ram_uses", "lru_uses", "ram_put", "lru_put", "bind", "C_KEYS", "C_VN", "C_RSLOTS", "C_EXCL",
            "C_ALLRAM", "C_NORAM", "C_VLFU", "C_RLFU", "C_RW", "C_VW", "C_N"]
 
 # C: the ledger's configuration
@@ -341,6 +341,21 @@ def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, pi
 
 
 @kernel
+def uses(O, C, st, inram, link, owner, ref, slot, meta, pin, vfs, viv, vst, rfs, riv, rst, caps, vhl, rhl):
+    """Step 1 of ``commit`` alone (``commit``'s arguments, ``can_admit`` aside): the uses of the plan's VRAM picks,
+    then of the cpu lane's RAM picks (the runtime's ``Replay.touch``, whose landings are tickets)."""
+    e_gpu = 6 + O[0]
+    if C[C_VLFU]:
+        for j in range(6, e_gpu):
+            _vram_use(C, vfs, viv, vst, vhl, O[j])
+    else:
+        for j in range(6, e_gpu):
+            ref[slot[O[j]]] = 1
+    e_zc = e_gpu + O[1]
+    _ram_uses(O, e_zc, e_zc + O[2], C, inram, link, meta, rfs, riv, rst, rhl)
+
+
+@kernel
 def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, vfs, viv, vst, rfs, riv, rst, caps, vhl, rhl,
            can_admit):
     e_gpu = 6 + O[0]
@@ -352,14 +367,7 @@ def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, vfs, viv, vst, rf
     for k in picks:
         pin[k] = 1
     out = 0
-    # 1. uses: VRAM picks, then the cpu lane's RAM picks
-    if C[C_VLFU]:
-        for j in range(6, e_gpu):
-            _vram_use(C, vfs, viv, vst, vhl, O[j])
-    else:
-        for j in range(6, e_gpu):
-            ref[slot[O[j]]] = 1
-    _ram_uses(O, e_zc, e_cpu, C, inram, link, meta, rfs, riv, rst, rhl)
+    uses(O, C, st, inram, link, owner, ref, slot, meta, pin, vfs, viv, vst, rfs, riv, rst, caps, vhl, rhl)
     # 2. fills
     for j in range(e_cpu, e_ncpu):
         k = O[j]

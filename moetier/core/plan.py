@@ -94,8 +94,9 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
     if P is None:
         P = K.pack(ctx)
         ctx.__dict__["_packed"] = P        # dropped when a term changes (PlanContext.__setattr__)
-    plan = LayerPlan()
-    plan.t0 = t0
+    # made without __init__: the kernel's outputs set every slot once (the runtime plans on cold caches)
+    plan = LayerPlan.__new__(LayerPlan)
+    plan.arrivals, plan.demand_reads = {}, 0
     n = len(picks)
     arrivals = ()
     if nvme is None:
@@ -106,19 +107,18 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
         else:                          # claiming a prefetch read counts it in pf_done
             busy, out = 0.0, ()
             arrivals = _claimed(plan, ctx, ledger, picks, t0, nvme)
-        ch, kt = (nvme.wake, nvme.spread, nvme.cv_own, nvme.cv_shared, nvme.lane_sd, nvme.pf_done), nvme.kt
+        ch, kt = (*nvme.terms, nvme.pf_done), nvme.kt
     # the serial copies double where the VRAM tier is full (the kernel adds: and the layer reads from NVMe)
     full = ctx.copy_serial and ledger.exclusive and ledger.vram_full()
-    # packed as raw bytes: struct converts Python numbers faster than numpy does, and the kernel reads them in place
+    # one buffer of raw bytes: struct converts Python numbers faster than numpy does, and the kernel reads it in place
     X = (t0, idle_wake(idle) if ctx.cpu_wake else 0.0, *ch, plan.demand_reads, ctx.predicting, full, bool(arrivals),
-         llc is not None, ledger.all_in_ram, busy, 0 if llc is None else llc.clock, len(out), *out, *arrivals,
-         *(() if llc is None else llc.curve))
+         llc is not None, ledger.all_in_ram, busy, 0 if llc is None else llc.clock, len(out), n, *out, *arrivals,
+         *(() if llc is None else llc.curve), *picks, *picks.values())
     # the kernel writes into arrays made here: arrays it returned would be boxed by numba's runtime, whose code the
     # runtime's expert compute has evicted from the caches by the time it plans (several us a layer call there)
     O, R = np.empty(6 + 2 * n, np.int64), np.empty(K.R_N + 1 + n)
-    G.plan_call(P, pack(f"{2 * n}q", *picks, *picks.values()), ledger.view, pack(f"{len(X)}d", *X),
-                _deal(picks, lanes) if lanes is not None else _NO_DEAL, O, R, kt,
-                _NO_LAST if llc is None else llc.last)
+    G.plan_call(P, pack(f"{len(X)}d", *X), ledger.view, _deal(picks, lanes) if lanes is not None else _NO_DEAL, O, R,
+                kt, _NO_LAST if llc is None else llc.last)
     if ctx.read_cpu and nvme is not None and nvme.pf_done:
         nvme.pf_done = 0              # the kernel charged the prefetch reads' CPU work (_serial_host)
     o, r = O.tolist(), R.tolist()
@@ -131,7 +131,7 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
         plan.arrivals = dict(zip(o[6 + n:6 + n + reads], arr))
         plan.demand_reads = reads
     _unpack(plan, o, r)
-    plan.packed = O
+    plan.t0, plan.packed = t0, O
     return plan
 
 
@@ -187,7 +187,7 @@ def _deal(picks: dict, lanes: LayerPlan) -> np.ndarray:
 
 
 def _unpack(plan: LayerPlan, o: list, r: list) -> None:
-    """The kernel's lanes and times onto ``plan``."""
+    """The kernel's lanes and times onto ``plan`` (every slot but t0, packed, arrivals and demand_reads)."""
     a = 6 + o[0]
     b = a + o[1]
     c = b + o[2]
@@ -197,7 +197,5 @@ def _unpack(plan: LayerPlan, o: list, r: list) -> None:
         o[6:a], o[a:b], o[b:c], o[c:d], o[d:e], o[e:e + o[5]]
     (plan.gpu_ms, plan.cpu_ms, plan.ms, plan.nvme_wait_ms, plan.gpu_wait_ms, plan.issue_ms, plan.head_ms,
      plan.cpu_cold, plan.wait_from, cold, extra, split_end) = r[:K.R_N]
-    if cold == cold:                   # not NaN: a split call
-        plan.cpu_crit = (cold, int(extra))
-    if split_end == split_end:
-        plan.split_end = split_end
+    plan.cpu_crit = (cold, int(extra)) if cold == cold else None          # NaN: not a split call
+    plan.split_end = split_end if split_end == split_end else None

@@ -2,16 +2,15 @@
 
 Contract
 --------
-``plan_call(P, picks, codes, X, D, O, R, kt, last)`` plans one layer call as moetier.core.plan_kernel.plan_arrays
-does, reading what plan_layer would otherwise gather in Python:
+``plan_call(P, X, codes, D, O, R, kt, last)`` plans one layer call as moetier.core.plan_kernel.plan_arrays does,
+reading what plan_layer would otherwise gather in Python:
 
-    picks  bytes   (2n int64): the picks' keys, then their rows, in the order of ``picks``
-    codes  uint8   the ledger's state codes (Ledger.codes): each pick's tier (an absent key is in RAM where
-                   X[E_ALL_RAM]; the ledger's ``all_in_ram``)
     X      bytes   float64: the S_* scalars of plan_kernel (S_FRESH, S_ARRIVALS, S_VRAM_FULL as below), then the E_*
                    scalars, then the channel's reads in flight (E_NOUT of them), then, where S_ARRIVALS, each NVMe
                    pick's arrival in the order of ``picks``, then, where S_FACTORS, the host cache's curve
-                   (llc.ReuseModel.curve)
+                   (llc.ReuseModel.curve), then the E_NPICK picks' keys and their rows, in the order of ``picks``
+    codes  uint8   the ledger's state codes (Ledger.codes): each pick's tier (an absent key is in RAM where
+                   X[E_ALL_RAM]; the ledger's ``all_in_ram``)
     kt     float64 the channel's terms (NvmeChannel.kt); ``last``: the host cache's last uses (ReuseModel.last, its
                    clock at X[E_CLOCK]), empty without one
 
@@ -37,7 +36,7 @@ from moetier.core.plan_kernel import (P_CPU_ON, P_GPU_ON, P_MASK, R_N, S_ARRIVAL
 from moetier.core.tickets import RAM, TIER_NVME, TIER_OF
 
 # E: the gathering's scalars, after plan_kernel's S
-E_ALL_RAM, E_BUSY, E_CLOCK, E_NOUT, E_N = range(5)
+E_ALL_RAM, E_BUSY, E_CLOCK, E_NOUT, E_NPICK, E_N = range(6)
 NO_LAST = np.zeros(0, np.int64)
 ON_NVME = np.array([t == TIER_NVME for t in TIER_OF], np.uint8)
 
@@ -57,13 +56,14 @@ def tier_states(codes, I, all_ram):
 
 
 @kernel
-def plan_call(P, picks, codes, X, D, O, R, kt, last):
-    flat = np.frombuffer(picks, np.int64)
+def plan_call(P, X, codes, D, O, R, kt, last):
     Xin = np.frombuffer(X, np.float64)
-    n = flat.shape[0] // 2
+    n = int(Xin[S_N + E_NPICK])
+    tail = Xin.shape[0] - 2 * n
     I = np.empty((3, n), np.int64)
-    I[0] = flat[:n]
-    I[1] = flat[n:]
+    for i in range(n):
+        I[0, i] = int(Xin[tail + i])
+        I[1, i] = int(Xin[tail + n + i])
     n_nv = tier_states(codes, I, Xin[S_N + E_ALL_RAM] != 0.0)
     j = 6 + n
     for i in range(n):

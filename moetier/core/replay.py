@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from moetier.core import commit_kernel as CK
 from moetier.core.jit import kernel
 from moetier.core.ledger import Ledger
 from moetier.core.llc import reuse_model
@@ -201,6 +202,10 @@ class Replay:
         the simulator's and the runtime's commit); when the layer's split call ended (``idle``)."""
         self._touch_host(plan)
         L = self.ledger
+        if L.commits and plan.packed is not None:       # the compiled commit's uses, one call
+            if plan.gpu or plan.cpu:
+                CK.uses(plan.packed, *L._kargs)
+            return
         if plan.gpu:
             L.vram_hit(plan.gpu)
         if plan.cpu and not L.all_in_ram:
