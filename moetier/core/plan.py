@@ -17,9 +17,10 @@ Split: greedy min-max, heaviest picks first; a pick goes to the cpu unless that 
 sending it to the GPU would (ties go to the cpu, which keeps VRAM churn down). A lane's per_layer cost (launch,
 handoff) is charged only when that lane gets work.
 
-The arithmetic is one compiled call per layer (moetier.core.plan_kernel); this module gathers its inputs (the
-picks' tiers off the ledger, the NVMe picks' arrivals off the channel, the host cache factors) and turns its
-outputs into the LayerPlan.
+The arithmetic is one compiled call per layer (moetier.core.plan_kernel), which also gathers its inputs: the picks'
+tiers off the ledger, the NVMe picks' demand reads on the channel's terms, the host cache's distances
+(moetier.core.plan_gather). This module packs the picks and the call's scalars, takes a prefetching channel's
+claimed arrivals first, books the reads the kernel issued on the channel, and turns its outputs into the LayerPlan.
 """
 from __future__ import annotations
 

@@ -1,17 +1,18 @@
-"""The planner's arithmetic: one compiled call per layer (moetier.core.plan.plan_layer is its Python face).
+"""The planner's arithmetic: one compiled call per layer (moetier.core.plan.plan_layer is its Python face, through
+the entry moetier.core.plan_gather, which gathers these arrays in the same call).
 
 Contract
 --------
-``plan_kernel(P, bytes(I), bytes(X), D, O, R)`` deals and times one layer call's picks as moetier.core.plan's
-docstring says; it reads P, I, X, D only and writes the plan into the caller's O and R (every element; it returns
+``plan_arrays(P, I, X, D, O, R)`` deals and times one layer call's picks as moetier.core.plan's docstring says; it
+reads P, I, X, D only and writes the plan into the caller's O and R (every element of O[:6 + n] and R; it returns
 nothing). ``pack(ctx)`` is ``P``, a PlanContext's terms (the caller keeps it while the context is unchanged).
 Layout, for n picks:
 
     P  float64  ctx terms at the ``P_*`` indices below (a missing lane: its ``*_ON`` 0, its costs 0), then from P_N
                 its lane deal's rule (moetier.core.deal_rules.terms: 0, the kernel deals; else rule_deal forces one)
-    I  int64    (3n,), as bytes: the picks' keys, their rows, their ledger states (the tier the planner sees: RAM /
+    I  int64    (3, n): the picks' keys, their rows, their ledger states (the tier the planner sees: RAM /
                 PUSHING: ram, VRAM: vram, any other: nvme), each in the order of ``picks``
-    X  float64  as bytes: the per-call scalars at the ``S_*`` indices (t0, the cpu worker's wake units, the channel's
+    X  float64  the per-call scalars at the ``S_*`` indices (t0, the cpu worker's wake units, the channel's
                 terms...); then, where S_ARRIVALS is 1, each NVMe pick's arrival (the caller's clock) in the order
                 of ``picks``; then, where S_FACTORS is 1, each pick's host cache distance and the cache's curve
                 (llc.ReuseModel's ``distances`` and ``curve``; a RAM pick's factor is llc.reuse_factor, else 1.0)
@@ -400,18 +401,9 @@ def _heaviest_first(I, ram, n_ram):
 
 
 @kernel
-def plan_kernel(P, picks, scalars, D, O, R):
-    """One layer call's plan into O and R: see the module docstring for the arrays (``picks``: I's bytes,
-    ``scalars``: X's)."""
-    flat = np.frombuffer(picks, np.int64)
-    n = flat.shape[0] // 3
-    plan_arrays(P, flat.reshape(3, n), np.frombuffer(scalars, np.float64), D, O, R)
-
-
-@kernel
 def plan_arrays(P, I, X, D, O, R):
-    """``plan_kernel`` over I as a (3, n) array and X as an array (the compiled step loop's call,
-    moetier.core.step_kernel)."""
+    """One layer call's plan into O and R: see the module docstring for the arrays (called by plan_layer's entry,
+    moetier.core.plan_gather, and the compiled step loop, moetier.core.step_kernel)."""
     n = I.shape[1]
     S = X[:S_N]
     D = rule_deal(P[P_N:], I) if not D.shape[0] and P[P_N] else D      # a peer row's rule deals (deal_rules)
