@@ -377,8 +377,9 @@ def _print_extra(res: dict, as_json: bool) -> None:
         print("| side | plan_layer | bookkeeping | together |  (us, min / median / max of the rounds' medians)\n"
               "|---|---|---|---|")
         for k in ("A", "B"):
-            print(f"| {k} | " + " | ".join(f"{res[k][m]['min']:.1f} / {res[k][m]['median']:.1f} / {res[k][m]['max']:.1f}"
-                                        for m in ("plan_us", "bookkeeping_us", "together_us")) + " |")
+            cells = (f"{res[k][m]['min']:.1f} / {res[k][m]['median']:.1f} / {res[k][m]['max']:.1f}"
+                     for m in ("plan_us", "bookkeeping_us", "together_us"))
+            print(f"| {k} | " + " | ".join(cells) + " |")
         v = res["B_loop"]["together_us"]
         print(f"| B, compiled step loop (sim.run's path; a step's time / layers, {res['B_loop']['steps']:,} steps; "
               f"min / median / max over them) | | | {v['min']:.1f} / {v['median']:.1f} / {v['max']:.0f} |")

@@ -36,8 +36,8 @@ from moetier.core.policies.lfu import _evict_for, _put, _remove, _touch
 from moetier.core.tickets import ABSENT, RAM, VRAM
 from moetier.core.tier_state import M_BAD, M_HAND, M_RAM_EV, M_RAM_N, M_REFUSED, M_VRAM_EV, M_VRAM_N
 
-__all__ = ["commit", "uses", "ram_uses", "lru_uses", "ram_put", "lru_put", "bind", "C_KEYS", "C_VN", "C_RSLOTS", "C_EXCL",
-           "C_ALLRAM", "C_NORAM", "C_VLFU", "C_RLFU", "C_RW", "C_VW", "C_N"]
+__all__ = ["commit", "uses", "ram_uses", "lru_uses", "ram_put", "lru_put", "bind", "C_KEYS", "C_VN", "C_RSLOTS",
+           "C_EXCL", "C_ALLRAM", "C_NORAM", "C_VLFU", "C_RLFU", "C_RW", "C_VW", "C_N"]
 
 # C: the ledger's configuration
 C_KEYS, C_VN, C_RSLOTS, C_EXCL, C_ALLRAM, C_NORAM, C_VLFU, C_RLFU, C_RW, C_VW, C_N = range(11)

@@ -56,6 +56,19 @@ def tier_states(codes, I, all_ram):
 
 
 @kernel
+def host_cache(X, at, I, last, clock, curve):
+    """The host cache's part of plan_kernel's X from ``at``: each pick's distance (records streamed since its last
+    use at ``last``, under ``clock``; -1: never used), then the curve; returns where they end. The compiled step
+    loop (moetier.core.step_kernel) calls it too."""
+    n = I.shape[1]
+    for i in range(n):
+        u = last[I[0, i]]
+        X[at + i] = clock - u if u else -1.0
+    X[at + n:at + n + curve.shape[0]] = curve
+    return at + n + curve.shape[0]
+
+
+@kernel
 def plan_call(P, X, codes, D, O, R, kt, last):
     Xin = np.frombuffer(X, np.float64)
     n = int(Xin[S_N + E_NPICK])
@@ -97,12 +110,7 @@ def plan_call(P, X, codes, D, O, R, kt, last):
         X2[S_FRESH] = reads
         X2[S_ARRIVALS] = 1.0
         R[R_N + 1:R_N + 1 + reads] = X2[S_N:S_N + reads]
-    if factors:                   # the picks' distances (-1: never used), then the curve
-        c = Xin[S_N + E_CLOCK]
-        b = S_N + n_arr
-        for i in range(n):
-            u = last[I[0, i]]
-            X2[b + i] = c - u if u else -1.0
-        X2[b + n:] = Xin[at:at + 1 + 2 * m]
+    if factors:
+        host_cache(X2, S_N + n_arr, I, last, Xin[S_N + E_CLOCK], Xin[at:at + 1 + 2 * m])
     plan_arrays(P, I, X2, D, O, R[:R_N])
     R[R_N] = reads

@@ -16,8 +16,8 @@ commit covers (``Ledger.commits``) without the window LFU. Everything else takes
 the same kernels: ``plan_kernel.plan_arrays`` plans, ``commit_kernel.commit`` carries out the intents,
 ``channel.demand_arrivals`` times the reads and ``lanes.idle_wake`` the worker's wake, so plans, ledger and books are
 identical (tests/test_step_kernel.py); this module adds only the gathering and the booking around them (the channel's
-reads in flight, the host cache's clock). Why: through Python, a layer call's packing, unpacking and crossings cost more than the compiled
-work itself (benchmarks/core.md: the per-call rows against the loop's).
+reads in flight, the host cache's clock). Why: through Python, a layer call's packing, unpacking and crossings cost
+more than the compiled work itself (benchmarks/core.md: the per-call rows against the loop's).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from moetier.core.channel import T_TABLE, demand_arrivals
 from moetier.core.jit import kernel
 from moetier.core.lanes import idle_wake
 from moetier.core.plan import NO_NVME_LANE
-from moetier.core.plan_gather import ON_NVME, tier_states
+from moetier.core.plan_gather import ON_NVME, host_cache, tier_states
 from moetier.core.plan_kernel import (R_CPU, R_GPU, R_GPU_WAIT, R_MS, R_NVME_WAIT, R_SPLIT_END, R_WAIT_FROM,
                                       S_ARRIVALS, S_CV_OWN, S_CV_SHARED, S_FACTORS, S_FRESH, S_LANE_SD, S_N,
                                       S_NVME_WAKE, S_SPREAD, S_T0, S_VRAM_FULL, S_WAKE)
@@ -125,18 +125,6 @@ def _issue(kt, G, Z, OUT, t, reads):
 
 
 @kernel
-def _host_cache(X, at, I, last, clock, CV):
-    """The host cache's factors into X from ``at`` (plan_kernel's layout): each pick's distance (-1: never used),
-    then the curve; returns where they end."""
-    n = I.shape[1]
-    for i in range(n):
-        u = last[I[0, i]]
-        X[at + i] = clock - u if u else -1.0
-    X[at + n:at + n + CV.shape[0]] = CV
-    return at + n + CV.shape[0]
-
-
-@kernel
 def _touch(O, last, Z):
     """What streamed through the host (Replay.touch): the cpu lane's RAM picks, then the NVMe reads, in order."""
     a = 6 + O[0] + O[1]
@@ -173,7 +161,7 @@ def run_step(KS, toks, P, G, Z, A, B, meas, pos, Ib, arr, X, O, R, D, ka, kt, OU
         X[S_T0], X[S_FRESH], X[S_ARRIVALS] = t, fresh, 1.0 if fresh else 0.0
         X[S_VRAM_FULL] = 1.0 if n_nv and Z[Z_SERIAL] and Z[Z_EXCL] and meta[M_VRAM_N] >= Z[Z_VSLOTS] else 0.0
         X[S_WAKE] = idle_wake(t - G[G_SPLIT]) if Z[Z_WAKE] and G[G_SPLIT] == G[G_SPLIT] else 0.0
-        end = _host_cache(X, S_N + fresh, I, last, Z[Z_CLOCK], CV) if Z[Z_LLC] else S_N + fresh
+        end = host_cache(X, S_N + fresh, I, last, Z[Z_CLOCK], CV) if Z[Z_LLC] else S_N + fresh
         K.plan_arrays(P, I, X[:end], D, O, R)
         if R[R_SPLIT_END] == R[R_SPLIT_END]:
             G[G_SPLIT] = R[R_SPLIT_END]
