@@ -4,6 +4,7 @@ that run the core: `moetier table` (warm, and first run after install), `moetier
     python benchmarks/bench_core.py [--json] [--rounds 3]
     python benchmarks/bench_core.py --against DIR [--calls N] [--rounds 3]   # paired A/B against another checkout
     python benchmarks/bench_core.py --opcodes                   # bytecodes per layer call, by function
+    python benchmarks/bench_core.py --commit-profile            # the commit kernel alone, and the tiers' work
     python benchmarks/bench_core.py --against DIR --rows 1 --skip sim table table_first compare sweep   # C1 per call
     python benchmarks/bench_core.py --skip compare sweep        # leave out the long measures
 
@@ -44,7 +45,8 @@ of the same name to one machine code, so a process holding both would run one si
 arrays. The whole runs alternate too (round i runs A then B, round i + 1 B then A, each measure in turn), each side
 in its own tree (cwd and PYTHONPATH), and each measure gets the ratio B / A of the medians and of the mins.
 ``--opcodes`` counts the bytecodes each function executes per layer call (sys.settrace opcode events): a figure that
-does not move with the host's load, and says where the time goes.
+does not move with the host's load, and says where the time goes. ``--commit-profile`` times the commit kernel alone
+on the recorded plans (and on a plan with no picks, its crossing) and counts the tiers' work per layer call.
 """
 from __future__ import annotations
 
@@ -165,6 +167,48 @@ def bench_loop(R, tr, rows_per_call=4, steps=400) -> dict:
         ns.append((perf() - t0) / R.layers / 1e3)
     ns = ns[1:]
     return {"together_us": {"min": min(ns), "median": statistics.median(ns), "max": max(ns)}, "steps": steps}
+
+
+def bench_commit(R, tr, rows_per_call=4, calls=4000) -> dict:
+    """Where the commit's time goes: the tiers' work per layer call (the plans' lanes, the evictions), and the commit
+    kernel timed alone, replaying the same plans back to back on a ledger seeded alike, beside a plan with no picks
+    (the crossing alone: the kernel's 20 arguments). us, min / median / max over the calls."""
+    import numpy as np
+
+    from moetier.core import commit_kernel as CK
+    rp, st = _replay_of(R, tr, rows_per_call)
+    L, plans, t, step = rp.ledger, [], 0.0, 0
+    while len(plans) < calls:
+        rows = st.rows(step)
+        for layer in range(R.layers):
+            picks = st.picks(rows, layer)
+            plan = plan_layer(rp.ctx, L, picks, t, rp.chan)
+            plans.append(plan.packed.copy())
+            rp.commit(plan, picks)
+            rp.after_layer(picks)
+            t += plan.ms + 1.0
+        step += 1
+    counts = L.counters
+    lanes = np.mean([O[:6] for O in plans], axis=0).tolist()
+    again = _replay_of(R, tr, rows_per_call)[0]
+    args, admit, perf = again.ledger._kargs, again.ctx.can_admit, time.perf_counter_ns
+    alone, empty, none = [], [], np.zeros(6, np.int64)
+    for O in plans:
+        t0 = perf()
+        CK.commit(O, *args, admit)
+        alone.append(perf() - t0)
+    if again.ledger.codes != L.codes:
+        raise SystemExit("bench_core: the replayed commits left other tiers than the run")
+    for _ in range(len(plans)):
+        t0 = perf()
+        CK.commit(none, *args, admit)
+        empty.append(perf() - t0)
+    us = lambda xs: {"min": min(xs) / 1e3, "median": statistics.median(xs) / 1e3,  # noqa: E731
+                     "max": max(xs) / 1e3}
+    n = len(plans)
+    return {"calls": n, "lanes": dict(zip(("gpu", "zerocopy", "cpu", "nvme_cpu", "nvme_gpu", "masked"), lanes)),
+            "vram_evictions": counts["vram_evictions"] / n, "ram_evictions": counts["ram_evictions"] / n,
+            "commit_alone_us": us(alone), "commit_empty_us": us(empty)}
 
 
 def bench_opcodes(R, tr, calls: int = 1000) -> dict:
@@ -302,6 +346,8 @@ def main(argv=None):
     ap.add_argument("--compare-gap", action="store_true", help="moetier compare with its gap split (3x the replays)")
     ap.add_argument("--sweep-cells", type=int, default=200, help="cells of the sweep (default 200)")
     ap.add_argument("--opcodes", action="store_true", help="bytecodes per layer call, by function")
+    ap.add_argument("--commit-profile", action="store_true",
+                    help="the commit kernel alone per layer call, its crossing, and the tiers' work per call")
     ap.add_argument("--runs-only", action="store_true",
                     help="with --against: the whole runs alone, no per-call A/B in this process (for a tree whose "
                          "kernels must not share it)")
@@ -313,6 +359,8 @@ def main(argv=None):
         return
     if a.opcodes:
         return _print_extra(bench_opcodes(R, tr), a.json)
+    if a.commit_profile:
+        return _print_extra(bench_commit(R, tr, a.rows, min(a.calls, 8000)), a.json)
     measures = [m for m in MEASURES if m not in a.skip]
     if a.against is not None and a.runs_only:
         runs = bench_runs({"A": a.against, "B": REPO}, measures, a.rounds, a)
@@ -366,7 +414,7 @@ def _print_runs(runs: dict, sides) -> None:
 
 
 def _print_extra(res: dict, as_json: bool) -> None:
-    """--against / --opcodes output: a table, then the JSON line."""
+    """--against / --opcodes / --commit-profile output: a table, then the JSON line."""
     if as_json:
         print(json.dumps(res, indent=1, sort_keys=True))
         return
@@ -388,6 +436,15 @@ def _print_extra(res: dict, as_json: bool) -> None:
             print("| whole run | A: min / median / max | B: min / median / max | B / A: median / min | target |\n"
                   "|---|---|---|---|---|")
             _print_runs(res["runs"], ("A", "B"))
+    elif "commit_alone_us" in res:
+        lanes = ", ".join(f"{k} {v:.1f}" for k, v in res["lanes"].items())
+        print(f"{res['calls']:,} layer calls; picks a call by lane: {lanes}; evictions a call: VRAM "
+              f"{res['vram_evictions']:.1f}, RAM {res['ram_evictions']:.1f}\n| commit kernel | min / median / max "
+              f"(us) |\n|---|---|")
+        for k, name in (("commit_alone_us", "the plans' commits, back to back"),
+                        ("commit_empty_us", "a plan with no picks (the crossing)")):
+            v = res[k]
+            print(f"| {name} | {v['min']:.2f} / {v['median']:.2f} / {v['max']:.1f} |")
     else:
         print(f"{res['per_call']:,.0f} bytecodes per layer call (plan_layer + commit) over {res['calls']:,} calls")
         for k, v in res["by_function"].items():

@@ -76,3 +76,14 @@ def test_the_per_call_ab_runs_each_side_in_its_own_process_alternating(monkeypat
     assert out["B"]["together_us"] == {"min": 4.0, "median": 5.0, "max": 6.0}
     assert out["ratio_b_over_a"] == 5.0 / 20.0
     assert out["same_plans"] is False                 # the fifth run (A, round 3) planned otherwise
+
+
+def test_the_commit_profile_replays_the_same_commits_and_splits_off_the_crossing():
+    """--commit-profile: a real short run; the replayed commits must leave the run's tiers (else it exits), the
+    plans' commits cost more than a plan with no picks, and the tiers' work per call is counted."""
+    R, tr = bench_core.default_recipe()
+    res = bench_core.bench_commit(R, tr, calls=300)
+    assert res["calls"] >= 300
+    assert 0 < res["commit_empty_us"]["median"] < res["commit_alone_us"]["median"]
+    assert res["vram_evictions"] > 0 and res["ram_evictions"] > 0
+    assert 25 < sum(res["lanes"].values()) < 40            # about 31 picks a layer call at C4

@@ -77,7 +77,6 @@ _ON_NVME = tuple(t == TIER_NVME for t in TIER_OF)     # by ledger state: the pic
 _NO_DEAL = np.empty(0, np.int64)
 _NO_CHANNEL = (0.0,) * 6
 _NO_TERMS = np.zeros(T_N)             # no channel: no reads (a recipe without an NVMe tier has no NVMe picks)
-_NO_LAST = G.NO_LAST
 
 
 def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChannel | None,
@@ -119,7 +118,7 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
     # runtime's expert compute has evicted from the caches by the time it plans (several us a layer call there)
     O, R = np.empty(6 + 2 * n, np.int64), np.empty(K.R_N + 1 + n)
     G.plan_call(P, pack(f"{len(X)}d", *X), ledger.view, _deal(picks, lanes) if lanes is not None else _NO_DEAL, O, R,
-                kt, _NO_LAST if llc is None else llc.last)
+                kt, G.NO_LAST if llc is None else llc.last)
     if ctx.read_cpu and nvme is not None and nvme.pf_done:
         nvme.pf_done = 0              # the kernel charged the prefetch reads' CPU work (_serial_host)
     o, r = O.tolist(), R.tolist()
