@@ -703,8 +703,10 @@ def test_nvme_picks_that_land_together_keep_the_order_of_the_picks():
         assert lane == [k for k in order if k in lane]
 
 
-def test_the_kernel_writes_the_plan_into_fresh_arrays_of_the_callers_and_returns_none(monkeypatch):
+def test_the_kernel_writes_the_lanes_into_a_fresh_array_of_the_callers_and_returns_the_times(monkeypatch):
     # arrays a compiled call returns are boxed by numba's runtime: cache-cold in the runtime's planning (plan.py)
+    import struct
+
     import numpy as np
 
     from moetier.core import plan_gather as G
@@ -712,28 +714,32 @@ def test_the_kernel_writes_the_plan_into_fresh_arrays_of_the_callers_and_returns
     real, calls = G.plan_call, []
 
     def spy(*a):
-        calls.append((a, real(*a)))
+        out = real(*a)
+        calls.append((a, out))
+        return out
 
     monkeypatch.setattr(G, "plan_call", spy)
     L = ledger(vram=[1], ram=[10, 11])
     picks = {1: 1, 10: 2, 11: 1, 500: 1}
     n = len(picks)
     plans = [plan_layer(ctx(), L, picks, 0.0, NvmeChannel(9_474_048, 24.0)) for _ in range(2)]
-    assert [ret for _, ret in calls] == [None, None]
-    (a1, _), (a2, _) = calls
-    for a, p in ((a1, plans[0]), (a2, plans[1])):
-        O, R = a[4:6]
-        assert (O.dtype, O.shape, R.dtype, R.shape) == (np.int64, (6 + 2 * n,), np.float64, (K.R_N + 1 + n,))
+    for (a, r), p in zip(calls, plans):
+        O = a[4]
+        assert (O.dtype, O.shape) == (np.int64, (6 + 3 * n,)) and type(r) is tuple and len(r) == K.R_N + 1
         assert O[6:6 + n].tolist() == p.gpu + p.zerocopy + p.cpu + p.nvme_cpu + p.nvme_gpu + p.masked
-        assert R[K.R_MS] == p.ms
-        # the kernel issued the NVMe pick's read: its key and arrival follow the plan
-        assert R[K.R_N] == 1 and O[6 + n] == 500 and p.arrivals == {500: R[K.R_N + 1]} and p.demand_reads == 1
+        assert r[K.R_MS] == p.ms and r[K.R_GPU] == p.gpu_ms and r[K.R_CPU] == p.cpu_ms
+        # the kernel issued the NVMe pick's read: its key and arrival (float64 bits after the keys) follow the plan
+        arrival = struct.unpack_from("d", O, 8 * (6 + 2 * n))[0]
+        assert r[K.R_N] == 1 and O[6 + n] == 500 and p.arrivals == {500: arrival} and p.demand_reads == 1
+        assert p.packed is O
     # a buffer per call: nothing shared between plans made on other threads
-    assert not np.shares_memory(a1[4], a2[4]) and not np.shares_memory(a1[5], a2[5])
-    # every element the plan reads is written: what the arrays held before does not leak into the plan
+    (a1, r1), (a2, _) = calls
+    assert not np.shares_memory(a1[4], a2[4])
+    # every element the plan reads is written: what the array held before does not leak into the plan
     outs = []
     for junk in (-1, 7):
-        O, R = np.full_like(a1[4], junk), np.full_like(a1[5], junk)
-        real(*a1[:4], O, R, *a1[6:])
-        outs.append((O[:6 + n + 1].tolist(), R[:K.R_N + 2].tobytes()))
-    assert outs[0] == outs[1]
+        O = np.full_like(a1[4], junk)
+        r = real(*a1[:4], O, *a1[5:])
+        outs.append((O[:6 + n + 1].tolist(), O[6 + 2 * n:6 + 2 * n + 1].tobytes(), np.array(r).tobytes()))
+    assert outs[0] == outs[1] and outs[0][2] == np.array(r1).tobytes()       # bytes: NaN (no split call) alike
+

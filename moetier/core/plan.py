@@ -25,14 +25,13 @@ claimed arrivals first, books the reads the kernel issued on the channel, and tu
 from __future__ import annotations
 
 from itertools import compress
-from struct import pack
+from struct import pack, unpack_from
 
 import numpy as np
 
 from moetier.core import plan_gather as G
 from moetier.core import plan_kernel as K
 from moetier.core.channel import T_N, NvmeChannel
-from moetier.core.lanes import idle_wake
 from moetier.core.terms import PlanContext
 from moetier.core.tickets import RAM, TIER_NVME, TIER_OF
 
@@ -111,22 +110,23 @@ def plan_layer(ctx: PlanContext, ledger, picks: dict, t0: float, nvme: NvmeChann
     # the serial copies double where the VRAM tier is full (the kernel adds: and the layer reads from NVMe)
     full = ctx.copy_serial and ledger.exclusive and ledger.vram_full()
     # one buffer of raw bytes: struct converts Python numbers faster than numpy does, and the kernel reads it in place
-    X = (t0, idle_wake(idle) if ctx.cpu_wake else 0.0, *ch, plan.demand_reads, ctx.predicting, full, bool(arrivals),
+    X = (t0, idle if ctx.cpu_wake else 0.0, *ch, plan.demand_reads, ctx.predicting, full, bool(arrivals),
          llc is not None, ledger.all_in_ram, busy, 0 if llc is None else llc.clock, len(out), n, *out, *arrivals,
          *(() if llc is None else llc.curve), *picks, *picks.values())
-    # the kernel writes into arrays made here: arrays it returned would be boxed by numba's runtime, whose code the
-    # runtime's expert compute has evicted from the caches by the time it plans (several us a layer call there)
-    O, R = np.empty(6 + 2 * n, np.int64), np.empty(K.R_N + 1 + n)
-    G.plan_call(P, pack(f"{len(X)}d", *X), ledger.view, _deal(picks, lanes) if lanes is not None else _NO_DEAL, O, R,
-                kt, G.NO_LAST if llc is None else llc.last)
+    # the kernel writes into one array made here and returns the times as a tuple: arrays it returned would be boxed
+    # by numba's runtime, and each array operation here costs microseconds where the runtime plans, right after the
+    # expert compute has evicted the host's caches (benchmarks/cold.md)
+    O = np.empty(6 + 3 * n, np.int64)
+    r = G.plan_call(P, pack(f"{len(X)}d", *X), ledger.view, _deal(picks, lanes) if lanes is not None else _NO_DEAL, O,
+                    kt, G.NO_LAST if llc is None else llc.last)
     if ctx.read_cpu and nvme is not None and nvme.pf_done:
         nvme.pf_done = 0              # the kernel charged the prefetch reads' CPU work (_serial_host)
-    o, r = O.tolist(), R.tolist()
+    o = O.tolist()
     reads = int(r[K.R_N])
     if reads:
         if reads < 0:
             raise ValueError(NO_NVME_LANE)
-        arr = r[K.R_N + 1:K.R_N + 1 + reads]
+        arr = unpack_from(f"{reads}d", O, 8 * (6 + 2 * n))
         nvme.issued(t0, arr)
         plan.arrivals = dict(zip(o[6 + n:6 + n + reads], arr))
         plan.demand_reads = reads

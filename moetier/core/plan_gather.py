@@ -2,28 +2,32 @@
 
 Contract
 --------
-``plan_call(P, X, codes, D, O, R, kt, last)`` plans one layer call as moetier.core.plan_kernel.plan_arrays does,
+``plan_call(P, X, codes, D, O, kt, last)`` plans one layer call as moetier.core.plan_kernel.plan_arrays does,
 reading what plan_layer would otherwise gather in Python:
 
-    X      bytes   float64: the S_* scalars of plan_kernel (S_FRESH, S_ARRIVALS, S_VRAM_FULL as below), then the E_*
-                   scalars, then the channel's reads in flight (E_NOUT of them), then, where S_ARRIVALS, each NVMe
-                   pick's arrival in the order of ``picks``, then, where S_FACTORS, the host cache's curve
+    X      bytes   float64: the S_* scalars of plan_kernel (S_WAKE, S_FRESH, S_ARRIVALS, S_VRAM_FULL as below), then
+                   the E_* scalars, then the channel's reads in flight (E_NOUT of them), then, where S_ARRIVALS, each
+                   NVMe pick's arrival in the order of ``picks``, then, where S_FACTORS, the host cache's curve
                    (llc.ReuseModel.curve), then the E_NPICK picks' keys and their rows, in the order of ``picks``
     codes  uint8   the ledger's state codes (Ledger.codes): each pick's tier (an absent key is in RAM where
                    X[E_ALL_RAM]; the ledger's ``all_in_ram``)
     kt     float64 the channel's terms (NvmeChannel.kt); ``last``: the host cache's last uses (ReuseModel.last, its
                    clock at X[E_CLOCK]), empty without one
 
-S_ARRIVALS 0: the kernel issues the layer's NVMe picks as demand reads (channel.demand_arrivals: behind
-X[E_BUSY] in the FIFO model, joining the X[E_NOUT] reads in flight after t0 under a depth table); the caller books
-them (NvmeChannel.issued). 1: the caller's arrivals (a channel with prefetch reads, which the kernel does not model),
-S_FRESH of them demand reads. S_VRAM_FULL: whether a serial copy doubles, the layer's NVMe picks aside (the kernel
-adds that there are some). Out: O (6 + 2n) as plan_kernel's, then from O[6 + n] the NVMe picks' keys in the order
-of ``picks``; R (R_N + 1 + n) as plan_kernel's, then R[R_N] the demand reads the kernel issued (-1: NVMe picks and
-no lane computes them, nothing planned), then their arrivals in that order.
+S_WAKE: how long the cpu lane's worker has idled (ms; 0 where the recipe has no wake term), which the kernel turns
+into plan_kernel's wake term (moetier.core.lanes.idle_wake). S_ARRIVALS 0: the kernel issues the layer's NVMe picks
+as demand reads (channel.demand_arrivals: behind X[E_BUSY] in the FIFO model, joining the X[E_NOUT] reads in flight
+after t0 under a depth table); the caller books them (NvmeChannel.issued). 1: the caller's arrivals (a channel with
+prefetch reads, which the kernel does not model), S_FRESH of them demand reads. S_VRAM_FULL: whether a serial copy
+doubles, the layer's NVMe picks aside (the kernel adds that there are some). Out: O (6 + 3n) as plan_kernel's, then
+from O[6 + n] the NVMe picks' keys in the order of ``picks``, then from O[6 + 2n] the arrivals of the demand reads
+the kernel issued, in that order, as float64 bits. Returns plan_kernel's R (R_N floats) and then the demand reads the
+kernel issued (-1: NVMe picks and no lane computes them, nothing planned) as one tuple.
 
-Why: the gathering in Python (a lookup per pick, the arrivals, the cache distances) cost more than the planning on
-the runtime's path, where the expert compute leaves the host's caches cold (benchmarks/cold.md).
+Why: the gathering in Python (a lookup per pick, the arrivals, the cache distances, the wake term) cost more than
+the planning on the runtime's path, where the expert compute leaves the host's caches cold (benchmarks/cold.md);
+there each Python-side array operation costs microseconds, so the call takes one array for its outputs and returns
+the times as a tuple.
 """
 from __future__ import annotations
 
@@ -31,8 +35,9 @@ import numpy as np
 
 from moetier.core.channel import demand_arrivals
 from moetier.core.jit import kernel
+from moetier.core.lanes import idle_wake
 from moetier.core.plan_kernel import (P_CPU_ON, P_GPU_ON, P_MASK, R_N, S_ARRIVALS, S_FACTORS, S_FRESH, S_N, S_T0,
-                                      S_VRAM_FULL, plan_arrays)
+                                      S_VRAM_FULL, S_WAKE, plan_arrays)
 from moetier.core.tickets import RAM, TIER_NVME, TIER_OF
 
 # E: the gathering's scalars, after plan_kernel's S
@@ -69,7 +74,13 @@ def host_cache(X, at, I, last, clock, curve):
 
 
 @kernel
-def plan_call(P, X, codes, D, O, R, kt, last):
+def _times(R, reads):
+    """plan_call's return value: R's R_N times and the reads, one tuple (boxed without an array)."""
+    return (R[0], R[1], R[2], R[3], R[4], R[5], R[6], R[7], R[8], R[9], R[10], R[11], float(reads))
+
+
+@kernel
+def plan_call(P, X, codes, D, O, kt, last):
     Xin = np.frombuffer(X, np.float64)
     n = int(Xin[S_N + E_NPICK])
     tail = Xin.shape[0] - 2 * n
@@ -83,11 +94,11 @@ def plan_call(P, X, codes, D, O, R, kt, last):
         if ON_NVME[I[2, i]]:
             O[j] = I[0, i]
             j += 1
+    R = np.empty(R_N)
     reads = 0
     live = n_nv and not P[P_MASK]
     if live and not P[P_CPU_ON] and not P[P_GPU_ON]:
-        R[R_N] = -1.0
-        return
+        return _times(R, -1)
     at = S_N + E_N + int(Xin[S_N + E_NOUT])
     given = Xin[S_ARRIVALS] != 0.0
     n_arr = n_nv if live else 0
@@ -95,6 +106,7 @@ def plan_call(P, X, codes, D, O, R, kt, last):
     m = int(Xin[at + (n_arr if given else 0)]) if factors else 0
     X2 = np.empty(S_N + n_arr + (n + 1 + 2 * m if factors else 0))
     X2[:S_N] = Xin[:S_N]
+    X2[S_WAKE] = idle_wake(Xin[S_WAKE])
     X2[S_VRAM_FULL] = 1.0 if n_nv and Xin[S_VRAM_FULL] else 0.0
     if given:
         X2[S_N:S_N + n_arr] = Xin[at:at + n_arr]
@@ -109,8 +121,8 @@ def plan_call(P, X, codes, D, O, R, kt, last):
         reads = n_arr
         X2[S_FRESH] = reads
         X2[S_ARRIVALS] = 1.0
-        R[R_N + 1:R_N + 1 + reads] = X2[S_N:S_N + reads]
+        O.view(np.float64)[6 + 2 * n:6 + 2 * n + reads] = X2[S_N:S_N + reads]
     if factors:
         host_cache(X2, S_N + n_arr, I, last, Xin[S_N + E_CLOCK], Xin[at:at + 1 + 2 * m])
-    plan_arrays(P, I, X2, D, O, R[:R_N])
-    R[R_N] = reads
+    plan_arrays(P, I, X2, D, O, R)
+    return _times(R, reads)
