@@ -11,12 +11,34 @@ import numpy as np
 import pytest
 
 from moetier.core.ledger import Ledger, ResidencyError
+from moetier.core.policies.belady import BeladyPolicy, Future
 from moetier.core.policies.residency import partitioned
 from moetier.core.tickets import RAM, VRAM
 
 LAYERS, EXPERTS = 4, 16
 KEYS = LAYERS * EXPERTS
-# (vram slots, ram slots, ledger options)
+CALLS = 600
+
+
+def _calls(seed=11):
+    """The layer calls' picks, each call one position of the oracle's future."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for step in range(CALLS):
+        n = int(rng.integers(1, 9))
+        out.append({int(k): 1 for k in step % LAYERS * EXPERTS + rng.choice(EXPERTS, size=n, replace=False)})
+    return out
+
+
+def _future():
+    uses = {}
+    for pos, picks in enumerate(_calls()):
+        for k in picks:
+            uses.setdefault(k, []).append(pos)
+    return Future(uses, KEYS)
+
+
+# (vram slots, ram slots, ledger options; a callable option is made per ledger from the ledger's future)
 CASES = {
     "clock-lru": (3, 10, dict()),
     "clock-lru-inclusive": (3, 10, dict(exclusive=False)),
@@ -33,20 +55,33 @@ CASES = {
     "fifo-fifo-global": (3, 9, dict(ram_policy="fifo", vram_policy="fifo")),
     # VRAM split per layer (the mixtral-offloading row's): a victim of the incoming key's layer
     "lru-layer-vram": (6, 10, dict(ram_policy="fifo", ram_partition="layer",
-                                   vram_policy=lambda: partitioned("lru", 6, LAYERS, EXPERTS))),
+                                   vram_policy=lambda F: partitioned("lru", 6, LAYERS, EXPERTS))),
+    # the oracle's: Belady on both tiers, global, or split per layer (an even share: a part's slots unused)
+    "belady-global": (3, 10, dict(ram_policy=lambda F: BeladyPolicy(10, F, width=KEYS),
+                                  vram_policy=lambda F: BeladyPolicy(3, F, width=KEYS))),
+    "belady-layer": (4, 9, dict(ram_partition="layer",
+                                ram_policy=lambda F: partitioned("belady", 9, LAYERS, EXPERTS, F, even=True),
+                                vram_policy=lambda F: partitioned("belady", 4, LAYERS, EXPERTS, F))),
+    "belady-inclusive": (3, 10, dict(exclusive=False, ram_policy=lambda F: BeladyPolicy(10, F, width=KEYS),
+                                     vram_policy=lambda F: BeladyPolicy(3, F, width=KEYS))),
 }
 
 
 def _ledgers(case):
+    """(the compiled ledger, the Python one, their futures' clocks)."""
     v, r, kw = CASES[case]
+    nows = []
 
     def made():                                  # a policy object each: the two ledgers share no state
-        return {k: x() if callable(x) else x for k, x in dict(kw, layers=LAYERS, experts=EXPERTS).items()}
-    fast, plain = Ledger(KEYS, v, r, **made()), Ledger(KEYS, v, r, **made())
+        F = _future()
+        nows.append(F.now)
+        return Ledger(KEYS, v, r, **{k: x(F) if callable(x) else x
+                                     for k, x in dict(kw, layers=LAYERS, experts=EXPERTS).items()})
+    fast, plain = made(), made()
     plain.commits = False
     plain._rfast = plain._vfast = False      # the plain victim search, not the compiled put / evict_for
     assert fast.commits
-    return fast, plain
+    return fast, plain, nows
 
 
 def _deal(led, picks, rng, can_push):
@@ -89,18 +124,17 @@ def _tiers(led):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_compiled_commit_matches_the_python_methods(case):
-    fast, plain = _ledgers(case)
+    fast, plain, nows = _ledgers(case)
     rng = np.random.default_rng(11)
     seed = rng.permutation(KEYS)[:KEYS // 2]
     fast.seed(seed)
     plain.seed(seed)
     can_push = fast.vram_slots > 0
     admitted = 0
-    for step in range(600):
-        layer = step % LAYERS
+    for step, picks in enumerate(_calls()):
         fast.step = plain.step = step // LAYERS
-        n = int(rng.integers(1, 9))
-        picks = {int(k): 1 for k in layer * EXPERTS + rng.choice(EXPERTS, size=n, replace=False)}
+        for now in nows:
+            now[0] = step
         lanes = _deal(fast, picks, rng, can_push)
         a = fast.commit(_packed(lanes), True)
         b = _python_commit(plain, lanes, picks, True)
@@ -111,12 +145,12 @@ def test_compiled_commit_matches_the_python_methods(case):
     if can_push:
         assert fast.counters["vram_evictions"] > 20
         assert admitted > 20 or not fast.ram_slots          # zerocopy picks are RAM picks
-    if case in ("clock-lru", "dlfu-lfu-layer", "lfu-lfu-global"):
+    if case in ("clock-lru", "dlfu-lfu-layer", "lfu-lfu-global", "belady-global", "belady-layer"):
         assert fast.counters["refused_admissions"] > 0 and fast.counters["ram_evictions"] > 50   # refusals ran
 
 
 def test_a_fill_of_a_resident_key_is_refused_as_in_python():
-    fast, plain = _ledgers("clock-lru")
+    fast, plain, _ = _ledgers("clock-lru")
     for led in (fast, plain):
         led.seed([5])
     with pytest.raises(ResidencyError, match=r"fill_landed\(5\)"):

@@ -17,6 +17,8 @@ from moetier.core.plan import NO_NVME_LANE
 from moetier.core.replay import Replay, Streams
 from moetier.core.step_kernel import Steps
 from moetier.core.tickets import FILLING, ResidencyError
+from moetier.peers.compare import _policy
+from moetier.peers.rows import by_name, wiring
 from moetier.traces.format import load_trace
 from tests.parity.record import tier_contents
 
@@ -50,12 +52,14 @@ def _recipe(over: dict):
     return replace(R, policy={k: v for k, v in policy.items() if v is not None})
 
 
-def _run(R, tr, conc, compiled: bool, monkeypatch):
+def _run(R, tr, conc, compiled: bool, monkeypatch, peer=None):
     held = {}
 
     def wire(rp, streams, n):
+        seed = wiring(peer, R.layers, R.experts)(rp, streams, n) if peer is not None else None
         held["rp"] = rp
         held["covered"] = Steps.covers(rp)
+        return seed
 
     with monkeypatch.context() as m:
         if not compiled:
@@ -101,9 +105,10 @@ def test_what_the_loop_covers():
     from moetier.core.predict import make_predictor
     rp = Replay(pf, predictor=make_predictor(pf.policy, pf.layers, pf.experts))
     assert rp.prefetching and not Steps.covers(rp)
+    from moetier.core.ledger import Ledger
     rp = Replay(R)
-    rp.deal = lambda ledger, picks: None
-    assert not Steps.covers(rp)
+    rp.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, ram_policy="lfu:32")       # the window LFU
+    assert not rp.ledger.commits and not Steps.covers(rp)
 
 
 def _replay_and_streams(traces):
@@ -111,6 +116,20 @@ def _replay_and_streams(traces):
     rp = Replay(R)
     streams = Streams(traces[R.trace], 1, R.topk, R.experts, offsets=[0])
     return rp, streams
+
+
+@pytest.mark.parametrize("row", ["oracle-reference", "oracle-default"])
+@pytest.mark.parametrize("conc", [1, 4])
+def test_the_oracles_rows_run_through_the_loop_as_through_the_layers(row, conc, trace, monkeypatch):
+    # Belady on both tiers (global, and split per layer), the future's clock and the RAM picks' uses ahead of
+    # each plan (Replay.oracle_clock), the deal rule
+    peer = by_name(row)
+    R = spec.resolve(RID)
+    R = replace(R, policy=dict(_policy(R, peer), warmup_tokens=16))
+    fast = _run(R, trace[R.trace], conc, True, monkeypatch, peer)
+    assert fast[3], f"{row}: the compiled loop does not cover the oracle's replay"
+    slow = _run(R, trace[R.trace], conc, False, monkeypatch, peer)
+    assert fast[:3] == slow[:3]
 
 
 def test_no_lane_for_nvme_picks_is_the_planners_error(trace):

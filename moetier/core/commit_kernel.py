@@ -2,12 +2,11 @@
 
 Contract
 --------
-``commit(O, C, st, inram, link, owner, ref, slot, meta, pin, vfs, viv, vst, rfs, riv, rst, caps, vhl, rhl,
-can_admit)`` carries out, on the ledger's own buffers, what moetier.core.replay.Replay's commit does through the
+``commit(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl, can_admit)`` carries out, on the ledger's own buffers, what moetier.core.replay.Replay's commit does through the
 ledger for a plan whose lanes are ``O`` (moetier.core.plan_kernel's output: 6 lane counts, then the lanes' keys):
 
-    1. the VRAM picks' use (CLOCK's reference bit, or a use of the VRAM LFU), then the cpu lane's RAM picks' use
-       (LRU: to the most recent end; LFU: a use of the key's part);
+    1. the VRAM picks' use (CLOCK's reference bit, or a use by the VRAM policy), then the cpu lane's RAM picks' use
+       (LRU: to the most recent end; a policy: a use of the key's part);
     2. each nvme_cpu pick lands in RAM (``Ledger.fill_landed``);
     3. where ``can_admit``: the zerocopy picks are pushed to VRAM, then the nvme_gpu picks from staging
        (``Ledger.pushes_landed``), each victim draining into RAM in an exclusive tier.
@@ -16,32 +15,34 @@ Returns how many zerocopy picks were admitted, or -1 (a fill of a key not absent
 the key in ``meta[M_BAD]``: a broken residency rule, which the ledger raises.
 The picks (every key in O's lanes) are pinned: nothing evicts them.
 
-Which ledgers it covers (``C``, built by the ledger): VRAM CLOCK or an array-state policy (LFU / decayed LFU,
-moetier.core.policies.lfu; LRU / FIFO, moetier.core.policies.recency) over every key or split per layer (``vfs, viv,
-vst`` the parts' arrays stacked, a part ``C[C_VW]`` keys wide); RAM the built-in LRU (exclusive or inclusive) or an
-array-state policy, global or split per layer (``rfs, riv, rst``, ``caps`` each part's slots, a part ``C[C_RW]``
-keys wide); no RAM bookkeeping (all in RAM, or no RAM slots). The policy work is moetier.core.policies.lfu's
-kernels, called here, not a copy of them. The ticket path's RAM puts and uses go through the same code (``ram_put``
-/ ``ram_uses``, and ``lru_*`` for the built-in LRU). ``bind(ledger)`` is the arguments (the ledger's own buffers,
-the policies' arrays stacked by part), or None where the kernel does not cover the ledger; the ledger keeps them
-(the buffers never move).
+Which ledgers it covers (``C``, built by the ledger): VRAM CLOCK or an array-state policy over every key or split
+per layer (``V``: the parts' state stacked, moetier.core.tier_ops; a part ``C[C_VW]`` keys wide); RAM the built-in
+LRU (exclusive or inclusive) or an array-state policy, global or split per layer (``R``, ``caps`` each part's
+slots, a part ``C[C_RW]`` keys wide); no RAM bookkeeping (all in RAM, or no RAM slots). The array-state policies are
+LFU / decayed LFU (moetier.core.policies.lfu), LRU / FIFO (moetier.core.policies.recency) and Belady's MIN
+(moetier.core.policies.belady); their kernels are called here through moetier.core.tier_ops, not copied. The ticket
+path's RAM puts and uses go through the same code (``ram_put`` / ``ram_uses``, and ``lru_*`` for the built-in LRU).
+``bind(ledger)`` is the arguments (the ledger's own buffers, the policies' arrays stacked by part), or None where
+the kernel does not cover the ledger; the ledger keeps them (the buffers never move).
 """
 from __future__ import annotations
 
 import numpy as np
 from moetier.core.jit import kernel
 
-from moetier.core.policies import lfu, residency
-from moetier.core.policies.lfu import _evict_for, _put, _remove, _touch
+from moetier.core import tier_ops
+from moetier.core.policies import belady, lfu, residency
+from moetier.core.tier_ops import evict_for, put, remove, touch
 from moetier.core.tickets import ABSENT, RAM, VRAM
 from moetier.core.tier_state import M_BAD, M_HAND, M_RAM_EV, M_RAM_N, M_REFUSED, M_VRAM_EV, M_VRAM_N
 
 __all__ = ["commit", "uses", "ram_uses", "lru_uses", "ram_put", "lru_put", "bind", "C_KEYS", "C_VN", "C_RSLOTS",
-           "C_EXCL", "C_ALLRAM", "C_NORAM", "C_VLFU", "C_RLFU", "C_RW", "C_VW", "C_N"]
+           "C_EXCL", "C_ALLRAM", "C_NORAM", "C_VPOL", "C_RPOL", "C_RW", "C_VW", "C_N"]
 
 # C: the ledger's configuration
-C_KEYS, C_VN, C_RSLOTS, C_EXCL, C_ALLRAM, C_NORAM, C_VLFU, C_RLFU, C_RW, C_VW, C_N = range(11)
-_NO_LFU = (np.zeros((1, 3, 1)), np.full((1, 4, 1), -1, np.int64), np.zeros((1, 3), np.int64))
+C_KEYS, C_VN, C_RSLOTS, C_EXCL, C_ALLRAM, C_NORAM, C_VPOL, C_RPOL, C_RW, C_VW, C_N = range(11)
+# a tier without a policy object: an ordered family's state of one empty part, which the kernel never reads
+_NO_POLICY = (np.zeros((1, 3, 1)), np.full((1, 4, 1), -1, np.int64), np.zeros((1, 3), np.int64))
 # the ledger's steps the kernel does; a subclass that overrides one (moetier.peers.token_feed) keeps its own
 _STEPS = ("vram_hit", "ram_hit", "fill_landed", "pushes_landed", "_ram_put")
 
@@ -59,22 +60,28 @@ def bind(led, base):
     rparts, caps, width = _ram_parts(led)
     if rparts == ():
         return None
-    for parts, w in ((vparts, vwidth), (rparts, width)):
-        if parts and not _stackable(parts, w):
-            return None
+    V = tier_ops.stack(vparts, vwidth) if vparts else _NO_POLICY
+    R = tier_ops.stack(rparts, width) if rparts else _NO_POLICY
+    if V is None or R is None:
+        return None
     C = np.zeros(C_N, np.int64)
-    C[[C_KEYS, C_VN, C_RSLOTS, C_EXCL, C_ALLRAM, C_NORAM, C_VLFU, C_RLFU, C_RW, C_VW]] = (
+    C[[C_KEYS, C_VN, C_RSLOTS, C_EXCL, C_ALLRAM, C_NORAM, C_VPOL, C_RPOL, C_RW, C_VW]] = (
         led.keys, led.vram_slots, led.ram_slots, led.exclusive, led.all_in_ram, led._no_ram_lru, vparts is not None,
         rparts is not None, width, vwidth)
-    vs = lfu.stack(vparts) if vparts else _NO_LFU
-    rs = lfu.stack(rparts) if rparts else _NO_LFU
     st, inram, link, owner, ref, slot, meta = led._ts.views()
     pin, caps = np.zeros(led.keys, np.uint8), np.array(caps, np.int64)
-    vhl, rhl = vparts[0].halflife if vparts else 0.0, rparts[0].halflife if rparts else 0.0
-    args = (C, st, inram, link, owner, ref, slot, meta, pin, *vs, *rs, caps, vhl, rhl)
+    vhl, rhl = _halflife(vparts), _halflife(rparts)
+    args = (C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl)
     if rparts is None:
         return args, lru_put, (C, st, inram, link, meta, pin), lru_uses, (inram, link, meta)
-    return args, ram_put, (C, st, inram, link, meta, pin, *rs, caps, rhl), ram_uses, (C, inram, link, meta, *rs, rhl)
+    return args, ram_put, (C, st, inram, link, meta, pin, R, caps, rhl), ram_uses, (C, inram, link, meta, R, rhl)
+
+
+def _halflife(parts) -> float:
+    return float(getattr(parts[0], "halflife", 0.0)) if parts else 0.0
+
+
+_COVERED = (lfu.LFU, belady.BeladyPolicy)     # the policy families of moetier.core.tier_ops
 
 
 def _parts(pol, keys: int) -> tuple:
@@ -83,9 +90,9 @@ def _parts(pol, keys: int) -> tuple:
     or not as a whole; a policy split per layer names a victim of the incoming key's layer."""
     if pol is None:
         return None, [0], 1
-    if isinstance(pol, lfu.LFU):
+    if isinstance(pol, _COVERED):
         return [pol], [pol.capacity], keys
-    if isinstance(pol, residency.Partitioned) and all(isinstance(p, lfu.LFU) for p in pol.parts):
+    if isinstance(pol, residency.Partitioned) and all(isinstance(p, _COVERED) for p in pol.parts):
         return pol.parts, pol.caps, pol.experts
     return (), [0], 1
 
@@ -95,16 +102,6 @@ def _ram_parts(led) -> tuple:
     if led._rpol is None and led._lfu_window and not led._no_ram_lru:
         return (), [0], 1
     return _parts(led._rpol, led.keys)
-
-
-def _stackable(parts, w: int) -> bool:
-    """The parts share a half-life, part j's keys start at j x w, and each is (now) sized w keys wide."""
-    if len({p.halflife for p in parts}) != 1 or any(p.base != j * w for j, p in enumerate(parts)):
-        return False
-    for p in parts:
-        if p.fs.shape[1] < w:
-            p._index(p.base + w - 1)          # sized for its keys, it never grows (and so never leaves the stack)
-    return all(p.fs.shape[1] == w for p in parts)
 
 
 @kernel
@@ -128,23 +125,23 @@ def _ram_unlink(link, inram, meta, h, k):
 
 
 @kernel
-def _ram_put(k, C, st, inram, link, meta, pin, picks, rfs, riv, rst, caps, rhl):
+def _ram_put(k, C, st, inram, link, meta, pin, picks, R, caps, rhl):
     """``k`` enters the RAM tier (Ledger._ram_put): a use where it is there, else a free slot, else in place of
     the tier's victim, else refused (the record is not kept, counted). Returns the victim, -1 where no RAM slot
     came free, -2 where ``k`` was refused."""
     if C[C_NORAM]:
         st[k] = ABSENT
         return -1
-    if not C[C_RLFU]:
+    if not C[C_RPOL]:
         return _lru_put(k, C, st, inram, link, meta, pin)
     w = C[C_RW]
     l = k // w
     i = k - l * w
     if inram[k]:
-        _touch(rfs[l], riv[l], rst[l], rhl, i)
+        touch(R, rhl, l, l * w, i)
         st[k] = RAM
         return -1
-    v = _put(rfs[l], riv[l], rst[l], rhl, picks, l * w, i, caps[l])
+    v = put(R, rhl, picks, l, l * w, i, caps[l])
     if v == -1:
         _ram_add(link, inram, meta, C[C_KEYS], k)
         st[k] = RAM
@@ -192,11 +189,11 @@ def _swap_in(k, victim, st, inram, link, meta, h):
 
 
 @kernel
-def _ram_uses(keys, a, b, C, inram, link, meta, rfs, riv, rst, rhl):
+def _ram_uses(keys, a, b, C, inram, link, meta, R, rhl):
     """The RAM keys among keys[a:b] computed in place, in turn: to the most recent end (LRU), or a use (LFU)."""
     if C[C_NORAM]:
         return
-    if not C[C_RLFU]:
+    if not C[C_RPOL]:
         _lru_uses(keys, a, b, inram, link, meta)
         return
     w = C[C_RW]
@@ -204,7 +201,7 @@ def _ram_uses(keys, a, b, C, inram, link, meta, rfs, riv, rst, rhl):
         k = keys[j]
         if inram[k]:
             l = k // w
-            _touch(rfs[l], riv[l], rst[l], rhl, k - l * w)
+            touch(R, rhl, l, l * w, k - l * w)
 
 
 @kernel
@@ -220,9 +217,9 @@ def _lru_uses(keys, a, b, inram, link, meta):
 # the ticket path's doors (Ledger.ram_hit, Ledger._ram_put where the kernel covers the ledger): one call each, its
 # arguments ``bind``'s; the built-in LRU's take fewer (a call's cost grows with its array arguments)
 @kernel
-def ram_uses(keys, C, inram, link, meta, rfs, riv, rst, rhl):
+def ram_uses(keys, C, inram, link, meta, R, rhl):
     """``Ledger.ram_hit`` of ``keys`` (an int64 array)."""
-    _ram_uses(keys, 0, len(keys), C, inram, link, meta, rfs, riv, rst, rhl)
+    _ram_uses(keys, 0, len(keys), C, inram, link, meta, R, rhl)
 
 
 @kernel
@@ -232,11 +229,11 @@ def lru_uses(keys, inram, link, meta):
 
 
 @kernel
-def ram_put(k, pins, C, st, inram, link, meta, pin, rfs, riv, rst, caps, rhl):
+def ram_put(k, pins, C, st, inram, link, meta, pin, R, caps, rhl):
     """``Ledger._ram_put`` of key ``k``, the keys in ``pins`` kept; ``_ram_put``'s return value."""
     for p in pins:
         pin[p] = 1
-    out = _ram_put(k, C, st, inram, link, meta, pin, pins, rfs, riv, rst, caps, rhl)
+    out = _ram_put(k, C, st, inram, link, meta, pin, pins, R, caps, rhl)
     for p in pins:
         pin[p] = 0
     return out
@@ -257,14 +254,15 @@ def lru_put(k, pins, C, st, inram, link, meta, pin):
 
 
 @kernel
-def _vram_use(C, vfs, viv, vst, vhl, key):
+def _vram_use(C, V, vhl, key):
     """A use of VRAM key ``key`` by its part's policy."""
-    l = key // C[C_VW]
-    _touch(vfs[l], viv[l], vst[l], vhl, key - l * C[C_VW])
+    w = C[C_VW]
+    l = key // w
+    touch(V, vhl, l, l * w, key - l * w)
 
 
 @kernel
-def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, picks, vfs, viv, vst, rfs, riv, rst,
+def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, picks, V, R,
             caps, vhl, rhl):
     """Ledger.pushes_landed of the keys O[a:b]; returns how many were admitted."""
     n = C[C_VN]
@@ -273,16 +271,16 @@ def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, pi
     for j in range(a, b):
         key = O[j]
         victim = -1
-        if C[C_VLFU]:
+        if C[C_VPOL]:
             if meta[M_VRAM_N] < n:
                 s = 0
                 while owner[s] >= 0:
                     s += 1
-                _vram_use(C, vfs, viv, vst, vhl, key)
+                _vram_use(C, V, vhl, key)
             else:
                 l = key // C[C_VW]
                 base = l * C[C_VW]
-                victim = _evict_for(vfs[l], viv[l], vst[l], vhl, picks, base, key - base)
+                victim = evict_for(V, vhl, picks, l, base, key - base)
                 if victim < 0:
                     meta[M_REFUSED] += 1
                     continue
@@ -326,37 +324,37 @@ def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, pi
                 st[victim] = RAM
             elif C[C_EXCL]:
                 st[victim] = ABSENT
-                _ram_put(victim, C, st, inram, link, meta, pin, picks, rfs, riv, rst, caps, rhl)
+                _ram_put(victim, C, st, inram, link, meta, pin, picks, R, caps, rhl)
             else:
                 st[victim] = ABSENT
         st[key] = VRAM
         if not staged and C[C_EXCL] and inram[key]:
             _ram_unlink(link, inram, meta, h, key)
-            if C[C_RLFU]:
+            if C[C_RPOL]:
                 w = C[C_RW]
                 l = key // w
-                _remove(rfs[l], riv[l], rst[l], key - l * w)
+                remove(R, l, key - l * w)
         admitted += 1
     return admitted
 
 
 @kernel
-def uses(O, C, st, inram, link, owner, ref, slot, meta, pin, vfs, viv, vst, rfs, riv, rst, caps, vhl, rhl):
+def uses(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl):
     """Step 1 of ``commit`` alone (``commit``'s arguments, ``can_admit`` aside): the uses of the plan's VRAM picks,
     then of the cpu lane's RAM picks (the runtime's ``Replay.touch``, whose landings are tickets)."""
     e_gpu = 6 + O[0]
-    if C[C_VLFU]:
+    if C[C_VPOL]:
         for j in range(6, e_gpu):
-            _vram_use(C, vfs, viv, vst, vhl, O[j])
+            _vram_use(C, V, vhl, O[j])
     else:
         for j in range(6, e_gpu):
             ref[slot[O[j]]] = 1
     e_zc = e_gpu + O[1]
-    _ram_uses(O, e_zc, e_zc + O[2], C, inram, link, meta, rfs, riv, rst, rhl)
+    _ram_uses(O, e_zc, e_zc + O[2], C, inram, link, meta, R, rhl)
 
 
 @kernel
-def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, vfs, viv, vst, rfs, riv, rst, caps, vhl, rhl,
+def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl,
            can_admit):
     e_gpu = 6 + O[0]
     e_zc = e_gpu + O[1]
@@ -367,7 +365,7 @@ def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, vfs, viv, vst, rf
     for k in picks:
         pin[k] = 1
     out = 0
-    uses(O, C, st, inram, link, owner, ref, slot, meta, pin, vfs, viv, vst, rfs, riv, rst, caps, vhl, rhl)
+    uses(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl)
     # 2. fills
     for j in range(e_cpu, e_ncpu):
         k = O[j]
@@ -375,7 +373,7 @@ def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, vfs, viv, vst, rf
             meta[M_BAD] = k
             out = -1
             break
-        _ram_put(k, C, st, inram, link, meta, pin, picks, rfs, riv, rst, caps, rhl)
+        _ram_put(k, C, st, inram, link, meta, pin, picks, R, caps, rhl)
     # 3. pushes
     if out == 0 and can_admit:
         if C[C_VN] == 0 and (O[1] or O[4]):
@@ -383,11 +381,11 @@ def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, vfs, viv, vst, rf
             out = -2
         else:
             if O[1]:
-                out = _pushes(O, e_gpu, e_zc, False, C, st, inram, link, owner, ref, slot, meta, pin, picks, vfs, viv,
-                              vst, rfs, riv, rst, caps, vhl, rhl)
+                out = _pushes(O, e_gpu, e_zc, False, C, st, inram, link, owner, ref, slot, meta, pin, picks, V, R,
+                              caps, vhl, rhl)
             if O[4]:
-                _pushes(O, e_ncpu, e_ngpu, True, C, st, inram, link, owner, ref, slot, meta, pin, picks, vfs, viv,
-                        vst, rfs, riv, rst, caps, vhl, rhl)
+                _pushes(O, e_ncpu, e_ngpu, True, C, st, inram, link, owner, ref, slot, meta, pin, picks, V, R,
+                        caps, vhl, rhl)
     for k in picks:
         pin[k] = 0
     return out

@@ -175,10 +175,9 @@ class Replay:
         self.admissions = 0       # RAM -> VRAM pushes of resident (zerocopy) picks, counted by the executors
         self.split_end = None     # when the cpu lane's last split call ended (model ms): its worker's idle
         self._copies = 0
-        # a peer's hooks (moetier.peers.rows.attach): ``deal(ledger, picks)`` -> the lanes of a layer's
-        # picks (None: the planner's), ``before(layer)`` ahead of each layer's plan (the oracle's clock)
-        self.deal = None
-        self.before = None
+        # the oracle's future (moetier.core.policies.belady.Future; moetier.peers.rows.attach), None elsewhere:
+        # ahead of each layer's plan its clock moves to the layer (``oracle_clock``)
+        self.future = None
 
     def settle(self) -> tuple[float, float]:
         """(link ms, host ms) of the admissions and drains since the last call when the engine runs them after the
@@ -271,10 +270,8 @@ class Replay:
         """One layer on modeled time (the simulator's executor; the runtime interleaves the same calls with its real
         work): plan at ``t`` (keeping ``lanes``' deal where given: plan_layer), prefetch for the layers ahead,
         commit the plan's intents, the LFU counts."""
-        if self.before is not None:
-            self.before(layer)
-        if lanes is None and self.deal is not None:
-            lanes = self.deal(self.ledger, picks)
+        if self.future is not None:      # a deal given (a calibration's) keeps its own RAM uses
+            self.oracle_clock(layer, picks if lanes is None else ())
         self.arm(layer)
         plan = plan_layer(self.ctx, self.ledger, picks, t, self.chan, self.llc, lanes, self.idle(t))
         if self.prefetching:
@@ -282,6 +279,16 @@ class Replay:
         self.commit(plan, picks)
         self.after_layer(picks)
         return plan
+
+    def oracle_clock(self, layer: int, picks: dict) -> None:
+        """The oracle's step ahead of a layer's plan: its future's ``now`` moves to the layer (step x layers +
+        layer), and every RAM pick is used now, whichever lane computes it: one computed through the GPU (zerocopy)
+        gets no RAM use in the commit, and a Belady order left at its old next use would keep it as needed soon (VRAM
+        picks are all computed on the GPU: the commit uses them). The compiled step loop does the same
+        (moetier.core.step_kernel)."""
+        L = self.ledger
+        self.future.now[0] = L.step * self.R.layers + layer
+        L.ram_hit(picks)
 
     def after_layer(self, picks: dict) -> None:
         """After a layer's commit (shared by the simulator and the runtime): the LFU counts."""

@@ -10,9 +10,10 @@ measured books into sim.run's accumulators. The replay's channel, split-call clo
 before and written back after each step, so the Python objects stay the state of record between steps.
 
 It covers a replay with no prefetch (the NVMe channel serves demand reads only: the FIFO model, or a calibrated
-depth table and bursts), with or without a host cache model (llc) and the cpu lane's wake term, no peer hooks (a peer
-row's lane deal is a rule the planner kernel applies, moetier.core.deal_rules, not a hook), and a ledger the compiled
-commit covers (``Ledger.commits``) without the window LFU. Everything else takes the per-layer path. Both paths run
+depth table and bursts), with or without a host cache model (llc) and the cpu lane's wake term, any peer row's lane
+deal (a rule the planner kernel applies, moetier.core.deal_rules), the oracle's future clock (``Replay.future``: its
+``oracle_clock`` ahead of each layer), and a ledger the compiled commit covers (``Ledger.commits``: Belady's among
+them) without the window LFU. Everything else takes the per-layer path. Both paths run
 the same kernels: ``plan_kernel.plan_arrays`` plans, ``commit_kernel.commit`` carries out the intents,
 ``channel.demand_arrivals`` times the reads and ``lanes.idle_wake`` the worker's wake, so plans, ledger and books are
 identical (tests/test_step_kernel.py); this module adds only the gathering and the booking around them (the channel's
@@ -38,9 +39,9 @@ from moetier.core.tier_state import M_VRAM_EV, M_VRAM_N
 # G: the loop's clock and terms (float64)
 (G_T, G_SPLIT, G_FLAYER, G_PUSH, G_HCOPY, G_CV2, G_LANE_VAR, G_TWO, G_DFREE, G_N) = range(10)
 # Z: flags and counters (int64); Z_NOUT: the channel's reads in flight (table model) held in OUT, Z_CLOCK: the host
-# cache's clock
+# cache's clock; Z_FUTURE: an oracle's replay (Replay.future), whose clock is Z_NOW0 + the layer
 (Z_MASK, Z_NO_LANE, Z_SERIAL, Z_EXCL, Z_ALL_RAM, Z_ADMIT_ON, Z_VSLOTS, Z_READS, Z_ADMITS, Z_COPIES, Z_WAKE, Z_LLC,
- Z_CLOCK, Z_NOUT, Z_N) = range(15)
+ Z_CLOCK, Z_NOUT, Z_FUTURE, Z_NOW0, Z_N) = range(17)
 # the books: sim.run's accumulators, floats then integers
 BOOK_F = ("gpu", "cpu", "wait", "gwait", "copy", "span", "arr", "gap_sq", "gap_var")
 BOOK_I = ("picks", "vram_picks", "gpu_exp", "cpu_exp", "zc", "ncpu", "ngpu", "masked", "demand", "rl")
@@ -134,7 +135,7 @@ def _touch(O, last, Z):
 
 
 @kernel
-def run_step(KS, toks, P, G, Z, A, B, meas, pos, Ib, arr, X, O, R, D, ka, kt, OUT, last, CV):
+def run_step(KS, toks, P, G, Z, A, B, meas, pos, Ib, arr, X, O, R, D, ka, kt, OUT, last, CV, now):
     """Every layer of one step (module docstring); 0, or the failing layer's code (commit's -1 / -2, NO_LANE)."""
     st, meta = ka[1], ka[7]
     t = G[G_T]
@@ -142,6 +143,9 @@ def run_step(KS, toks, P, G, Z, A, B, meas, pos, Ib, arr, X, O, R, D, ka, kt, OU
         t += G[G_FLAYER]
         n = _gather(KS, toks, layer, pos, Ib[0], Ib[1])
         I = Ib[:, :n]
+        if Z[Z_FUTURE]:              # Replay.oracle_clock: the future's clock, every RAM pick used
+            now[0] = Z[Z_NOW0] + layer
+            CK._ram_uses(Ib[0], 0, n, ka[0], ka[2], ka[3], ka[7], ka[10], ka[13])
         n_nv = tier_states(st, I, Z[Z_ALL_RAM] != 0)
         fresh = 0
         if n_nv and not Z[Z_MASK]:
@@ -204,8 +208,7 @@ class Steps:
     def covers(rp) -> bool:
         """Whether the loop covers replay ``rp`` (module docstring)."""
         L, ch = rp.ledger, rp.chan
-        return not (rp.prefetching or rp.pf_tickets or rp.deal is not None or rp.before is not None
-                    or not L.commits or L._lfu_window or ch.pf or ch.pf_gone)
+        return not (rp.prefetching or rp.pf_tickets or not L.commits or L._lfu_window or ch.pf or ch.pf_gone)
 
     @classmethod
     def of(cls, rp, streams):
@@ -224,6 +227,8 @@ class Steps:
         self.Z[[Z_MASK, Z_NO_LANE, Z_SERIAL, Z_EXCL, Z_ALL_RAM, Z_ADMIT_ON, Z_VSLOTS, Z_WAKE, Z_LLC]] = (
             ctx.mask, ctx.cpu is None and ctx.gpu is None, ctx.copy_serial, L.exclusive, L.all_in_ram, ctx.can_admit,
             L.vram_slots, bool(ctx.cpu_wake), rp.llc is not None)
+        self.Z[Z_FUTURE] = rp.future is not None
+        self.now = rp.future.now if rp.future is not None else np.zeros(1, np.int64)
         self.A, self.B = np.zeros(len(BOOK_F)), np.zeros(len(BOOK_I), np.int64)
         cap = streams.conc * streams.window * self.KS.shape[2]
         self.pos = np.full(L.keys, -1, np.int64)
@@ -254,9 +259,11 @@ class Steps:
             self.OUT[:Z[Z_NOUT]] = ch.outstanding
         if rp.llc is not None:
             Z[Z_CLOCK] = rp.llc.clock
+        Z[Z_NOW0] = rp.ledger.step * rp.R.layers
         toks = np.array([self.start[i] + j for i, j in rows], np.int64)
         rc = run_step(self.KS, toks, self.P, G, Z, self.A, self.B, meas, self.pos, self.Ib, self.arr, self.X,
-                      self.O, self.R, self.D, rp.ledger._kargs, ch.kt, self.OUT, self.last, self.CV)
+                      self.O, self.R, self.D, rp.ledger._kargs, ch.kt, self.OUT, self.last, self.CV,
+                      self.now)
         ch.dfree, ch.reads = float(G[G_DFREE]), int(Z[Z_READS])
         if table:
             ch.outstanding = self.OUT[:Z[Z_NOUT]].tolist()

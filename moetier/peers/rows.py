@@ -216,22 +216,8 @@ def attach(peer: Peer, rp, streams, steps: int) -> None:
             rpol = BeladyPolicy(R.ram_slots, fut, width=R.keys)
         rp.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, exclusive=rp.ledger.exclusive, ram_policy=rpol,
                            vram_policy=vpol, layers=L, experts=E)
-
-        def before(layer, ledger=rp.ledger, now=fut.now):
-            now[0] = ledger.step * L + layer
-        rp.before = before
-        rp.ctx.deal = peer.deal
-
-        def used(ledger, picks, hit=rpol.hit_many):
-            # every RAM pick is used now, whichever lane computes it: one computed through the GPU (zerocopy) gets
-            # no ram_hit, and a Belady order left at its old next use would keep it as needed soon (VRAM picks are
-            # all computed on the GPU: vram_hit)
-            ram = ledger.ram
-            keys = [k for k in picks if k in ram]
-            if keys:
-                hit(keys)
-            return None                          # the context's deal rule deals
-        rp.deal = used
+        rp.future = fut                  # its clock, and every RAM pick used ahead of the plan (Replay.oracle_clock)
+        rp.ctx.deal = peer.deal          # the planner kernel's deal rule
         return
     elif (part == "layer" and R.vram_slots) or peer.policy.get("ram_share") or peer.policy.get("ram_uses"):
         rp.ledger = split_ledger(peer, R, rp.ledger.exclusive)

@@ -30,7 +30,7 @@ import numpy as np
 from moetier.core.jit import kernel
 from moetier.core.policies.base import _Batched
 
-__all__ = ["BeladyPolicy", "Future"]
+__all__ = ["BeladyPolicy", "Future", "stack"]
 
 INF = np.inf
 
@@ -308,3 +308,19 @@ class BeladyPolicy(_Batched):
 
     def __len__(self):
         return int(self.st[1])
+
+
+def stack(parts) -> tuple:
+    """(F, res, inres, pin, hk, hx, st) of ``parts`` (Belady policies of one width and one future) stacked by part,
+    each part's own arrays now views into them: what the ledger's compiled commit indexes by part
+    (moetier.core.tier_ops); a part must not grow past its width afterwards (its arrays would leave the stack)."""
+    names = ("res", "inres", "pin", "hk", "hx", "st")
+    arrays = [np.stack([getattr(p, n) for p in parts]) for n in names]
+    for j, p in enumerate(parts):
+        for n, a in zip(names, arrays):
+            setattr(p, n, a[j])
+        F = p.F
+        p._a = ((F.offs, F.pos, F.cur, F.now), p.res, p.inres, p.hk, p.hx, p.st, p.base)
+    F = parts[0].F
+    return ((F.offs, F.pos, F.cur, F.now), *arrays)
+

@@ -1,0 +1,136 @@
+"""The residency policies' steps as the ledger's compiled commit calls them, for either family of array state.
+
+Contract
+--------
+A tier's policy state ``T`` is a tuple of arrays stacked by part (a per-layer split's layer; one part where the
+policy is global), of one of two families:
+
+- the ordered family (moetier.core.policies.lfu: LFU, decayed LFU, and LRU / FIFO from
+  moetier.core.policies.recency): ``(fs, iv, st)``, as ``lfu.stack`` lays them out;
+- Belady's MIN (moetier.core.policies.belady): ``(F, res, inres, pin, hk, hx, st)``, F the shared future
+  ``(offs, pos, cur, now)``, as ``belady.stack`` lays them out.
+
+The steps, compiled into the caller for T's family (a Numba overload: the family is T's type, fixed when the caller
+compiles), over part ``l`` whose keys start at ``base``, on key index ``i`` (key = base + i):
+
+    touch(T, hl, l, base, i)                a use (a resident's, or a new resident's entry)
+    put(T, hl, pins, l, base, i, cap)       i enters a part of ``cap`` slots: -1 into a free slot, else the index
+                                            it replaced, or -2 (refused: every resident pinned, or Belady's bypass)
+    evict_for(T, hl, pins, l, base, i)      i replaces the part's victim: its index, or -1 (nothing replaced)
+    remove(T, l, i)                         i leaves the part
+
+``hl``: the ordered family's half-life (Belady has none). ``pins``: the keys (not indices) no step may evict.
+``stack(parts, w)``: T for a tier's parts, each ``w`` keys wide, or None where the commit does not cover them
+(another policy, parts of two half-lives or futures, or not laid out ``j x w`` apart).
+
+Why a module of its own: the commit (moetier.core.commit_kernel) is one source for every policy family; which
+family's kernels it runs is its argument's type, so a ledger of another family compiles its own commit rather than
+paying a branch per step.
+"""
+from __future__ import annotations
+
+from numba.extending import overload
+
+from moetier.core.jit import kernel
+from moetier.core.policies import belady, lfu
+
+__all__ = ["touch", "put", "evict_for", "remove", "stack"]
+
+_ORDERED = 3                  # the ordered family's tuple length; Belady's is 7
+
+
+def touch(T, hl, l, base, i):
+    """Compiled callers only (module docstring)."""
+    raise NotImplementedError("tier_ops.touch is compiled into its caller")
+
+
+def put(T, hl, pins, l, base, i, cap):
+    """Compiled callers only (module docstring)."""
+    raise NotImplementedError("tier_ops.put is compiled into its caller")
+
+
+def evict_for(T, hl, pins, l, base, i):
+    """Compiled callers only (module docstring)."""
+    raise NotImplementedError("tier_ops.evict_for is compiled into its caller")
+
+
+def remove(T, l, i):
+    """Compiled callers only (module docstring)."""
+    raise NotImplementedError("tier_ops.remove is compiled into its caller")
+
+
+def _ordered(T) -> bool:
+    return len(T.types) == _ORDERED
+
+
+@overload(touch)
+def _touch(T, hl, l, base, i):
+    if _ordered(T):
+        return lambda T, hl, l, base, i: lfu._touch(T[0][l], T[1][l], T[2][l], hl, i)
+    return lambda T, hl, l, base, i: belady._touch(T[0], T[1][l], T[2][l], T[4][l], T[5][l], T[6][l], base, base + i)
+
+
+@kernel
+def _belady_put(T, pins, l, base, i, cap):
+    """belady._put on part l by key index: -1 (a free slot), the replaced index, or -2 (refused)."""
+    v = belady._put(T[0], T[1][l], T[2][l], T[3][l], T[4][l], T[5][l], T[6][l], base, pins, base + i, cap)
+    return v - base if v >= 0 else v
+
+
+@overload(put)
+def _put(T, hl, pins, l, base, i, cap):
+    if _ordered(T):
+        return lambda T, hl, pins, l, base, i, cap: lfu._put(T[0][l], T[1][l], T[2][l], hl, pins, base, i, cap)
+
+    def impl(T, hl, pins, l, base, i, cap):
+        return _belady_put(T, pins, l, base, i, cap)
+    return impl
+
+
+@overload(evict_for)
+def _evict_for(T, hl, pins, l, base, i):
+    if _ordered(T):
+        return lambda T, hl, pins, l, base, i: lfu._evict_for(T[0][l], T[1][l], T[2][l], hl, pins, base, i)
+
+    def impl(T, hl, pins, l, base, i):
+        v = _belady_put(T, pins, l, base, i, 0)      # a part with no free slot: a victim or nothing
+        return v if v >= 0 else -1
+    return impl
+
+
+@overload(remove)
+def _remove(T, l, i):
+    if _ordered(T):
+        return lambda T, l, i: lfu._remove(T[0][l], T[1][l], T[2][l], i)
+
+    def impl(T, l, i):
+        inres, st = T[2][l], T[6][l]
+        if inres[i]:
+            inres[i] = 0
+            st[1] -= 1
+    return impl
+
+
+def stack(parts, w: int):
+    """T for ``parts`` (module docstring), each part ``w`` keys wide, their own arrays now views into it; None where
+    the commit does not cover them."""
+    if all(isinstance(p, lfu.LFU) for p in parts):
+        if len({p.halflife for p in parts}) != 1 or not _laid_out(parts, w, lambda p: p.fs.shape[1]):
+            return None
+        return lfu.stack(parts)
+    if all(isinstance(p, belady.BeladyPolicy) for p in parts):
+        if len({id(p.F) for p in parts}) != 1 or not _laid_out(parts, w, lambda p: p.res.shape[0]):
+            return None
+        return belady.stack(parts)
+    return None
+
+
+def _laid_out(parts, w: int, width) -> bool:
+    """Part j's keys start at j x w, and each is (now) sized w keys wide: sized for its keys, it never grows, and so
+    never leaves the stack."""
+    if any(p.base != j * w for j, p in enumerate(parts)):
+        return False
+    for p in parts:
+        if width(p) < w:
+            p._index(p.base + w - 1)
+    return all(width(p) == w for p in parts)
