@@ -2,8 +2,9 @@
 
 Contract
 --------
-``commit(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl, can_admit)`` carries out, on the ledger's own buffers, what moetier.core.replay.Replay's commit does through the
-ledger for a plan whose lanes are ``O`` (moetier.core.plan_kernel's output: 6 lane counts, then the lanes' keys):
+``commit(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl, can_admit)`` carries out, on
+the ledger's own buffers, what moetier.core.replay.Replay's commit does through the ledger for a plan whose lanes
+are ``O`` (moetier.core.plan_kernel's output: 6 lane counts, then the lanes' keys):
 
     1. the VRAM picks' use (CLOCK's reference bit, or a use by the VRAM policy), then the cpu lane's RAM picks' use
        (LRU: to the most recent end; a policy: a use of the key's part);
@@ -190,7 +191,7 @@ def _swap_in(k, victim, st, inram, link, meta, h):
 
 @kernel
 def _ram_uses(keys, a, b, C, inram, link, meta, R, rhl):
-    """The RAM keys among keys[a:b] computed in place, in turn: to the most recent end (LRU), or a use (LFU)."""
+    """The RAM keys among keys[a:b] computed in place, in turn: to the most recent end (LRU), or a use (a policy)."""
     if C[C_NORAM]:
         return
     if not C[C_RPOL]:
@@ -262,8 +263,7 @@ def _vram_use(C, V, vhl, key):
 
 
 @kernel
-def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, picks, V, R,
-            caps, vhl, rhl):
+def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, picks, V, R, caps, vhl, rhl):
     """Ledger.pushes_landed of the keys O[a:b]; returns how many were admitted."""
     n = C[C_VN]
     h = C[C_KEYS]
@@ -354,8 +354,7 @@ def uses(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rh
 
 
 @kernel
-def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl,
-           can_admit):
+def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl, can_admit):
     e_gpu = 6 + O[0]
     e_zc = e_gpu + O[1]
     e_cpu = e_zc + O[2]

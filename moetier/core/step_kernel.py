@@ -13,12 +13,12 @@ It covers a replay with no prefetch (the NVMe channel serves demand reads only: 
 depth table and bursts), with or without a host cache model (llc) and the cpu lane's wake term, any peer row's lane
 deal (a rule the planner kernel applies, moetier.core.deal_rules), the oracle's future clock (``Replay.future``: its
 ``oracle_clock`` ahead of each layer), and a ledger the compiled commit covers (``Ledger.commits``: Belady's among
-them) without the window LFU. Everything else takes the per-layer path. Both paths run
-the same kernels: ``plan_kernel.plan_arrays`` plans, ``commit_kernel.commit`` carries out the intents,
-``channel.demand_arrivals`` times the reads and ``lanes.idle_wake`` the worker's wake, so plans, ledger and books are
-identical (tests/test_step_kernel.py); this module adds only the gathering and the booking around them (the channel's
-reads in flight, the host cache's clock). Why: through Python, a layer call's packing, unpacking and crossings cost
-more than the compiled work itself (benchmarks/core.md: the per-call rows against the loop's).
+them) without the window LFU. Everything else takes the per-layer path. Both paths run the same kernels:
+``plan_kernel.plan_arrays`` plans, ``commit_kernel.commit`` carries out the intents, ``channel.demand_arrivals``
+times the reads and ``lanes.idle_wake`` the worker's wake, so plans, ledger and books are identical
+(tests/test_step_kernel.py); this module adds only the gathering and the booking around them (the channel's reads in
+flight, the host cache's clock). Why: through Python, a layer call's packing, unpacking and crossings cost more than
+the compiled work itself (benchmarks/core.md: the per-call rows against the loop's).
 """
 from __future__ import annotations
 
@@ -262,8 +262,7 @@ class Steps:
         Z[Z_NOW0] = rp.ledger.step * rp.R.layers
         toks = np.array([self.start[i] + j for i, j in rows], np.int64)
         rc = run_step(self.KS, toks, self.P, G, Z, self.A, self.B, meas, self.pos, self.Ib, self.arr, self.X,
-                      self.O, self.R, self.D, rp.ledger._kargs, ch.kt, self.OUT, self.last, self.CV,
-                      self.now)
+                      self.O, self.R, self.D, rp.ledger._kargs, ch.kt, self.OUT, self.last, self.CV, self.now)
         ch.dfree, ch.reads = float(G[G_DFREE]), int(Z[Z_READS])
         if table:
             ch.outstanding = self.OUT[:Z[Z_NOUT]].tolist()
