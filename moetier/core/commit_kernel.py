@@ -32,7 +32,7 @@ import numpy as np
 from moetier.core.jit import kernel
 
 from moetier.core import tier_ops
-from moetier.core.policies import belady, lfu, residency
+from moetier.core.policies import residency
 from moetier.core.tier_ops import evict_for, put, remove, touch
 from moetier.core.tickets import ABSENT, RAM, VRAM
 from moetier.core.tier_state import M_BAD, M_HAND, M_RAM_EV, M_RAM_N, M_REFUSED, M_VRAM_EV, M_VRAM_N
@@ -82,18 +82,15 @@ def _halflife(parts) -> float:
     return float(getattr(parts[0], "halflife", 0.0)) if parts else 0.0
 
 
-_COVERED = (lfu.LFU, belady.BeladyPolicy)     # the policy families of moetier.core.tier_ops
-
-
 def _parts(pol, keys: int) -> tuple:
     """(a tier's array-state policy parts, or None where it has no policy object (CLOCK, the built-in LRU), each
     part's slots, a part's width in keys); parts () where the kernel does not cover the policy. A VRAM tier is full
     or not as a whole; a policy split per layer names a victim of the incoming key's layer."""
     if pol is None:
         return None, [0], 1
-    if isinstance(pol, _COVERED):
+    if isinstance(pol, tier_ops.FAMILIES):
         return [pol], [pol.capacity], keys
-    if isinstance(pol, residency.Partitioned) and all(isinstance(p, _COVERED) for p in pol.parts):
+    if isinstance(pol, residency.Partitioned) and all(isinstance(p, tier_ops.FAMILIES) for p in pol.parts):
         return pol.parts, pol.caps, pol.experts
     return (), [0], 1
 

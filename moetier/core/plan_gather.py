@@ -94,7 +94,7 @@ def plan_call(P, X, codes, D, O, kt, last):
         if ON_NVME[I[2, i]]:
             O[j] = I[0, i]
             j += 1
-    R = np.empty(R_N)
+    R = np.zeros(R_N)            # returned as it stands where nothing is planned
     reads = 0
     live = n_nv and not P[P_MASK]
     if live and not P[P_CPU_ON] and not P[P_GPU_ON]:

@@ -271,7 +271,7 @@ class Replay:
         work): plan at ``t`` (keeping ``lanes``' deal where given: plan_layer), prefetch for the layers ahead,
         commit the plan's intents, the LFU counts."""
         if self.future is not None:      # a deal given (a calibration's) keeps its own RAM uses
-            self.oracle_clock(layer, picks if lanes is None else ())
+            self.oracle_clock(layer, picks if lanes is None else None)
         self.arm(layer)
         plan = plan_layer(self.ctx, self.ledger, picks, t, self.chan, self.llc, lanes, self.idle(t))
         if self.prefetching:
@@ -280,15 +280,16 @@ class Replay:
         self.after_layer(picks)
         return plan
 
-    def oracle_clock(self, layer: int, picks: dict) -> None:
+    def oracle_clock(self, layer: int, picks: dict | None) -> None:
         """The oracle's step ahead of a layer's plan: its future's ``now`` moves to the layer (step x layers +
-        layer), and every RAM pick is used now, whichever lane computes it: one computed through the GPU (zerocopy)
+        layer), and every RAM pick of ``picks`` (None: no uses) is used now, whichever lane computes it: one computed through the GPU (zerocopy)
         gets no RAM use in the commit, and a Belady order left at its old next use would keep it as needed soon (VRAM
         picks are all computed on the GPU: the commit uses them). The compiled step loop does the same
         (moetier.core.step_kernel)."""
         L = self.ledger
         self.future.now[0] = L.step * self.R.layers + layer
-        L.ram_hit(picks)
+        if picks:
+            L.ram_hit(picks)
 
     def after_layer(self, picks: dict) -> None:
         """After a layer's commit (shared by the simulator and the runtime): the LFU counts."""

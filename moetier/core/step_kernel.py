@@ -137,7 +137,7 @@ def _touch(O, last, Z):
 @kernel
 def run_step(KS, toks, P, G, Z, A, B, meas, pos, Ib, arr, X, O, R, D, ka, kt, OUT, last, CV, now):
     """Every layer of one step (module docstring); 0, or the failing layer's code (commit's -1 / -2, NO_LANE)."""
-    st, meta = ka[1], ka[7]
+    C, st, inram, link, owner, ref, slot, meta, pin, VP, RP, caps, vhl, rhl = ka    # commit_kernel.bind's order
     t = G[G_T]
     for layer in range(KS.shape[1]):
         t += G[G_FLAYER]
@@ -145,7 +145,7 @@ def run_step(KS, toks, P, G, Z, A, B, meas, pos, Ib, arr, X, O, R, D, ka, kt, OU
         I = Ib[:, :n]
         if Z[Z_FUTURE]:              # Replay.oracle_clock: the future's clock, every RAM pick used
             now[0] = Z[Z_NOW0] + layer
-            CK._ram_uses(Ib[0], 0, n, ka[0], ka[2], ka[3], ka[7], ka[10], ka[13])
+            CK._ram_uses(Ib[0], 0, n, C, inram, link, meta, RP, rhl)
         n_nv = tier_states(st, I, Z[Z_ALL_RAM] != 0)
         fresh = 0
         if n_nv and not Z[Z_MASK]:
@@ -183,10 +183,10 @@ def run_step(KS, toks, P, G, Z, A, B, meas, pos, Ib, arr, X, O, R, D, ka, kt, OU
             c = Z[Z_ADMITS] + (meta[M_VRAM_EV] if Z[Z_EXCL] and not Z[Z_ALL_RAM] else 0)
             new = c - Z[Z_COPIES]
             Z[Z_COPIES] = c
-            link, host = new * G[G_PUSH], new * G[G_HCOPY]
-            t += link + host
+            over, host = new * G[G_PUSH], new * G[G_HCOPY]
+            t += over + host
             if meas:
-                A[A_COPY] += link
+                A[A_COPY] += over
         if meas:
             _book(A, B, G, Z, O, R, I, pos, arr, fresh, t0)
         _reset(pos, I)

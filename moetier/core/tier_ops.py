@@ -36,7 +36,9 @@ from numba.extending import overload
 from moetier.core.jit import kernel
 from moetier.core.policies import belady, lfu
 
-__all__ = ["touch", "put", "evict_for", "remove", "stack"]
+__all__ = ["touch", "put", "evict_for", "remove", "stack", "FAMILIES"]
+
+FAMILIES = (lfu.LFU, belady.BeladyPolicy)     # the policy classes whose state ``stack`` lays out
 
 _ORDERED = 3                  # the ordered family's tuple length; Belady's is 7
 

@@ -56,6 +56,7 @@ class Future:
         self.pos = np.ascontiguousarray(pos, np.int64)
         self.cur = self.offs[:-1].copy()
         self.now = np.full(1, -1, np.int64)
+        self.arrays = (self.offs, self.pos, self.cur, self.now)      # what the kernels take as F
 
 
 @kernel
@@ -233,8 +234,11 @@ class BeladyPolicy(_Batched):
         self.res, self.inres, self.pin = res, inres, np.zeros(w, np.uint8)
         self.hk, self.hx = np.empty(4 * w + 66), np.empty(4 * w + 66, np.int64)   # past 4 x residents + 64: rebuilt
         _rebuild(res, inres, self.hk, self.hx, self.st, self.base)
-        F = self.F
-        self._a = ((F.offs, F.pos, F.cur, F.now), res, inres, self.hk, self.hx, self.st, self.base)
+        self._bind()
+
+    def _bind(self) -> None:
+        """The kernels' leading arguments over this policy's arrays (again after they move: ``_grow``, ``stack``)."""
+        self._a = (self.F.arrays, self.res, self.inres, self.hk, self.hx, self.st, self.base)
 
     def _index(self, k) -> int:
         i = int(k) - self.base
@@ -253,8 +257,7 @@ class BeladyPolicy(_Batched):
         self.F.now[0] = v
 
     def next_use(self, k) -> float:
-        F = self.F
-        return _next_use(F.offs, F.pos, F.cur, F.now, int(k))
+        return _next_use(*self.F.arrays, int(k))
 
     def insert(self, k):
         _touch(*self._a, self._index(k))
@@ -319,8 +322,5 @@ def stack(parts) -> tuple:
     for j, p in enumerate(parts):
         for n, a in zip(names, arrays):
             setattr(p, n, a[j])
-        F = p.F
-        p._a = ((F.offs, F.pos, F.cur, F.now), p.res, p.inres, p.hk, p.hx, p.st, p.base)
-    F = parts[0].F
-    return ((F.offs, F.pos, F.cur, F.now), *arrays)
-
+        p._bind()
+    return (parts[0].F.arrays, *arrays)
