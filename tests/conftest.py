@@ -11,17 +11,24 @@ pip would (a dist-info directory with its METADATA and entry_points.txt, plus it
 entry-point registration tests.
 
 User registry: at import (so that module fixtures and subprocesses started by tests inherit it) MOETIER_REGISTRY
-points at one temporary folder; each test then gets its own empty one (the ``user_registry`` fixture), so a record
-one test writes never overlays the shipped records another test reads.
+points at one temporary folder, removed when the session ends; each test then gets its own empty one (the
+``user_registry`` fixture), so a record one test writes never overlays the shipped records another test reads.
 """
 import os
+import shutil
 import sys
 import tempfile
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-os.environ["MOETIER_REGISTRY"] = tempfile.mkdtemp(prefix="moetier-test-registry-")
+_SESSION_REGISTRY = os.environ["MOETIER_REGISTRY"] = tempfile.mkdtemp(prefix="moetier-test-registry-")
+
+
+def pytest_unconfigure(config):
+    # made at import, outside pytest's tmp_path: a run left one folder behind in the system temp each time
+    shutil.rmtree(_SESSION_REGISTRY, ignore_errors=True)
+
 
 _QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
           HealthCheck.function_scoped_fixture]
