@@ -53,6 +53,9 @@ CASES = {
     "no-vram": (0, 10, dict(ram_policy="lfu", ram_partition="layer")),
     "lru-lru-layer": (3, 10, dict(ram_policy="lru", vram_policy="lru", ram_partition="layer")),
     "fifo-fifo-global": (3, 9, dict(ram_policy="fifo", vram_policy="fifo")),
+    # the built-in LRU's window LFU: the least decayed count among the oldest few (Replay.after_layer counts)
+    "window-lfu": (3, 10, dict(ram_policy="lfu:4:6", vram_policy="dlfu")),
+    "window-lfu-inclusive": (3, 10, dict(exclusive=False, ram_policy="lfu:3")),
     # VRAM split per layer (the mixtral-offloading row's): a victim of the incoming key's layer
     "lru-layer-vram": (6, 10, dict(ram_policy="fifo", ram_partition="layer",
                                    vram_policy=lambda F: partitioned("lru", 6, LAYERS, EXPERTS))),
@@ -139,6 +142,8 @@ def test_compiled_commit_matches_the_python_methods(case):
         a = fast.commit(_packed(lanes), True)
         b = _python_commit(plain, lanes, picks, True)
         assert a == b, f"step {step}: admitted {a} compiled, {b} in Python"
+        for led in (fast, plain):
+            led.observe(picks, led.step)
         assert _tiers(fast) == _tiers(plain), f"step {step}: the tiers differ"
         admitted += a
     fast.check()
@@ -147,6 +152,8 @@ def test_compiled_commit_matches_the_python_methods(case):
         assert admitted > 20 or not fast.ram_slots          # zerocopy picks are RAM picks
     if case in ("clock-lru", "dlfu-lfu-layer", "lfu-lfu-global", "belady-global", "belady-layer"):
         assert fast.counters["refused_admissions"] > 0 and fast.counters["ram_evictions"] > 50   # refusals ran
+    if case.startswith("window"):             # the window chose other than the oldest key
+        assert 20 < fast.counters["lfu_evictions"] < fast.counters["ram_evictions"]
 
 
 def test_a_fill_of_a_resident_key_is_refused_as_in_python():
@@ -161,8 +168,25 @@ def test_a_fill_of_a_resident_key_is_refused_as_in_python():
 
 def test_a_ledger_the_kernel_does_not_cover_says_so():
     assert not Ledger(KEYS, 3, 10, ram_policy="2q").commits
-    assert not Ledger(KEYS, 3, 10, ram_policy="lfu:8").commits              # the window LFU
     assert not Ledger(KEYS, 3, 10, ram_policy="slru", ram_partition="layer", layers=LAYERS,
                       experts=EXPERTS).commits
     assert not Ledger(KEYS, 3, 10, vram_policy=partitioned("sieve", 3, LAYERS, EXPERTS)).commits
     assert not Ledger(KEYS, 3, 10, vram_policy="sieve").commits
+
+
+def test_the_window_lfu_counts_decay_by_halflife():
+    """Ledger.observe's compiled counts against the formula: a key's count halves every ``halflife`` steps between
+    its uses, then the use adds one; the victim search reads it decayed to the ledger's step."""
+    from moetier.core import commit_kernel as CK
+    led = Ledger(KEYS, 0, 4, ram_policy="lfu:4:3")
+    uses = [(0, [1, 2, 2]), (3, [1]), (5, [2, 7]), (9, [1, 7])]
+    want: dict = {}
+    for now, keys in uses:
+        led.observe(keys, now)
+        for k in keys:
+            v, t = want.get(k, (0.0, now))
+            want[k] = (v * 0.5 ** ((now - t) / 3) + 1.0, now)
+    led.step = 12
+    for k, (v, t) in want.items():
+        assert CK.decayed(led._lw, KEYS, 3.0, k) == pytest.approx(v * 0.5 ** ((12 - t) / 3), rel=1e-12)
+    assert CK.decayed(led._lw, KEYS, 3.0, 5) == 0.0

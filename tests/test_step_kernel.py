@@ -34,11 +34,13 @@ VARIANTS = {
     "inclusive lru, clock": {"policy.ram": "inclusive", "policy.ram_evict": "lru", "policy.vram_evict": None,
                              "policy.ram_partition": "global"},
     "global dlfu": {"policy.ram_evict": "dlfu", "policy.ram_partition": "global"},
+    "window lfu": {"policy.ram_evict": "lfu:8:20", "policy.ram_partition": "global"},
     "mask": {"policy.exact": "mask"},
     "static vram": {"policy.vram_admit": False},
     "all in ram": {"budget.ram_gb": 10000, "policy.ram_evict": "lru", "policy.ram_partition": "global"},
     "calibrated host": {"recipe": HOST},
     "calibrated host, serial copies": {"recipe": HOST, "policy.overlap": False},
+    "calibrated host, window lfu": {"recipe": HOST, "policy.ram_evict": "lfu"},
 }
 
 
@@ -107,7 +109,7 @@ def test_what_the_loop_covers():
     assert rp.prefetching and not Steps.covers(rp)
     from moetier.core.ledger import Ledger
     rp = Replay(R)
-    rp.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, ram_policy="lfu:32")       # the window LFU
+    rp.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, ram_policy="2q")       # a machine policy
     assert not rp.ledger.commits and not Steps.covers(rp)
 
 

@@ -2,7 +2,7 @@
 
 Contract
 --------
-``commit(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl, can_admit)`` carries out, on
+``commit(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl, LW, can_admit)`` carries out, on
 the ledger's own buffers, what moetier.core.replay.Replay's commit does through the ledger for a plan whose lanes
 are ``O`` (moetier.core.plan_kernel's output: 6 lane counts, then the lanes' keys):
 
@@ -18,10 +18,12 @@ The picks (every key in O's lanes) are pinned: nothing evicts them.
 
 Which ledgers it covers (``C``, built by the ledger): VRAM CLOCK or an array-state policy over every key or split
 per layer (``V``: the parts' state stacked, moetier.core.tier_ops; a part ``C[C_VW]`` keys wide); RAM the built-in
-LRU (exclusive or inclusive) or an array-state policy, global or split per layer (``R``, ``caps`` each part's
-slots, a part ``C[C_RW]`` keys wide); no RAM bookkeeping (all in RAM, or no RAM slots). The array-state policies are
-LFU / decayed LFU (moetier.core.policies.lfu), LRU / FIFO (moetier.core.policies.recency) and Belady's MIN
-(moetier.core.policies.belady); their kernels are called here through moetier.core.tier_ops, not copied. The ticket
+LRU (exclusive or inclusive), its window LFU (``lfu:W:H``: the victim is the least decayed count among the ``W``
+oldest evictable keys; ``LW`` the counts, their last steps, and the ledger's step; ``rhl`` H) or an array-state
+policy, global or split per layer (``R``, ``caps`` each part's slots, a part ``C[C_RW]`` keys wide); no RAM
+bookkeeping (all in RAM, or no RAM slots). ``observe`` counts a layer's picks for the window LFU. The array-state
+policies are LFU / decayed LFU (moetier.core.policies.lfu), LRU / FIFO (moetier.core.policies.recency) and Belady's
+MIN (moetier.core.policies.belady); their kernels are called here through moetier.core.tier_ops, not copied. The ticket
 path's RAM puts and uses go through the same code (``ram_put`` / ``ram_uses``, and ``lru_*`` for the built-in LRU).
 ``bind(ledger)`` is the arguments (the ledger's own buffers, the policies' arrays stacked by part), or None where
 the kernel does not cover the ledger; the ledger keeps them (the buffers never move).
@@ -35,13 +37,13 @@ from moetier.core import tier_ops
 from moetier.core.policies import residency
 from moetier.core.tier_ops import evict_for, put, remove, touch
 from moetier.core.tickets import ABSENT, RAM, VRAM
-from moetier.core.tier_state import M_BAD, M_HAND, M_RAM_EV, M_RAM_N, M_REFUSED, M_VRAM_EV, M_VRAM_N
+from moetier.core.tier_state import M_BAD, M_HAND, M_LFU_EV, M_RAM_EV, M_RAM_N, M_REFUSED, M_VRAM_EV, M_VRAM_N
 
-__all__ = ["commit", "uses", "ram_uses", "lru_uses", "ram_put", "lru_put", "bind", "C_KEYS", "C_VN", "C_RSLOTS",
-           "C_EXCL", "C_ALLRAM", "C_NORAM", "C_VPOL", "C_RPOL", "C_RW", "C_VW", "C_N"]
+__all__ = ["commit", "uses", "ram_uses", "lru_uses", "ram_put", "lru_put", "observe", "decayed", "bind", "C_KEYS",
+           "C_VN", "C_RSLOTS", "C_EXCL", "C_ALLRAM", "C_NORAM", "C_VPOL", "C_RPOL", "C_RW", "C_VW", "C_WIN", "C_N"]
 
-# C: the ledger's configuration
-C_KEYS, C_VN, C_RSLOTS, C_EXCL, C_ALLRAM, C_NORAM, C_VPOL, C_RPOL, C_RW, C_VW, C_N = range(11)
+# C: the ledger's configuration (C_WIN: the window LFU's window, 0 for the plain LRU)
+C_KEYS, C_VN, C_RSLOTS, C_EXCL, C_ALLRAM, C_NORAM, C_VPOL, C_RPOL, C_RW, C_VW, C_WIN, C_N = range(12)
 # a tier without a policy object: an ordered family's state of one empty part, which the kernel never reads
 _NO_POLICY = (np.zeros((1, 3, 1)), np.full((1, 4, 1), -1, np.int64), np.zeros((1, 3), np.int64))
 # the ledger's steps the kernel does; a subclass that overrides one (moetier.peers.token_feed) keeps its own
@@ -66,16 +68,17 @@ def bind(led, base):
     if V is None or R is None:
         return None
     C = np.zeros(C_N, np.int64)
-    C[[C_KEYS, C_VN, C_RSLOTS, C_EXCL, C_ALLRAM, C_NORAM, C_VPOL, C_RPOL, C_RW, C_VW]] = (
+    C[[C_KEYS, C_VN, C_RSLOTS, C_EXCL, C_ALLRAM, C_NORAM, C_VPOL, C_RPOL, C_RW, C_VW, C_WIN]] = (
         led.keys, led.vram_slots, led.ram_slots, led.exclusive, led.all_in_ram, led._no_ram_lru, vparts is not None,
-        rparts is not None, width, vwidth)
+        rparts is not None, width, vwidth, led._lfu_window)
     st, inram, link, owner, ref, slot, meta = led._ts.views()
     pin, caps = np.zeros(led.keys, np.uint8), np.array(caps, np.int64)
-    vhl, rhl = _halflife(vparts), _halflife(rparts)
-    args = (C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl)
+    vhl, rhl = _halflife(vparts), _halflife(rparts) if rparts else led._lfu_halflife
+    LW = led._lw
+    args = (C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl, LW)
     if rparts is None:
-        return args, lru_put, (C, st, inram, link, meta, pin), lru_uses, (inram, link, meta)
-    return args, ram_put, (C, st, inram, link, meta, pin, R, caps, rhl), ram_uses, (C, inram, link, meta, R, rhl)
+        return args, lru_put, (C, st, inram, link, meta, pin, rhl, LW), lru_uses, (inram, link, meta)
+    return args, ram_put, (C, st, inram, link, meta, pin, R, caps, rhl, LW), ram_uses, (C, inram, link, meta, R, rhl)
 
 
 def _halflife(parts) -> float:
@@ -96,9 +99,7 @@ def _parts(pol, keys: int) -> tuple:
 
 
 def _ram_parts(led) -> tuple:
-    """``_parts`` of the RAM tier; parts () under the window LFU, which the kernel does not cover."""
-    if led._rpol is None and led._lfu_window and not led._no_ram_lru:
-        return (), [0], 1
+    """``_parts`` of the RAM tier."""
     return _parts(led._rpol, led.keys)
 
 
@@ -123,7 +124,7 @@ def _ram_unlink(link, inram, meta, h, k):
 
 
 @kernel
-def _ram_put(k, C, st, inram, link, meta, pin, picks, R, caps, rhl):
+def _ram_put(k, C, st, inram, link, meta, pin, picks, R, caps, rhl, LW):
     """``k`` enters the RAM tier (Ledger._ram_put): a use where it is there, else a free slot, else in place of
     the tier's victim, else refused (the record is not kept, counted). Returns the victim, -1 where no RAM slot
     came free, -2 where ``k`` was refused."""
@@ -131,7 +132,7 @@ def _ram_put(k, C, st, inram, link, meta, pin, picks, R, caps, rhl):
         st[k] = ABSENT
         return -1
     if not C[C_RPOL]:
-        return _lru_put(k, C, st, inram, link, meta, pin)
+        return _lru_put(k, C, st, inram, link, meta, pin, rhl, LW)
     w = C[C_RW]
     l = k // w
     i = k - l * w
@@ -148,8 +149,8 @@ def _ram_put(k, C, st, inram, link, meta, pin, picks, R, caps, rhl):
 
 
 @kernel
-def _lru_put(k, C, st, inram, link, meta, pin):
-    """_ram_put under the built-in LRU."""
+def _lru_put(k, C, st, inram, link, meta, pin, rhl, LW):
+    """_ram_put under the built-in LRU, or its window LFU."""
     h = C[C_KEYS]
     if inram[k]:
         _ram_unlink(link, inram, meta, h, k)
@@ -160,14 +161,48 @@ def _lru_put(k, C, st, inram, link, meta, pin):
         _ram_add(link, inram, meta, h, k)
         st[k] = RAM
         return -1
-    # the least recently used key neither picked nor mid-transfer; inclusive: a VRAM key's RAM copy may go
-    x = link[2 * h + 1]
+    # the least recently used key neither picked nor mid-transfer; inclusive: a VRAM key's RAM copy may go. The
+    # window LFU: of the first C_WIN such keys, the first with the least decayed count
+    win = C[C_WIN]
+    first = link[2 * h + 1]
+    x, best, least, seen = first, -1, 0.0, 0
     while x != h:
         s = st[x]
         if not pin[x] and (s == RAM or (s == VRAM and not C[C_EXCL])):
-            break
+            if not win:
+                best = x
+                break
+            f = decayed(LW, h, rhl, x)
+            if best < 0 or f < least:
+                best, least = x, f
+            seen += 1
+            if seen >= win:
+                break
         x = link[h + 1 + x]
-    return _swap_in(k, x if x != h else -1, st, inram, link, meta, h)
+    if win and best >= 0 and best != first:
+        meta[M_LFU_EV] += 1
+    return _swap_in(k, best, st, inram, link, meta, h)
+
+
+@kernel
+def decayed(LW, h, hl, k):
+    """The window LFU's count of key ``k`` at the ledger's step (``LW``: counts, their last steps, the step)."""
+    v = LW[k]
+    if v != 0.0 and hl > 0:
+        v *= 0.5 ** ((LW[2 * h] - LW[h + k]) / hl)
+    return v
+
+
+@kernel
+def observe(keys, LW, hl, now):
+    """The window LFU counts one use of each of ``keys`` at step ``now``, its count decayed to then."""
+    h = (LW.shape[0] - 1) // 2
+    for k in keys:
+        v = LW[k]
+        if v != 0.0 and hl > 0:
+            v *= 0.5 ** ((now - LW[h + k]) / hl)
+        LW[k] = v + 1.0
+        LW[h + k] = now
 
 
 @kernel
@@ -227,25 +262,25 @@ def lru_uses(keys, inram, link, meta):
 
 
 @kernel
-def ram_put(k, pins, C, st, inram, link, meta, pin, R, caps, rhl):
+def ram_put(k, pins, C, st, inram, link, meta, pin, R, caps, rhl, LW):
     """``Ledger._ram_put`` of key ``k``, the keys in ``pins`` kept; ``_ram_put``'s return value."""
     for p in pins:
         pin[p] = 1
-    out = _ram_put(k, C, st, inram, link, meta, pin, pins, R, caps, rhl)
+    out = _ram_put(k, C, st, inram, link, meta, pin, pins, R, caps, rhl, LW)
     for p in pins:
         pin[p] = 0
     return out
 
 
 @kernel
-def lru_put(k, pins, C, st, inram, link, meta, pin):
-    """``ram_put`` under the built-in LRU (or no RAM bookkeeping)."""
+def lru_put(k, pins, C, st, inram, link, meta, pin, rhl, LW):
+    """``ram_put`` under the built-in LRU or its window LFU (or no RAM bookkeeping)."""
     if C[C_NORAM]:
         st[k] = ABSENT
         return -1
     for p in pins:
         pin[p] = 1
-    out = _lru_put(k, C, st, inram, link, meta, pin)
+    out = _lru_put(k, C, st, inram, link, meta, pin, rhl, LW)
     for p in pins:
         pin[p] = 0
     return out
@@ -260,7 +295,7 @@ def _vram_use(C, V, vhl, key):
 
 
 @kernel
-def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, picks, V, R, caps, vhl, rhl):
+def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, picks, V, R, caps, vhl, rhl, LW):
     """Ledger.pushes_landed of the keys O[a:b]; returns how many were admitted."""
     n = C[C_VN]
     h = C[C_KEYS]
@@ -321,7 +356,7 @@ def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, pi
                 st[victim] = RAM
             elif C[C_EXCL]:
                 st[victim] = ABSENT
-                _ram_put(victim, C, st, inram, link, meta, pin, picks, R, caps, rhl)
+                _ram_put(victim, C, st, inram, link, meta, pin, picks, R, caps, rhl, LW)
             else:
                 st[victim] = ABSENT
         st[key] = VRAM
@@ -336,7 +371,7 @@ def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, pi
 
 
 @kernel
-def uses(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl):
+def uses(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl, LW):
     """Step 1 of ``commit`` alone (``commit``'s arguments, ``can_admit`` aside): the uses of the plan's VRAM picks,
     then of the cpu lane's RAM picks (the runtime's ``Replay.touch``, whose landings are tickets)."""
     e_gpu = 6 + O[0]
@@ -351,7 +386,7 @@ def uses(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rh
 
 
 @kernel
-def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl, can_admit):
+def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl, LW, can_admit):
     e_gpu = 6 + O[0]
     e_zc = e_gpu + O[1]
     e_cpu = e_zc + O[2]
@@ -361,7 +396,7 @@ def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, 
     for k in picks:
         pin[k] = 1
     out = 0
-    uses(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl)
+    uses(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl, LW)
     # 2. fills
     for j in range(e_cpu, e_ncpu):
         k = O[j]
@@ -369,7 +404,7 @@ def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, 
             meta[M_BAD] = k
             out = -1
             break
-        _ram_put(k, C, st, inram, link, meta, pin, picks, R, caps, rhl)
+        _ram_put(k, C, st, inram, link, meta, pin, picks, R, caps, rhl, LW)
     # 3. pushes
     if out == 0 and can_admit:
         if C[C_VN] == 0 and (O[1] or O[4]):
@@ -378,10 +413,10 @@ def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, 
         else:
             if O[1]:
                 out = _pushes(O, e_gpu, e_zc, False, C, st, inram, link, owner, ref, slot, meta, pin, picks, V, R,
-                              caps, vhl, rhl)
+                              caps, vhl, rhl, LW)
             if O[4]:
                 _pushes(O, e_ncpu, e_ngpu, True, C, st, inram, link, owner, ref, slot, meta, pin, picks, V, R,
-                        caps, vhl, rhl)
+                        caps, vhl, rhl, LW)
     for k in picks:
         pin[k] = 0
     return out

@@ -79,7 +79,6 @@ class Ledger:
         self._pending: dict[int, Ticket] = {}
         self._seq = 0
         self.drains: list[Ticket] = []                      # evictions awaiting their drain landing
-        self.step = 0
         self._counters = {"vram_evictions": 0, "ram_evictions": 0, "refused_admissions": 0, "lfu_evictions": 0}
         self._lfu_window, self._lfu_halflife = 0, 0.0
         if ram_partition not in ("global", "layer"):
@@ -97,8 +96,9 @@ class Ledger:
             self._rpol = make_policy(spec, self.ram_slots, layers, experts, ram_partition, "ram_evict", keys)
         elif builtin and self.ram_policy != "lru":
             self._lfu_window, self._lfu_halflife = lfu_terms(self.ram_policy)
-        self._freq: dict[int, float] = {}
-        self._freq_t: dict[int, int] = {}
+        # the window LFU's counts, each one's last step, then the ledger's step (commit_kernel.decayed)
+        self._lw = np.zeros(2 * keys + 1 if self._lfu_window else 1)
+        self.step = 0
         self._tier_default = TIER_RAM if self.all_in_ram else TIER_NVME
         # put / evict_for: one compiled eviction, pinning the picks and the keys mid-push (their RAM copy is read)
         self._pushing: set = set()
@@ -134,22 +134,18 @@ class Ledger:
         """Every VRAM slot holds a key: the next push evicts one."""
         return len(self.clock.slot_of) >= self.vram_slots
 
+    @property
+    def step(self) -> int:
+        return self._step
+
+    @step.setter
+    def step(self, s: int) -> None:
+        self._step = self._lw[-1] = s         # the compiled window LFU's victim search decays counts to it
+
     def observe(self, keys, now: int) -> None:
         """Count picks for the LFU policy (decayed by halflife)."""
-        if not self._lfu_window:
-            return
-        f, ft, hl = self._freq, self._freq_t, self._lfu_halflife
-        for k in keys:
-            v = f.get(k, 0.0)
-            if v and hl > 0:
-                v *= 0.5 ** ((now - ft[k]) / hl)
-            f[k], ft[k] = v + 1.0, now
-
-    def _decayed(self, k: int) -> float:
-        v = self._freq.get(k, 0.0)
-        if v and self._lfu_halflife > 0:
-            v *= 0.5 ** ((self.step - self._freq_t[k]) / self._lfu_halflife)
-        return v
+        if self._lfu_window:
+            CK.observe(np.fromiter(keys, np.int64, len(keys)), self._lw, self._lfu_halflife, now)
 
     # ---- the compiled commit ----------------------------------------------------------------------------------
     def commit(self, O: np.ndarray, can_admit: bool) -> int:
@@ -434,7 +430,7 @@ class Ledger:
         for k in self.ram:
             if k in protect or st[k] not in evictable:
                 continue
-            fk = self._decayed(k)
+            fk = CK.decayed(self._lw, self.keys, self._lfu_halflife, k)
             if best is None or fk < best_f:
                 best, best_f = k, fk
             seen += 1

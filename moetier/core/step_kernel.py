@@ -12,8 +12,8 @@ before and written back after each step, so the Python objects stay the state of
 It covers a replay with no prefetch (the NVMe channel serves demand reads only: the FIFO model, or a calibrated
 depth table and bursts), with or without a host cache model (llc) and the cpu lane's wake term, any peer row's lane
 deal (a rule the planner kernel applies, moetier.core.deal_rules), the oracle's future clock (``Replay.future``: its
-``oracle_clock`` ahead of each layer), and a ledger the compiled commit covers (``Ledger.commits``: Belady's among
-them) without the window LFU. Everything else takes the per-layer path. Both paths run the same kernels:
+``oracle_clock`` ahead of each layer), and a ledger the compiled commit covers (``Ledger.commits``: Belady's and the
+window LFU among them). Everything else takes the per-layer path. Both paths run the same kernels:
 ``plan_kernel.plan_arrays`` plans, ``commit_kernel.commit`` carries out the intents, ``channel.demand_arrivals``
 times the reads and ``lanes.idle_wake`` the worker's wake, so plans, ledger and books are identical
 (tests/test_step_kernel.py); this module adds only the gathering and the booking around them (the channel's reads in
@@ -137,7 +137,7 @@ def _touch(O, last, Z):
 @kernel
 def run_step(KS, toks, P, G, Z, A, B, meas, pos, Ib, arr, X, O, R, D, ka, kt, OUT, last, CV, now):
     """Every layer of one step (module docstring); 0, or the failing layer's code (commit's -1 / -2, NO_LANE)."""
-    C, st, inram, link, owner, ref, slot, meta, pin, VP, RP, caps, vhl, rhl = ka    # commit_kernel.bind's order
+    C, st, inram, link, owner, ref, slot, meta, pin, VP, RP, caps, vhl, rhl, LW = ka    # commit_kernel.bind's order
     t = G[G_T]
     for layer in range(KS.shape[1]):
         t += G[G_FLAYER]
@@ -177,6 +177,8 @@ def run_step(KS, toks, P, G, Z, A, B, meas, pos, Ib, arr, X, O, R, D, ka, kt, OU
             G[G_T] = t
             return out
         Z[Z_ADMITS] += out
+        if C[CK.C_WIN]:              # Replay.after_layer: the window LFU counts the layer's picks
+            CK.observe(Ib[0, :n], LW, rhl, LW[LW.shape[0] - 1])
         t0 = t
         t += R[R_MS]
         if Z[Z_SERIAL]:              # Replay.settle
@@ -208,7 +210,7 @@ class Steps:
     def covers(rp) -> bool:
         """Whether the loop covers replay ``rp`` (module docstring)."""
         L, ch = rp.ledger, rp.chan
-        return not (rp.prefetching or rp.pf_tickets or not L.commits or L._lfu_window or ch.pf or ch.pf_gone)
+        return not (rp.prefetching or rp.pf_tickets or not L.commits or ch.pf or ch.pf_gone)
 
     @classmethod
     def of(cls, rp, streams):

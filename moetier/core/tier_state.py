@@ -27,12 +27,13 @@ from array import array
 import numpy as np
 
 __all__ = ["TierState", "States", "RamTier", "SlotMap", "M_HAND", "M_VRAM_N", "M_RAM_N", "M_VRAM_EV", "M_RAM_EV",
-           "M_REFUSED", "M_BAD", "M_N", "COUNTERS"]
+           "M_REFUSED", "M_BAD", "M_LFU_EV", "M_N", "COUNTERS"]
 
 # meta cells
-M_HAND, M_VRAM_N, M_RAM_N, M_VRAM_EV, M_RAM_EV, M_REFUSED, M_BAD, M_N = range(8)
+M_HAND, M_VRAM_N, M_RAM_N, M_VRAM_EV, M_RAM_EV, M_REFUSED, M_BAD, M_LFU_EV, M_N = range(9)
 # the ledger's counters the kernel adds to, by meta cell
-COUNTERS = ((M_VRAM_EV, "vram_evictions"), (M_RAM_EV, "ram_evictions"), (M_REFUSED, "refused_admissions"))
+COUNTERS = ((M_VRAM_EV, "vram_evictions"), (M_RAM_EV, "ram_evictions"), (M_REFUSED, "refused_admissions"),
+            (M_LFU_EV, "lfu_evictions"))
 
 
 class TierState:
