@@ -48,6 +48,8 @@ CASES = {
     "lfu-lfu-global": (3, 9, dict(ram_policy="dlfu:7", vram_policy="lfu")),
     "dlfu-two-slots": (2, 10, dict(ram_policy="lfu", vram_policy="dlfu", ram_partition="layer")),
     "clock-lfu-layer-uneven": (2, 7, dict(ram_policy="lfu", ram_partition="layer")),
+    # uneven shares: each part's decayed LFU has its own halflife, which follows its slots
+    "dlfu-layer-uneven": (3, 10, dict(ram_policy="dlfu", vram_policy="dlfu", ram_partition="layer")),
     "no-ram-slots": (3, 0, dict(vram_policy="dlfu")),
     "all-in-ram": (3, KEYS, dict()),
     "no-vram": (0, 10, dict(ram_policy="lfu", ram_partition="layer")),
@@ -128,6 +130,8 @@ def _tiers(led):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_compiled_commit_matches_the_python_methods(case):
     fast, plain, nows = _ledgers(case)
+    if case == "dlfu-layer-uneven":
+        assert len({p.halflife for p in fast._rpol.parts}) > 1
     rng = np.random.default_rng(11)
     seed = rng.permutation(KEYS)[:KEYS // 2]
     fast.seed(seed)

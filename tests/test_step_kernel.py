@@ -35,6 +35,7 @@ VARIANTS = {
                              "policy.ram_partition": "global"},
     "global dlfu": {"policy.ram_evict": "dlfu", "policy.ram_partition": "global"},
     "window lfu": {"policy.ram_evict": "lfu:8:20", "policy.ram_partition": "global"},
+    "dlfu per layer": {"policy.ram_evict": "dlfu"},         # the layers' uneven shares: halflives of their own
     "mask": {"policy.exact": "mask"},
     "static vram": {"policy.vram_admit": False},
     "all in ram": {"budget.ram_gb": 10000, "policy.ram_evict": "lru", "policy.ram_partition": "global"},

@@ -19,8 +19,9 @@ The picks (every key in O's lanes) are pinned: nothing evicts them.
 Which ledgers it covers (``C``, built by the ledger): VRAM CLOCK or an array-state policy over every key or split
 per layer (``V``: the parts' state stacked, moetier.core.tier_ops; a part ``C[C_VW]`` keys wide); RAM the built-in
 LRU (exclusive or inclusive), its window LFU (``lfu:W:H``: the victim is the least decayed count among the ``W``
-oldest evictable keys; ``LW`` the counts, their last steps, and the ledger's step; ``rhl`` H) or an array-state
-policy, global or split per layer (``R``, ``caps`` each part's slots, a part ``C[C_RW]`` keys wide); no RAM
+oldest evictable keys; ``LW`` the counts, their last steps, and the ledger's step; ``rhl[0]`` H) or an array-state
+policy, global or split per layer (``R``, ``caps`` each part's slots, a part ``C[C_RW]`` keys wide, ``rhl`` / ``vhl``
+each part's halflife: a decayed LFU's follows its part's slots); no RAM
 bookkeeping (all in RAM, or no RAM slots). ``observe`` counts a layer's picks for the window LFU. The array-state
 policies are LFU / decayed LFU (moetier.core.policies.lfu), LRU / FIFO (moetier.core.policies.recency) and Belady's
 MIN (moetier.core.policies.belady); their kernels are called here through moetier.core.tier_ops, not copied. The ticket
@@ -73,7 +74,7 @@ def bind(led, base):
         rparts is not None, width, vwidth, led._lfu_window)
     st, inram, link, owner, ref, slot, meta = led._ts.views()
     pin, caps = np.zeros(led.keys, np.uint8), np.array(caps, np.int64)
-    vhl, rhl = _halflife(vparts), _halflife(rparts) if rparts else led._lfu_halflife
+    vhl, rhl = _halflife(vparts), _halflife(rparts) if rparts else np.array([led._lfu_halflife])
     LW = led._lw
     args = (C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl, LW)
     if rparts is None:
@@ -81,8 +82,9 @@ def bind(led, base):
     return args, ram_put, (C, st, inram, link, meta, pin, R, caps, rhl, LW), ram_uses, (C, inram, link, meta, R, rhl)
 
 
-def _halflife(parts) -> float:
-    return float(getattr(parts[0], "halflife", 0.0)) if parts else 0.0
+def _halflife(parts) -> np.ndarray:
+    """Each part's halflife (Belady's: none), one 0 where the tier has no parts."""
+    return np.array([float(getattr(p, "halflife", 0.0)) for p in parts] if parts else [0.0])
 
 
 def _parts(pol, keys: int) -> tuple:
@@ -137,10 +139,10 @@ def _ram_put(k, C, st, inram, link, meta, pin, picks, R, caps, rhl, LW):
     l = k // w
     i = k - l * w
     if inram[k]:
-        touch(R, rhl, l, l * w, i)
+        touch(R, rhl[l], l, l * w, i)
         st[k] = RAM
         return -1
-    v = put(R, rhl, picks, l, l * w, i, caps[l])
+    v = put(R, rhl[l], picks, l, l * w, i, caps[l])
     if v == -1:
         _ram_add(link, inram, meta, C[C_KEYS], k)
         st[k] = RAM
@@ -172,7 +174,7 @@ def _lru_put(k, C, st, inram, link, meta, pin, rhl, LW):
             if not win:
                 best = x
                 break
-            f = decayed(LW, h, rhl, x)
+            f = decayed(LW, h, rhl[0], x)
             if best < 0 or f < least:
                 best, least = x, f
             seen += 1
@@ -234,7 +236,7 @@ def _ram_uses(keys, a, b, C, inram, link, meta, R, rhl):
         k = keys[j]
         if inram[k]:
             l = k // w
-            touch(R, rhl, l, l * w, k - l * w)
+            touch(R, rhl[l], l, l * w, k - l * w)
 
 
 @kernel
@@ -291,7 +293,7 @@ def _vram_use(C, V, vhl, key):
     """A use of VRAM key ``key`` by its part's policy."""
     w = C[C_VW]
     l = key // w
-    touch(V, vhl, l, l * w, key - l * w)
+    touch(V, vhl[l], l, l * w, key - l * w)
 
 
 @kernel
@@ -312,7 +314,7 @@ def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, pi
             else:
                 l = key // C[C_VW]
                 base = l * C[C_VW]
-                victim = evict_for(V, vhl, picks, l, base, key - base)
+                victim = evict_for(V, vhl[l], picks, l, base, key - base)
                 if victim < 0:
                     meta[M_REFUSED] += 1
                     continue

@@ -178,7 +178,7 @@ def run_step(KS, toks, P, G, Z, A, B, meas, pos, Ib, arr, X, O, R, D, ka, kt, OU
             return out
         Z[Z_ADMITS] += out
         if C[CK.C_WIN]:              # Replay.after_layer: the window LFU counts the layer's picks
-            CK.observe(Ib[0, :n], LW, rhl, LW[LW.shape[0] - 1])
+            CK.observe(Ib[0, :n], LW, rhl[0], LW[LW.shape[0] - 1])
         t0 = t
         t += R[R_MS]
         if Z[Z_SERIAL]:              # Replay.settle

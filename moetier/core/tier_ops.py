@@ -19,9 +19,9 @@ compiles), over part ``l`` whose keys start at ``base``, on key index ``i`` (key
     evict_for(T, hl, pins, l, base, i)      i replaces the part's victim: its index, or -1 (nothing replaced)
     remove(T, l, i)                         i leaves the part
 
-``hl``: the ordered family's half-life (Belady has none). ``pins``: the keys (not indices) no step may evict.
-``stack(parts, w)``: T for a tier's parts, each ``w`` keys wide, or None where the commit does not cover them
-(another policy, parts of two half-lives or futures, or not laid out ``j x w`` apart).
+``hl``: part ``l``'s half-life in the ordered family (Belady has none). ``pins``: the keys (not indices) no step may
+evict. ``stack(parts, w)``: T for a tier's parts, each ``w`` keys wide, or None where the commit does not cover them
+(another policy, parts of two futures, or not laid out ``j x w`` apart).
 
 Why a module of its own: the commit (moetier.core.commit_kernel) is one source for every policy family; which
 family's kernels it runs is its argument's type, so a ledger of another family compiles its own commit rather than
@@ -119,7 +119,7 @@ def stack(parts, w: int):
     """T for ``parts`` (module docstring), each part ``w`` keys wide, their own arrays now views into it; None where
     the commit does not cover them."""
     if all(isinstance(p, lfu.LFU) for p in parts):
-        if len({p.halflife for p in parts}) != 1 or not _laid_out(parts, w, lambda p: p.fs.shape[1]):
+        if not _laid_out(parts, w, lambda p: p.fs.shape[1]):
             return None
         return lfu.stack(parts)
     if all(isinstance(p, belady.BeladyPolicy) for p in parts):
