@@ -61,6 +61,14 @@ CASES = {
     # VRAM split per layer (the mixtral-offloading row's): a victim of the incoming key's layer
     "lru-layer-vram": (6, 10, dict(ram_policy="fifo", ram_partition="layer",
                                    vram_policy=lambda F: partitioned("lru", 6, LAYERS, EXPERTS))),
+    # the machines (moetier.core.policies.machine) on a RAM tier, global or split per layer
+    "2q-global": (3, 10, dict(ram_policy="2q", vram_policy="dlfu")),
+    "slru-layer": (3, 10, dict(ram_policy="slru", ram_partition="layer")),
+    "s3fifo-inclusive": (3, 10, dict(exclusive=False, ram_policy="s3fifo")),
+    "wtinylfu-global": (3, 12, dict(ram_policy="wtinylfu", vram_policy="lru")),
+    "kt-2q-layer": (3, 10, dict(ram_policy="kt-2q", ram_partition="layer")),
+    "kt-sieve-global": (3, 10, dict(ram_policy="kt-sieve")),
+    "kt-wtinylfu-layer": (4, 12, dict(ram_policy="kt-wtinylfu", ram_partition="layer")),
     # the oracle's: Belady on both tiers, global, or split per layer (an even share: a part's slots unused)
     "belady-global": (3, 10, dict(ram_policy=lambda F: BeladyPolicy(10, F, width=KEYS),
                                   vram_policy=lambda F: BeladyPolicy(3, F, width=KEYS))),
@@ -70,6 +78,10 @@ CASES = {
     "belady-inclusive": (3, 10, dict(exclusive=False, ram_policy=lambda F: BeladyPolicy(10, F, width=KEYS),
                                      vram_policy=lambda F: BeladyPolicy(3, F, width=KEYS))),
 }
+
+
+MACHINES = ("2q-global", "slru-layer", "s3fifo-inclusive", "wtinylfu-global", "kt-2q-layer", "kt-sieve-global",
+            "kt-wtinylfu-layer")
 
 
 def _ledgers(case):
@@ -156,6 +168,8 @@ def test_compiled_commit_matches_the_python_methods(case):
         assert admitted > 20 or not fast.ram_slots          # zerocopy picks are RAM picks
     if case in ("clock-lru", "dlfu-lfu-layer", "lfu-lfu-global", "belady-global", "belady-layer"):
         assert fast.counters["refused_admissions"] > 0 and fast.counters["ram_evictions"] > 50   # refusals ran
+    if case in MACHINES:                        # the machines' evictions and refusals ran
+        assert fast.counters["ram_evictions"] > 50
     if case.startswith("window"):             # the window chose other than the oldest key
         assert 20 < fast.counters["lfu_evictions"] < fast.counters["ram_evictions"]
 
@@ -171,8 +185,10 @@ def test_a_fill_of_a_resident_key_is_refused_as_in_python():
 
 
 def test_a_ledger_the_kernel_does_not_cover_says_so():
-    assert not Ledger(KEYS, 3, 10, ram_policy="2q").commits
-    assert not Ledger(KEYS, 3, 10, ram_policy="slru", ram_partition="layer", layers=LAYERS,
+    assert not Ledger(KEYS, 3, 10, ram_policy="sieve").commits                # SIEVE runs the tier protocol itself
+    assert not Ledger(KEYS, 3, 10, vram_policy="2q").commits                  # a machine on the VRAM tier
+    # W-TinyLFU split over uneven shares: each part's sketch follows its slots, so they do not stack
+    assert not Ledger(KEYS, 3, 10, ram_policy="wtinylfu", ram_partition="layer", layers=LAYERS,
                       experts=EXPERTS).commits
     assert not Ledger(KEYS, 3, 10, vram_policy=partitioned("sieve", 3, LAYERS, EXPERTS)).commits
     assert not Ledger(KEYS, 3, 10, vram_policy="sieve").commits

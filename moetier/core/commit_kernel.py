@@ -58,7 +58,7 @@ def bind(led, base):
     kernel does not cover the ledger (the module docstring says which it covers)."""
     if any(getattr(type(led), m) is not getattr(base, m) for m in _STEPS):
         return None
-    vparts, _, vwidth = _parts(led._vpol, led.keys)
+    vparts, _, vwidth = _parts(led._vpol, led.keys, tier_ops.VRAM_FAMILIES)
     if vparts == ():
         return None
     rparts, caps, width = _ram_parts(led)
@@ -87,15 +87,16 @@ def _halflife(parts) -> np.ndarray:
     return np.array([float(getattr(p, "halflife", 0.0)) for p in parts] if parts else [0.0])
 
 
-def _parts(pol, keys: int) -> tuple:
+def _parts(pol, keys: int, families=tier_ops.FAMILIES) -> tuple:
     """(a tier's array-state policy parts, or None where it has no policy object (CLOCK, the built-in LRU), each
-    part's slots, a part's width in keys); parts () where the kernel does not cover the policy. A VRAM tier is full
-    or not as a whole; a policy split per layer names a victim of the incoming key's layer."""
+    part's slots, a part's width in keys); parts () where the kernel does not cover the policy (one outside
+    ``families``). A VRAM tier is full or not as a whole; a policy split per layer names a victim of the incoming
+    key's layer."""
     if pol is None:
         return None, [0], 1
-    if isinstance(pol, tier_ops.FAMILIES):
+    if isinstance(pol, families):
         return [pol], [pol.capacity], keys
-    if isinstance(pol, residency.Partitioned) and all(isinstance(p, tier_ops.FAMILIES) for p in pol.parts):
+    if isinstance(pol, residency.Partitioned) and all(isinstance(p, families) for p in pol.parts):
         return pol.parts, pol.caps, pol.experts
     return (), [0], 1
 
@@ -367,7 +368,7 @@ def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, pi
             if C[C_RPOL]:
                 w = C[C_RW]
                 l = key // w
-                remove(R, l, key - l * w)
+                remove(R, l, l * w, key - l * w)
         admitted += 1
     return admitted
 

@@ -8,20 +8,24 @@ policy is global), of one of two families:
 - the ordered family (moetier.core.policies.lfu: LFU, decayed LFU, and LRU / FIFO from
   moetier.core.policies.recency): ``(fs, iv, st)``, as ``lfu.stack`` lays them out;
 - Belady's MIN (moetier.core.policies.belady): ``(F, res, inres, pin, hk, hx, st)``, F the shared future
-  ``(offs, pos, cur, now)``, as ``belady.stack`` lays them out.
+  ``(offs, pos, cur, now)``, as ``belady.stack`` lays them out;
+- the machines (moetier.core.policies.machine: 2Q, SLRU, S3-FIFO, W-TinyLFU, kt-*), on a RAM tier:
+  ``(kind, iv, st, aux)``, ``kind`` their machine's (``machine.KINDS``), laid out by ``stack`` from fresh states.
 
 The steps, compiled into the caller for T's family (a Numba overload: the family is T's type, fixed when the caller
 compiles), over part ``l`` whose keys start at ``base``, on key index ``i`` (key = base + i):
 
     touch(T, hl, l, base, i)                a use (a resident's, or a new resident's entry)
     put(T, hl, pins, l, base, i, cap)       i enters a part of ``cap`` slots: -1 into a free slot, else the index
-                                            it replaced, or -2 (refused: every resident pinned, or Belady's bypass)
-    evict_for(T, hl, pins, l, base, i)      i replaces the part's victim: its index, or -1 (nothing replaced)
-    remove(T, l, i)                         i leaves the part
+                                            it replaced, or -2 (refused: every resident pinned, Belady's bypass,
+                                            or a machine's admission filter)
+    evict_for(T, hl, pins, l, base, i)      i replaces the part's victim: its index, or -1 (nothing replaced); not
+                                            the machines'
+    remove(T, l, base, i)                   i leaves the part
 
-``hl``: part ``l``'s half-life in the ordered family (Belady has none). ``pins``: the keys (not indices) no step may
-evict. ``stack(parts, w)``: T for a tier's parts, each ``w`` keys wide, or None where the commit does not cover them
-(another policy, parts of two futures, or not laid out ``j x w`` apart).
+``hl``: part ``l``'s half-life in the ordered family (the others have none). ``pins``: the keys (not indices) no step
+may evict. ``stack(parts, w)``: T for a tier's parts, each ``w`` keys wide, or None where the commit does not cover
+them (another policy, parts of two futures or two machines, not laid out ``j x w`` apart, machines holding keys).
 
 Why a module of its own: the commit (moetier.core.commit_kernel) is one source for every policy family; which
 family's kernels it runs is its argument's type, so a ledger of another family compiles its own commit rather than
@@ -33,14 +37,19 @@ from __future__ import annotations
 
 from numba.extending import overload
 
+import numpy as np
+
 from moetier.core.jit import kernel
-from moetier.core.policies import belady, lfu
+from moetier.core.policies import belady, lfu, machine, queues
 
-__all__ = ["touch", "put", "evict_for", "remove", "stack", "FAMILIES"]
+__all__ = ["touch", "put", "evict_for", "remove", "stack", "FAMILIES", "VRAM_FAMILIES"]
 
-FAMILIES = (lfu.LFU, belady.BeladyPolicy)     # the policy classes whose state ``stack`` lays out
+# the policy classes whose state ``stack`` lays out; on a VRAM tier not the machines, whose victim the tier asks
+# with conditions of its own (tier_order.PolicySlots)
+FAMILIES = (lfu.LFU, belady.BeladyPolicy, machine.Machine)
+VRAM_FAMILIES = (lfu.LFU, belady.BeladyPolicy)
 
-_ORDERED = 3                  # the ordered family's tuple length; Belady's is 7
+_ORDERED, _MACHINE = 3, 4     # the families' tuple lengths; Belady's is 7
 
 
 def touch(T, hl, l, base, i):
@@ -58,7 +67,7 @@ def evict_for(T, hl, pins, l, base, i):
     raise NotImplementedError("tier_ops.evict_for is compiled into its caller")
 
 
-def remove(T, l, i):
+def remove(T, l, base, i):
     """Compiled callers only (module docstring)."""
     raise NotImplementedError("tier_ops.remove is compiled into its caller")
 
@@ -67,10 +76,16 @@ def _ordered(T) -> bool:
     return len(T.types) == _ORDERED
 
 
+def _machine(T) -> bool:
+    return len(T.types) == _MACHINE
+
+
 @overload(touch, inline="always")
 def _touch(T, hl, l, base, i):
     if _ordered(T):
         return lambda T, hl, l, base, i: lfu._touch(T[0][l], T[1][l], T[2][l], hl, i)
+    if _machine(T):            # a hit: the machine's request (machine.Machine.hit)
+        return lambda T, hl, l, base, i: machine._access(T[0][0], T[1][l], T[2][l], T[3][l], base, base + i)
     return lambda T, hl, l, base, i: belady._touch(T[0], T[1][l], T[2][l], T[4][l], T[5][l], T[6][l], base, base + i)
 
 
@@ -81,10 +96,21 @@ def _belady_put(T, pins, l, base, i, cap):
     return v - base if v >= 0 else v
 
 
+@kernel
+def _machine_put(T, pins, l, base, i, cap):
+    """machine._put (machine.Machine.put) on part l by key index: -1 (a free slot), the replaced index, or -2
+    (refused: the machine kept the key out, or every key is pinned)."""
+    k = base + i
+    v = machine._put(T[0][0], T[1][l], T[2][l], T[3][l], base, pins, k, cap)
+    return -1 if v == -1 else -2 if v == k else v - base
+
+
 @overload(put, inline="always")
 def _put(T, hl, pins, l, base, i, cap):
     if _ordered(T):
         return lambda T, hl, pins, l, base, i, cap: lfu._put(T[0][l], T[1][l], T[2][l], hl, pins, base, i, cap)
+    if _machine(T):
+        return lambda T, hl, pins, l, base, i, cap: _machine_put(T, pins, l, base, i, cap)
 
     def impl(T, hl, pins, l, base, i, cap):
         return _belady_put(T, pins, l, base, i, cap)
@@ -95,6 +121,8 @@ def _put(T, hl, pins, l, base, i, cap):
 def _evict_for(T, hl, pins, l, base, i):
     if _ordered(T):
         return lambda T, hl, pins, l, base, i: lfu._evict_for(T[0][l], T[1][l], T[2][l], hl, pins, base, i)
+    if _machine(T):
+        raise TypeError("tier_ops.evict_for: the machines are a RAM tier's only (VRAM_FAMILIES)")
 
     def impl(T, hl, pins, l, base, i):
         v = _belady_put(T, pins, l, base, i, 0)      # a part with no free slot: a victim or nothing
@@ -103,11 +131,13 @@ def _evict_for(T, hl, pins, l, base, i):
 
 
 @overload(remove, inline="always")
-def _remove(T, l, i):
+def _remove(T, l, base, i):
     if _ordered(T):
-        return lambda T, l, i: lfu._remove(T[0][l], T[1][l], T[2][l], i)
+        return lambda T, l, base, i: lfu._remove(T[0][l], T[1][l], T[2][l], i)
+    if _machine(T):
+        return lambda T, l, base, i: machine._remove(T[0][0], T[1][l], T[2][l], base, base + i)
 
-    def impl(T, l, i):
+    def impl(T, l, base, i):
         inres, st = T[2][l], T[6][l]
         if inres[i]:
             inres[i] = 0
@@ -126,7 +156,23 @@ def stack(parts, w: int):
         if len({id(p.F) for p in parts}) != 1 or not _laid_out(parts, w, lambda p: p.res.shape[0]):
             return None
         return belady.stack(parts)
+    if all(isinstance(p, machine.Machine) for p in parts):
+        return _machines(parts, w)
     return None
+
+
+def _machines(parts, w: int):
+    """The machines' T: each part's arrays become views into it, part j's keys from j x w; None where they are not
+    one machine's, already hold keys (a fresh state has none: bind runs as the ledger is made), or their own tables
+    differ in shape (W-TinyLFU's sketch follows its part's slots)."""
+    ms = [p.m for p in parts]
+    if len({p.kind for p in parts}) != 1 or any(m.iv.shape[1] for m in ms) or len({m.aux.shape for m in ms}) != 1:
+        return None
+    iv = np.array(queues._FILL, np.int64)[None, :, None].repeat(len(ms), 0).repeat(w, 2)
+    st, aux = np.stack([m.st for m in ms]), np.stack([m.aux for m in ms])
+    for j, m in enumerate(ms):
+        m.base, m.iv, m.st, m.aux = j * w, iv[j], st[j], aux[j]
+    return np.array([parts[0].kind], np.int64), iv, st, aux
 
 
 def _laid_out(parts, w: int, width) -> bool:
