@@ -69,6 +69,8 @@ CASES = {
     "kt-2q-layer": (3, 10, dict(ram_policy="kt-2q", ram_partition="layer")),
     "kt-sieve-global": (3, 10, dict(ram_policy="kt-sieve")),
     "kt-wtinylfu-layer": (4, 12, dict(ram_policy="kt-wtinylfu", ram_partition="layer")),
+    "sieve-global": (3, 10, dict(ram_policy="sieve", vram_policy="dlfu")),
+    "sieve-layer-inclusive": (3, 10, dict(exclusive=False, ram_policy="sieve", ram_partition="layer")),
     # the oracle's: Belady on both tiers, global, or split per layer (an even share: a part's slots unused)
     "belady-global": (3, 10, dict(ram_policy=lambda F: BeladyPolicy(10, F, width=KEYS),
                                   vram_policy=lambda F: BeladyPolicy(3, F, width=KEYS))),
@@ -81,7 +83,7 @@ CASES = {
 
 
 MACHINES = ("2q-global", "slru-layer", "s3fifo-inclusive", "wtinylfu-global", "kt-2q-layer", "kt-sieve-global",
-            "kt-wtinylfu-layer")
+            "kt-wtinylfu-layer", "sieve-global", "sieve-layer-inclusive")
 
 
 def _ledgers(case):
@@ -185,7 +187,6 @@ def test_a_fill_of_a_resident_key_is_refused_as_in_python():
 
 
 def test_a_ledger_the_kernel_does_not_cover_says_so():
-    assert not Ledger(KEYS, 3, 10, ram_policy="sieve").commits                # SIEVE runs the tier protocol itself
     assert not Ledger(KEYS, 3, 10, vram_policy="2q").commits                  # a machine on the VRAM tier
     # W-TinyLFU split over uneven shares: each part's sketch follows its slots, so they do not stack
     assert not Ledger(KEYS, 3, 10, ram_policy="wtinylfu", ram_partition="layer", layers=LAYERS,

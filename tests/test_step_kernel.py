@@ -38,6 +38,7 @@ VARIANTS = {
     "dlfu per layer": {"policy.ram_evict": "dlfu"},         # the layers' uneven shares: halflives of their own
     "2q": {"policy.ram_evict": "2q", "policy.ram_partition": "global"},           # the machines, on the RAM tier
     "kt-slru per layer": {"policy.ram_evict": "kt-slru"},
+    "sieve per layer": {"policy.ram_evict": "sieve"},
     "mask": {"policy.exact": "mask"},
     "static vram": {"policy.vram_admit": False},
     "all in ram": {"budget.ram_gb": 10000, "policy.ram_evict": "lru", "policy.ram_partition": "global"},
@@ -112,7 +113,7 @@ def test_what_the_loop_covers():
     assert rp.prefetching and not Steps.covers(rp)
     from moetier.core.ledger import Ledger
     rp = Replay(R)
-    rp.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, ram_policy="sieve")    # SIEVE runs the tier protocol
+    rp.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, vram_policy="2q")      # a machine on the VRAM tier
     assert not rp.ledger.commits and not Steps.covers(rp)
 
 

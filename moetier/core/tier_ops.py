@@ -9,7 +9,7 @@ policy is global), of one of two families:
   moetier.core.policies.recency): ``(fs, iv, st)``, as ``lfu.stack`` lays them out;
 - Belady's MIN (moetier.core.policies.belady): ``(F, res, inres, pin, hk, hx, st)``, F the shared future
   ``(offs, pos, cur, now)``, as ``belady.stack`` lays them out;
-- the machines (moetier.core.policies.machine: 2Q, SLRU, S3-FIFO, W-TinyLFU, kt-*), on a RAM tier:
+- the machines (moetier.core.policies.machine: 2Q, SLRU, S3-FIFO, W-TinyLFU, kt-*) and SIEVE, on a RAM tier:
   ``(kind, iv, st, aux)``, ``kind`` their machine's (``machine.KINDS``), laid out by ``stack`` from fresh states.
 
 The steps, compiled into the caller for T's family (a Numba overload: the family is T's type, fixed when the caller
@@ -40,13 +40,13 @@ from numba.extending import overload
 import numpy as np
 
 from moetier.core.jit import kernel
-from moetier.core.policies import belady, lfu, machine, queues
+from moetier.core.policies import belady, lfu, machine, queues, sieve
 
 __all__ = ["touch", "put", "evict_for", "remove", "stack", "FAMILIES", "VRAM_FAMILIES"]
 
 # the policy classes whose state ``stack`` lays out; on a VRAM tier not the machines, whose victim the tier asks
 # with conditions of its own (tier_order.PolicySlots)
-FAMILIES = (lfu.LFU, belady.BeladyPolicy, machine.Machine)
+FAMILIES = (lfu.LFU, belady.BeladyPolicy, machine.Machine, sieve.Sieve)
 VRAM_FAMILIES = (lfu.LFU, belady.BeladyPolicy)
 
 _ORDERED, _MACHINE = 3, 4     # the families' tuple lengths; Belady's is 7
@@ -156,7 +156,7 @@ def stack(parts, w: int):
         if len({id(p.F) for p in parts}) != 1 or not _laid_out(parts, w, lambda p: p.res.shape[0]):
             return None
         return belady.stack(parts)
-    if all(isinstance(p, machine.Machine) for p in parts):
+    if all(isinstance(p, (machine.Machine, sieve.Sieve)) for p in parts):
         return _machines(parts, w)
     return None
 
@@ -165,14 +165,14 @@ def _machines(parts, w: int):
     """The machines' T: each part's arrays become views into it, part j's keys from j x w; None where they are not
     one machine's, already hold keys (a fresh state has none: bind runs as the ledger is made), or their own tables
     differ in shape (W-TinyLFU's sketch follows its part's slots)."""
-    ms = [p.m for p in parts]
-    if len({p.kind for p in parts}) != 1 or any(m.iv.shape[1] for m in ms) or len({m.aux.shape for m in ms}) != 1:
+    ms = [p.m for p in parts]                   # a Sieve is its own state
+    if len({m.KIND for m in ms}) != 1 or any(m.iv.shape[1] for m in ms) or len({m.aux.shape for m in ms}) != 1:
         return None
     iv = np.array(queues._FILL, np.int64)[None, :, None].repeat(len(ms), 0).repeat(w, 2)
     st, aux = np.stack([m.st for m in ms]), np.stack([m.aux for m in ms])
     for j, m in enumerate(ms):
         m.base, m.iv, m.st, m.aux = j * w, iv[j], st[j], aux[j]
-    return np.array([parts[0].kind], np.int64), iv, st, aux
+    return np.array([machine.KINDS[ms[0].KIND]], np.int64), iv, st, aux
 
 
 def _laid_out(parts, w: int, width) -> bool:
