@@ -138,7 +138,15 @@ def _packed(lanes):
 
 
 def _tiers(led):
-    return bytes(led.codes), list(led.ram), list(led.clock.owner), bytes(led.clock.ref), dict(led.counters)
+    return bytes(led.codes), list(led.ram), list(led.clock.owner), bytes(led.clock.ref), dict(led.counters), \
+        _machines(led)
+
+
+def _machines(led):
+    """The RAM machines' own state, ghosts, orphans and pending key included (each ledger's laid out alike)."""
+    pol = led._rpol
+    parts = getattr(pol, "parts", [pol] if pol is not None else [])
+    return [(p.m.iv.tolist(), p.m.st.tolist(), p.m.aux.tolist()) for p in parts if hasattr(p, "m")]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -171,7 +179,7 @@ def test_compiled_commit_matches_the_python_methods(case):
     if case in ("clock-lru", "dlfu-lfu-layer", "lfu-lfu-global", "belady-global", "belady-layer"):
         assert fast.counters["refused_admissions"] > 0 and fast.counters["ram_evictions"] > 50   # refusals ran
     if case in MACHINES:                        # the machines' evictions and refusals ran
-        assert fast.counters["ram_evictions"] > 50
+        assert fast.counters["ram_evictions"] > 50 and _machines(fast)
     if case.startswith("window"):             # the window chose other than the oldest key
         assert 20 < fast.counters["lfu_evictions"] < fast.counters["ram_evictions"]
 
@@ -184,6 +192,16 @@ def test_a_fill_of_a_resident_key_is_refused_as_in_python():
         fast.commit(_packed(([], [], [], [5], [])), True)
     with pytest.raises(ResidencyError, match=r"fill_landed\(5\)"):
         _python_commit(plain, ([], [], [], [5], []), {5: 1}, True)
+
+
+def test_a_stacked_machine_never_grows_out_of_the_stack():
+    """A machine the commit stacked is sized for its keys once; growing it would give the Python path a copy the
+    commit never sees, so it refuses."""
+    led = Ledger(KEYS, 3, 10, ram_policy="2q")
+    assert led.commits and led._rpol.m.stacked
+    led._rpol.m.fit(0, KEYS - 1)                # within: nothing to do
+    with pytest.raises(ValueError, match="stacked"):
+        led._rpol.m.fit(KEYS, KEYS)
 
 
 def test_a_ledger_the_kernel_does_not_cover_says_so():

@@ -21,10 +21,11 @@ per layer (``V``: the parts' state stacked, moetier.core.tier_ops; a part ``C[C_
 LRU (exclusive or inclusive), its window LFU (``lfu:W:H``: the victim is the least decayed count among the ``W``
 oldest evictable keys; ``LW`` the counts, their last steps, and the ledger's step; ``rhl[0]`` H) or an array-state
 policy, global or split per layer (``R``, ``caps`` each part's slots, a part ``C[C_RW]`` keys wide, ``rhl`` / ``vhl``
-each part's halflife: a decayed LFU's follows its part's slots); no RAM
-bookkeeping (all in RAM, or no RAM slots). ``observe`` counts a layer's picks for the window LFU. The array-state
-policies are LFU / decayed LFU (moetier.core.policies.lfu), LRU / FIFO (moetier.core.policies.recency) and Belady's
-MIN (moetier.core.policies.belady); their kernels are called here through moetier.core.tier_ops, not copied. The ticket
+each part's halflife: a decayed LFU's follows its part's slots); no RAM bookkeeping (all in RAM, or no RAM slots).
+``observe`` counts a layer's picks for the window LFU. The array-state policies are LFU / decayed LFU
+(moetier.core.policies.lfu), LRU / FIFO (moetier.core.policies.recency), Belady's MIN (moetier.core.policies.belady)
+and, on the RAM tier only, the published policies' machines and SIEVE (moetier.core.policies.machine, sieve); their
+kernels are called here through moetier.core.tier_ops, not copied. The ticket
 path's RAM puts and uses go through the same code (``ram_put`` / ``ram_uses``, and ``lru_*`` for the built-in LRU).
 ``bind(ledger)`` is the arguments (the ledger's own buffers, the policies' arrays stacked by part), or None where
 the kernel does not cover the ledger; the ledger keeps them (the buffers never move).

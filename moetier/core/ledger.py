@@ -30,9 +30,9 @@ map keys to layers). A policy refusing the incoming key (Belady's bypass, W-Tiny
 State: flat arrays (moetier.core.tier_state), read as ``state``, ``ram`` and ``clock.slot_of`` (the dicts of before).
 Where ``commits`` (moetier.core.commit_kernel says what it covers) the simulator's commit of a layer's plan is one
 compiled call, ``commit(O, can_admit)``, and the ticket path's RAM puts and uses one each. Python: the rest of the
-ticket path (begin_* / land / abort / adopt, per real transfer) and the ledgers the kernel does not cover (window
-LFU 'lfu:W:H', the policies run through moetier.core.policies.machine, Belady,
-moetier.peers.token_feed's uses), whose simulator commit is ``fill_landed`` / ``pushes_landed``. Pure, no I/O.
+ticket path (begin_* / land / abort / adopt, per real transfer) and the ledgers the kernel does not cover (the
+machines and SIEVE on the VRAM tier, moetier.peers.token_feed's uses), whose simulator commit is ``fill_landed`` /
+``pushes_landed``. Pure, no I/O.
 States and tickets: moetier.core.tickets; the VRAM slot map, the policy objects: moetier.core.tier_order.
 """
 from __future__ import annotations
@@ -145,7 +145,7 @@ class Ledger:
     def observe(self, keys, now: int) -> None:
         """Count picks for the LFU policy (decayed by halflife)."""
         if self._lfu_window:
-            CK.observe(np.fromiter(keys, np.int64, len(keys)), self._lw, self._lfu_halflife, now)
+            CK.observe(np.fromiter(keys, np.int64), self._lw, self._lfu_halflife, now)
 
     # ---- the compiled commit ----------------------------------------------------------------------------------
     def commit(self, O: np.ndarray, can_admit: bool) -> int:

@@ -12,8 +12,9 @@ before and written back after each step, so the Python objects stay the state of
 It covers a replay with no prefetch (the NVMe channel serves demand reads only: the FIFO model, or a calibrated
 depth table and bursts), with or without a host cache model (llc) and the cpu lane's wake term, any peer row's lane
 deal (a rule the planner kernel applies, moetier.core.deal_rules), the oracle's future clock (``Replay.future``: its
-``oracle_clock`` ahead of each layer), and a ledger the compiled commit covers (``Ledger.commits``: Belady's and the
-window LFU among them). Everything else takes the per-layer path. Both paths run the same kernels:
+``oracle_clock`` ahead of each layer), and a ledger the compiled commit covers (``Ledger.commits``: Belady's, the
+window LFU and the machines on a RAM tier among them). Everything else takes the per-layer path, a replay whose
+``layer`` or ``after_layer`` a wiring replaced among it. Both paths run the same kernels:
 ``plan_kernel.plan_arrays`` plans, ``commit_kernel.commit`` carries out the intents, ``channel.demand_arrivals``
 times the reads and ``lanes.idle_wake`` the worker's wake, so plans, ledger and books are identical
 (tests/test_step_kernel.py); this module adds only the gathering and the booking around them (the channel's reads in
@@ -210,7 +211,8 @@ class Steps:
     def covers(rp) -> bool:
         """Whether the loop covers replay ``rp`` (module docstring)."""
         L, ch = rp.ledger, rp.chan
-        return not (rp.prefetching or rp.pf_tickets or not L.commits or ch.pf or ch.pf_gone)
+        hooked = "layer" in vars(rp) or "after_layer" in vars(rp)     # a wiring's own steps (token_feed.wire)
+        return not (rp.prefetching or rp.pf_tickets or not L.commits or ch.pf or ch.pf_gone or hooked)
 
     @classmethod
     def of(cls, rp, streams):

@@ -1,9 +1,9 @@
-"""The residency policies' steps as the ledger's compiled commit calls them, for either family of array state.
+"""The residency policies' steps as the ledger's compiled commit calls them, for each family of array state.
 
 Contract
 --------
 A tier's policy state ``T`` is a tuple of arrays stacked by part (a per-layer split's layer; one part where the
-policy is global), of one of two families:
+policy is global), of one of three families:
 
 - the ordered family (moetier.core.policies.lfu: LFU, decayed LFU, and LRU / FIFO from
   moetier.core.policies.recency): ``(fs, iv, st)``, as ``lfu.stack`` lays them out;
@@ -25,7 +25,8 @@ compiles), over part ``l`` whose keys start at ``base``, on key index ``i`` (key
 
 ``hl``: part ``l``'s half-life in the ordered family (the others have none). ``pins``: the keys (not indices) no step
 may evict. ``stack(parts, w)``: T for a tier's parts, each ``w`` keys wide, or None where the commit does not cover
-them (another policy, parts of two futures or two machines, not laid out ``j x w`` apart, machines holding keys).
+them (another policy, parts of two futures or two machines, not laid out ``j x w`` apart, machines holding keys or
+with tables of two shapes). A stacked machine's state is sized once (``queues.State.fit`` refuses to grow it).
 
 Why a module of its own: the commit (moetier.core.commit_kernel) is one source for every policy family; which
 family's kernels it runs is its argument's type, so a ledger of another family compiles its own commit rather than
@@ -171,7 +172,7 @@ def _machines(parts, w: int):
     iv = np.array(queues._FILL, np.int64)[None, :, None].repeat(len(ms), 0).repeat(w, 2)
     st, aux = np.stack([m.st for m in ms]), np.stack([m.aux for m in ms])
     for j, m in enumerate(ms):
-        m.base, m.iv, m.st, m.aux = j * w, iv[j], st[j], aux[j]
+        m.base, m.iv, m.st, m.aux, m.stacked = j * w, iv[j], st[j], aux[j], True
     return np.array([machine.KINDS[ms[0].KIND]], np.int64), iv, st, aux
 
 

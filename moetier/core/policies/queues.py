@@ -113,7 +113,10 @@ def drop(iv, st, base, k):
 
 
 class State:
-    """A machine's arrays and the keys they cover, ``[base, base + width)``, grown on demand (``fit``)."""
+    """A machine's arrays and the keys they cover, ``[base, base + width)``, grown on demand (``fit``), except once
+    ``stacked`` (views into a ledger's compiled state, moetier.core.tier_ops: grown, they would leave it)."""
+
+    stacked = False
 
     def __init__(self, capacity: int, aux=None):
         self.capacity = capacity
@@ -131,6 +134,8 @@ class State:
             return
         if lo < 0:
             raise ValueError(f"residency policy: key {lo} is negative")
+        if self.stacked:
+            raise ValueError(f"residency policy: keys {lo}..{hi} outside a stacked part's {base}..{base + width - 1}")
         if not width:
             nb, top = lo - lo % 64, hi + 1
         else:
