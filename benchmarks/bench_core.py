@@ -172,7 +172,7 @@ def bench_loop(R, tr, rows_per_call=4, steps=400) -> dict:
 def bench_commit(R, tr, rows_per_call=4, calls=4000) -> dict:
     """Where the commit's time goes: the tiers' work per layer call (the plans' lanes, the evictions), and the commit
     kernel timed alone, replaying the same plans back to back on a ledger seeded alike, beside a plan with no picks
-    (the crossing alone: the kernel's 17 arguments). us, min / median / max over the calls."""
+    (the crossing alone: the kernel's 16 arguments). us, min / median / max over the calls."""
     import numpy as np
 
     from moetier.core import commit_kernel as CK

@@ -227,5 +227,5 @@ def test_the_window_lfu_counts_decay_by_halflife():
             want[k] = (v * 0.5 ** ((now - t) / 3) + 1.0, now)
     led.step = 12
     for k, (v, t) in want.items():
-        assert CK.decayed(led._lw, KEYS, 3.0, k) == pytest.approx(v * 0.5 ** ((12 - t) / 3), rel=1e-12)
-    assert CK.decayed(led._lw, KEYS, 3.0, 5) == 0.0
+        assert CK.decayed(led._lw, KEYS, k) == pytest.approx(v * 0.5 ** ((12 - t) / 3), rel=1e-12)
+    assert CK.decayed(led._lw, KEYS, 5) == 0.0

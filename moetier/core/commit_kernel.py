@@ -2,7 +2,7 @@
 
 Contract
 --------
-``commit(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl, LW, can_admit)`` carries out, on
+``commit(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl, can_admit)`` carries out, on
 the ledger's own buffers, what moetier.core.replay.Replay's commit does through the ledger for a plan whose lanes
 are ``O`` (moetier.core.plan_kernel's output: 6 lane counts, then the lanes' keys):
 
@@ -19,9 +19,10 @@ The picks (every key in O's lanes) are pinned: nothing evicts them.
 Which ledgers it covers (``C``, built by the ledger): VRAM CLOCK or an array-state policy over every key or split
 per layer (``V``: the parts' state stacked, moetier.core.tier_ops; a part ``C[C_VW]`` keys wide); RAM the built-in
 LRU (exclusive or inclusive), its window LFU (``lfu:W:H``: the victim is the least decayed count among the ``W``
-oldest evictable keys; ``LW`` the counts, their last steps, and the ledger's step; ``rhl[0]`` H) or an array-state
-policy, global or split per layer (``R``, ``caps`` each part's slots, a part ``C[C_RW]`` keys wide, ``rhl`` / ``vhl``
-each part's halflife: a decayed LFU's follows its part's slots); no RAM bookkeeping (all in RAM, or no RAM slots).
+oldest evictable keys; ``rhl`` is then the ledger's ``_lw``: H, the counts, their last steps, the ledger's step) or
+an array-state policy, global or split per layer (``R``, ``caps`` each part's slots, a part ``C[C_RW]`` keys wide,
+``rhl`` / ``vhl`` each part's halflife: a decayed LFU's follows its part's slots); no RAM bookkeeping (all in RAM,
+or no RAM slots).
 ``observe`` counts a layer's picks for the window LFU. The array-state policies are LFU / decayed LFU
 (moetier.core.policies.lfu), LRU / FIFO (moetier.core.policies.recency), Belady's MIN (moetier.core.policies.belady)
 and, on the RAM tier only, the published policies' machines and SIEVE (moetier.core.policies.machine, sieve); their
@@ -75,12 +76,12 @@ def bind(led, base):
         rparts is not None, width, vwidth, led._lfu_window)
     st, inram, link, owner, ref, slot, meta = led._ts.views()
     pin, caps = np.zeros(led.keys, np.uint8), np.array(caps, np.int64)
-    vhl, rhl = _halflife(vparts), _halflife(rparts) if rparts else np.array([led._lfu_halflife])
-    LW = led._lw
-    args = (C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl, LW)
+    # the built-in LRU has no parts: its halflife argument carries the window LFU's state (Ledger._lw)
+    vhl, rhl = _halflife(vparts), _halflife(rparts) if rparts is not None else led._lw
+    args = (C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl)
     if rparts is None:
-        return args, lru_put, (C, st, inram, link, meta, pin, rhl, LW), lru_uses, (inram, link, meta)
-    return args, ram_put, (C, st, inram, link, meta, pin, R, caps, rhl, LW), ram_uses, (C, inram, link, meta, R, rhl)
+        return args, lru_put, (C, st, inram, link, meta, pin, rhl), lru_uses, (inram, link, meta)
+    return args, ram_put, (C, st, inram, link, meta, pin, R, caps, rhl), ram_uses, (C, inram, link, meta, R, rhl)
 
 
 def _halflife(parts) -> np.ndarray:
@@ -128,7 +129,7 @@ def _ram_unlink(link, inram, meta, h, k):
 
 
 @kernel
-def _ram_put(k, C, st, inram, link, meta, pin, picks, R, caps, rhl, LW):
+def _ram_put(k, C, st, inram, link, meta, pin, picks, R, caps, rhl):
     """``k`` enters the RAM tier (Ledger._ram_put): a use where it is there, else a free slot, else in place of
     the tier's victim, else refused (the record is not kept, counted). Returns the victim, -1 where no RAM slot
     came free, -2 where ``k`` was refused."""
@@ -136,7 +137,7 @@ def _ram_put(k, C, st, inram, link, meta, pin, picks, R, caps, rhl, LW):
         st[k] = ABSENT
         return -1
     if not C[C_RPOL]:
-        return _lru_put(k, C, st, inram, link, meta, pin, rhl, LW)
+        return _lru_put(k, C, st, inram, link, meta, pin, rhl)
     w = C[C_RW]
     l = k // w
     i = k - l * w
@@ -153,7 +154,7 @@ def _ram_put(k, C, st, inram, link, meta, pin, picks, R, caps, rhl, LW):
 
 
 @kernel
-def _lru_put(k, C, st, inram, link, meta, pin, rhl, LW):
+def _lru_put(k, C, st, inram, link, meta, pin, rhl):
     """_ram_put under the built-in LRU, or its window LFU."""
     h = C[C_KEYS]
     if inram[k]:
@@ -176,7 +177,7 @@ def _lru_put(k, C, st, inram, link, meta, pin, rhl, LW):
             if not win:
                 best = x
                 break
-            f = decayed(LW, h, rhl[0], x)
+            f = decayed(rhl, h, x)
             if best < 0 or f < least:
                 best, least = x, f
             seen += 1
@@ -189,24 +190,26 @@ def _lru_put(k, C, st, inram, link, meta, pin, rhl, LW):
 
 
 @kernel
-def decayed(LW, h, hl, k):
-    """The window LFU's count of key ``k`` at the ledger's step (``LW``: counts, their last steps, the step)."""
-    v = LW[k]
+def decayed(W, h, k):
+    """The window LFU's count of key ``k`` at the ledger's step (``W``, of ``h`` keys: the halflife, the counts,
+    their last steps, the step)."""
+    v, hl = W[1 + k], W[0]
     if v != 0.0 and hl > 0:
-        v *= 0.5 ** ((LW[2 * h] - LW[h + k]) / hl)
+        v *= 0.5 ** ((W[2 * h + 1] - W[1 + h + k]) / hl)
     return v
 
 
 @kernel
-def observe(keys, LW, hl, now):
-    """The window LFU counts one use of each of ``keys`` at step ``now``, its count decayed to then."""
-    h = (LW.shape[0] - 1) // 2
+def observe(keys, W, now):
+    """The window LFU counts one use of each of ``keys`` at step ``now`` (``W`` as ``decayed``'s), its count decayed
+    to then."""
+    h, hl = (W.shape[0] - 2) // 2, W[0]
     for k in keys:
-        v = LW[k]
+        v = W[1 + k]
         if v != 0.0 and hl > 0:
-            v *= 0.5 ** ((now - LW[h + k]) / hl)
-        LW[k] = v + 1.0
-        LW[h + k] = now
+            v *= 0.5 ** ((now - W[1 + h + k]) / hl)
+        W[1 + k] = v + 1.0
+        W[1 + h + k] = now
 
 
 @kernel
@@ -266,25 +269,25 @@ def lru_uses(keys, inram, link, meta):
 
 
 @kernel
-def ram_put(k, pins, C, st, inram, link, meta, pin, R, caps, rhl, LW):
+def ram_put(k, pins, C, st, inram, link, meta, pin, R, caps, rhl):
     """``Ledger._ram_put`` of key ``k``, the keys in ``pins`` kept; ``_ram_put``'s return value."""
     for p in pins:
         pin[p] = 1
-    out = _ram_put(k, C, st, inram, link, meta, pin, pins, R, caps, rhl, LW)
+    out = _ram_put(k, C, st, inram, link, meta, pin, pins, R, caps, rhl)
     for p in pins:
         pin[p] = 0
     return out
 
 
 @kernel
-def lru_put(k, pins, C, st, inram, link, meta, pin, rhl, LW):
+def lru_put(k, pins, C, st, inram, link, meta, pin, rhl):
     """``ram_put`` under the built-in LRU or its window LFU (or no RAM bookkeeping)."""
     if C[C_NORAM]:
         st[k] = ABSENT
         return -1
     for p in pins:
         pin[p] = 1
-    out = _lru_put(k, C, st, inram, link, meta, pin, rhl, LW)
+    out = _lru_put(k, C, st, inram, link, meta, pin, rhl)
     for p in pins:
         pin[p] = 0
     return out
@@ -299,7 +302,7 @@ def _vram_use(C, V, vhl, key):
 
 
 @kernel
-def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, picks, V, R, caps, vhl, rhl, LW):
+def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, picks, V, R, caps, vhl, rhl):
     """Ledger.pushes_landed of the keys O[a:b]; returns how many were admitted."""
     n = C[C_VN]
     h = C[C_KEYS]
@@ -360,7 +363,7 @@ def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, pi
                 st[victim] = RAM
             elif C[C_EXCL]:
                 st[victim] = ABSENT
-                _ram_put(victim, C, st, inram, link, meta, pin, picks, R, caps, rhl, LW)
+                _ram_put(victim, C, st, inram, link, meta, pin, picks, R, caps, rhl)
             else:
                 st[victim] = ABSENT
         st[key] = VRAM
@@ -375,7 +378,7 @@ def _pushes(O, a, b, staged, C, st, inram, link, owner, ref, slot, meta, pin, pi
 
 
 @kernel
-def uses(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl, LW):
+def uses(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl):
     """Step 1 of ``commit`` alone (``commit``'s arguments, ``can_admit`` aside): the uses of the plan's VRAM picks,
     then of the cpu lane's RAM picks (the runtime's ``Replay.touch``, whose landings are tickets)."""
     e_gpu = 6 + O[0]
@@ -390,7 +393,7 @@ def uses(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rh
 
 
 @kernel
-def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl, LW, can_admit):
+def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl, can_admit):
     e_gpu = 6 + O[0]
     e_zc = e_gpu + O[1]
     e_cpu = e_zc + O[2]
@@ -400,7 +403,7 @@ def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, 
     for k in picks:
         pin[k] = 1
     out = 0
-    uses(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl, LW)
+    uses(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, rhl)
     # 2. fills
     for j in range(e_cpu, e_ncpu):
         k = O[j]
@@ -408,7 +411,7 @@ def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, 
             meta[M_BAD] = k
             out = -1
             break
-        _ram_put(k, C, st, inram, link, meta, pin, picks, R, caps, rhl, LW)
+        _ram_put(k, C, st, inram, link, meta, pin, picks, R, caps, rhl)
     # 3. pushes
     if out == 0 and can_admit:
         if C[C_VN] == 0 and (O[1] or O[4]):
@@ -417,10 +420,10 @@ def commit(O, C, st, inram, link, owner, ref, slot, meta, pin, V, R, caps, vhl, 
         else:
             if O[1]:
                 out = _pushes(O, e_gpu, e_zc, False, C, st, inram, link, owner, ref, slot, meta, pin, picks, V, R,
-                              caps, vhl, rhl, LW)
+                              caps, vhl, rhl)
             if O[4]:
                 _pushes(O, e_ncpu, e_ngpu, True, C, st, inram, link, owner, ref, slot, meta, pin, picks, V, R,
-                        caps, vhl, rhl, LW)
+                        caps, vhl, rhl)
     for k in picks:
         pin[k] = 0
     return out

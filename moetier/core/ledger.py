@@ -96,8 +96,8 @@ class Ledger:
             self._rpol = make_policy(spec, self.ram_slots, layers, experts, ram_partition, "ram_evict", keys)
         elif builtin and self.ram_policy != "lru":
             self._lfu_window, self._lfu_halflife = lfu_terms(self.ram_policy)
-        # the window LFU's counts, each one's last step, then the ledger's step (commit_kernel.decayed)
-        self._lw = np.zeros(2 * keys + 1 if self._lfu_window else 1)
+        # the window LFU's halflife, counts, each one's last step, then the ledger's step (commit_kernel.decayed)
+        self._lw = np.array([self._lfu_halflife, *([0.0] * (2 * keys if self._lfu_window else 0)), 0.0])
         self.step = 0
         self._tier_default = TIER_RAM if self.all_in_ram else TIER_NVME
         # put / evict_for: one compiled eviction, pinning the picks and the keys mid-push (their RAM copy is read)
@@ -145,7 +145,7 @@ class Ledger:
     def observe(self, keys, now: int) -> None:
         """Count picks for the LFU policy (decayed by halflife)."""
         if self._lfu_window:
-            CK.observe(np.fromiter(keys, np.int64), self._lw, self._lfu_halflife, now)
+            CK.observe(np.fromiter(keys, np.int64), self._lw, now)
 
     # ---- the compiled commit ----------------------------------------------------------------------------------
     def commit(self, O: np.ndarray, can_admit: bool) -> int:
@@ -430,7 +430,7 @@ class Ledger:
         for k in self.ram:
             if k in protect or st[k] not in evictable:
                 continue
-            fk = CK.decayed(self._lw, self.keys, self._lfu_halflife, k)
+            fk = CK.decayed(self._lw, self.keys, k)
             if best is None or fk < best_f:
                 best, best_f = k, fk
             seen += 1

@@ -138,7 +138,7 @@ def _touch(O, last, Z):
 @kernel
 def run_step(KS, toks, P, G, Z, A, B, meas, pos, Ib, arr, X, O, R, D, ka, kt, OUT, last, CV, now):
     """Every layer of one step (module docstring); 0, or the failing layer's code (commit's -1 / -2, NO_LANE)."""
-    C, st, inram, link, owner, ref, slot, meta, pin, VP, RP, caps, vhl, rhl, LW = ka    # commit_kernel.bind's order
+    C, st, inram, link, owner, ref, slot, meta, pin, VP, RP, caps, vhl, rhl = ka    # commit_kernel.bind's order
     t = G[G_T]
     for layer in range(KS.shape[1]):
         t += G[G_FLAYER]
@@ -179,7 +179,7 @@ def run_step(KS, toks, P, G, Z, A, B, meas, pos, Ib, arr, X, O, R, D, ka, kt, OU
             return out
         Z[Z_ADMITS] += out
         if C[CK.C_WIN]:              # Replay.after_layer: the window LFU counts the layer's picks
-            CK.observe(Ib[0, :n], LW, rhl[0], LW[LW.shape[0] - 1])
+            CK.observe(Ib[0, :n], rhl, rhl[rhl.shape[0] - 1])
         t0 = t
         t += R[R_MS]
         if Z[Z_SERIAL]:              # Replay.settle
