@@ -115,6 +115,9 @@ def test_what_the_loop_covers():
     rp = Replay(R)
     rp.ledger = Ledger(R.keys, R.vram_slots, R.ram_slots, vram_policy="2q")      # a machine on the VRAM tier
     assert not rp.ledger.commits and not Steps.covers(rp)
+    rp = Replay(R)
+    rp.after_layer = lambda picks: None          # a wiring's own step (moetier.peers.token_feed.wire)
+    assert rp.ledger.commits and not Steps.covers(rp)
 
 
 def _replay_and_streams(traces):

@@ -22,14 +22,13 @@ LRU (exclusive or inclusive), its window LFU (``lfu:W:H``: the victim is the lea
 oldest evictable keys; ``rhl`` is then the ledger's ``_lw``: H, the counts, their last steps, the ledger's step) or
 an array-state policy, global or split per layer (``R``, ``caps`` each part's slots, a part ``C[C_RW]`` keys wide,
 ``rhl`` / ``vhl`` each part's halflife: a decayed LFU's follows its part's slots); no RAM bookkeeping (all in RAM,
-or no RAM slots).
-``observe`` counts a layer's picks for the window LFU. The array-state policies are LFU / decayed LFU
-(moetier.core.policies.lfu), LRU / FIFO (moetier.core.policies.recency), Belady's MIN (moetier.core.policies.belady)
-and, on the RAM tier only, the published policies' machines and SIEVE (moetier.core.policies.machine, sieve); their
-kernels are called here through moetier.core.tier_ops, not copied. The ticket
-path's RAM puts and uses go through the same code (``ram_put`` / ``ram_uses``, and ``lru_*`` for the built-in LRU).
-``bind(ledger)`` is the arguments (the ledger's own buffers, the policies' arrays stacked by part), or None where
-the kernel does not cover the ledger; the ledger keeps them (the buffers never move).
+or no RAM slots). ``observe`` counts a layer's picks for the window LFU. The array-state policies are LFU / decayed
+LFU (moetier.core.policies.lfu), LRU / FIFO (moetier.core.policies.recency), Belady's MIN
+(moetier.core.policies.belady) and, on the RAM tier only, the published policies' machines and SIEVE
+(moetier.core.policies.machine, sieve); their kernels are called here through moetier.core.tier_ops, not copied. The
+ticket path's RAM puts and uses go through the same code (``ram_put`` / ``ram_uses``, and ``lru_*`` for the
+built-in LRU). ``bind(ledger)`` is the arguments (the ledger's own buffers, the policies' arrays stacked by part),
+or None where the kernel does not cover the ledger; the ledger keeps them (the buffers never move).
 """
 from __future__ import annotations
 
@@ -63,7 +62,7 @@ def bind(led, base):
     vparts, _, vwidth = _parts(led._vpol, led.keys, tier_ops.VRAM_FAMILIES)
     if vparts == ():
         return None
-    rparts, caps, width = _ram_parts(led)
+    rparts, caps, width = _parts(led._rpol, led.keys)
     if rparts == ():
         return None
     V = tier_ops.stack(vparts, vwidth) if vparts else _NO_POLICY
@@ -101,11 +100,6 @@ def _parts(pol, keys: int, families=tier_ops.FAMILIES) -> tuple:
     if isinstance(pol, residency.Partitioned) and all(isinstance(p, families) for p in pol.parts):
         return pol.parts, pol.caps, pol.experts
     return (), [0], 1
-
-
-def _ram_parts(led) -> tuple:
-    """``_parts`` of the RAM tier."""
-    return _parts(led._rpol, led.keys)
 
 
 @kernel
@@ -190,25 +184,27 @@ def _lru_put(k, C, st, inram, link, meta, pin, rhl):
 
 
 @kernel
-def decayed(W, h, k):
-    """The window LFU's count of key ``k`` at the ledger's step (``W``, of ``h`` keys: the halflife, the counts,
-    their last steps, the step)."""
+def _count_at(W, h, k, now):
+    """The window LFU's count of key ``k`` decayed to step ``now`` (``W``, of ``h`` keys: the halflife, the counts,
+    their last steps, the ledger's step)."""
     v, hl = W[1 + k], W[0]
     if v != 0.0 and hl > 0:
-        v *= 0.5 ** ((W[2 * h + 1] - W[1 + h + k]) / hl)
+        v *= 0.5 ** ((now - W[1 + h + k]) / hl)
     return v
 
 
 @kernel
+def decayed(W, h, k):
+    """Key ``k``'s window LFU count at the ledger's step."""
+    return _count_at(W, h, k, W[2 * h + 1])
+
+
+@kernel
 def observe(keys, W, now):
-    """The window LFU counts one use of each of ``keys`` at step ``now`` (``W`` as ``decayed``'s), its count decayed
-    to then."""
-    h, hl = (W.shape[0] - 2) // 2, W[0]
+    """The window LFU counts one use of each of ``keys`` at step ``now``, its count decayed to then."""
+    h = (W.shape[0] - 2) // 2
     for k in keys:
-        v = W[1 + k]
-        if v != 0.0 and hl > 0:
-            v *= 0.5 ** ((now - W[1 + h + k]) / hl)
-        W[1 + k] = v + 1.0
+        W[1 + k] = _count_at(W, h, k, now) + 1.0
         W[1 + h + k] = now
 
 

@@ -80,7 +80,7 @@ class Ledger:
         self._seq = 0
         self.drains: list[Ticket] = []                      # evictions awaiting their drain landing
         self._counters = {"vram_evictions": 0, "ram_evictions": 0, "refused_admissions": 0, "lfu_evictions": 0}
-        self._lfu_window, self._lfu_halflife = 0, 0.0
+        self._lfu_window, halflife = 0, 0.0
         if ram_partition not in ("global", "layer"):
             raise ValueError(f"policy.ram_partition: expected 'global' or 'layer', got {ram_partition!r}")
         # not ``ram_policy or "lru"``: a policy object with no keys yet is falsy (it has a length)
@@ -95,9 +95,10 @@ class Ledger:
                 raise ValueError("policy.ram_evict: the window LFU ('lfu:...') is global only; use 'dlfu' per layer")
             self._rpol = make_policy(spec, self.ram_slots, layers, experts, ram_partition, "ram_evict", keys)
         elif builtin and self.ram_policy != "lru":
-            self._lfu_window, self._lfu_halflife = lfu_terms(self.ram_policy)
+            self._lfu_window, halflife = lfu_terms(self.ram_policy)
         # the window LFU's halflife, counts, each one's last step, then the ledger's step (commit_kernel.decayed)
-        self._lw = np.array([self._lfu_halflife, *([0.0] * (2 * keys if self._lfu_window else 0)), 0.0])
+        self._lw = np.zeros(2 * keys + 2 if self._lfu_window else 2)
+        self._lw[0] = halflife
         self.step = 0
         self._tier_default = TIER_RAM if self.all_in_ram else TIER_NVME
         # put / evict_for: one compiled eviction, pinning the picks and the keys mid-push (their RAM copy is read)

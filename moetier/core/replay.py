@@ -282,10 +282,10 @@ class Replay:
 
     def oracle_clock(self, layer: int, picks: dict | None) -> None:
         """The oracle's step ahead of a layer's plan: its future's ``now`` moves to the layer (step x layers +
-        layer), and every RAM pick of ``picks`` (None: no uses) is used now, whichever lane computes it: one computed through the GPU (zerocopy)
-        gets no RAM use in the commit, and a Belady order left at its old next use would keep it as needed soon (VRAM
-        picks are all computed on the GPU: the commit uses them). The compiled step loop does the same
-        (moetier.core.step_kernel)."""
+        layer), and every RAM pick of ``picks`` (None: no uses) is used now, whichever lane computes it: one computed
+        through the GPU (zerocopy) gets no RAM use in the commit, and a Belady order left at its old next use would
+        keep it as needed soon (VRAM picks are all computed on the GPU: the commit uses them). The compiled step loop
+        does the same (moetier.core.step_kernel)."""
         L = self.ledger
         self.future.now[0] = L.step * self.R.layers + layer
         if picks:

@@ -36,9 +36,8 @@ one before it).
 """
 from __future__ import annotations
 
-from numba.extending import overload
-
 import numpy as np
+from numba.extending import overload
 
 from moetier.core.jit import kernel
 from moetier.core.policies import belady, lfu, machine, queues, sieve
@@ -169,7 +168,7 @@ def _machines(parts, w: int):
     ms = [p.m for p in parts]                   # a Sieve is its own state
     if len({m.KIND for m in ms}) != 1 or any(m.iv.shape[1] for m in ms) or len({m.aux.shape for m in ms}) != 1:
         return None
-    iv = np.array(queues._FILL, np.int64)[None, :, None].repeat(len(ms), 0).repeat(w, 2)
+    iv = queues.blank(w, len(ms))
     st, aux = np.stack([m.st for m in ms]), np.stack([m.aux for m in ms])
     for j, m in enumerate(ms):
         m.base, m.iv, m.st, m.aux, m.stacked = j * w, iv[j], st[j], aux[j], True

@@ -29,8 +29,8 @@ import numpy as np
 
 from moetier.core.jit import kernel
 
-__all__ = ["State", "push", "pop", "unlink", "to_end", "length", "resident", "drop", "Q", "P", "N", "F", "D", "OQ",
-           "W", "ROWS", "GHOST", "ORPH", "RESIDENT", "PEND", "CAP", "S0", "ORDER", "BLOCKED"]
+__all__ = ["State", "blank", "push", "pop", "unlink", "to_end", "length", "resident", "drop", "Q", "P", "N", "F", "D",
+           "OQ", "W", "ROWS", "GHOST", "ORPH", "RESIDENT", "PEND", "CAP", "S0", "ORDER", "BLOCKED"]
 
 Q, P, N, F, D, OQ, OP, ON, W = range(9)
 ROWS = 9
@@ -39,6 +39,11 @@ RESIDENT, GHOST, ORPH = 4, 4, 7
 BLOCKED = 4                                     # iv[W]: the key is mid-push, no victim (a batched call's pins)
 PEND, CAP, S0, ORDER = 24, 25, 26, 37
 _SLOTS = 40
+
+
+def blank(width: int, parts: int = 1) -> np.ndarray:
+    """``iv`` of ``parts`` machines, each ``width`` keys none of which has been seen: shape (parts, ROWS, width)."""
+    return np.array(_FILL, dtype=np.int64)[None, :, None].repeat(parts, 0).repeat(width, 2)
 
 
 @kernel
@@ -143,7 +148,7 @@ class State:
         nw = max(2 * width, top - nb, 64)
         if width and lo < base:           # growing down: all the new room below, so a descending run grows it once
             nb = max(0, top - nw)
-        iv = np.array(_FILL, dtype=np.int64)[:, None].repeat(nw, axis=1)
+        iv = blank(nw)[0]
         iv[:, base - nb:base - nb + width] = self.iv
         self.base, self.iv = nb, iv
 
